@@ -1,0 +1,149 @@
+"""Calibration: the small versioned JSON that carries measured cost-model parameters.
+
+Written by ``traces.calibrate`` (``clustersim calibrate TRACE_DIR -o calib.json``), read by the cost models
+(``--calibration FILE``). This module only defines the format and how to evaluate it, so that neither the
+topologies nor the traces package depends on the other.
+
+Format (``version`` 1)::
+
+    {
+      "format": "clustersim-calibration", "version": 1,
+      "source": {...free-form provenance: traces, devices, torch/NCCL versions, date...},
+      "compute": [
+        {"device": "NVIDIA H100 80GB HBM3", "peak_flops_per_s": 7.1e14, "half_saturation_flops": 3.0e9,
+         "points": [[flops, achieved_flops_per_s], ...]}
+      ],
+      "collectives": [
+        {"kind": "all_reduce", "backend": "nccl", "group_size": 8, "scope": "intra",
+         "alpha_s": 2.1e-5, "busbw_bytes_per_s": 3.6e11, "points": [[size_bytes, time_s], ...]}
+      ]
+    }
+
+Compute model: achieved FLOP/s of an op of F FLOPs = peak_flops_per_s · F / (F + half_saturation_flops)
+(small ops are latency/launch bound, big GEMMs saturate). Collective model (nccl-tests convention):
+time = alpha_s + size_bytes · bus_factor(kind, n) / busbw_bytes_per_s, with bus_factor 2(n-1)/n for
+all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for broadcast / reduce / p2p.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from simulator.errors import ConfigError
+
+FORMAT = "clustersim-calibration"
+VERSION = 1
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' busbw / algbw factor for a collective on n ranks."""
+    if n <= 1:
+        return 1.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass
+class ComputeFit:
+    device: str
+    peak_flops_per_s: float
+    half_saturation_flops: float = 0.0
+    points: list = field(default_factory=list)
+
+    def achieved_flops_per_s(self, flops: float) -> float:
+        if flops <= 0:
+            return self.peak_flops_per_s
+        return self.peak_flops_per_s * flops / (flops + self.half_saturation_flops)
+
+
+@dataclass
+class CollectiveFit:
+    kind: str
+    group_size: int
+    scope: str                    # "intra" (inside a scale-up domain / host) or "inter"
+    alpha_s: float
+    busbw_bytes_per_s: float
+    backend: str = "nccl"
+    points: list = field(default_factory=list)
+
+    def time_s(self, size_bytes: float, n: int | None = None) -> float:
+        n = n or self.group_size
+        return self.alpha_s + size_bytes * bus_factor(self.kind, n) / self.busbw_bytes_per_s
+
+
+@dataclass
+class Calibration:
+    compute: list[ComputeFit] = field(default_factory=list)
+    collectives: list[CollectiveFit] = field(default_factory=list)
+    source: dict = field(default_factory=dict)
+
+    # ----------------------------------------------------------------- lookup
+    def compute_fit(self, device: str) -> ComputeFit | None:
+        """The fit for ``device`` (exact name, else case-insensitive substring either way), or None."""
+        for c in self.compute:
+            if c.device == device:
+                return c
+        d = device.lower()
+        for c in self.compute:
+            if c.device.lower() in d or d in c.device.lower():
+                return c
+        return None
+
+    def collective_fit(self, kind: str, group_size: int, scope: str, backend: str | None = None
+                       ) -> CollectiveFit | None:
+        """Best matching collective fit: same kind and scope, nearest group size (log distance)."""
+        cands = [c for c in self.collectives if c.kind == kind and c.scope == scope
+                 and (backend is None or c.backend == backend)]
+        if not cands and kind == "p2p":
+            return None
+        if not cands:
+            return None
+        return min(cands, key=lambda c: abs(math.log(max(c.group_size, 1)) - math.log(max(group_size, 1))))
+
+    # ----------------------------------------------------------------- io
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "source": self.source,
+            "compute": [vars(c) for c in self.compute],
+            "collectives": [vars(c) for c in self.collectives],
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "calibration") -> "Calibration":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ConfigError(f"{where}: not a clustersim calibration (expected \"format\": \"{FORMAT}\")")
+        if data.get("version") != VERSION:
+            raise ConfigError(f"{where}: unsupported calibration version {data.get('version')!r} (know {VERSION})")
+        try:
+            compute = [ComputeFit(**c) for c in data.get("compute", [])]
+            colls = [CollectiveFit(**c) for c in data.get("collectives", [])]
+        except TypeError as e:
+            raise ConfigError(f"{where}: malformed entry: {e}") from None
+        for c in compute:
+            if not (c.peak_flops_per_s > 0 and math.isfinite(c.peak_flops_per_s)) or not c.half_saturation_flops >= 0:
+                raise ConfigError(f"{where}: compute fit for {c.device!r} needs peak_flops_per_s > 0 and "
+                                  f"half_saturation_flops >= 0")
+        for c in colls:
+            if not (c.busbw_bytes_per_s > 0 and math.isfinite(c.busbw_bytes_per_s)) or not (c.alpha_s >= 0):
+                raise ConfigError(f"{where}: collective fit {c.kind}/{c.group_size}/{c.scope} needs "
+                                  f"busbw_bytes_per_s > 0 and alpha_s >= 0")
+        return cls(compute, colls, data.get("source", {}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"calibration file {p} does not exist") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"calibration file {p} is not valid JSON: {e}") from None
+        return cls.from_dict(data, where=str(p))

@@ -1,0 +1,72 @@
+"""The ``clustersim`` command line. Each package contributes its own click commands; this module
+registers them and turns every ``ClusterSimError`` into a one-line message and exit code 2."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from simulator.errors import ClusterSimError
+
+# (module, attribute) of every subcommand; each package owns its own.
+COMMANDS = [
+    ("simulator.commands", "simulate"),
+    ("simulator.compare", "compare"),
+    ("topologies.cli", "topology"),
+    ("schedules.cli", "plan"),
+    ("traces.cli", "collect"),
+    ("traces.cli", "calibrate"),
+    ("traces.cli", "replay"),
+    ("simulator.search", "search"),
+    ("simulator.goodput", "goodput"),
+]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="clustersim")
+def cli() -> None:
+    """clustersim: discrete-event simulator of LLM training clusters."""
+
+
+def _register() -> None:
+    for module, attr in COMMANDS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and (e.name == module or module.startswith(e.name + ".")):
+                continue  # that part is not built yet
+            raise
+        cmd = getattr(mod, attr, None)
+        if cmd is not None:
+            cli.add_command(cmd)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI; user errors become ``error: ...`` on stderr and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="clustersim", standalone_mode=False)
+    except ClusterSimError as e:
+        click.echo(f"error: {e}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return 2
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def entry() -> None:
+    """Console-script wrapper: exit with main()'s code."""
+    sys.exit(main())

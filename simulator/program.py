@@ -1,0 +1,376 @@
+"""The program model: the contract between workload generators and the engine.
+
+A *program* is the ordered list of ops one rank executes in one training step. Ops live on named
+*streams* (``compute``, ``comm``, ``dp_comm``, ``pp_send`` ...): ops of one stream run in program order,
+streams of one rank run concurrently, and an op may depend on earlier ops of any stream of its rank
+(``deps`` are indices into the same rank's program).
+
+Op kinds
+    compute     ``flops`` (FLOPs) and ``mem_bytes`` (HBM bytes moved) -> the cost model's roofline time.
+    collective  ``collective`` in COLLECTIVE_KINDS over process group ``group`` with ``size_bytes``.
+    send/recv   point-to-point with ``peer`` (global rank), ``size_bytes``; matched in order per (src, dst).
+                Rendezvous semantics (as NCCL): a send and its recv both start when both are posted and
+                end together when the transfer ends.
+
+Any op may carry ``duration_s`` (a measured duration, for trace replay) instead of cost inputs.
+
+Collective sizes follow nccl-tests' convention for "size": all_reduce, broadcast, reduce: the buffer;
+all_gather: the gathered output (total over ranks); reduce_scatter: the input (total over ranks);
+all_to_all: the bytes one rank sends in total (its whole send buffer); barrier: 0.
+
+Memory: ``alloc`` (category, bytes) pairs are allocated when the op starts and ``free`` pairs are released
+when it ends; ``Programs.static_memory`` holds what is resident all step (parameters, optimizer state).
+Categories: parameters, gradients, optimizer, activations, buffers.
+
+Units: seconds, bytes, FLOPs.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from simulator.errors import ProgramError
+
+COMPUTE = "compute"
+COLLECTIVE = "collective"
+SEND = "send"
+RECV = "recv"
+OP_KINDS = (COMPUTE, COLLECTIVE, SEND, RECV)
+
+COLLECTIVE_KINDS = (
+    "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "barrier",
+)
+
+# Phases used as labels (plots colour by them).
+FORWARD = "forward"
+BACKWARD_INPUT = "backward_input"
+BACKWARD_WEIGHT = "backward_weight"
+BACKWARD = "backward"          # input and weight gradients fused in one op
+OPTIMIZER = "optimizer"
+PHASES = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, BACKWARD, OPTIMIZER)
+
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
+
+
+class Op:
+    """One operation of one rank's program. Plain slotted class: millions of them must be cheap."""
+
+    __slots__ = (
+        "kind", "name", "stream", "deps", "flops", "mem_bytes", "size_bytes", "collective",
+        "group", "peer", "duration_s", "alloc", "free", "layer", "microbatch", "phase", "strategy",
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        stream: str = "compute",
+        deps: tuple[int, ...] = (),
+        *,
+        flops: float = 0.0,
+        mem_bytes: float = 0.0,
+        size_bytes: float = 0.0,
+        collective: str | None = None,
+        group: int | None = None,
+        peer: int | None = None,
+        duration_s: float | None = None,
+        alloc: tuple[tuple[str, float], ...] = (),
+        free: tuple[tuple[str, float], ...] = (),
+        layer: int | None = None,
+        microbatch: int | None = None,
+        phase: str | None = None,
+        strategy: str | None = None,
+    ):
+        self.kind = kind
+        self.name = name
+        self.stream = stream
+        self.deps = tuple(deps)
+        self.flops = flops
+        self.mem_bytes = mem_bytes
+        self.size_bytes = size_bytes
+        self.collective = collective
+        self.group = group
+        self.peer = peer
+        self.duration_s = duration_s
+        self.alloc = alloc
+        self.free = free
+        self.layer = layer
+        self.microbatch = microbatch
+        self.phase = phase
+        self.strategy = strategy
+
+    def __repr__(self) -> str:  # short, for error messages
+        extra = ""
+        if self.kind == COLLECTIVE:
+            extra = f" {self.collective} group={self.group} {self.size_bytes:.0f}B"
+        elif self.kind in (SEND, RECV):
+            extra = f" peer={self.peer} {self.size_bytes:.0f}B"
+        return f"<{self.kind} {self.name!r} stream={self.stream}{extra}>"
+
+    def signature(self) -> tuple:
+        """Everything that determines this op's behaviour except the identities of other ranks."""
+        return (self.kind, self.name, self.stream, self.deps, self.flops, self.mem_bytes, self.size_bytes,
+                self.collective, self.duration_s, self.alloc, self.free, self.phase)
+
+
+def compute(name: str, flops: float = 0.0, mem_bytes: float = 0.0, stream: str = "compute", deps=(), **kw) -> Op:
+    return Op(COMPUTE, name, stream, deps, flops=flops, mem_bytes=mem_bytes, **kw)
+
+
+def collective(name: str, kind: str, group: int, size_bytes: float, stream: str = "comm", deps=(), **kw) -> Op:
+    return Op(COLLECTIVE, name, stream, deps, collective=kind, group=group, size_bytes=size_bytes, **kw)
+
+
+def send(name: str, peer: int, size_bytes: float, stream: str = "comm", deps=(), **kw) -> Op:
+    return Op(SEND, name, stream, deps, peer=peer, size_bytes=size_bytes, **kw)
+
+
+def recv(name: str, peer: int, size_bytes: float, stream: str = "comm", deps=(), **kw) -> Op:
+    return Op(RECV, name, stream, deps, peer=peer, size_bytes=size_bytes, **kw)
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """A set of global ranks that run collectives together. ``family`` names the parallel axis
+    ("tp", "dp", "pp", "ep", "cp", "world", ...): each rank belongs to at most one group per family."""
+
+    ranks: tuple[int, ...]
+    family: str = "custom"
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass
+class Programs:
+    """Per-rank programs of one training step plus everything the engine and metrics need.
+
+    ops            rank -> program, for the ranks that are simulated. In full mode every rank.
+    groups         process groups; ``Op.group`` indexes this list.
+    classes        symmetric mode: representative rank -> all ranks it stands for (itself included).
+                   None means full mode: every rank of ``range(world_size)`` has a program.
+    static_memory  rank -> {category: bytes} resident for the whole step (parameters, optimizer ...).
+    tokens_per_step, model_flops_per_step: for tokens/s and MFU (whole job, model FLOPs without
+                   recomputation).
+    """
+
+    world_size: int
+    ops: dict[int, list[Op]]
+    groups: list[ProcessGroup] = field(default_factory=list)
+    classes: dict[int, tuple[int, ...]] | None = None
+    static_memory: dict[int, dict[str, float]] = field(default_factory=dict)
+    tokens_per_step: float = 0.0
+    model_flops_per_step: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ groups
+    def add_group(self, ranks: Iterable[int], family: str = "custom") -> int:
+        """Register a process group (deduplicated by (ranks, family)) and return its id."""
+        key = (tuple(ranks), family)
+        index = self.__dict__.setdefault("_group_index", {})
+        if key in index:
+            return index[key]
+        self.groups.append(ProcessGroup(key[0], family))
+        index[key] = len(self.groups) - 1
+        return index[key]
+
+    def group_of(self, rank: int, family: str) -> int | None:
+        """Id of the group of ``family`` that holds ``rank`` (None if none)."""
+        table = self.__dict__.get("_rank_family")
+        if table is None or self.__dict__.get("_rank_family_n") != len(self.groups):
+            table = {}
+            for gid, g in enumerate(self.groups):
+                for r in g.ranks:
+                    table.setdefault((r, g.family), gid)
+            self.__dict__["_rank_family"] = table
+            self.__dict__["_rank_family_n"] = len(self.groups)
+        return table.get((rank, family))
+
+    # ------------------------------------------------------------------ symmetry
+    @property
+    def symmetric(self) -> bool:
+        return self.classes is not None
+
+    def representative_of(self) -> dict[int, int]:
+        """rank -> the simulated rank that stands for it (identity in full mode)."""
+        if self.classes is None:
+            return {r: r for r in self.ops}
+        rep = {}
+        for r, members in self.classes.items():
+            for m in members:
+                rep[m] = r
+        return rep
+
+    def multiplicity(self, rank: int) -> int:
+        """How many ranks a simulated rank stands for."""
+        return 1 if self.classes is None else len(self.classes[rank])
+
+    @property
+    def op_count(self) -> int:
+        """Ops in the simulated programs."""
+        return sum(len(p) for p in self.ops.values())
+
+    @property
+    def represented_op_count(self) -> int:
+        """Ops of the whole job (simulated ops times the ranks they stand for)."""
+        return sum(len(p) * self.multiplicity(r) for r, p in self.ops.items())
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def validate(programs: Programs) -> None:
+    """Static checks before simulating; raise ProgramError naming ranks and ops.
+
+    - every rank of the job is simulated or represented; ops are well-formed;
+    - deps point at existing ops of the same rank and the (stream order + deps) graph is acyclic;
+    - the members of a group agree on the kind and size of their k-th collective on it, and on how
+      many collectives they run on it;
+    - every send has a matching recv (count and size, in order, per (source, destination)).
+    """
+    n = programs.world_size
+    if n <= 0:
+        raise ProgramError(f"world_size must be positive, got {n}")
+    rep = programs.representative_of()
+    if programs.classes is None:
+        missing = [r for r in range(n) if r not in programs.ops]
+        if missing:
+            raise ProgramError(f"no program for rank(s) {_short(missing)} of world size {n}")
+    else:
+        unplaced = [r for r in range(n) if r not in rep]
+        if unplaced:
+            raise ProgramError(f"symmetric programs: rank(s) {_short(unplaced)} belong to no class")
+    ngroups = len(programs.groups)
+    for gid, g in enumerate(programs.groups):
+        bad = [r for r in g.ranks if not (0 <= r < n)]
+        if bad or len(set(g.ranks)) != len(g.ranks) or not g.ranks:
+            raise ProgramError(f"process group {gid} ({g.family}) has invalid ranks {g.ranks[:16]}")
+
+    coll_seq: dict[tuple, list[tuple[int, int, Op]]] = defaultdict(list)  # (sync key, rank) -> ops
+    p2p: dict[tuple[int, int, str], list[tuple[int, Op]]] = defaultdict(list)
+    for rank, prog in programs.ops.items():
+        _check_rank_graph(rank, prog)
+        for i, op in enumerate(prog):
+            if op.kind not in OP_KINDS:
+                raise ProgramError(f"rank {rank} op {i} {op!r}: unknown kind {op.kind!r}")
+            if op.kind == COLLECTIVE:
+                if op.collective not in COLLECTIVE_KINDS:
+                    raise ProgramError(f"rank {rank} op {i} {op!r}: unknown collective {op.collective!r}; "
+                                       f"known: {', '.join(COLLECTIVE_KINDS)}")
+                if op.group is None or not (0 <= op.group < ngroups):
+                    raise ProgramError(f"rank {rank} op {i} {op!r}: group {op.group} is not a registered group")
+                if rank not in programs.groups[op.group].ranks:
+                    raise ProgramError(f"rank {rank} op {i} {op!r}: rank is not a member of group {op.group} "
+                                       f"{programs.groups[op.group].ranks[:16]}")
+                coll_seq[(sync_key(programs, op.group, rep), rank)].append((i, op))
+            elif op.kind in (SEND, RECV):
+                if op.peer is None or not (0 <= op.peer < n) or op.peer == rank:
+                    raise ProgramError(f"rank {rank} op {i} {op!r}: invalid peer {op.peer}")
+                src, dst = (rank, rep[op.peer]) if op.kind == SEND else (rep[op.peer], rank)
+                p2p[(src, dst, op.kind)].append((i, op))
+            for v in (op.flops, op.mem_bytes, op.size_bytes):
+                if not (v >= 0.0) or v == float("inf"):
+                    raise ProgramError(f"rank {rank} op {i} {op!r}: cost inputs must be finite and >= 0")
+            if op.duration_s is not None and not (0.0 <= op.duration_s < float("inf")):
+                raise ProgramError(f"rank {rank} op {i} {op!r}: duration_s must be finite and >= 0")
+
+    # collectives: members agree on k-th kind/size and count
+    by_key: dict[tuple, list[int]] = defaultdict(list)
+    for (key, rank) in coll_seq:
+        by_key[key].append(rank)
+    for key, ranks in by_key.items():
+        members = key[1]
+        absent = [m for m in members if m not in ranks]
+        if absent:
+            r0 = ranks[0]
+            i, op = coll_seq[(key, r0)][0]
+            raise ProgramError(
+                f"group {_short(members)}: rank {r0} runs {len(coll_seq[(key, r0)])} collective(s) on it "
+                f"(first: op {i} {op!r}) but rank(s) {_short(absent)} run none")
+        ref_rank = ranks[0]
+        ref = coll_seq[(key, ref_rank)]
+        for r in ranks[1:]:
+            seq = coll_seq[(key, r)]
+            for k, ((i0, a), (i1, b)) in enumerate(zip(ref, seq)):
+                if a.collective != b.collective or not _close(a.size_bytes, b.size_bytes):
+                    raise ProgramError(
+                        f"group {_short(members)}: collective #{k} disagrees: rank {ref_rank} op {i0} {a!r} "
+                        f"vs rank {r} op {i1} {b!r}")
+            if len(seq) != len(ref):
+                longer, shorter = (ref_rank, r) if len(ref) > len(seq) else (r, ref_rank)
+                k = min(len(seq), len(ref))
+                i, op = coll_seq[(key, longer)][k]
+                raise ProgramError(
+                    f"group {_short(members)}: rank {longer} runs {max(len(seq), len(ref))} collectives on it but "
+                    f"rank {shorter} runs {k}; rank {shorter} misses collective #{k} (rank {longer} op {i} {op!r})")
+
+    # point-to-point: matched in order per (src, dst)
+    for (src, dst, kind), sends in list(p2p.items()):
+        if kind != SEND:
+            continue
+        recvs = p2p.get((src, dst, RECV), [])
+        for k, ((i0, s), (i1, r)) in enumerate(zip(sends, recvs)):
+            if not _close(s.size_bytes, r.size_bytes):
+                raise ProgramError(f"send #{k} {src}->{dst} (rank {src} op {i0} {s!r}) does not match the size of "
+                                   f"recv #{k} (rank {dst} op {i1} {r!r})")
+        if len(recvs) != len(sends):
+            raise ProgramError(f"rank {src} sends {len(sends)} message(s) to rank {dst} but rank {dst} posts "
+                               f"{len(recvs)} matching recv(s)")
+    for (src, dst, kind), recvs in p2p.items():
+        if kind == RECV and (src, dst, SEND) not in p2p:
+            i, op = recvs[0]
+            raise ProgramError(f"rank {dst} op {i} {op!r} waits for a message from rank {src}, "
+                               f"which sends none to it")
+
+
+def sync_key(programs: Programs, gid: int, rep: dict[int, int]) -> tuple:
+    """The rendezvous identity of group ``gid``: (family, simulated ranks standing for its members).
+
+    In full mode that is the group itself; in symmetric mode a group whose members are all
+    represented by one rank synchronises with nobody but that rank."""
+    g = programs.groups[gid]
+    if programs.classes is None:
+        return (g.family, g.ranks, gid)
+    return (g.family, tuple(sorted({rep[m] for m in g.ranks})))
+
+
+def _check_rank_graph(rank: int, prog: list[Op]) -> None:
+    n = len(prog)
+    indeg = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    last_in_stream: dict[str, int] = {}
+    for i, op in enumerate(prog):
+        prev = last_in_stream.get(op.stream)
+        if prev is not None:
+            succ[prev].append(i)
+            indeg[i] += 1
+        last_in_stream[op.stream] = i
+        for d in op.deps:
+            if not isinstance(d, int) or not (0 <= d < n) or d == i:
+                raise ProgramError(f"rank {rank} op {i} {op!r}: dependency {d!r} does not name another op of "
+                                   f"this rank (0..{n - 1})")
+            succ[d].append(i)
+            indeg[i] += 1
+    ready = [i for i in range(n) if indeg[i] == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    if seen != n:
+        cyc = [i for i in range(n) if indeg[i] > 0][:5]
+        raise ProgramError(f"rank {rank}: cyclic dependencies among ops {cyc} "
+                           f"({', '.join(repr(prog[i]) for i in cyc[:3])}) (stream order plus deps)")
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def _short(ranks, limit: int = 12) -> str:
+    ranks = list(ranks)
+    s = ", ".join(str(r) for r in ranks[:limit])
+    return f"[{s}{', ...' if len(ranks) > limit else ''}]"
