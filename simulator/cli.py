@@ -15,7 +15,7 @@ COMMANDS = [
     ("simulator.compare", "compare"),
     ("topologies.cli", "topology"),
     ("schedules.cli", "plan"),
-    ("traces.cli", "collect"),
+    ("traces.collect_cli", "collect"),
     ("traces.cli", "calibrate"),
     ("traces.cli", "replay"),
     ("simulator.search", "search"),
