@@ -1,0 +1,386 @@
+"""The SimPy engine: executes per-rank programs against a cost model and records when every op ran.
+
+One SimPy process per (rank, stream). Ops of a stream run in program order; an op first waits for its
+cross-stream ``deps``, then:
+
+- compute: lasts ``op.duration_s`` or ``cost.compute_time_s(rank, op)``;
+- collective: waits until every member of its group has reached its k-th collective on that group
+  (a rendezvous), then all members start together and end together after the communication time;
+- send/recv: the k-th send from s to d meets the k-th recv at d from s (rendezvous), both end together.
+
+Communication time comes from ``cost.comm_time_s`` (analytical) or, for contention-aware cost models, from
+a ``FlowNetwork`` the engine drives: it is told when communications start and asked when the next ends.
+
+Symmetric mode (``Programs.classes`` set): only representatives are simulated; a group whose members are
+all represented by one rank synchronises with that rank alone, and the images of each communication
+(the same collective run by the other ranks of the class at the same instant) are passed to the flow
+network so it loads their links too. Results are fanned out to every rank of the class.
+
+When no event remains while ops are unfinished the engine raises ``DeadlockError`` naming every
+blocked rank, the op it is stuck in, and whom it waits for. Units: seconds.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from typing import Callable
+
+import simpy
+from simpy.core import NORMAL
+
+from simulator.costs import CommRequest, CostModel
+from simulator.errors import ClusterSimError, DeadlockError
+from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, sync_key, validate
+
+
+class SimResult:
+    """What one simulated step produced. Times are seconds from the step's start.
+
+    start_s / end_s / ready_s: rank -> list indexed like that rank's program (ready = when the op was
+    reached on its stream, its dependencies done; for communication, start - ready is the wait for peers).
+    """
+
+    def __init__(self, programs: Programs, cost_model: CostModel, start_s, end_s, ready_s, events, wall_s):
+        self.programs = programs
+        self.cost_model = cost_model
+        self.start_s: dict[int, list[float]] = start_s
+        self.end_s: dict[int, list[float]] = end_s
+        self.ready_s: dict[int, list[float]] = ready_s
+        self.events_simulated = events
+        self.wall_time_s = wall_s
+        self._timeline = None
+
+    @property
+    def mode(self) -> str:
+        return "symmetric" if self.programs.symmetric else "full"
+
+    @property
+    def rank_end_s(self) -> dict[int, float]:
+        """Every rank of the job -> end of its last op (fanned out from representatives)."""
+        out = {}
+        rep = self.programs.representative_of()
+        ends = {r: max(e) if e else 0.0 for r, e in self.end_s.items()}
+        for m, r in rep.items():
+            out[m] = ends[r]
+        return out
+
+    @property
+    def step_time_s(self) -> float:
+        """Step time: when the last op of any rank ends."""
+        return max((max(e) if e else 0.0) for e in self.end_s.values()) if self.end_s else 0.0
+
+    @property
+    def timeline(self):
+        """The timeline as a pandas DataFrame (one row per simulated op); see simulator.timeline."""
+        if self._timeline is None:
+            from simulator.timeline import build_timeline
+            self._timeline = build_timeline(self)
+        return self._timeline
+
+
+class _Rendezvous:
+    __slots__ = ("needed", "arrived", "event", "duration", "op", "rank", "members_real", "key")
+
+    def __init__(self, needed: int, event: simpy.Event, key):
+        self.needed = needed          # how many simulated participants must arrive
+        self.arrived: list[tuple[int, int]] = []   # (rank, op index)
+        self.event = event
+        self.duration = None          # max of members' fixed durations
+        self.op = None
+        self.rank = None
+        self.key = key
+
+
+class Engine:
+    """Runs one step of ``programs`` against ``cost_model``. Use ``run()`` unless you need the object."""
+
+    def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
+                 until_s: float | None = None):
+        self.p = programs
+        self.cost = cost_model
+        self.env = simpy.Environment()
+        self.progress = progress
+        self.until_s = until_s
+        self.rep = programs.representative_of()
+        self.total_ops = programs.op_count
+        self.done_ops = 0
+        n = {r: len(prog) for r, prog in programs.ops.items()}
+        nan = math.nan
+        self.start = {r: [nan] * k for r, k in n.items()}
+        self.end = {r: [nan] * k for r, k in n.items()}
+        self.ready = {r: [nan] * k for r, k in n.items()}
+        self.finished = {r: [False] * k for r, k in n.items()}
+        self.waiters: dict[tuple[int, int], simpy.Event] = {}
+        self.rendezvous: dict[tuple, _Rendezvous] = {}
+        self.coll_count: dict[tuple[int, tuple], int] = defaultdict(int)
+        self.p2p_count: dict[tuple[int, int, str], int] = defaultdict(int)
+        self.state: dict[tuple[int, str], tuple] = {}      # (rank, stream) -> what it waits for
+        self._sync_keys: dict[int, tuple] = {}
+        self._images: dict[tuple, tuple] = {}
+        self.contention = bool(getattr(cost_model, "contention_aware", False))
+        self.net = cost_model.network() if self.contention else None
+        self._net_events: dict[int, _Rendezvous] = {}
+        self._net_gen = 0
+        self._net_key = 0
+        self.events = 0
+
+    # ------------------------------------------------------------------ helpers
+    def _trigger_in(self, event: simpy.Event, delay: float, value=None) -> None:
+        """Succeed ``event`` ``delay`` seconds from now (what simpy.Timeout does, without a second event)."""
+        event._ok = True
+        event._value = value
+        self.env.schedule(event, NORMAL, delay)
+
+    def _sync_key(self, gid: int) -> tuple:
+        k = self._sync_keys.get(gid)
+        if k is None:
+            k = self._sync_keys[gid] = sync_key(self.p, gid, self.rep)
+        return k
+
+    def _group_images(self, gid: int) -> tuple[tuple[int, ...], ...]:
+        """Symmetric mode: the other groups of the same family that run this collective concurrently."""
+        key = ("g", gid)
+        if key not in self._images:
+            g = self.p.groups[gid]
+            imgs = set()
+            for r in set(self.rep[m] for m in g.ranks):
+                for m in self.p.classes[r]:
+                    og = self.p.group_of(m, g.family)
+                    if og is not None and og != gid:
+                        imgs.add(og)
+            self._images[key] = tuple(self.p.groups[o].ranks for o in sorted(imgs))
+        return self._images[key]
+
+    def _p2p_images(self, rank: int, op) -> tuple[tuple[int, ...], ...]:
+        key = ("p", rank, op.peer, op.group)
+        if key not in self._images:
+            imgs = []
+            if op.group is not None:
+                g = self.p.groups[op.group]
+                if op.peer in g.ranks and rank in g.ranks:
+                    i_self, i_peer = g.ranks.index(rank), g.ranks.index(op.peer)
+                    for m in self.p.classes[rank]:
+                        if m == rank:
+                            continue
+                        og = self.p.group_of(m, g.family)
+                        if og is None:
+                            continue
+                        ranks = self.p.groups[og].ranks
+                        a, b = ranks[i_self], ranks[i_peer]
+                        imgs.append((a, b) if op.kind == SEND else (b, a))
+            self._images[key] = tuple(imgs)
+        return self._images[key]
+
+    def _done_event(self, rank: int, idx: int) -> simpy.Event:
+        ev = self.waiters.get((rank, idx))
+        if ev is None:
+            ev = self.waiters[(rank, idx)] = self.env.event()
+        return ev
+
+    # ------------------------------------------------------------------ communication
+    def _communicate(self, rv: _Rendezvous, request: CommRequest | None) -> None:
+        """All participants arrived: start the communication; rv.event fires at its end."""
+        now = self.env.now
+        if rv.duration is not None:
+            dur = rv.duration
+        elif not self.contention:
+            dur = self.cost.comm_time_s(request)
+        else:
+            self._net_key += 1
+            self._net_events[self._net_key] = rv
+            self.net.start(now, self._net_key, request)
+            self._reschedule_network()
+            return
+        if dur > 0:
+            self._trigger_in(rv.event, dur, now)
+        else:
+            rv.event.succeed(now)
+
+    def _reschedule_network(self) -> None:
+        self._net_gen += 1
+        nxt = self.net.next_completion()
+        if nxt is None:
+            return
+        t = max(nxt[0], self.env.now)
+        if not math.isfinite(t):
+            return
+        wake = self.env.event()
+        gen = self._net_gen
+        wake.callbacks.append(lambda _e, gen=gen: self._on_network_wake(gen))
+        self._trigger_in(wake, t - self.env.now)
+
+    def _on_network_wake(self, gen: int) -> None:
+        if gen != self._net_gen:
+            return          # superseded by a later start/finish
+        now = self.env.now
+        while True:
+            nxt = self.net.next_completion()
+            if nxt is None or nxt[0] > now + 1e-15 * max(1.0, now):
+                break
+            key = nxt[1]
+            self.net.finish(now, key)
+            rv = self._net_events.pop(key)
+            rv.event.succeed(now)
+        self._reschedule_network()
+
+    def _arrive(self, key, needed: int, rank: int, idx: int, op) -> tuple[_Rendezvous, bool]:
+        rv = self.rendezvous.get(key)
+        if rv is None:
+            rv = self.rendezvous[key] = _Rendezvous(needed, self.env.event(), key)
+        rv.arrived.append((rank, idx))
+        if op.duration_s is not None:
+            rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
+        if rv.op is None or op.kind == SEND:
+            rv.op, rv.rank = op, rank
+        complete = len(rv.arrived) >= rv.needed
+        if complete:
+            del self.rendezvous[key]
+        return rv, complete
+
+    # ------------------------------------------------------------------ processes
+    def _stream(self, rank: int, stream: str, idxs: list[int]):
+        env = self.env
+        prog = self.p.ops[rank]
+        start, end, ready, finished = self.start[rank], self.end[rank], self.ready[rank], self.finished[rank]
+        cost = self.cost
+        state_key = (rank, stream)
+        symmetric = self.p.classes is not None
+        for i in idxs:
+            op = prog[i]
+            for d in op.deps:
+                if not finished[d]:
+                    self.state[state_key] = ("dep", i, d)
+                    yield self._done_event(rank, d)
+            now = env.now
+            ready[i] = now
+            kind = op.kind
+            if kind == COMPUTE:
+                dur = op.duration_s if op.duration_s is not None else cost.compute_time_s(rank, op)
+                start[i] = now
+                if dur > 0:
+                    self.state[state_key] = ("compute", i)
+                    yield env.timeout(dur)
+            elif kind == COLLECTIVE:
+                skey = self._sync_key(op.group)
+                ck = (rank, skey)
+                k = self.coll_count[ck]
+                self.coll_count[ck] = k + 1
+                rv, complete = self._arrive((skey, k), len(skey[1]), rank, i, op)
+                if complete:
+                    req = None
+                    if rv.duration is None:
+                        g = self.p.groups[op.group]
+                        imgs = self._group_images(op.group) if (symmetric and self.contention) else ()
+                        req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
+                    self._communicate(rv, req)
+                self.state[state_key] = ("collective", i, rv)
+                start[i] = yield rv.event
+            else:  # send / recv
+                peer = self.rep[op.peer]
+                src, dst = (rank, peer) if kind == SEND else (peer, rank)
+                ck = (src, dst, kind)
+                k = self.p2p_count[ck]
+                self.p2p_count[ck] = k + 1
+                rv, complete = self._arrive(("p2p", src, dst, k), 2, rank, i, op)
+                if complete:
+                    req = None
+                    if rv.duration is None:
+                        sop, srank = rv.op, rv.rank     # the send side (real ranks)
+                        real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
+                        imgs = self._p2p_images(srank, sop) if (symmetric and self.contention) else ()
+                        req = CommRequest("p2p", real, op.size_bytes, imgs)
+                    self._communicate(rv, req)
+                self.state[state_key] = ("p2p", i, rv, src, dst)
+                start[i] = yield rv.event
+            end[i] = env.now
+            finished[i] = True
+            self.events += 1
+            w = self.waiters.pop((rank, i), None)
+            if w is not None:
+                w.succeed()
+            if self.progress is not None:
+                self.done_ops += 1
+                if self.done_ops % 20000 == 0:
+                    self.progress(self.done_ops, self.total_ops)
+        self.state.pop(state_key, None)
+        self.state[state_key] = ("done",)
+
+    def run(self) -> SimResult:
+        t_wall = time.perf_counter()
+        for rank, prog in self.p.ops.items():
+            streams: dict[str, list[int]] = {}
+            for i, op in enumerate(prog):
+                streams.setdefault(op.stream, []).append(i)
+            for stream, idxs in streams.items():
+                self.state[(rank, stream)] = ("start",)
+                self.env.process(self._stream(rank, stream, idxs))
+        if self.until_s is not None:
+            self.env.run(until=self.until_s)
+        else:
+            self.env.run()
+        blocked = [(k, v) for k, v in self.state.items() if v[0] != "done"]
+        if blocked and self.until_s is None:
+            raise self._deadlock(blocked)
+        if self.progress is not None:
+            self.progress(self.total_ops, self.total_ops)
+        return SimResult(self.p, self.cost, self.start, self.end, self.ready, self.events,
+                         time.perf_counter() - t_wall)
+
+    # ------------------------------------------------------------------ deadlock report
+    def describe_blocked(self, blocked) -> list[dict]:
+        """One dict per blocked (rank, stream): the op it is stuck in and whom it waits for."""
+        out = []
+        for (rank, stream), st in sorted(blocked, key=lambda kv: (kv[0][0], kv[0][1])):
+            prog = self.p.ops[rank]
+            info = {"rank": rank, "stream": stream, "state": st[0]}
+            if st[0] == "dep":
+                _, i, d = st
+                info.update(op=i, op_repr=repr(prog[i]), waits_for_op=d, waits_for=[rank],
+                            reason=f"waits for its own op {d} {prog[d]!r} on stream {prog[d].stream!r}")
+            elif st[0] == "collective":
+                _, i, rv = st
+                g = self.p.groups[prog[i].group]
+                arrived = {r for r, _ in rv.arrived}
+                needed = rv.key[0][1]
+                missing = sorted(set(needed) - arrived)
+                if self.p.classes is not None:
+                    missing = sorted(m for r in missing for m in self.p.classes[r] if m in g.ranks)
+                info.update(op=i, op_repr=repr(prog[i]), waits_for=missing,
+                            reason=f"in collective #{rv.key[1]} on group {g.family}{list(g.ranks[:16])}, waiting "
+                                   f"for rank(s) {missing[:16]} to reach it")
+            elif st[0] == "p2p":
+                _, i, rv, src, dst = st
+                other = dst if prog[i].kind == SEND else src
+                info.update(op=i, op_repr=repr(prog[i]), waits_for=[prog[i].peer],
+                            reason=f"in {prog[i].kind} #{rv.key[3]} {src}->{dst}, waiting for rank {prog[i].peer} "
+                                   f"to post the matching {'recv' if prog[i].kind == SEND else 'send'}"
+                                   + ("" if other == prog[i].peer else f" (represented by rank {other})"))
+            else:
+                info.update(op=None, op_repr="", waits_for=[], reason=st[0])
+            out.append(info)
+        return out
+
+    def _deadlock(self, blocked) -> DeadlockError:
+        infos = self.describe_blocked(blocked)
+        lines = [f"rank {b['rank']} stream {b['stream']!r} op {b['op']} {b['op_repr']}: {b['reason']}"
+                 for b in infos[:20]]
+        more = f"\n  ... and {len(infos) - 20} more blocked streams" if len(infos) > 20 else ""
+        ranks = sorted({b["rank"] for b in infos})
+        msg = (f"deadlock at t={self.env.now:.6g}s: {len(infos)} stream(s) of {len(ranks)} rank(s) can never "
+               f"progress:\n  " + "\n  ".join(lines) + more)
+        return DeadlockError(msg, blocked=infos)
+
+
+def run(programs: Programs, cost_model: CostModel, *, check: bool = True,
+        progress: Callable[[int, int], None] | None = None, until_s: float | None = None) -> SimResult:
+    """Validate (unless ``check=False``) and simulate one step; return a ``SimResult``.
+
+    Raises ProgramError for invalid programs and DeadlockError when the programs cannot finish.
+    ``until_s`` stops the simulation at that time (ops still running stay unfinished: NaN end times).
+    """
+    if not isinstance(programs, Programs):
+        raise ClusterSimError(f"run() needs a Programs object, got {type(programs).__name__}")
+    if check:
+        validate(programs)
+    return Engine(programs, cost_model, progress=progress, until_s=until_s).run()

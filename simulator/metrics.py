@@ -1,0 +1,180 @@
+"""Metrics of one simulated step, computed from the engine's per-op times (no DataFrame needed, so
+they stay cheap for 16,384-rank full runs).
+
+Per rank r with step time T (the job's step time):
+- compute busy      |union of compute-op intervals|
+- comm busy         |union of communication intervals| (collective / send / recv, from start to end:
+                    waiting for peers is not communication)
+- exposed comm      |comm busy minus compute busy|: communication no compute hides
+- overlap fraction  sum_r |comm ∩ compute| / sum_r |comm busy|
+- bubble            T - |compute ∪ comm|: the rank does nothing (pipeline bubble, waiting for peers)
+Fractions of the job are means over ranks (weighted by the ranks a representative stands for).
+MFU = model FLOPs per step / (T · world size · peak FLOP/s of the device); TFLOP/s per GPU uses the same
+model FLOPs; ``hardware_tflops_per_gpu`` counts the FLOPs actually executed (recomputation included).
+Units: seconds, bytes, FLOP/s.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from simulator.program import COMPUTE
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by intervals [starts[i], ends[i]] (seconds)."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    run_max = np.maximum.accumulate(e)
+    # a new merged segment begins where the start lies beyond every earlier end
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_max[:-1]
+    seg_id = np.cumsum(new) - 1
+    seg_start = s[new]
+    seg_end = np.zeros(seg_id[-1] + 1)
+    np.maximum.at(seg_end, seg_id, e)
+    return float(np.sum(seg_end - seg_start))
+
+
+@dataclass
+class RankMetrics:
+    rank: int
+    represents: int
+    end_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    overlap_s: float
+    idle_s: float
+    executed_flops: float
+    peak_memory_bytes: float
+    memory_capacity_bytes: float
+
+
+@dataclass
+class Metrics:
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    exposed_comm_fraction: float
+    overlap_fraction: float
+    compute_fraction: float
+    peak_memory_bytes: float
+    memory_capacity_bytes: float
+    fits_in_memory: bool
+    world_size: int
+    events_simulated: int
+    represented_ops: int
+    wall_time_s: float
+    mode: str
+    per_rank: list[RankMetrics] = field(default_factory=list, repr=False)
+
+    def to_dict(self, per_rank: bool = False) -> dict:
+        d = asdict(self)
+        if not per_rank:
+            d.pop("per_rank")
+        return d
+
+
+def rank_metrics(result, rank: int, step_time_s: float) -> RankMetrics:
+    prog = result.programs.ops[rank]
+    start = np.asarray(result.start_s[rank], dtype=float)
+    end = np.asarray(result.end_s[rank], dtype=float)
+    is_compute = np.fromiter((op.kind == COMPUTE for op in prog), dtype=bool, count=len(prog))
+    done = ~np.isnan(end)
+    c = is_compute & done
+    m = ~is_compute & done
+    comp = union_length(start[c], end[c])
+    comm = union_length(start[m], end[m])
+    both = union_length(start[done], end[done])
+    overlap = comp + comm - both
+    flops = float(sum(op.flops for op, ic in zip(prog, is_compute) if ic))
+    cost = result.cost_model
+    return RankMetrics(
+        rank=rank, represents=result.programs.multiplicity(rank),
+        end_s=float(np.nanmax(end)) if done.any() else 0.0,
+        compute_s=comp, comm_s=comm, exposed_comm_s=comm - overlap, overlap_s=overlap,
+        idle_s=max(0.0, step_time_s - both), executed_flops=flops,
+        peak_memory_bytes=peak_memory(result, rank),
+        memory_capacity_bytes=float(cost.memory_capacity_bytes(rank)),
+    )
+
+
+def memory_events(result, rank: int):
+    """(times_s, deltas_bytes, categories) of one rank's alloc (at op start) and free (at op end) events,
+    sorted by time with frees before allocs at the same instant."""
+    prog = result.programs.ops[rank]
+    times, deltas, cats, order = [], [], [], []
+    st, en = result.start_s[rank], result.end_s[rank]
+    for i, op in enumerate(prog):
+        for cat, b in op.alloc:
+            if not np.isnan(st[i]):
+                times.append(st[i]); deltas.append(b); cats.append(cat); order.append(1)
+        for cat, b in op.free:
+            if not np.isnan(en[i]):
+                times.append(en[i]); deltas.append(-b); cats.append(cat); order.append(0)
+    if not times:
+        return np.zeros(0), np.zeros(0), []
+    idx = np.lexsort((np.asarray(order), np.asarray(times)))
+    return np.asarray(times)[idx], np.asarray(deltas, dtype=float)[idx], [cats[i] for i in idx]
+
+
+def peak_memory(result, rank: int) -> float:
+    """Static memory plus the highest level reached by the rank's alloc/free events (bytes)."""
+    static = sum(result.programs.static_memory.get(rank, {}).values())
+    _, deltas, _ = memory_events(result, rank)
+    if len(deltas) == 0:
+        return float(static)
+    return float(static + max(0.0, np.max(np.cumsum(deltas))))
+
+
+def compute_metrics(result, per_rank: bool = True) -> Metrics:
+    """Metrics of a SimResult (see module docstring)."""
+    p = result.programs
+    T = result.step_time_s
+    ranks = sorted(p.ops)
+    rms = [rank_metrics(result, r, T) for r in ranks]
+    weights = np.array([rm.represents for rm in rms], dtype=float)
+    W = weights.sum()
+    cost = result.cost_model
+
+    def wmean(vals):
+        return float(np.dot(weights, vals) / W) if W else 0.0
+
+    comm_total = float(np.dot(weights, [rm.comm_s for rm in rms]))
+    overlap_total = float(np.dot(weights, [rm.overlap_s for rm in rms]))
+    world = p.world_size
+    peak = float(np.mean([cost.peak_flops(r) for r in ranks])) if ranks else 0.0
+    model_flops = p.model_flops_per_step
+    executed = float(np.dot(weights, [rm.executed_flops for rm in rms]))
+    tflops = model_flops / (T * world) / 1e12 if T > 0 else 0.0
+    peak_mem = max((rm.peak_memory_bytes for rm in rms), default=0.0)
+    fits = all(rm.peak_memory_bytes <= rm.memory_capacity_bytes for rm in rms)
+    cap = min((rm.memory_capacity_bytes for rm in rms), default=0.0)
+    return Metrics(
+        step_time_s=T,
+        tokens_per_s=p.tokens_per_step / T if T > 0 else 0.0,
+        tflops_per_gpu=tflops,
+        hardware_tflops_per_gpu=executed / (T * world) / 1e12 if T > 0 else 0.0,
+        mfu=model_flops / (T * world * peak) if T > 0 and peak > 0 else 0.0,
+        bubble_fraction=wmean([rm.idle_s / T if T else 0.0 for rm in rms]),
+        exposed_comm_fraction=wmean([rm.exposed_comm_s / T if T else 0.0 for rm in rms]),
+        overlap_fraction=overlap_total / comm_total if comm_total > 0 else 0.0,
+        compute_fraction=wmean([rm.compute_s / T if T else 0.0 for rm in rms]),
+        peak_memory_bytes=peak_mem,
+        memory_capacity_bytes=cap,
+        fits_in_memory=fits,
+        world_size=world,
+        events_simulated=result.events_simulated,
+        represented_ops=p.represented_op_count,
+        wall_time_s=result.wall_time_s,
+        mode=result.mode,
+        per_rank=rms if per_rank else [],
+    )
