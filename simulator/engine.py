@@ -30,7 +30,7 @@ import simpy
 from simpy.core import NORMAL
 
 from simulator.costs import CommRequest, CostModel
-from simulator.errors import ClusterSimError, DeadlockError
+from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, sync_key, validate
 
 
@@ -96,7 +96,7 @@ class Engine:
     """Runs one step of ``programs`` against ``cost_model``. Use ``run()`` unless you need the object."""
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
-                 until_s: float | None = None):
+                 until_s: float | None = None, failures: dict[int, float] | None = None):
         self.p = programs
         self.cost = cost_model
         self.env = simpy.Environment()
@@ -124,6 +124,8 @@ class Engine:
         self._net_gen = 0
         self._net_key = 0
         self.events = 0
+        self.fail_at = dict(failures or {})
+        self.failed: set[int] = set()
 
     # ------------------------------------------------------------------ helpers
     def _trigger_in(self, event: simpy.Event, delay: float, value=None) -> None:
@@ -234,6 +236,8 @@ class Engine:
         if rv.op is None or op.kind == SEND:
             rv.op, rv.rank = op, rank
         complete = len(rv.arrived) >= rv.needed
+        if complete and self.failed and any(r in self.failed for r, _ in rv.arrived):
+            complete = False        # a dead member never finishes its part: the collective hangs
         if complete:
             del self.rendezvous[key]
         return rv, complete
@@ -246,6 +250,7 @@ class Engine:
         cost = self.cost
         state_key = (rank, stream)
         symmetric = self.p.classes is not None
+        fail_t = self.fail_at.get(rank, math.inf)
         for i in idxs:
             op = prog[i]
             for d in op.deps:
@@ -253,6 +258,9 @@ class Engine:
                     self.state[state_key] = ("dep", i, d)
                     yield self._done_event(rank, d)
             now = env.now
+            if now >= fail_t:
+                self.state[state_key] = ("failed", i)
+                return
             ready[i] = now
             kind = op.kind
             if kind == COMPUTE:
@@ -260,6 +268,10 @@ class Engine:
                 start[i] = now
                 if dur > 0:
                     self.state[state_key] = ("compute", i)
+                    if now + dur > fail_t:
+                        yield env.timeout(fail_t - now)
+                        self.state[state_key] = ("failed", i)
+                        return
                     yield env.timeout(dur)
             elif kind == COLLECTIVE:
                 skey = self._sync_key(op.group)
@@ -306,8 +318,17 @@ class Engine:
         self.state.pop(state_key, None)
         self.state[state_key] = ("done",)
 
+    def _fail(self, rank: int, t: float):
+        yield self.env.timeout(t)
+        self.failed.add(rank)
+
     def run(self) -> SimResult:
         t_wall = time.perf_counter()
+        for rank, t in self.fail_at.items():
+            if rank not in self.p.ops:
+                raise ClusterSimError(f"failure injected on rank {rank}, which is not simulated "
+                                      f"(ranks 0..{self.p.world_size - 1}; use full mode for per-rank faults)")
+            self.env.process(self._fail(rank, t))
         for rank, prog in self.p.ops.items():
             streams: dict[str, list[int]] = {}
             for i, op in enumerate(prog):
@@ -320,6 +341,8 @@ class Engine:
         else:
             self.env.run()
         blocked = [(k, v) for k, v in self.state.items() if v[0] != "done"]
+        if blocked and self.failed:
+            raise self._failure_report(blocked)
         if blocked and self.until_s is None:
             raise self._deadlock(blocked)
         if self.progress is not None:
@@ -333,6 +356,8 @@ class Engine:
         out = []
         for (rank, stream), st in sorted(blocked, key=lambda kv: (kv[0][0], kv[0][1])):
             prog = self.p.ops[rank]
+            if rank in self.failed and st[0] != "failed":
+                st = ("failed", st[1] if len(st) > 1 and isinstance(st[1], int) else None)
             info = {"rank": rank, "stream": stream, "state": st[0]}
             if st[0] == "dep":
                 _, i, d = st
@@ -356,10 +381,26 @@ class Engine:
                             reason=f"in {prog[i].kind} #{rv.key[3]} {src}->{dst}, waiting for rank {prog[i].peer} "
                                    f"to post the matching {'recv' if prog[i].kind == SEND else 'send'}"
                                    + ("" if other == prog[i].peer else f" (represented by rank {other})"))
+            elif st[0] == "failed":
+                _, i = st
+                info.update(op=i, op_repr=repr(prog[i]) if i is not None else "", waits_for=[],
+                            reason=f"device failed at t={self.fail_at[rank]:.6g}s")
             else:
                 info.update(op=None, op_repr="", waits_for=[], reason=st[0])
             out.append(info)
         return out
+
+    def _failure_report(self, blocked) -> DeviceFailureError:
+        infos = self.describe_blocked(blocked)
+        dead = sorted(self.failed)
+        hung = [b for b in infos if b["state"] != "failed"]
+        lines = [f"rank {b['rank']} stream {b['stream']!r} op {b['op']} {b['op_repr']}: {b['reason']}"
+                 for b in hung[:20]]
+        more = f"\n  ... and {len(hung) - 20} more" if len(hung) > 20 else ""
+        msg = (f"device failure: rank(s) {dead[:16]} failed at t="
+               f"{', '.join(f'{self.fail_at[r]:.6g}s' for r in dead[:4])}; the step cannot finish. Watchdog view: "
+               f"{len({b['rank'] for b in hung})} rank(s) hang:\n  " + "\n  ".join(lines) + more)
+        return DeviceFailureError(msg, blocked=infos)
 
     def _deadlock(self, blocked) -> DeadlockError:
         infos = self.describe_blocked(blocked)
@@ -373,14 +414,17 @@ class Engine:
 
 
 def run(programs: Programs, cost_model: CostModel, *, check: bool = True,
-        progress: Callable[[int, int], None] | None = None, until_s: float | None = None) -> SimResult:
+        progress: Callable[[int, int], None] | None = None, until_s: float | None = None,
+        failures: dict[int, float] | None = None) -> SimResult:
     """Validate (unless ``check=False``) and simulate one step; return a ``SimResult``.
 
     Raises ProgramError for invalid programs and DeadlockError when the programs cannot finish.
     ``until_s`` stops the simulation at that time (ops still running stay unfinished: NaN end times).
+    ``failures`` {rank: time_s}: that device dies then; if the step cannot finish, DeviceFailureError names
+    the ranks that hang and the collective / transfer they wait in (a watchdog's view).
     """
     if not isinstance(programs, Programs):
         raise ClusterSimError(f"run() needs a Programs object, got {type(programs).__name__}")
     if check:
         validate(programs)
-    return Engine(programs, cost_model, progress=progress, until_s=until_s).run()
+    return Engine(programs, cost_model, progress=progress, until_s=until_s, failures=failures).run()

@@ -175,3 +175,18 @@ def test_memory_peak_from_alloc_free():
 def test_until_stops_early_without_deadlock_error():
     res = run(toy_gpipe(4, 4), IdealCostModel(flops_per_s=1e12), until_s=5.0)
     assert any(math.isnan(e) for e in res.end_s[3])
+
+
+def test_device_failure_reports_hung_ranks_like_a_watchdog():
+    from simulator.errors import DeviceFailureError
+    progs = toy_dp_pipeline(2, 4, 2)
+    with pytest.raises(DeviceFailureError) as e:
+        run(progs, SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e10), failures={5: 1.5})
+    msg = str(e.value)
+    assert "rank(s) [5] failed" in msg
+    hung = {b["rank"] for b in e.value.blocked if b["state"] != "failed"}
+    assert hung and 5 not in hung
+    assert any(5 in b["waits_for"] for b in e.value.blocked)
+    # a failure after the step ends changes nothing
+    ok = run(progs, SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e10), failures={5: 1e6})
+    assert ok.step_time_s < 1e6
