@@ -1,0 +1,187 @@
+"""Goodput Monte-Carlo against closed forms (Daly's exact expectation, first order, Young/Daly optima)
+and against an independent event-by-event simulation of the same failure draws."""
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cli import main
+from simulator.errors import ConfigError, ResourceLimitError
+from simulator.goodput import (DAY_S, HOUR_S, GoodputConfig, analyse, daly_interval_s, exact_optimal_interval_s,
+                               expected_goodput, first_order_goodput, monte_carlo, simulate_trajectory,
+                               young_interval_s)
+
+
+def event_loop(fails, horizon, tau, c, r):
+    """Reference: walk the schedule state by state (work, write, restart), failure by failure."""
+    t, useful, ckpt, lost, restart = 0.0, 0.0, 0.0, 0.0, 0.0
+    fails = list(fails) + [math.inf]
+    i = 0
+    phase, left, unsaved_work, unsaved_write = "work", tau, 0.0, 0.0
+    while t < horizon:
+        nxt_fail = fails[i]
+        end = min(t + left, nxt_fail, horizon)
+        dt = end - t
+        if phase == "work":
+            unsaved_work += dt
+        elif phase == "write":
+            unsaved_write += dt
+        else:
+            restart += dt
+        left -= dt
+        t = end
+        if t >= horizon:
+            useful += unsaved_work
+            ckpt += unsaved_write
+            break
+        if left > 1e-9 and t == nxt_fail:   # a phase ending at the failure instant completes first
+            lost += unsaved_work + unsaved_write
+            unsaved_work = unsaved_write = 0.0
+            i += 1
+            phase, left = "restart", r
+            if left == 0:
+                phase, left = "work", tau
+            continue
+        if phase == "work":
+            phase, left = "write", c
+            if left == 0:
+                useful += unsaved_work
+                unsaved_work = 0.0
+                phase, left = "work", tau
+        elif phase == "write":
+            useful += unsaved_work
+            ckpt += unsaved_write
+            unsaved_work = unsaved_write = 0.0
+            phase, left = "work", tau
+        else:
+            phase, left = "work", tau
+    return useful, ckpt, lost, restart
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 998), max_size=30), st.integers(1, 200), st.integers(0, 50), st.integers(0, 80),
+       st.floats(0.01, 0.99))
+def test_vectorised_trajectory_matches_event_loop(fails, tau, c, r, frac):
+    # phase boundaries fall on integers, failures strictly between them: no floating-point ties
+    horizon = 1000.0
+    fails = np.unique(np.array(fails, dtype=float)) + frac
+    got = simulate_trajectory(fails, horizon, tau, c, r)
+    ref = event_loop(fails, horizon, tau, c, r)
+    assert got == pytest.approx(ref, abs=1e-6)
+    assert sum(got) == pytest.approx(horizon)
+
+
+def test_monte_carlo_matches_daly_exact_expectation():
+    # 16k GPUs, device MTBF 50,000 h -> job MTBF 3.05 h (Llama 3: 419 interruptions in 54 days on 16k GPUs).
+    cfg = GoodputConfig(gpus=16384, mtbf_device_s=50_000 * HOUR_S, checkpoint_s=60.0, restart_s=600.0,
+                        horizon_s=30 * DAY_S, trials=1500, seed=1)
+    for tau in (300.0, 1800.0, 7200.0):
+        r = monte_carlo(cfg, tau)
+        assert abs(r.goodput - r.expected_goodput) < 4 * r.goodput_stderr + 1e-3, (tau, r)
+        assert r.useful_s + r.checkpoint_s + r.lost_work_s + r.restart_s == pytest.approx(cfg.horizon_s)
+        assert r.failures == pytest.approx(cfg.horizon_s / cfg.system_mtbf_s, rel=0.02)
+
+
+def test_monte_carlo_matches_first_order_when_failures_are_rare():
+    # tau, C, R << M: the first-order waste C/tau + (tau+C)/2M + R/M is accurate.
+    cfg = GoodputConfig(gpus=1000, mtbf_device_s=1000 * 100 * HOUR_S, checkpoint_s=30.0, restart_s=300.0,
+                        horizon_s=200 * DAY_S, trials=800, seed=2)
+    r = monte_carlo(cfg, 1200.0)
+    fo = first_order_goodput(1200.0, 30.0, 300.0, cfg.system_mtbf_s)
+    assert abs(r.goodput - fo) < 4 * r.goodput_stderr + 2e-3
+    # each cause separately, per unit wall time: checkpoints ~ C/(tau+C), restarts ~ R/M, lost ~ (tau+C)/2M
+    m, h = cfg.system_mtbf_s, cfg.horizon_s
+    assert r.restart_s / h == pytest.approx(300.0 / m, rel=0.08)
+    assert r.lost_work_s / h == pytest.approx((1200.0 + 30.0) / (2 * m), rel=0.08)
+    assert r.checkpoint_s / h == pytest.approx(30.0 / 1230.0, rel=0.02)
+
+
+def test_young_and_daly_formulas():
+    assert young_interval_s(60.0, 3 * HOUR_S) == pytest.approx(math.sqrt(2 * 60 * 10800))
+    # Daly's correction is small when C << M and his formula returns M when C >= 2M
+    assert daly_interval_s(60.0, 10800.0) == pytest.approx(
+        math.sqrt(2 * 60 * 10800) * (1 + math.sqrt(60 / 21600) / 3 + 60 / 21600 / 9) - 60)
+    assert daly_interval_s(100.0, 40.0) == 40.0
+    # Daly's higher-order optimum is within 1% of the true optimum of the exact expectation when R = 0
+    for c, m in [(10.0, 3600.0), (60.0, 10800.0), (600.0, 7200.0)]:
+        exact = exact_optimal_interval_s(c, 0.0, m)
+        assert daly_interval_s(c, m) == pytest.approx(exact, rel=0.01)
+        g = expected_goodput(exact, c, 0.0, m)
+        assert g >= expected_goodput(exact * 1.1, c, 0.0, m) and g >= expected_goodput(exact / 1.1, c, 0.0, m)
+
+
+def test_sweep_optimum_is_near_daly_and_goodput_there_is_near_optimal():
+    cfg = GoodputConfig(gpus=16384, mtbf_device_s=50_000 * HOUR_S, checkpoint_s=120.0, restart_s=600.0,
+                        horizon_s=30 * DAY_S, trials=400, seed=3)
+    rep = analyse(cfg, sweep_points=21, sweep_span=4.0)
+    assert rep.daly_interval_s / 1.6 < rep.best_interval_s < rep.daly_interval_s * 1.6
+    best = max(r.goodput for r in rep.sweep)
+    assert rep.at_interval.interval_s == pytest.approx(rep.daly_interval_s)  # default interval: Daly's
+    assert rep.at_interval.goodput > best - 0.003
+    # the curve falls off away from the optimum
+    assert rep.sweep[0].goodput < best - 0.01 and rep.sweep[-1].goodput < best - 0.01
+
+
+def test_step_time_rounds_interval_to_whole_steps_and_counts_steps():
+    cfg = GoodputConfig(gpus=512, mtbf_device_s=20_000 * HOUR_S, checkpoint_s=30.0, restart_s=300.0,
+                        horizon_s=2 * DAY_S, interval_s=1000.0, step_time_s=7.0, trials=8, seed=0)
+    rep = analyse(cfg, sweep_points=5)
+    assert rep.at_interval.interval_s == pytest.approx(7.0 * 143)
+    assert rep.at_interval.steps == pytest.approx(rep.at_interval.useful_s / 7.0)
+    for r in rep.sweep:
+        assert r.interval_s / 7.0 == pytest.approx(round(r.interval_s / 7.0))
+
+
+def test_same_seed_same_report_different_seed_different_draws():
+    kw = dict(gpus=4096, mtbf_device_s=30_000 * HOUR_S, checkpoint_s=45.0, restart_s=420.0, horizon_s=10 * DAY_S,
+              trials=16)
+    a = json.dumps(analyse(GoodputConfig(**kw, seed=5)).to_dict(), sort_keys=True)
+    b = json.dumps(analyse(GoodputConfig(**kw, seed=5)).to_dict(), sort_keys=True)
+    c = json.dumps(analyse(GoodputConfig(**kw, seed=6)).to_dict(), sort_keys=True)
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("field,value", [("gpus", 0), ("gpus", -3), ("gpus", 2.5), ("mtbf_device_s", 0.0),
+                                         ("mtbf_device_s", float("nan")), ("checkpoint_s", -1.0),
+                                         ("restart_s", float("inf")), ("horizon_s", -5.0), ("trials", 0),
+                                         ("interval_s", 0.0), ("seed", -1), ("step_time_s", float("nan"))])
+def test_bad_config_is_a_config_error(field, value):
+    kw = dict(gpus=8, mtbf_device_s=1e6, checkpoint_s=10.0, restart_s=10.0, horizon_s=1e5)
+    kw[field] = value
+    with pytest.raises(ConfigError, match=field):
+        GoodputConfig(**kw)
+
+
+def test_huge_horizon_is_a_resource_limit_not_a_hang():
+    cfg = GoodputConfig(gpus=100_000, mtbf_device_s=1000.0, checkpoint_s=10.0, restart_s=10.0,
+                        horizon_s=1e9, trials=10)
+    with pytest.raises(ResourceLimitError, match="fewer --days"):
+        analyse(cfg)
+
+
+def test_cli_text_and_json(capsys):
+    args = ["goodput", "--gpus", "16384", "--mtbf-hours", "50000", "--checkpoint-cost-s", "60",
+            "--restart-s", "600", "--days", "5", "--trials", "8", "--checkpoint-interval-min", "30"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "goodput" in out and "Young" in out and "Daly" in out
+    assert main(args + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["at_interval"]["interval_s"] == 1800.0
+    assert set(d["at_interval"]["lost_by_cause_s"]) == {"checkpoint_writes", "lost_work", "restarts"}
+    assert set(d["optimal_interval_s"]) == {"monte_carlo", "young", "daly", "exact_model"}
+
+
+@pytest.mark.parametrize("bad", [["--gpus", "0"], ["--mtbf-hours", "nan"], ["--days", "inf"],
+                                 ["--checkpoint-cost-s", "-1"], ["--gpus", "abc"], ["--days", "1e300"]])
+def test_cli_bad_values_exit_2(bad, capsys):
+    base = {"--gpus": "64", "--mtbf-hours": "1000", "--checkpoint-cost-s": "10", "--restart-s": "60",
+            "--days": "1", "--trials": "2"}
+    base[bad[0]] = bad[1]
+    args = ["goodput"] + [x for kv in base.items() for x in kv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error" in err.lower() and "Traceback" not in err
