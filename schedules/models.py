@@ -1,0 +1,342 @@
+"""Transformer workloads: model shapes, parameter counts and FLOPs per layer.
+
+FLOPs conventions (FLOPs = floating-point operations, a multiply-add counts 2):
+- A linear layer with P weights on T tokens costs 2·P·T forward, 2·P·T for the input gradient (B) and
+  2·P·T for the weight gradient (W).
+- Attention's quadratic term (Q·Kᵀ and scores·V) costs 4·b·s²·(heads·head_dim) forward, twice that for B
+  (no weights, so W = 0). It is counted over the full s×s score matrix, as in Megatron-LM's and PaLM's MFU
+  formulas (Narayanan et al. 2021, eq. 3; Chowdhery et al. 2022, app. B), not halved for the causal mask.
+- MoE: router 2·h·E per token; each token visits top_k routed experts (plus the shared experts).
+- Embedding lookups cost no FLOPs; the LM head is a linear layer of V·h weights.
+Element-wise work (norms, activations, softmax) is not counted in FLOPs.
+Units: FLOPs, bytes, parameters (counts).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from simulator.errors import ConfigError, UnknownPresetError
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """Forward FLOPs of one transformer layer on one micro-batch, split by component (unsharded)."""
+
+    attn_linear: float     # Q, K, V and output projections
+    attn_core: float       # Q·Kᵀ and scores·V (quadratic in seq)
+    mlp: float             # dense MLP (0 in an MoE layer)
+    router: float          # MoE router (0 in a dense layer)
+    experts: float         # routed experts (top_k per token)
+    shared: float          # shared experts
+
+    @property
+    def linear(self) -> float:
+        """Forward FLOPs of everything with weights."""
+        return self.attn_linear + self.mlp + self.router + self.experts + self.shared
+
+    @property
+    def forward(self) -> float:
+        return self.linear + self.attn_core
+
+    @property
+    def backward_input(self) -> float:
+        """B: gradients w.r.t. inputs (2x the attention core, same as forward for linear parts)."""
+        return self.linear + 2.0 * self.attn_core
+
+    @property
+    def backward_weight(self) -> float:
+        """W: gradients w.r.t. weights."""
+        return self.linear
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward_input + self.backward_weight
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A dense or MoE decoder-only transformer.
+
+    name          preset or user name
+    layers        transformer layers
+    hidden        model width h
+    ffn           dense MLP inner width (SwiGLU: width of each of gate/up)
+    heads         attention (query) heads a
+    kv_heads      key/value heads (GQA; = heads for MHA)
+    vocab         vocabulary size V
+    experts       routed experts per MoE layer (0 = dense model)
+    top_k         routed experts per token
+    moe_ffn       inner width of one expert (default: ffn)
+    shared_experts  experts every token visits (DeepSeek)
+    first_dense_layers  leading layers with a dense MLP in an MoE model (DeepSeek-V3: 3)
+    capacity_factor     expert capacity as a multiple of the uniform load; tokens beyond it are dropped
+                        (None = dropless)
+    gated_mlp     SwiGLU-style MLP with 3 matrices (Llama) instead of 2 (GPT)
+    tied_embeddings  LM head shares the embedding matrix (GPT-3)
+    head_dim      per-head width (default hidden / heads)
+    q_lora_rank, kv_lora_rank, qk_rope_dim, v_head_dim: multi-head latent attention (DeepSeek-V3) when
+                  kv_lora_rank > 0; then head_dim is the no-RoPE query/key width
+    dtype_bytes   bytes per parameter / activation element in training (bf16 = 2)
+    total_params  a model known only by its parameter count (memory questions only)
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    experts: int = 0
+    top_k: int = 1
+    moe_ffn: int | None = None
+    shared_experts: int = 0
+    first_dense_layers: int = 0
+    capacity_factor: float | None = None
+    gated_mlp: bool = True
+    tied_embeddings: bool = False
+    head_dim: int | None = None
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_dim: int = 0
+    v_head_dim: int = 0
+    dtype_bytes: int = 2
+    total_params: float | None = None
+
+    def __post_init__(self):
+        if self.total_params is not None:
+            if not self.total_params > 0:
+                raise ConfigError(f"model {self.name}: parameter count must be positive, got {self.total_params}")
+            return
+        for f in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ConfigError(f"model {self.name}: hidden {self.hidden} is not divisible by heads {self.heads}; "
+                              f"set head_dim or change --heads")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"model {self.name}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.experts < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
+            raise ConfigError(f"model {self.name}: top_k {self.top_k} must be between 1 and experts {self.experts}")
+        if not 0 <= self.first_dense_layers <= self.layers:
+            raise ConfigError(f"model {self.name}: first_dense_layers must be in 0..{self.layers}")
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def params_only(self) -> bool:
+        """True for a model given only by its parameter count."""
+        return self.total_params is not None
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn if self.moe_ffn is not None else self.ffn
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.is_moe and layer >= self.first_dense_layers
+
+    # ------------------------------------------------------------------ parameters
+    def _mlp_params(self, width: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden * width
+
+    def attention_params(self) -> int:
+        h, a, d = self.hidden, self.heads, self.d_head
+        if self.is_mla:
+            qk = d + self.qk_rope_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank * a * qk) if self.q_lora_rank else h * a * qk
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_dim)
+            kv_b = self.kv_lora_rank * a * (d + self.v_head_dim)
+            return q + kv_a + kv_b + a * self.v_head_dim * h
+        return h * a * d * 2 + 2 * h * self.kv_heads * d
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        return self._mlp_params(self.expert_ffn)
+
+    def layer_params(self, layer: int) -> int:
+        """Parameters of transformer layer ``layer`` (0-based), norms included."""
+        norms = 2 * self.hidden
+        if self.is_moe_layer(layer):
+            mlp = (self.hidden * self.experts + self.experts * self.expert_params()
+                   + self.shared_experts * self.expert_params())
+        else:
+            mlp = self._mlp_params(self.ffn)
+        return self.attention_params() + mlp + norms
+
+    def layer_expert_params(self, layer: int) -> int:
+        """Parameters of the routed experts of a layer (sharded over ep)."""
+        return self.experts * self.expert_params() if self.is_moe_layer(layer) else 0
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    def head_params(self) -> int:
+        """LM head parameters (0 extra when tied, but the last stage still holds a copy under PP)."""
+        return self.vocab * self.hidden
+
+    def param_count(self) -> float:
+        """Total parameters (embedding, layers, final norm, untied LM head)."""
+        if self.total_params is not None:
+            return float(self.total_params)
+        n = self.embedding_params() + sum(self.layer_params(i) for i in range(self.layers)) + self.hidden
+        if not self.tied_embeddings:
+            n += self.head_params()
+        return float(n)
+
+    def active_param_count(self) -> float:
+        """Parameters one token touches (MoE: top_k routed experts instead of all)."""
+        n = self.param_count()
+        for i in range(self.layers):
+            if self.is_moe_layer(i):
+                n -= (self.experts - self.top_k) * self.expert_params()
+        return n
+
+    # ------------------------------------------------------------------ FLOPs
+    def _require_shape(self) -> None:
+        if self.params_only:
+            raise ConfigError(f"model {self.name} is given only by its parameter count; FLOPs and programs need "
+                              f"its shape: use --model PRESET or --layers/--hidden/--heads")
+
+    def layer_flops(self, layer: int, seq: int, micro_batch: int) -> LayerFlops:
+        """Forward FLOPs of layer ``layer`` on one micro-batch of ``micro_batch`` sequences of ``seq`` tokens."""
+        self._require_shape()
+        t = float(seq) * micro_batch
+        h = self.hidden
+        attn_linear = 2.0 * t * self.attention_params()
+        if self.is_mla:
+            core = 2.0 * micro_batch * seq * seq * self.heads * (self.d_head + self.qk_rope_dim + self.v_head_dim)
+        else:
+            core = 4.0 * micro_batch * seq * seq * self.heads * self.d_head
+        if self.is_moe_layer(layer):
+            router = 2.0 * t * h * self.experts
+            experts = 2.0 * t * self.top_k * self.expert_params()
+            shared = 2.0 * t * self.shared_experts * self.expert_params()
+            return LayerFlops(attn_linear, core, 0.0, router, experts, shared)
+        return LayerFlops(attn_linear, core, 2.0 * t * self._mlp_params(self.ffn), 0.0, 0.0, 0.0)
+
+    def head_flops(self, seq: int, micro_batch: int) -> float:
+        """Forward FLOPs of the LM head on one micro-batch (B and W cost the same each)."""
+        self._require_shape()
+        return 2.0 * seq * micro_batch * self.vocab * self.hidden
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def model_flops_per_step(model: ModelSpec, seq: int, global_batch: int) -> float:
+    """Model FLOPs of one training step (forward + backward, no recomputation): the MFU numerator.
+
+    Equals 6·N_active·tokens plus attention's 12·L·s·(heads·head_dim)·tokens, less the embedding lookup."""
+    per_seq = sum(model.layer_flops(i, seq, 1).total for i in range(model.layers)) + 3 * model.head_flops(seq, 1)
+    return per_seq * global_batch
+
+
+def layer_flops_forward(model: ModelSpec, layer: int, seq: int, micro_batch: int) -> float:
+    return model.layer_flops(layer, seq, micro_batch).forward
+
+
+def layer_flops_backward_input(model: ModelSpec, layer: int, seq: int, micro_batch: int) -> float:
+    return model.layer_flops(layer, seq, micro_batch).backward_input
+
+
+def layer_flops_backward_weight(model: ModelSpec, layer: int, seq: int, micro_batch: int) -> float:
+    return model.layer_flops(layer, seq, micro_batch).backward_weight
+
+
+# ---------------------------------------------------------------------------------------------- presets
+# Shapes from the models' papers / released configs:
+#   GPT-3 175B: Brown et al. 2020, table 2.1 (96 layers, d 12288, 96 heads, ctx 2048; vocab 50257, tied).
+#   Llama 3 8B / 70B / 405B: Llama Team 2024 "The Llama 3 Herd of Models", table 3 (vocab 128,256).
+#   Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json.
+#   DeepSeek-V3: DeepSeek-AI 2024 tech report, sec. 4.2 and the released config.json (MLA, 1 shared +
+#   256 routed experts, top-8, first 3 layers dense). The multi-token-prediction module is not modelled.
+_PRESETS: dict[str, ModelSpec] = {
+    "gpt3-175b": ModelSpec("gpt3-175b", layers=96, hidden=12288, ffn=4 * 12288, heads=96, kv_heads=96,
+                           vocab=50257, gated_mlp=False, tied_embeddings=True),
+    "llama3-8b": ModelSpec("llama3-8b", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256),
+    "llama3-70b": ModelSpec("llama3-70b", layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=128256),
+    "llama3-405b": ModelSpec("llama3-405b", layers=126, hidden=16384, ffn=53248, heads=128, kv_heads=8,
+                             vocab=128256),
+    "mixtral-8x22b": ModelSpec("mixtral-8x22b", layers=56, hidden=6144, ffn=16384, heads=48, kv_heads=8,
+                               vocab=32768, experts=8, top_k=2),
+    "deepseek-v3": ModelSpec("deepseek-v3", layers=61, hidden=7168, ffn=18432, heads=128, kv_heads=128,
+                             vocab=129280, experts=256, top_k=8, moe_ffn=2048, shared_experts=1,
+                             first_dense_layers=3, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
+                             qk_rope_dim=64, v_head_dim=128),
+    # Small models for tests and quick experiments.
+    "tiny": ModelSpec("tiny", layers=4, hidden=256, ffn=1024, heads=8, kv_heads=8, vocab=1024, gated_mlp=False),
+    "tiny-moe": ModelSpec("tiny-moe", layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024,
+                          experts=8, top_k=2),
+}
+
+
+def list_models() -> list[str]:
+    return sorted(_PRESETS)
+
+
+def get_model(name: str) -> ModelSpec:
+    """A preset by name; unknown names raise UnknownPresetError listing the known ones."""
+    try:
+        return _PRESETS[name.lower()]
+    except KeyError:
+        raise UnknownPresetError("model", name, _PRESETS) from None
+
+
+def custom_model(*, layers: int, hidden: int, heads: int, ffn: int | None = None, kv_heads: int | None = None,
+                 vocab: int = 51200, experts: int = 0, top_k: int | None = None, name: str = "custom",
+                 **extra) -> ModelSpec:
+    """A model from its shape, GPT-style defaults: ffn = 4·hidden, kv_heads = heads, vocab 51,200,
+    2-matrix GELU MLP (pass gated_mlp=True for SwiGLU), top_k 2 for MoE."""
+    if top_k is None:
+        top_k = min(2, experts) if experts else 1
+    extra.setdefault("gated_mlp", False)
+    return ModelSpec(name=name, layers=layers, hidden=hidden, ffn=ffn if ffn else 4 * hidden, heads=heads,
+                     kv_heads=kv_heads if kv_heads else heads, vocab=vocab, experts=experts, top_k=top_k, **extra)
+
+
+def model_from_params(params: float, name: str | None = None, dtype_bytes: int = 2) -> ModelSpec:
+    """A model known only by its parameter count (enough for parameter/gradient/optimizer memory)."""
+    return ModelSpec(name=name or f"{params:.3g}-params", layers=1, hidden=1, ffn=1, heads=1, kv_heads=1,
+                     vocab=1, dtype_bytes=dtype_bytes, total_params=float(params))
+
+
+def load_model_file(path: str | Path) -> ModelSpec:
+    """A model from a YAML file whose keys are ModelSpec fields (``preset: NAME`` may name a base)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"model file {p} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"model file {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model file {p}: expected a mapping of ModelSpec fields, got {type(data).__name__}")
+    data = dict(data)
+    fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    base = data.pop("preset", None)
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ConfigError(f"model file {p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+    if base is not None:
+        return dataclasses.replace(get_model(str(base)), **data)
+    missing = [f for f in ("layers", "hidden", "heads") if f not in data]
+    if missing:
+        raise ConfigError(f"model file {p}: missing {', '.join(missing)} (or give `preset: NAME`)")
+    data.setdefault("name", p.stem)
+    return custom_model(**data)

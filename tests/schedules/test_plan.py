@@ -1,0 +1,81 @@
+"""ParallelPlan: validation messages, mesh, groups, layer distribution."""
+import pytest
+
+from schedules.models import get_model
+from schedules.plan import ParallelPlan, distribute_layers
+from simulator.errors import PlanError
+
+
+def test_world_size_and_microbatches():
+    p = ParallelPlan(dp=4, tp=2, pp=2, cp=2, micro_batch=2, global_batch=64)
+    assert p.world_size == 32 and p.num_microbatches == 8 and p.tokens_per_step == 64 * p.seq
+
+
+@pytest.mark.parametrize("plan, model, gpus, match", [
+    (ParallelPlan(dp=2, tp=4, pp=2), "llama3-8b", 32, r"dp\(2\) × tp\(4\) × pp\(2\) × cp\(1\) = 16 != 32.*--dp 4"),
+    (ParallelPlan(tp=16, dp=1), "llama3-8b", 16, "kv heads"),
+    (ParallelPlan(pp=3, layer_split="even", dp=1), "llama3-8b", 3, "not divisible"),
+    (ParallelPlan(pp=64), "llama3-8b", 64, "fewer than"),
+    (ParallelPlan(pp=4, schedule="interleaved", virtual_stages=2, global_batch=6), "llama3-8b", 4, "multiple of"),
+    (ParallelPlan(dp=4, ep=3), "mixtral-8x22b", 4, "must divide dp"),
+    (ParallelPlan(dp=6, ep=6), "mixtral-8x22b", 6, "divide the 8 experts"),
+    (ParallelPlan(dp=2, ep=2), "llama3-8b", 2, "dense model"),
+    (ParallelPlan(schedule="pipedream"), "tiny", 1, "unknown pipeline schedule"),
+    (ParallelPlan(zero=4), "tiny", 1, "ZeRO stage"),
+    (ParallelPlan(virtual_stages=2, pp=2), "tiny", 2, "interleaved"),
+    (ParallelPlan(dp=2, global_batch=3), "tiny", 2, "not a multiple"),
+    (ParallelPlan(axis_order="tp-dp"), "tiny", 1, "axis_order"),
+])
+def test_validation_messages(plan, model, gpus, match):
+    with pytest.raises(PlanError, match=match):
+        plan.validate(get_model(model), gpus)
+
+
+def test_valid_plans_pass():
+    ParallelPlan(tp=8, pp=16, dp=128, schedule="interleaved", virtual_stages=2, global_batch=2048).validate(
+        get_model("llama3-405b"), 16384)
+    ParallelPlan(tp=2, dp=8, ep=8).validate(get_model("mixtral-8x22b"), 16)
+
+
+def test_megatron_default_mesh_tp_innermost():
+    p = ParallelPlan(tp=2, cp=2, dp=2, pp=2)
+    assert p.groups("tp")[:2] == [(0, 1), (2, 3)]
+    assert p.groups("cp")[0] == (0, 2)
+    assert p.groups("dp")[0] == (0, 4)
+    assert p.groups("pp")[0] == (0, 8)
+    assert p.groups("dp_cp")[0] == (0, 2, 4, 6)
+    assert p.coords(13) == {"tp": 1, "cp": 0, "ep": 0, "dp": 1, "dpo": 1, "pp": 1}
+    assert p.rank_of(tp=1, dp=1, pp=1) == 13
+    assert p.groups("embed")[0] == (0, 8)
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-dp-pp-cp", "pp-dp-cp-tp", "dp-tp-cp-pp"])
+def test_groups_partition_the_world(order):
+    p = ParallelPlan(tp=2, cp=2, dp=4, pp=2, ep=2, axis_order=order)
+    for fam, size in [("tp", 2), ("cp", 2), ("dp", 4), ("pp", 2), ("ep", 2), ("edp", 4), ("dp_cp", 8)]:
+        gs = p.groups(fam)
+        assert all(len(g) == size for g in gs)
+        assert sorted(r for g in gs for r in g) == list(range(32))
+    # each rank's coordinates round-trip
+    for r in range(32):
+        c = p.coords(r)
+        assert p.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=c["pp"]) == r
+    # ep groups are contiguous parts of dp groups
+    dp_of = {r: g for g in p.groups("dp") for r in g}
+    for g in p.groups("ep"):
+        assert set(g) <= set(dp_of[g[0]])
+
+
+def test_distribute_layers_llama3_405b_style():
+    chunks = distribute_layers(126, 16)
+    sizes = [len(c) for c in chunks]
+    assert sizes[0] == sizes[-1] == 7 and set(sizes[1:-1]) == {8}
+    assert [l for c in chunks for l in c] == list(range(126))
+    assert [len(c) for c in distribute_layers(32, 4)] == [8, 8, 8, 8]
+    with pytest.raises(PlanError):
+        distribute_layers(3, 4)
+
+
+def test_to_dict_round_trip_keys():
+    d = ParallelPlan(dp=2, zero=2).to_dict()
+    assert d["zero_stage"] == 2 and d["world_size"] == 2 and "bucket_bytes" in d
