@@ -113,8 +113,6 @@ class Engine:
         self.finished = {r: [False] * k for r, k in n.items()}
         self.waiters: dict[tuple[int, int], simpy.Event] = {}
         self.rendezvous: dict[tuple, _Rendezvous] = {}
-        self.coll_count: dict[tuple[int, tuple], int] = defaultdict(int)
-        self.p2p_count: dict[tuple[int, int, str], int] = defaultdict(int)
         self.state: dict[tuple[int, str], tuple] = {}      # (rank, stream) -> what it waits for
         self._sync_keys: dict[int, tuple] = {}
         self._images: dict[tuple, tuple] = {}
@@ -124,10 +122,42 @@ class Engine:
         self._net_gen = 0
         self._net_key = 0
         self.events = 0
+        self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
         self.failed: set[int] = set()
 
     # ------------------------------------------------------------------ helpers
+    def _rendezvous_keys(self) -> dict[int, list]:
+        """rank -> per op the key of the rendezvous it joins (None for compute ops).
+
+        The k-th collective of a rank on a group is the k-th in *program order* (as the order in which a
+        framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
+        recv at d from s. Keys are shared objects so 16k-rank programs stay lean."""
+        cache: dict = {}
+        counters: dict = defaultdict(int)
+        out = {}
+        for rank, prog in self.p.ops.items():
+            keys = [None] * len(prog)
+            for i, op in enumerate(prog):
+                kind = op.kind
+                if kind == COLLECTIVE:
+                    skey = self._sync_key(op.group)
+                    ck = (rank, skey)
+                elif kind == SEND:
+                    skey = ("p2p", rank, self.rep[op.peer])
+                    ck = (rank, skey)
+                elif kind == RECV:
+                    skey = ("p2p", self.rep[op.peer], rank)
+                    ck = (rank, skey, RECV)
+                else:
+                    continue
+                k = counters[ck]
+                counters[ck] = k + 1
+                key = (skey, k)
+                keys[i] = cache.setdefault(key, key)
+            out[rank] = keys
+        return out
+
     def _trigger_in(self, event: simpy.Event, delay: float, value=None) -> None:
         """Succeed ``event`` ``delay`` seconds from now (what simpy.Timeout does, without a second event)."""
         event._ok = True
@@ -250,6 +280,7 @@ class Engine:
         cost = self.cost
         state_key = (rank, stream)
         symmetric = self.p.classes is not None
+        rv_keys = self.rv_keys[rank]
         fail_t = self.fail_at.get(rank, math.inf)
         for i in idxs:
             op = prog[i]
@@ -274,11 +305,8 @@ class Engine:
                         return
                     yield env.timeout(dur)
             elif kind == COLLECTIVE:
-                skey = self._sync_key(op.group)
-                ck = (rank, skey)
-                k = self.coll_count[ck]
-                self.coll_count[ck] = k + 1
-                rv, complete = self._arrive((skey, k), len(skey[1]), rank, i, op)
+                key = rv_keys[i]
+                rv, complete = self._arrive(key, len(key[0][1]), rank, i, op)
                 if complete:
                     req = None
                     if rv.duration is None:
@@ -289,12 +317,9 @@ class Engine:
                 self.state[state_key] = ("collective", i, rv)
                 start[i] = yield rv.event
             else:  # send / recv
-                peer = self.rep[op.peer]
-                src, dst = (rank, peer) if kind == SEND else (peer, rank)
-                ck = (src, dst, kind)
-                k = self.p2p_count[ck]
-                self.p2p_count[ck] = k + 1
-                rv, complete = self._arrive(("p2p", src, dst, k), 2, rank, i, op)
+                key = rv_keys[i]
+                src, dst = key[0][1], key[0][2]
+                rv, complete = self._arrive(key, 2, rank, i, op)
                 if complete:
                     req = None
                     if rv.duration is None:
@@ -378,7 +403,7 @@ class Engine:
                 _, i, rv, src, dst = st
                 other = dst if prog[i].kind == SEND else src
                 info.update(op=i, op_repr=repr(prog[i]), waits_for=[prog[i].peer],
-                            reason=f"in {prog[i].kind} #{rv.key[3]} {src}->{dst}, waiting for rank {prog[i].peer} "
+                            reason=f"in {prog[i].kind} #{rv.key[1]} {src}->{dst}, waiting for rank {prog[i].peer} "
                                    f"to post the matching {'recv' if prog[i].kind == SEND else 'send'}"
                                    + ("" if other == prog[i].peer else f" (represented by rank {other})"))
             elif st[0] == "failed":

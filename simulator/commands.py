@@ -1,0 +1,133 @@
+"""``clustersim simulate``: one experiment end to end, a summary table or ``--json``, and a report folder."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from simulator.experiment import experiment_from_options, run_experiment, simulate_options
+
+
+class DelayedProgress:
+    """A rich progress bar on stderr that appears only once a run has lasted ``delay_s`` seconds."""
+
+    def __init__(self, description: str, delay_s: float = 1.5, enabled: bool = True):
+        self.description, self.delay_s, self.enabled = description, delay_s, enabled
+        self.t0 = time.perf_counter()
+        self.bar = None
+        self.task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            if time.perf_counter() - self.t0 < self.delay_s or done >= total:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("ops"), TimeElapsedColumn(), console=Console(stderr=True),
+                                transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.description, total=total)
+        self.bar.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _fmt_bytes(b: float) -> str:
+    return f"{b / 1e9:,.1f} GB"
+
+
+def print_summary(outcome, console=None) -> None:
+    """The human summary: a rich table of the metrics."""
+    from rich.console import Console
+    from rich.table import Table
+    console = console or Console()
+    m, exp = outcome.metrics, outcome.experiment
+    p = outcome.plan
+    t = Table(title=f"clustersim · {outcome.model.name} on {exp.cluster} × {m.world_size} GPUs", show_header=False,
+              title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    plan_str = (f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else "") + (f" cp{p.cp}" if p.cp > 1 else "")
+                + (" sp" if getattr(p, "sp", False) else "") + (" fsdp" if getattr(p, "fsdp", False) else "")
+                + (f" zero{p.zero}" if getattr(p, "zero", 0) else "")
+                + f" · {p.schedule}" + (f" v{p.virtual_stages}" if getattr(p, "virtual_stages", 1) > 1 else "")
+                + f" · mb {p.micro_batch} · gb {p.global_batch} · seq {p.seq}")
+    rows = [
+        ("plan", plan_str),
+        ("network / mode", f"{exp.network} / {m.mode}"),
+        ("step time", f"{m.step_time_s:.4f} s"),
+        ("tokens / s", f"{m.tokens_per_s:,.0f}"),
+        ("TFLOP/s per GPU (model)", f"{m.tflops_per_gpu:.1f}"),
+        ("MFU", f"{m.mfu:.1%}"),
+        ("pipeline bubble", f"{m.bubble_fraction:.1%}"),
+        ("exposed communication", f"{m.exposed_comm_fraction:.1%}"),
+        ("overlap (comm hidden by compute)", f"{m.overlap_fraction:.1%}"),
+        ("peak memory / HBM", f"{_fmt_bytes(m.peak_memory_bytes)} / {_fmt_bytes(m.memory_capacity_bytes)}"
+                              + ("" if m.fits_in_memory else "  [red]does not fit[/red]")),
+        ("ops simulated (represented)", f"{m.events_simulated:,} ({m.represented_ops:,})"),
+        ("wall time", f"{m.wall_time_s:.2f} s"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    for n in outcome.notes:
+        console.print(f"[yellow]note:[/yellow] {n}")
+
+
+def write_report_folder(outcome, out: Path) -> list[Path]:
+    """Write result.json, timeline.csv, trace.json (Perfetto), gantt.png and memory.png into ``out``."""
+    from simulator.export import lane_ranks, write_perfetto, write_timeline
+    out.mkdir(parents=True, exist_ok=True)
+    res = outcome.result
+    written = []
+    summary = outcome.summary()
+    summary["experiment"] = outcome.experiment.to_dict()
+    p = out / "result.json"
+    p.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str) + "\n")
+    written.append(p)
+    lanes = lane_ranks(res)
+    written.append(write_timeline(res, out / "timeline.csv", ranks=lanes))
+    written.append(write_perfetto(res, out / "trace.json", ranks=lanes))
+    try:
+        from simulator import plots
+    except ImportError:
+        plots = None
+    if plots is not None:
+        import matplotlib.pyplot as plt
+        fig = plots.gantt(res, path=out / "gantt.png", ranks=lanes)
+        plt.close(fig)
+        written.append(out / "gantt.png")
+        fig = plots.memory_over_time(res, path=out / "memory.png", ranks=lanes[:4])
+        plt.close(fig)
+        written.append(out / "memory.png")
+    return written
+
+
+@click.command("simulate")
+@simulate_options
+@click.option("--out", type=click.Path(file_okay=False), help="Write a report folder (JSON, timeline, Perfetto, PNGs).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (stable contract, see README).")
+def simulate(out, as_json, **options):
+    """Simulate one training step of a model and parallel plan on a cluster."""
+    exp = experiment_from_options(**options)
+    progress = DelayedProgress("simulating", enabled=sys.stderr.isatty())
+    try:
+        outcome = run_experiment(exp, progress=progress)
+    finally:
+        progress.close()
+    if out:
+        files = write_report_folder(outcome, Path(out))
+    if as_json:
+        click.echo(json.dumps(outcome.summary(), sort_keys=True, default=str))
+    else:
+        print_summary(outcome)
+        if out:
+            click.echo(f"wrote {', '.join(str(f) for f in files)}")

@@ -1,0 +1,440 @@
+"""An experiment: cluster + model + parallel plan + network, from CLI flags or a YAML file, run end to end.
+
+    topology (topologies.load_cluster) + model (schedules.models) + plan (schedules.plan)
+        -> schedules.build_programs -> simulator.engine.run -> metrics
+
+YAML experiment files hold the same keys as the ``simulate`` flags (dashes or underscores), e.g.::
+
+    cluster: dgx-h100
+    gpus: 1024
+    model: llama3-70b          # or a mapping {layers: 32, hidden: 4096, heads: 32, ...}
+    tp: 8
+    pp: 8
+    dp: 16
+    seq: 8192
+    global_batch: 1024
+    micro_batch: 1
+    schedule: interleaved
+    virtual_stages: 2
+    network: flow
+    faults: {stragglers: {5: 1.2}, seed: 1}
+
+Files are loaded with ``yaml.safe_load``; unknown keys, wrong types and duplicate keys are errors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import yaml
+
+from simulator.errors import ConfigError
+
+NETWORKS = ("ideal", "analytical", "flow")
+MODES = ("symmetric", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+RECOMPUTE = ("none", "selective", "full")
+MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
+
+
+@dataclass
+class Experiment:
+    """Everything one simulation needs. Sizes: seq in tokens, batches in sequences, bucket in bytes."""
+
+    cluster: str = "dgx-h100"
+    gpus: int | None = None
+    model: str | dict | None = "llama3-8b"
+    params: float | None = None
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    ep: int = 1
+    cp: int = 1
+    sp: bool = False
+    zero: int = 0
+    fsdp: bool = False
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    micro_batch: int = 1
+    global_batch: int | None = None
+    seq: int = 4096
+    recompute: str = "none"
+    bucket_mb: float = 25.0
+    fsdp_prefetch: int = 1
+    network: str = "analytical"
+    mode: str | None = None          # None: symmetric where valid, else full
+    calibration: str | None = None
+    algorithm: str | None = None
+    faults: dict = field(default_factory=dict)
+    name: str | None = None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if v not in (None, {}, [])}
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        model = self.model if isinstance(self.model, str) else "custom"
+        return (f"{model} tp{self.tp} pp{self.pp} dp{self.dp} "
+                + (f"ep{self.ep} " if self.ep > 1 else "") + (f"cp{self.cp} " if self.cp > 1 else "")
+                + f"{self.schedule}")
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _as_int(value, key: str, minimum: int | None = 1) -> int:
+    if isinstance(value, bool) or value is None:
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        value = int(value)
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if not isinstance(value, int):
+        raise ConfigError(f"{key}: expected an integer, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
+    if value > 10**9:
+        raise ConfigError(f"{key}: {value} is unreasonably large")
+    return value
+
+
+def _as_float(value, key: str, positive: bool = True) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if not math.isfinite(v) or (positive and v <= 0) or v < 0:
+        raise ConfigError(f"{key}: expected a finite {'positive' if positive else 'non-negative'} number, got {value!r}")
+    return v
+
+
+def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
+    """Build and type-check an Experiment from a mapping (YAML or CLI); raise ConfigError naming the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of options, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(Experiment)}
+    kw: dict[str, Any] = {}
+    custom: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        if not isinstance(raw_key, str):
+            raise ConfigError(f"{where}: option names must be strings, got {raw_key!r}")
+        key = raw_key.replace("-", "_")
+        if key in MODEL_FIELDS:
+            if value is not None:
+                custom[key] = value
+            continue
+        if key == "bucket_bytes":
+            key, value = "bucket_mb", (None if value is None else _as_float(value, f"{where}: bucket_bytes") / 1e6)
+        if key not in names:
+            raise ConfigError(f"{where}: unknown option {raw_key!r}; known: {', '.join(sorted(names | set(MODEL_FIELDS)))}")
+        if value is None:
+            continue
+        kw[key] = value
+    exp = Experiment()
+    for key, value in kw.items():
+        w = f"{where}: {key}"
+        if key in ("gpus", "tp", "pp", "dp", "ep", "cp", "virtual_stages", "micro_batch", "global_batch", "seq"):
+            value = _as_int(value, w)
+        elif key == "zero":
+            value = _as_int(value, w, minimum=0)
+            _check(value <= 3, f"{w}: ZeRO stage must be 0, 1, 2 or 3, got {value}")
+        elif key == "fsdp_prefetch":
+            value = _as_int(value, w, minimum=0)
+        elif key in ("sp", "fsdp"):
+            _check(isinstance(value, bool), f"{w}: expected true or false, got {value!r}")
+        elif key in ("bucket_mb", "params"):
+            value = _as_float(value, w)
+        elif key == "network":
+            _check(value in NETWORKS, f"{w}: unknown network {value!r}; choose one of {', '.join(NETWORKS)}")
+        elif key == "mode":
+            _check(value in MODES, f"{w}: unknown mode {value!r}; choose one of {', '.join(MODES)}")
+        elif key == "schedule":
+            _check(value in SCHEDULES, f"{w}: unknown schedule {value!r}; choose one of {', '.join(SCHEDULES)}")
+        elif key == "recompute":
+            _check(value in RECOMPUTE, f"{w}: unknown recompute {value!r}; choose one of {', '.join(RECOMPUTE)}")
+        elif key in ("cluster", "calibration", "algorithm", "name"):
+            _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {value!r}")
+        elif key == "model":
+            _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
+        elif key == "faults":
+            _check(isinstance(value, dict), f"{w}: expected a mapping (stragglers, jitter, seed, ...)")
+        setattr(exp, key, value)
+    if custom:
+        for k, v in custom.items():
+            custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k == "experts" else 1)
+        if isinstance(exp.model, dict):
+            exp.model = {**exp.model, **custom}
+        elif isinstance(exp.model, str):
+            exp.model = {"base": exp.model, **custom}      # a preset with some fields overridden
+        else:
+            exp.model = custom
+    return exp
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys instead of silently keeping the last one."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Safely load a YAML file; every problem becomes a ConfigError naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read: {e}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: YAML nested too deeply") from None
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """An Experiment from a YAML file."""
+    return experiment_from_dict(load_yaml(path), where=str(path))
+
+
+# ---------------------------------------------------------------------------------------------- click
+def simulate_options(f: Callable) -> Callable:
+    """Add every ``simulate`` option to a click command (shared by simulate, compare, search...)."""
+    opts = [
+        click.option("-c", "--config", "config", type=click.Path(dir_okay=False), help="YAML experiment file."),
+        click.option("--cluster", help="Cluster preset (see `clustersim topology --list`) or a YAML file."),
+        click.option("--gpus", type=int, help="Number of GPUs (ranks)."),
+        click.option("--model", "-m", help="Model preset (llama3-8b, llama3-70b, llama3-405b, gpt3-175b, ...)."),
+        click.option("--params", type=float, help="Model given by its parameter count only (memory questions)."),
+        click.option("--layers", type=int), click.option("--hidden", type=int), click.option("--ffn", type=int),
+        click.option("--heads", type=int), click.option("--kv-heads", type=int), click.option("--vocab", type=int),
+        click.option("--experts", type=int), click.option("--top-k", type=int),
+        click.option("--tp", type=int, help="Tensor-parallel degree."),
+        click.option("--pp", type=int, help="Pipeline-parallel degree (stages)."),
+        click.option("--dp", type=int, help="Data-parallel degree (default: GPUs / (tp·pp·cp))."),
+        click.option("--ep", type=int, help="Expert-parallel degree."),
+        click.option("--cp", type=int, help="Context-parallel degree."),
+        click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage 0-3."),
+        click.option("--fsdp", is_flag=True, default=None, help="Fully sharded data parallel (ZeRO-3 style)."),
+        click.option("--sp", is_flag=True, default=None, help="Megatron sequence parallelism with TP."),
+        click.option("--schedule", type=click.Choice(SCHEDULES), help="Pipeline schedule."),
+        click.option("--virtual-stages", type=int, help="Model chunks per stage (interleaved 1F1B)."),
+        click.option("--micro-batch", type=int, help="Micro-batch size (sequences)."),
+        click.option("--global-batch", type=int, help="Global batch size (sequences per step)."),
+        click.option("--seq", type=int, help="Sequence length (tokens)."),
+        click.option("--recompute", type=click.Choice(RECOMPUTE), help="Activation recomputation."),
+        click.option("--bucket-mb", type=float, help="DDP / ZeRO gradient bucket size in MB (1e6 bytes)."),
+        click.option("--network", type=click.Choice(NETWORKS), help="ideal (free) | analytical | flow (contention)."),
+        click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
+        click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
+        click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
+               "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
+               "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
+               "algorithm")
+
+
+def experiment_from_options(config: str | None = None, **options) -> Experiment:
+    """An Experiment from click options: the YAML file (if any) first, then flags given on the command line."""
+    data: dict = {}
+    if config:
+        loaded = load_yaml(config)
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{config}: expected a mapping of options at the top level")
+        data.update(loaded)
+    for k in OPTION_KEYS:
+        v = options.get(k)
+        if v is not None:
+            data[k] = v
+    if any(data.get(k) is not None for k in MODEL_FIELDS) and "model" not in data:
+        data["model"] = None
+    return experiment_from_dict(data, where=config or "options")
+
+
+# ---------------------------------------------------------------------------------------------- running
+@dataclass
+class Outcome:
+    experiment: Experiment
+    result: Any            # SimResult
+    metrics: Any           # Metrics
+    model: Any
+    plan: Any
+    cluster: Any
+    notes: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """The stable ``--json`` contract (see README): metrics plus plan and provenance."""
+        m = self.metrics
+        d = {
+            "step_time_s": m.step_time_s, "tokens_per_s": m.tokens_per_s, "tflops_per_gpu": m.tflops_per_gpu,
+            "mfu": m.mfu, "bubble_fraction": m.bubble_fraction, "exposed_comm_fraction": m.exposed_comm_fraction,
+            "overlap_fraction": m.overlap_fraction, "peak_memory_bytes": m.peak_memory_bytes,
+            "fits_in_memory": m.fits_in_memory, "world_size": m.world_size, "plan": _plan_dict(self.plan),
+            "events_simulated": m.events_simulated, "wall_time_s": m.wall_time_s,
+            "hardware_tflops_per_gpu": m.hardware_tflops_per_gpu, "compute_fraction": m.compute_fraction,
+            "memory_capacity_bytes": m.memory_capacity_bytes, "represented_ops": m.represented_ops,
+            "mode": m.mode, "network": self.experiment.network, "cluster": self.experiment.cluster,
+            "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
+            "notes": list(self.notes),
+        }
+        return d
+
+
+def _plan_dict(plan) -> dict:
+    if hasattr(plan, "to_dict"):
+        return plan.to_dict()
+    return dataclasses.asdict(plan) if dataclasses.is_dataclass(plan) else dict(plan)
+
+
+def resolve_model(exp: Experiment):
+    """The ModelSpec an experiment names (preset, custom mapping, YAML file, or parameter count)."""
+    from schedules import models
+    if exp.params is not None and exp.model in (None, "llama3-8b") and not isinstance(exp.model, dict):
+        return models.model_from_params(exp.params)
+    if isinstance(exp.model, dict) and "base" in exp.model:
+        fields = {k: v for k, v in exp.model.items() if k != "base"}
+        base = models.get_model(exp.model["base"])
+        try:
+            return dataclasses.replace(base, **fields)
+        except TypeError as e:
+            raise ConfigError(f"model override: {e}") from None
+    if isinstance(exp.model, dict):
+        fields = dict(exp.model)
+        for k in ("layers", "hidden", "heads"):
+            if k not in fields:
+                raise ConfigError(f"custom model needs --{k} (given: {', '.join(sorted(fields)) or 'nothing'})")
+        return models.custom_model(**fields)
+    if exp.model is None:
+        raise ConfigError("no model: give --model PRESET or --layers/--hidden/--heads")
+    if exp.model.endswith((".yaml", ".yml")):
+        return models.load_model_file(exp.model)
+    return models.get_model(exp.model)
+
+
+def resolve_plan(exp: Experiment, model, world_size: int):
+    """The validated ParallelPlan of an experiment (dp defaults to GPUs / (tp·pp·cp))."""
+    from schedules.plan import ParallelPlan
+    dp = exp.dp
+    if dp is None:
+        denom = exp.tp * exp.pp * exp.cp
+        if world_size % denom:
+            raise ConfigError(f"cannot infer dp: {world_size} GPUs are not divisible by tp·pp·cp = "
+                              f"{exp.tp}·{exp.pp}·{exp.cp} = {denom}")
+        dp = world_size // denom
+        exp.dp = dp
+    global_batch = exp.global_batch if exp.global_batch is not None else dp * exp.micro_batch * max(exp.pp, 1) * 2
+    kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
+              micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
+              virtual_stages=exp.virtual_stages, bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
+              seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch)
+    names = {f.name for f in dataclasses.fields(ParallelPlan)}
+    plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
+    plan.validate(model, world_size)
+    return plan
+
+
+def build_cost_model(exp: Experiment, cluster):
+    from simulator.calibration import Calibration
+    from topologies.cost import ClusterCostModel
+    cal = Calibration.load(exp.calibration) if exp.calibration else None
+    return ClusterCostModel(cluster, network=exp.network, calibration=cal, algorithm=exp.algorithm)
+
+
+def load_cluster_for(exp: Experiment):
+    import topologies
+    if exp.cluster.endswith((".yaml", ".yml")):
+        cluster = topologies.load_cluster_file(exp.cluster)
+        if exp.gpus is not None and exp.gpus != cluster.world_size:
+            cluster = topologies.load_cluster_file(exp.cluster, gpus=exp.gpus)
+    else:
+        cluster = topologies.load_cluster(exp.cluster, exp.gpus)
+    if exp.gpus is None:
+        exp.gpus = cluster.world_size
+    return cluster
+
+
+def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None = None,
+                   check_budget: bool = True) -> Outcome:
+    """Run one experiment end to end and return its Outcome (result, metrics, resolved model/plan/cluster)."""
+    from schedules import build_programs
+    from simulator.engine import run
+    from simulator.metrics import compute_metrics
+    from simulator.symmetry import symmetry_problem
+
+    t0 = time.perf_counter()
+    cluster = load_cluster_for(exp)
+    world = cluster.world_size
+    model = resolve_model(exp)
+    plan = resolve_plan(exp, model, world)
+    cost = build_cost_model(exp, cluster)
+    notes: list[str] = []
+    failures = None
+    fault_breaks = False
+    if exp.faults:
+        from simulator import faults as fault_mod
+        spec = fault_mod.faults_from_dict(exp.faults)
+        cost, failures = fault_mod.apply_faults(cost, cluster, spec, world)
+        fault_breaks = fault_mod.breaks_symmetry(spec)
+    mode = exp.mode
+    if mode == "symmetric" and fault_breaks:
+        raise ConfigError("faults on individual ranks (stragglers, jitter, device failures) break rank symmetry: "
+                          "use --mode full")
+    symmetric = mode != "full" and not fault_breaks
+    programs = build_programs(model, plan, world, symmetric=symmetric)
+    if programs.symmetric:
+        problem = symmetry_problem(programs, cost)
+        if problem:
+            if mode == "symmetric":
+                raise ConfigError(f"symmetric mode is not valid here: {problem}; use --mode full")
+            notes.append(f"symmetric mode not valid ({problem}); simulated every rank")
+            programs = build_programs(model, plan, world, symmetric=False)
+    if check_budget:
+        try:
+            from simulator.guards import check_budget as guard
+        except ImportError:
+            guard = None
+        if guard is not None:
+            guard(programs, "symmetric" if programs.symmetric else "full")
+    result = run(programs, cost, progress=progress, failures=failures)
+    metrics = compute_metrics(result)
+    metrics.wall_time_s = time.perf_counter() - t0
+    return Outcome(exp, result, metrics, model, plan, cluster, notes)
