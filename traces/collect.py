@@ -1,0 +1,370 @@
+"""The trace collector: run under torchrun, one process per rank (imports torch).
+
+    torchrun --nproc-per-node N -m traces.collect --strategy {ddp,zero1,fsdp,tp,pp,ep} --steps K --out DIR
+    torchrun --nproc-per-node N -m traces.collect --bench collectives --out DIR [--max-bytes B]
+
+Training mode trains the small Llama-style transformer of ``traces.models`` for K steps with the chosen
+strategy under torch.profiler (schedule: wait, 1 warm-up step, ``--active`` recorded steps; shapes
+recorded) and writes ``DIR/rank{r}.json.gz`` (Kineto / Chrome trace JSON, gzipped) per rank plus
+``DIR/manifest.json``. Benchmark mode times all_reduce, all_gather, reduce_scatter, all_to_all,
+broadcast and p2p (ring send/recv) from 1 KiB up to ``--max-bytes`` and writes the table to the manifest.
+
+Backend ``auto``: NCCL on ``cuda:LOCAL_RANK`` when CUDA is available, else gloo on CPU.
+``clustersim collect`` (traces.collect_cli) launches this module for you.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from traces.models import ModelConfig
+from traces.strategies import STRATEGIES, Context, build
+
+MANIFEST_FORMAT = "clustersim-trace-manifest"
+MANIFEST_VERSION = 1
+BENCH_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m traces.collect", description=__doc__.split("\n\n")[0])
+    p.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    p.add_argument("--steps", type=int, default=5, help="training steps in all (>= 3)")
+    p.add_argument("--active", type=int, default=0,
+                   help="profiled steps at the end of the run (0: min(3, steps - 2))")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8, help="samples per data-parallel rank per step")
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--ffn", type=int, default=0, help="SwiGLU width (0: 8/3 hidden rounded up to 16)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP / ZeRO-1 bucket size (MiB)")
+    p.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches per step (pp)")
+    p.add_argument("--experts", type=int, default=0, help="experts per MoE layer (ep; 0: 2 x world size)")
+    p.add_argument("--top-k", type=int, default=1)
+    p.add_argument("--capacity-factor", type=float, default=1.0)
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument("--bench", choices=("collectives",), default=None)
+    p.add_argument("--max-bytes", type=int, default=0,
+                   help="benchmark: largest size (0: 64 MiB on CPU, what memory allows up to 8 GiB on GPU)")
+    p.add_argument("--size-factor", type=int, default=2, help="benchmark: ratio of successive sizes")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout (a hang becomes an error)")
+    p.add_argument("--out", required=True, help="output directory")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- environment
+def select_backend(requested: str) -> tuple[str, torch.device]:
+    """(backend, device) for this rank: NCCL on cuda:LOCAL_RANK when CUDA is there (or asked), else gloo."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    if requested == "nccl" and not cuda:
+        raise SystemExit("traces.collect: --backend nccl needs CUDA, which this torch does not see")
+    backend = requested if requested != "auto" else ("nccl" if cuda else "gloo")
+    if backend == "nccl" or (cuda and requested == "auto"):
+        torch.cuda.set_device(local)
+        return backend, torch.device("cuda", local)
+    return backend, torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return "CPU " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU " + (platform.processor() or platform.machine())
+
+
+def nccl_version() -> str | None:
+    try:
+        v = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a torch built without NCCL
+        return None
+    if v is None:
+        return None
+    return ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+
+
+def rank_info(device: torch.device) -> dict:
+    info = {"rank": dist.get_rank(), "hostname": socket.gethostname(), "device": device_name(device),
+            "device_type": device.type, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(memory_bytes=props.total_memory, sm_count=props.multi_processor_count,
+                    compute_capability=f"{props.major}.{props.minor}")
+    else:
+        info.update(threads=torch.get_num_threads(), cpu_count=os.cpu_count())
+    return info
+
+
+def base_manifest(args, backend: str, device: torch.device, infos: list[dict]) -> dict:
+    return {
+        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "world_size": dist.get_world_size(), "backend": backend, "device_type": device.type,
+        "devices": [i["device"] for i in infos], "hostnames": [i["hostname"] for i in infos],
+        "scope": "intra" if len({i["hostname"] for i in infos}) == 1 else "inter",
+        "ranks": infos,
+        "torch_version": torch.__version__, "nccl_version": nccl_version() if backend == "nccl" else None,
+        "cuda_version": torch.version.cuda, "python_version": platform.python_version(),
+        "argv": sys.argv[1:],
+    }
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------------- training
+def profiler_schedule(steps: int, active: int) -> dict:
+    """wait / warmup / active so that the profiler records the last ``active`` steps."""
+    if steps < 3:
+        raise SystemExit(f"traces.collect: --steps must be >= 3 (one to wait, one to warm up, one to record), "
+                         f"got {steps}")
+    active = active or min(3, steps - 2)
+    if not 1 <= active <= steps - 2:
+        raise SystemExit(f"traces.collect: --active must be in 1..steps-2 = {steps - 2}, got {active}")
+    return {"wait": steps - 1 - active, "warmup": 1, "active": active, "repeat": 1,
+            "profiled_steps": list(range(steps - active, steps)), "record_shapes": True}
+
+
+def make_batches(ctx: Context, data_rank: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random token batches (inputs, next-token targets) per step, seeded by (data rank, step)."""
+    out = []
+    for s in range(steps):
+        g = torch.Generator().manual_seed(1000 * data_rank + s)
+        t = torch.randint(ctx.cfg.vocab, (ctx.batch, ctx.cfg.seq + 1), generator=g).to(ctx.device)
+        out.append((t[:, :-1], t[:, 1:]))
+    return out
+
+
+def run_training(args, backend: str, device: torch.device, out: Path) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    experts = 0
+    if args.strategy == "ep":
+        experts = args.experts or 2 * world
+    cfg = ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                      ffn=args.ffn, experts=experts, top_k=args.top_k, capacity_factor=args.capacity_factor)
+    ctx = Context(rank=rank, world=world, device=device, dtype=dtype, cfg=cfg, batch=args.batch,
+                  bucket_cap_mb=args.bucket_cap_mb, microbatches=args.microbatches)
+    strategy = build(args.strategy, ctx)
+    sched = profiler_schedule(args.steps, args.active)
+    batches = make_batches(ctx, strategy.data_rank, args.steps)
+    suffix = ".json.gz"
+    trace_path = out / f"rank{rank}{suffix}"
+
+    from torch.profiler import ProfilerActivity, profile, schedule
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    times, losses = [], []
+    dist.barrier()
+    with profile(activities=activities, record_shapes=True,
+                 schedule=schedule(wait=sched["wait"], warmup=1, active=sched["active"], repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))) as prof:
+        for tokens, targets in batches:
+            t0 = time.perf_counter()
+            losses.append(strategy.step(tokens, targets))
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+            prof.step()
+    dist.barrier()
+
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, {"info": rank_info(device), "times": times, "losses": losses})
+    if rank != 0:
+        return
+    infos = [g["info"] for g in gathered]
+    per_rank = [g["times"] for g in gathered]
+    job = [max(ts) for ts in zip(*per_rank)]     # a step ends when its slowest rank ends
+    prof_steps = sched["profiled_steps"]
+    manifest = base_manifest(args, backend, device, infos)
+    manifest.update({
+        "mode": "train", "strategy": args.strategy, "plan": strategy.plan, "model": cfg.to_dict(),
+        "dtype": str(dtype).replace("torch.", ""), "steps": args.steps, "profiler": sched,
+        "trace_format": "kineto-chrome-json" + (".gz" if suffix.endswith(".gz") else ""),
+        "trace_files": {str(r): f"rank{r}{suffix}" for r in range(world)},
+        "tokens_per_step": strategy.plan["global_batch"] * cfg.seq,
+        "step_time_s": {
+            "per_rank": per_rank,
+            "job": job,
+            "median_profiled_s": statistics.median(job[s] for s in prof_steps),
+            "median_s": statistics.median(job[1:]),
+            "definition": "wall time of one step on a rank (perf_counter around the step, device "
+                          "synchronised); job = max over ranks; medians over the profiled steps / all "
+                          "steps but the first",
+        },
+        "losses": [g["losses"] for g in gathered],
+    })
+    write_json(out / "manifest.json", manifest)
+    print(f"traces.collect: {args.strategy} on {world} x {infos[0]['device']} ({backend}): median step "
+          f"{manifest['step_time_s']['median_profiled_s'] * 1e3:.2f} ms; wrote {out}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- benchmark
+def bench_sizes(max_bytes: int, factor: int) -> list[int]:
+    """1 KiB, factor KiB, ... up to max_bytes (nccl-tests' -b 1K -e MAX -f factor)."""
+    if factor < 2:
+        raise SystemExit(f"traces.collect: --size-factor must be >= 2, got {factor}")
+    if max_bytes < KiB:
+        raise SystemExit(f"traces.collect: --max-bytes must be >= 1024, got {max_bytes}")
+    sizes, s = [], KiB
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
+def default_max_bytes(device: torch.device) -> int:
+    """64 MiB on CPU (gloo takes ~0.1 s per op there); on a GPU the largest power of two whose buffers
+    (input + output, about 2x the size) fit in a quarter of the free memory, capped at 8 GiB."""
+    if device.type != "cuda":
+        return 64 * MiB
+    free, _ = torch.cuda.mem_get_info(device)
+    return min(8 * GiB, 1 << int(math.log2(max(free // 8, KiB))))
+
+
+def _collective(kind: str, size_bytes: int, world: int, rank: int, device: torch.device):
+    """(op, actual size in bytes) for one collective of nccl-tests' ``size`` on float32 buffers."""
+    elems = max(world, size_bytes // 4 // world * world)
+    nbytes = elems * 4
+    full = torch.ones(elems, device=device)
+    part = torch.ones(elems // world, device=device)
+    if kind == "all_reduce":
+        return (lambda: dist.all_reduce(full)), nbytes
+    if kind == "all_gather":
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return (lambda: gather(full, part)), nbytes
+    if kind == "reduce_scatter":
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return (lambda: scatter(part, full)), nbytes
+    if kind == "all_to_all":
+        recv = torch.empty_like(full)
+        return (lambda: dist.all_to_all_single(recv, full)), nbytes
+    if kind == "broadcast":
+        return (lambda: dist.broadcast(full, 0)), nbytes
+    if kind == "p2p":   # ring: send to rank + 1, receive from rank - 1 (nccl-tests' sendrecv)
+        recv = torch.empty_like(full)
+
+        def sendrecv():
+            w = dist.isend(full, (rank + 1) % world)
+            dist.recv(recv, (rank - 1) % world)
+            w.wait()
+        return sendrecv, nbytes
+    raise ValueError(kind)
+
+
+def time_collective(op, device: torch.device, iters: int) -> float:
+    """Seconds per op on the slowest rank: barrier, time ``iters`` ops, synchronize, then barrier."""
+    synchronize(device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        op()
+    synchronize(device)
+    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+    dist.barrier()
+    return _max_over_ranks(elapsed, device)
+
+
+def _max_over_ranks(t: torch.Tensor, device: torch.device) -> float:
+    t = t.to(device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def run_bench(args, backend: str, device: torch.device, out: Path) -> None:
+    from simulator.calibration import bus_factor
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        raise SystemExit("traces.collect: --bench collectives needs at least 2 processes")
+    max_bytes = args.max_bytes or default_max_bytes(device)
+    target_s = 0.02 if device.type == "cpu" else 0.005     # timed work per repetition
+    reps, warmup = 3, 2
+    rows = []
+    for kind in BENCH_KINDS:
+        for size in bench_sizes(max_bytes, args.size_factor):
+            op, nbytes = _collective(kind, size, world, rank, device)
+            for _ in range(warmup):
+                op()
+            one = time_collective(op, device, 1)
+            iters = int(min(100, max(1, math.ceil(target_s / max(one, 1e-7)))))
+            t = statistics.median(time_collective(op, device, iters) for _ in range(reps))
+            algbw = nbytes / t
+            rows.append({"kind": kind, "size_bytes": nbytes, "dtype": "float32", "group_size": world,
+                         "iters": iters, "reps": reps, "time_s": t, "algbw_GBps": algbw / 1e9,
+                         "busbw_GBps": algbw * bus_factor(kind, world) / 1e9})
+            del op
+            if rank == 0:
+                r = rows[-1]
+                print(f"{kind:>15} {nbytes:>12d} B {t * 1e6:>11.1f} us  algbw {r['algbw_GBps']:8.3f} GB/s  "
+                      f"busbw {r['busbw_GBps']:8.3f} GB/s", flush=True)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, rank_info(device))
+    if rank == 0:
+        manifest = base_manifest(args, backend, device, gathered)
+        manifest.update({
+            "mode": "bench", "bench": "collectives", "strategy": None,
+            "method": f"per size: {warmup} warm-up ops; then {reps} repetitions of (synchronize, barrier, time "
+                      f"'iters' ops, synchronize, stop clock, barrier); time_s = median over repetitions of "
+                      f"the slowest rank's time per op. Sizes in nccl-tests' convention (all_gather: output, "
+                      f"reduce_scatter: input, all_to_all: send buffer, p2p: one message of a ring sendrecv); "
+                      f"algbw = size / time, busbw = algbw * bus factor (2(n-1)/n all_reduce, (n-1)/n "
+                      f"all_gather/reduce_scatter/all_to_all, 1 broadcast/p2p).",
+            "results": rows,
+        })
+        write_json(out / "manifest.json", manifest)
+        print(f"traces.collect: benchmark of {len(rows)} points written to {out / 'manifest.json'}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if "RANK" not in os.environ:
+        raise SystemExit("traces.collect must run under torchrun (or use `clustersim collect`)")
+    backend, device = select_backend(args.backend)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    kw = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend, timeout=_dt.timedelta(seconds=args.timeout_s), **kw)
+    try:
+        if args.bench:
+            run_bench(args, backend, device, out)
+        else:
+            run_training(args, backend, device, out)
+    except ValueError as e:     # a model / plan that cannot be built: a one-line message, not a traceback
+        raise SystemExit(f"traces.collect: {e}") from None
+    dist.barrier()                # nobody tears the group down while a peer still uses it
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
