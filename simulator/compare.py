@@ -1,0 +1,319 @@
+"""``clustersim compare``: run several plans on the same model and cluster and show why one beats another.
+
+Variants come from the command line (``--schedules gpipe,1f1b,interleaved,zb`` beside any ``simulate``
+option) or from a YAML file (``-c compare.yaml``)::
+
+    title: Llama-3 8B on 32 H100s, pp=4        # optional
+    base:                                      # options shared by every variant (``simulate`` keys)
+      cluster: dgx-h100
+      gpus: 32
+      model: llama3-8b
+      tp: 8
+      pp: 4
+      global_batch: 64
+    variants:                                  # a list of {name, options...}, or a mapping name -> options
+      - {name: gpipe, schedule: gpipe}
+      - {name: 1f1b, schedule: 1f1b}
+      - {name: interleaved, schedule: interleaved, virtual_stages: 2}
+
+Options given on the command line override the file's ``base``; a variant's own options override both.
+``--schedules`` with a file that has variants runs every variant with every schedule ("variant/schedule").
+A ``-c`` file without ``base``/``variants`` is an ordinary experiment file used as the base.
+
+Outputs (``--out DIR``): gantt / memory / breakdown pictures (PNG and SVG), ``metrics.csv`` and
+``metrics.json`` (the engine's metrics, one row per plan), one Perfetto JSON per plan; ``--report FILE``
+writes a self-contained HTML report (``simulator.report``).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from simulator.errors import ConfigError
+
+#: metrics-table columns (``simulator.metrics.Metrics`` fields), in display order.
+TABLE_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "bubble_fraction",
+                 "exposed_comm_fraction", "overlap_fraction", "compute_fraction", "peak_memory_bytes",
+                 "memory_capacity_bytes", "fits_in_memory", "world_size", "mode")
+
+
+@dataclass
+class PlanRun:
+    """One plan of a comparison: its name, what was simulated, and the engine's metrics."""
+
+    name: str
+    result: object                  # SimResult
+    metrics: object                 # Metrics
+    definition: dict = field(default_factory=dict)   # the experiment options (or a description)
+    notes: list = field(default_factory=list)
+
+
+def plan_runs(results: dict, definitions: dict | None = None) -> list[PlanRun]:
+    """PlanRuns from {name: SimResult} (metrics computed here); for hand-built programs and tests."""
+    from simulator.metrics import compute_metrics
+    defs = definitions or {}
+    return [PlanRun(n, r, compute_metrics(r), dict(defs.get(n, {}))) for n, r in results.items()]
+
+
+def metrics_table(runs: list[PlanRun]) -> pd.DataFrame:
+    """One row per plan (index: plan name), the columns of TABLE_COLUMNS taken from each run's Metrics."""
+    rows = {run.name: {c: getattr(run.metrics, c) for c in TABLE_COLUMNS} for run in runs}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=list(TABLE_COLUMNS))
+
+
+def formatted_table(runs: list[PlanRun]) -> pd.DataFrame:
+    """``metrics_table`` with human units (s, %, GB) for reports and the terminal."""
+    t = metrics_table(runs)
+    out = pd.DataFrame(index=t.index)
+    out["step time (s)"] = t["step_time_s"].map(lambda v: f"{v:.4g}")
+    out["tokens/s"] = t["tokens_per_s"].map(lambda v: f"{v:,.0f}")
+    out["MFU"] = t["mfu"].map(lambda v: f"{v:.1%}")
+    out["bubble"] = t["bubble_fraction"].map(lambda v: f"{v:.1%}")
+    out["exposed comm"] = t["exposed_comm_fraction"].map(lambda v: f"{v:.1%}")
+    out["overlap"] = t["overlap_fraction"].map(lambda v: f"{v:.1%}")
+    out["peak memory (GB)"] = [f"{p / 1e9:.1f} / {c / 1e9:.0f}" + ("" if fits else " (does not fit)")
+                               for p, c, fits in zip(t["peak_memory_bytes"], t["memory_capacity_bytes"],
+                                                     t["fits_in_memory"])]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- variants
+def _split_list(text: str, what: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise ConfigError(f"--{what}: give a comma-separated list, e.g. gpipe,1f1b,interleaved,zb")
+    dup = sorted({s for s in items if items.count(s) > 1})
+    if dup:
+        raise ConfigError(f"--{what}: {', '.join(dup)} given twice")
+    return items
+
+
+def schedule_variants(schedules: str, virtual_stages: int | None = None) -> list[tuple[str, dict]]:
+    """(name, overrides) per schedule of ``--schedules``. Interleaved gets ``virtual_stages`` (2 if not
+    given above 1); the other schedules run with one model chunk per stage, as they must."""
+    from simulator.experiment import SCHEDULES
+    out = []
+    for s in _split_list(schedules, "schedules"):
+        if s not in SCHEDULES:
+            raise ConfigError(f"--schedules: unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
+        v = (virtual_stages if virtual_stages and virtual_stages > 1 else 2) if s == "interleaved" else 1
+        out.append((s, {"schedule": s, "virtual_stages": v}))
+    return out
+
+
+def load_compare_file(path) -> tuple[dict, list[tuple[str, dict]], str | None]:
+    """(base options, [(variant name, overrides)], title) of a compare YAML file; a plain experiment file
+    gives (its options, [], None)."""
+    from simulator.experiment import load_yaml
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with 'base' and 'variants'")
+    if "base" not in data and "variants" not in data:
+        return dict(data), [], None
+    unknown = set(data) - {"base", "variants", "title"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; a compare file has base, variants "
+                          f"and title (put experiment options under base)")
+    base = data.get("base") or {}
+    if not isinstance(base, dict):
+        raise ConfigError(f"{path}: base must be a mapping of simulate options")
+    raw = data.get("variants") or []
+    variants: list[tuple[str, dict]] = []
+    if isinstance(raw, dict):
+        for name, opts in raw.items():
+            if opts is not None and not isinstance(opts, dict):
+                raise ConfigError(f"{path}: variant {name!r} must be a mapping of options")
+            variants.append((str(name), dict(opts or {})))
+    elif isinstance(raw, list):
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict):
+                raise ConfigError(f"{path}: variant #{i + 1} must be a mapping like {{name: 1f1b, schedule: 1f1b}}")
+            item = dict(item)
+            name = item.pop("name", None)
+            if name is None:
+                name = ", ".join(f"{k}={v}" for k, v in item.items()) or f"variant {i + 1}"
+            variants.append((str(name), item))
+    else:
+        raise ConfigError(f"{path}: variants must be a list of mappings or a mapping name -> options")
+    names = [n for n, _ in variants]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{path}: variant name(s) {dup} used twice; names label the plots, make them unique")
+    title = data.get("title")
+    return dict(base), variants, (str(title) if title is not None else None)
+
+
+def build_variants(config: str | None, schedules: str | None, options: dict) -> tuple[list[tuple[str, dict]], str | None]:
+    """[(name, full experiment options)] from a compare file, ``--schedules`` and command-line options."""
+    from simulator.experiment import OPTION_KEYS
+    base, variants, title = ({}, [], None) if not config else load_compare_file(config)
+    given = {k: v for k, v in options.items() if k in OPTION_KEYS and v is not None}
+    merged_base = {**base, **given}
+    if schedules:
+        vs = merged_base.get("virtual_stages", merged_base.get("virtual-stages"))
+        svars = schedule_variants(schedules, vs)
+        if variants:
+            variants = [(f"{n}/{sn}", {**o, **so}) for n, o in variants for sn, so in svars]
+        else:
+            variants = svars
+    if not variants:
+        raise ConfigError("nothing to compare: give --schedules a,b,... or a compare file (-c) with variants")
+    return [(name, {**merged_base, **over}) for name, over in variants], title
+
+
+def run_variants(variants: list[tuple[str, dict]], progress=None) -> list[PlanRun]:
+    """Run each variant's experiment; errors name the variant."""
+    from simulator.experiment import experiment_from_dict, run_experiment
+    from simulator.errors import ClusterSimError
+    runs = []
+    for name, opts in variants:
+        try:
+            exp = experiment_from_dict(dict(opts), where=f"variant {name!r}")
+            exp.name = name
+            out = run_experiment(exp)
+        except ClusterSimError as e:         # same error class, message naming the variant
+            try:
+                named = type(e)(f"variant {name!r}: {e}")
+            except TypeError:
+                named = ConfigError(f"variant {name!r}: {e}")
+            raise named from e
+        definition = out.experiment.to_dict()
+        plan = getattr(out, "plan", None)
+        if plan is not None and hasattr(plan, "to_dict"):
+            definition["resolved_plan"] = plan.to_dict()
+        runs.append(PlanRun(name, out.result, out.metrics, definition, list(out.notes)))
+        if progress is not None:
+            progress(name)
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def slug(name: str) -> str:
+    """A file-name-safe form of a plan name."""
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+    return s or "plan"
+
+
+def figures(runs: list[PlanRun], title: str | None = None) -> dict:
+    """{"gantt", "memory", "breakdown"}: the comparison's matplotlib figures."""
+    from simulator import plots
+    results = {r.name: r.result for r in runs}
+    metrics = {r.name: r.metrics for r in runs}
+    return {
+        "gantt": plots.gantt(results, metrics=metrics, title=title),
+        "memory": plots.memory_over_time(results, max_ranks=4),
+        "breakdown": plots.breakdown_bars(results, metrics=metrics),
+    }
+
+
+def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
+                  title: str | None = None, svg: bool = True) -> list[Path]:
+    """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``."""
+    from simulator import plots
+    written: list[Path] = []
+    figs = figures(runs, title)
+    perfetto: dict[str, str] = {}
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        for key, fig in figs.items():
+            written.append(plots.save(fig, out / f"{key}.png"))
+            if svg:
+                written.append(plots.save(fig, out / f"{key}.svg"))
+        table = metrics_table(runs)
+        table.to_csv(out / "metrics.csv", index_label="plan")
+        written.append(out / "metrics.csv")
+        (out / "metrics.json").write_text(json.dumps(summary(runs), indent=1, default=str) + "\n")
+        written.append(out / "metrics.json")
+        written += _write_traces(runs, out, perfetto)
+    if report is not None:
+        from simulator.report import write_report
+        written.append(write_report(report, runs, figs, title=title, perfetto_files=perfetto))
+    for fig in figs.values():
+        plots.close(fig)
+    return written
+
+
+def _write_traces(runs: list[PlanRun], out: Path, names: dict[str, str]) -> list[Path]:
+    try:
+        from simulator.export import lane_ranks, write_perfetto
+    except ImportError:        # exports not built: no traces, said so in the report
+        return []
+    paths = []
+    used = set()
+    for run in runs:
+        base = slug(run.name)
+        fname, k = f"{base}.perfetto.json", 2
+        while fname in used:
+            fname, k = f"{base}-{k}.perfetto.json", k + 1
+        used.add(fname)
+        paths.append(write_perfetto(run.result, out / fname, ranks=lane_ranks(run.result)))
+        names[run.name] = fname
+    return paths
+
+
+def summary(runs: list[PlanRun]) -> dict:
+    """The ``--json`` object: one entry per plan with its metrics and definition."""
+    return {"plans": [{"name": r.name, "metrics": r.metrics.to_dict(), "definition": r.definition,
+                       "notes": r.notes} for r in runs]}
+
+
+def print_table(runs: list[PlanRun], title: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = formatted_table(runs)
+    table = Table(title=title or "clustersim compare", title_justify="left")
+    table.add_column("plan", style="bold")
+    for c in t.columns:
+        table.add_column(c, justify="right")
+    for name, row in t.iterrows():
+        table.add_row(str(name), *[str(v) for v in row])
+    Console().print(table)
+    for r in runs:
+        for n in r.notes:
+            Console().print(f"[yellow]note ({r.name}):[/yellow] {n}")
+
+
+def _compare_command():
+    from simulator.experiment import simulate_options
+
+    @click.command("compare")
+    @simulate_options
+    @click.option("--schedules", help="Comma-separated pipeline schedules to compare, e.g. gpipe,1f1b,interleaved,zb.")
+    @click.option("--out", type=click.Path(file_okay=False), help="Folder for pictures, metrics and Perfetto JSON.")
+    @click.option("--report", type=click.Path(dir_okay=False), help="Self-contained HTML report to write.")
+    @click.option("--title", help="Title of the pictures and the report.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every plan's metrics.")
+    def compare(config, schedules, out, report, title, as_json, **options):
+        """Run several plans or schedules on the same model and cluster; write Gantt timelines, memory over
+        time, time breakdowns, a metrics table and an HTML report.
+
+        -c FILE is a compare YAML (base + variants) or a plain experiment file used as the base."""
+        variants, file_title = build_variants(config, schedules, options)
+        title = title or file_title
+        runs = run_variants(variants)
+        out_dir = Path(out) if out else None
+        if report and out_dir is None:
+            out_dir = Path(report).with_name(Path(report).stem + "_files")
+        files = write_outputs(runs, out_dir, Path(report) if report else None, title=title) \
+            if (out_dir or report) else []
+        if as_json:
+            click.echo(json.dumps(summary(runs), sort_keys=True, default=str))
+        else:
+            print_table(runs, title)
+            if files:
+                click.echo(f"wrote {len(files)} files" + (f" in {out_dir}" if out_dir else "")
+                           + (f"; report {report}" if report else ""))
+
+    return compare
+
+
+try:
+    compare = _compare_command()
+except ImportError:        # simulator.experiment not there: the library functions above still work
+    compare = None

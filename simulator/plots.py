@@ -1,0 +1,622 @@
+"""Pictures of simulated (or measured) steps: Gantt timelines, memory over time, time breakdowns.
+
+- ``gantt(results)``: one panel per plan on one shared time axis, one lane per (rank, stream). Compute bars
+  are coloured by phase (``PHASE_COLOURS``), communication by collective kind (``COMM_COLOURS``; send/recv
+  as ``p2p``); micro-batch numbers are written on bars wide enough to hold them. On each rank's compute
+  lane the time when the rank computes nothing is split into *exposed communication* (some communication
+  runs: ``EXPOSED_STYLE``) and *bubble* (nothing runs: ``BUBBLE_STYLE``, hatched), so compute + exposed +
+  bubble = the step time, as in ``simulator.metrics``.
+- Large jobs show one representative rank per pipeline stage, labelled "stage s (rep. of N ranks)".
+- ``memory_over_time(results)``: per rank, stacked parameters / gradients / optimizer / activations /
+  buffers over the step, with the device's HBM capacity as a line.
+- ``time_breakdown(result)`` / ``breakdown_bars(results)``: where each plan's step time goes.
+
+Every function takes a ``SimResult`` or a ``{name: SimResult}`` dict; ``gantt`` also takes timeline
+DataFrames (``simulator.timeline.COLUMNS``; at least rank, stream, kind, start_s, end_s), so measured
+traces plot the same way. matplotlib runs on the Agg backend (no display). Units: seconds and bytes in,
+milliseconds/seconds and GB (1e9 bytes) on the axes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from simulator.errors import ConfigError  # noqa: E402
+from simulator.program import MEMORY_CATEGORIES  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------- palette
+#: compute bars by ``Op.phase`` ("other" for compute ops without a phase).
+PHASE_COLOURS = {
+    "forward": "#4C78A8",           # blue
+    "backward_input": "#59A14F",    # green
+    "backward_weight": "#B07AA1",   # purple
+    "backward": "#2F7F6F",          # dark teal: input and weight gradients fused
+    "optimizer": "#9C755F",         # brown
+    "other": "#A0A0A0",             # grey
+}
+#: communication bars by collective kind; send/recv are ``p2p``.
+COMM_COLOURS = {
+    "all_reduce": "#E15759",        # red
+    "all_gather": "#F28E2B",        # orange
+    "reduce_scatter": "#EDC948",    # yellow
+    "all_to_all": "#FF9DA7",        # pink
+    "broadcast": "#8CD17D",         # light green
+    "reduce": "#D37295",            # magenta
+    "barrier": "#79706E",           # dark grey
+    "p2p": "#76B7B2",               # teal
+}
+#: idle spans on the compute lane: nothing runs (bubble) / only communication runs (exposed).
+BUBBLE_STYLE = {"facecolor": "none", "edgecolor": "#8A8A8A", "hatch": "////", "linewidth": 0.0}
+EXPOSED_STYLE = {"facecolor": "#FADBD8", "edgecolor": "#C0392B", "hatch": "xx", "linewidth": 0.0}
+#: stacked memory categories (``simulator.program.MEMORY_CATEGORIES``).
+MEMORY_COLOURS = {
+    "parameters": "#4C78A8",
+    "gradients": "#59A14F",
+    "optimizer": "#9C755F",
+    "activations": "#F28E2B",
+    "buffers": "#B07AA1",
+}
+PHASE_LABELS = {"forward": "forward (F)", "backward_input": "backward-input (B)",
+                "backward_weight": "backward-weight (W)", "backward": "backward (B+W)",
+                "optimizer": "optimizer", "other": "other compute"}
+BUBBLE_LABEL = "bubble (idle)"
+EXPOSED_LABEL = "exposed communication"
+DEFAULT_MAX_LANES = 40
+
+
+def colour_key(kind: str, phase, collective) -> str:
+    """The palette key of one op: its phase for compute, its collective kind (or ``p2p``) otherwise."""
+    if kind == "compute":
+        return phase if isinstance(phase, str) and phase in PHASE_COLOURS else "other"
+    if kind in ("send", "recv"):
+        return "p2p"
+    if isinstance(collective, str) and collective in COMM_COLOURS:
+        return collective
+    return "barrier"
+
+
+def colour_of(key: str) -> str:
+    return PHASE_COLOURS.get(key) or COMM_COLOURS[key]
+
+
+# ---------------------------------------------------------------------------------------------- lanes
+@dataclass(frozen=True)
+class Lane:
+    """One horizontal lane of a Gantt panel."""
+
+    rank: int
+    stream: str
+    label: str
+    compute_lane: bool      # the rank's compute lane: bubble and exposed spans are drawn on it
+
+
+def _is_result(x) -> bool:
+    return hasattr(x, "programs") and hasattr(x, "start_s")
+
+
+def _stages(result) -> dict[int, int] | None:
+    """Every rank of the job -> its pipeline stage (index in its ``pp`` group); None without pp groups."""
+    p = result.programs
+    pp = [g for g in p.groups if g.family == "pp"]
+    if not pp:
+        return None
+    stage = {}
+    for g in pp:
+        for i, r in enumerate(g.ranks):
+            stage.setdefault(r, i)
+    return stage
+
+
+def _stage_members(result) -> tuple[dict[int, int] | None, dict[int, int]]:
+    """(rank -> pipeline stage or None, stage -> how many ranks of the job it holds)."""
+    stage = _stages(result)
+    counts: dict[int, int] = {}
+    if stage is not None:
+        for r in range(result.programs.world_size):
+            s = stage.get(r, -1)
+            counts[s] = counts.get(s, 0) + 1
+    return stage, counts
+
+
+def rank_labels(result, ranks: list[int]) -> list[tuple[int, str]]:
+    """(rank, label) for simulated ``ranks``: "stage s (rep. of N ranks)" when they are one rank per
+    pipeline stage standing for more ranks than shown, else "rank r" (plus "(rep. of k ranks)" for a
+    symmetric-mode representative)."""
+    p = result.programs
+    stage, counts = _stage_members(result)
+    shown_stages = [stage.get(r, -1) for r in ranks] if stage is not None else []
+    per_stage = (stage is not None and -1 not in shown_stages and len(set(shown_stages)) == len(ranks)
+                 and sum(counts[s] for s in shown_stages) > len(ranks))
+    out = []
+    for r in ranks:
+        if per_stage:
+            n = counts[stage[r]]
+            out.append((r, f"stage {stage[r]} (rep. of {n} rank{'s' if n != 1 else ''})" if n > 1
+                        else f"stage {stage[r]} (rank {r})"))
+        else:
+            k = p.multiplicity(r)
+            out.append((r, f"rank {r}" + (f" (rep. of {k} ranks)" if k > 1 else "")))
+    return out
+
+
+def representative_ranks(result, max_ranks: int) -> list[tuple[int, str]]:
+    """(simulated rank, label) to show for ``result``: every simulated rank if there are at most
+    ``max_ranks`` (and, in symmetric mode, not exactly one per stage), else one representative per
+    pipeline stage ("stage s (rep. of N ranks)"), evenly thinned to ``max_ranks`` stages; without pipeline
+    groups, the first ``max_ranks`` ranks."""
+    p = result.programs
+    sim = sorted(p.ops)
+    stage = _stages(result)
+    if stage is None or len(sim) <= max_ranks:
+        return rank_labels(result, sim[:max_ranks])
+    per_stage: dict[int, list[int]] = {}
+    for r in sim:
+        per_stage.setdefault(stage.get(r, -1), []).append(r)
+    stages = sorted(per_stage)
+    if len(stages) > max_ranks:
+        idx = np.unique(np.linspace(0, len(stages) - 1, max_ranks).round().astype(int))
+        stages = [stages[i] for i in idx]
+    return rank_labels(result, [per_stage[s][0] for s in stages])
+
+
+def _stream_order(df: pd.DataFrame) -> list[str]:
+    """Streams holding compute first, then the others in order of first appearance."""
+    first = df.groupby("stream", sort=False)["start_s"].min()
+    has_compute = set(df.loc[df["kind"] == "compute", "stream"])
+    streams = list(dict.fromkeys(df["stream"]))
+    return sorted(streams, key=lambda s: (s not in has_compute, streams.index(s), first.get(s, 0.0)))
+
+
+def _lanes_for(df: pd.DataFrame, rank_labels: list[tuple[int, str]]) -> list[Lane]:
+    lanes = []
+    for r, label in rank_labels:
+        sub = df[df["rank"] == r]
+        if sub.empty:
+            continue
+        streams = _stream_order(sub)
+        compute_streams = set(sub.loc[sub["kind"] == "compute", "stream"])
+        for i, s in enumerate(streams):
+            lanes.append(Lane(int(r), s, f"{label} · {s}", compute_lane=(i == 0 and s in compute_streams)))
+    return lanes
+
+
+@dataclass
+class Panel:
+    """What one Gantt panel shows: a timeline restricted to the shown ranks, its lanes, its step time."""
+
+    name: str
+    timeline: pd.DataFrame
+    lanes: list[Lane]
+    step_time_s: float
+    note: str = ""
+
+
+def panel_of(name: str, x, ranks=None, max_lanes: int = DEFAULT_MAX_LANES) -> Panel:
+    """Choose the lanes of one plan's panel. ``x`` is a SimResult or a timeline DataFrame."""
+    if _is_result(x):
+        from simulator.timeline import build_timeline
+        p = x.programs
+        if ranks is not None:
+            bad = [r for r in ranks if r not in p.ops]
+            if bad:
+                raise ConfigError(f"{name}: rank(s) {bad[:8]} are not simulated; simulated ranks: "
+                                  f"{sorted(p.ops)[:16]}{' ...' if len(p.ops) > 16 else ''}")
+            picks = rank_labels(x, list(dict.fromkeys(ranks)))
+        else:
+            streams_per_rank = max((len({op.stream for op in prog}) for prog in p.ops.values()), default=1)
+            picks = representative_ranks(x, max(1, max_lanes // max(1, streams_per_rank)))
+        df = build_timeline(x, ranks=[r for r, _ in picks])
+        step = float(x.step_time_s)
+        shown = sorted(p.ops)
+        note = "" if len(picks) == len(shown) else f"showing {len(picks)} of {len(shown)} simulated ranks"
+        if p.classes is not None or len(picks) != len(shown):
+            note = f"{p.world_size} ranks" + (", symmetric mode" if p.classes is not None else "") + \
+                (f"; {note}" if note else "")
+    elif isinstance(x, pd.DataFrame):
+        missing = {"rank", "stream", "kind", "start_s", "end_s"} - set(x.columns)
+        if missing:
+            raise ConfigError(f"{name}: timeline DataFrame lacks column(s) {sorted(missing)}")
+        df = x
+        all_ranks = sorted(int(r) for r in df["rank"].unique())
+        if ranks is not None:
+            all_ranks = [r for r in all_ranks if r in set(ranks)]
+        n_streams = max(1, int(df.groupby("rank")["stream"].nunique().max())) if len(df) else 1
+        keep = all_ranks[:max(1, max_lanes // n_streams)]
+        picks = []
+        for r in keep:
+            k = int(df.loc[df["rank"] == r, "represents"].max()) if "represents" in df.columns else 1
+            picks.append((r, f"rank {r}" + (f" (rep. of {k} ranks)" if k > 1 else "")))
+        df = df[df["rank"].isin(keep)]
+        step = float(x["end_s"].max()) if len(x) else 0.0
+        note = "" if len(keep) == len(all_ranks) else f"showing {len(keep)} of {len(all_ranks)} ranks"
+    else:
+        raise ConfigError(f"{name}: cannot plot a {type(x).__name__}; give a SimResult or a timeline DataFrame")
+    return Panel(name, df, _lanes_for(df, picks), step, note)
+
+
+# ---------------------------------------------------------------------------------------------- intervals
+def merge_intervals(starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint sorted intervals covering the union of [starts[i], ends[i]] (empty ones dropped)."""
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    ok = ~(np.isnan(s) | np.isnan(e)) & (e > s)
+    s, e = s[ok], e[ok]
+    if len(s) == 0:
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    run_max = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_max[:-1]
+    seg = np.cumsum(new) - 1
+    out_e = np.zeros(seg[-1] + 1)
+    np.maximum.at(out_e, seg, e)
+    return s[new], out_e
+
+
+def subtract_intervals(a, b) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals of merged set ``a`` = (starts, ends) not covered by merged set ``b``."""
+    out_s, out_e = [], []
+    bs, be = b
+    j = 0
+    for s, e in zip(*a):
+        cur = s
+        while j < len(bs) and be[j] <= cur:
+            j += 1
+        k = j
+        while k < len(bs) and bs[k] < e:
+            if bs[k] > cur:
+                out_s.append(cur)
+                out_e.append(bs[k])
+            cur = max(cur, be[k])
+            if cur >= e:
+                break
+            k += 1
+        if cur < e:
+            out_s.append(cur)
+            out_e.append(e)
+    return np.asarray(out_s, dtype=float), np.asarray(out_e, dtype=float)
+
+
+def idle_spans(rank_df: pd.DataFrame, step_time_s: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """One rank's ``bubble`` (nothing runs) and ``exposed`` (communication but no compute) spans in
+    [0, step_time_s], from its timeline rows. Their lengths are the metrics' idle_s and exposed_comm_s."""
+    comp = rank_df["kind"] == "compute"
+    c = merge_intervals(rank_df.loc[comp, "start_s"], rank_df.loc[comp, "end_s"])
+    m = merge_intervals(rank_df.loc[~comp, "start_s"], rank_df.loc[~comp, "end_s"])
+    busy = merge_intervals(np.concatenate([c[0], m[0]]), np.concatenate([c[1], m[1]]))
+    whole = (np.array([0.0]), np.array([step_time_s])) if step_time_s > 0 else (np.zeros(0), np.zeros(0))
+    return {"bubble": subtract_intervals(whole, busy), "exposed": subtract_intervals(m, c)}
+
+
+# ---------------------------------------------------------------------------------------------- gantt
+def _time_unit(t_max: float) -> tuple[float, str]:
+    if t_max < 1e-3:
+        return 1e6, "µs"
+    if t_max < 2.0:
+        return 1e3, "ms"
+    return 1.0, "s"
+
+
+def _rects(y, starts, ends, scale, h):
+    y0, y1 = y - h / 2, y + h / 2
+    return [((s * scale, y0), (s * scale, y1), (e * scale, y1), (e * scale, y0)) for s, e in zip(starts, ends)]
+
+
+def lane_positions(lanes: list[Lane]) -> tuple[np.ndarray, np.ndarray]:
+    """(centre y, height) of each lane, top to bottom: compute lanes are 1 unit tall, the others 0.6."""
+    h = np.array([1.0 if ln.compute_lane else 0.6 for ln in lanes])
+    y = np.cumsum(h) - h / 2
+    return y, h
+
+
+def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8, label_budget: int = 4000):
+    lanes = panel.lanes
+    ys, hs = lane_positions(lanes)
+    y_of = {(ln.rank, ln.stream): i for i, ln in enumerate(lanes)}
+    df = panel.timeline
+    df = df[(df["end_s"] > df["start_s"]) & df["start_s"].notna() & df["end_s"].notna()]
+    keys = [colour_key(k, ph, co) for k, ph, co in zip(df["kind"], df.get("phase", [None] * len(df)),
+                                                         df.get("collective", [None] * len(df)))]
+    df = df.assign(_key=keys)
+    used = []
+    for key, sub in df.groupby("_key", sort=False):
+        verts = []
+        for (r, s), part in sub.groupby(["rank", "stream"], sort=False):
+            i = y_of.get((int(r), s))
+            if i is not None:
+                verts += _rects(ys[i], part["start_s"].to_numpy(), part["end_s"].to_numpy(), scale, hs[i] * fill)
+        if verts:
+            pc = PolyCollection(verts, facecolors=colour_of(key), edgecolors="white", linewidths=0.3,
+                                label=key, zorder=2)
+            ax.add_collection(pc)
+            used.append(key)
+    # idle spans on each rank's compute lane
+    bub_verts, exp_verts = [], []
+    for i, ln in enumerate(lanes):
+        if not ln.compute_lane:
+            continue
+        spans = idle_spans(df[df["rank"] == ln.rank], panel.step_time_s)
+        bub_verts += _rects(ys[i], *spans["bubble"], scale, hs[i] * fill)
+        exp_verts += _rects(ys[i], *spans["exposed"], scale, hs[i] * fill)
+    if exp_verts:
+        ax.add_collection(PolyCollection(exp_verts, label="exposed", zorder=1, **EXPOSED_STYLE))
+    if bub_verts:
+        ax.add_collection(PolyCollection(bub_verts, label="bubble", zorder=1, **BUBBLE_STYLE))
+    # micro-batch numbers on bars wide enough to hold them
+    if "microbatch" in df.columns:
+        fig_w_px = ax.figure.get_figwidth() * ax.figure.dpi * ax.get_position().width
+        px_per_unit = fig_w_px / max(x_max, 1e-30)
+        comp = df[(df["kind"] == "compute") & df["microbatch"].notna()]
+        n = 0
+        for r, s, st, en, mb, key in zip(comp["rank"], comp["stream"], comp["start_s"], comp["end_s"],
+                                         comp["microbatch"], comp["_key"]):
+            i = y_of.get((int(r), s))
+            text = str(int(mb))
+            if i is None or (en - st) * scale * px_per_unit < 5.5 * len(text) + 3:
+                continue
+            ax.text((st + en) / 2 * scale, ys[i], text, ha="center", va="center", fontsize=6.5, color="white",
+                    zorder=3, gid="microbatch")
+            n += 1
+            if n >= label_budget:
+                break
+    # rank separators and lane labels
+    ax.set_ylim(float(hs.sum()), 0.0)
+    ticks = [ln.label if i == 0 or ln.rank != lanes[i - 1].rank else ln.stream for i, ln in enumerate(lanes)]
+    ax.set_yticks(ys, ticks, fontsize=7.5)
+    for i in range(1, len(lanes)):
+        if lanes[i].rank != lanes[i - 1].rank:
+            ax.axhline(ys[i] - hs[i] / 2, color="#CCCCCC", linewidth=0.6, zorder=0)
+    ax.axvline(panel.step_time_s * scale, color="#333333", linewidth=0.8, linestyle=":", zorder=4)
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return used, bool(bub_verts), bool(exp_verts)
+
+
+def _named(results) -> dict:
+    if isinstance(results, dict):
+        if not results:
+            raise ConfigError("nothing to plot: no results given")
+        return results
+    return {"": results}
+
+
+def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, title: str | None = None,
+          metrics: dict | None = None) -> Figure:
+    """Gantt timelines of one or several plans on one shared time axis (one panel per plan).
+
+    results    a SimResult, a timeline DataFrame, or {plan name: SimResult | DataFrame}
+    path       write the figure there (format from the suffix: .png, .svg, .pdf) if given
+    ranks      simulated ranks to show (default: all, or one representative per pipeline stage)
+    max_lanes  lane budget per panel when choosing ranks
+    metrics    optional {plan name: Metrics} for the panel titles (step time, bubble, exposed comm)
+    """
+    named = _named(results)
+    panels = [panel_of(n, x, ranks, max_lanes) for n, x in named.items()]
+    t_max = max((pn.step_time_s for pn in panels), default=0.0) or 1.0
+    scale, unit = _time_unit(t_max)
+    heights = [max(0.8, 0.3 * float(lane_positions(pn.lanes)[1].sum())) for pn in panels]   # inches
+    gap_in, top_in, bottom_in = 0.55, 0.75 + (0.3 if title else 0.0), 0.5
+    fig_h = sum(heights) + gap_in * (len(panels) - 1) + top_in + bottom_in
+    fig = plt.figure(figsize=(14, fig_h), dpi=110)
+    gs = fig.add_gridspec(len(panels), 1, height_ratios=heights, hspace=gap_in / (sum(heights) / len(panels)),
+                          left=0.2, right=0.98, top=1 - top_in / fig_h, bottom=bottom_in / fig_h)
+    axes = []
+    used_keys, any_bubble, any_exposed = [], False, False
+    for i, pn in enumerate(panels):
+        ax = fig.add_subplot(gs[i], sharex=axes[0] if axes else None)
+        ax.set_xlim(0, t_max * scale * 1.01)
+        used, b, e = _draw_panel(ax, pn, scale, t_max * scale * 1.01)
+        used_keys += [k for k in used if k not in used_keys]
+        any_bubble |= b
+        any_exposed |= e
+        head = pn.name
+        m = (metrics or {}).get(pn.name)
+        bits = [f"step {pn.step_time_s * scale:.4g} {unit}"]
+        if m is not None:
+            bits += [f"bubble {m.bubble_fraction:.1%}", f"exposed comm {m.exposed_comm_fraction:.1%}",
+                     f"MFU {m.mfu:.1%}"]
+        if pn.note:
+            bits.append(pn.note)
+        ax.set_title((f"{head} — " if head else "") + ", ".join(bits), fontsize=9.5, loc="left")
+        if i < len(panels) - 1:
+            ax.tick_params(axis="x", labelbottom=False)
+        axes.append(ax)
+    axes[-1].set_xlabel(f"time ({unit})")
+    handles = [Patch(facecolor=colour_of(k), label=PHASE_LABELS.get(k, k.replace("_", "-") if k != "p2p"
+                                                                     else "send/recv (p2p)")) for k in used_keys]
+    if any_exposed:
+        handles.append(Patch(label=EXPOSED_LABEL, **{**EXPOSED_STYLE, "linewidth": 0.5}))
+    if any_bubble:
+        handles.append(Patch(label=BUBBLE_LABEL, **{**BUBBLE_STYLE, "linewidth": 0.5}))
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 8), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1 - (0.35 if title else 0.02) / fig_h))
+    if title:
+        fig.suptitle(title, fontsize=11, y=1 - 0.08 / fig_h, va="top")
+    if path is not None:
+        save(fig, path)
+    return fig
+
+
+def save(fig: Figure, path) -> Path:
+    """Write ``fig`` (format from the suffix) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=fig.dpi, bbox_inches="tight")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def memory_curve(result, rank: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(times_s, {category: bytes resident from that time on}) of one simulated rank over [0, step]:
+    static memory plus the running sum of its alloc/free events; categories in MEMORY_CATEGORIES order."""
+    from simulator.metrics import memory_events
+    static = result.programs.static_memory.get(rank, {})
+    times, deltas, cats = memory_events(result, rank)
+    cat_names = [c for c in MEMORY_CATEGORIES if c in static or c in cats]
+    cat_names += sorted({c for c in list(static) + list(cats) if c not in cat_names})
+    grid = np.unique(np.concatenate([[0.0], times, [float(result.step_time_s)]]))
+    levels = {}
+    for c in cat_names:
+        sel = np.array([x == c for x in cats], dtype=bool)
+        t_c, d_c = times[sel], deltas[sel]
+        cum = np.cumsum(d_c)
+        # level at each grid time = static + sum of deltas at times <= t (all events at t applied)
+        idx = np.searchsorted(t_c, grid, side="right") - 1
+        dyn = np.where(idx >= 0, cum[np.clip(idx, 0, None)] if len(cum) else 0.0, 0.0)
+        levels[c] = static.get(c, 0.0) + dyn
+    return grid, levels
+
+
+def memory_over_time(results, path=None, ranks=None, max_ranks: int = 8) -> Figure:
+    """Memory of each shown rank over the step, stacked by category, with the HBM capacity line.
+
+    results    a SimResult or {plan name: SimResult}: one row of panels per plan, one panel per rank
+    ranks      simulated ranks to show (default: all, or one representative per pipeline stage)
+    """
+    named = _named(results)
+    rows = []
+    for name, res in named.items():
+        if not _is_result(res):
+            raise ConfigError(f"{name}: memory over time needs a SimResult, got {type(res).__name__}")
+        if ranks is not None:
+            bad = [r for r in ranks if r not in res.programs.ops]
+            if bad:
+                raise ConfigError(f"{name}: rank(s) {bad[:8]} are not simulated")
+            picks = rank_labels(res, list(dict.fromkeys(ranks)))
+        else:
+            picks = representative_ranks(res, max_ranks)
+        rows.append((name, res, picks))
+    ncols = max(len(p) for _, _, p in rows)
+    t_max = max(float(res.step_time_s) for _, res, _ in rows) or 1.0
+    scale, unit = _time_unit(t_max)
+    fig, axes = plt.subplots(len(rows), ncols, figsize=(max(6.0, 3.3 * ncols), 2.6 * len(rows) + 0.9),
+                             dpi=110, squeeze=False, sharex=True, sharey=True)
+    used = []
+    for i, (name, res, picks) in enumerate(rows):
+        for j in range(ncols):
+            ax = axes[i][j]
+            if j >= len(picks):
+                ax.set_visible(False)
+                continue
+            rank, label = picks[j]
+            grid, levels = memory_curve(res, rank)
+            cats = list(levels)
+            if cats:
+                ax.stackplot(grid * scale, [levels[c] / 1e9 for c in cats], step="post",
+                             colors=[MEMORY_COLOURS.get(c, "#CCCCCC") for c in cats], labels=cats, linewidth=0)
+            else:
+                ax.text(0.5, 0.5, "no memory accounting\nin these programs", transform=ax.transAxes,
+                        ha="center", va="center", fontsize=8, color="#666666")
+            used += [c for c in cats if c not in used]
+            cap = float(res.cost_model.memory_capacity_bytes(rank))
+            ax.axhline(cap / 1e9, color="#C0392B", linestyle="--", linewidth=1.0, gid="hbm")
+            total = sum(levels.values()) if levels else np.zeros(len(grid))
+            k = int(np.argmax(total))
+            peak = float(total[k])
+            ax.plot([grid[k] * scale], [peak / 1e9], marker="v", color="#333333", markersize=4, gid="peak")
+            ax.set_title(f"{name + ' — ' if name else ''}{label}\npeak {peak / 1e9:.3g} GB of {cap / 1e9:.3g} GB",
+                         fontsize=8)
+            ax.tick_params(labelsize=7)
+            for side in ("top", "right"):
+                ax.spines[side].set_visible(False)
+            if j == 0:
+                ax.set_ylabel("memory (GB)", fontsize=8)
+            if i == len(rows) - 1:
+                ax.set_xlabel(f"time ({unit})", fontsize=8)
+    handles = [Patch(facecolor=MEMORY_COLOURS.get(c, "#CCCCCC"), label=c) for c in used]
+    handles.append(plt.Line2D([], [], color="#C0392B", linestyle="--", label="HBM capacity"))
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
+    if path is not None:
+        save(fig, path)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- breakdown
+BREAKDOWN_ORDER = ("forward", "backward_input", "backward_weight", "backward", "optimizer", "other",
+                   "exposed_comm", "bubble")
+
+
+def time_breakdown(result, metrics=None) -> dict[str, float]:
+    """Where the step time of an average rank goes (seconds; means over ranks weighted by the ranks each
+    simulated one stands for): compute per phase, exposed communication, bubble. The parts sum to the
+    step time. Exposed communication and bubble are the engine metrics' ``exposed_comm_s`` and ``idle_s``;
+    compute is split by phase in proportion to the busy time of each phase's ops."""
+    from simulator.metrics import compute_metrics
+    m = metrics if metrics is not None and metrics.per_rank else compute_metrics(result)
+    out = dict.fromkeys(BREAKDOWN_ORDER, 0.0)
+    total_w = 0.0
+    for rm in m.per_rank:
+        prog = result.programs.ops[rm.rank]
+        st, en = result.start_s[rm.rank], result.end_s[rm.rank]
+        by_phase: dict[str, float] = {}
+        for op, s, e in zip(prog, st, en):
+            if op.kind == "compute" and e > s:
+                k = colour_key("compute", op.phase, None)
+                by_phase[k] = by_phase.get(k, 0.0) + (e - s)
+        busy = sum(by_phase.values())
+        w = rm.represents
+        total_w += w
+        for k, v in by_phase.items():
+            out[k] += w * rm.compute_s * v / busy
+        out["exposed_comm"] += w * rm.exposed_comm_s
+        out["bubble"] += w * rm.idle_s
+    return {k: v / total_w for k, v in out.items()} if total_w else out
+
+
+BREAKDOWN_COLOURS = {**{k: PHASE_COLOURS[k] for k in PHASE_COLOURS}, "exposed_comm": COMM_COLOURS["all_reduce"],
+                     "bubble": "#E8E8E8"}
+BREAKDOWN_LABELS = {**PHASE_LABELS, "exposed_comm": EXPOSED_LABEL, "bubble": BUBBLE_LABEL}
+
+
+def breakdown_bars(results, path=None, metrics: dict | None = None) -> Figure:
+    """Stacked horizontal bars, one per plan: the step time split as ``time_breakdown``."""
+    named = _named(results)
+    parts = {n: time_breakdown(r, (metrics or {}).get(n)) for n, r in named.items()}
+    t_max = max(sum(p.values()) for p in parts.values()) or 1.0
+    scale, unit = _time_unit(t_max)
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(parts) + 1.6), dpi=110)
+    names = list(parts)
+    y = np.arange(len(names))
+    left = np.zeros(len(names))
+    for k in BREAKDOWN_ORDER:
+        vals = np.array([parts[n][k] for n in names]) * scale
+        if not vals.any():
+            continue
+        style = {"hatch": "////", "edgecolor": "#8A8A8A"} if k == "bubble" else {"edgecolor": "white"}
+        ax.barh(y, vals, left=left, color=BREAKDOWN_COLOURS[k], label=BREAKDOWN_LABELS[k], height=0.6,
+                linewidth=0.5, gid=k, **style)
+        left += vals
+    for yi, total in zip(y, left):
+        ax.text(total, yi, f"  {total:.4g} {unit}", va="center", fontsize=8)
+    ax.set_yticks(y, [n or "run" for n in names], fontsize=9)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    ax.set_xlim(0, t_max * scale * 1.15)
+    ax.set_xlabel(f"time per step, mean over ranks ({unit})")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / (0.55 * len(parts) + 1.6) - 0.25),
+              ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout()
+    if path is not None:
+        save(fig, path)
+    return fig
+
+
+def close(fig: Figure) -> None:
+    """Release a figure's memory (pyplot keeps figures alive until closed)."""
+    plt.close(fig)
+
