@@ -1,0 +1,254 @@
+"""Fault injection: stragglers and jitter against closed forms, seeded draws, failing devices, link faults."""
+import math
+
+import numpy as np
+import pytest
+
+from simulator.costs import IdealCostModel, SimpleCostModel
+from simulator.engine import run
+from simulator.errors import ConfigError, DeviceFailureError, TopologyError
+from simulator.faults import (FaultSpec, FaultyCostModel, apply_faults, breaks_symmetry, faulted_cluster,
+                              faults_from_dict, normal_draws, parse_fault_options, uniform_draws)
+from simulator.program import Programs, collective, compute
+from tests.simulator.toy import toy_dp_pipeline, toy_gpipe
+
+
+def dp_step(n: int, size: float = 2e9) -> Programs:
+    """n data-parallel ranks: 1 s forward+backward (1e12 FLOPs), all-reduce, 0.1 s optimizer."""
+    progs = Programs(world_size=n, ops={})
+    g = progs.add_group(range(n), "dp")
+    for r in range(n):
+        progs.ops[r] = [compute("fb", 1e12), collective("ar", "all_reduce", g, size, deps=(0,)),
+                        compute("opt", 1e11, deps=(1,))]
+    return progs
+
+
+# ---------------------------------------------------------------------------------------------- stragglers
+def test_straggler_on_a_dp_rank_delays_everyone_by_its_extra_compute():
+    n, k = 8, 1.2
+    cm = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e10)
+    base = run(dp_step(n), cm).step_time_s
+    cost, failures = apply_faults(cm, None, FaultSpec(stragglers={5: k}), n)
+    assert failures == {}
+    res = run(dp_step(n), cost)
+    ar = 2 * (n - 1) / n * 2e9 / 1e10
+    # everyone waits for rank 5 at the all-reduce: 1.2 s + all-reduce + rank's own optimizer
+    assert base == pytest.approx(1.0 + ar + 0.1)
+    assert res.step_time_s == pytest.approx(k * 1.0 + ar + k * 0.1)
+    assert res.end_s[0][2] == pytest.approx(k + ar + 0.1)        # a healthy rank waited, then ran its optimizer
+    assert res.start_s[0][1] == pytest.approx(k)
+
+
+@pytest.mark.parametrize("p,m,stage,k", [(4, 8, 0, 1.5), (4, 8, 2, 1.2), (3, 5, 2, 2.0), (8, 8, 7, 1.2)])
+def test_straggler_stage_in_gpipe_matches_flow_shop_closed_form(p, m, stage, k):
+    # identical micro-batches through a flow shop: makespan = sum of one pass + (m-1) x bottleneck stage,
+    # forwards (1 s per stage) then backwards (2 s per stage); the slow stage takes k times longer.
+    cost, _ = apply_faults(IdealCostModel(flops_per_s=1e12), None, FaultSpec(stragglers={stage: k}), p)
+    res = run(toy_gpipe(p, m), cost)
+    expected = 3.0 * (p - 1 + k) + 3.0 * (m - 1) * k
+    assert res.step_time_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_straggler_distribution_is_a_pure_function_of_seed_and_rank():
+    spec = FaultSpec(straggler_distribution=("lognormal", 0.05), seed=7)
+    small, big = spec.compute_factors(64), spec.compute_factors(4096)
+    assert all(big[r] == small[r] for r in small)                  # independent of the world size
+    assert spec.compute_factors(64) == small                       # reproducible
+    assert FaultSpec(straggler_distribution=("lognormal", 0.05), seed=8).compute_factors(64) != small
+    logs = np.log([big[r] for r in range(4096)])
+    assert abs(logs.mean()) < 4 * 0.05 / math.sqrt(4096) and logs.std() == pytest.approx(0.05, rel=0.05)
+    frac = FaultSpec(straggler_distribution=("fraction", 0.1, 1.3), stragglers={3: 2.0}, seed=1)
+    f = frac.compute_factors(20000)
+    assert f[3] == 2.0                                             # explicit stragglers win
+    assert set(f.values()) <= {1.3, 2.0}
+    assert len(f) == pytest.approx(2000, abs=4 * math.sqrt(20000 * 0.1 * 0.9))
+
+
+def test_counter_based_draws_are_uniform_and_normal():
+    u = uniform_draws(3, 9, 5, np.arange(200_000))
+    assert 0 < u.min() and u.max() < 1
+    assert np.histogram(u, bins=10, range=(0, 1))[0] == pytest.approx([20000] * 10, abs=600)
+    z = normal_draws(3, 9, np.arange(100_000), 0)
+    assert abs(z.mean()) < 0.015 and z.std() == pytest.approx(1.0, abs=0.015)
+    assert np.mean(np.abs(z) < 1.96) == pytest.approx(0.95, abs=0.005)
+
+
+# ---------------------------------------------------------------------------------------------- jitter
+def test_jitter_is_seeded_mean_one_with_the_requested_cv():
+    n_ops = 4000
+    progs = Programs(world_size=1, ops={0: [compute(f"c{i}", 1e9) for i in range(n_ops)]})
+
+    def durations(seed, bind=True):
+        cost = FaultyCostModel(IdealCostModel(flops_per_s=1e12), jitter=0.1, seed=seed)
+        if bind:
+            cost.bind(progs)
+        res = run(progs, cost)
+        return np.array(res.end_s[0]) - np.array(res.start_s[0])
+
+    a, b, c = durations(1), durations(1), durations(2)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    f = a / 1e-3
+    assert f.mean() == pytest.approx(1.0, abs=4 * 0.1 / math.sqrt(n_ops))
+    assert f.std() / f.mean() == pytest.approx(0.1, rel=0.1)
+    assert np.array_equal(durations(1, bind=False), durations(1, bind=False))     # call order is deterministic too
+
+
+def test_jitter_is_keyed_by_rank_and_op_index():
+    progs = dp_step(4)
+    cost, _ = apply_faults(IdealCostModel(flops_per_s=1e12), None, FaultSpec(jitter=0.05, seed=3), 4,
+                           programs=progs)
+    res = run(progs, cost)
+    for r in range(4):
+        fb = res.end_s[r][0] - res.start_s[r][0]
+        assert fb == pytest.approx(1.0 * cost.jitter_factor(r, 0), rel=1e-12)
+    assert len({round(res.end_s[r][0], 12) for r in range(4)}) == 4
+    # the all-reduce starts when the slowest rank arrives
+    assert res.start_s[0][1] == pytest.approx(max(res.end_s[r][0] for r in range(4)))
+
+
+# ---------------------------------------------------------------------------------------------- device failure
+def test_device_failure_reports_the_ranks_blocked_in_the_collective():
+    progs = dp_step(4)
+    cost, failures = apply_faults(SimpleCostModel(flops_per_s=1e12), None, FaultSpec(device_failures={2: 0.5}), 4)
+    assert failures == {2: 0.5}
+    with pytest.raises(DeviceFailureError) as e:
+        run(progs, cost, failures=failures)
+    msg = str(e.value)
+    assert "rank(s) [2] failed" in msg and "all_reduce" in msg
+    hung = {b["rank"] for b in e.value.blocked if b["state"] == "collective"}
+    assert hung == {0, 1, 3}
+    assert all(b["waits_for"] == [2] for b in e.value.blocked if b["state"] == "collective")
+
+
+def test_device_failure_after_the_step_is_harmless():
+    progs = dp_step(2)
+    res = run(progs, SimpleCostModel(flops_per_s=1e12), failures={1: 100.0})
+    assert res.step_time_s < 100
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def test_cli_strings_and_yaml_give_the_same_spec():
+    cli = parse_fault_options(stragglers=["5:1.2", "7:1.5"], straggler_dist="fraction:0.01:1.3", jitter="0.02",
+                              fail_links=["leaf.0:spine.0.1"], degrade_links=["leaf.1:spine.0.0:0.5"],
+                              fail_devices=["17@0.25"], seed="4")
+    yml = faults_from_dict({"stragglers": {5: 1.2, 7: 1.5}, "straggler-distribution": ["fraction", 0.01, 1.3],
+                            "jitter": 0.02, "link_failures": [["leaf.0", "spine.0.1"]],
+                            "link_degradation": {"leaf.1:spine.0.0": 0.5}, "device_failures": {17: 0.25},
+                            "seed": 4})
+    assert cli == yml
+    assert faults_from_dict(cli.to_dict()) == cli
+    assert cli.link_failures == ((("leaf", 0), ("spine", 0, 1)),)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(stragglers=["5"]), "RANK:FACTOR"),
+    (dict(stragglers=["x:1.2"]), "rank must be an integer"),
+    (dict(stragglers=["5:0"]), r"stragglers\[5\]"),
+    (dict(stragglers=["5:nan"]), r"stragglers\[5\]"),
+    (dict(stragglers=["5:1.1", "5:1.2"]), "given twice"),
+    (dict(straggler_dist="gamma:2"), "unknown distribution"),
+    (dict(straggler_dist="fraction:1.5:2"), "p"),
+    (dict(straggler_dist="lognormal"), "one parameter"),
+    (dict(jitter="-0.1"), "jitter"),
+    (dict(jitter="inf"), "jitter"),
+    (dict(fail_links=["leaf.0"]), "NODE_A:NODE_B"),
+    (dict(fail_links=["leaf.0:leaf.0"]), "itself"),
+    (dict(degrade_links=["a.0:b.0:1.5"]), "degradation"),
+    (dict(degrade_links=["a.0:b.0"]), "FACTOR"),
+    (dict(fail_devices=["3"]), "RANK@TIME_S"),
+    (dict(fail_devices=["3@-1"]), "device_failures"),
+    (dict(seed="abc"), "--seed"),
+])
+def test_bad_cli_fault_options_are_config_errors(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_fault_options(**kwargs)
+
+
+@pytest.mark.parametrize("d,match", [
+    ([1, 2], "mapping"), ({"stragglers": [5]}, "stragglers"), ({"bogus": 1}, "unknown key"),
+    ({"seed": 1.5}, "seed"), ({"seed": True}, "seed"), ({"device_failures": {"a": 1}}, "rank"),
+    ({"link_failures": "leaf.0:spine.0.0"}, "list"), ({"stragglers": {-1: 1.2}}, "rank"),
+    ({"straggler_distribution": 5}, "straggler_distribution"), ({"jitter": "lots"}, "jitter"),
+])
+def test_bad_yaml_faults_are_config_errors(d, match):
+    with pytest.raises(ConfigError, match=match):
+        faults_from_dict(d)
+
+
+def test_ranks_outside_the_world_are_rejected():
+    with pytest.raises(ConfigError, match=r"stragglers: rank\(s\) \[9\] do not exist"):
+        apply_faults(SimpleCostModel(), None, FaultSpec(stragglers={9: 1.2}), 8)
+    with pytest.raises(ConfigError, match="device_failures"):
+        apply_faults(SimpleCostModel(), None, FaultSpec(device_failures={8: 1.0}), 8)
+
+
+def test_breaks_symmetry():
+    assert not breaks_symmetry(FaultSpec())
+    assert not breaks_symmetry(FaultSpec(seed=3))
+    for spec in (FaultSpec(stragglers={1: 1.1}), FaultSpec(jitter=0.01), FaultSpec(device_failures={0: 1.0}),
+                 FaultSpec(straggler_distribution=("lognormal", 0.02)), FaultSpec(link_failures=(("a", "b"),))):
+        assert breaks_symmetry(spec)
+
+
+def test_symmetric_programs_see_straggler_as_different_hardware():
+    from simulator.symmetry import symmetry_problem
+    progs = toy_dp_pipeline(2, 4, 2, symmetric=True)
+    cost, _ = apply_faults(SimpleCostModel(), None, FaultSpec(stragglers={5: 1.2}), 8)
+    assert symmetry_problem(progs, SimpleCostModel()) is None
+    assert "rank 5" in symmetry_problem(progs, cost)
+
+
+# ---------------------------------------------------------------------------------------------- link faults
+@pytest.fixture(scope="module")
+def cluster():
+    topologies = pytest.importorskip("topologies")
+    return topologies.load_cluster("dgx-h100", 1024)
+
+
+def test_failed_spine_link_shrinks_the_leaf_trunk_by_one_uplink(cluster):
+    fc = faulted_cluster(cluster, parse_fault_options(fail_links=["leaf.0:spine.0.3"]))
+    up, down = cluster.link_id[("up", 0)], cluster.link_id[("down", 0)]
+    bw = cluster.fat_tree.bandwidth
+    n_up = cluster.fat_tree.uplinks
+    assert fc.link_capacity[up] == pytest.approx((n_up - 1) * bw)
+    assert fc.link_capacity[down] == pytest.approx((n_up - 1) * bw)
+    assert cluster.link_capacity[up] == pytest.approx(n_up * bw)          # the original is untouched
+    assert not fc.graph.has_edge(("leaf", 0), ("spine", 0, 3)) and cluster.graph.has_edge(("leaf", 0), ("spine", 0, 3))
+    assert fc.route_ranks(0, 1000) == cluster.route_ranks(0, 1000)        # ECMP: same trunk, less capacity
+    assert fc.bottleneck_bytes_per_s(0, 1000) == pytest.approx(bw)
+
+
+def test_degraded_link_scales_bandwidth(cluster):
+    fc = faulted_cluster(cluster, parse_fault_options(degrade_links=["0:leaf.0:0.25", "leaf.1:spine.0.0:0.5"]))
+    bw = cluster.fat_tree.bandwidth
+    assert fc.link_capacity[cluster.link_id[(0, ("leaf", 0))]] == pytest.approx(0.25 * bw)
+    assert fc.link_capacity[cluster.link_id[(("leaf", 0), 0)]] == pytest.approx(0.25 * bw)
+    assert fc.bottleneck_bytes_per_s(0, 1000) == pytest.approx(0.25 * bw)
+    assert fc.link_capacity[cluster.link_id[("up", 1)]] == pytest.approx((cluster.fat_tree.uplinks - 0.5) * bw)
+
+
+def test_failed_nic_link_reroutes_through_a_peer_gpu(cluster):
+    fc = faulted_cluster(cluster, parse_fault_options(fail_links=["0:leaf.0"]))
+    route = [fc.link_name[i] for i in fc.route_ranks(0, 1000)]
+    assert (0, ("leaf", 0)) not in route
+    assert route[0] == (0, ("nvswitch", 0))                     # over NVLink to a peer's NIC (NCCL PXN)
+    assert route[-1] == (("leaf", 3), 1000)
+    assert all(fc.link_capacity[i] > 0 for i in fc.route_ranks(0, 1000))
+    assert fc.route_ranks(0, 1) == cluster.route_ranks(0, 1)      # NVLink routes do not change
+
+
+def test_cut_graph_is_a_topology_error_naming_the_cut(cluster):
+    with pytest.raises(TopologyError, match=r"cut the network.*0:leaf.0.*GPU\(s\) \[0\]"):
+        faulted_cluster(cluster, parse_fault_options(fail_links=["0:leaf.0", "0:nvswitch.0"]))
+
+
+def test_unknown_link_or_node_is_a_topology_error(cluster):
+    with pytest.raises(TopologyError, match="no link 0:leaf.7.*links to"):
+        faulted_cluster(cluster, parse_fault_options(fail_links=["0:leaf.7"]))
+    with pytest.raises(TopologyError, match="no node 'spine.9.9'"):
+        faulted_cluster(cluster, parse_fault_options(fail_links=["spine.9.9:leaf.0"]))
+
+
+def test_link_faults_need_a_cluster():
+    with pytest.raises(ConfigError, match="cluster"):
+        apply_faults(SimpleCostModel(), None, parse_fault_options(fail_links=["a.0:b.0"]), 8)
