@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from collections import defaultdict
 from typing import Callable
 
@@ -106,14 +107,21 @@ class Engine:
         self.total_ops = programs.op_count
         self.done_ops = 0
         n = {r: len(prog) for r, prog in programs.ops.items()}
-        nan = math.nan
-        self.start = {r: [nan] * k for r, k in n.items()}
-        self.end = {r: [nan] * k for r, k in n.items()}
-        self.ready = {r: [nan] * k for r, k in n.items()}
-        self.finished = {r: [False] * k for r, k in n.items()}
-        self.waiters: dict[tuple[int, int], simpy.Event] = {}
+        nan = array("d", [math.nan])
+        self.start = {r: nan * k for r, k in n.items()}      # float64 arrays: lean at 16k ranks
+        self.end = {r: nan * k for r, k in n.items()}
+        self.ready = {r: nan * k for r, k in n.items()}
+        self.finished = {r: bytearray(k) for r, k in n.items()}
+        self.targeted = {}                                    # rank -> 1 where another op depends on it
+        for r, prog in programs.ops.items():
+            t = bytearray(n[r])
+            for op in prog:
+                for d in op.deps:
+                    t[d] = 1
+            self.targeted[r] = t
+        self.waiters: dict[int, dict[int, simpy.Event]] = {r: {} for r in programs.ops}
+        self.stream_ops: dict[tuple[int, str], list[int]] = {}
         self.rendezvous: dict[tuple, _Rendezvous] = {}
-        self.state: dict[tuple[int, str], tuple] = {}      # (rank, stream) -> what it waits for
         self._sync_keys: dict[int, tuple] = {}
         self._images: dict[tuple, tuple] = {}
         self.contention = bool(getattr(cost_model, "contention_aware", False))
@@ -121,7 +129,6 @@ class Engine:
         self._net_events: dict[int, _Rendezvous] = {}
         self._net_gen = 0
         self._net_key = 0
-        self.events = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
         self.failed: set[int] = set()
@@ -204,12 +211,6 @@ class Engine:
             self._images[key] = tuple(imgs)
         return self._images[key]
 
-    def _done_event(self, rank: int, idx: int) -> simpy.Event:
-        ev = self.waiters.get((rank, idx))
-        if ev is None:
-            ev = self.waiters[(rank, idx)] = self.env.event()
-        return ev
-
     # ------------------------------------------------------------------ communication
     def _communicate(self, rv: _Rendezvous, request: CommRequest | None) -> None:
         """All participants arrived: start the communication; rv.event fires at its end."""
@@ -273,75 +274,96 @@ class Engine:
         return rv, complete
 
     # ------------------------------------------------------------------ processes
-    def _stream(self, rank: int, stream: str, idxs: list[int]):
+    def _stream(self, rank: int, idxs: list[int]):
+        """The process of one (rank, stream): its ops in program order. This is the engine's hot loop."""
         env = self.env
+        timeout = env.timeout
         prog = self.p.ops[rank]
         start, end, ready, finished = self.start[rank], self.end[rank], self.ready[rank], self.finished[rank]
-        cost = self.cost
-        state_key = (rank, stream)
-        symmetric = self.p.classes is not None
+        compute_time = self.cost.compute_time_s
+        waiters = self.waiters[rank]
         rv_keys = self.rv_keys[rank]
         fail_t = self.fail_at.get(rank, math.inf)
-        for i in idxs:
+        coalesce = fail_t == math.inf
+        targeted = self.targeted[rank]
+        progress = self.progress
+        n = len(idxs)
+        pos = 0
+        while pos < n:
+            i = idxs[pos]
+            pos += 1
             op = prog[i]
             for d in op.deps:
                 if not finished[d]:
-                    self.state[state_key] = ("dep", i, d)
-                    yield self._done_event(rank, d)
-            now = env.now
+                    ev = waiters.get(d)
+                    if ev is None:
+                        ev = waiters[d] = env.event()
+                    yield ev
+            now = env._now
             if now >= fail_t:
-                self.state[state_key] = ("failed", i)
                 return
             ready[i] = now
             kind = op.kind
             if kind == COMPUTE:
-                dur = op.duration_s if op.duration_s is not None else cost.compute_time_s(rank, op)
+                dur = op.duration_s
+                if dur is None:
+                    dur = compute_time(rank, op)
                 start[i] = now
-                if dur > 0:
-                    self.state[state_key] = ("compute", i)
-                    if now + dur > fail_t:
-                        yield env.timeout(fail_t - now)
-                        self.state[state_key] = ("failed", i)
+                t = now + dur
+                # Coalesce the following compute ops of this stream into one timeout when nobody else
+                # depends on the ops in between and their own deps are done: same times, fewer events.
+                while coalesce and pos < n and not targeted[i]:
+                    nxt = prog[idxs[pos]]
+                    if nxt.kind != COMPUTE or not all(finished[d] for d in nxt.deps):
+                        break
+                    end[i] = t
+                    finished[i] = 1
+                    i = idxs[pos]
+                    pos += 1
+                    ready[i] = start[i] = t
+                    d2 = nxt.duration_s
+                    t += d2 if d2 is not None else compute_time(rank, nxt)
+                    op = nxt
+                if t > now:
+                    if t > fail_t:
+                        yield timeout(fail_t - now)
                         return
-                    yield env.timeout(dur)
-            elif kind == COLLECTIVE:
-                key = rv_keys[i]
-                rv, complete = self._arrive(key, len(key[0][1]), rank, i, op)
-                if complete:
-                    req = None
-                    if rv.duration is None:
-                        g = self.p.groups[op.group]
-                        imgs = self._group_images(op.group) if (symmetric and self.contention) else ()
-                        req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
-                    self._communicate(rv, req)
-                self.state[state_key] = ("collective", i, rv)
+                    yield timeout(t - now)
+            else:
+                rv = self._join(rank, i, op, rv_keys[i])
                 start[i] = yield rv.event
-            else:  # send / recv
-                key = rv_keys[i]
-                src, dst = key[0][1], key[0][2]
-                rv, complete = self._arrive(key, 2, rank, i, op)
-                if complete:
-                    req = None
-                    if rv.duration is None:
-                        sop, srank = rv.op, rv.rank     # the send side (real ranks)
-                        real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
-                        imgs = self._p2p_images(srank, sop) if (symmetric and self.contention) else ()
-                        req = CommRequest("p2p", real, op.size_bytes, imgs)
-                    self._communicate(rv, req)
-                self.state[state_key] = ("p2p", i, rv, src, dst)
-                start[i] = yield rv.event
-            end[i] = env.now
-            finished[i] = True
-            self.events += 1
-            w = self.waiters.pop((rank, i), None)
+            end[i] = env._now
+            finished[i] = 1
+            w = waiters.pop(i, None)
             if w is not None:
                 w.succeed()
-            if self.progress is not None:
+            if progress is not None:
                 self.done_ops += 1
                 if self.done_ops % 20000 == 0:
-                    self.progress(self.done_ops, self.total_ops)
-        self.state.pop(state_key, None)
-        self.state[state_key] = ("done",)
+                    progress(self.done_ops, self.total_ops)
+
+    def _join(self, rank: int, i: int, op, key) -> _Rendezvous:
+        """Arrive at the rendezvous of a collective or p2p op; start the communication if it is complete."""
+        if op.kind == COLLECTIVE:
+            rv, complete = self._arrive(key, len(key[0][1]), rank, i, op)
+            if complete:
+                req = None
+                if rv.duration is None:
+                    g = self.p.groups[op.group]
+                    imgs = self._group_images(op.group) if (self.p.classes is not None and self.contention) else ()
+                    req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
+                self._communicate(rv, req)
+        else:
+            rv, complete = self._arrive(key, 2, rank, i, op)
+            if complete:
+                req = None
+                if rv.duration is None:
+                    sop, srank = rv.op, rv.rank     # the send side (real ranks)
+                    real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
+                    imgs = self._p2p_images(srank, sop) if (self.p.classes is not None and self.contention) else ()
+                    req = CommRequest("p2p", real, op.size_bytes, imgs)
+                self._communicate(rv, req)
+        return rv
 
     def _fail(self, rank: int, t: float):
         yield self.env.timeout(t)
@@ -359,21 +381,49 @@ class Engine:
             for i, op in enumerate(prog):
                 streams.setdefault(op.stream, []).append(i)
             for stream, idxs in streams.items():
-                self.state[(rank, stream)] = ("start",)
-                self.env.process(self._stream(rank, stream, idxs))
+                self.stream_ops[(rank, stream)] = idxs
+                self.env.process(self._stream(rank, idxs))
         if self.until_s is not None:
             self.env.run(until=self.until_s)
         else:
             self.env.run()
-        blocked = [(k, v) for k, v in self.state.items() if v[0] != "done"]
+        blocked = self._blocked()
         if blocked and self.failed:
             raise self._failure_report(blocked)
         if blocked and self.until_s is None:
             raise self._deadlock(blocked)
         if self.progress is not None:
             self.progress(self.total_ops, self.total_ops)
-        return SimResult(self.p, self.cost, self.start, self.end, self.ready, self.events,
+        events = sum(sum(f) for f in self.finished.values())
+        return SimResult(self.p, self.cost, self.start, self.end, self.ready, events,
                          time.perf_counter() - t_wall)
+
+    def _blocked(self) -> list[tuple[tuple[int, str], tuple]]:
+        """Each (rank, stream) with unfinished ops and what its first unfinished op waits for."""
+        out = []
+        for (rank, stream), idxs in self.stream_ops.items():
+            fin = self.finished[rank]
+            if fin[idxs[-1]]:
+                continue
+            i = next(j for j in idxs if not fin[j])
+            op = self.p.ops[rank][i]
+            if rank in self.failed:
+                st = ("failed", i)
+            elif any(not fin[d] for d in op.deps):
+                st = ("dep", i, next(d for d in op.deps if not fin[d]))
+            elif op.kind == COMPUTE:
+                st = ("compute", i)
+            else:
+                rv = self.rendezvous.get(self.rv_keys[rank][i])
+                if rv is None:
+                    st = ("in_flight", i)
+                elif op.kind == COLLECTIVE:
+                    st = ("collective", i, rv)
+                else:
+                    key = self.rv_keys[rank][i]
+                    st = ("p2p", i, rv, key[0][1], key[0][2])
+            out.append(((rank, stream), st))
+        return out
 
     # ------------------------------------------------------------------ deadlock report
     def describe_blocked(self, blocked) -> list[dict]:
@@ -381,8 +431,6 @@ class Engine:
         out = []
         for (rank, stream), st in sorted(blocked, key=lambda kv: (kv[0][0], kv[0][1])):
             prog = self.p.ops[rank]
-            if rank in self.failed and st[0] != "failed":
-                st = ("failed", st[1] if len(st) > 1 and isinstance(st[1], int) else None)
             info = {"rank": rank, "stream": stream, "state": st[0]}
             if st[0] == "dep":
                 _, i, d = st
