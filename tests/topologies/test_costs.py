@@ -1,0 +1,161 @@
+import math
+
+import pytest
+
+from simulator.calibration import Calibration, CollectiveFit, ComputeFit
+from simulator.costs import CommRequest
+from simulator.errors import ConfigError, TopologyError
+from simulator.program import compute
+from topologies import load_cluster
+from topologies.cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, STEP_LATENCY_S, ClusterCostModel
+
+EXACT = {"nvlink": 1.0, "ib": 1.0, "ici": 1.0, "ethernet": 1.0, "pcie": 1.0, "ub": 1.0}
+
+
+def _model(c, **kw):
+    kw.setdefault("efficiency", EXACT)
+    kw.setdefault("call_overhead_s", 0.0)
+    return ClusterCostModel(c, **kw)
+
+
+def _nvlink_alpha(c):
+    lat = c.graph.edges[0, ("nvswitch", 0)]["latency"]
+    return 2 * lat + STEP_LATENCY_S["nvlink"]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("size", [1024, 2**20, 2**32])
+def test_ring_closed_forms(n, size):
+    c = load_cluster("dgx-h100", 8)
+    m = _model(c, algorithm="ring")
+    a, B = _nvlink_alpha(c), 450e9
+    ranks = tuple(range(n))
+    ar = m.comm_time_s(CommRequest("all_reduce", ranks, size))
+    assert ar == pytest.approx(2 * (n - 1) / n * size / B + 2 * (n - 1) * a, rel=1e-12)
+    for kind in ("all_gather", "reduce_scatter"):
+        t = m.comm_time_s(CommRequest(kind, ranks, size))
+        assert t == pytest.approx((n - 1) / n * size / B + (n - 1) * a, rel=1e-12)
+    assert m.algorithm_for(CommRequest("all_reduce", ranks, size)) == "ring"
+
+
+def test_efficiency_and_overhead_defaults_apply():
+    c = load_cluster("dgx-h100", 8)
+    m = ClusterCostModel(c, algorithm="ring")
+    S = 2**30
+    t = m.comm_time_s(CommRequest("all_reduce", tuple(range(8)), S))
+    expected = 6.6e-6 + 14 * _nvlink_alpha(c) + 2 * 7 / 8 * S / (450e9 * 0.8)
+    assert t == pytest.approx(expected, rel=1e-12)
+
+
+def test_hierarchical_closed_form_and_beats_flat_ring():
+    c = load_cluster("dgx-h100", 32)
+    m = _model(c)
+    ranks = tuple(range(32))                # 4 nodes x 8 GPUs
+    S = 2**30
+    k, mm = 8, 4
+    a_in = _nvlink_alpha(c)
+    nic_lat = c.graph.edges[0, ("leaf", c.fat_tree.leaf_of[0])]["latency"]
+    a_out = 2 * nic_lat + STEP_LATENCY_S["ib"]      # same-rail leaf: GPU -> leaf -> GPU
+    expected = (2 * (k - 1) * a_in + 2 * (k - 1) / k * S / 450e9
+                + 2 * (mm - 1) * a_out + 2 * (mm - 1) / mm * (S / k) / 50e9)
+    req = CommRequest("all_reduce", ranks, S)
+    h = _model(c, algorithm="hierarchical").comm_time_s(req)
+    assert h == pytest.approx(expected, rel=1e-12)
+    flat = _model(c, algorithm="ring").comm_time_s(req)
+    assert h < flat / 3
+    assert m.algorithm_for(req) == "hierarchical" and m.comm_time_s(req) == h
+    for size in (2**20, 2**26):             # also for medium sizes, and with default efficiencies
+        r = CommRequest("all_reduce", ranks, size)
+        assert (ClusterCostModel(c, algorithm="hierarchical").comm_time_s(r)
+                < ClusterCostModel(c, algorithm="ring").comm_time_s(r))
+
+
+def test_torus_4x4x4_dimension_ordered_closed_form():
+    c = load_cluster("tpu-v5p", 64)
+    m = _model(c)
+    S = 2**30
+    B = c.graph.edges[0, 1]["bandwidth"]
+    a = c.graph.edges[0, 1]["latency"] + STEP_LATENCY_S["ici"]
+    L = 4
+    expected = sum(2 * ((L - 1) * a + (L - 1) / L * (S / L**d) / (2 * B)) for d in range(3))
+    req = CommRequest("all_reduce", tuple(range(64)), S)
+    assert m.algorithm_for(req) == "torus"
+    assert m.comm_time_s(req) == pytest.approx(expected, rel=1e-12)
+    # all-gather / reduce-scatter: half of it each
+    for kind in ("all_gather", "reduce_scatter"):
+        assert m.comm_time_s(CommRequest(kind, tuple(range(64)), S)) == pytest.approx(expected / 2, rel=1e-12)
+    # one ring of the torus (a line of 4 chips along the last dimension)
+    line = CommRequest("all_reduce", (0, 1, 2, 3), S)
+    assert m.comm_time_s(line) == pytest.approx(2 * (3 * a + 3 / 4 * S / (2 * B)), rel=1e-12)
+    # the torus algorithm beats a single ring over the whole slice
+    assert m.comm_time_s(req) < _model(c, algorithm="ring").comm_time_s(req)
+
+
+def test_p2p_bottleneck_and_latency():
+    c = load_cluster("dgx-h100", 64)
+    m = _model(c)
+    S = 2**30
+    t = m.comm_time_s(CommRequest("p2p", (0, 8), S))
+    nic_lat = c.graph.edges[0, ("leaf", c.fat_tree.leaf_of[0])]["latency"]
+    assert t == pytest.approx(2 * nic_lat + STEP_LATENCY_S["ib"] + S / 50e9, rel=1e-12)
+    assert c.bottleneck_bytes_per_s(0, 8) == 50e9
+    assert m.comm_time_s(CommRequest("p2p", (3, 3), S)) == 0
+    assert m.comm_time_s(CommRequest("all_reduce", (3,), S)) == 0
+
+
+def test_nvls_used_inside_sharp_domain_only():
+    h100 = load_cluster("dgx-h100", 8)
+    a100 = load_cluster("dgx-a100", 8)
+    req = CommRequest("all_reduce", tuple(range(8)), 2**30)
+    assert ClusterCostModel(h100).algorithm_for(req) == "nvls"
+    assert ClusterCostModel(a100).algorithm_for(req) in ("ring", "tree")
+    assert ClusterCostModel(a100, algorithm="nvls").algorithm_for(req) in ("ring", "tree")   # not applicable
+
+
+def test_small_messages_prefer_tree_across_nodes():
+    c = load_cluster("dgx-h100", 512)
+    m = ClusterCostModel(c)
+    ranks = tuple(range(0, 512, 8))          # one GPU per node, 64 nodes
+    assert m.algorithm_for(CommRequest("all_reduce", ranks, 1024)) == "tree"
+    assert m.algorithm_for(CommRequest("all_reduce", ranks, 2**30)) == "ring"
+
+
+def test_all_to_all_direct_and_cloudmatrix():
+    c = load_cluster("cloudmatrix-384", 64)
+    m = _model(c)
+    S = 2**28
+    t = m.comm_time_s(CommRequest("all_to_all", tuple(range(64)), S))
+    a = 2 * c.graph.edges[0, ("ub", 0)]["latency"] + STEP_LATENCY_S["ub"]
+    assert t == pytest.approx(63 * a + 63 / 64 * S / 392e9, rel=1e-12)
+
+
+def test_ideal_and_bad_requests():
+    c = load_cluster("dgx-h100", 16)
+    m = ClusterCostModel(c, network="ideal")
+    assert m.comm_time_s(CommRequest("all_reduce", tuple(range(16)), 2**30)) == 0
+    assert not m.contention_aware and ClusterCostModel(c, network="flow").contention_aware
+    with pytest.raises(ConfigError, match="network mode"):
+        ClusterCostModel(c, network="magic")
+    with pytest.raises(ConfigError, match="algorithm"):
+        ClusterCostModel(c, algorithm="butterfly")
+    with pytest.raises(TopologyError, match="not placed"):
+        ClusterCostModel(c).comm_time_s(CommRequest("all_reduce", (0, 99), 10))
+    with pytest.raises(ConfigError, match="kind"):
+        ClusterCostModel(c).comm_time_s(CommRequest("gossip", (0, 1), 10))
+
+
+def test_compute_roofline_default_and_calibrated():
+    c = load_cluster("dgx-h100", 8)
+    m = ClusterCostModel(c)
+    op = compute("gemm", flops=1e15, mem_bytes=1e9)
+    assert m.compute_time_s(0, op) == pytest.approx(1e15 / (989.4e12 * DEFAULT_COMPUTE_EFFICIENCY))
+    mem = compute("norm", flops=1e6, mem_bytes=1e10)
+    assert m.compute_time_s(0, mem) == pytest.approx(1e10 / (3.35e12 * DEFAULT_MEMORY_EFFICIENCY))
+    assert ClusterCostModel(c, compute_efficiency=0.5).compute_time_s(0, op) == pytest.approx(1e15 / (989.4e12 * 0.5))
+    cal = Calibration(compute=[ComputeFit("H100", 8e14, 1e9)],
+                      collectives=[CollectiveFit("all_reduce", 8, "intra", 2e-5, 3e11)])
+    mc = ClusterCostModel(c, calibration=cal)
+    assert mc.compute_time_s(0, op) == pytest.approx(1e15 / (8e14 * 1e15 / (1e15 + 1e9)))
+    S = 2**30
+    assert mc.comm_time_s(CommRequest("all_reduce", tuple(range(8)), S)) == pytest.approx(2e-5 + S * 1.75 / 3e11)
+    assert m.peak_flops(3) == 989.4e12 and m.memory_capacity_bytes(3) == 80e9 and m.device_key(0) == "H100-SXM"

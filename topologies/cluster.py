@@ -1,0 +1,395 @@
+"""``Cluster``: scale-up domains + a scale-out fabric + the placement of ranks on devices, with routing.
+
+Routing (``Cluster.route``) is structural and cached:
+- inside a domain: through the domain's switch (NVSwitch, PCIe, UB), direct circuit (optical mesh), or
+  dimension-ordered on a torus (shorter way round each ring, ties go the + way);
+- across domains: device -> its NIC's leaf -> up/down the fat tree -> leaf -> device. ECMP over the
+  equal-cost spines (and cores) is modelled as ideal load balancing: the uplinks of a leaf (and of a
+  pod) form one *trunk* link whose capacity is the sum of its members'. A single flow is still bounded by
+  its own NIC link, so the per-path bottleneck is the minimum over the path's links.
+
+The flow-level link table (``link_capacity``, ``link_latency``, ``link_type``; indexed by link id) holds
+one directed link per direction of every non-fabric edge plus the fat tree's trunks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+
+from simulator.errors import ConfigError, TopologyError
+from topologies import builders
+from topologies.builders import FatTreeInfo
+from topologies.specs import AcceleratorSpec, get_accelerator
+
+DOMAIN_KINDS = ("nvswitch", "nvl72", "pcie", "torus", "optical")
+_STAR_KIND = {"nvswitch": "nvswitch", "nvl72": "nvswitch", "pcie": "pcie"}
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    """Scale-up domain: kind, devices per domain, per-device bandwidth (bytes/s per direction)."""
+
+    kind: str
+    size: int
+    bandwidth: float
+    sharp: bool = False
+    dims: tuple[int, ...] | None = None     # torus
+    wrap: bool = True                       # torus
+    direct: bool = False                    # optical: full mesh of circuits instead of a switched fabric
+    slice_size: int | None = None           # optical: OCS slices
+    latency: float | None = None
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    """Scale-out fat tree (see builders.fat_tree)."""
+
+    tiers: int = 3
+    leaf_down: int = 32
+    oversubscription: float = 1.0
+    rail_optimised: bool = True
+    bandwidth: float = 50e9
+    nics_per_node: int = 8
+    link: str = "ib"
+    latency: float | None = None
+
+
+class Cluster:
+    """A built cluster.
+
+    name, device (AcceleratorSpec), n_gpus, gpus_per_node, domain_size, graph (nx.Graph),
+    placement (rank -> GPU index), world_size (placed ranks).
+    """
+
+    def __init__(self, name: str, device: AcceleratorSpec | str, gpus: int, gpus_per_node: int,
+                 domain: DomainSpec, fabric: FabricSpec | None = None, placement=None, description: str = ""):
+        self.name = name
+        self.description = description
+        self.accelerator = device if isinstance(device, AcceleratorSpec) else get_accelerator(device)
+        self.n_gpus = int(gpus)
+        self.gpus_per_node = int(gpus_per_node)
+        self.domain_spec = domain
+        self.fabric_spec = fabric
+        if self.n_gpus < 1:
+            raise ConfigError(f"cluster {name!r}: gpus must be >= 1, got {gpus}")
+        if self.gpus_per_node < 1 or self.n_gpus % self.gpus_per_node:
+            raise ConfigError(f"cluster {name!r}: {self.n_gpus} GPUs are not a whole number of "
+                              f"{self.gpus_per_node}-GPU nodes")
+        if domain.kind not in DOMAIN_KINDS:
+            raise ConfigError(f"cluster {name!r}: unknown domain kind {domain.kind!r}; known: {', '.join(DOMAIN_KINDS)}")
+        self.domain_size = min(int(domain.size), self.n_gpus)
+        if self.domain_size < 1 or self.n_gpus % self.domain_size or self.domain_size % self.gpus_per_node:
+            raise ConfigError(f"cluster {name!r}: {self.n_gpus} GPUs do not split into scale-up domains of "
+                              f"{domain.size} GPUs made of {self.gpus_per_node}-GPU nodes")
+        self.n_domains = self.n_gpus // self.domain_size
+        if self.n_domains > 1 and fabric is None:
+            raise TopologyError(f"cluster {name!r}: {self.n_domains} scale-up domains but no scale-out fabric; "
+                                f"add a 'fabric' section or use at most {self.domain_size} GPUs")
+        self.graph = nx.Graph(name=name)
+        self._build()
+        builders.validate_graph(self.graph, where=f"cluster {name!r}")
+        self._build_links()
+        self.set_placement(placement)
+        self._routes: dict = {}
+
+    # ------------------------------------------------------------------ construction
+    def _build(self) -> None:
+        g, d = self.graph, self.domain_spec
+        self._torus = None
+        for k in range(self.n_domains):
+            first = k * self.domain_size
+            if d.kind in ("nvswitch", "nvl72"):
+                builders.nvswitch_node(self.domain_size, d.bandwidth, index=k, first_gpu=first, sharp=d.sharp,
+                                       latency=d.latency, graph=g)
+            elif d.kind == "pcie":
+                builders.pcie_node(self.domain_size, d.bandwidth, index=k, first_gpu=first, latency=d.latency,
+                                   graph=g)
+            elif d.kind == "torus":
+                dims = d.dims or (self.domain_size,)
+                if math.prod(dims) != self.domain_size:
+                    raise ConfigError(f"cluster {self.name!r}: torus dims {dims} hold {math.prod(dims)} chips, "
+                                      f"not {self.domain_size}")
+                builders.torus(dims, d.bandwidth, wrap=d.wrap, first_gpu=first, latency=d.latency, graph=g)
+                self._torus = (tuple(dims), d.wrap)
+            elif d.kind == "optical":
+                builders.optical_mesh(self.domain_size, d.bandwidth, direct=d.direct, slice_size=d.slice_size,
+                                      first_gpu=first, index=k * (self.domain_size // (d.slice_size or self.domain_size)),
+                                      latency=d.latency, graph=g)
+        self.fat_tree: FatTreeInfo | None = None
+        self._endpoint_of_gpu: list = list(range(self.n_gpus))
+        f = self.fabric_spec
+        if f is None:
+            return
+        nodes = self.n_gpus // self.gpus_per_node
+        if f.nics_per_node == self.gpus_per_node:
+            eps = [(gpu, gpu % self.gpus_per_node) for gpu in range(self.n_gpus)]
+        elif f.nics_per_node == 1 and d.kind in _STAR_KIND and self.domain_size == self.gpus_per_node:
+            eps = [((_STAR_KIND[d.kind], n), 0) for n in range(nodes)]
+            self._endpoint_of_gpu = [(_STAR_KIND[d.kind], gpu // self.gpus_per_node) for gpu in range(self.n_gpus)]
+        else:
+            raise ConfigError(f"cluster {self.name!r}: nics_per_node must equal gpus_per_node "
+                              f"({self.gpus_per_node}), or be 1 for a PCIe/NVSwitch box, got {f.nics_per_node}")
+        builders.fat_tree(eps, f.bandwidth, tiers=f.tiers, leaf_down=f.leaf_down, oversubscription=f.oversubscription,
+                          rail_optimised=f.rail_optimised, link_type=f.link, latency=f.latency, graph=g)
+        self.fat_tree = g.graph["fat_tree"]
+
+    def _build_links(self) -> None:
+        """Directed link table: both directions of every non-fabric-internal edge, plus fat-tree trunks."""
+        cap, lat, typ = [], [], []
+        ids: dict = {}
+        fabric_kinds = {"leaf", "spine", "core"}
+        nodes = self.graph.nodes
+        for u, v, data in self.graph.edges(data=True):
+            if nodes[u].get("kind") in fabric_kinds and nodes[v].get("kind") in fabric_kinds:
+                continue
+            for a, b in ((u, v), (v, u)):
+                ids[(a, b)] = len(cap)
+                cap.append(float(data["bandwidth"]))
+                lat.append(float(data.get("latency", 0.0)))
+                typ.append(data.get("type", "nvlink"))
+        ft = self.fat_tree
+        if ft is not None and ft.uplinks:
+            for leaf in range(ft.n_leaves):
+                for key in (("up", leaf), ("down", leaf)):
+                    ids[key] = len(cap)
+                    cap.append(ft.uplinks * ft.bandwidth)
+                    lat.append(ft.latency)
+                    typ.append(ft.link_type)
+            if ft.cores_per_plane:
+                for pod in range(ft.n_pods):
+                    for key in (("podup", pod), ("poddown", pod)):
+                        ids[key] = len(cap)
+                        cap.append(ft.uplinks * ft.cores_per_plane * ft.bandwidth)
+                        lat.append(ft.latency)
+                        typ.append(ft.link_type)
+        self.link_id = ids
+        self.link_capacity = cap
+        self.link_latency = lat
+        self.link_type = typ
+        self.link_name = [None] * len(cap)
+        for k, i in ids.items():
+            self.link_name[i] = k
+
+    # ------------------------------------------------------------------ placement
+    def set_placement(self, placement=None) -> None:
+        """rank -> GPU index (default: rank r on GPU r, all GPUs). Must be injective and in range."""
+        if placement is None:
+            self.placement = tuple(range(self.n_gpus))
+        else:
+            pl = tuple(int(x) for x in placement)
+            bad = [g for g in pl if not 0 <= g < self.n_gpus]
+            if bad:
+                raise TopologyError(f"cluster {self.name!r}: placement names GPU(s) {bad[:5]} outside 0..{self.n_gpus - 1}")
+            if len(set(pl)) != len(pl):
+                raise TopologyError(f"cluster {self.name!r}: placement puts two ranks on one GPU")
+            self.placement = pl
+        self.world_size = len(self.placement)
+        self._routes = {}
+
+    def gpu_of(self, rank: int) -> int:
+        """GPU index (graph node) of ``rank``; TopologyError for an unplaced rank."""
+        try:
+            if rank < 0:
+                raise IndexError
+            return self.placement[rank]
+        except (IndexError, TypeError):
+            raise TopologyError(f"rank {rank!r} is not placed on cluster {self.name!r} "
+                                f"(world size {self.world_size}: ranks 0..{self.world_size - 1})") from None
+
+    def device(self, rank: int) -> AcceleratorSpec:
+        self.gpu_of(rank)
+        return self.accelerator
+
+    def node_of(self, rank: int) -> int:
+        """Host index of ``rank``."""
+        return self.gpu_of(rank) // self.gpus_per_node
+
+    def domain_of(self, rank: int) -> int:
+        """Scale-up domain index of ``rank`` (NVSwitch node, NVL72 rack, torus slice, supernode)."""
+        return self.gpu_of(rank) // self.domain_size
+
+    def domain_switch(self, domain: int):
+        """The switch node of a star domain (None for torus / direct mesh)."""
+        kind = self.domain_spec.kind
+        if kind in _STAR_KIND:
+            return (_STAR_KIND[kind], domain)
+        if kind == "optical" and not self.domain_spec.direct and not self.domain_spec.slice_size:
+            return ("ub", domain)
+        return None
+
+    def has_sharp(self, domain: int) -> bool:
+        sw = self.domain_switch(domain)
+        return sw is not None and bool(self.graph.nodes[sw].get("sharp"))
+
+    # ------------------------------------------------------------------ routing
+    def route(self, src, dst) -> tuple[int, ...]:
+        """Directed link ids from graph node ``src`` to ``dst`` (GPU indices or a domain switch). Cached."""
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._routes[key] = tuple(self._route(src, dst))
+        return r
+
+    def route_ranks(self, src_rank: int, dst_rank: int) -> tuple[int, ...]:
+        return self.route(self.gpu_of(src_rank), self.gpu_of(dst_rank))
+
+    def path_latency_s(self, links) -> float:
+        lat = self.link_latency
+        return sum(lat[i] for i in links)
+
+    def _l(self, a, b) -> int:
+        try:
+            return self.link_id[(a, b)]
+        except KeyError:
+            raise TopologyError(f"cluster {self.name!r}: no link {a}->{b}") from None
+
+    def _route(self, src, dst) -> list[int]:
+        if src == dst:
+            return []
+        if not isinstance(src, int):           # from a switch (in-switch reduction): star domain only
+            return [self._l(src, dst)]
+        if not isinstance(dst, int):
+            return [self._l(src, dst)]
+        ds, dd = src // self.domain_size, dst // self.domain_size
+        if ds == dd:
+            return self._route_in_domain(src, dst)
+        return self._route_fabric(src, dst)
+
+    def _route_in_domain(self, src: int, dst: int) -> list[int]:
+        kind = self.domain_spec.kind
+        if kind == "torus":
+            return self._route_torus(src, dst)
+        if kind == "optical":
+            if self.domain_spec.direct:
+                return [self._l(src, dst)]
+            size = self.domain_spec.slice_size or self.domain_size
+            if src // size != dst // size:
+                raise TopologyError(f"GPUs {src} and {dst} sit in different OCS slices of {size} chips and "
+                                    f"share no circuit")
+            sw = ("ub", src // size)
+            return [self._l(src, sw), self._l(sw, dst)]
+        sw = (_STAR_KIND[kind], src // self.domain_size)
+        return [self._l(src, sw), self._l(sw, dst)]
+
+    def _route_torus(self, src: int, dst: int) -> list[int]:
+        dims, wrap = self._torus
+        base = (src // self.domain_size) * self.domain_size
+        cs = list(self.graph.nodes[src]["coord"])
+        cd = self.graph.nodes[dst]["coord"]
+        strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+        out, cur = [], src
+        for k, d in enumerate(dims):
+            fwd = (cd[k] - cs[k]) % d
+            if fwd == 0:
+                continue
+            if wrap and d > 2:
+                step, n = (1, fwd) if fwd <= d - fwd else (-1, d - fwd)
+            else:
+                step, n = (1, cd[k] - cs[k]) if cd[k] > cs[k] else (-1, cs[k] - cd[k])
+            for _ in range(n):
+                c = (cs[k] + step) % d
+                nxt = cur + (c - cs[k]) * strides[k]
+                out.append(self._l(cur, nxt))
+                cur, cs[k] = nxt, c
+        assert cur == dst, (src, dst, base)
+        return out
+
+    def _route_fabric(self, src: int, dst: int) -> list[int]:
+        ft = self.fat_tree
+        ea, eb = self._endpoint_of_gpu[src], self._endpoint_of_gpu[dst]
+        out = []
+        if ea != src:
+            out.append(self._l(src, ea))
+        la, lb = ft.leaf_of[ea], ft.leaf_of[eb]
+        out.append(self._l(ea, ("leaf", la)))
+        if la != lb:
+            out.append(self.link_id[("up", la)])
+            pa, pb = ft.pod_of_leaf[la], ft.pod_of_leaf[lb]
+            if pa != pb:
+                out.append(self.link_id[("podup", pa)])
+                out.append(self.link_id[("poddown", pb)])
+            out.append(self.link_id[("down", lb)])
+        out.append(self._l(("leaf", lb), eb))
+        if eb != dst:
+            out.append(self._l(eb, dst))
+        return out
+
+    def hops(self, src_rank: int, dst_rank: int) -> int:
+        """Switch hops between two ranks (links on the route minus one; trunks count as one hop each)."""
+        return max(0, len(self.route_ranks(src_rank, dst_rank)) - 1)
+
+    def bottleneck_bytes_per_s(self, src_rank: int, dst_rank: int) -> float:
+        """Per-path bottleneck: the smallest link capacity on the route."""
+        links = self.route_ranks(src_rank, dst_rank)
+        return min((self.link_capacity[i] for i in links), default=math.inf)
+
+    # ------------------------------------------------------------------ description
+    def bisection_bytes_per_s(self) -> float:
+        """Bandwidth across the worst balanced cut of the devices (bytes/s, one direction).
+
+        Fabric (several domains): half the smallest per-tier total (NIC links, leaf uplinks, pod uplinks).
+        One domain: star n/2 links; torus: cut across its largest dimension (x2 with wrap-around);
+        direct mesh: (n/2)^2 circuits."""
+        d = self.domain_spec
+        if self.n_domains > 1:
+            ft = self.fat_tree
+            eps = len(ft.endpoints)
+            tiers = [eps * ft.bandwidth]
+            if ft.uplinks:
+                tiers.append(ft.n_leaves * ft.uplinks * ft.bandwidth)
+            if ft.cores_per_plane:
+                tiers.append(ft.n_pods * ft.uplinks * ft.cores_per_plane * ft.bandwidth)
+            return min(tiers) / 2
+        n = self.domain_size
+        if d.kind == "torus":
+            dims = d.dims or (n,)
+            big = max(dims)
+            crossing = n // big * (2 if d.wrap and big > 2 else 1)
+            return crossing * d.bandwidth
+        if d.kind == "optical" and d.direct:
+            size = d.slice_size or n
+            return (size // 2) * (size - size // 2) * d.bandwidth / max(size - 1, 1)
+        return (n // 2) * d.bandwidth
+
+    def describe(self) -> dict:
+        kinds: dict[str, int] = {}
+        for _, data in self.graph.nodes(data=True):
+            k = data.get("kind", "?")
+            kinds[k] = kinds.get(k, 0) + 1
+        link_types: dict[str, int] = {}
+        for _, _, data in self.graph.edges(data=True):
+            t = data.get("type", "?")
+            link_types[t] = link_types.get(t, 0) + 1
+        a = self.accelerator
+        out = {
+            "name": self.name,
+            "description": self.description,
+            "accelerator": a.name,
+            "devices": self.n_gpus,
+            "world_size": self.world_size,
+            "nodes": self.n_gpus // self.gpus_per_node,
+            "gpus_per_node": self.gpus_per_node,
+            "domain": {"kind": self.domain_spec.kind, "size": self.domain_size, "count": self.n_domains,
+                       "bytes_per_s_per_device": self.domain_spec.bandwidth,
+                       "in_switch_reduction": bool(self.domain_spec.sharp)},
+            "switches": {k: v for k, v in sorted(kinds.items()) if k != "gpu"},
+            "links": self.graph.number_of_edges(),
+            "link_types": link_types,
+            "bisection_bytes_per_s": self.bisection_bytes_per_s(),
+            "peak_bf16_flops_total": a.peak_bf16_flops * self.n_gpus,
+            "hbm_bytes_total": a.hbm_bytes * self.n_gpus,
+        }
+        if self.domain_spec.kind == "torus":
+            out["domain"]["dims"] = list(self.domain_spec.dims or ())
+        ft = self.fat_tree
+        if ft is not None:
+            out["fabric"] = {"kind": "fat_tree", "tiers": 3 if ft.cores_per_plane else (2 if ft.uplinks else 1),
+                             "rail_optimised": ft.rail_optimised, "oversubscription": ft.oversubscription,
+                             "nic_bytes_per_s": ft.bandwidth, "leaves": ft.n_leaves, "pods": ft.n_pods,
+                             "link": ft.link_type}
+        return out
+
+    def __repr__(self) -> str:
+        return f"<Cluster {self.name} {self.n_gpus}x{self.accelerator.name}>"

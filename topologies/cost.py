@@ -1,0 +1,262 @@
+"""``ClusterCostModel``: the engine's cost model (simulator.costs.CostModel) on a ``Cluster``.
+
+Compute: roofline ``max(flops / achieved FLOP/s, mem_bytes / achieved HBM bytes/s)``. Achieved FLOP/s is
+the calibration's fit for the device when there is one (peak · F/(F+F½)), else peak dense bf16 ×
+``DEFAULT_COMPUTE_EFFICIENCY``; achieved HBM bandwidth is peak × ``DEFAULT_MEMORY_EFFICIENCY``.
+
+Communication: the algorithms of topologies.collectives on the cluster's routes, alpha-beta with the
+bottleneck link (cost ``A + S·K`` per group and algorithm, cached), the best algorithm chosen per call
+as NCCL's tuner does (lowest predicted time) or a named one. A calibration fit for (kind, group size,
+scope intra|inter) replaces the predicted time. Networks: ``analytical`` (no contention), ``flow``
+(max-min fair sharing, topologies.flow), ``ideal`` (communication is free).
+"""
+from __future__ import annotations
+
+import math
+from typing import Hashable
+
+import numpy as np
+
+from simulator.calibration import Calibration
+from simulator.costs import CommRequest
+from simulator.errors import ConfigError, TopologyError
+from simulator.program import COLLECTIVE_KINDS, Op
+from topologies.cluster import Cluster
+from topologies.collectives import ALGORITHMS, AUTO
+from topologies.flow import FlowNetwork, UncontendedNetwork
+
+NETWORKS = ("analytical", "flow", "ideal")
+
+# Fraction of peak dense bf16 FLOP/s a large GEMM reaches without calibration. Source: large bf16 GEMMs
+# in cuBLAS reach ~70-80 % of the dense peak on A100/H100 (NVIDIA's published cuBLAS / Transformer
+# Engine GEMM benchmarks; e.g. ~230 of 312 TFLOPS on A100). A single-kernel figure, deliberately not an
+# end-to-end MFU: bubbles, communication and small ops are what the simulator adds on top.
+DEFAULT_COMPUTE_EFFICIENCY = 0.75
+# Fraction of peak HBM bandwidth streaming kernels reach (STREAM-like copies reach ~85-90 % on
+# A100/H100 HBM in vendor and independent microbenchmarks).
+DEFAULT_MEMORY_EFFICIENCY = 0.85
+
+# Protocol efficiency per link type: the fraction of line rate a collective library moves.
+# nvlink 0.80: nccl-tests ring all_reduce on 8x A100 / 8x H100 (NVSwitch) reports busbw ~230-240 of
+#   300 GB/s and ~360-370 of 450 GB/s per direction (NVIDIA nccl-tests results and DGX performance docs).
+# ib 0.90: NCCL's InfiniBand transport reaches ~45 of 50 GB/s per 400 Gb/s NIC (~22-23 of 25 on HDR) in
+#   multi-node nccl-tests.
+# ethernet 0.80, pcie 0.75: RoCE/socket transports and PCIe peer-to-peer fall further below line rate
+#   (PCIe Gen4 x16 NCCL busbw ~22-25 of 32 GB/s).
+# ici, ub 0.80: no library figures published; assumed NVLink-like. Calibration overrides all of these.
+DEFAULT_EFFICIENCY = {"nvlink": 0.80, "ib": 0.90, "ethernet": 0.80, "pcie": 0.75, "ici": 0.80, "ub": 0.80}
+
+# Latency (alpha). Per call: NCCL's tuning model base latency for rings (src/graph/tuning.cc, baseLat
+# Ring/LL, 6.6 us). Per algorithm step by the slowest link type on the step's path: NCCL tuning.cc
+# hwLat for Ring/LL: NVLink 0.6 us, PCI 1.0 us, NET 2.7 us (ICI/UB taken as NVLink). These are NCCL's
+# low-latency-protocol figures while bandwidth uses the efficiencies above (its bandwidth protocols):
+# the lower envelope NCCL's per-size protocol choice follows. Link latencies on the path add to them.
+CALL_OVERHEAD_S = 6.6e-6
+STEP_LATENCY_S = {"nvlink": 0.6e-6, "ici": 0.6e-6, "ub": 0.6e-6, "pcie": 1.0e-6, "ib": 2.7e-6, "ethernet": 2.7e-6}
+
+
+class _AlgoCost:
+    """Cost of one algorithm on one group: time(S) = A + S·K; ``links``/``coef``: bytes per byte of S
+    on each directed link, all phases together."""
+
+    __slots__ = ("name", "A", "K", "links", "coef")
+
+    def __init__(self, name, A, K, links, coef):
+        self.name, self.A, self.K, self.links, self.coef = name, A, K, links, coef
+
+    def time_s(self, size: float) -> float:
+        return self.A + size * self.K
+
+
+class ClusterCostModel:
+    """Topology-aware cost model (simulator.costs.CostModel protocol).
+
+    network            "analytical" | "flow" | "ideal"
+    calibration        measured compute / collective fits (override the defaults)
+    algorithm          force a collective algorithm (ring, tree, hierarchical, nvls, direct, torus) where it
+                       applies; None = pick the fastest
+    compute_efficiency fraction of peak FLOP/s when no calibration fit (default DEFAULT_COMPUTE_EFFICIENCY)
+    efficiency         {link type: protocol efficiency} overriding DEFAULT_EFFICIENCY
+    """
+
+    def __init__(self, cluster: Cluster, network: str = "analytical", calibration: Calibration | None = None,
+                 algorithm: str | None = None, compute_efficiency: float | None = None,
+                 efficiency: dict | None = None, call_overhead_s: float = CALL_OVERHEAD_S,
+                 step_latency_s: dict | None = None):
+        if network not in NETWORKS:
+            raise ConfigError(f"unknown network mode {network!r}; known: {', '.join(NETWORKS)}")
+        if algorithm is not None and algorithm not in ALGORITHMS:
+            raise ConfigError(f"unknown collective algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        if compute_efficiency is not None and not (0 < compute_efficiency <= 1):
+            raise ConfigError(f"compute_efficiency must be in (0, 1], got {compute_efficiency}")
+        self.cluster = cluster
+        self.network_mode = network
+        self.contention_aware = network == "flow"
+        self.calibration = calibration
+        self.algorithm = algorithm
+        self.compute_efficiency = DEFAULT_COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
+        self.efficiency = {**DEFAULT_EFFICIENCY, **(efficiency or {})}
+        for t, e in self.efficiency.items():
+            if not (0 < e <= 1):
+                raise ConfigError(f"protocol efficiency for {t!r} must be in (0, 1], got {e}")
+        self.call_overhead_s = call_overhead_s
+        self.step_latency_s = {**STEP_LATENCY_S, **(step_latency_s or {})}
+        types = cluster.link_type
+        self.capacity = np.array([c * self.efficiency.get(t, 1.0) for c, t in zip(cluster.link_capacity, types)])
+        self._step_lat = [self.step_latency_s.get(t, 0.0) for t in types]
+        self._cache: dict = {}
+        acc = cluster.accelerator
+        fit = calibration.compute_fit(acc.name) if calibration is not None else None
+        self._compute_fit = fit
+        self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
+        self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
+
+    # ------------------------------------------------------------------ compute
+    def compute_time_s(self, rank: int, op: Op) -> float:
+        if op.duration_s is not None:
+            return op.duration_s
+        self.cluster.gpu_of(rank)
+        if self._compute_fit is not None:
+            rate = self._compute_fit.achieved_flops_per_s(op.flops)
+        else:
+            rate = self._flops_per_s
+        return max(op.flops / rate if op.flops else 0.0, op.mem_bytes / self._mem_per_s if op.mem_bytes else 0.0)
+
+    def device_key(self, rank: int) -> Hashable:
+        return self.cluster.device(rank).name
+
+    def peak_flops(self, rank: int) -> float:
+        return self.cluster.device(rank).peak_bf16_flops
+
+    def memory_capacity_bytes(self, rank: int) -> float:
+        return self.cluster.device(rank).hbm_bytes
+
+    # ------------------------------------------------------------------ communication
+    def _gpus(self, request: CommRequest, ranks=None) -> tuple:
+        ranks = request.ranks if ranks is None else ranks
+        if request.kind not in COLLECTIVE_KINDS and request.kind != "p2p":
+            raise ConfigError(f"unknown communication kind {request.kind!r}; known: "
+                              f"{', '.join(COLLECTIVE_KINDS + ('p2p',))}")
+        if request.kind == "p2p" and len(ranks) != 2:
+            raise ConfigError(f"p2p request needs ranks=(src, dst), got {ranks}")
+        if not (request.size_bytes >= 0 and math.isfinite(request.size_bytes)):
+            raise ConfigError(f"communication size must be >= 0 bytes, got {request.size_bytes}")
+        gpu_of = self.cluster.gpu_of
+        return tuple(gpu_of(r) for r in ranks)
+
+    def _algo_cost(self, kind: str, gpus: tuple, name: str) -> _AlgoCost | None:
+        key = (kind, gpus, name)
+        if key in self._cache:
+            return self._cache[key]
+        phases = ALGORITHMS[name](self.cluster, gpus, kind)
+        res = None
+        if phases is not None:
+            route, cap, lat, slat = self.cluster.route, self.capacity, self.cluster.link_latency, self._step_lat
+            A, K, total = self.call_overhead_s, 0.0, {}
+            for ph in phases:
+                load: dict = {}
+                alpha = 0.0
+                for src, dst, coef in ph.flows:
+                    links = route(src, dst)
+                    if not links:
+                        continue
+                    a = sum(lat[l] for l in links) + max(slat[l] for l in links)
+                    if a > alpha:
+                        alpha = a
+                    for l in links:
+                        load[l] = load.get(l, 0.0) + coef
+                if load:
+                    ids = np.fromiter(load.keys(), dtype=np.int64, count=len(load))
+                    co = np.fromiter(load.values(), dtype=float, count=len(load))
+                    K += float(np.max(co / cap[ids]))
+                    for l, c in load.items():
+                        total[l] = total.get(l, 0.0) + c
+                A += ph.steps * alpha
+            res = _AlgoCost(name, A, K, np.fromiter(total.keys(), dtype=np.int64, count=len(total)),
+                            np.fromiter(total.values(), dtype=float, count=len(total)))
+        self._cache[key] = res
+        return res
+
+    def _candidates(self, kind: str, gpus: tuple) -> tuple:
+        names = AUTO.get(kind, ())
+        d = self.cluster.domain_spec
+        if d.kind == "optical" and kind in ("all_gather", "reduce_scatter", "all_reduce"):
+            names = names + ("direct",)
+        return names
+
+    def _choose(self, kind: str, gpus: tuple, size: float) -> _AlgoCost | None:
+        if len(gpus) <= 1 or (kind == "p2p" and gpus[0] == gpus[1]):
+            return None
+        if kind == "p2p":
+            return self._algo_cost("p2p", gpus, "p2p")
+        if self.algorithm is not None:
+            c = self._algo_cost(kind, gpus, self.algorithm)
+            if c is not None:
+                return c
+        best = None
+        for name in self._candidates(kind, gpus):
+            c = self._algo_cost(kind, gpus, name)
+            if c is not None and (best is None or c.time_s(size) < best.time_s(size)):
+                best = c
+        if best is None:
+            raise TopologyError(f"no collective algorithm for {kind} on ranks {gpus[:8]}")
+        return best
+
+    def _calibrated(self, kind: str, gpus: tuple, size: float) -> float | None:
+        if self.calibration is None:
+            return None
+        ds = self.cluster.domain_size
+        scope = "intra" if len({g // ds for g in gpus}) == 1 else "inter"
+        fit = self.calibration.collective_fit(kind, len(gpus), scope)
+        return None if fit is None else fit.time_s(size, len(gpus))
+
+    def _time(self, request: CommRequest, gpus: tuple) -> tuple[float, _AlgoCost | None]:
+        algo = self._choose(request.kind, gpus, request.size_bytes)
+        if algo is None:
+            return 0.0, None
+        t = self._calibrated(request.kind, gpus, request.size_bytes)
+        return (algo.time_s(request.size_bytes) if t is None else t), algo
+
+    def comm_time_s(self, request: CommRequest) -> float:
+        """Uncontended seconds of a collective or transfer (0 with network="ideal")."""
+        gpus = self._gpus(request)
+        if self.network_mode == "ideal":
+            return 0.0
+        return self._time(request, gpus)[0]
+
+    def algorithm_for(self, request: CommRequest) -> str:
+        """Name of the algorithm the model uses for ``request`` ("none" when nothing moves)."""
+        gpus = self._gpus(request)
+        if self.network_mode == "ideal":
+            return "ideal"
+        algo = self._choose(request.kind, gpus, request.size_bytes)
+        return "none" if algo is None else algo.name
+
+    def bundle(self, request: CommRequest):
+        """(T seconds, link ids, bytes per link) of a request and its images, for the flow network."""
+        gpus = self._gpus(request)
+        if self.network_mode == "ideal":
+            return 0.0, np.zeros(0, dtype=np.int64), np.zeros(0)
+        T, algo = self._time(request, gpus)
+        if algo is None:
+            return T, np.zeros(0, dtype=np.int64), np.zeros(0)
+        S = request.size_bytes
+        if not request.images:
+            return T, algo.links, algo.coef * S
+        parts_l, parts_c = [algo.links], [algo.coef]
+        for img in request.images:
+            g = self._gpus(request, img)
+            a = self._choose(request.kind, g, S)
+            if a is not None:
+                parts_l.append(a.links)
+                parts_c.append(a.coef)
+        links = np.concatenate(parts_l)
+        coef = np.concatenate(parts_c)
+        uniq, inv = np.unique(links, return_inverse=True)
+        return T, uniq, np.bincount(inv, weights=coef, minlength=len(uniq)) * S
+
+    def network(self):
+        """A fresh FlowNetwork: max-min fair in "flow" mode, contention-free otherwise."""
+        if self.network_mode == "flow":
+            return FlowNetwork(self.capacity, self.bundle)
+        return UncontendedNetwork(self.comm_time_s)

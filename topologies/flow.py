@@ -1,0 +1,232 @@
+"""The contention model: an event-driven fluid network with max-min fair sharing of link bandwidth.
+
+A communication (collective or transfer) is a *bundle*: the bytes it moves over each directed link
+(summed over its flows and phases, see topologies.collectives) and its uncontended duration T (latency
+included). Alone, a bundle would occupy link l at the average rate ``demand_l = bytes_l / T``. Bundles
+progress at a rate ``y`` (1 = uncontended speed): link l constrains ``sum_b y_b · demand_bl <= capacity_l``
+and rates are max-min fair in y (progressive filling: raise every unfrozen bundle's y together until a
+link saturates or y reaches 1, freeze the bundles on saturated links, repeat). A bundle finishes when
+``integral of y dt = T``. Rates are recomputed when a bundle starts or ends, and only over the connected
+component of bundles that share links with it (max-min allocations decompose over components).
+
+Two bundles that want all of one link therefore get half of it each; a bundle alone finishes in exactly
+its analytical time T. Approximation: a bundle's phases and latency are smeared into one average demand
+(its links are loaded at the average rate over its lifetime).
+
+Symmetric mode: a request's ``images`` (other groups running the same communication at the same instant)
+join the representative's bundle: their link bytes are added, T stays one member's. N identical bundles
+constrained to equal rates see exactly the same constraints as this one summed bundle, so the result
+equals a full simulation that launches every image separately.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Hashable
+
+import numpy as np
+
+from simulator.errors import TopologyError
+
+_EPS = 1e-12
+
+
+class _Bundle:
+    __slots__ = ("key", "T", "links", "demand", "progress", "rate", "t_last", "version")
+
+    def __init__(self, key, T, links, demand, now):
+        self.key, self.T, self.links, self.demand = key, T, links, demand
+        self.progress, self.rate, self.t_last, self.version = 0.0, 1.0, now, 0
+
+    def completion(self) -> float:
+        if self.T <= 0:
+            return self.t_last
+        if self.rate <= 0:
+            return math.inf
+        return self.t_last + max(0.0, 1.0 - self.progress) * self.T / self.rate
+
+
+class FlowNetwork:
+    """Max-min fair fluid network over a cost model's link table (``capacity``: effective bytes/s per
+    directed link). ``bundle_of(request) -> (T, link ids, bytes per link)`` comes from the cost model."""
+
+    def __init__(self, capacity, bundle_of):
+        self.capacity = np.asarray(capacity, dtype=float)
+        self._bundle_of = bundle_of
+        self.active: dict[Hashable, _Bundle] = {}
+        self.on_link: dict[int, set] = {}
+        self._heap: list = []
+        self._seq = 0
+        self.now = 0.0
+        self.recomputes = 0
+
+    # ------------------------------------------------------------------ engine interface
+    def start(self, now_s: float, key: Hashable, request) -> None:
+        """Start communication ``key`` at ``now_s``."""
+        if key in self.active:
+            raise TopologyError(f"flow network: communication {key!r} started twice")
+        self._clock(now_s)
+        T, links, nbytes = self._bundle_of(request)
+        links = np.asarray(links, dtype=np.int64)
+        nbytes = np.asarray(nbytes, dtype=float)
+        if T > 0 and len(links):
+            demand = nbytes / T
+            # a calibrated T may be faster than the links allow: never demand more than a link holds alone
+            over = float(np.max(demand / self.capacity[links]))
+            if over > 1.0:
+                demand = demand / over
+        else:
+            links, demand = links[:0], nbytes[:0]
+        b = _Bundle(key, float(T), links, demand, now_s)
+        self.active[key] = b
+        for l in links.tolist():
+            self.on_link.setdefault(l, set()).add(key)
+        if len(links):
+            self._resolve(self._component([key]), now_s)
+        else:
+            self._push(b)
+
+    def next_completion(self) -> tuple[float, Hashable] | None:
+        """(time, key) of the communication that finishes next if nothing else starts, or None."""
+        h = self._heap
+        while h:
+            t, _, key, version = h[0]
+            b = self.active.get(key)
+            if b is None or b.version != version:
+                heapq.heappop(h)
+                continue
+            return t, key
+        return None
+
+    def finish(self, now_s: float, key: Hashable) -> None:
+        """Forget communication ``key`` (finished at ``now_s``) and let the others speed up."""
+        self._clock(now_s)
+        b = self.active.pop(key, None)
+        if b is None:
+            raise TopologyError(f"flow network: finish of unknown communication {key!r}")
+        seeds = set()
+        for l in b.links.tolist():
+            s = self.on_link.get(l)
+            if s is not None:
+                s.discard(key)
+                if s:
+                    seeds.update(s)
+                else:
+                    del self.on_link[l]
+        if seeds:
+            self._resolve(self._component(seeds), now_s)
+
+    # ------------------------------------------------------------------ internals
+    def _clock(self, now_s: float) -> None:
+        if now_s < self.now - 1e-12 * max(1.0, abs(self.now)):
+            raise TopologyError(f"flow network: time went backwards ({now_s} < {self.now})")
+        self.now = max(self.now, now_s)
+
+    def _push(self, b: _Bundle) -> None:
+        b.version += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (b.completion(), self._seq, b.key, b.version))
+
+    def _component(self, seeds) -> list:
+        """Keys of the bundles connected to ``seeds`` through shared links."""
+        seen = set(seeds)
+        stack = list(seeds)
+        seen_links = set()
+        while stack:
+            b = self.active[stack.pop()]
+            for l in b.links.tolist():
+                if l in seen_links:
+                    continue
+                seen_links.add(l)
+                for k in self.on_link.get(l, ()):
+                    if k not in seen:
+                        seen.add(k)
+                        stack.append(k)
+        return list(seen)
+
+    def _resolve(self, keys, now_s: float) -> None:
+        """Bring the component's progress to now, recompute its max-min rates, reschedule completions."""
+        self.recomputes += 1
+        bundles = [self.active[k] for k in keys]
+        for b in bundles:
+            if b.T > 0:
+                b.progress = min(1.0, b.progress + b.rate * (now_s - b.t_last) / b.T)
+            b.t_last = now_s
+        rates = max_min_rates([b.links for b in bundles], [b.demand for b in bundles], self.capacity)
+        for b, y in zip(bundles, rates):
+            b.rate = float(y)
+            self._push(b)
+
+
+def max_min_rates(links_list, demand_list, capacity) -> np.ndarray:
+    """Max-min fair progress rates in [0, 1] by progressive filling.
+
+    links_list[b], demand_list[b]: link ids and bytes/s bundle b would use at rate 1."""
+    nb = len(links_list)
+    if nb == 0:
+        return np.zeros(0)
+    if nb == 1:
+        l, d = links_list[0], demand_list[0]
+        if not len(l):
+            return np.ones(1)
+        return np.array([min(1.0, float(np.min(capacity[l] / np.maximum(d, _EPS))))])
+    sizes = [len(l) for l in links_list]
+    eb = np.repeat(np.arange(nb), sizes)
+    el_global = np.concatenate(links_list)
+    ed = np.concatenate(demand_list)
+    uniq, el = np.unique(el_global, return_inverse=True)
+    resid = capacity[uniq].astype(float).copy()
+    cap0 = resid.copy()
+    rate = np.zeros(nb)
+    frozen = np.zeros(nb, dtype=bool)
+    level = 0.0
+    for _ in range(nb + 1):
+        live = ~frozen[eb]
+        D = np.bincount(el, weights=ed * live, minlength=len(uniq))
+        used = D > _EPS
+        step = 1.0 - level
+        if used.any():
+            step = min(step, float(np.min(resid[used] / D[used])))
+        step = max(step, 0.0)
+        level += step
+        resid -= step * D
+        if level >= 1.0 - 1e-12:
+            rate[~frozen] = 1.0
+            break
+        sat = used & (resid <= 1e-9 * cap0)
+        hit = np.unique(eb[live & sat[el]])
+        if len(hit) == 0:          # numerical corner: freeze everyone at the current level
+            rate[~frozen] = level
+            break
+        rate[hit] = level
+        frozen[hit] = True
+        if frozen.all():
+            break
+    return rate
+
+
+class UncontendedNetwork:
+    """FlowNetwork interface without contention: each communication takes its analytical time."""
+
+    def __init__(self, time_of):
+        self._time_of = time_of
+        self._heap: list = []
+        self._done: dict = {}
+        self._seq = 0
+
+    def start(self, now_s: float, key: Hashable, request) -> None:
+        if key in self._done:
+            raise TopologyError(f"network: communication {key!r} started twice")
+        t = now_s + self._time_of(request)
+        self._seq += 1
+        self._done[key] = self._seq
+        heapq.heappush(self._heap, (t, self._seq, key))
+
+    def next_completion(self):
+        while self._heap and self._done.get(self._heap[0][2]) != self._heap[0][1]:
+            heapq.heappop(self._heap)
+        return (self._heap[0][0], self._heap[0][2]) if self._heap else None
+
+    def finish(self, now_s: float, key: Hashable) -> None:
+        if self._done.pop(key, None) is None:
+            raise TopologyError(f"network: finish of unknown communication {key!r}")

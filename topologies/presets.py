@@ -1,0 +1,209 @@
+"""Cluster presets: YAML files in ``topologies/presets/`` turned into ``Cluster`` objects.
+
+Schema (all sizes SI)::
+
+    name: dgx-h100
+    description: ...
+    accelerator: H100-SXM                  # topologies.specs name or alias
+    gpus: {default: 1024, multiple_of: 8, min: 8, max: 32768}    # or a plain int in a user file
+    gpus_per_node: 8
+    domain: {kind: nvswitch|nvl72|pcie|torus|optical, size: 8, sharp: true, bandwidth: <bytes/s>,
+             dims: [4, 4, 4] | auto, wrap: true, direct: false, slice_size: null, latency: <s>}
+    fabric: {tiers: 3, leaf_down: 32, oversubscription: 1, rail_optimised: true, link: ib|ethernet,
+             bandwidth: <bytes/s>, nics_per_node: 8, latency: <s>}      # omit for a single domain
+
+Domain bandwidth defaults to the accelerator's scale-up bandwidth (per torus link for a torus: the
+per-chip figure over 2·dims links), fabric bandwidth to its NIC bandwidth.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+from simulator.errors import ConfigError, UnknownPresetError
+from topologies.cluster import Cluster, DomainSpec, FabricSpec
+from topologies.specs import get_accelerator
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+_DOMAIN_KEYS = {"kind", "size", "sharp", "bandwidth", "dims", "wrap", "direct", "slice_size", "latency"}
+_FABRIC_KEYS = {"tiers", "leaf_down", "oversubscription", "rail_optimised", "link", "bandwidth", "nics_per_node",
+                "latency"}
+_TOP_KEYS = {"name", "description", "accelerator", "gpus", "gpus_per_node", "domain", "fabric", "placement",
+             "preset"}
+# flat override names -> (section, key)
+_FLAT = {"tiers": ("fabric", "tiers"), "leaf_down": ("fabric", "leaf_down"),
+         "oversubscription": ("fabric", "oversubscription"), "rail_optimised": ("fabric", "rail_optimised"),
+         "rail_optimized": ("fabric", "rail_optimised"), "nics_per_node": ("fabric", "nics_per_node"),
+         "nic_bandwidth": ("fabric", "bandwidth"), "fabric_link": ("fabric", "link"),
+         "domain_kind": ("domain", "kind"), "domain_size": ("domain", "size"), "dims": ("domain", "dims"),
+         "wrap": ("domain", "wrap"), "sharp": ("domain", "sharp"), "direct": ("domain", "direct"),
+         "slice_size": ("domain", "slice_size"), "scale_up_bandwidth": ("domain", "bandwidth")}
+
+
+def list_presets() -> list[str]:
+    """Names of the bundled cluster presets."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path, where: str) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"cluster file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping at top level")
+    return data
+
+
+def preset_config(preset: str) -> dict:
+    """The raw YAML mapping of a bundled preset; UnknownPresetError lists the known ones."""
+    path = PRESET_DIR / f"{preset}.yaml"
+    if not isinstance(preset, str) or not path.is_file():
+        raise UnknownPresetError("cluster", str(preset), list_presets())
+    return _read_yaml(path, f"preset {preset!r}")
+
+
+def load_cluster(preset: str, gpus: int | None = None, **overrides) -> Cluster:
+    """Build a bundled preset with ``gpus`` devices (default: the preset's). ``overrides``: top-level keys
+    (accelerator, gpus_per_node, placement, name), ``domain={...}`` / ``fabric={...}`` (merged; ``fabric=None``
+    drops the fabric), or flat names (oversubscription, rail_optimised, tiers, leaf_down, nic_bandwidth,
+    dims, sharp, scale_up_bandwidth, ...)."""
+    cfg = preset_config(preset)
+    return build_from_config(_apply_overrides(cfg, overrides, f"preset {preset!r}"), gpus, f"preset {preset!r}")
+
+
+def load_cluster_file(path: str | Path, gpus: int | None = None) -> Cluster:
+    """Build a cluster from a user YAML file (same schema as the presets, or ``preset: NAME`` plus
+    overrides)."""
+    p = Path(path)
+    cfg = _read_yaml(p, str(p))
+    if "preset" in cfg:
+        base = preset_config(cfg["preset"])
+        over = {k: v for k, v in cfg.items() if k != "preset"}
+        if gpus is None and isinstance(over.get("gpus"), int):
+            gpus = over.pop("gpus")
+        cfg = _apply_overrides(base, over, str(p))
+    return build_from_config(cfg, gpus, str(p))
+
+
+def _apply_overrides(cfg: dict, overrides: dict, where: str) -> dict:
+    cfg = {k: (dict(v) if isinstance(v, dict) else v) for k, v in cfg.items()}
+    for key, val in overrides.items():
+        if key in ("domain", "fabric"):
+            if val is None:
+                cfg[key] = None
+            elif isinstance(val, dict):
+                cfg[key] = {**(cfg.get(key) or {}), **val}
+            else:
+                raise ConfigError(f"{where}: override {key!r} must be a mapping or None")
+        elif key in _FLAT:
+            section, sub = _FLAT[key]
+            if cfg.get(section) is None:
+                raise ConfigError(f"{where}: override {key!r} needs a {section} section, which this cluster has not")
+            cfg[section][sub] = val
+        elif key in _TOP_KEYS:
+            cfg[key] = val
+        else:
+            known = sorted(set(_FLAT) | _TOP_KEYS)
+            raise ConfigError(f"{where}: unknown override {key!r}; known: {', '.join(known)}")
+    return cfg
+
+
+def _gpus(cfg: dict, gpus, where: str) -> int:
+    rule = cfg.get("gpus", {})
+    if isinstance(rule, int):
+        rule = {"default": rule}
+    if not isinstance(rule, dict):
+        raise ConfigError(f"{where}: 'gpus' must be an int or a mapping (default, multiple_of, min, max)")
+    n = rule.get("default") if gpus is None else gpus
+    if n is None:
+        raise ConfigError(f"{where}: say how many GPUs (--gpus N)")
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ConfigError(f"{where}: gpus must be an integer, got {n!r}")
+    mult, lo, hi = int(rule.get("multiple_of", 1)), int(rule.get("min", 1)), rule.get("max")
+    if n < lo or (hi is not None and n > hi) or n % mult:
+        allowed = f"a multiple of {mult} from {lo}" + (f" to {hi}" if hi is not None else "")
+        raise ConfigError(f"{where} takes {allowed} GPUs; got {n}")
+    return n
+
+
+def _auto_dims(n: int, where: str) -> tuple[int, int, int]:
+    """Most cubic 3D shape of 4x4x4 cubes holding n chips (TPU v5p slices)."""
+    if n % 64:
+        raise ConfigError(f"{where}: a v5p-style torus needs a multiple of 64 chips, got {n}")
+    m, best = n // 64, None
+    for a in range(1, m + 1):
+        if m % a:
+            continue
+        for b in range(a, m // a + 1):
+            if (m // a) % b:
+                continue
+            c = m // a // b
+            if c < b:
+                continue
+            score = c / a
+            if best is None or score < best[0]:
+                best = (score, (4 * a, 4 * b, 4 * c))
+    return best[1]
+
+
+def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
+    """Validate a preset-style mapping and build the Cluster."""
+    unknown = set(cfg) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
+    for k in ("accelerator", "gpus_per_node", "domain"):
+        if cfg.get(k) is None:
+            raise ConfigError(f"{where}: missing required key {k!r}")
+    acc = get_accelerator(cfg["accelerator"])
+    n = _gpus(cfg, gpus, where)
+    gpn = cfg["gpus_per_node"]
+    if not isinstance(gpn, int) or gpn < 1:
+        raise ConfigError(f"{where}: gpus_per_node must be a positive integer, got {gpn!r}")
+    dom = dict(cfg["domain"])
+    bad = set(dom) - _DOMAIN_KEYS
+    if bad:
+        raise ConfigError(f"{where}: unknown domain key(s) {sorted(bad)}; known: {sorted(_DOMAIN_KEYS)}")
+    kind = dom.get("kind")
+    dims = dom.get("dims")
+    if kind == "torus":
+        if dims in (None, "auto"):
+            dims = _auto_dims(n, where)
+        dims = tuple(int(x) for x in dims)
+        size = math.prod(dims)
+        bw = dom.get("bandwidth", acc.scale_up_bytes_per_s / (2 * len(dims)))
+    else:
+        dims = None
+        size = int(dom.get("size", gpn))
+        bw = dom.get("bandwidth", acc.scale_up_bytes_per_s)
+    _positive(bw, f"{where}: domain bandwidth")
+    domain = DomainSpec(kind=kind, size=min(size, n) if kind != "torus" else size, bandwidth=float(bw),
+                        sharp=bool(dom.get("sharp", False)), dims=dims, wrap=bool(dom.get("wrap", True)),
+                        direct=bool(dom.get("direct", False)), slice_size=dom.get("slice_size"),
+                        latency=dom.get("latency"))
+    fabric = None
+    fab = cfg.get("fabric")
+    if fab is not None:
+        bad = set(fab) - _FABRIC_KEYS
+        if bad:
+            raise ConfigError(f"{where}: unknown fabric key(s) {sorted(bad)}; known: {sorted(_FABRIC_KEYS)}")
+        fbw = fab.get("bandwidth", acc.nic_bytes_per_s)
+        _positive(fbw, f"{where}: fabric bandwidth")
+        fabric = FabricSpec(tiers=int(fab.get("tiers", 3)), leaf_down=int(fab.get("leaf_down", 32)),
+                            oversubscription=float(fab.get("oversubscription", 1)),
+                            rail_optimised=bool(fab.get("rail_optimised", True)), bandwidth=float(fbw),
+                            nics_per_node=int(fab.get("nics_per_node", gpn)), link=str(fab.get("link", "ib")),
+                            latency=fab.get("latency"))
+    return Cluster(cfg.get("name", "custom"), acc, n, gpn, domain, fabric, placement=cfg.get("placement"),
+                   description=cfg.get("description", ""))
+
+
+def _positive(x, what: str) -> None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 or not math.isfinite(x):
+        from simulator.errors import TopologyError
+        raise TopologyError(f"{what} must be a positive number of bytes/s, got {x!r}")

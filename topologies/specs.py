@@ -1,0 +1,137 @@
+"""Accelerator specifications: datasheet figures, one frozen dataclass per device.
+
+All figures are per device, dense (no structured sparsity), SI units: FLOP/s, bytes, bytes/s.
+Scale-up and NIC bandwidths are per direction (the datasheets often quote bidirectional sums;
+the conversion is noted next to each entry).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import UnknownPresetError
+
+GB = 1e9
+TB = 1e12
+TFLOPS = 1e12
+GBIT = 1e9 / 8   # bytes/s in one Gb/s
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    """One accelerator.
+
+    name                  identity used as the cost model's device key and for calibration lookup
+    peak_bf16_flops       dense bf16 FLOP/s
+    peak_fp8_flops        dense fp8 FLOP/s, None where the device has no fp8 tensor path
+    hbm_bytes             device memory capacity (bytes)
+    hbm_bytes_per_s       device memory bandwidth
+    scale_up_bytes_per_s  scale-up link bandwidth per device per direction (NVLink, ICI, UB, PCIe)
+    nic_bytes_per_s       scale-out NIC bandwidth per device per direction
+    scale_up_link         link type of the scale-up network ("nvlink", "ici", "ub", "pcie")
+    vendor, source        provenance
+    """
+
+    name: str
+    peak_bf16_flops: float
+    peak_fp8_flops: float | None
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    scale_up_bytes_per_s: float
+    nic_bytes_per_s: float
+    scale_up_link: str = "nvlink"
+    vendor: str = "NVIDIA"
+    source: str = ""
+
+    def __post_init__(self):
+        for field in ("peak_bf16_flops", "hbm_bytes", "hbm_bytes_per_s", "scale_up_bytes_per_s", "nic_bytes_per_s"):
+            v = getattr(self, field)
+            if not (isinstance(v, (int, float)) and v > 0):
+                from simulator.errors import ConfigError
+                raise ConfigError(f"accelerator {self.name!r}: {field} must be a positive number, got {v!r}")
+
+
+ACCELERATORS: dict[str, AcceleratorSpec] = {}
+
+
+def _register(spec: AcceleratorSpec) -> AcceleratorSpec:
+    if spec.name in ACCELERATORS:
+        raise ValueError(f"accelerator {spec.name!r} registered twice")
+    ACCELERATORS[spec.name] = spec
+    return spec
+
+
+# NVIDIA H100 Tensor Core GPU datasheet (SXM5 column): BF16 1,979 TFLOPS / FP8 3,958 TFLOPS *with sparsity*
+# -> dense 989.4 / 1,978.9; 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s bidirectional -> 450 GB/s per
+# direction; DGX H100 pairs each GPU with a ConnectX-7 400 Gb/s NIC (DGX H100 user guide).
+H100_SXM = _register(AcceleratorSpec(
+    "H100-SXM", 989.4 * TFLOPS, 1978.9 * TFLOPS, 80 * GB, 3.35 * TB, 450 * GB, 400 * GBIT,
+    source="NVIDIA H100 datasheet (SXM5); DGX H100 user guide (8x ConnectX-7 400 Gb/s)"))
+
+# NVIDIA H200 datasheet (SXM): same Hopper compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s
+# bidirectional; DGX H200: 8x ConnectX-7 400 Gb/s.
+H200 = _register(AcceleratorSpec(
+    "H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 141 * GB, 4.8 * TB, 450 * GB, 400 * GBIT,
+    source="NVIDIA H200 datasheet (SXM); DGX H200 datasheet"))
+
+# NVIDIA DGX/HGX B200 datasheet: 8 GPUs = 72 PFLOPS FP8 and 36 PFLOPS BF16 *with sparsity* -> per GPU dense
+# 4.5 PFLOPS FP8, 2.25 PFLOPS BF16; 1,440 GB HBM3e, 64 TB/s total -> 180 GB, 8 TB/s per GPU; NVLink 5
+# 1.8 TB/s bidirectional -> 900 GB/s per direction; 8x ConnectX-7 400 Gb/s.
+B200 = _register(AcceleratorSpec(
+    "B200", 2250 * TFLOPS, 4500 * TFLOPS, 180 * GB, 8 * TB, 900 * GB, 400 * GBIT,
+    source="NVIDIA DGX B200 datasheet"))
+
+# NVIDIA GB200 NVL72 datasheet: 72 GPUs = 720 PFLOPS FP8 and 360 PFLOPS BF16 *with sparsity* -> per GPU dense
+# 5 PFLOPS FP8, 2.5 PFLOPS BF16; up to 13.4 TB HBM3e, 576 TB/s -> 186 GB, 8 TB/s per GPU; NVLink 5
+# 130 TB/s per rack = 1.8 TB/s per GPU bidirectional -> 900 GB/s per direction; one 400 Gb/s ConnectX-7
+# per GPU for the compute fabric.
+GB200 = _register(AcceleratorSpec(
+    "GB200", 2500 * TFLOPS, 5000 * TFLOPS, 186 * GB, 8 * TB, 900 * GB, 400 * GBIT,
+    source="NVIDIA GB200 NVL72 datasheet"))
+
+# NVIDIA A100 datasheet (80GB SXM): BF16 312 TFLOPS dense (624 with sparsity), no FP8; 80 GB HBM2e at
+# 2,039 GB/s; NVLink 3 600 GB/s bidirectional -> 300 GB/s per direction; DGX A100: 8x ConnectX-6
+# 200 Gb/s HDR InfiniBand for the compute fabric.
+A100_80GB = _register(AcceleratorSpec(
+    "A100-80GB", 312 * TFLOPS, None, 80 * GB, 2.039 * TB, 300 * GB, 200 * GBIT,
+    source="NVIDIA A100 datasheet (80GB SXM); DGX A100 datasheet (8x HDR 200 Gb/s)"))
+
+# Google Cloud TPU v5p documentation: 459 TFLOPS BF16 per chip (918 TOPS INT8, no FP8); 95 GB HBM at
+# 2,765 GB/s; ICI 4,800 Gb/s per chip over 6 torus links -> 800 Gb/s = 100 GB/s per link per direction
+# (we take the quoted figure as the per-direction sum). Scale-out (DCN) bandwidth per chip is not
+# published: 200 Gb/s per chip is an assumption (4 chips per host); multi-slice runs should calibrate it.
+TPU_V5P = _register(AcceleratorSpec(
+    "TPU-v5p", 459 * TFLOPS, None, 95 * GB, 2.765 * TB, 600 * GB, 200 * GBIT, scale_up_link="ici",
+    vendor="Google", source="cloud.google.com/tpu/docs/v5p (system architecture); DCN per chip assumed"))
+
+# Huawei CloudMatrix384 paper (Zuo et al., "Serving Large Language Models on Huawei CloudMatrix384",
+# arXiv 2506.12708, sec. 3): Ascend 910C = 2 dies, each 376 TFLOPS BF16 dense, 64 GB HBM at 1.6 TB/s,
+# UB 196 GB/s per direction, RDMA 200 Gb/s -> per package 752 TFLOPS, 128 GB, 3.2 TB/s, UB 392 GB/s per
+# direction, 400 Gb/s RDMA. No FP8 (INT8 only).
+ASCEND_910C = _register(AcceleratorSpec(
+    "Ascend-910C", 752 * TFLOPS, None, 128 * GB, 3.2 * TB, 392 * GB, 400 * GBIT, scale_up_link="ub",
+    vendor="Huawei", source="arXiv 2506.12708 (CloudMatrix384), section 3"))
+
+# NVIDIA L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity), FP8 733 dense (1,466 sparse);
+# 48 GB GDDR6 at 864 GB/s; PCIe Gen4 x16 = 64 GB/s bidirectional -> 32 GB/s per direction; no NVLink.
+# NIC: the commodity 100 GbE of the pcie-ethernet-lab preset (12.5 GB/s), shared by the box.
+L40S = _register(AcceleratorSpec(
+    "L40S", 362.05 * TFLOPS, 733 * TFLOPS, 48 * GB, 864 * GB, 32 * GB, 100 * GBIT, scale_up_link="pcie",
+    source="NVIDIA L40S datasheet"))
+
+_ALIASES = {"h100": "H100-SXM", "h100-sxm": "H100-SXM", "h200": "H200", "b200": "B200", "gb200": "GB200",
+            "a100": "A100-80GB", "a100-80gb": "A100-80GB", "tpu-v5p": "TPU-v5p", "v5p": "TPU-v5p",
+            "ascend-910c": "Ascend-910C", "910c": "Ascend-910C", "l40s": "L40S"}
+
+
+def get_accelerator(name: str) -> AcceleratorSpec:
+    """Look an accelerator up by name (case-insensitive, a few aliases); UnknownPresetError lists the known."""
+    if name in ACCELERATORS:
+        return ACCELERATORS[name]
+    key = _ALIASES.get(str(name).lower())
+    if key is None:
+        for n in ACCELERATORS:
+            if n.lower() == str(name).lower():
+                key = n
+    if key is None:
+        raise UnknownPresetError("accelerator", str(name), ACCELERATORS)
+    return ACCELERATORS[key]
