@@ -1,0 +1,175 @@
+"""The trace collector: real torchrun runs with gloo on 2 CPU processes, checked against the model's
+shape (parameter count, activation sizes, collective counts per layer) and the profiler schedule."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections import Counter
+
+import pytest
+
+from simulator.cli import main as cli_main
+
+torch = pytest.importorskip("torch")
+
+from traces import collect_cli  # noqa: E402  (after the torch skip: the launcher itself needs no torch)
+from traces.collect_cli import CollectError, launch  # noqa: E402
+
+TINY = ["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32", "--batch", "4", "--vocab", "128"]
+STEPS, ACTIVE = 4, 2
+
+
+def _collect(tmp_path_factory, strategy: str, *extra: str):
+    out = tmp_path_factory.mktemp(strategy)
+    launch(2, ["--strategy", strategy, "--steps", str(STEPS), "--active", str(ACTIVE), *TINY, *extra,
+               "--out", str(out)], timeout_s=120, quiet=True)
+    return out
+
+
+def _load(out, rank):
+    manifest = json.loads((out / "manifest.json").read_text())
+    with gzip.open(out / manifest["trace_files"][str(rank)], "rt") as f:
+        return manifest, json.load(f)
+
+
+def _ops(trace, name):
+    return [e for e in trace["traceEvents"] if e.get("name") == name and e.get("ph") == "X"]
+
+
+def _in_step(trace, events, step):
+    (s,) = _ops(trace, f"ProfilerStep#{step}")
+    return [e for e in events if s["ts"] <= e["ts"] <= s["ts"] + s["dur"]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One collector run per strategy (each ~3-5 s, mostly process start-up)."""
+    return {s: _collect(tmp_path_factory, s, *(["--microbatches", "2"] if s == "pp" else []))
+            for s in ("ddp", "tp", "pp", "fsdp")}
+
+
+# ---------------------------------------------------------------------------------------------- manifests
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "tp", "pp", "fsdp"])
+def test_manifest_and_files(runs, strategy):
+    out = runs[strategy]
+    m, trace = _load(out, 0)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "rank0.json.gz", "rank1.json.gz"]
+    assert m["strategy"] == strategy and m["mode"] == "train" and m["world_size"] == 2
+    assert m["backend"] == "gloo" and m["nccl_version"] is None and m["torch_version"] == torch.__version__
+    assert len(m["devices"]) == len(m["hostnames"]) == 2
+    assert m["model"]["layers"] == 2 and m["model"]["hidden"] == 64 and m["model"]["ffn"] == 176
+    assert m["profiler"]["profiled_steps"] == [2, 3] and m["profiler"]["wait"] == 1
+    times = m["step_time_s"]
+    assert len(times["per_rank"]) == 2 and all(len(t) == STEPS for t in times["per_rank"])
+    assert 0 < times["median_profiled_s"] < 10
+    degree = {"ddp": "dp", "fsdp": "dp", "tp": "tp", "pp": "pp"}[strategy]
+    assert m["plan"][degree] == 2
+    assert (out / "rank1.json.gz").stat().st_size < 2_000_000
+    # the trace knows its process group and holds exactly the profiled steps
+    assert trace["distributedInfo"]["pg_config"][0]["ranks"] == [0, 1]
+    steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "tp", "fsdp"])
+def test_first_loss_is_that_of_a_uniform_guess(runs, strategy):
+    """A freshly initialised LM predicts about uniformly over the vocabulary: loss ~ ln(vocab)."""
+    m, _ = _load(runs[strategy], 0)
+    assert m["losses"][0][0] == pytest.approx(math.log(128), rel=0.1)
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+@pytest.mark.slow
+def test_ddp_all_reduces_every_gradient_once(runs):
+    """One 25 MiB bucket holds the whole tiny model: one all_reduce per step of exactly `params` floats."""
+    m, trace = _load(runs["ddp"], 1)
+    for step in (2, 3):
+        ops = _in_step(trace, _ops(trace, "c10d::allreduce_"), step)
+        assert len(ops) == 1
+        dims = ops[0]["args"]["Input Dims"][0][0]
+        assert math.prod(dims) == m["model"]["params"]
+    gloo = _ops(trace, "gloo:all_reduce")
+    assert len(gloo) == 2 and all(e["cat"] == "user_annotation" for e in gloo)
+
+
+@pytest.mark.slow
+def test_tp_all_reduces_activations_twice_per_block_each_way(runs):
+    """Megatron TP: 2 all_reduces of the (batch, seq, hidden) activation per block forward, 2 backward."""
+    m, trace = _load(runs["tp"], 0)
+    for step in (2, 3):
+        ops = _in_step(trace, _ops(trace, "c10d::allreduce_"), step)
+        assert len(ops) == 4 * m["model"]["layers"]
+        assert all(e["args"]["Input Dims"][0][0] == [4, 32, 64] for e in ops)
+    assert len(_ops(trace, "gloo:all_reduce")) == 2 * 4 * m["model"]["layers"]
+    assert m["losses"][0] == m["losses"][1]        # both ranks compute the same loss on the same batch
+
+
+@pytest.mark.slow
+def test_pp_sends_one_activation_and_one_gradient_per_microbatch(runs):
+    m, t0 = _load(runs["pp"], 0)
+    _, t1 = _load(runs["pp"], 1)
+    mb = m["plan"]["microbatches"]
+    assert mb == 2 and m["plan"]["micro_batch"] == 2 and m["plan"]["stage_layers"] == [[0, 1], [1, 2]]
+    for step in (2, 3):
+        # stage 0 sends activations and receives gradients, stage 1 the reverse
+        for trace in (t0, t1):
+            sends = _in_step(trace, _ops(trace, "c10d::send"), step)
+            recvs = _in_step(trace, _ops(trace, "c10d::recv_"), step)
+            assert len(sends) == len(recvs) == mb
+            assert all(e["args"]["Input Dims"][0][0] == [2, 32, 64] for e in sends + recvs)
+    assert m["losses"][1][0] == pytest.approx(math.log(128), rel=0.1)   # the last stage computes the loss
+
+
+@pytest.mark.slow
+def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(runs):
+    m, trace = _load(runs["fsdp"], 0)
+    counts = Counter(e["name"] for e in _in_step(trace, [e for e in trace["traceEvents"] if e.get("ph") == "X"], 3))
+    units = m["model"]["layers"] + 1        # one FSDP unit per block plus the root
+    assert counts["c10d::_allgather_base_"] == units + m["model"]["layers"]   # root stays gathered for backward
+    assert counts["c10d::_reduce_scatter_base_"] == units
+
+
+# ---------------------------------------------------------------------------------------------- benchmark
+@pytest.mark.slow
+def test_collective_benchmark(tmp_path):
+    launch(2, ["--bench", "collectives", "--max-bytes", "4096", "--size-factor", "4", "--out", str(tmp_path)],
+           timeout_s=120, quiet=True)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["mode"] == "bench" and m["world_size"] == 2 and m["backend"] == "gloo"
+    rows = m["results"]
+    kinds = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p"]
+    assert sorted({r["kind"] for r in rows}) == sorted(kinds)
+    assert sorted({r["size_bytes"] for r in rows}) == [1024, 4096]
+    factor = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "all_to_all": 0.5,
+              "broadcast": 1.0, "p2p": 1.0}      # nccl-tests' bus factors for n = 2
+    for r in rows:
+        assert r["time_s"] > 0
+        assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor[r["kind"]])
+
+
+# ---------------------------------------------------------------------------------------------- errors
+@pytest.mark.slow
+def test_collector_reports_an_impossible_plan(tmp_path):
+    with pytest.raises(CollectError, match=r"heads \(3\) must be divisible by tp \(2\)"):
+        launch(2, ["--strategy", "tp", "--heads", "3", "--hidden", "48", "--steps", "3", "--out", str(tmp_path)],
+               timeout_s=120, quiet=True)
+
+
+def test_collect_without_torch_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    real = collect_cli.importlib.util.find_spec
+    monkeypatch.setattr(collect_cli.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    assert cli_main(["collect", "--strategy", "ddp", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "needs PyTorch" in err and "Traceback" not in err
+
+
+def test_torchrun_command_uses_the_given_port():
+    cmd = collect_cli.torchrun_command(3, ["--strategy", "pp"], port=12345)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert cmd[cmd.index("--master-port") + 1] == "12345" and cmd[cmd.index("--nproc-per-node") + 1] == "3"
+    assert cmd[-4:] == ["-m", "traces.collect", "--strategy", "pp"]
