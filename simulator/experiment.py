@@ -177,6 +177,8 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         elif key == "faults":
             _check(isinstance(value, dict), f"{w}: expected a mapping (stragglers, jitter, seed, ...)")
         setattr(exp, key, value)
+    if custom and any(k.replace("-", "_") == "model" and v is None for k, v in data.items()):
+        exp.model = None                     # custom model from fields only
     if custom:
         for k, v in custom.items():
             custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k == "experts" else 1)

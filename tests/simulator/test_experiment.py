@@ -1,0 +1,59 @@
+"""Experiment parsing (flags and YAML) and the CLI's error contract."""
+import pytest
+
+from simulator.cli import main
+from simulator.errors import ConfigError
+from simulator.experiment import experiment_from_dict, load_experiment
+
+
+def test_yaml_experiment_round_trip(tmp_path):
+    p = tmp_path / "exp.yaml"
+    p.write_text("cluster: dgx-h100\ngpus: 64\nmodel: llama3-8b\ntp: 8\npp: 2\nglobal-batch: 64\n"
+                 "schedule: interleaved\nvirtual_stages: 2\nnetwork: flow\n")
+    exp = load_experiment(p)
+    assert (exp.gpus, exp.tp, exp.pp, exp.global_batch, exp.schedule, exp.network) == \
+           (64, 8, 2, 64, "interleaved", "flow")
+
+
+@pytest.mark.parametrize("text,match", [
+    ("tp: 8\ntp: 4\n", "duplicate key 'tp' at line 2"),
+    ("tp: [1, 2\n", "invalid YAML"),
+    ("- 1\n- 2\n", "expected a mapping"),
+    ("tp: -3\n", "tp: must be >= 1"),
+    ("tp: .nan\n", "tp: expected an integer"),
+    ("tp: 1.5\n", "tp: expected an integer"),
+    ("tpp: 2\n", "unknown option 'tpp'"),
+    ("network: warp\n", "unknown network 'warp'"),
+    ("zero: 4\n", "ZeRO stage must be 0, 1, 2 or 3"),
+    ("sp: 3\n", "expected true or false"),
+    ("bucket_mb: .inf\n", "finite positive"),
+    ("gpus: 100000000000\n", "unreasonably large"),
+    ("!!python/object/apply:os.system ['true']\n", "invalid YAML"),
+])
+def test_bad_yaml_is_a_clear_config_error(tmp_path, text, match):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_experiment(p)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_experiment(tmp_path / "nope.yaml")
+
+
+def test_custom_model_fields_override_a_preset():
+    exp = experiment_from_dict({"model": "llama3-8b", "layers": 4})
+    assert exp.model == {"base": "llama3-8b", "layers": 4}
+    exp = experiment_from_dict({"model": None, "layers": 4, "hidden": 256, "heads": 4})
+    assert exp.model == {"layers": 4, "hidden": 256, "heads": 4}
+
+
+def test_cli_bad_input_exits_2_with_one_line(capsys, tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("tp: 8\ntp: 4\n")
+    assert main(["simulate", "-c", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "duplicate key" in err and "Traceback" not in err
+    assert main(["simulate", "--network", "warp"]) == 2
+    assert main(["no-such-command"]) == 2
