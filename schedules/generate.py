@@ -1,0 +1,682 @@
+"""Program generators: turn (model, plan) into per-rank programs of one training step.
+
+One *template* program is written per pipeline stage (per stage and EP rank when routing is skewed): the
+stage's schedule order (``schedules.pipeline``) expanded into ops, with process groups and peers left
+symbolic. Every rank then instantiates its stage's template: ops without rank-specific fields are shared
+objects, collectives are shared by the members of a group, so 16,384 programs cost little more than their
+list slots. Symmetric mode instantiates one representative per class (stage x CP rank [x EP rank when
+skewed]); both modes use the same template, so they simulate to the same step time.
+
+Streams
+    compute              compute ops and the collectives on the critical path: TP (Megatron f/g: all-reduce,
+                         or all-gather / reduce-scatter with SP) and EP all-to-all dispatch / combine
+    dp_comm              data-parallel traffic overlapping compute: DDP / ZeRO-1/2 gradient buckets
+                         (launched when their last gradient is ready), ZeRO-1/2 parameter all-gathers,
+                         ZeRO-3 / FSDP per-layer all-gathers (prefetched) and reduce-scatters, tied
+                         embedding all-reduce
+    pp_send_*, pp_recv_* one stream per pipeline neighbour and direction; receives are posted in the
+                         sender's production order, compute waits on them
+    cp_send, cp_recv     ring attention: KV blocks passed around the CP group, one per ring step
+
+Per layer, micro-batch and phase (forward / backward, or backward-input and backward-weight for ZB-H1):
+    [FSDP all-gather] -> [TP AG] attention (+ CP ring steps) [TP RS|AR] -> [EP a2a, experts, EP a2a]
+    -> [TP AG] MLP [TP RS|AR]      (dense layers fold attention and MLP into one compute op)
+Memory events: activations are allocated by the forward and freed by the backward (B frees all but the
+part W still needs under ZB-H1); gathered FSDP weights and unsharded gradients are transient buffers.
+"""
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+from schedules import memory as mem
+from schedules.models import ModelSpec, model_flops_per_step
+from schedules.pipeline import Action, stage_orders
+from schedules.plan import ParallelPlan
+from simulator.calibration import bus_factor
+from simulator.errors import ConfigError
+from simulator.program import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, FORWARD, OPTIMIZER, RECV, SEND,
+                               Op, Programs)
+
+PHASE = {"F": FORWARD, "B": BACKWARD, "Bi": BACKWARD_INPUT, "W": BACKWARD_WEIGHT}
+ADAM_FLOPS_PER_PARAM = 12.0   # moment updates, bias correction, update: ~a dozen FLOPs per parameter
+
+
+@dataclass
+class Unit:
+    """A piece of a stage the program handles as one: a transformer layer, the embedding or the LM head.
+    FLOPs and bytes are per rank and per micro-batch."""
+
+    name: str
+    layer: int | None
+    dense_params: float              # per rank, before ZeRO sharding
+    expert_params: float
+    f_main: float                    # forward FLOPs outside the experts (incl. attention core)
+    f_core: float                    # attention core forward FLOPs (part of f_main)
+    f_exp: float                     # routed experts forward FLOPs
+    act: float                       # activation bytes kept from forward to backward
+    w_frac: float = 0.0              # part of ``act`` only W needs
+    transient: float = 0.0           # full recompute: activations rebuilt during backward
+    moe: bool = False
+    kind: str = "layer"              # layer | embedding | head
+
+
+@dataclass
+class Template:
+    """A stage's program with symbolic groups and peers: refs[i] is None or ("g", family) / ("pp", stage)
+    / ("cp", offset)."""
+
+    key: tuple
+    stage: int
+    ops: list[Op] = field(default_factory=list)
+    refs: dict[int, tuple] = field(default_factory=dict)
+    by_family: dict[str, list[int]] | None = None      # filled on first instantiation
+    p2p: list[tuple] | None = None
+
+
+class _StageBuilder:
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, stage: int, orders: list[list[Action]],
+                 load: float, families: dict[str, str]):
+        self.m, self.p, self.s = model, plan, stage
+        self.orders = orders
+        self.load = load
+        self.fam = families                       # role -> group family ("grad_dense" -> "dp" ...)
+        self.t = Template((stage, load), stage)
+        self.dt = model.dtype_bytes
+        self.tokens_rank = plan.micro_batch * plan.seq / plan.cp
+        self.act_msg = self.tokens_rank * model.hidden * self.dt / (plan.tp if plan.sp else 1)
+        self.tp_bytes = self.tokens_rank * model.hidden * self.dt
+        self.nv = plan.pp * plan.virtual_stages
+        self.units = self._units()
+        self.zero = plan.zero_stage
+        self.dp_size = plan.dp * plan.cp
+        self.edp_size = self.dp_size // plan.ep
+
+    # ------------------------------------------------------------------ units
+    def _units(self) -> list[list[Unit]]:
+        m, p = self.m, self.p
+        div = p.tp * p.cp
+        out = []
+        cache: dict[bool, Unit] = {}
+        for c, layers in enumerate(mem.stage_chunks(m, p, self.s)):
+            vs = c * p.pp + self.s
+            units = []
+            if vs == 0:
+                units.append(Unit("embedding", None, m.embedding_params() / p.tp, 0.0, 0.0, 0.0, 0.0, 0.0,
+                                  kind="embedding"))
+            for l in layers:
+                moe = m.is_moe_layer(l)
+                key = moe
+                u = cache.get(key)
+                if u is None:
+                    lf = m.layer_flops(l, p.seq, p.micro_batch)
+                    d, e = mem.layer_param_split(m, p, l)
+                    u = Unit("", l, d, e, (lf.forward - lf.experts) / div, lf.attn_core / div,
+                             lf.experts * self.load / div, mem.layer_activation_bytes(m, p, l),
+                             mem.weight_grad_fraction(m, p, l), mem.recompute_transient_bytes(m, p, l), moe)
+                    cache[key] = u
+                units.append(Unit(f"L{l}", l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
+                                  u.w_frac, u.transient, u.moe))
+            if vs == self.nv - 1:
+                units.append(Unit("lm_head", None, m.head_params() / p.tp if mem.holds_head(m, p, self.s) else 0.0,
+                                  0.0, m.head_flops(p.seq, p.micro_batch) / div, 0.0, 0.0, 0.0, kind="head"))
+            out.append(units)
+        return out
+
+    # ------------------------------------------------------------------ emit helpers
+    def emit(self, op: Op, ref: tuple | None = None) -> int:
+        self.t.ops.append(op)
+        i = len(self.t.ops) - 1
+        if ref is not None:
+            self.t.refs[i] = ref
+        return i
+
+    def coll(self, name, kind, family, size, stream="compute", deps=(), **kw) -> int:
+        return self.emit(Op(COLLECTIVE, name, stream, deps, collective=kind, size_bytes=size, **kw), ("g", family))
+
+    def comp(self, name, flops, mem_bytes, deps=(), **kw) -> int:
+        return self.emit(Op("compute", name, "compute", deps, flops=flops, mem_bytes=mem_bytes, **kw))
+
+    # ------------------------------------------------------------------ build
+    def build(self) -> Template:
+        p, s = self.p, self.s
+        order = self.orders[s]
+        self.last_grad_action = {}
+        for i, a in enumerate(order):
+            if a.phase in ("B", "W"):
+                self.last_grad_action[a.chunk] = i
+        self.recv_idx = self._post_recvs()
+        self.usages = self._fsdp_usages(order)
+        self.ag_idx: dict[int, int] = {}           # usage -> FSDP all-gather op
+        self.usage_last: dict[int, int] = {}        # usage -> last op index
+        self.usage_pos = 0
+        self._usage_cursor = -1
+        self.param_ag: dict[int, int] = {}          # (chunk, unit) bucket AG deps (ZeRO-1/2 overlap)
+        self.first_fwd_done: set = set()
+        self.dp_ops: list[int] = []
+        self.pending_ar: list[tuple] = []           # non-overlapped DDP buckets
+        if self.zero in (1, 2) and p.overlap_param_gather and self.dp_size > 1:
+            self._param_gathers_at_start()
+        for i, a in enumerate(order):
+            self._action(i, a)
+        self._step_end()
+        return self.t
+
+    # p2p -------------------------------------------------------------------------------------------
+    def _stream_tag(self, other: int) -> str:
+        p = self.p.pp
+        if p == 2:
+            return ""
+        return "_next" if other == (self.s + 1) % p else "_prev"
+
+    def _messages(self, stage: int) -> list[tuple]:
+        """(kind, mb, target virtual stage, dst stage) of every message ``stage`` sends, in its order."""
+        out = []
+        p = self.p.pp
+        for a in self.orders[stage]:
+            vs = a.chunk * p + stage
+            if a.phase == "F" and vs < self.nv - 1:
+                out.append(("act", a.mb, vs + 1, (vs + 1) % p))
+            elif a.phase in ("B", "Bi") and vs > 0:
+                out.append(("grad", a.mb, vs - 1, (vs - 1) % p))
+        return out
+
+    def _post_recvs(self) -> dict[tuple, int]:
+        p = self.p.pp
+        idx = {}
+        if p == 1:
+            return idx
+        for q in sorted({(self.s - 1) % p, (self.s + 1) % p}):
+            tag = self._stream_tag(q)
+            for kind, mb, vs, dst in self._messages(q):
+                if dst != self.s:
+                    continue
+                ph = FORWARD if kind == "act" else (BACKWARD_INPUT if self.p.splits_backward else BACKWARD)
+                idx[(kind, mb, vs)] = self.emit(
+                    Op(RECV, f"recv {kind} mb{mb}", "pp_recv" + tag, (), size_bytes=self.act_msg, microbatch=mb,
+                       phase=ph, strategy="pp"), ("pp", q))
+        return idx
+
+    # FSDP ------------------------------------------------------------------------------------------
+    def _fsdp_usages(self, order) -> list[tuple[int, Unit]]:
+        if self.zero < 3 or self.dp_size == 1:
+            return []
+        out = []
+        for i, a in enumerate(order):
+            units = self.units[a.chunk]
+            if a.phase == "F":
+                out += [(i, u) for u in units]
+            elif a.phase in ("B", "Bi"):
+                out += [(i, u) for u in reversed(units)]
+        return out
+
+    def _gather_sizes(self, u: Unit) -> list[tuple[str, float]]:
+        out = []
+        if u.dense_params and self.dp_size > 1:
+            out.append(("grad_dense", u.dense_params))
+        if u.expert_params and self.edp_size > 1:
+            out.append(("grad_expert", u.expert_params))
+        return out
+
+    def _ensure_gathers(self, upto: int) -> None:
+        pf = self.p.fsdp_prefetch
+        while self.usage_pos <= min(upto, len(self.usages) - 1):
+            j = self.usage_pos
+            _, u = self.usages[j]
+            prev = j - pf - 1
+            deps = (self.usage_last[prev],) if prev >= 0 else ()
+            last = None
+            for role, n in self._gather_sizes(u):
+                b = n * self.dt
+                last = self.coll(f"fsdp AG {u.name}", "all_gather", self.fam[role], b, "dp_comm", deps,
+                                 alloc=(("buffers", b),), layer=u.layer, strategy="fsdp")
+                self.dp_ops.append(last)
+            if last is not None:
+                self.ag_idx[j] = last
+            self.usage_pos += 1
+
+    # actions ---------------------------------------------------------------------------------------
+    def _action(self, i: int, a: Action) -> None:
+        p = self.p
+        vs = a.chunk * p.pp + self.s
+        units = self.units[a.chunk]
+        deps = []
+        if a.phase == "F" and vs > 0:
+            deps.append(self.recv_idx[("act", a.mb, vs)])
+        if a.phase in ("B", "Bi") and vs < self.nv - 1:
+            deps.append(self.recv_idx[("grad", a.mb, vs)])
+        seq = units if a.phase == "F" else list(reversed(units))
+        last = None
+        zero2_buckets = self.zero == 2 and a.phase in ("B", "W")
+        grad_bucket_now = (self.zero in (0, 1) and a.phase in ("B", "W") and self.last_grad_action.get(a.chunk) == i
+                           and p.overlap_grad_reduce)
+        buckets = _Buckets(self, "reduce_scatter" if self.zero >= 1 else "all_reduce") \
+            if (zero2_buckets or grad_bucket_now) else None
+        for u in seq:
+            udeps = list(deps)
+            deps = []
+            usage = None
+            if self.usages and a.phase != "W":
+                usage = self.usage_pos_of(i, u)
+                self._ensure_gathers(usage + p.fsdp_prefetch)
+                if usage in self.ag_idx:
+                    udeps.append(self.ag_idx[usage])
+            if a.phase == "F" and (a.chunk, u.name) in self.param_ag and (a.chunk, u.name) not in self.first_fwd_done:
+                udeps.append(self.param_ag[(a.chunk, u.name)])
+                self.first_fwd_done.add((a.chunk, u.name))
+            first, last = self._unit_ops(u, a, udeps, gathered=usage is not None and usage in self.ag_idx)
+            if usage is not None:
+                self.usage_last[usage] = last
+            if a.phase in ("B", "W"):
+                if self.zero >= 3:
+                    self._fsdp_reduce(u, a, last)
+                elif buckets is not None:
+                    buckets.add(u, last)
+        if buckets is not None:
+            buckets.flush_all()
+        if self.zero in (0, 1) and a.phase in ("B", "W") and self.last_grad_action.get(a.chunk) == i \
+                and not p.overlap_grad_reduce:
+            self.pending_ar.append(a.chunk)
+        # pipeline send
+        if a.phase == "F" and vs < self.nv - 1:
+            self._send("act", a, (vs + 1) % p.pp, last)
+        elif a.phase in ("B", "Bi") and vs > 0:
+            self._send("grad", a, (vs - 1) % p.pp, last)
+        self.last_compute = last
+
+    def usage_pos_of(self, action_idx: int, u: Unit) -> int:
+        # usages are consumed in order; find the next one matching this (action, unit)
+        j = self._usage_cursor = self._usage_cursor + 1
+        ai, uu = self.usages[j]
+        assert ai == action_idx and uu is u, "FSDP usage order out of sync"
+        return j
+
+    def _send(self, kind: str, a: Action, dst: int, dep: int) -> None:
+        tag = self._stream_tag(dst)
+        ph = FORWARD if kind == "act" else PHASE[a.phase]
+        self.emit(Op(SEND, f"send {kind} mb{a.mb}", "pp_send" + tag, (dep,), size_bytes=self.act_msg, microbatch=a.mb,
+                     phase=ph, strategy="pp"), ("pp", dst))
+
+    # one unit ------------------------------------------------------------------------------------
+    def _unit_ops(self, u: Unit, a: Action, deps: list[int], gathered: bool) -> tuple[int, int]:
+        """Emit the ops of unit ``u`` for action ``a``; return (first, last) op indices."""
+        p, m = self.p, self.m
+        ph = PHASE[a.phase]
+        mb = a.mb
+        lab = dict(layer=u.layer, microbatch=mb, phase=ph)
+        back = a.phase != "F"
+        tp = p.tp > 1 and a.phase != "W"
+        ep = u.moe and p.ep > 1 and a.phase != "W"
+        pbytes = (u.dense_params + u.expert_params) * self.dt
+        # FLOPs of this phase (per rank)
+        lin_main = u.f_main - u.f_core
+        if a.phase == "F":
+            main, exp = u.f_main, u.f_exp
+        elif a.phase == "W":
+            main, exp = lin_main, u.f_exp
+        else:
+            main = lin_main + 2 * u.f_core + (lin_main if a.phase == "B" else 0.0)
+            exp = u.f_exp * (2 if a.phase == "B" else 1)
+            if p.recompute == "full":
+                main, exp = main + u.f_main, exp + u.f_exp
+            elif p.recompute == "selective":
+                main += u.f_core
+        if u.kind == "embedding":
+            main = 0.0
+        # memory events on the first / last op of the unit
+        alloc, free = [], []
+        if a.phase == "F" and u.act:
+            alloc.append(("activations", u.act))
+        elif a.phase == "B":
+            if u.act:
+                free.append(("activations", u.act))
+            if u.transient:
+                alloc.append(("activations", u.transient)); free.append(("activations", u.transient))
+        elif a.phase == "Bi":
+            if u.act * (1 - u.w_frac):
+                free.append(("activations", u.act * (1 - u.w_frac)))
+            if u.transient:
+                alloc.append(("activations", u.transient)); free.append(("activations", u.transient))
+        elif a.phase == "W" and u.act * u.w_frac:
+            free.append(("activations", u.act * u.w_frac))
+        if gathered:
+            free += [("buffers", n * self.dt) for _, n in self._gather_sizes(u)]
+        if back and a.phase != "Bi" and self.zero >= 2:
+            # unsharded gradients until their reduce-scatter
+            alloc += [("buffers", n * p.grad_bytes_per_param) for _, n in self._gather_sizes(u)]
+        memb = pbytes + u.act
+        back_coll = "reduce_scatter" if p.sp else "all_reduce"
+        if u.kind == "embedding":
+            seq = [("c", main, self.tp_bytes + pbytes)]
+            if tp and not back:
+                seq.append(("tp", back_coll))
+        elif u.kind == "head":
+            seq = [("c", main, memb)]
+            if tp and back:
+                seq.append(("tp", back_coll))
+            elif tp and p.sp:
+                seq.insert(0, ("tp", "all_gather"))
+        elif a.phase == "W":
+            seq = [("c", main + exp, memb)]
+        else:
+            ring = p.cp > 1 and u.f_core > 0
+            core_step = 0.0
+            if ring:     # attention-core FLOPs of this phase, spread over the cp ring steps
+                core = u.f_core if a.phase == "F" else (
+                    2 * u.f_core + (u.f_core if p.recompute in ("selective", "full") else 0.0))
+                core_step = core / p.cp
+            attn = [("attn", main - core_step * (p.cp - 1), memb, core_step, p.cp - 1 if ring else 0)]
+            if tp:
+                attn = ([("tp", "all_gather")] if p.sp else []) + attn + [("tp", back_coll)]
+            if u.moe:
+                a2a = [("ep",)] if ep else []
+                mlp = a2a + [("c", exp, u.expert_params * self.dt)] + a2a
+                if tp:
+                    mlp = ([("tp", "all_gather")] if p.sp else []) + mlp + [("tp", back_coll)]
+            else:      # the dense MLP's FLOPs are in the attention op; only its TP collectives remain
+                mlp = ([("tp", "all_gather"), ("tp", "reduce_scatter")] if tp and p.sp else
+                       [("tp", "all_reduce")] if tp else [])
+            seq = attn + mlp
+            if back:   # backward runs the layer in reverse; Megatron's f/g conjugates swap AG and RS
+                seq = [(x[0], _swap(x[1])) if x[0] == "tp" else x for x in reversed(seq)]
+        first = last = None
+        kv = self._kv_bytes() * (2 if back else 1)
+        for n, item in enumerate(seq):
+            d = tuple(deps) if n == 0 else ()
+            kw = dict(lab)
+            if n == 0 and alloc:
+                kw["alloc"] = tuple(alloc)
+            if n == len(seq) - 1 and free:
+                kw["free"] = tuple(free)
+            name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
+            if item[0] in ("c", "attn"):
+                idx = self.comp(name, item[1], item[2], d, **(kw if item[0] == "c" or not item[4] else
+                                                              {k: v for k, v in kw.items() if k != "free"}))
+                first = idx if first is None else first
+                if item[0] == "attn":
+                    for step in range(item[4]):   # ring attention: pass a KV block on, attend to the one received
+                        sdep = idx if step == 0 else r
+                        self.emit(Op(SEND, "cp kv", "cp_send", (sdep,), size_bytes=kv, strategy="cp", **lab), ("cp", 1))
+                        r = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
+                                      ("cp", -1))
+                        fr = {"free": kw["free"]} if "free" in kw and step == item[4] - 1 else {}
+                        idx = self.comp(f"{name} ring", item[3], 0.0, (r,), **lab, **fr)
+            elif item[0] == "tp":
+                idx = self.coll(f"tp {item[1]}", item[1], "tp", self.tp_bytes, "compute", d, strategy="tp", **kw)
+            else:
+                size = self.tokens_rank / p.tp * m.top_k * m.hidden * self.dt
+                idx = self.coll("ep all_to_all", "all_to_all", "ep", size, "compute", d, strategy="ep", **kw)
+            if first is None:
+                first = idx
+            last = idx
+        return first, last
+
+    def _kv_bytes(self) -> float:
+        m, p = self.m, self.p
+        if m.is_mla:
+            width = m.kv_lora_rank + m.qk_rope_dim
+        else:
+            width = 2 * m.kv_heads * m.d_head / p.tp
+        return self.tokens_rank * width * self.dt
+
+    # data parallel ---------------------------------------------------------------------------------
+    def _fsdp_reduce(self, u: Unit, a: Action, last: int) -> None:
+        if self.p.splits_backward and a.phase == "Bi":
+            return
+        for role, n in self._gather_sizes(u):
+            gb = n * self.p.grad_bytes_per_param
+            self.dp_ops.append(self.coll(f"fsdp RS {u.name}", "reduce_scatter", self.fam[role], gb, "dp_comm",
+                                         (last,), free=(("buffers", gb),), layer=u.layer, microbatch=a.mb,
+                                         strategy="fsdp"))
+
+    def _bucket_plan(self, forward: bool) -> list[tuple[str, float, list[tuple[int, str]]]]:
+        """Gradient/parameter buckets of this stage: (role, params, [(chunk, unit name)])."""
+        out = []
+        cur = {"grad_dense": [0.0, []], "grad_expert": [0.0, []]}
+        limit = self.p.bucket_bytes / self.p.grad_bytes_per_param
+        chunks = range(len(self.units)) if forward else reversed(range(len(self.units)))
+        for c in chunks:
+            units = self.units[c] if forward else list(reversed(self.units[c]))
+            for u in units:
+                for role, n in self._gather_sizes(u):
+                    b = cur[role]
+                    b[0] += n
+                    b[1].append((c, u.name))
+                    if b[0] >= limit:
+                        out.append((role, b[0], b[1]))
+                        cur[role] = [0.0, []]
+        for role, b in cur.items():
+            if b[0]:
+                out.append((role, b[0], b[1]))
+        return out
+
+    def _param_gathers_at_start(self) -> None:
+        """ZeRO-1/2 with overlapped parameter gathers: the previous step's updated shards are all-gathered
+        at the start of the step, each bucket before the first forward of its units."""
+        for role, n, members in self._bucket_plan(forward=True):
+            idx = self.coll("zero param AG", "all_gather", self.fam[role], n * self.dt, "dp_comm", (),
+                            strategy="zero")
+            self.dp_ops.append(idx)
+            for key in members:
+                self.param_ag[key] = idx
+
+    def _step_end(self) -> None:
+        p = self.p
+        last = self.last_compute
+        if self.zero in (0, 1) and not p.overlap_grad_reduce and self.dp_size > 1:
+            kind = "reduce_scatter" if self.zero == 1 else "all_reduce"
+            for role, n, _ in self._bucket_plan(forward=False):
+                self.dp_ops.append(self.coll(f"dp grad {kind}", kind, self.fam[role], n * p.grad_bytes_per_param,
+                                             "dp_comm", (last,), strategy="dp" if self.zero == 0 else "zero"))
+        if p.pp > 1 and self.m.tied_embeddings and self.s in (0, p.pp - 1):
+            size = self.m.embedding_params() / p.tp * p.grad_bytes_per_param
+            self.dp_ops.append(self.coll("embedding grad all_reduce", "all_reduce", "embed", size, "dp_comm",
+                                         (last,), strategy="pp"))
+        dense, expert = mem.rank_params(self.m, p, self.s)
+        if self.zero >= 1:
+            n_upd = dense / max(1, self.dp_size) + expert / max(1, self.edp_size)
+        else:
+            n_upd = dense + expert
+        states = n_upd * (self.dt + p.grad_bytes_per_param + 2 * p.optimizer_bytes_per_param)
+        deps = (last,) + ((self.dp_ops[-1],) if self.dp_ops else ())
+        opt = self.comp("optimizer step", ADAM_FLOPS_PER_PARAM * n_upd, states, deps, phase=OPTIMIZER)
+        if self.zero in (1, 2) and not p.overlap_param_gather and self.dp_size > 1:
+            for role, n, _ in self._bucket_plan(forward=True):
+                self.coll("zero param AG", "all_gather", self.fam[role], n * self.dt, "dp_comm", (opt,),
+                          strategy="zero")
+
+
+def _swap(kind: str) -> str:
+    return {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}.get(kind, kind)
+
+
+class _Buckets:
+    """Gradient buckets filled in backward order; a bucket's collective starts when its last gradient is
+    ready (the op that produced it ends)."""
+
+    def __init__(self, b: _StageBuilder, kind: str):
+        self.b, self.kind = b, kind
+        self.limit = b.p.bucket_bytes
+        self.cur = {"grad_dense": [0.0, None], "grad_expert": [0.0, None]}
+
+    def add(self, u: Unit, last: int) -> None:
+        for role, n in self.b._gather_sizes(u):
+            c = self.cur[role]
+            c[0] += n * self.b.p.grad_bytes_per_param
+            c[1] = last
+            if c[0] >= self.limit:
+                self._flush(role)
+
+    def _flush(self, role: str) -> None:
+        size, dep = self.cur[role]
+        if size:
+            b = self.b
+            strategy = "dp" if self.kind == "all_reduce" else "zero"
+            kw = {"free": (("buffers", size),)} if b.zero == 2 else {}
+            b.dp_ops.append(b.coll(f"dp grad {self.kind}", self.kind, b.fam[role], size, "dp_comm", (dep,),
+                                   strategy=strategy, **kw))
+        self.cur[role] = [0.0, None]
+
+    def flush_all(self) -> None:
+        for role in list(self.cur):
+            self._flush(role)
+
+
+# ---------------------------------------------------------------------------------------------- assembly
+def _families(plan: ParallelPlan) -> dict[str, str]:
+    dense = "dp_cp" if plan.cp > 1 else "dp"
+    expert = "edp" if plan.ep > 1 else dense
+    return {"grad_dense": dense, "grad_expert": expert}
+
+
+def ep_load(plan: ParallelPlan, e: int, capacity_factor: float | None) -> float:
+    """Relative expert load of EP rank e (1 = uniform); capped by the capacity factor (tokens dropped)."""
+    if plan.ep == 1 or not plan.skew:
+        f = 1.0
+    else:
+        f = 1.0 + plan.skew * (1.0 - 2.0 * e / (plan.ep - 1))
+    return f if capacity_factor is None else min(f, capacity_factor)
+
+
+def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None = None, *,
+                   symmetric: bool = True) -> Programs:
+    """Programs of one training step of ``model`` under ``plan``.
+
+    symmetric=True: one representative per class of identical ranks (stage x CP rank, x EP rank when the
+    routing is skewed), ``Programs.classes`` set; False: every rank, classes None."""
+    if world_size is None:
+        world_size = plan.world_size
+    plan.validate(model, world_size)
+    if model.params_only:
+        raise ConfigError(f"model {model.name} is given only by its parameter count; programs need its shape "
+                          f"(--model PRESET or --layers/--hidden/--heads)")
+    progs = Programs(world_size=world_size, ops={})
+    fams = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "embed"]
+    gid_of: dict[str, list] = {}
+    for fam in fams:
+        table = [None] * world_size
+        if fam == "embed" and not model.tied_embeddings:
+            gid_of[fam] = table
+            continue
+        for g in plan.groups(fam):
+            if len(g) > 1:
+                gid = progs.add_group(g, fam)
+                for r in g:
+                    table[r] = gid
+        gid_of[fam] = table
+    orders = stage_orders(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    families = _families(plan)
+    skewed = plan.skew > 0 and plan.ep > 1
+
+    templates: dict[tuple, Template] = {}
+
+    def template(stage: int, e: int) -> Template:
+        key = (stage, e if skewed else 0)
+        t = templates.get(key)
+        if t is None:
+            load = ep_load(plan, e if skewed else 0, model.capacity_factor) if skewed else \
+                (1.0 if model.capacity_factor is None else min(1.0, model.capacity_factor))
+            t = templates[key] = _StageBuilder(model, plan, stage, orders, load, families).build()
+            t.key = key
+        return t
+
+    cache: dict[tuple, list[Op]] = {}
+
+    def instantiate(t: Template, r: int) -> list[Op]:
+        """Rank r's program: the template with groups and peers resolved; collectives are shared by the
+        members of their group (cached per template, family and group), p2p ops are the rank's own."""
+        if t.by_family is None:
+            t.by_family, t.p2p = {}, []
+            for i, ref in sorted(t.refs.items()):
+                if ref[0] == "g":
+                    t.by_family.setdefault(ref[1], []).append(i)
+                else:
+                    t.p2p.append((i, ref))
+        out = list(t.ops)
+        for fam, idxs in t.by_family.items():
+            gid = gid_of[fam][r]
+            if gid is None:
+                raise AssertionError(f"rank {r} has no {fam} group for {t.ops[idxs[0]]!r}")
+            shared = cache.get((t.key, fam, gid))
+            if shared is None:
+                shared = cache[(t.key, fam, gid)] = [_clone(t.ops[i], group=gid) for i in idxs]
+            for i, op in zip(idxs, shared):
+                out[i] = op
+        if t.p2p:
+            cpc = plan.coords(r)["cp"]
+            gpp, gcp = gid_of["pp"][r], gid_of["cp"][r]
+            for i, (axis, v) in t.p2p:
+                if axis == "pp":
+                    out[i] = _clone(t.ops[i], peer=plan.peer(r, "pp", v), group=gpp)
+                else:
+                    out[i] = _clone(t.ops[i], peer=plan.peer(r, "cp", (cpc + v) % plan.cp), group=gcp)
+        return out
+
+    static = {s: mem.model_state_bytes(model, plan, s) for s in range(plan.pp)}
+    # millions of new objects and no cycles: the cyclic GC would only rescan them over and over
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if symmetric:
+            members: dict[tuple, list[int]] = {}
+            for r in range(world_size):
+                c = plan.coords(r)
+                members.setdefault((c["pp"], c["cp"], c["ep"] if skewed else 0), []).append(r)
+            progs.classes = {}
+            for (s, cpc, e), ranks in sorted(members.items()):
+                rep = plan.rank_of(cp=cpc, dp=e, pp=s)
+                assert rep in ranks
+                progs.ops[rep] = instantiate(template(s, e), rep)
+                progs.classes[rep] = tuple(ranks)
+                progs.static_memory[rep] = dict(static[s])
+        else:
+            for r in range(world_size):
+                c = plan.coords(r)
+                progs.ops[r] = instantiate(template(c["pp"], c["ep"]), r)
+                progs.static_memory[r] = static[c["pp"]]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    progs.tokens_per_step = float(plan.tokens_per_step)
+    progs.model_flops_per_step = model_flops_per_step(model, plan.seq, plan.effective_global_batch)
+    progs.meta = {"model": model.name, "plan": plan.to_dict(), "schedule": plan.schedule,
+                  "stage_layers": [[l for c in mem.stage_chunks(model, plan, s) for l in c] for s in range(plan.pp)],
+                  "generator": "schedules.build_programs"}
+    return progs
+
+
+def _clone(op: Op, *, group=None, peer=None) -> Op:
+    new = Op(op.kind, op.name, op.stream, op.deps, flops=op.flops, mem_bytes=op.mem_bytes, size_bytes=op.size_bytes,
+             collective=op.collective, group=group if group is not None else op.group,
+             peer=peer if peer is not None else op.peer, duration_s=op.duration_s, alloc=op.alloc, free=op.free,
+             layer=op.layer, microbatch=op.microbatch, phase=op.phase, strategy=op.strategy)
+    return new
+
+
+# ---------------------------------------------------------------------------------------------- volume
+def comm_volume(programs: Programs) -> dict:
+    """Bytes each rank sends per step (nccl-tests bus bytes: size x bus factor; p2p: size), by collective kind
+    and by group family, maximum over rank classes. Returns {"by_kind": {...}, "by_family": {fam: {kind: B}}}."""
+    by_kind: dict[str, float] = {}
+    by_family: dict[str, dict[str, float]] = {}
+    for rank, prog in programs.ops.items():
+        kinds: dict[str, float] = {}
+        fam: dict[str, dict[str, float]] = {}
+        for op in prog:
+            if op.kind == COLLECTIVE:
+                g = programs.groups[op.group]
+                b = op.size_bytes * bus_factor(op.collective, g.size)
+                k, f = op.collective, g.family
+            elif op.kind == SEND:
+                b, k = op.size_bytes, "p2p"
+                f = programs.groups[op.group].family if op.group is not None else "p2p"
+            else:
+                continue
+            kinds[k] = kinds.get(k, 0.0) + b
+            fam.setdefault(f, {})[k] = fam.get(f, {}).get(k, 0.0) + b
+        for k, v in kinds.items():
+            by_kind[k] = max(by_kind.get(k, 0.0), v)
+        for f, d in fam.items():
+            for k, v in d.items():
+                by_family.setdefault(f, {})[k] = max(by_family.get(f, {}).get(k, 0.0), v)
+    return {"by_kind": by_kind, "by_family": by_family}
