@@ -81,7 +81,7 @@ class SimResult:
 
 
 class _Rendezvous:
-    __slots__ = ("needed", "arrived", "event", "duration", "op", "rank", "members_real", "key")
+    __slots__ = ("needed", "arrived", "event", "duration", "op", "rank", "start_s", "key")
 
     def __init__(self, needed: int, event: simpy.Event, key):
         self.needed = needed          # how many simulated participants must arrive
@@ -90,6 +90,7 @@ class _Rendezvous:
         self.duration = None          # max of members' fixed durations
         self.op = None
         self.rank = None
+        self.start_s = 0.0            # when the communication started (all participants arrived)
         self.key = key
 
 
@@ -221,6 +222,7 @@ class Engine:
             dur = self.cost.comm_time_s(request)
         else:
             self._net_key += 1
+            rv.start_s = now
             self._net_events[self._net_key] = rv
             self.net.start(now, self._net_key, request)
             self._reschedule_network()
@@ -254,7 +256,7 @@ class Engine:
             key = nxt[1]
             self.net.finish(now, key)
             rv = self._net_events.pop(key)
-            rv.event.succeed(now)
+            rv.event.succeed(rv.start_s)
         self._reschedule_network()
 
     def _arrive(self, key, needed: int, rank: int, idx: int, op) -> tuple[_Rendezvous, bool]:
