@@ -17,11 +17,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Flagship: Llama-3-70B on 1,024 H100s (TP8 x PP8 x DP16, interleaved 1F1B), contention-aware network.
+# Flagship: Llama-3-70B on 1,024 H100s (TP8+SP x PP8 x DP16, interleaved 1F1B, selective recompute), flow network.
 demo: $(STAMP)
 	$(VENV)/bin/clustersim simulate --cluster dgx-h100 --gpus 1024 --model llama3-70b \
 	  --tp 8 --pp 8 --dp 16 --seq 8192 --global-batch 1024 --micro-batch 1 \
-	  --schedule interleaved --virtual-stages 2 --network flow --out $(DEMO_OUT)
+	  --sp --recompute selective --schedule interleaved --virtual-stages 2 --network flow --out $(DEMO_OUT)
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -214,15 +214,23 @@ def figures(runs: list[PlanRun], title: str | None = None) -> dict:
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
                   title: str | None = None, svg: bool = True) -> list[Path]:
     """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``."""
+    import io
+
     from simulator import plots
     written: list[Path] = []
     figs = figures(runs, title)
+    pngs = {}
+    for key, fig in figs.items():          # render each picture once: file and report share the bytes
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight")
+        pngs[key] = buf.getvalue()
     perfetto: dict[str, str] = {}
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for key, fig in figs.items():
-            written.append(plots.save(fig, out / f"{key}.png"))
+            (out / f"{key}.png").write_bytes(pngs[key])
+            written.append(out / f"{key}.png")
             if svg:
                 written.append(plots.save(fig, out / f"{key}.svg"))
         table = metrics_table(runs)
@@ -231,11 +239,11 @@ def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | N
         (out / "metrics.json").write_text(json.dumps(summary(runs), indent=1, default=str) + "\n")
         written.append(out / "metrics.json")
         written += _write_traces(runs, out, perfetto)
-    if report is not None:
-        from simulator.report import write_report
-        written.append(write_report(report, runs, figs, title=title, perfetto_files=perfetto))
     for fig in figs.values():
         plots.close(fig)
+    if report is not None:
+        from simulator.report import write_report
+        written.append(write_report(report, runs, pngs, title=title, perfetto_files=perfetto))
     return written
 
 

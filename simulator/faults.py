@@ -479,9 +479,10 @@ def apply_link_faults(cost_model, cluster, faults: FaultSpec):
     if not isinstance(cost_model, ClusterCostModel):
         raise ConfigError(f"faults: link failures and degradation need a topology-aware cost model "
                           f"(topologies.cost.ClusterCostModel), got {type(cost_model).__name__}")
-    return ClusterCostModel(new_cluster, network=getattr(cost_model, "network_mode", None) or "analytical",
-                            calibration=getattr(cost_model, "calibration", None),
-                            algorithm=getattr(cost_model, "algorithm", None))
+    return ClusterCostModel(new_cluster, network=cost_model.network_mode, calibration=cost_model.calibration,
+                            algorithm=cost_model.algorithm, compute_efficiency=cost_model.compute_efficiency,
+                            efficiency=cost_model.efficiency, call_overhead_s=cost_model.call_overhead_s,
+                            step_latency_s=cost_model.step_latency_s)
 
 
 def _edge_of(graph, link, where: str):

@@ -58,6 +58,9 @@ COMM_COLOURS = {
 #: idle spans on the compute lane: nothing runs (bubble) / only communication runs (exposed).
 BUBBLE_STYLE = {"facecolor": "none", "edgecolor": "#8A8A8A", "hatch": "////", "linewidth": 0.0}
 EXPOSED_STYLE = {"facecolor": "#FADBD8", "edgecolor": "#C0392B", "hatch": "xx", "linewidth": 0.0}
+#: exposed communication is also marked by a strip along the lower edge of the compute lane, visible over
+#: merged micro-batch blocks that contain blocking (e.g. tensor-parallel) communication.
+EXPOSED_STRIP_STYLE = {"facecolor": "#C0392B", "edgecolor": "none", "linewidth": 0.0}
 #: stacked memory categories (``simulator.program.MEMORY_CATEGORIES``).
 MEMORY_COLOURS = {
     "parameters": "#4C78A8",
@@ -321,7 +324,37 @@ def lane_positions(lanes: list[Lane]) -> tuple[np.ndarray, np.ndarray]:
     return y, h
 
 
-def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8, label_budget: int = 4000):
+def blocks(df: pd.DataFrame, tol_s: float = 0.0) -> pd.DataFrame:
+    """Merge each lane's consecutive ops of one micro-batch and phase (no gap longer than ``tol_s`` between
+    them) into one block, as pipeline papers draw them: a forward of micro-batch 3 made of 32 layer kernels
+    and their tensor-parallel all-reduces becomes one "F3" bar. Ops without a micro-batch stay alone.
+    Columns: rank, stream, start_s, end_s, microbatch, _key (colour key: the phase of the block's compute
+    ops, or the op's own key for communication-only blocks), compute (bool), ops (count)."""
+    d = df.sort_values(["rank", "stream", "start_s"], kind="stable")
+    mb = d["microbatch"] if "microbatch" in d.columns else pd.Series(pd.NA, index=d.index)
+    ph = d["phase"].fillna("") if "phase" in d.columns else pd.Series("", index=d.index)
+    lane = d["rank"].astype(str) + "\x00" + d["stream"].astype(str)
+    same_lane = lane.eq(lane.shift())
+    prev_end = d.groupby(lane, sort=False)["end_s"].cummax().shift()
+    mb_num = pd.to_numeric(mb, errors="coerce")
+    join = (same_lane & mb_num.notna() & mb_num.eq(mb_num.shift()) & ph.eq(ph.shift())
+            & (d["start_s"] - prev_end <= tol_s))
+    bid = (~join).cumsum().to_numpy()
+    is_comp = (d["kind"] == "compute").to_numpy()
+    ckey = d["_key"].where(is_comp)
+    g = pd.DataFrame({"rank": d["rank"].to_numpy(), "stream": d["stream"].to_numpy(), "start_s": d["start_s"].to_numpy(),
+                      "end_s": d["end_s"].to_numpy(), "microbatch": mb_num.to_numpy(), "_key": d["_key"].to_numpy(),
+                      "_ckey": ckey.to_numpy(), "compute": is_comp, "bid": bid})
+    out = g.groupby("bid", sort=False).agg(rank=("rank", "first"), stream=("stream", "first"),
+                                          start_s=("start_s", "min"), end_s=("end_s", "max"),
+                                          microbatch=("microbatch", "first"), key=("_key", "first"),
+                                          ckey=("_ckey", "first"), compute=("compute", "any"), ops=("bid", "size"))
+    out["_key"] = out["ckey"].where(out["ckey"].notna(), out["key"])
+    return out.drop(columns=["key", "ckey"]).reset_index(drop=True)
+
+
+def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8, label_budget: int = 4000,
+                merge: bool = True):
     lanes = panel.lanes
     ys, hs = lane_positions(lanes)
     y_of = {(ln.rank, ln.stream): i for i, ln in enumerate(lanes)}
@@ -330,8 +363,11 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
     keys = [colour_key(k, ph, co) for k, ph, co in zip(df["kind"], df.get("phase", [None] * len(df)),
                                                          df.get("collective", [None] * len(df)))]
     df = df.assign(_key=keys)
+    fig_w_px = ax.figure.get_figwidth() * ax.figure.dpi * ax.get_position().width
+    s_per_px = x_max / scale / max(fig_w_px, 1.0)
+    bars = blocks(df, tol_s=0.5 * s_per_px) if merge else df.assign(compute=df["kind"] == "compute")
     used = []
-    for key, sub in df.groupby("_key", sort=False):
+    for key, sub in bars.groupby("_key", sort=False):
         verts = []
         for (r, s), part in sub.groupby(["rank", "stream"], sort=False):
             i = y_of.get((int(r), s))
@@ -342,32 +378,33 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
                                 label=key, zorder=2)
             ax.add_collection(pc)
             used.append(key)
-    # idle spans on each rank's compute lane
-    bub_verts, exp_verts = [], []
+    # idle spans on each rank's compute lane (from the ops themselves, not the merged blocks)
+    bub_verts, exp_fill, exp_strip = [], [], []
     for i, ln in enumerate(lanes):
         if not ln.compute_lane:
             continue
         spans = idle_spans(df[df["rank"] == ln.rank], panel.step_time_s)
-        bub_verts += _rects(ys[i], *spans["bubble"], scale, hs[i] * fill)
-        exp_verts += _rects(ys[i], *spans["exposed"], scale, hs[i] * fill)
-    if exp_verts:
-        ax.add_collection(PolyCollection(exp_verts, label="exposed", zorder=1, **EXPOSED_STYLE))
+        h = hs[i] * fill
+        bub_verts += _rects(ys[i], *spans["bubble"], scale, h)
+        exp_fill += _rects(ys[i], *spans["exposed"], scale, h)
+        exp_strip += _rects(ys[i] + h * 0.36, *spans["exposed"], scale, h * 0.28)     # lower edge of the bar
+    if exp_fill:
+        ax.add_collection(PolyCollection(exp_fill, label="exposed_fill", zorder=1,
+                                         **{**EXPOSED_STYLE, "hatch": None}))
+        ax.add_collection(PolyCollection(exp_strip, label="exposed", zorder=2.6, **EXPOSED_STRIP_STYLE))
     if bub_verts:
         ax.add_collection(PolyCollection(bub_verts, label="bubble", zorder=1, **BUBBLE_STYLE))
     # micro-batch numbers on bars wide enough to hold them
-    if "microbatch" in df.columns:
-        fig_w_px = ax.figure.get_figwidth() * ax.figure.dpi * ax.get_position().width
-        px_per_unit = fig_w_px / max(x_max, 1e-30)
-        comp = df[(df["kind"] == "compute") & df["microbatch"].notna()]
+    if bars["microbatch"].notna().any():
+        comp = bars[bars["compute"] & bars["microbatch"].notna()]
         n = 0
-        for r, s, st, en, mb, key in zip(comp["rank"], comp["stream"], comp["start_s"], comp["end_s"],
-                                         comp["microbatch"], comp["_key"]):
+        for r, s, st, en, mb in zip(comp["rank"], comp["stream"], comp["start_s"], comp["end_s"], comp["microbatch"]):
             i = y_of.get((int(r), s))
             text = str(int(mb))
-            if i is None or (en - st) * scale * px_per_unit < 5.5 * len(text) + 3:
+            if i is None or (en - st) / s_per_px < 5.5 * len(text) + 3:
                 continue
-            ax.text((st + en) / 2 * scale, ys[i], text, ha="center", va="center", fontsize=6.5, color="white",
-                    zorder=3, gid="microbatch")
+            ax.text((st + en) / 2 * scale, ys[i] - hs[i] * fill * 0.08, text, ha="center", va="center",
+                    fontsize=6.5, color="white", zorder=3, gid="microbatch")
             n += 1
             if n >= label_budget:
                 break
@@ -502,8 +539,10 @@ def memory_over_time(results, path=None, ranks=None, max_ranks: int = 8) -> Figu
     ncols = max(len(p) for _, _, p in rows)
     t_max = max(float(res.step_time_s) for _, res, _ in rows) or 1.0
     scale, unit = _time_unit(t_max)
-    fig, axes = plt.subplots(len(rows), ncols, figsize=(max(6.0, 3.3 * ncols), 2.6 * len(rows) + 0.9),
-                             dpi=110, squeeze=False, sharex=True, sharey=True)
+    W, H = max(6.0, 3.3 * ncols), 2.6 * len(rows) + 0.9        # inches; fixed margins (tight_layout is slow)
+    fig, axes = plt.subplots(len(rows), ncols, figsize=(W, H), dpi=110, squeeze=False, sharex=True, sharey=True,
+                             gridspec_kw=dict(left=0.75 / W, right=1 - 0.15 / W, top=1 - 0.85 / H, bottom=0.5 / H,
+                                              wspace=0.12, hspace=0.65 / 1.9))
     used = []
     for i, (name, res, picks) in enumerate(rows):
         for j in range(ncols):
@@ -526,7 +565,8 @@ def memory_over_time(results, path=None, ranks=None, max_ranks: int = 8) -> Figu
             total = sum(levels.values()) if levels else np.zeros(len(grid))
             k = int(np.argmax(total))
             peak = float(total[k])
-            ax.plot([grid[k] * scale], [peak / 1e9], marker="v", color="#333333", markersize=4, gid="peak")
+            if cats:
+                ax.plot([grid[k] * scale], [peak / 1e9], marker="v", color="#333333", markersize=4, gid="peak")
             ax.set_title(f"{name + ' — ' if name else ''}{label}\npeak {peak / 1e9:.3g} GB of {cap / 1e9:.3g} GB",
                          fontsize=8)
             ax.tick_params(labelsize=7)
@@ -539,7 +579,6 @@ def memory_over_time(results, path=None, ranks=None, max_ranks: int = 8) -> Figu
     handles = [Patch(facecolor=MEMORY_COLOURS.get(c, "#CCCCCC"), label=c) for c in used]
     handles.append(plt.Line2D([], [], color="#C0392B", linestyle="--", label="HBM capacity"))
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     if path is not None:
         save(fig, path)
     return fig

@@ -105,6 +105,7 @@ class ClusterCostModel:
         self.capacity = np.array([c * self.efficiency.get(t, 1.0) for c, t in zip(cluster.link_capacity, types)])
         self._step_lat = [self.step_latency_s.get(t, 0.0) for t in types]
         self._cache: dict = {}
+        self._image_cache: dict = {}
         acc = cluster.accelerator
         fit = calibration.compute_fit(acc.name) if calibration is not None else None
         self._compute_fit = fit
@@ -241,19 +242,45 @@ class ClusterCostModel:
         if algo is None:
             return T, np.zeros(0, dtype=np.int64), np.zeros(0)
         S = request.size_bytes
+        scale = S
+        if T > 0 and len(algo.links):
+            # a calibrated T may be faster than the links allow: the representative alone never demands
+            # more than a link holds (so it finishes in T when alone)
+            over = float(np.max(algo.coef * S / T / self.capacity[algo.links]))
+            if over > 1.0:
+                scale = S / over
         if not request.images:
-            return T, algo.links, algo.coef * S
+            return T, algo.links, algo.coef * scale
+        links, coef = self._with_images(request, algo)
+        return T, links, coef * scale
+
+    def _with_images(self, request: CommRequest, algo: _AlgoCost):
+        """Links and bytes-per-byte of a communication and its images together (cached per images tuple).
+
+        When the images are link-disjoint from the representative and from each other, every image link
+        mirrors one of the representative's (symmetric mode's premise), so the representative's links alone
+        carry the same constraints: nothing is added."""
+        key = (request.kind, request.ranks, request.size_bytes, algo.name, id(request.images))
+        hit = self._image_cache.get(key)
+        if hit is not None and hit[0] is request.images:
+            return hit[1], hit[2]
         parts_l, parts_c = [algo.links], [algo.coef]
         for img in request.images:
             g = self._gpus(request, img)
-            a = self._choose(request.kind, g, S)
+            a = self._choose(request.kind, g, request.size_bytes)
             if a is not None:
                 parts_l.append(a.links)
                 parts_c.append(a.coef)
         links = np.concatenate(parts_l)
-        coef = np.concatenate(parts_c)
         uniq, inv = np.unique(links, return_inverse=True)
-        return T, uniq, np.bincount(inv, weights=coef, minlength=len(uniq)) * S
+        if len(uniq) == len(links):
+            out = (algo.links, algo.coef)
+        else:
+            out = (uniq, np.bincount(inv, weights=np.concatenate(parts_c), minlength=len(uniq)))
+        if len(self._image_cache) > 4096:
+            self._image_cache.clear()
+        self._image_cache[key] = (request.images, *out)
+        return out
 
     def network(self):
         """A fresh FlowNetwork: max-min fair in "flow" mode, contention-free otherwise."""

@@ -71,10 +71,6 @@ class FlowNetwork:
         nbytes = np.asarray(nbytes, dtype=float)
         if T > 0 and len(links):
             demand = nbytes / T
-            # a calibrated T may be faster than the links allow: never demand more than a link holds alone
-            over = float(np.max(demand / self.capacity[links]))
-            if over > 1.0:
-                demand = demand / over
         else:
             links, demand = links[:0], nbytes[:0]
         b = _Bundle(key, float(T), links, demand, now_s)

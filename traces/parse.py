@@ -417,6 +417,11 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     cpu = pd.DataFrame({k: c[k] for k in c})
     gpu = pd.DataFrame({k: g[k] for k in g})
     mem = pd.DataFrame({k: rp.mem[k] for k in rp.mem})
+    # microseconds from this rank's first event: small numbers keep sub-ns precision
+    first = rp.min_ts if math.isfinite(rp.min_ts) else 0.0
+    for df in (cpu, gpu, mem):
+        if len(df):
+            df["ts"] = df["ts"] - first
     cpu["end"] = cpu["ts"] + cpu["dur"]
     gpu["end"] = gpu["ts"] + gpu["dur"]
     # nesting per thread
@@ -585,8 +590,10 @@ class _CommInfo:
             self.group_ranks = r
         if extra.get("Process Group Name") is not None and self.pg is None:
             self.pg = str(extra["Process Group Name"])
-        if isinstance(extra.get("Input Dims"), list) and (self.dims is None or name.startswith("c10d::")):
-            self.dims, self.dims_name = extra["Input Dims"], name
+        dims = extra.get("Input Dims")
+        if isinstance(dims, list) and sum(_tensor_numels(dims[:2])) > 0 and (
+                self.dims is None or name.startswith("c10d::")):
+            self.dims, self.dims_name = dims, name
         t = _input_type(extra)
         if t and self.dtype is None:
             self.dtype = t
@@ -714,7 +721,7 @@ def _collectives(cpu: pd.DataFrame, gpu: pd.DataFrame, rp: _RankParser, info: Ra
             ci.impl = normalize_kind(gpu.at[k, "name"]) or ci.kind
             if ci.name is None:
                 ci.name = gpu.at[k, "name"]
-            rows.append((ci, gpu.at[k, "ts"], gpu.at[k, "end"], f"cuda:{gpu.at[k, 'stream']}", k, "gpu"))
+            rows.append((ci, gpu.at[k, "ts"], gpu.at[k, "dur"], f"cuda:{gpu.at[k, 'stream']}", k, "gpu"))
     else:
         enq = [r for r in roots if not names[r].startswith("gloo:")]
         work = [r for r in roots if names[r].startswith("gloo:")]
@@ -751,12 +758,12 @@ def _collectives(cpu: pd.DataFrame, gpu: pd.DataFrame, rp: _RankParser, info: Ra
                 if ci.pg is None and tid[w] in lane_pg:
                     ci.pg = lane_pg[tid[w]]
                 stream = f"gloo:{tid[w]}" if tid[w] != tid[r] else f"cpu:{tid[w]}"
-                rows.append((ci, ts[w], end[w], stream, -1, "worker"))
+                rows.append((ci, ts[w], end[w] - ts[w], stream, -1, "worker"))
             else:
                 ci.impl = ci.kind
-                rows.append((ci, ts[r], end[r], f"cpu:{tid[r]}", -1, "cpu"))
+                rows.append((ci, ts[r], end[r] - ts[r], f"cpu:{tid[r]}", -1, "cpu"))
     out = []
-    for ci, t0, t1, stream, krow, timing in rows:
+    for ci, t0, dur, stream, krow, timing in rows:
         if not ci.kind or ci.kind == "sendrecv" and not ci.impl:
             continue
         _resolve_group(ci, info, world)
@@ -765,7 +772,7 @@ def _collectives(cpu: pd.DataFrame, gpu: pd.DataFrame, rp: _RankParser, info: Ra
             "kind": ci.kind, "impl": ci.impl or ci.kind, "backend": info.backend or ("nccl" if krow >= 0 else None),
             "name": ci.name, "size_bytes": size, "in_nelems": ci.in_n, "out_nelems": ci.out_n, "dtype": ci.dtype,
             "group_size": ci.group_size, "group_ranks": ci.group_ranks, "pg": ci.pg, "peer": ci.peer,
-            "ts": t0, "dur": t1 - t0, "end": t1, "issue_ts": ci.issue_ts, "issue_end": ci.issue_end,
+            "ts": t0, "dur": dur, "end": t0 + dur, "issue_ts": ci.issue_ts, "issue_end": ci.issue_end,
             "stream": stream, "kernel": krow, "op": ci.issue_row, "timing": timing,
         })
     cols = ["kind", "impl", "backend", "name", "size_bytes", "in_nelems", "out_nelems", "dtype", "group_size",
@@ -843,12 +850,11 @@ def load_trace(path: str | Path, *, progress=None) -> Trace:
         info, rp, _ = by_rank[rank]
         fr = _frames(rp, info)
         # times relative to this rank's first event stay precise; then the rank's offset on the common clock
-        first = rp.min_ts if math.isfinite(rp.min_ts) else 0.0
         offset_us = info.start_abs_us - origin if math.isfinite(rp.min_ts) else 0.0
         for name, df in fr.items():
             for col in ("ts", "end", "gpu_end", "issue_ts", "issue_end"):
                 if col in df:
-                    df[col] = ((df[col] - first) + offset_us) * 1e-6
+                    df[col] = (df[col] + offset_us) * 1e-6
             if "dur" in df:
                 df["dur"] = df["dur"] * 1e-6
             df.insert(0, "rank", rank)

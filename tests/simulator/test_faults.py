@@ -252,3 +252,28 @@ def test_unknown_link_or_node_is_a_topology_error(cluster):
 def test_link_faults_need_a_cluster():
     with pytest.raises(ConfigError, match="cluster"):
         apply_faults(SimpleCostModel(), None, parse_fault_options(fail_links=["a.0:b.0"]), 8)
+
+
+def test_link_faults_rebuild_the_cost_model_on_the_faulted_cluster():
+    topologies = pytest.importorskip("topologies")
+    from simulator.costs import CommRequest
+    from topologies.cost import ClusterCostModel
+    small = topologies.load_cluster("dgx-h100", 16)
+    cm = ClusterCostModel(small, network="flow")
+    size = 1e9
+    req = CommRequest("p2p", (0, 8), size)
+    base = cm.comm_time_s(req)
+    deg, _ = apply_faults(cm, small, parse_fault_options(degrade_links=["0:leaf.0:0.5"]), 16)
+    assert isinstance(deg, ClusterCostModel) and deg.network_mode == "flow" and deg.cluster is not small
+    # halving the NIC link's bandwidth adds exactly one more NIC-transfer time: S / (efficiency x 50 GB/s)
+    nic = small.fat_tree.bandwidth * cm.efficiency["ib"]
+    assert deg.comm_time_s(req) - base == pytest.approx(size / nic, rel=1e-9)
+    failed, _ = apply_faults(cm, small, parse_fault_options(fail_links=["0:leaf.0"]), 16)
+    t = failed.comm_time_s(req)
+    assert math.isfinite(t) and t > base          # re-routed over NVLink and a peer's NIC: more hops
+    assert failed.comm_time_s(CommRequest("p2p", (1, 9), size)) == pytest.approx(cm.comm_time_s(
+        CommRequest("p2p", (1, 9), size)))
+    # stragglers and link faults compose
+    both, _ = apply_faults(cm, small, parse_fault_options(stragglers=["3:1.5"], fail_links=["0:leaf.0"]), 16)
+    assert both.comm_time_s(req) == pytest.approx(t)
+    assert both.network_mode == "flow" and both.contention_aware
