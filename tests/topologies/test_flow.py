@@ -1,0 +1,178 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.costs import CommRequest
+from simulator.errors import TopologyError
+from topologies import load_cluster
+from topologies.cost import ClusterCostModel
+from topologies.flow import max_min_rates
+
+EXACT = {"nvlink": 1.0, "ib": 1.0, "ici": 1.0, "ethernet": 1.0, "pcie": 1.0, "ub": 1.0}
+
+
+def run_all(net, starts):
+    """Drive a FlowNetwork like the engine: starts = [(time, key, request)]; returns key -> finish time."""
+    pending = sorted(starts, key=lambda s: s[0])
+    done, now = {}, 0.0
+    while pending or net.next_completion() is not None:
+        nxt = net.next_completion()
+        if pending and (nxt is None or pending[0][0] <= nxt[0]):
+            t, key, req = pending.pop(0)
+            now = t
+            net.start(now, key, req)
+            continue
+        now, key = nxt
+        net.finish(now, key)
+        done[key] = now
+    return done
+
+
+def test_two_flows_over_one_link_get_half_each():
+    c = load_cluster("dgx-h100", 64)
+    m = ClusterCostModel(c, network="flow", efficiency=EXACT)
+    S = 2**32
+    # both leave GPU 0 through its NIC link: 0->8 and 0->16
+    a, b = CommRequest("p2p", (0, 8), S), CommRequest("p2p", (0, 16), S)
+    done = run_all(m.network(), [(0.0, "a", a), (0.0, "b", b)])
+    assert done["a"] == pytest.approx(2 * S / 50e9, rel=1e-9)
+    assert done["b"] == pytest.approx(2 * S / 50e9, rel=1e-9)
+    # a half-size flow: both at half rate until it ends at S/B, then the other alone: 1.5 S/B
+    # (up to the few-microsecond latency terms, which the fluid model smears over each bundle's life)
+    done = run_all(m.network(), [(0.0, "a", a), (0.0, "b", CommRequest("p2p", (0, 16), S / 2))])
+    assert done["b"] == pytest.approx(S / 50e9, rel=1e-4)
+    assert done["a"] == pytest.approx(1.5 * S / 50e9, rel=1e-4)
+    # disjoint flows do not interact: each takes its analytical time
+    c2 = CommRequest("p2p", (1, 9), S)
+    done = run_all(m.network(), [(0.0, "a", a), (0.0, "c", c2)])
+    assert done["a"] == pytest.approx(m.comm_time_s(a), rel=1e-12)
+    assert done["c"] == pytest.approx(m.comm_time_s(c2), rel=1e-12)
+
+
+def test_late_start_shares_remaining():
+    c = load_cluster("dgx-h100", 16)
+    m = ClusterCostModel(c, network="flow", efficiency=EXACT)
+    S, B = 2**32, 50e9
+    a = CommRequest("p2p", (0, 8), S)
+    done = run_all(m.network(), [(0.0, "a", a), (0.5 * S / B, "b", CommRequest("p2p", (0, 8), S / 4))])
+    # b (S/4) shares with a from S/(2B): half rate each until b ends after S/(2B) more; a then has S/4 left
+    assert done["b"] == pytest.approx(S / B, rel=1e-4)         # latency terms are smeared (module doc)
+    assert done["a"] == pytest.approx(1.25 * S / B, rel=1e-4)
+
+
+GROUPS = [tuple(range(8)), (0, 1, 2, 3), tuple(range(16)), tuple(range(0, 64, 8)), tuple(range(64)), (5, 13, 21),
+          (0, 9, 18, 27, 36, 45)]
+KINDS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(GROUPS), st.sampled_from(KINDS), st.floats(0, 2**33))
+def test_flow_alone_equals_analytical(group, kind, size):
+    c = _CLUSTER
+    req = CommRequest(kind, group, size)
+    an = ClusterCostModel(c).comm_time_s(req)
+    fl = ClusterCostModel(c, network="flow")
+    done = run_all(fl.network(), [(1.0, "x", req)])
+    assert done["x"] - 1.0 == pytest.approx(an, rel=1e-9, abs=1e-15)
+
+
+_CLUSTER = load_cluster("dgx-h100", 64)
+
+
+def _dp_groups():
+    return [tuple(range(j, 64, 8)) for j in range(8)]
+
+
+@pytest.mark.parametrize("rail", [True, False])
+def test_symmetric_images_equal_full_launch(rail):
+    c = load_cluster("dgx-h100", 64, tiers=2, leaf_down=16, oversubscription=4, rail_optimised=rail)
+    m = ClusterCostModel(c, network="flow")
+    groups = _dp_groups()
+    S = 2**28
+    full = run_all(m.network(), [(0.0, i, CommRequest("all_reduce", g, S)) for i, g in enumerate(groups)])
+    sym = run_all(m.network(), [(0.0, "rep", CommRequest("all_reduce", groups[0], S, images=tuple(groups[1:])))])
+    assert sym["rep"] == pytest.approx(full[0], rel=1e-9)
+    assert max(full.values()) == pytest.approx(full[0], rel=1e-9)
+
+
+def test_rail_optimised_vs_not_for_cross_node_groups():
+    """8 concurrent DP all-reduces (one per local GPU index) over 8 nodes on a 4:1 oversubscribed fabric:
+    rail-optimised, each rail's traffic stays on its leaf (full NIC rate); otherwise the leaves' 4
+    uplinks carry 8 crossing flows -> at most half the NIC rate. Alone, only the latency differs."""
+    S = 2**30
+    times = {}
+    for rail in (True, False):
+        c = load_cluster("dgx-h100", 64, tiers=2, leaf_down=16, oversubscription=4, rail_optimised=rail)
+        m = ClusterCostModel(c, network="flow")
+        g = _dp_groups()
+        req = CommRequest("all_reduce", g[0], S, images=tuple(g[1:]))
+        times[rail] = run_all(m.network(), [(0.0, "dp", req)])["dp"]
+        alone = ClusterCostModel(c).comm_time_s(CommRequest("all_reduce", g[0], S))
+        times[rail, "alone"] = alone
+    assert times[True] == pytest.approx(times[True, "alone"], rel=1e-9)
+    assert times[False] > 1.8 * times[True]
+    assert times[False, "alone"] > times[True, "alone"]        # more hops, more latency
+    assert times[False, "alone"] == pytest.approx(times[True, "alone"], rel=0.01)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_max_min_fairness_characterisation(data):
+    """Feasible, and every bundle below rate 1 crosses a saturated link on which no bundle is faster."""
+    nl = data.draw(st.integers(1, 6))
+    cap = np.array(data.draw(st.lists(st.floats(0.5, 10), min_size=nl, max_size=nl)))
+    nb = data.draw(st.integers(1, 6))
+    links, dem = [], []
+    for _ in range(nb):
+        ls = sorted(data.draw(st.sets(st.integers(0, nl - 1), min_size=1, max_size=nl)))
+        links.append(np.array(ls))
+        dem.append(np.array(data.draw(st.lists(st.floats(0.1, 10), min_size=len(ls), max_size=len(ls)))))
+    y = max_min_rates(links, dem, cap)
+    load = np.zeros(nl)
+    for b in range(nb):
+        np.add.at(load, links[b], y[b] * dem[b])
+    assert np.all(load <= cap * (1 + 1e-9))
+    assert np.all((y >= 0) & (y <= 1 + 1e-12))
+    for b in range(nb):
+        if y[b] >= 1 - 1e-9:
+            continue
+        ok = False
+        for l in links[b]:
+            if load[l] >= cap[l] * (1 - 1e-7):
+                on = [bb for bb in range(nb) if l in links[bb]]
+                if all(y[bb] <= y[b] * (1 + 1e-7) for bb in on):
+                    ok = True
+        assert ok, (b, y, load, cap)
+
+
+def test_flow_network_errors_and_ideal():
+    c = load_cluster("dgx-h100", 16)
+    net = ClusterCostModel(c, network="flow").network()
+    req = CommRequest("p2p", (0, 8), 1e6)
+    net.start(0.0, "k", req)
+    with pytest.raises(TopologyError, match="twice"):
+        net.start(0.0, "k", req)
+    with pytest.raises(TopologyError, match="unknown"):
+        net.finish(0.0, "nope")
+    with pytest.raises(TopologyError, match="backwards"):
+        net.start(-1.0, "j", req)
+    ideal = ClusterCostModel(c, network="ideal")
+    done = run_all(ideal.network(), [(2.0, "z", req)])
+    assert done["z"] == 2.0
+    an = ClusterCostModel(c)
+    done = run_all(an.network(), [(0.0, "a", req), (0.0, "b", CommRequest("p2p", (0, 8), 1e6))])
+    assert done["a"] == done["b"] == pytest.approx(an.comm_time_s(req))
+
+
+def test_calibrated_flow_alone_equals_calibrated_analytical():
+    from simulator.calibration import Calibration, CollectiveFit
+    c = load_cluster("dgx-h100", 16)
+    # a fit faster than the links (busbw 2x NVLink) and one slower
+    for busbw in (9e11, 1e11):
+        cal = Calibration(collectives=[CollectiveFit("all_reduce", 8, "intra", 1e-5, busbw)])
+        req = CommRequest("all_reduce", tuple(range(8)), 2**30)
+        an = ClusterCostModel(c, calibration=cal).comm_time_s(req)
+        assert an == pytest.approx(1e-5 + 2**30 * 1.75 / busbw)
+        done = run_all(ClusterCostModel(c, network="flow", calibration=cal).network(), [(0.0, "x", req)])
+        assert done["x"] == pytest.approx(an, rel=1e-9)
