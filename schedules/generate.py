@@ -118,8 +118,9 @@ class _StageBuilder:
                 units.append(Unit(f"L{l}", l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
                                   u.w_frac, u.transient, u.moe))
             if vs == self.nv - 1:
-                units.append(Unit("lm_head", None, m.head_params() / p.tp if mem.holds_head(m, p, self.s) else 0.0,
-                                  0.0, m.head_flops(p.seq, p.micro_batch) / div, 0.0, 0.0, 0.0, kind="head"))
+                head = (m.head_params() / p.tp if mem.holds_head(m, p, self.s) else 0.0) + m.hidden  # + final norm
+                units.append(Unit("lm_head", None, head, 0.0, m.head_flops(p.seq, p.micro_batch) / div, 0.0, 0.0,
+                                  0.0, kind="head"))
             out.append(units)
         return out
 
@@ -317,7 +318,9 @@ class _StageBuilder:
         else:
             main = lin_main + 2 * u.f_core + (lin_main if a.phase == "B" else 0.0)
             exp = u.f_exp * (2 if a.phase == "B" else 1)
-            if p.recompute == "full":
+            if u.kind != "layer":
+                pass                # recomputation applies to transformer layers only
+            elif p.recompute == "full":
                 main, exp = main + u.f_main, exp + u.f_exp
             elif p.recompute == "selective":
                 main += u.f_core

@@ -409,6 +409,8 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
     notes: list[str] = []
+    if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
+        notes.append("interleaved with --virtual-stages 1 is plain 1F1B; give --virtual-stages V > 1 to interleave")
     failures = None
     fault_breaks = False
     if exp.faults:

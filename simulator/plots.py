@@ -2,10 +2,12 @@
 
 - ``gantt(results)``: one panel per plan on one shared time axis, one lane per (rank, stream). Compute bars
   are coloured by phase (``PHASE_COLOURS``), communication by collective kind (``COMM_COLOURS``; send/recv
-  as ``p2p``); micro-batch numbers are written on bars wide enough to hold them. On each rank's compute
-  lane the time when the rank computes nothing is split into *exposed communication* (some communication
-  runs: ``EXPOSED_STYLE``) and *bubble* (nothing runs: ``BUBBLE_STYLE``, hatched), so compute + exposed +
-  bubble = the step time, as in ``simulator.metrics``.
+  as ``p2p``). A lane's consecutive ops of one micro-batch and phase are drawn as one bar (``blocks``), with
+  the micro-batch number on it when it is wide enough. On each rank's compute lane the time when the rank
+  computes nothing is split into *exposed communication* (some communication runs: a light red fill and a
+  dark red strip along the lane's lower edge, ``EXPOSED_STYLE`` / ``EXPOSED_STRIP_STYLE``) and *bubble*
+  (nothing runs: ``BUBBLE_STYLE``, hatched), so compute + exposed + bubble = the step time, as in
+  ``simulator.metrics``.
 - Large jobs show one representative rank per pipeline stage, labelled "stage s (rep. of N ranks)".
 - ``memory_over_time(results)``: per rank, stacked parameters / gradients / optimizer / activations /
   buffers over the step, with the device's HBM capacity as a line.
@@ -57,7 +59,7 @@ COMM_COLOURS = {
 }
 #: idle spans on the compute lane: nothing runs (bubble) / only communication runs (exposed).
 BUBBLE_STYLE = {"facecolor": "none", "edgecolor": "#8A8A8A", "hatch": "////", "linewidth": 0.0}
-EXPOSED_STYLE = {"facecolor": "#FADBD8", "edgecolor": "#C0392B", "hatch": "xx", "linewidth": 0.0}
+EXPOSED_STYLE = {"facecolor": "#F5C6C1", "edgecolor": "none", "linewidth": 0.0}
 #: exposed communication is also marked by a strip along the lower edge of the compute lane, visible over
 #: merged micro-batch blocks that contain blocking (e.g. tensor-parallel) communication.
 EXPOSED_STRIP_STYLE = {"facecolor": "#C0392B", "edgecolor": "none", "linewidth": 0.0}
@@ -390,7 +392,7 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
         exp_strip += _rects(ys[i] + h * 0.36, *spans["exposed"], scale, h * 0.28)     # lower edge of the bar
     if exp_fill:
         ax.add_collection(PolyCollection(exp_fill, label="exposed_fill", zorder=1,
-                                         **{**EXPOSED_STYLE, "hatch": None}))
+                                         **EXPOSED_STYLE))
         ax.add_collection(PolyCollection(exp_strip, label="exposed", zorder=2.6, **EXPOSED_STRIP_STYLE))
     if bub_verts:
         ax.add_collection(PolyCollection(bub_verts, label="bubble", zorder=1, **BUBBLE_STYLE))
@@ -419,7 +421,7 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    return used, bool(bub_verts), bool(exp_verts)
+    return used, bool(bub_verts), bool(exp_fill)
 
 
 def _named(results) -> dict:
@@ -431,7 +433,7 @@ def _named(results) -> dict:
 
 
 def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, title: str | None = None,
-          metrics: dict | None = None) -> Figure:
+          metrics: dict | None = None, merge_blocks: bool = True) -> Figure:
     """Gantt timelines of one or several plans on one shared time axis (one panel per plan).
 
     results    a SimResult, a timeline DataFrame, or {plan name: SimResult | DataFrame}
@@ -439,6 +441,8 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
     ranks      simulated ranks to show (default: all, or one representative per pipeline stage)
     max_lanes  lane budget per panel when choosing ranks
     metrics    optional {plan name: Metrics} for the panel titles (step time, bubble, exposed comm)
+    merge_blocks  draw each lane's consecutive ops of one micro-batch and phase as one bar (``blocks``);
+               False draws every op
     """
     named = _named(results)
     panels = [panel_of(n, x, ranks, max_lanes) for n, x in named.items()]
@@ -455,7 +459,7 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
     for i, pn in enumerate(panels):
         ax = fig.add_subplot(gs[i], sharex=axes[0] if axes else None)
         ax.set_xlim(0, t_max * scale * 1.01)
-        used, b, e = _draw_panel(ax, pn, scale, t_max * scale * 1.01)
+        used, b, e = _draw_panel(ax, pn, scale, t_max * scale * 1.01, merge=merge_blocks)
         used_keys += [k for k in used if k not in used_keys]
         any_bubble |= b
         any_exposed |= e
@@ -475,7 +479,8 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
     handles = [Patch(facecolor=colour_of(k), label=PHASE_LABELS.get(k, k.replace("_", "-") if k != "p2p"
                                                                      else "send/recv (p2p)")) for k in used_keys]
     if any_exposed:
-        handles.append(Patch(label=EXPOSED_LABEL, **{**EXPOSED_STYLE, "linewidth": 0.5}))
+        handles.append(Patch(label=EXPOSED_LABEL, facecolor=EXPOSED_STYLE["facecolor"],
+                             edgecolor=EXPOSED_STRIP_STYLE["facecolor"], linewidth=1.2))
     if any_bubble:
         handles.append(Patch(label=BUBBLE_LABEL, **{**BUBBLE_STYLE, "linewidth": 0.5}))
     fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 8), fontsize=8, frameon=False,

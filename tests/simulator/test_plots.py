@@ -156,7 +156,8 @@ def test_bubble_and_exposed_spans_equal_the_engine_metrics():
             assert widths(cols[key])[on_lane].sum() == pytest.approx(want, rel=1e-9, abs=1e-12)
     assert met.exposed_comm_fraction > 0.01 and met.bubble_fraction > 0.1      # both visible
     assert cols["bubble"].get_hatch() == plots.BUBBLE_STYLE["hatch"]
-    assert cols["exposed"].get_hatch() == plots.EXPOSED_STYLE["hatch"]
+    assert to_rgba(cols["exposed"].get_facecolor()[0]) == to_rgba(plots.EXPOSED_STRIP_STYLE["facecolor"])
+    assert sorted(widths(cols["exposed_fill"])) == pytest.approx(sorted(widths(cols["exposed"])))
     assert to_rgba(cols["all_reduce"].get_facecolor()[0]) == to_rgba(plots.COMM_COLOURS["all_reduce"])
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert plots.BUBBLE_LABEL in legend and plots.EXPOSED_LABEL in legend and "all-reduce" in legend
