@@ -1,0 +1,120 @@
+"""Resource guards: refuse a simulation that would exceed the memory or event budget, before it starts.
+
+Cost per simulated op, measured on this code base (``clustersim simulate`` of Llama-3-8B, TP8 PP2, 1,024
+H100s, full mode, 432k ops; resident-set growth over the run, CPython 3, 2026-11):
+
+- engine + programs + metrics: 140-150 B/op (analytical and flow networks); 320 B/op under tracemalloc
+  at 256 GPUs, where fixed costs weigh more -> ``ENGINE_BYTES_PER_OP = 400`` (headroom for Python builds);
+- the timeline DataFrame (report folders, Perfetto, plots): another ~730 B/op -> ``TIMELINE_BYTES_PER_OP = 800``;
+- time: 12 us/op analytical, 35 us/op with the flow network (same runs) -> ``SECONDS_PER_OP``.
+
+The budget defaults to 70 % of the memory available now (``/proc/meminfo`` MemAvailable) and
+``DEFAULT_MAX_OPS`` events. A full-mode run whose symmetric twin would fit is told to use symmetric mode.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from simulator.errors import ConfigError, ResourceLimitError
+
+ENGINE_BYTES_PER_OP = 400.0
+TIMELINE_BYTES_PER_OP = 800.0
+SECONDS_PER_OP = {"ideal": 12e-6, "analytical": 12e-6, "flow": 35e-6}
+DEFAULT_MAX_OPS = 50_000_000          # ~10 min analytical, ~30 min with the flow network
+MEMORY_FRACTION = 0.7
+FALLBACK_MEMORY_BYTES = 8e9           # when the available memory cannot be read
+
+
+@dataclass(frozen=True)
+class BudgetEstimate:
+    """What a run is expected to cost: simulated ops, bytes of memory, seconds of wall time."""
+
+    ops: int
+    memory_bytes: float
+    seconds: float
+    max_ops: int
+    max_memory_bytes: float
+
+
+def available_memory_bytes() -> float:
+    """Memory available to a new allocation now (MemAvailable on Linux), else a conservative default."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return FALLBACK_MEMORY_BYTES
+
+
+def estimate(ops: int, *, timeline: bool = False, network: str = "analytical") -> tuple[float, float]:
+    """(memory bytes, seconds) of simulating ``ops`` ops."""
+    per_op = ENGINE_BYTES_PER_OP + (TIMELINE_BYTES_PER_OP if timeline else 0.0)
+    return ops * per_op, ops * SECONDS_PER_OP.get(network, SECONDS_PER_OP["flow"])
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if b >= scale:
+            return f"{b / scale:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def check_budget(programs_or_estimate, mode: str = "full", *, max_ops: int | None = None,
+                 max_memory_bytes: float | None = None, timeline: bool = False, network: str = "analytical",
+                 symmetric_ops: int | None = None) -> BudgetEstimate:
+    """Raise ResourceLimitError if simulating would exceed ``max_ops`` events or ``max_memory_bytes``.
+
+    programs_or_estimate  a ``Programs`` (its simulated op count is used) or an int op count (e.g. the
+                          ``represented_op_count`` of symmetric programs, to check full mode before building it)
+    mode                  "symmetric" or "full": what will be simulated (only shapes the advice)
+    timeline              a timeline / Perfetto / report folder will be built (more memory per op)
+    network               "ideal" | "analytical" | "flow" (time estimate)
+    symmetric_ops         op count of the symmetric twin, if known (advice: would symmetric mode fit?)
+    Returns the estimate when within budget."""
+    if mode not in ("symmetric", "full"):
+        raise ConfigError(f"check_budget: mode must be 'symmetric' or 'full', got {mode!r}")
+    if isinstance(programs_or_estimate, bool):
+        raise ConfigError("check_budget: expected Programs or an op count")
+    if isinstance(programs_or_estimate, (int, float)):
+        ops = programs_or_estimate
+        if not (isinstance(ops, int) or (math.isfinite(ops) and ops == int(ops))) or ops < 0:
+            raise ConfigError(f"check_budget: op count must be a whole number >= 0, got {ops!r}")
+        ops = int(ops)
+    else:
+        try:
+            ops = int(programs_or_estimate.op_count)
+        except AttributeError:
+            raise ConfigError(f"check_budget: expected Programs or an op count, got "
+                              f"{type(programs_or_estimate).__name__}") from None
+    max_ops = DEFAULT_MAX_OPS if max_ops is None else int(max_ops)
+    if max_memory_bytes is None:
+        max_memory_bytes = MEMORY_FRACTION * available_memory_bytes()
+    mem, secs = estimate(ops, timeline=timeline, network=network)
+    est = BudgetEstimate(ops, mem, secs, max_ops, float(max_memory_bytes))
+    over = []
+    if ops > max_ops:
+        over.append(f"{ops:,} ops exceed the event budget of {max_ops:,} (~{secs / 60:.0f} min of simulation)")
+    if mem > max_memory_bytes:
+        over.append(f"~{_fmt_bytes(mem)} of memory exceeds the budget of {_fmt_bytes(max_memory_bytes)} "
+                    f"({ENGINE_BYTES_PER_OP + (TIMELINE_BYTES_PER_OP if timeline else 0):.0f} B/op"
+                    f"{' with the timeline' if timeline else ''})")
+    if not over:
+        return est
+    advice = []
+    if mode == "full":
+        if symmetric_ops is not None:
+            advice.append(f"symmetric mode (--mode symmetric) would simulate {symmetric_ops:,} ops")
+        else:
+            advice.append("use symmetric mode (--mode symmetric; only possible without per-rank faults)")
+    advice.append("simulate a smaller horizon: fewer micro-batches (a smaller --global-batch) or fewer GPUs")
+    if timeline:
+        advice.append("skip the timeline and report folder (no --out)")
+    raise ResourceLimitError(f"simulation too large ({mode} mode): " + "; ".join(over) + ". Try: "
+                             + "; or ".join(advice) + ".")
