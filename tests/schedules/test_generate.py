@@ -1,0 +1,236 @@
+"""Program generators run in the engine: closed forms for bubbles, communication volume and memory; a
+property test over a grid of plans (no deadlock, matched p2p, symmetric == full)."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedules import build_programs, comm_volume, custom_model, get_model, memory_per_rank
+from schedules.plan import ParallelPlan
+from simulator.costs import IdealCostModel, SimpleCostModel
+from simulator.engine import run
+from simulator.metrics import peak_memory
+from simulator.program import validate
+
+TINY = get_model("tiny")
+MOE = get_model("tiny-moe")
+SEQ = 128
+
+
+class LayersOnly(IdealCostModel):
+    """Ideal network; only transformer layers take time (embedding, LM head and optimizer are free), so every
+    pipeline stage is equally loaded, as the bubble closed forms assume."""
+
+    def compute_time_s(self, rank, op):
+        if op.layer is None:
+            return 0.0
+        return op.flops / self.flops_per_s
+
+
+def _step(model, plan, cost=None, symmetric=True):
+    progs = build_programs(model, plan, symmetric=symmetric)
+    return progs, run(progs, cost or LayersOnly())
+
+
+def _stage_busy(progs, rank, cost):
+    return sum(cost.compute_time_s(rank, op) for op in progs.ops[rank] if op.kind == "compute")
+
+
+def _bubble(schedule, p, m, v=1, model=None):
+    model = model or custom_model(layers=16, hidden=256, heads=8, vocab=64)
+    plan = ParallelPlan(pp=p, schedule=schedule, virtual_stages=v, global_batch=m, seq=SEQ)
+    cost = LayersOnly()
+    progs, res = _step(model, plan, cost)
+    busy = _stage_busy(progs, 0, cost)
+    return res.step_time_s, res.step_time_s - busy, progs, cost
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 4), (4, 8), (8, 16)])
+def test_bubble_fraction_in_engine(schedule, p, m):
+    step, bubble, _, _ = _bubble(schedule, p, m)
+    assert bubble / step == pytest.approx((p - 1) / (m + p - 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("p, m, v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (4, 4, 2)])
+def test_interleaved_bubble_is_one_vth_in_engine(p, m, v):
+    b1 = _bubble("1f1b", p, m)[1]
+    assert _bubble("interleaved", p, m, v)[1] == pytest.approx(b1 / v, rel=1e-9)
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (4, 12), (8, 16)])
+def test_zb_h1_bubble_in_engine(p, m):
+    b1 = _bubble("1f1b", p, m)[1]
+    _, bz, progs, cost = _bubble("zb", p, m)
+    # per micro-batch and stage durations of F, B (input) and W
+    ops = [op for op in progs.ops[0] if op.kind == "compute" and op.microbatch == 0 and op.layer is not None]
+    t = {ph: sum(cost.compute_time_s(0, o) for o in ops if o.phase == ph)
+         for ph in ("forward", "backward_input", "backward_weight")}
+    tf, tb, tw = t["forward"], t["backward_input"], t["backward_weight"]
+    # Qi et al. 2024: 1F1B's bubble is (p-1)(T_F+T_B+T_W), ZB-H1's (p-1)(T_F+T_B-T_W): about a third
+    assert b1 == pytest.approx((p - 1) * (tf + tb + tw), rel=1e-9)
+    assert bz == pytest.approx((p - 1) * (tf + tb - tw), rel=1e-9)
+    assert 0.3 < bz / b1 < 0.4
+
+
+def test_1f1b_holds_p_microbatches_on_stage0():
+    p, m = 4, 12
+    model = custom_model(layers=8, hidden=256, heads=8, vocab=64)
+    plan = ParallelPlan(pp=p, global_batch=m, seq=SEQ)
+    progs, res = _step(model, plan)
+    per_mb = sum(b for op in progs.ops[0] if op.microbatch == 0 and op.phase == "forward" for _, b in op.alloc)
+    peak = peak_memory(res, 0) - sum(progs.static_memory[0].values())
+    assert peak == pytest.approx(p * per_mb)
+    # and the engine's peak agrees with memory_per_rank on every stage
+    mem = memory_per_rank(model, plan)
+    for rep in progs.ops:
+        s = plan.stage_of(rep)
+        assert peak_memory(res, rep) == pytest.approx(mem[f"stage{s}"]["total"])
+
+
+def _dp_bytes(plan, model=TINY):
+    v = comm_volume(build_programs(model, plan))["by_family"]
+    return sum(v.get("dp", {}).values())
+
+
+def test_zero_communication_volume_closed_forms():
+    base = dict(dp=4, seq=SEQ, bucket_bytes=1e5)
+    ddp = _dp_bytes(ParallelPlan(**base))
+    assert ddp > 0
+    assert _dp_bytes(ParallelPlan(zero=1, **base)) == pytest.approx(ddp)
+    assert _dp_bytes(ParallelPlan(zero=2, **base)) == pytest.approx(ddp)
+    assert _dp_bytes(ParallelPlan(zero=3, **base)) == pytest.approx(1.5 * ddp)
+    assert _dp_bytes(ParallelPlan(fsdp=True, **base)) == pytest.approx(1.5 * ddp)
+    # DDP's all-reduce moves 2(n-1)/n of the gradient bytes
+    grads = memory_per_rank(TINY, ParallelPlan(**base))["stage0"]["gradients"]
+    assert ddp == pytest.approx(2 * 3 / 4 * grads)
+
+
+def test_zero1_volume_independent_of_microbatches():
+    a = _dp_bytes(ParallelPlan(dp=2, seq=SEQ, global_batch=2))
+    b = _dp_bytes(ParallelPlan(dp=2, seq=SEQ, global_batch=8, zero=1))
+    assert a == pytest.approx(b)
+
+
+def _count(progs, rank, **match):
+    return sum(1 for op in progs.ops[rank] if all(getattr(op, k) == v for k, v in match.items()))
+
+
+def test_tensor_parallel_collectives_per_layer():
+    m = 2
+    for sp, kinds in [(False, {"all_reduce": 4}), (True, {"all_gather": 4, "reduce_scatter": 4})]:
+        progs = build_programs(TINY, ParallelPlan(tp=2, sp=sp, seq=SEQ, global_batch=m))
+        for kind, n in kinds.items():
+            per_layer = _count(progs, 0, collective=kind, layer=1, strategy="tp")
+            assert per_layer == n * m
+
+
+def test_expert_parallel_all_to_all_around_experts():
+    progs = build_programs(MOE, ParallelPlan(dp=4, ep=4, seq=SEQ))
+    assert _count(progs, 0, collective="all_to_all", layer=0) == 4    # dispatch + combine, forward + backward
+    fam = {progs.groups[op.group].family for op in progs.ops[0] if op.collective == "all_to_all"}
+    assert fam == {"ep"}
+
+
+def test_context_parallel_ring_passes_kv_blocks():
+    cp = 4
+    progs = build_programs(TINY, ParallelPlan(cp=cp, seq=SEQ))
+    assert _count(progs, 0, kind="send", strategy="cp", layer=0) == 2 * (cp - 1)
+    assert {op.peer for op in progs.ops[0] if op.kind == "send" and op.strategy == "cp"} == {1}
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_executed_flops_equal_model_flops(recompute):
+    """Sum of compute FLOPs over the job == 6N·tokens-style model FLOPs (+ the recomputed forward)."""
+    plan = ParallelPlan(tp=2, pp=2, dp=2, cp=2, seq=SEQ, global_batch=8, recompute=recompute)
+    progs = build_programs(MOE, plan, symmetric=False)
+    executed = sum(op.flops for prog in progs.ops.values() for op in prog
+                   if op.kind == "compute" and op.phase != "optimizer")
+    extra = 0.0
+    tokens_per_mb = plan.micro_batch * plan.seq
+    for l in range(MOE.layers):
+        lf = MOE.layer_flops(l, plan.seq, plan.micro_batch)
+        per = {"none": 0.0, "selective": lf.attn_core, "full": lf.forward}[recompute]
+        extra += per * plan.num_microbatches * plan.dp
+    assert executed == pytest.approx(progs.model_flops_per_step + extra, rel=1e-9)
+    assert progs.tokens_per_step == plan.effective_global_batch * plan.seq
+
+
+def test_groups_registered_with_families_and_p2p_groups():
+    progs = build_programs(TINY, ParallelPlan(tp=2, pp=2, dp=2, seq=SEQ, global_batch=4), symmetric=False)
+    fams = {g.family for g in progs.groups}
+    assert {"tp", "pp", "dp"} <= fams
+    for r, prog in progs.ops.items():
+        for op in prog:
+            if op.kind in ("send", "recv"):
+                g = progs.groups[op.group]
+                assert g.family == "pp" and r in g.ranks and op.peer in g.ranks
+
+
+def test_tied_embeddings_reduce_between_first_and_last_stage():
+    m = custom_model(layers=4, hidden=128, heads=4, vocab=64, tied_embeddings=True)
+    progs = build_programs(m, ParallelPlan(pp=2, seq=SEQ, global_batch=2))
+    fams = [progs.groups[op.group].family for r in progs.ops for op in progs.ops[r] if op.kind == "collective"]
+    assert fams.count("embed") == 2
+
+
+def test_symmetric_classes_cover_the_world():
+    plan = ParallelPlan(tp=2, pp=4, dp=4, ep=2, cp=2, seq=SEQ, global_batch=16)
+    progs = build_programs(MOE, plan)
+    assert len(progs.ops) == plan.pp * plan.cp
+    assert sorted(r for ms in progs.classes.values() for r in ms) == list(range(plan.world_size))
+    skewed = build_programs(MOE, ParallelPlan(tp=2, pp=4, dp=4, ep=2, cp=2, seq=SEQ, global_batch=16, skew=0.5))
+    assert len(skewed.ops) == plan.pp * plan.cp * plan.ep
+
+
+def test_skew_slows_the_step():
+    base = dict(dp=4, ep=4, seq=SEQ)
+    cost = SimpleCostModel()
+    t0 = run(build_programs(MOE, ParallelPlan(**base)), cost).step_time_s
+    t1 = run(build_programs(MOE, ParallelPlan(skew=0.5, **base)), cost).step_time_s
+    assert t1 > t0
+
+
+def test_params_only_model_cannot_build_programs():
+    from schedules.models import model_from_params
+    from simulator.errors import ConfigError
+    with pytest.raises(ConfigError, match="shape"):
+        build_programs(model_from_params(1e9), ParallelPlan())
+
+
+# ------------------------------------------------------------------------------ property test over plans
+@st.composite
+def plans(draw):
+    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb"]))
+    pp = draw(st.sampled_from([1, 2, 4])) if schedule != "interleaved" else draw(st.sampled_from([2, 4]))
+    v = 2 if schedule == "interleaved" and pp == 2 else 1
+    moe = draw(st.booleans())
+    tp = draw(st.sampled_from([1, 2]))
+    dp = draw(st.sampled_from([1, 2, 4]))
+    ep = draw(st.sampled_from([e for e in (1, 2, 4) if dp % e == 0])) if moe else 1
+    cp = draw(st.sampled_from([1, 2]))
+    mult = draw(st.sampled_from([1, 2, 3]))
+    m = pp * mult if schedule == "interleaved" else draw(st.integers(1, 6))
+    zero = draw(st.sampled_from([0, 1, 2, 3]))
+    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, sp=draw(st.booleans()) and tp > 1,
+                        schedule=schedule, virtual_stages=v, global_batch=m * dp, seq=64,
+                        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+                        overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
+                        skew=draw(st.sampled_from([0.0, 0.4])) if ep > 1 else 0.0, bucket_bytes=2e5)
+    return (MOE if moe else TINY), plan
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans())
+def test_every_plan_runs_without_deadlock_and_symmetric_equals_full(case):
+    model, plan = case
+    cost = SimpleCostModel(link_bytes_per_s=1e11, alpha_s=1e-6)
+    full = build_programs(model, plan, symmetric=False)
+    validate(full)                      # matched collectives and send/recv
+    sends = sum(1 for p in full.ops.values() for op in p if op.kind == "send")
+    recvs = sum(1 for p in full.ops.values() for op in p if op.kind == "recv")
+    assert sends == recvs
+    t_full = run(full, cost).step_time_s
+    sym = build_programs(model, plan, symmetric=True)
+    t_sym = run(sym, cost).step_time_s
+    assert t_full > 0
+    assert t_sym == pytest.approx(t_full, rel=1e-9)
