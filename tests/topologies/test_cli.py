@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+from simulator.cli import main
+from topologies.cli import parse_ranks, tile_group
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_describe(capsys):
+    code, out, _ = run(capsys, "topology", "dgx-h100", "--gpus", "64")
+    assert code == 0 and "64 x H100-SXM" in out and "bisection" in out and "1,600.0 GB/s" in out
+    code, out, _ = run(capsys, "topology", "tpu-v5p", "--gpus", "64", "--json")
+    d = json.loads(out)
+    assert d["domain"]["dims"] == [4, 4, 4] and d["devices"] == 64
+
+
+def test_bandwidth_table_json_follows_nccl_tests(capsys):
+    code, out, _ = run(capsys, "topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce",
+                       "--ranks", "0-7", "--json")
+    rows = json.loads(out)
+    assert code == 0 and rows[0]["size_bytes"] == 1024 and rows[-1]["size_bytes"] == 4 * 1024**3
+    assert len(rows) == 23
+    for r in rows:
+        assert set(r) == {"size_bytes", "time_s", "algbw_GBps", "busbw_GBps", "algorithm"}
+        assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * 7 / 8)
+    code, out, _ = run(capsys, "topology", "dgx-h100", "--gpus", "16", "--collective", "all_gather",
+                       "--ranks", "0-7", "--json", "--network", "flow", "--max-bytes", "65536")
+    for r in json.loads(out):
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 7 / 8)
+
+
+def test_flow_concurrent_oversubscribed(capsys):
+    args = ["topology", "dgx-h100", "--gpus", "64", "--collective", "all_reduce", "--ranks", "0-63:8", "--json",
+            "--network", "flow", "--min-bytes", str(2**30), "--max-bytes", str(2**30), "--set", "tiers=2",
+            "--set", "leaf_down=16", "--set", "rail_optimised=false", "--set", "oversubscription=4"]
+    _, alone, _ = run(capsys, *args)
+    _, conc, _ = run(capsys, *args, "--concurrent")
+    assert json.loads(conc)[0]["time_s"] > 1.8 * json.loads(alone)[0]["time_s"]
+
+
+def test_draw(capsys, tmp_path):
+    png = tmp_path / "lab.png"
+    code, out, _ = run(capsys, "topology", "pcie-ethernet-lab", "--draw", str(png))
+    assert code == 0 and png.stat().st_size > 1000
+    code, _, err = run(capsys, "topology", "dgx-h100", "--gpus", "1024", "--draw", str(tmp_path / "big.png"))
+    assert code == 2 and "too many to draw" in err
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["topology", "nope"], "known: cloudmatrix-384"),
+    (["topology", "dgx-h100", "--gpus", "12"], "multiple of 8"),
+    (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0-20"], "outside the world"),
+    (["topology", "dgx-h100", "--gpus", "16", "--collective", "p2p", "--ranks", "0-3"], "exactly two"),
+    (["topology", "dgx-h100", "--set", "nic_bandwidth=0"], "positive"),
+    (["topology", "dgx-h100", "--set", "bogus=1"], "unknown override"),
+])
+def test_errors(capsys, args, msg):
+    code, _, err = run(capsys, *args)
+    assert code == 2 and err.startswith("error:") and msg in err
+
+
+def test_parse_ranks_and_tiling():
+    assert parse_ranks("0-3,8", 16) == (0, 1, 2, 3, 8)
+    assert parse_ranks("0-15:4", 16) == (0, 4, 8, 12)
+    assert tile_group((0, 1, 2, 3), 16) == ((4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15))
+    assert tile_group((0, 8), 16) == tuple((i, i + 8) for i in range(1, 8))
