@@ -1,0 +1,265 @@
+"""``clustersim plan``: validate a parallel plan, print memory per rank and communication per step.
+
+Reusable pieces (stable names, for ``clustersim simulate`` and others):
+
+- ``model_options`` / ``plan_options``: click decorators adding the model flags (``--model/-m``, ``--layers
+  --hidden --ffn --heads --kv-heads --vocab --experts --top-k --params``) and the plan flags (``--gpus --tp
+  --pp --dp --ep --cp --zero --fsdp --sp --schedule --virtual-stages --micro-batch --global-batch --seq
+  --recompute --bucket-mb --fsdp-prefetch --axis-order --skew``).
+- ``model_from_options(**kwargs) -> ModelSpec``: preset name or YAML path (``model``), a custom shape, a
+  preset with shape overrides, or ``params`` alone (memory questions only). Extra kwargs are ignored.
+- ``plan_from_options(**kwargs) -> ParallelPlan``: the plan from the same flags; dp defaults to
+  gpus / (tp·pp·cp). Not validated (call ``plan.validate(model, gpus)``). Extra kwargs are ignored.
+- ``plan_report(model, plan, hbm_bytes=None) -> dict``: what ``clustersim plan --json`` prints.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+
+from schedules.memory import memory_per_rank
+from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
+from schedules.pipeline import SCHEDULES
+from schedules.plan import RECOMPUTE, ParallelPlan
+from simulator.calibration import bus_factor
+from simulator.errors import ConfigError
+
+SHAPE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
+
+
+# ---------------------------------------------------------------------------------------------- options
+def model_options(f):
+    """Click options describing a model."""
+    opts = [
+        click.option("--model", "-m", default=None, help="Model preset (e.g. llama3-70b) or YAML file."),
+        click.option("--layers", type=int, default=None, help="Custom model: transformer layers."),
+        click.option("--hidden", type=int, default=None, help="Custom model: hidden size."),
+        click.option("--ffn", type=int, default=None, help="Custom model: MLP width (default 4·hidden)."),
+        click.option("--heads", type=int, default=None, help="Custom model: attention heads."),
+        click.option("--kv-heads", type=int, default=None, help="Custom model: KV heads (default = heads)."),
+        click.option("--vocab", type=int, default=None, help="Custom model: vocabulary (default 51,200)."),
+        click.option("--experts", type=int, default=None, help="Custom model: routed experts (MoE)."),
+        click.option("--top-k", type=int, default=None, help="Custom model: experts per token (default 2)."),
+        click.option("--params", type=float, default=None,
+                     help="Model given by its parameter count only (e.g. 7.5e9): memory questions only."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def plan_options(f):
+    """Click options describing a parallel plan."""
+    opts = [
+        click.option("--gpus", type=int, default=None, help="GPUs (default tp·pp·cp·dp)."),
+        click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel degree."),
+        click.option("--pp", type=int, default=1, show_default=True, help="Pipeline parallel degree."),
+        click.option("--dp", type=int, default=None, help="Data parallel degree (default gpus/(tp·pp·cp))."),
+        click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel degree (divides dp)."),
+        click.option("--cp", type=int, default=1, show_default=True, help="Context parallel degree."),
+        click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage."),
+        click.option("--fsdp", is_flag=True, help="FSDP full sharding (ZeRO-3, per-layer units)."),
+        click.option("--sp", is_flag=True, help="Sequence parallelism with TP."),
+        click.option("--schedule", type=click.Choice(sorted(SCHEDULES)), default="1f1b", show_default=True,
+                     help="Pipeline schedule (zb = ZB-H1)."),
+        click.option("--virtual-stages", type=int, default=1, show_default=True,
+                     help="Model chunks per pipeline rank (interleaved)."),
+        click.option("--micro-batch", type=int, default=1, show_default=True, help="Sequences per micro-batch."),
+        click.option("--global-batch", type=int, default=None, help="Sequences per step (default dp·mb·4·pp)."),
+        click.option("--seq", type=int, default=2048, show_default=True, help="Sequence length (tokens)."),
+        click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
+                     help="Activation recomputation."),
+        click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="Gradient bucket (MB)."),
+        click.option("--fsdp-prefetch", type=int, default=1, show_default=True,
+                     help="ZeRO-3/FSDP: layers gathered ahead."),
+        click.option("--axis-order", default="tp-cp-ep-dp-pp", show_default=True,
+                     help="Rank mesh order, innermost first."),
+        click.option("--skew", type=float, default=0.0, show_default=True,
+                     help="MoE routing skew: extra load on the busiest EP rank (0..1)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def model_from_options(model: str | None = None, params: float | None = None, **kw) -> ModelSpec:
+    """The ModelSpec the model flags describe (see module docstring)."""
+    shape = {k: kw[k] for k in SHAPE_FLAGS if kw.get(k) is not None}
+    if params is not None:
+        if model is not None or shape:
+            raise ConfigError("--params describes a model by its size alone; do not combine it with --model or "
+                              "shape flags")
+        return model_from_params(params)
+    if model is not None:
+        base = load_model_file(model) if model.endswith((".yaml", ".yml")) else get_model(model)
+        if not shape:
+            return base
+        try:
+            return dataclasses.replace(base, name=f"{base.name}-custom", **shape)
+        except TypeError as e:
+            raise ConfigError(f"model override: {e}") from None
+    missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in shape]
+    if missing:
+        raise ConfigError(f"no model: give --model PRESET (or a YAML file), --params N, or a custom shape "
+                          f"(missing {', '.join(missing)})")
+    return custom_model(**shape)
+
+
+def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1,
+                      cp: int = 1, zero: int = 0, fsdp: bool = False, sp: bool = False, schedule: str = "1f1b",
+                      virtual_stages: int = 1, micro_batch: int = 1, global_batch: int | None = None,
+                      seq: int = 2048, recompute: str = "none", bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
+                      axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, **_ignored) -> ParallelPlan:
+    """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp)."""
+    if dp is None:
+        denom = tp * pp * cp
+        if gpus is None:
+            dp = 1
+        elif gpus % denom:
+            raise ConfigError(f"cannot infer dp: {gpus} GPUs are not divisible by tp·pp·cp = {tp}·{pp}·{cp} = "
+                              f"{denom}; give --dp or change the degrees")
+        else:
+            dp = gpus // denom
+    return ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, fsdp=fsdp, micro_batch=micro_batch,
+                        global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
+                        bucket_bytes=bucket_mb * 1e6, recompute=recompute, seq=seq, fsdp_prefetch=fsdp_prefetch,
+                        axis_order=axis_order, skew=skew)
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _params_only_comm(model: ModelSpec, plan: ParallelPlan) -> dict:
+    """Data-parallel bytes per rank per step for a model known by its size (one gradient buffer)."""
+    n = plan.dp * plan.cp
+    if n == 1:
+        return {"by_kind": {}, "by_family": {}}
+    grads = model.param_count() / plan.tp * plan.grad_bytes_per_param
+    params = model.param_count() / plan.tp * model.dtype_bytes
+    m = plan.num_microbatches
+    z = plan.zero_stage
+    if z == 0:
+        kinds = {"all_reduce": grads * bus_factor("all_reduce", n)}
+    elif z == 1:
+        kinds = {"reduce_scatter": grads * bus_factor("reduce_scatter", n),
+                 "all_gather": params * bus_factor("all_gather", n)}
+    elif z == 2:
+        kinds = {"reduce_scatter": m * grads * bus_factor("reduce_scatter", n),
+                 "all_gather": params * bus_factor("all_gather", n)}
+    else:
+        kinds = {"reduce_scatter": m * grads * bus_factor("reduce_scatter", n),
+                 "all_gather": 2 * m * params * bus_factor("all_gather", n)}
+    fam = "dp_cp" if plan.cp > 1 else "dp"
+    return {"by_kind": kinds, "by_family": {fam: dict(kinds)}}
+
+
+def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = None,
+                world_size: int | None = None) -> dict:
+    """Validated plan, memory per rank class, fit, communication per step (bytes per rank, nccl-tests bus
+    bytes, maximum over rank classes)."""
+    from schedules.generate import build_programs, comm_volume
+
+    world_size = world_size or plan.world_size
+    plan.validate(model, world_size)
+    mem = memory_per_rank(model, plan, world_size=world_size)
+    if model.params_only:
+        vol = _params_only_comm(model, plan)
+    else:
+        vol = comm_volume(build_programs(model, plan, world_size))
+    peak = max(d["total"] for d in mem.values())
+    out = {
+        "model": {"name": model.name, "parameters": model.param_count(),
+                  "active_parameters": model.active_param_count() if not model.params_only else model.param_count()},
+        "plan": plan.to_dict(),
+        "world_size": world_size,
+        "memory_bytes": mem,
+        "peak_memory_bytes": peak,
+        "device_memory_bytes": hbm_bytes,
+        "fits_in_memory": None if hbm_bytes is None else bool(peak <= hbm_bytes),
+        "comm_bytes_per_step": vol["by_kind"],
+        "comm_bytes_per_step_by_group": vol["by_family"],
+        "tokens_per_step": plan.tokens_per_step,
+    }
+    if not model.params_only:
+        out["model_flops_per_step"] = model_flops_per_step(model, plan.seq, plan.effective_global_batch)
+    return out
+
+
+def _device_memory(cluster: str | None, gpus: int, hbm_gb: float | None) -> float | None:
+    if hbm_gb is not None:
+        return hbm_gb * 1e9
+    if cluster is None:
+        return None
+    try:
+        import topologies
+    except ImportError:         # pragma: no cover - topologies is part of the project
+        raise ConfigError("--cluster needs the topologies package; give --hbm-gb instead") from None
+    return float(topologies.load_cluster(cluster, gpus).device(0).hbm_bytes)
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:,.2f}"
+
+
+@click.command("plan")
+@model_options
+@plan_options
+@click.option("--cluster", default=None, help="Cluster preset whose device memory decides the fit (e.g. dgx-h100).")
+@click.option("--hbm-gb", type=float, default=None, help="Device memory in GB (instead of --cluster).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+def plan(cluster, hbm_gb, as_json, **kw):
+    """Validate a parallel plan; print memory per rank and communication per step.
+
+    \b
+    clustersim plan -m llama3-70b --gpus 1024 --tp 8 --pp 8 --seq 8192 --cluster dgx-h100
+    clustersim plan --params 7.5e9 --dp 64 --zero 3 --hbm-gb 32 --json
+    """
+    model = model_from_options(**kw)
+    p = plan_from_options(**kw)
+    gpus = kw.get("gpus") or p.world_size
+    hbm = _device_memory(cluster, gpus, hbm_gb)
+    rep = plan_report(model, p, hbm, gpus)
+    if as_json:
+        click.echo(json.dumps(rep, indent=2, sort_keys=True, default=float))
+        return
+    _print(rep, model, p)
+
+
+def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    degrees = " ".join(f"{k}{getattr(p, k)}" for k in ("tp", "pp", "dp", "ep", "cp") if getattr(p, k) > 1) or "1 GPU"
+    extras = [x for x, on in [("sp", p.sp), (f"zero{p.zero_stage}", p.zero_stage), ("fsdp", p.fsdp),
+                              (f"recompute {p.recompute}", p.recompute != "none")] if on]
+    con.print(f"[bold]{model.name}[/bold] ({model.param_count() / 1e9:,.2f} B parameters) on {rep['world_size']:,} GPUs: "
+              f"{degrees} {' '.join(extras)}")
+    if p.pp > 1:
+        con.print(f"schedule {p.schedule}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
+                  + f", {p.num_microbatches} micro-batches of {p.micro_batch} × {p.seq} tokens")
+    con.print(f"global batch {p.effective_global_batch} sequences = {rep['tokens_per_step']:,} tokens per step"
+              + (f"; {rep['model_flops_per_step']:.3e} model FLOPs" if "model_flops_per_step" in rep else ""))
+    t = Table(title="memory per rank (GB)", title_justify="left")
+    for c in ("ranks", "params", "grads", "optim", "activ", "buffers", "total"):
+        t.add_column(c, justify="right" if c != "ranks" else "left")
+    hbm = rep["device_memory_bytes"]
+    for name, d in rep["memory_bytes"].items():
+        total = _gb(d["total"])
+        if hbm is not None and d["total"] > hbm:
+            total = f"[red]{total}[/red]"
+        t.add_row(name, *(_gb(d[c]) for c in ("parameters", "gradients", "optimizer", "activations", "buffers")),
+                  total)
+    con.print(t)
+    if hbm is None:
+        con.print("fit: unknown (give --cluster PRESET or --hbm-gb)")
+    else:
+        verdict = "[green]fits[/green]" if rep["fits_in_memory"] else "[red]does not fit[/red]"
+        con.print(f"peak {_gb(rep['peak_memory_bytes'])} GB of {_gb(hbm)} GB: {verdict}")
+    t = Table(title="communication per step, bytes sent per rank (GB, bus bytes)", title_justify="left")
+    for c in ("group", "kind", "GB"):
+        t.add_column(c, justify="right" if c == "GB" else "left")
+    for fam, kinds in sorted(rep["comm_bytes_per_step_by_group"].items()):
+        for kind, b in sorted(kinds.items()):
+            t.add_row(fam, kind, _gb(b))
+    con.print(t)

@@ -1,0 +1,72 @@
+"""clustersim plan: JSON fields, fit verdicts, errors as `error: ...` with exit code 2."""
+import json
+
+import pytest
+
+from schedules.cli import model_from_options, plan_from_options, plan_report
+from schedules.models import get_model
+from simulator.cli import main
+from simulator.errors import ConfigError
+
+
+def _json(capsys, *args):
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_zero_paper_example_from_the_cli(capsys):
+    for stage, gb in [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)]:
+        d = _json(capsys, "--params", "7.5e9", "--dp", "64", "--zero", str(stage), "--hbm-gb", "20")
+        m = d["memory_bytes"]["stage0"]
+        assert (m["parameters"] + m["gradients"] + m["optimizer"]) / 1e9 == pytest.approx(gb, abs=0.05)
+        assert d["fits_in_memory"] == (stage >= 2)
+        assert set(m) >= {"parameters", "gradients", "optimizer", "activations", "total"}
+        assert d["comm_bytes_per_step"]
+
+
+def test_json_for_a_preset_plan(capsys):
+    d = _json(capsys, "-m", "tiny", "--gpus", "8", "--tp", "2", "--pp", "2", "--seq", "128", "--sp",
+              "--zero", "1", "--hbm-gb", "80")
+    assert d["world_size"] == 8 and d["plan"]["dp"] == 2
+    assert set(d["memory_bytes"]) == {"stage0", "stage1"}
+    assert d["fits_in_memory"] is True
+    assert {"all_gather", "reduce_scatter", "p2p"} <= set(d["comm_bytes_per_step"])
+    assert {"tp", "dp", "pp"} <= set(d["comm_bytes_per_step_by_group"])
+    assert d["model_flops_per_step"] > 0
+
+
+def test_cluster_preset_gives_device_memory(capsys):
+    pytest.importorskip("topologies.presets")
+    d = _json(capsys, "-m", "tiny", "--gpus", "8", "--cluster", "dgx-h100", "--seq", "128")
+    assert d["device_memory_bytes"] == pytest.approx(80e9)
+
+
+def test_human_output(capsys):
+    assert main(["plan", "-m", "tiny", "--gpus", "4", "--pp", "2", "--seq", "128", "--hbm-gb", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "stage1" in out and "does not fit" in out and "communication" in out
+
+
+@pytest.mark.parametrize("args, match", [
+    (["-m", "llama3-8b", "--gpus", "16", "--tp", "16"], "kv heads"),
+    (["-m", "llama3-8b", "--gpus", "10", "--tp", "4"], "cannot infer dp"),
+    (["-m", "nope"], "unknown model preset"),
+    (["--layers", "4"], "missing --hidden, --heads"),
+    (["--params", "1e9", "-m", "tiny"], "alone"),
+])
+def test_errors_exit_2(capsys, args, match):
+    assert main(["plan", *args]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_custom_model_flags_and_helpers():
+    m = model_from_options(layers=4, hidden=256, heads=4, experts=4)
+    assert m.ffn == 1024 and m.vocab == 51200 and m.top_k == 2
+    m2 = model_from_options(model="llama3-8b", layers=8)
+    assert m2.layers == 8 and m2.hidden == 4096
+    p = plan_from_options(gpus=64, tp=4, pp=2, schedule="zb", unknown_flag=1)
+    assert p.dp == 8 and p.schedule == "zb"
+    with pytest.raises(ConfigError):
+        model_from_options()
+    rep = plan_report(get_model("tiny"), plan_from_options(gpus=2, seq=128), hbm_bytes=1e12)
+    assert rep["fits_in_memory"] and rep["comm_bytes_per_step"]["all_reduce"] > 0
