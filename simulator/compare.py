@@ -76,7 +76,7 @@ def formatted_table(runs: list[PlanRun]) -> pd.DataFrame:
     out["bubble"] = t["bubble_fraction"].map(lambda v: f"{v:.1%}")
     out["exposed comm"] = t["exposed_comm_fraction"].map(lambda v: f"{v:.1%}")
     out["overlap"] = t["overlap_fraction"].map(lambda v: f"{v:.1%}")
-    out["peak memory (GB)"] = [f"{p / 1e9:.1f} / {c / 1e9:.0f}" + ("" if fits else " (does not fit)")
+    out["peak memory (GB)"] = [f"{p / 1e9:.1f} / {c / 1e9:.0f}" + ("" if fits else " OOM")
                                for p, c, fits in zip(t["peak_memory_bytes"], t["memory_capacity_bytes"],
                                                      t["fits_in_memory"])]
     return out

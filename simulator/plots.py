@@ -476,6 +476,8 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
             ax.tick_params(axis="x", labelbottom=False)
         axes.append(ax)
     axes[-1].set_xlabel(f"time ({unit})")
+    canon = list(PHASE_COLOURS) + list(COMM_COLOURS)
+    used_keys.sort(key=canon.index)
     handles = [Patch(facecolor=colour_of(k), label=PHASE_LABELS.get(k, k.replace("_", "-") if k != "p2p"
                                                                      else "send/recv (p2p)")) for k in used_keys]
     if any_exposed:
@@ -621,7 +623,7 @@ def time_breakdown(result, metrics=None) -> dict[str, float]:
     return {k: v / total_w for k, v in out.items()} if total_w else out
 
 
-BREAKDOWN_COLOURS = {**{k: PHASE_COLOURS[k] for k in PHASE_COLOURS}, "exposed_comm": COMM_COLOURS["all_reduce"],
+BREAKDOWN_COLOURS = {**{k: PHASE_COLOURS[k] for k in PHASE_COLOURS}, "exposed_comm": EXPOSED_STRIP_STYLE["facecolor"],
                      "bubble": "#E8E8E8"}
 BREAKDOWN_LABELS = {**PHASE_LABELS, "exposed_comm": EXPOSED_LABEL, "bubble": BUBBLE_LABEL}
 
@@ -652,8 +654,7 @@ def breakdown_bars(results, path=None, metrics: dict | None = None) -> Figure:
     ax.set_xlabel(f"time per step, mean over ranks ({unit})")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / (0.55 * len(parts) + 1.6) - 0.25),
-              ncol=4, fontsize=8, frameon=False)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, fontsize=8, frameon=False)
     fig.tight_layout()
     if path is not None:
         save(fig, path)

@@ -151,7 +151,7 @@ def test_bubble_and_exposed_spans_equal_the_engine_metrics():
     lane_y = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks()))
     for rm in met.per_rank:
         y = lane_y[f"rank {rm.rank} · compute"]
-        for key, want in (("bubble", rm.idle_s), ("exposed", rm.exposed_comm_s)):
+        for key, want in (("bubble", rm.idle_s), ("exposed_fill", rm.exposed_comm_s)):
             on_lane = np.isclose(centres_y(cols[key]), y)
             assert widths(cols[key])[on_lane].sum() == pytest.approx(want, rel=1e-9, abs=1e-12)
     assert met.exposed_comm_fraction > 0.01 and met.bubble_fraction > 0.1      # both visible

@@ -1,0 +1,164 @@
+"""compare: the metrics table equals the engine's metrics; variants from files and flags; outputs on disk."""
+import json
+
+import matplotlib
+import pandas as pd
+import pytest
+
+from simulator import compare as cmp
+from simulator.costs import SimpleCostModel
+from simulator.engine import run
+from simulator.errors import ConfigError
+from simulator.metrics import compute_metrics
+from tests.simulator.test_plots import toy_1f1b
+from tests.simulator.toy import toy_dp_pipeline, toy_gpipe
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    matplotlib.pyplot.close("all")
+
+
+def toy_runs():
+    cm = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=2e8, memory_bytes=40e9)
+    return cmp.plan_runs({
+        "gpipe m4": run(toy_gpipe(4, 4), cm),
+        "1f1b m8": run(toy_1f1b(4, 8), cm),
+        "dp x64 (symmetric)": run(toy_dp_pipeline(4, 64, 4, symmetric=True), cm),
+    }, {"1f1b m8": {"pp": 4, "schedule": "1f1b"}})
+
+
+def test_metrics_table_equals_the_engine_metrics():
+    runs = toy_runs()
+    table = cmp.metrics_table(runs)
+    assert list(table.index) == [r.name for r in runs]
+    for r in runs:
+        fresh = compute_metrics(r.result).to_dict()
+        for col in cmp.TABLE_COLUMNS:
+            assert table.loc[r.name, col] == fresh[col], (r.name, col)
+    assert table.loc["1f1b m8", "peak_memory_bytes"] == pytest.approx(10e9 + 4 * 2e9)   # static + p activations
+    assert table.loc["dp x64 (symmetric)", "mode"] == "symmetric"
+
+
+def test_write_outputs_files_and_csv_round_trip(tmp_path):
+    runs = toy_runs()
+    files = cmp.write_outputs(runs, tmp_path / "out", tmp_path / "report.html", title="toys")
+    names = {f.name for f in files}
+    for key in ("gantt", "memory", "breakdown"):
+        assert {f"{key}.png", f"{key}.svg"} <= names
+        assert (tmp_path / "out" / f"{key}.png").read_bytes()[:4] == b"\x89PNG"
+    assert {"metrics.csv", "metrics.json", "report.html"} <= names
+    traces = sorted(n for n in names if n.endswith(".perfetto.json"))
+    assert traces == ["1f1b_m8.perfetto.json", "dp_x64_symmetric.perfetto.json", "gpipe_m4.perfetto.json"]
+    trace = json.loads((tmp_path / "out" / "1f1b_m8.perfetto.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    back = pd.read_csv(tmp_path / "out" / "metrics.csv", index_col="plan")
+    table = cmp.metrics_table(runs)
+    for col in ("step_time_s", "bubble_fraction", "exposed_comm_fraction", "overlap_fraction", "peak_memory_bytes",
+                "mfu"):
+        assert back[col].tolist() == pytest.approx(table[col].tolist(), rel=1e-12)
+    js = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert [p["name"] for p in js["plans"]] == [r.name for r in runs]
+    assert js["plans"][1]["metrics"]["step_time_s"] == runs[1].metrics.step_time_s
+    assert js["plans"][1]["definition"] == {"pp": 4, "schedule": "1f1b"}
+
+
+def test_slugs_are_file_safe_and_unique(tmp_path):
+    cm = SimpleCostModel(flops_per_s=1e12)
+    runs = cmp.plan_runs({"a/b": run(toy_gpipe(2, 2), cm), "a b": run(toy_gpipe(2, 2), cm)})
+    files = cmp.write_outputs(runs, tmp_path, None, svg=False)
+    assert sorted(f.name for f in files if f.name.endswith(".perfetto.json")) == \
+        ["a_b-2.perfetto.json", "a_b.perfetto.json"]
+
+
+# ---------------------------------------------------------------------------------------------- variants
+def test_compare_file_variants_and_precedence(tmp_path):
+    f = tmp_path / "cmp.yaml"
+    f.write_text("title: pp schedules\nbase:\n  model: llama3-8b\n  gpus: 32\n  tp: 8\n  pp: 4\n"
+                 "variants:\n  - {name: g, schedule: gpipe}\n  - {name: i, schedule: interleaved, virtual_stages: 2,"
+                 " gpus: 64}\n")
+    variants, title = cmp.build_variants(str(f), None, {"gpus": 16, "seq": 2048, "tp": None})
+    assert title == "pp schedules"
+    # base < command line < variant
+    assert variants == [
+        ("g", {"model": "llama3-8b", "gpus": 16, "tp": 8, "pp": 4, "seq": 2048, "schedule": "gpipe"}),
+        ("i", {"model": "llama3-8b", "gpus": 64, "tp": 8, "pp": 4, "seq": 2048, "schedule": "interleaved",
+               "virtual_stages": 2}),
+    ]
+
+
+def test_variants_as_mapping_and_schedules_cross_product(tmp_path):
+    f = tmp_path / "cmp.yaml"
+    f.write_text("base: {pp: 4}\nvariants:\n  small: {micro_batch: 1}\n  big: {micro_batch: 2}\n")
+    variants, _ = cmp.build_variants(str(f), "1f1b,interleaved", {})
+    assert [n for n, _ in variants] == ["small/1f1b", "small/interleaved", "big/1f1b", "big/interleaved"]
+    assert variants[1][1] == {"pp": 4, "micro_batch": 1, "schedule": "interleaved", "virtual_stages": 2}
+    assert variants[0][1]["virtual_stages"] == 1
+
+
+def test_schedules_flag_alone_and_plain_experiment_file_as_base(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("model: llama3-8b\npp: 4\nvirtual_stages: 4\n")
+    variants, title = cmp.build_variants(str(f), "gpipe, zb ,interleaved", {})
+    assert title is None
+    assert [(n, o["schedule"], o["virtual_stages"]) for n, o in variants] == \
+        [("gpipe", "gpipe", 1), ("zb", "zb", 1), ("interleaved", "interleaved", 4)]
+
+
+@pytest.mark.parametrize("text,schedules,match", [
+    ("base: {pp: 4}\nvariants: [{name: a}, {name: a}]\n", None, "used twice"),
+    ("base: {pp: 4}\nvariants: [3]\n", None, "must be a mapping"),
+    ("base: {pp: 4}\nvariants: [{name: a}]\nextra: 1\n", None, "unknown top-level"),
+    ("base: [1, 2]\nvariants: [{name: a}]\n", None, "base must be a mapping"),
+    ("base: {pp: 4}\n", None, "nothing to compare"),
+    ("pp: 4\n", "gpipe,warp", "unknown schedule 'warp'"),
+    ("pp: 4\n", "gpipe,gpipe", "given twice"),
+    ("pp: 4\n", " , ", "comma-separated"),
+])
+def test_bad_compare_input_is_a_config_error(tmp_path, text, schedules, match):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        cmp.build_variants(str(f), schedules, {})
+
+
+def test_missing_compare_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        cmp.build_variants(str(tmp_path / "nope.yaml"), None, {})
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+def _end_to_end_available() -> bool:
+    try:
+        import schedules  # noqa: F401
+        from schedules import build_programs  # noqa: F401
+        from topologies.cost import ClusterCostModel  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _end_to_end_available(), reason="schedules.build_programs / topologies.cost not built yet")
+def test_cli_compare_schedules_end_to_end(tmp_path):
+    from simulator.cli import main
+    report = tmp_path / "r.html"
+    rc = main(["compare", "--cluster", "dgx-h100", "--gpus", "8", "--model", "llama3-8b", "--layers", "8",
+               "--pp", "4", "--tp", "2", "--seq", "1024", "--global-batch", "8", "--schedules", "gpipe,1f1b",
+               "--out", str(tmp_path / "out"), "--report", str(report), "--json"])
+    assert rc == 0
+    html = report.read_text()
+    assert "gpipe" in html and "1f1b" in html
+    table = pd.read_csv(tmp_path / "out" / "metrics.csv", index_col="plan")
+    assert list(table.index) == ["gpipe", "1f1b"]
+    assert (table["step_time_s"] > 0).all()
+
+
+def test_cli_compare_reports_bad_input_as_error_exit_2(tmp_path, capsys):
+    from simulator.cli import main
+    if cmp.compare is None:
+        pytest.skip("simulator.experiment not importable")
+    rc = main(["compare", "--schedules", "gpipe,nope"])
+    assert rc == 2
+    assert "unknown schedule 'nope'" in capsys.readouterr().err
