@@ -142,7 +142,7 @@ class _StageBuilder:
     def build(self) -> Template:
         p, s = self.p, self.s
         order = self.orders[s]
-        self.last_grad_action = {}
+        self.last_grad_action = {}                  # chunk -> index of the action producing its last gradients
         for i, a in enumerate(order):
             if a.phase in ("B", "W"):
                 self.last_grad_action[a.chunk] = i
@@ -152,10 +152,9 @@ class _StageBuilder:
         self.usage_last: dict[int, int] = {}        # usage -> last op index
         self.usage_pos = 0
         self._usage_cursor = -1
-        self.param_ag: dict[int, int] = {}          # (chunk, unit) bucket AG deps (ZeRO-1/2 overlap)
-        self.first_fwd_done: set = set()
+        self.param_ag: dict[tuple, int] = {}        # (chunk, unit name) -> ZeRO-1/2 parameter all-gather
+        self.first_fwd_done: set[tuple] = set()
         self.dp_ops: list[int] = []
-        self.pending_ar: list[tuple] = []           # non-overlapped DDP buckets
         if self.zero in (1, 2) and p.overlap_param_gather and self.dp_size > 1:
             self._param_gathers_at_start()
         for i, a in enumerate(order):
@@ -265,7 +264,7 @@ class _StageBuilder:
             if a.phase == "F" and (a.chunk, u.name) in self.param_ag and (a.chunk, u.name) not in self.first_fwd_done:
                 udeps.append(self.param_ag[(a.chunk, u.name)])
                 self.first_fwd_done.add((a.chunk, u.name))
-            first, last = self._unit_ops(u, a, udeps, gathered=usage is not None and usage in self.ag_idx)
+            _, last = self._unit_ops(u, a, udeps, gathered=usage is not None and usage in self.ag_idx)
             if usage is not None:
                 self.usage_last[usage] = last
             if a.phase in ("B", "W"):
@@ -275,9 +274,6 @@ class _StageBuilder:
                     buckets.add(u, last)
         if buckets is not None:
             buckets.flush_all()
-        if self.zero in (0, 1) and a.phase in ("B", "W") and self.last_grad_action.get(a.chunk) == i \
-                and not p.overlap_grad_reduce:
-            self.pending_ar.append(a.chunk)
         # pipeline send
         if a.phase == "F" and vs < self.nv - 1:
             self._send("act", a, (vs + 1) % p.pp, last)

@@ -1,5 +1,7 @@
 """Program generators run in the engine: closed forms for bubbles, communication volume and memory; a
 property test over a grid of plans (no deadlock, matched p2p, symmetric == full)."""
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -216,7 +218,8 @@ def plans(draw):
                         recompute=draw(st.sampled_from(["none", "selective", "full"])),
                         overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
                         skew=draw(st.sampled_from([0.0, 0.4])) if ep > 1 else 0.0, bucket_bytes=2e5)
-    return (MOE if moe else TINY), plan
+    layers = draw(st.sampled_from([4, 5, 7]))       # uneven splits too (balanced layer distribution)
+    return dataclasses.replace(MOE if moe else TINY, layers=layers), plan
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -234,3 +237,14 @@ def test_every_plan_runs_without_deadlock_and_symmetric_equals_full(case):
     t_sym = run(sym, cost).step_time_s
     assert t_full > 0
     assert t_sym == pytest.approx(t_full, rel=1e-9)
+
+
+def test_symmetric_equals_full_under_the_contention_aware_network():
+    topologies = pytest.importorskip("topologies")
+    from topologies.cost import ClusterCostModel
+    for model, plan in [(TINY, ParallelPlan(tp=2, pp=4, dp=8, global_batch=32, seq=256, zero=1)),
+                        (MOE, ParallelPlan(tp=2, pp=2, dp=8, ep=4, cp=2, global_batch=16, seq=256, skew=0.5))]:
+        cost = ClusterCostModel(topologies.load_cluster("dgx-h100", plan.world_size), network="flow")
+        a = run(build_programs(model, plan, symmetric=True), cost).step_time_s
+        b = run(build_programs(model, plan, symmetric=False), cost).step_time_s
+        assert a == pytest.approx(b, rel=1e-9)
