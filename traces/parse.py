@@ -425,7 +425,10 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     cpu["end"] = cpu["ts"] + cpu["dur"]
     gpu["end"] = gpu["ts"] + gpu["dur"]
     # nesting per thread
-    tid_codes = pd.factorize(cpu["pid"].astype(str) + "/" + cpu["tid"].astype(str))[0]
+    # gloo:<op> annotations are asynchronous spans (post -> completion) that overlap the thread's other
+    # work (isend/irecv on the main thread): nest them apart so they do not adopt unrelated ops
+    lane = np.where(cpu["name"].str.startswith("gloo:").to_numpy(), "/gloo", "")
+    tid_codes = pd.factorize(cpu["pid"].astype(str) + "/" + cpu["tid"].astype(str) + lane)[0]
     parent, depth = _nest(cpu["ts"].to_numpy(float), cpu["end"].to_numpy(float), tid_codes)
     cpu["parent"], cpu["depth"] = parent, depth
     # steps
@@ -604,8 +607,9 @@ class _CommInfo:
 def _comm_roots(cpu: pd.DataFrame, extra: dict) -> dict[int, list[int]]:
     """Comm-ish CPU events grouped by their outermost comm-ish ancestor on the same thread."""
     parent = cpu["parent"].to_numpy()
-    is_comm = set(extra)
-    roots: dict[int, list[int]] = {}
+    names = cpu["name"].to_numpy(object)
+    is_comm = {r for r in extra if not names[r].startswith("gloo:")}
+    roots: dict[int, list[int]] = {r: [r] for r in extra if names[r].startswith("gloo:")}
     for r in sorted(is_comm):
         root, p = r, parent[r]
         while p >= 0:
