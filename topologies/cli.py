@@ -98,9 +98,8 @@ def bandwidth_table(model, kind: str, ranks: tuple[int, ...], size_list, network
     for s in size_list:
         req = CommRequest(req_kind, ranks, float(s), images=images)
         if network == "flow":
-            net = model.network()
-            net.start(0.0, "x", req)
-            t = net.next_completion()[0]
+            from topologies.flow import drive
+            t = drive(model.network(), [(0.0, "x", req)])["x"]
         else:
             t = model.comm_time_s(req)
         alg = s / t / 1e9 if t > 0 else float("inf")

@@ -106,6 +106,7 @@ class ClusterCostModel:
         self._step_lat = [self.step_latency_s.get(t, 0.0) for t in types]
         self._cache: dict = {}
         self._image_cache: dict = {}
+        self._paths: dict = {}
         acc = cluster.accelerator
         fit = calibration.compute_fit(acc.name) if calibration is not None else None
         self._compute_fit = fit
@@ -152,16 +153,15 @@ class ClusterCostModel:
         phases = ALGORITHMS[name](self.cluster, gpus, kind)
         res = None
         if phases is not None:
-            route, cap, lat, slat = self.cluster.route, self.capacity, self.cluster.link_latency, self._step_lat
+            path, cap = self._path, self.capacity
             A, K, total = self.call_overhead_s, 0.0, {}
             for ph in phases:
                 load: dict = {}
                 alpha = 0.0
                 for src, dst, coef in ph.flows:
-                    links = route(src, dst)
+                    links, a = path(src, dst)
                     if not links:
                         continue
-                    a = sum(lat[l] for l in links) + max(slat[l] for l in links)
                     if a > alpha:
                         alpha = a
                     for l in links:
@@ -177,6 +177,18 @@ class ClusterCostModel:
                             np.fromiter(total.values(), dtype=float, count=len(total)))
         self._cache[key] = res
         return res
+
+    def _path(self, src, dst):
+        """(links, alpha): the route and its per-step latency (link latencies + the library's step latency
+        for the slowest link type on it). Cached."""
+        key = (src, dst)
+        hit = self._paths.get(key)
+        if hit is None:
+            links = self.cluster.route(src, dst)
+            lat, slat = self.cluster.link_latency, self._step_lat
+            a = (sum(lat[l] for l in links) + max(slat[l] for l in links)) if links else 0.0
+            hit = self._paths[key] = (links, a)
+        return hit
 
     def _candidates(self, kind: str, gpus: tuple) -> tuple:
         names = AUTO.get(kind, ())

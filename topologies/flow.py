@@ -29,6 +29,7 @@ import numpy as np
 from simulator.errors import TopologyError
 
 _EPS = 1e-12
+_PROVISIONAL_S = 1e-9     # how far past "now" a provisional next_completion answer lies
 
 
 class _Bundle:
@@ -50,15 +51,18 @@ class FlowNetwork:
     """Max-min fair fluid network over a cost model's link table (``capacity``: effective bytes/s per
     directed link). ``bundle_of(request) -> (T, link ids, bytes per link)`` comes from the cost model."""
 
-    def __init__(self, capacity, bundle_of):
+    def __init__(self, capacity, bundle_of, lazy: bool = True):
         self.capacity = np.asarray(capacity, dtype=float)
         self._bundle_of = bundle_of
+        self.lazy = lazy
         self.active: dict[Hashable, _Bundle] = {}
         self.on_link: dict[int, set] = {}
         self._heap: list = []
         self._seq = 0
         self.now = 0.0
         self.recomputes = 0
+        self._dirty: set = set()          # bundles whose rates must be recomputed as of self.now
+        self._asked = False               # last call was next_completion (with a provisional answer)
 
     # ------------------------------------------------------------------ engine interface
     def start(self, now_s: float, key: Hashable, request) -> None:
@@ -78,12 +82,51 @@ class FlowNetwork:
         for l in links.tolist():
             self.on_link.setdefault(l, set()).add(key)
         if len(links):
-            self._resolve(self._component([key]), now_s)
+            self._dirty.add(key)
+            if not self.lazy:
+                self._flush()
         else:
             self._push(b)
 
     def next_completion(self) -> tuple[float, Hashable] | None:
-        """(time, key) of the communication that finishes next if nothing else starts, or None."""
+        """(time, key) of the communication that finishes next if nothing else starts, or None.
+
+        Lazy mode (default): right after starts / finishes at time t, rates are not recomputed yet and the
+        answer may be *provisional*: a time just after t (t + 1 ns), never at or before t, so an engine
+        that sleeps until then and asks again (as simulator.engine does before finishing anything) gets the
+        exact answer, computed once for every communication that started or ended at t. A second call in
+        a row always answers exactly."""
+        if self._dirty:
+            top = self._top()
+            if top is not None and top[0] <= self.now:
+                return top                     # already done at t whatever the new rates
+            if self.lazy and not self._asked:
+                self._asked = True
+                return self.now + _PROVISIONAL_S, (top[1] if top is not None else next(iter(self._dirty)))
+            self._flush()
+        self._asked = False
+        return self._top()
+
+    def finish(self, now_s: float, key: Hashable) -> None:
+        """Forget communication ``key`` (finished at ``now_s``) and let the others speed up."""
+        self._clock(now_s)
+        b = self.active.pop(key, None)
+        if b is None:
+            raise TopologyError(f"flow network: finish of unknown communication {key!r}")
+        self._dirty.discard(key)
+        for l in b.links.tolist():
+            s = self.on_link.get(l)
+            if s is not None:
+                s.discard(key)
+                if s:
+                    self._dirty.update(s)
+                else:
+                    del self.on_link[l]
+        if not self.lazy:
+            self._flush()
+
+    # ------------------------------------------------------------------ internals
+    def _top(self):
         h = self._heap
         while h:
             t, _, key, version = h[0]
@@ -94,29 +137,21 @@ class FlowNetwork:
             return t, key
         return None
 
-    def finish(self, now_s: float, key: Hashable) -> None:
-        """Forget communication ``key`` (finished at ``now_s``) and let the others speed up."""
-        self._clock(now_s)
-        b = self.active.pop(key, None)
-        if b is None:
-            raise TopologyError(f"flow network: finish of unknown communication {key!r}")
-        seeds = set()
-        for l in b.links.tolist():
-            s = self.on_link.get(l)
-            if s is not None:
-                s.discard(key)
-                if s:
-                    seeds.update(s)
-                else:
-                    del self.on_link[l]
-        if seeds:
-            self._resolve(self._component(seeds), now_s)
-
-    # ------------------------------------------------------------------ internals
     def _clock(self, now_s: float) -> None:
+        self._asked = False
         if now_s < self.now - 1e-12 * max(1.0, abs(self.now)):
             raise TopologyError(f"flow network: time went backwards ({now_s} < {self.now})")
-        self.now = max(self.now, now_s)
+        if now_s > self.now:
+            if self._dirty:
+                self._flush()               # rates changed at self.now: settle them before time moves
+            self.now = now_s
+
+    def _flush(self) -> None:
+        if self._dirty:
+            seeds = [k for k in self._dirty if k in self.active]
+            self._dirty = set()
+            if seeds:
+                self._resolve(self._component(seeds), self.now)
 
     def _push(self, b: _Bundle) -> None:
         b.version += 1
@@ -199,6 +234,31 @@ def max_min_rates(links_list, demand_list, capacity) -> np.ndarray:
         if frozen.all():
             break
     return rate
+
+
+def drive(net, starts, tol: float = 1e-15) -> dict:
+    """Run a network the way simulator.engine does: ``starts`` = [(time, key, request)]; sleep until the
+    next completion, ask again, finish what is due. Returns {key: finish time}."""
+    pending = sorted(starts, key=lambda s: s[0])
+    done: dict = {}
+    i = 0
+    while True:
+        nxt = net.next_completion()
+        t_next = nxt[0] if nxt is not None else math.inf
+        if i < len(pending) and pending[i][0] <= t_next:
+            t, key, req = pending[i]
+            i += 1
+            net.start(t, key, req)
+            continue
+        if nxt is None:
+            return done
+        now = t_next
+        while True:                     # wake-up: finish everything due now
+            n2 = net.next_completion()
+            if n2 is None or n2[0] > now + tol * max(1.0, now):
+                break
+            net.finish(now, n2[1])
+            done[n2[1]] = now
 
 
 class UncontendedNetwork:
