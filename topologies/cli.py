@@ -179,7 +179,8 @@ def _describe_text(d: dict) -> str:
 
 
 @click.command("topology")
-@click.argument("preset")
+@click.argument("preset", required=False)
+@click.option("--list", "list_only", is_flag=True, help="List the bundled presets and exit.")
 @click.option("--gpus", type=int, default=None, help="Number of GPUs (default: the preset's).")
 @click.option("--collective", "kind", type=click.Choice(list(COLLECTIVE_KINDS) + ["p2p"]), default=None,
               help="Print a bandwidth table for this collective.")
@@ -197,12 +198,28 @@ def _describe_text(d: dict) -> str:
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a preset setting, e.g. --set oversubscription=2 --set rail_optimised=false.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def topology(preset, gpus, kind, ranks, network, concurrent, algorithm, calibration, min_bytes, max_bytes, factor,
+def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorithm, calibration, min_bytes, max_bytes, factor,
              draw_path, settings, as_json):
     """Describe cluster PRESET (or a cluster YAML file); optionally draw it and tabulate a collective."""
     import topologies
     from topologies.cost import ClusterCostModel
 
+    if list_only or preset is None:
+        if preset is None and not list_only:
+            raise ConfigError("say which cluster: clustersim topology PRESET (see --list)")
+        rows = []
+        for name in topologies.list_presets():
+            from topologies.presets import preset_config
+            cfg = preset_config(name)
+            rows.append({"name": name, "description": cfg.get("description", ""), "gpus": cfg.get("gpus")})
+        if as_json:
+            click.echo(json.dumps(rows, indent=1))
+        else:
+            for r in rows:
+                g = r["gpus"]
+                rule = f"{g.get('min')}-{g.get('max')} GPUs (x{g.get('multiple_of')})" if isinstance(g, dict) else ""
+                click.echo(f"{r['name']:20s} {rule:26s} {r['description']}")
+        return
     overrides = parse_settings(settings)
     if preset.endswith((".yaml", ".yml")):
         if overrides:

@@ -71,3 +71,12 @@ def test_parse_ranks_and_tiling():
     assert parse_ranks("0-15:4", 16) == (0, 4, 8, 12)
     assert tile_group((0, 1, 2, 3), 16) == ((4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15))
     assert tile_group((0, 8), 16) == tuple((i, i + 8) for i in range(1, 8))
+
+
+def test_list(capsys):
+    code, out, _ = run(capsys, "topology", "--list")
+    assert code == 0 and "dgx-h100" in out and "tpu-v5p" in out
+    code, out, _ = run(capsys, "topology", "--list", "--json")
+    assert [r["name"] for r in json.loads(out)][:2] == ["cloudmatrix-384", "dgx-a100"]
+    code, _, err = run(capsys, "topology")
+    assert code == 2 and "--list" in err
