@@ -248,3 +248,27 @@ def test_symmetric_equals_full_under_the_contention_aware_network():
         a = run(build_programs(model, plan, symmetric=True), cost).step_time_s
         b = run(build_programs(model, plan, symmetric=False), cost).step_time_s
         assert a == pytest.approx(b, rel=1e-9)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_ddp_buckets_overlap_the_rest_of_backward(overlap):
+    plan = ParallelPlan(dp=2, seq=SEQ, bucket_bytes=1e5, overlap_grad_reduce=overlap)
+    progs = build_programs(TINY, plan)
+    res = run(progs, SimpleCostModel(link_bytes_per_s=1e11))
+    prog = progs.ops[0]
+    ar = [i for i, op in enumerate(prog) if op.collective == "all_reduce" and op.strategy == "dp"]
+    bwd = [i for i, op in enumerate(prog) if op.kind == "compute" and op.phase == "backward"]
+    assert len(ar) > 1
+    first_ar = min(res.start_s[0][i] for i in ar)
+    last_bwd = max(res.end_s[0][i] for i in bwd)
+    assert (first_ar < last_bwd) == overlap
+    # the optimizer waits for every bucket
+    opt = next(i for i, op in enumerate(prog) if op.phase == "optimizer")
+    assert res.start_s[0][opt] >= max(res.end_s[0][i] for i in ar)
+
+
+def test_fsdp_prefetch_overlaps_gathers_with_compute():
+    def exposed(prefetch):
+        plan = ParallelPlan(dp=4, fsdp=True, fsdp_prefetch=prefetch, seq=SEQ)
+        return run(build_programs(TINY, plan), SimpleCostModel(link_bytes_per_s=3e9)).step_time_s
+    assert exposed(1) < exposed(0)
