@@ -1,0 +1,72 @@
+"""``clustersim calibrate`` and ``clustersim replay``: click commands over traces.calibrate / traces.replay."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from simulator.errors import ConfigError
+
+
+@click.command("calibrate")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path), default=Path("calibration.json"),
+              show_default=True, help="calibration JSON to write")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+              help="PNG with every fit against its measured points")
+def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None) -> None:
+    """Fit compute efficiency and collective alpha-beta from trace folders/files (TRACE_DIR ...) and
+    collective benchmarks (a `clustersim collect --bench collectives` folder or its manifest.json)."""
+    from traces.calibrate import calibrate as fit, plot
+
+    cal = fit(list(sources))
+    if output.parent and not output.parent.exists():
+        raise ConfigError(f"output folder {output.parent} does not exist")
+    cal.save(output)
+    for c in cal.compute:
+        click.echo(f"compute  {c.device}: peak {c.peak_flops_per_s / 1e12:.4g} TFLOP/s, "
+                   f"half-saturation {c.half_saturation_flops:.3g} FLOPs ({len(c.points)} sizes)")
+    for c in cal.collectives:
+        click.echo(f"{c.kind:<15} {c.backend} n={c.group_size} {c.scope}: alpha {c.alpha_s * 1e6:.3g} us, "
+                   f"busbw {c.busbw_bytes_per_s / 1e9:.4g} GB/s ({len(c.points)} sizes)")
+    click.echo(f"wrote {output}")
+    if plot_path is not None:
+        click.echo(f"wrote {plot(cal, plot_path)}")
+
+
+@click.command("replay")
+@click.argument("trace_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@click.option("--cluster", default=None, help="what-if: simulate the collectives on this cluster preset")
+@click.option("--gpus", type=int, default=None, help="GPUs of the --cluster preset (default: the trace's world)")
+@click.option("--network", type=click.Choice(["analytical", "flow"]), default="analytical", show_default=True,
+              help="network model of --cluster")
+@click.option("--calibration", type=click.Path(path_type=Path), default=None,
+              help="calibration JSON for the --cluster cost model")
+@click.option("--scale-bandwidth", type=float, default=1.0, show_default=True,
+              help="what-if: divide communication times by this factor")
+@click.option("--scale-compute", type=float, default=1.0, show_default=True,
+              help="what-if: divide compute times by this factor (faster compute > 1)")
+def replay(trace_dir: Path, as_json: bool, cluster: str | None, gpus: int | None, network: str,
+           calibration: Path | None, scale_bandwidth: float, scale_compute: float) -> None:
+    """Replay a trace (TRACE_DIR: a folder of per-rank Kineto files, or one file) through the simulator and
+    compare the predicted step time with the measured one, per rank and overall."""
+    from traces.replay import replay as run_replay
+
+    res = run_replay(trace_dir, cluster=cluster, gpus=gpus, scale_bandwidth=scale_bandwidth,
+                     scale_compute=scale_compute, network=network, calibration=calibration)
+    if as_json:
+        click.echo(json.dumps(res, indent=1, default=float))
+        return
+    click.echo(f"replay of {trace_dir}: {res['ranks_in_trace']} rank(s) of {res['world_size']}, "
+               f"{res['steps']} step(s), {res['ops']} ops, backend {res['backend']}")
+    if res.get("what_if"):
+        click.echo(f"what-if: {res['what_if']}")
+    click.echo(f"{'rank':>5} {'measured (ms)':>14} {'predicted (ms)':>15} {'error':>8}")
+    for row in res["per_rank"]:
+        click.echo(f"{row['rank']:>5} {row['measured_step_time_s'] * 1e3:>14.3f} "
+                   f"{row['predicted_step_time_s'] * 1e3:>15.3f} {row['error']:>+8.1%}")
+    click.echo(f"{'all':>5} {res['measured_step_time_s'] * 1e3:>14.3f} {res['predicted_step_time_s'] * 1e3:>15.3f} "
+               f"{res['error']:>+8.1%}   (median over ranks and steps; |error| median "
+               f"{res['abs_error_median']:.1%})")
