@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+import numpy as np
 import pandas as pd
 
 from simulator.errors import ConfigError
@@ -148,8 +149,10 @@ def load_compare_file(path) -> tuple[dict, list[tuple[str, dict]], str | None]:
     return dict(base), variants, (str(title) if title is not None else None)
 
 
-def build_variants(config: str | None, schedules: str | None, options: dict) -> tuple[list[tuple[str, dict]], str | None]:
-    """[(name, full experiment options)] from a compare file, ``--schedules`` and command-line options."""
+def build_variants(config: str | None, schedules: str | None, options: dict,
+                   single_ok: bool = False) -> tuple[list[tuple[str, dict]], str | None]:
+    """[(name, full experiment options)] from a compare file, ``--schedules`` and command-line options.
+    ``single_ok``: without variants, run the base options as one plan named "simulated"."""
     from simulator.experiment import OPTION_KEYS
     base, variants, title = ({}, [], None) if not config else load_compare_file(config)
     given = {k: v for k, v in options.items() if k in OPTION_KEYS and v is not None}
@@ -161,9 +164,18 @@ def build_variants(config: str | None, schedules: str | None, options: dict) -> 
             variants = [(f"{n}/{sn}", {**o, **so}) for n, o in variants for sn, so in svars]
         else:
             variants = svars
+    if not variants and single_ok:
+        variants = [("simulated", {})]
     if not variants:
         raise ConfigError("nothing to compare: give --schedules a,b,... or a compare file (-c) with variants")
-    return [(name, {**merged_base, **over}) for name, over in variants], title
+    from simulator.experiment import MODEL_FIELDS
+    out = []
+    for name, over in variants:
+        opts = {**merged_base, **over}
+        if "model" not in opts and any(opts.get(k) is not None for k in MODEL_FIELDS):
+            opts["model"] = None          # a custom model from its fields, as `simulate` does
+        out.append((name, opts))
+    return out, title
 
 
 def run_variants(variants: list[tuple[str, dict]], progress=None) -> list[PlanRun]:
@@ -212,13 +224,18 @@ def figures(runs: list[PlanRun], title: str | None = None) -> dict:
 
 
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
-                  title: str | None = None, svg: bool = True) -> list[Path]:
-    """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``."""
+                  title: str | None = None, svg: bool = True, trace=None, trace_step: int | None = None,
+                  replay=None) -> list[Path]:
+    """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``.
+    With a parsed ``trace`` also the measured-vs-simulated view (``measured.png``, ``measured.csv``)."""
     import io
 
     from simulator import plots
     written: list[Path] = []
     figs = figures(runs, title)
+    measured_table = None
+    if trace is not None:
+        figs["measured"], measured_table = measured_vs_simulated(trace, runs, trace_step, replay)
     pngs = {}
     for key, fig in figs.items():          # render each picture once: file and report share the bytes
         buf = io.BytesIO()
@@ -239,11 +256,16 @@ def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | N
         (out / "metrics.json").write_text(json.dumps(summary(runs), indent=1, default=str) + "\n")
         written.append(out / "metrics.json")
         written += _write_traces(runs, out, perfetto)
+        if measured_table is not None:
+            measured_table.to_csv(out / "measured.csv", index_label="run")
+            written.append(out / "measured.csv")
     for fig in figs.values():
         plots.close(fig)
     if report is not None:
         from simulator.report import write_report
-        written.append(write_report(report, runs, pngs, title=title, perfetto_files=perfetto))
+        extra = [("Measured vs simulated: metrics", measured_section(measured_table))] \
+            if measured_table is not None else None
+        written.append(write_report(report, runs, pngs, title=title, perfetto_files=perfetto, extra_sections=extra))
     return written
 
 
@@ -297,21 +319,33 @@ def _compare_command():
     @click.option("--report", type=click.Path(dir_okay=False), help="Self-contained HTML report to write.")
     @click.option("--title", help="Title of the pictures and the report.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every plan's metrics.")
-    def compare(config, schedules, out, report, title, as_json, **options):
+    @click.option("--trace", "trace_path", type=click.Path(exists=True),
+                  help="A measured Kineto trace (file or folder of per-rank files) to show next to the plans.")
+    @click.option("--trace-step", type=int, help="ProfilerStep#N of --trace to show (default: the last on all ranks).")
+    def compare(config, schedules, out, report, title, as_json, trace_path, trace_step, **options):
         """Run several plans or schedules on the same model and cluster; write Gantt timelines, memory over
         time, time breakdowns, a metrics table and an HTML report.
 
-        -c FILE is a compare YAML (base + variants) or a plain experiment file used as the base."""
-        variants, file_title = build_variants(config, schedules, options)
+        -c FILE is a compare YAML (base + variants) or a plain experiment file used as the base. With
+        --trace, the measured step is drawn next to the simulated plans (one plan from the simulate options
+        when no variants are given)."""
+        trace = None
+        if trace_path:
+            from traces.parse import load_trace
+            trace = load_trace(trace_path)
+        variants, file_title = build_variants(config, schedules, options, single_ok=trace is not None)
         title = title or file_title
         runs = run_variants(variants)
         out_dir = Path(out) if out else None
         if report and out_dir is None:
             out_dir = Path(report).with_name(Path(report).stem + "_files")
-        files = write_outputs(runs, out_dir, Path(report) if report else None, title=title) \
-            if (out_dir or report) else []
+        files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,
+                              trace_step=trace_step) if (out_dir or report) else []
         if as_json:
-            click.echo(json.dumps(summary(runs), sort_keys=True, default=str))
+            out_json = summary(runs)
+            if trace is not None:
+                out_json["measured"] = timeline_metrics(trace_timeline(trace, trace_step))
+            click.echo(json.dumps(out_json, sort_keys=True, default=str))
         else:
             print_table(runs, title)
             if files:
@@ -325,3 +359,174 @@ try:
     compare = _compare_command()
 except ImportError:        # simulator.experiment not there: the library functions above still work
     compare = None
+
+
+# ---------------------------------------------------------------------------------------------- measured runs
+def _phase_of_cpu_ops(cpu: pd.DataFrame) -> pd.Series:
+    """Phase of every CPU op row: backward inside autograd's backward functions (and DDP's reducer),
+    optimizer inside ``Optimizer.step`` / ``zero_grad``, forward otherwise (a child inherits its ancestors'
+    phase)."""
+    names = cpu["name"].astype(str)
+    own = np.full(len(cpu), None, dtype=object)
+    own[names.str.startswith("autograd::engine::evaluate_function").to_numpy()
+        | names.str.contains(r"Backward\d*$|_backward|ddp\.reducer", regex=True).to_numpy()] = "backward"
+    own[names.str.startswith("Optimizer.").to_numpy()] = "optimizer"
+    phase = pd.Series(own, index=cpu.index)
+    parent = cpu["parent"]
+    for d in sorted(cpu["depth"].unique()):
+        rows = cpu.index[(cpu["depth"] == d).to_numpy()]
+        par = parent.loc[rows]
+        inherit = phase.loc[rows].isna() & (par >= 0)
+        idx = rows[inherit.to_numpy()]
+        if len(idx):
+            phase.loc[idx] = phase.reindex(par.loc[idx].to_numpy()).to_numpy()
+    return phase.fillna("forward")
+
+
+def trace_timeline(trace, step: int | None = None) -> pd.DataFrame:
+    """One measured step of a parsed trace (``traces.parse.load_trace``) as a timeline DataFrame like the
+    engine's (rank, stream, kind, name, start_s, end_s, collective, size_bytes, phase, microbatch), times in
+    seconds from the step's start on the earliest rank.
+
+    GPU traces: compute kernels on their CUDA stream (phase from the launching CPU op's ancestry), NCCL
+    collectives from the trace's collectives on their stream. CPU traces: the outermost CPU ops of every
+    thread, collectives on a lane of their own. ``step``: a ``ProfilerStep#N`` number (default: the last
+    step every rank recorded)."""
+    steps = trace.steps
+    if steps.empty:
+        raise ConfigError(f"{trace.path}: the trace has no ProfilerStep#N annotations; cannot pick a step")
+    ranks = sorted(int(r) for r in steps["rank"].unique())
+    common = set.intersection(*(set(steps.loc[steps["rank"] == r, "step"]) for r in ranks))
+    if step is None:
+        if not common:
+            raise ConfigError(f"{trace.path}: no ProfilerStep is recorded by every rank")
+        step = max(common)
+    elif step not in common:
+        raise ConfigError(f"{trace.path}: step {step} is not recorded by every rank; steps: {sorted(common)}")
+    st = steps[steps["step"] == step]
+    t0 = float(st["ts"].min())
+    rows = []
+    colls = trace.collectives
+    colls = colls[colls["step"] == step] if len(colls) else colls
+    cpu = trace.cpu_ops
+    if trace.has_gpu:
+        k = trace.kernels
+        k = k[(k["step"] == step) & ~k["is_comm"].astype(bool)]
+        phase = _phase_of_cpu_ops(cpu)
+        ph = phase.reindex(k["op"].to_numpy()).fillna("forward").to_numpy()
+        rows.append(pd.DataFrame({"rank": k["rank"].to_numpy(), "stream": "cuda:" + k["stream"].astype(str),
+                                  "kind": "compute", "name": k["name"].to_numpy(), "start_s": k["ts"].to_numpy(),
+                                  "end_s": k["end"].to_numpy(), "phase": ph}))
+    else:
+        c = cpu[(cpu["step"] == step) & (cpu["cat"] == "cpu_op")]
+        is_cpu_op = (cpu["cat"] == "cpu_op")
+        outer = c[~is_cpu_op.reindex(c["parent"].to_numpy()).fillna(False).to_numpy().astype(bool)]
+        comm_ops = set(colls["op"].to_numpy().tolist()) if len(colls) else set()
+        outer = outer[~outer.index.isin(comm_ops)]
+        phase = _phase_of_cpu_ops(cpu)
+        rows.append(pd.DataFrame({"rank": outer["rank"].to_numpy(), "stream": "cpu:" + outer["tid"].astype(str),
+                                  "kind": "compute", "name": outer["name"].to_numpy(),
+                                  "start_s": outer["ts"].to_numpy(), "end_s": outer["end"].to_numpy(),
+                                  "phase": phase.loc[outer.index].to_numpy()}))
+    if len(colls):
+        kind = colls["kind"].astype(str)
+        p2p = kind.isin(["send", "recv"])
+        compute_lanes = set(zip(rows[0]["rank"], rows[0]["stream"])) if rows else set()
+        streams = [s if (r, s) not in compute_lanes else f"{s} comm" for r, s in zip(colls["rank"], colls["stream"])]
+        rows.append(pd.DataFrame({"rank": colls["rank"].to_numpy(), "stream": streams,
+                                  "kind": np.where(p2p, kind, "collective"), "name": colls["name"].to_numpy(),
+                                  "start_s": colls["ts"].to_numpy(), "end_s": colls["end"].to_numpy(),
+                                  "collective": np.where(p2p, None, kind), "size_bytes": colls["size_bytes"].to_numpy(),
+                                  "phase": None}))
+    df = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["rank", "stream", "kind"])
+    for col in ("collective", "size_bytes", "microbatch"):
+        if col not in df.columns:
+            df[col] = None
+    df["start_s"] = df["start_s"].astype(float) - t0
+    df["end_s"] = df["end_s"].astype(float) - t0
+    df["microbatch"] = pd.array([pd.NA] * len(df), dtype="Int64")
+    df["rank"] = df["rank"].astype(int)
+    df = df.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True)
+    ends = st["end"].to_numpy(dtype=float)
+    if "gpu_end" in st.columns:
+        ends = np.fmax(ends, st["gpu_end"].to_numpy(dtype=float))
+    df.attrs["step_time_s"] = max(float(np.nanmax(ends)) - t0, float(df["end_s"].max()) if len(df) else 0.0)
+    df.attrs["step"] = int(step)
+    return df
+
+
+def timeline_metrics(df: pd.DataFrame, step_time_s: float | None = None) -> dict:
+    """Step time, bubble, exposed communication, overlap and compute fractions of a timeline DataFrame
+    (measured or simulated) with the definitions of ``simulator.metrics`` (means over ranks, weighted by
+    ``represents`` when present). ``step_time_s`` defaults to ``df.attrs["step_time_s"]`` (set by
+    ``trace_timeline``: the measured step's span), else the latest end."""
+    from simulator.plots import idle_spans, merge_intervals
+    if step_time_s is None:
+        step_time_s = df.attrs.get("step_time_s", float(df["end_s"].max()) if len(df) else 0.0)
+    T = float(step_time_s)
+    fr = {"bubble": [], "exposed": [], "compute": []}
+    comm_tot = overlap_tot = 0.0
+    weights = []
+    for r, sub in df.groupby("rank", sort=True):
+        w = float(sub["represents"].iloc[0]) if "represents" in sub.columns else 1.0
+        comp = sub["kind"] == "compute"
+        c = merge_intervals(sub.loc[comp, "start_s"], sub.loc[comp, "end_s"])
+        m = merge_intervals(sub.loc[~comp, "start_s"], sub.loc[~comp, "end_s"])
+        spans = idle_spans(sub, T)
+        cs, ms = float((c[1] - c[0]).sum()), float((m[1] - m[0]).sum())
+        ex = float((spans["exposed"][1] - spans["exposed"][0]).sum())
+        fr["bubble"].append(float((spans["bubble"][1] - spans["bubble"][0]).sum()) / T if T else 0.0)
+        fr["exposed"].append(ex / T if T else 0.0)
+        fr["compute"].append(cs / T if T else 0.0)
+        comm_tot += w * ms
+        overlap_tot += w * (ms - ex)
+        weights.append(w)
+    wsum = sum(weights) or 1.0
+
+    def mean(xs):
+        return sum(w * x for w, x in zip(weights, xs)) / wsum
+
+    return {"step_time_s": T, "bubble_fraction": mean(fr["bubble"]), "exposed_comm_fraction": mean(fr["exposed"]),
+            "overlap_fraction": overlap_tot / comm_tot if comm_tot > 0 else 0.0,
+            "compute_fraction": mean(fr["compute"])}
+
+
+MEASURED_COLUMNS = ("step_time_s", "bubble_fraction", "exposed_comm_fraction", "overlap_fraction", "compute_fraction")
+
+
+def measured_vs_simulated(trace, runs: list[PlanRun], step: int | None = None, replay=None,
+                          max_lanes: int = 24) -> tuple:
+    """(Gantt figure, table) of one measured step of ``trace`` next to its replay (a SimResult, if given)
+    and the simulated plans: panels on one time axis, and a table of step time, bubble, exposed
+    communication, overlap and compute fractions (measured: ``timeline_metrics`` of the trace's timeline;
+    simulated: the engine's metrics)."""
+    from simulator import plots
+    from simulator.metrics import compute_metrics
+    df = trace_timeline(trace, step)
+    label = f"measured (step {df.attrs['step']})"
+    panels = {label: df}
+    rows = {label: timeline_metrics(df)}
+    mets = {}
+    if replay is not None:
+        panels["replay of the trace"] = replay
+        m = compute_metrics(replay)
+        mets["replay of the trace"] = m
+        rows["replay of the trace"] = {c: getattr(m, c) for c in MEASURED_COLUMNS}
+    for r in runs:
+        name = r.name if r.name not in panels else f"{r.name} (simulated)"
+        panels[name] = r.result
+        mets[name] = r.metrics
+        rows[name] = {c: getattr(r.metrics, c) for c in MEASURED_COLUMNS}
+    fig = plots.gantt(panels, metrics=mets, max_lanes=max_lanes, title=f"Measured vs simulated: {trace.path.name}")
+    return fig, pd.DataFrame.from_dict(rows, orient="index", columns=list(MEASURED_COLUMNS))
+
+
+def measured_section(table: pd.DataFrame) -> str:
+    """The report's HTML table for ``measured_vs_simulated``'s table."""
+    from simulator.report import html_table
+    t = pd.DataFrame(index=table.index)
+    t["step time (s)"] = table["step_time_s"].map(lambda v: f"{v:.4g}")
+    for c, name in (("bubble_fraction", "bubble"), ("exposed_comm_fraction", "exposed comm"),
+                    ("overlap_fraction", "overlap"), ("compute_fraction", "compute")):
+        t[name] = table[c].map(lambda v: f"{v:.1%}")
+    return html_table(t, "run")

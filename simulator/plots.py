@@ -242,7 +242,7 @@ def panel_of(name: str, x, ranks=None, max_lanes: int = DEFAULT_MAX_LANES) -> Pa
             k = int(df.loc[df["rank"] == r, "represents"].max()) if "represents" in df.columns else 1
             picks.append((r, f"rank {r}" + (f" (rep. of {k} ranks)" if k > 1 else "")))
         df = df[df["rank"].isin(keep)]
-        step = float(x["end_s"].max()) if len(x) else 0.0
+        step = float(x.attrs.get("step_time_s", x["end_s"].max() if len(x) else 0.0))
         note = "" if len(keep) == len(all_ranks) else f"showing {len(keep)} of {len(all_ranks)} ranks"
     else:
         raise ConfigError(f"{name}: cannot plot a {type(x).__name__}; give a SimResult or a timeline DataFrame")
@@ -329,7 +329,8 @@ def lane_positions(lanes: list[Lane]) -> tuple[np.ndarray, np.ndarray]:
 def blocks(df: pd.DataFrame, tol_s: float = 0.0) -> pd.DataFrame:
     """Merge each lane's consecutive ops of one micro-batch and phase (no gap longer than ``tol_s`` between
     them) into one block, as pipeline papers draw them: a forward of micro-batch 3 made of 32 layer kernels
-    and their tensor-parallel all-reduces becomes one "F3" bar. Ops without a micro-batch stay alone.
+    and their tensor-parallel all-reduces becomes one "F3" bar. Consecutive ops without a micro-batch merge
+    when they have the same colour and no gap longer than ``tol_s`` (half a pixel when drawing).
     Columns: rank, stream, start_s, end_s, microbatch, _key (colour key: the phase of the block's compute
     ops, or the op's own key for communication-only blocks), compute (bool), ops (count)."""
     d = df.sort_values(["rank", "stream", "start_s"], kind="stable")
@@ -339,8 +340,10 @@ def blocks(df: pd.DataFrame, tol_s: float = 0.0) -> pd.DataFrame:
     same_lane = lane.eq(lane.shift())
     prev_end = d.groupby(lane, sort=False)["end_s"].cummax().shift()
     mb_num = pd.to_numeric(mb, errors="coerce")
-    join = (same_lane & mb_num.notna() & mb_num.eq(mb_num.shift()) & ph.eq(ph.shift())
-            & (d["start_s"] - prev_end <= tol_s))
+    key = d["_key"]
+    same_mb = mb_num.notna() & mb_num.eq(mb_num.shift()) & ph.eq(ph.shift())
+    same_key_unlabelled = mb_num.isna() & mb_num.shift().isna() & key.eq(key.shift())
+    join = same_lane & (same_mb | same_key_unlabelled) & (d["start_s"] - prev_end <= tol_s)
     bid = (~join).cumsum().to_numpy()
     is_comp = (d["kind"] == "compute").to_numpy()
     ckey = d["_key"].where(is_comp)

@@ -20,6 +20,8 @@ CAPTIONS = {
               "communication runs)."),
     "breakdown": ("Where the step time goes", "Mean over ranks: compute by phase, exposed communication and "
                   "bubble; the parts add up to the step time."),
+    "measured": ("Measured vs simulated", "One measured step of the trace (kernels or CPU ops per stream, "
+                 "collectives on their own lanes) next to the simulated plans, on the same time axis."),
     "memory": ("Memory over time", "Per representative rank, stacked by category, with the device's HBM "
                "capacity dashed."),
 }
@@ -51,7 +53,8 @@ pre{background:#f8f8f8;padding:.6em;font-size:.85em;overflow-x:auto}
 """
 
 
-def _table(df, index_name: str = "plan") -> str:
+def html_table(df, index_name: str = "plan") -> str:
+    """An HTML table of a DataFrame (index first, every value escaped)."""
     cols = list(df.columns)
     head = f'<tr><th class="name">{html.escape(index_name)}</th>' + "".join(
         f"<th>{html.escape(str(c))}</th>" for c in cols) + "</tr>"
@@ -74,7 +77,7 @@ def render_report(runs, figures: dict, title: str | None = None, perfetto_files:
              f"<h1>{html.escape(title)}</h1>",
              f"<p class='sub'>{len(runs)} plan(s): {html.escape(', '.join(r.name for r in runs))} · generated "
              f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC by clustersim</p>",
-             "<h2>Metrics</h2>", _table(formatted_table(runs))]
+             "<h2>Metrics</h2>", html_table(formatted_table(runs))]
     for key, fig in figures.items():
         head, cap = CAPTIONS.get(key, (key, ""))
         parts.append(f"<h2>{html.escape(head)}</h2>")
@@ -98,7 +101,7 @@ def render_report(runs, figures: dict, title: str | None = None, perfetto_files:
     parts.append("</div>")
     raw = metrics_table(runs)
     parts.append("<h2>Raw metrics</h2><p class='sub'>SI units: seconds, bytes, fractions of the step time.</p>")
-    parts.append(_table(raw.map(lambda v: f"{v:.6g}" if isinstance(v, float) else v)))
+    parts.append(html_table(raw.map(lambda v: f"{v:.6g}" if isinstance(v, float) else v)))
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

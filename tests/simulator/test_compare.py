@@ -162,3 +162,77 @@ def test_cli_compare_reports_bad_input_as_error_exit_2(tmp_path, capsys):
     rc = main(["compare", "--schedules", "gpipe,nope"])
     assert rc == 2
     assert "unknown schedule 'nope'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- measured
+def _fixture_trace(tmp_path, kind: str):
+    from tests.traces.kineto_fixtures import gloo_rank, nccl_rank, write
+    from traces.parse import load_trace
+    make = nccl_rank if kind == "nccl" else gloo_rank
+    for r in range(2):
+        write(make(r), tmp_path / kind / f"rank{r}.json")
+    return load_trace(tmp_path / kind)
+
+
+def test_trace_timeline_of_a_gpu_trace_has_kernels_and_collectives_where_the_trace_puts_them(tmp_path):
+    trace = _fixture_trace(tmp_path, "nccl")
+    df = cmp.trace_timeline(trace)                      # the last step both ranks recorded: ProfilerStep#4
+    assert df.attrs["step"] == 4
+    assert df.attrs["step_time_s"] == pytest.approx(999e-6)
+    for r in (0, 1):
+        mine = df[df["rank"] == r].sort_values("start_s")
+        assert mine["stream"].tolist() == ["cuda:7", "cuda:7", "cuda:20"]
+        assert mine["kind"].tolist() == ["compute", "compute", "collective"]
+        assert mine["phase"].tolist()[:2] == ["forward", "backward"]     # AddmmBackward0 > aten::mm > kernel
+        assert mine["collective"].tolist()[2] == "all_reduce"
+        assert mine["start_s"].to_numpy() * 1e6 == pytest.approx([30, 320, 450])
+        assert mine["end_s"].to_numpy() * 1e6 == pytest.approx([80, 360, 570])
+    m = cmp.timeline_metrics(df)
+    T = 999e-6
+    assert m["step_time_s"] == pytest.approx(T)
+    assert m["compute_fraction"] == pytest.approx(90e-6 / T)
+    assert m["exposed_comm_fraction"] == pytest.approx(120e-6 / T)
+    assert m["bubble_fraction"] == pytest.approx((T - 210e-6) / T)
+    assert m["overlap_fraction"] == 0.0
+    with pytest.raises(ConfigError, match="step 9 is not recorded"):
+        cmp.trace_timeline(trace, step=9)
+
+
+def test_trace_timeline_of_a_cpu_gloo_trace_uses_outermost_ops_and_worker_collectives(tmp_path):
+    trace = _fixture_trace(tmp_path, "gloo")
+    df = cmp.trace_timeline(trace)
+    r0 = df[df["rank"] == 0]
+    comp = r0[r0["kind"] == "compute"].sort_values("start_s")
+    assert comp["name"].tolist() == ["aten::mm", "aten::copy_"]        # c10d enqueue ops are not compute
+    assert comp["start_s"].to_numpy() * 1e6 == pytest.approx([10, 1100])
+    coll = r0[r0["kind"] == "collective"].sort_values("start_s")
+    want = trace.collectives[trace.collectives["rank"] == 0].sort_values("ts")
+    assert len(coll) == len(want) == 2
+    assert coll["end_s"].to_numpy() - coll["start_s"].to_numpy() == pytest.approx(want["dur"].to_numpy())
+    assert not set(zip(coll["rank"], coll["stream"])) & set(zip(comp["rank"], comp["stream"]))
+
+
+def test_timeline_metrics_agree_with_the_engine_metrics():
+    # two independent implementations of the same definitions
+    cm = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=2e8)
+    for progs in (toy_dp_pipeline(4, 2, 4), toy_dp_pipeline(4, 16, 4, symmetric=True), toy_1f1b(4, 8)):
+        res = run(progs, cm)
+        m = compute_metrics(res)
+        t = cmp.timeline_metrics(res.timeline, res.step_time_s)
+        for k in cmp.MEASURED_COLUMNS:
+            assert t[k] == pytest.approx(getattr(m, k), rel=1e-9, abs=1e-12), k
+
+
+def test_measured_vs_simulated_view_and_report(tmp_path):
+    trace = _fixture_trace(tmp_path, "nccl")
+    runs = cmp.plan_runs({"ddp sim": run(toy_dp_pipeline(1, 2, 2), SimpleCostModel(flops_per_s=1e16))})
+    fig, table = cmp.measured_vs_simulated(trace, runs)
+    titles = [ax.get_title(loc="left") for ax in fig.axes if ax.get_yticks().size]
+    assert titles[0].startswith("measured (step 4) — step ") and titles[1].startswith("ddp sim — ")
+    assert table.loc["measured (step 4)", "step_time_s"] == pytest.approx(999e-6)
+    assert list(table.index) == ["measured (step 4)", "ddp sim"]
+    assert table.loc["ddp sim", "step_time_s"] == runs[0].metrics.step_time_s
+    files = cmp.write_outputs(runs, tmp_path / "out", tmp_path / "r.html", svg=False, trace=trace)
+    assert {"measured.png", "measured.csv"} <= {f.name for f in files}
+    html = (tmp_path / "r.html").read_text()
+    assert "Measured vs simulated" in html and "measured (step 4)" in html
