@@ -357,6 +357,7 @@ def _rank_info(path: Path, meta: dict, rp: _RankParser, fallback_rank: int) -> R
         m = _RANK_RE.search(path.name)
         rank = int(m.group(1)) if m else fallback_rank
     ws = _int(di.get("world_size"), -1)
+    ws = ws if 0 < ws <= (1 << 22) else -1          # nonsense values: unknown
     devs = meta.get("deviceProperties")
     devices = [d.get("name") for d in devs if isinstance(d, dict) and d.get("name")] if isinstance(devs, list) else []
     pgs = []
@@ -368,7 +369,9 @@ def _rank_info(path: Path, meta: dict, rp: _RankParser, fallback_rank: int) -> R
                     "ranks": ranks, "backend": pg.get("backend_config"),
                     "size": _int(pg.get("pg_size"), len(ranks) if ranks else -1)})
     base = meta.get("baseTimeNanoseconds")
-    base = int(base) if isinstance(base, (int, float)) and not isinstance(base, bool) else None
+    base = int(base) if isinstance(base, (int, float)) and not isinstance(base, bool) and math.isfinite(base) \
+        and abs(base) < 1e20 else None
+    host = meta.get("host_name")
     # the GPU device used by this rank: the device of its kernels, else deviceProperties[rank % n]
     if rp.gpu["device"] and devices:
         dev_ids = pd.Series(rp.gpu["device"]).value_counts()
@@ -379,7 +382,8 @@ def _rank_info(path: Path, meta: dict, rp: _RankParser, fallback_rank: int) -> R
     elif not rp.gpu["ts"]:
         devices = []            # CPU-only trace: deviceProperties lists GPUs it did not use
     return RankInfo(rank=rank, path=path, world_size=ws if ws > 0 else None, backend=di.get("backend"),
-                    devices=devices, distributed_info=di, process_groups=pgs, host=meta.get("host_name"),
+                    devices=devices, distributed_info=di, process_groups=pgs,
+                    host=host if isinstance(host, (str, int, float)) else None,
                     base_time_ns=base, thread_names={t: n for (p, t), n in rp.thread_names.items()})
 
 

@@ -272,3 +272,13 @@ def test_nesting_matches_brute_force(items):
             inner = min(enclosing, key=lambda j: end[j] - ts[j])
             assert parent[i] == inner
             assert depth[i] == len(enclosing)
+
+
+@pytest.mark.parametrize("key,value", [("host_name", ["a", "b"]), ("host_name", {}), ("baseTimeNanoseconds", float("nan")),
+                                       ("baseTimeNanoseconds", 10 ** 30), ("distributedInfo", {"rank": 1, "world_size": 10 ** 30}),
+                                       ("distributedInfo", []), ("deviceProperties", {"name": 3})])
+def test_odd_top_level_values(tmp_path, key, value):
+    tr = fx.gloo_rank(1)
+    tr[key] = value
+    t = load_trace(fx.write(tr, tmp_path / "rank1.json"))
+    assert t.rank_ids == [1] and len(t.collectives) == 2
