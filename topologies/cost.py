@@ -269,9 +269,11 @@ class ClusterCostModel:
     def _with_images(self, request: CommRequest, algo: _AlgoCost):
         """Links and bytes-per-byte of a communication and its images together (cached per images tuple).
 
-        When the images are link-disjoint from the representative and from each other, every image link
-        mirrors one of the representative's (symmetric mode's premise), so the representative's links alone
-        carry the same constraints: nothing is added."""
+        Images are symmetric copies running the same algorithm. When they share links (spine trunks ...)
+        every member's links are kept, which is exactly what a full launch of all of them loads. When they
+        are link-disjoint from the representative and from each other, each image link mirrors one of the
+        representative's, which carries the same constraint (symmetric mode's premise: the other
+        communications load the images' links as they load the representative's), so nothing is added."""
         key = (request.kind, request.ranks, request.size_bytes, algo.name, id(request.images))
         hit = self._image_cache.get(key)
         if hit is not None and hit[0] is request.images:
@@ -279,7 +281,9 @@ class ClusterCostModel:
         parts_l, parts_c = [algo.links], [algo.coef]
         for img in request.images:
             g = self._gpus(request, img)
-            a = self._choose(request.kind, g, request.size_bytes)
+            a = self._algo_cost(request.kind, g, algo.name) if len(g) > 1 else None
+            if a is None:
+                a = self._choose(request.kind, g, request.size_bytes)
             if a is not None:
                 parts_l.append(a.links)
                 parts_c.append(a.coef)
