@@ -107,6 +107,8 @@ class ClusterCostModel:
         self._cache: dict = {}
         self._image_cache: dict = {}
         self._paths: dict = {}
+        self._time_cache: dict = {}
+        self._bundle_cache: dict = {}
         acc = cluster.accelerator
         fit = calibration.compute_fit(acc.name) if calibration is not None else None
         self._compute_fit = fit
@@ -232,10 +234,15 @@ class ClusterCostModel:
 
     def comm_time_s(self, request: CommRequest) -> float:
         """Uncontended seconds of a collective or transfer (0 with network="ideal")."""
-        gpus = self._gpus(request)
-        if self.network_mode == "ideal":
-            return 0.0
-        return self._time(request, gpus)[0]
+        key = (request.kind, request.ranks, request.size_bytes)
+        t = self._time_cache.get(key)
+        if t is None:
+            gpus = self._gpus(request)
+            t = 0.0 if self.network_mode == "ideal" else self._time(request, gpus)[0]
+            if len(self._time_cache) > 200_000:
+                self._time_cache.clear()
+            self._time_cache[key] = t
+        return t
 
     def algorithm_for(self, request: CommRequest) -> str:
         """Name of the algorithm the model uses for ``request`` ("none" when nothing moves)."""
@@ -247,6 +254,17 @@ class ClusterCostModel:
 
     def bundle(self, request: CommRequest):
         """(T seconds, link ids, bytes per link) of a request and its images, for the flow network."""
+        key = (request.kind, request.ranks, request.size_bytes, id(request.images))
+        hit = self._bundle_cache.get(key)
+        if hit is not None and hit[0] is request.images:
+            return hit[1]
+        out = self._bundle(request)
+        if len(self._bundle_cache) > 100_000:
+            self._bundle_cache.clear()
+        self._bundle_cache[key] = (request.images, out)
+        return out
+
+    def _bundle(self, request: CommRequest):
         gpus = self._gpus(request)
         if self.network_mode == "ideal":
             return 0.0, np.zeros(0, dtype=np.int64), np.zeros(0)
