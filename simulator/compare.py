@@ -211,28 +211,29 @@ def slug(name: str) -> str:
     return s or "plan"
 
 
-def figures(runs: list[PlanRun], title: str | None = None) -> dict:
-    """{"gantt", "memory", "breakdown"}: the comparison's matplotlib figures."""
+def figures(runs: list[PlanRun], title: str | None = None, max_lanes: int | None = None) -> dict:
+    """{"gantt", "memory", "breakdown"}: the comparison's matplotlib figures (``max_lanes``: lane budget
+    per Gantt panel, default ``simulator.plots.DEFAULT_MAX_LANES``)."""
     from simulator import plots
     results = {r.name: r.result for r in runs}
     metrics = {r.name: r.metrics for r in runs}
     return {
-        "gantt": plots.gantt(results, metrics=metrics, title=title),
-        "memory": plots.memory_over_time(results, max_ranks=4),
+        "gantt": plots.gantt(results, metrics=metrics, title=title, max_lanes=max_lanes or plots.DEFAULT_MAX_LANES),
         "breakdown": plots.breakdown_bars(results, metrics=metrics),
+        "memory": plots.memory_over_time(results, max_ranks=4),
     }
 
 
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
                   title: str | None = None, svg: bool = True, trace=None, trace_step: int | None = None,
-                  replay=None) -> list[Path]:
+                  replay=None, max_lanes: int | None = None) -> list[Path]:
     """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``.
     With a parsed ``trace`` also the measured-vs-simulated view (``measured.png``, ``measured.csv``)."""
     import io
 
     from simulator import plots
     written: list[Path] = []
-    figs = figures(runs, title)
+    figs = figures(runs, title, max_lanes)
     measured_table = None
     if trace is not None:
         figs["measured"], measured_table = measured_vs_simulated(trace, runs, trace_step, replay)
@@ -322,7 +323,9 @@ def _compare_command():
     @click.option("--trace", "trace_path", type=click.Path(exists=True),
                   help="A measured Kineto trace (file or folder of per-rank files) to show next to the plans.")
     @click.option("--trace-step", type=int, help="ProfilerStep#N of --trace to show (default: the last on all ranks).")
-    def compare(config, schedules, out, report, title, as_json, trace_path, trace_step, **options):
+    @click.option("--max-lanes", type=click.IntRange(2, 400),
+                  help="Lane budget per Gantt panel (default 48); tighter budgets share send/recv lanes.")
+    def compare(config, schedules, out, report, title, as_json, trace_path, trace_step, max_lanes, **options):
         """Run several plans or schedules on the same model and cluster; write Gantt timelines, memory over
         time, time breakdowns, a metrics table and an HTML report.
 
@@ -340,7 +343,7 @@ def _compare_command():
         if report and out_dir is None:
             out_dir = Path(report).with_name(Path(report).stem + "_files")
         files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,
-                              trace_step=trace_step) if (out_dir or report) else []
+                              trace_step=trace_step, max_lanes=max_lanes) if (out_dir or report) else []
         if as_json:
             out_json = summary(runs)
             if trace is not None:

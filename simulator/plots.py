@@ -76,7 +76,7 @@ PHASE_LABELS = {"forward": "forward (F)", "backward_input": "backward-input (B)"
                 "optimizer": "optimizer", "other": "other compute"}
 BUBBLE_LABEL = "bubble (idle)"
 EXPOSED_LABEL = "exposed communication"
-DEFAULT_MAX_LANES = 40
+DEFAULT_MAX_LANES = 48
 
 
 def colour_key(kind: str, phase, collective) -> str:
@@ -174,6 +174,17 @@ def representative_ranks(result, max_ranks: int) -> list[tuple[int, str]]:
     return rank_labels(result, [per_stage[s][0] for s in stages])
 
 
+P2P_LANE = "send/recv"
+
+
+def _stream_kinds(prog) -> dict[str, set]:
+    """stream -> the op kinds it holds, for one rank's program."""
+    out: dict[str, set] = {}
+    for op in prog:
+        out.setdefault(op.stream, set()).add(op.kind)
+    return out
+
+
 def _stream_order(df: pd.DataFrame) -> list[str]:
     """Streams holding compute first, then the others in order of first appearance."""
     first = df.groupby("stream", sort=False)["start_s"].min()
@@ -207,7 +218,9 @@ class Panel:
 
 
 def panel_of(name: str, x, ranks=None, max_lanes: int = DEFAULT_MAX_LANES) -> Panel:
-    """Choose the lanes of one plan's panel. ``x`` is a SimResult or a timeline DataFrame."""
+    """Choose the lanes of one plan's panel. ``x`` is a SimResult or a timeline DataFrame. When one lane
+    per stream would leave pipeline stages out, a rank's send/recv streams share one lane (``P2P_LANE``)."""
+    merge_p2p = False
     if _is_result(x):
         from simulator.timeline import build_timeline
         p = x.programs
@@ -218,15 +231,26 @@ def panel_of(name: str, x, ranks=None, max_lanes: int = DEFAULT_MAX_LANES) -> Pa
                                   f"{sorted(p.ops)[:16]}{' ...' if len(p.ops) > 16 else ''}")
             picks = rank_labels(x, list(dict.fromkeys(ranks)))
         else:
-            streams_per_rank = max((len({op.stream for op in prog}) for prog in p.ops.values()), default=1)
+            per_rank = [_stream_kinds(prog) for prog in p.ops.values()]
+            streams_per_rank = max((len(k) for k in per_rank), default=1)
+            p2p_streams = max((sum(1 for v in k.values() if v <= {"send", "recv"}) for k in per_rank), default=0)
+            stage = _stages(x)
+            wanted = len(set(stage.get(r, -1) for r in p.ops)) if stage is not None else len(p.ops)
+            if max_lanes // max(1, streams_per_rank) < wanted and p2p_streams > 1:
+                merge_p2p = True          # one send/recv lane per rank, so that every stage fits
+                streams_per_rank -= p2p_streams - 1
             picks = representative_ranks(x, max(1, max_lanes // max(1, streams_per_rank)))
         df = build_timeline(x, ranks=[r for r, _ in picks])
+        if merge_p2p:
+            df.loc[df["kind"].isin(["send", "recv"]), "stream"] = P2P_LANE
         step = float(x.step_time_s)
         shown = sorted(p.ops)
         note = "" if len(picks) == len(shown) else f"showing {len(picks)} of {len(shown)} simulated ranks"
         if p.classes is not None or len(picks) != len(shown):
             note = f"{p.world_size} ranks" + (", symmetric mode" if p.classes is not None else "") + \
                 (f"; {note}" if note else "")
+        if merge_p2p:
+            note += ("; " if note else "") + "send/recv streams share one lane"
     elif isinstance(x, pd.DataFrame):
         missing = {"rank", "stream", "kind", "start_s", "end_s"} - set(x.columns)
         if missing:
@@ -406,7 +430,7 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
         for r, s, st, en, mb in zip(comp["rank"], comp["stream"], comp["start_s"], comp["end_s"], comp["microbatch"]):
             i = y_of.get((int(r), s))
             text = str(int(mb))
-            if i is None or (en - st) / s_per_px < 5.5 * len(text) + 3:
+            if i is None or (en - st) / s_per_px < 6.0 * len(text) + 1.5:
                 continue
             ax.text((st + en) / 2 * scale, ys[i] - hs[i] * fill * 0.08, text, ha="center", va="center",
                     fontsize=6.5, color="white", zorder=3, gid="microbatch")

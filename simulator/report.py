@@ -16,8 +16,8 @@ import yaml
 CAPTIONS = {
     "gantt": ("Timelines", "One panel per plan on a shared time axis; one lane per rank and stream. Compute is "
               "coloured by phase, communication by collective kind; numbers are micro-batches. On each compute "
-              "lane, hatched grey is bubble (nothing runs) and hatched red is exposed communication (only "
-              "communication runs)."),
+              "lane, hatched grey is bubble (nothing runs) and light red with a dark red strip along the lane's "
+              "lower edge is exposed communication (communication runs, no compute)."),
     "breakdown": ("Where the step time goes", "Mean over ranks: compute by phase, exposed communication and "
                   "bubble; the parts add up to the step time."),
     "measured": ("Measured vs simulated", "One measured step of the trace (kernels or CPU ops per stream, "

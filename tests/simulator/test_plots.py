@@ -322,3 +322,16 @@ def test_breakdown_bars_stack_each_plan():
         assert right == pytest.approx(res.step_time_s)
         assert bars["bubble"][i].get_width() == pytest.approx(compute_metrics(res).bubble_fraction * res.step_time_s)
     assert to_rgba(bars["forward"][0].get_facecolor()) == to_rgba(plots.PHASE_COLOURS["forward"])
+
+
+def test_p2p_streams_share_a_lane_when_stages_would_not_fit():
+    # 8 stages x 3 streams (compute, pp_recv, pp_send) = 24 lanes; a budget of 16 keeps every stage
+    res = run(toy_gpipe(8, 2), SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e9))
+    (ax,) = panel_axes(plots.gantt(res, max_lanes=16))
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert [lb for lb in labels if "·" in lb] == [f"rank {r} · compute" for r in range(8)]
+    assert [lb for lb in labels if "·" not in lb] == [plots.P2P_LANE] * 8
+    assert "send/recv streams share one lane" in ax.get_title(loc="left")
+    assert len(collections(ax)["p2p"].get_paths()) == 2 * 2 * 7 * 2       # every send and recv still drawn
+    (ax,) = panel_axes(plots.gantt(res, max_lanes=24))
+    assert len(ax.get_yticklabels()) == 24 and plots.P2P_LANE not in [t.get_text() for t in ax.get_yticklabels()]
