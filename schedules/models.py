@@ -14,6 +14,7 @@ Units: FLOPs, bytes, parameters (counts).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,13 +108,29 @@ class ModelSpec:
 
     def __post_init__(self):
         if self.total_params is not None:
-            if not self.total_params > 0:
+            tp = self.total_params
+            if not isinstance(tp, (int, float)) or isinstance(tp, bool) or not math.isfinite(tp) or tp <= 0:
                 raise ConfigError(f"model {self.name}: parameter count must be positive, got {self.total_params}")
             return
-        for f in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab"):
+        for f in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "top_k", "dtype_bytes"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
+        for f in ("experts", "shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim",
+                  "v_head_dim"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"model {self.name}: {f} must be a non-negative integer, got {v!r}")
+        for f in ("moe_ffn", "head_dim"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ConfigError(f"model {self.name}: {f} must be a positive integer or unset, got {v!r}")
+        cf = self.capacity_factor
+        if cf is not None and (not isinstance(cf, (int, float)) or isinstance(cf, bool) or not math.isfinite(cf)
+                               or cf <= 0):
+            raise ConfigError(f"model {self.name}: capacity_factor must be a positive number or unset, got {cf!r}")
+        if not isinstance(self.gated_mlp, bool) or not isinstance(self.tied_embeddings, bool):
+            raise ConfigError(f"model {self.name}: gated_mlp and tied_embeddings must be true or false")
         if self.head_dim is None and self.hidden % self.heads:
             raise ConfigError(f"model {self.name}: hidden {self.hidden} is not divisible by heads {self.heads}; "
                               f"set head_dim or change --heads")

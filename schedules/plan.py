@@ -15,6 +15,7 @@ tied embeddings). Units: bytes, tokens.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -116,17 +117,14 @@ class ParallelPlan:
     # ------------------------------------------------------------------ validation
     def validate(self, model=None, world_size: int | None = None) -> "ParallelPlan":
         """Raise PlanError with an actionable message if the plan cannot run; return self."""
-        for f in ("dp", "tp", "pp", "ep", "cp", "micro_batch", "virtual_stages", "seq"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise PlanError(f"{f} must be a positive integer, got {v!r}")
+        self._check_types()
         if world_size is not None and self.world_size != world_size:
             raise PlanError(
                 f"dp({self.dp}) × tp({self.tp}) × pp({self.pp}) × cp({self.cp}) = {self.world_size} != "
                 f"{world_size} GPUs; choose degrees whose product is {world_size}"
                 + (f" (e.g. --dp {world_size // (self.tp * self.pp * self.cp)})"
                    if world_size % (self.tp * self.pp * self.cp) == 0 else ""))
-        if self.zero not in (0, 1, 2, 3):
+        if self.zero > 3:
             raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero}")
         if self.fsdp and self.zero not in (0, 3):
             raise PlanError(f"--fsdp is full sharding (ZeRO-3); it cannot be combined with --zero {self.zero}")
@@ -136,10 +134,6 @@ class ParallelPlan:
             raise PlanError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.layer_split not in ("balanced", "even"):
             raise PlanError(f"layer_split must be 'balanced' or 'even', got {self.layer_split!r}")
-        if self.fsdp_prefetch < 0:
-            raise PlanError(f"fsdp_prefetch must be >= 0, got {self.fsdp_prefetch}")
-        if self.bucket_bytes <= 0:
-            raise PlanError(f"bucket_bytes must be positive, got {self.bucket_bytes}")
         if not 0.0 <= self.skew <= 1.0:
             raise PlanError(f"skew must be in [0, 1] (relative extra load on the busiest EP rank), got {self.skew}")
         if self.skew and self.ep == 1:
@@ -170,6 +164,36 @@ class ParallelPlan:
         if model is not None:
             self._validate_model(model)
         return self
+
+    def _check_types(self) -> None:
+        """Every field has its type and a finite, sensible value (a plan may come from YAML or Python)."""
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for f in ("dp", "tp", "pp", "ep", "cp", "micro_batch", "virtual_stages", "seq"):
+            v = getattr(self, f)
+            if not is_int(v) or v < 1:
+                raise PlanError(f"{f} must be a positive integer, got {v!r}")
+        for f in ("zero", "fsdp_prefetch"):
+            v = getattr(self, f)
+            if not is_int(v) or v < 0:
+                raise PlanError(f"{f} must be a non-negative integer, got {v!r}")
+        if self.global_batch is not None and (not is_int(self.global_batch) or self.global_batch < 1):
+            raise PlanError(f"global_batch must be a positive integer (sequences per step), got {self.global_batch!r}")
+        for f in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather"):
+            v = getattr(self, f)
+            if not isinstance(v, bool):
+                raise PlanError(f"{f} must be true or false, got {v!r}")
+        for f, lo, strict in (("bucket_bytes", 0.0, True), ("grad_bytes_per_param", 0.0, True),
+                              ("optimizer_bytes_per_param", 0.0, False), ("skew", 0.0, False)):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
+                    or (v <= lo if strict else v < lo):
+                raise PlanError(f"{f} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
+        for f in ("schedule", "recompute", "axis_order", "layer_split"):
+            v = getattr(self, f)
+            if not isinstance(v, str):
+                raise PlanError(f"{f} must be a string, got {v!r}")
 
     def _validate_model(self, model) -> None:
         if model.params_only:

@@ -95,3 +95,12 @@ def test_load_model_file(tmp_path):
         load_model_file(p)
     with pytest.raises(ConfigError, match="does not exist"):
         load_model_file(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("field, value", [("layers", True), ("hidden", 1.5), ("experts", -1), ("top_k", 0),
+                                          ("capacity_factor", float("nan")), ("moe_ffn", "8"), ("dtype_bytes", 0)])
+def test_model_fields_are_type_checked(field, value):
+    kw = dict(name="m", layers=2, hidden=64, ffn=256, heads=4, kv_heads=4, vocab=128)
+    kw[field] = value
+    with pytest.raises(ConfigError, match=field):
+        ModelSpec(**kw)

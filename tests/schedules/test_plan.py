@@ -79,3 +79,21 @@ def test_distribute_layers_llama3_405b_style():
 def test_to_dict_round_trip_keys():
     d = ParallelPlan(dp=2, zero=2).to_dict()
     assert d["zero_stage"] == 2 and d["world_size"] == 2 and "bucket_bytes" in d
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"bucket_bytes": float("nan")}, "bucket_bytes"),
+    ({"bucket_bytes": float("inf")}, "bucket_bytes"),
+    ({"grad_bytes_per_param": float("nan")}, "grad_bytes_per_param"),
+    ({"fsdp_prefetch": float("nan")}, "fsdp_prefetch"),
+    ({"sp": "yes"}, "sp must be true or false"),
+    ({"skew": "0"}, "skew"),
+    ({"global_batch": "8"}, "global_batch"),
+    ({"axis_order": 5}, "axis_order"),
+    ({"tp": True}, "tp must be a positive integer"),
+    ({"zero": -1}, "zero"),
+])
+def test_wrong_types_and_non_finite_values_are_plan_errors(changes, match):
+    kw = dict(dp=2, tp=2, pp=2, micro_batch=1, global_batch=16, seq=2048)
+    with pytest.raises(PlanError, match=match):
+        ParallelPlan(**{**kw, **changes}).validate(get_model("llama3-8b"), 8)
