@@ -84,12 +84,17 @@ def test_validate_graph_errors():
         builders.validate_graph(g)
 
 
-@pytest.mark.parametrize("preset,gpus", [("dgx-h100", 64), ("dgx-h100", 2048), ("tpu-v5p", 128),
+@pytest.mark.parametrize("preset,gpus", [("dgx-h100", 64), ("dgx-h100", 2048), ("dgx-a100", 1600), ("tpu-v5p", 128),
                                          ("gb200-nvl72", 144), ("pcie-ethernet-lab", 8), ("cloudmatrix-384", 32)])
 def test_routes_are_shortest_paths(preset, gpus):
     """Structural routes have as many hops as networkx's shortest path in the real graph (trunks stand for
     one of the equal-cost spine/core links), and consecutive links chain."""
-    c = load_cluster(preset, gpus)
+    for c in (load_cluster(preset, gpus),) + ((load_cluster(preset, gpus, rail_optimised=False),)
+                                              if preset.startswith("dgx") else ()):
+        _check_shortest(c, gpus)
+
+
+def _check_shortest(c, gpus):
     pairs = [(0, gpus - 1), (1, gpus // 2), (3, 5), (0, gpus // 3), (gpus - 2, 7)]
     for a, b in pairs:
         links = c.route_ranks(a, b)

@@ -159,3 +159,35 @@ def test_compute_roofline_default_and_calibrated():
     S = 2**30
     assert mc.comm_time_s(CommRequest("all_reduce", tuple(range(8)), S)) == pytest.approx(2e-5 + S * 1.75 / 3e11)
     assert m.peak_flops(3) == 989.4e12 and m.memory_capacity_bytes(3) == 80e9 and m.device_key(0) == "H100-SXM"
+
+
+def test_direct_optical_mesh_prefers_direct_exchange():
+    c = load_cluster("cloudmatrix-384", 16, direct=True)
+    m = _model(c)
+    assert len(c.route_ranks(0, 9)) == 1
+    S = 2**30
+    per_circuit = 392e9 / 15
+    ring = _model(c, algorithm="ring").comm_time_s(CommRequest("all_gather", tuple(range(16)), S))
+    assert ring > 15 / 16 * S / per_circuit
+    req = CommRequest("all_gather", tuple(range(16)), S)
+    assert m.algorithm_for(req) == "direct"
+    assert m.comm_time_s(req) == pytest.approx(S / 16 / per_circuit + c.graph.edges[0, 1]["latency"]
+                                               + STEP_LATENCY_S["ub"], rel=1e-12)
+
+
+@pytest.mark.parametrize("preset,gpus,ranks", [("dgx-h100", 64, tuple(range(0, 64, 8))),
+                                               ("gb200-nvl72", 144, tuple(range(0, 144, 9))),
+                                               ("tpu-v5p", 64, tuple(range(16))),
+                                               ("pcie-ethernet-lab", 16, tuple(range(16)))])
+def test_cost_is_affine_in_size_and_bounded_by_injection(preset, gpus, ranks):
+    c = load_cluster(preset, gpus)
+    m = ClusterCostModel(c, algorithm="ring")
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        t = [m.comm_time_s(CommRequest(kind, ranks, s)) for s in (0.0, 2**28, 2**29)]
+        assert t[2] - t[1] == pytest.approx(t[1] - t[0], rel=1e-9)
+        # a ring's busbw can never exceed its slowest hop's per-path bottleneck
+        hops = zip(ranks, ranks[1:] + ranks[:1])
+        bottleneck = min(c.bottleneck_bytes_per_s(a, b) for a, b in hops)
+        from simulator.calibration import bus_factor
+        busbw = 2**29 / t[2] * bus_factor(kind, len(ranks))
+        assert busbw <= bottleneck * 0.9

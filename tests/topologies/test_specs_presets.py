@@ -123,3 +123,9 @@ def test_load_cluster_file(tmp_path):
         load_cluster_file(b)
     with pytest.raises(ConfigError, match="does not exist"):
         load_cluster_file(tmp_path / "missing.yaml")
+
+
+def test_disconnected_cluster_rejected():
+    # OCS slices with no scale-out fabric: the slices cannot reach each other
+    with pytest.raises(TopologyError, match="disconnected"):
+        load_cluster("cloudmatrix-384", 128, slice_size=64)
