@@ -1,0 +1,460 @@
+"""Replay a trace: turn what each rank did into ``Programs``, simulate them, compare with the measurement.
+
+``build_programs(trace)`` makes one program per rank covering every profiled step:
+
+- the **CPU** (stream ``cpu``; the rank's threads merged, gloo worker threads excluded) is cut into
+  compute ops at every point where it issues work (a kernel launch, a collective enqueue) and at step
+  starts; durations are the measured busy times. Where the CPU sat idle (a gap between ops, or a
+  synchronising CUDA call) and some kernel or collective of the rank ended in that gap, the next CPU op
+  depends on it (the wait as observed) and the rest of the gap is CPU time; a gap in which nothing ended
+  is CPU time too (untraced Python);
+- **GPU ops** (``cuda:<stream>``) and **gloo work** (``gloo:<thread>``, p2p on ``p2p:<send|recv>:<peer>``)
+  depend on the CPU op that issued them. When one started later than its stream and its issue allowed,
+  it depends on the op of another stream that ended last before it started (cross-stream events as
+  observed), and any remaining lag (launch latency, thread wake-up) is kept as a measured delay op;
+- **collectives** are matched across ranks by process group and sequence number; each takes its measured
+  transfer time (min(end) - max(start) over the members: a member's duration includes waiting for the
+  others, which the simulation reproduces itself). Collectives whose peers are absent from the trace
+  (one file of an 8-rank job) keep the duration measured on the rank that is there. Sends and recvs are
+  matched in order per (source, destination).
+
+Zero-length marker ops at each ``ProfilerStep#N`` start and at the end of the last step give the
+predicted step times (the same CPU-side boundaries the profiler measures). ``replay()`` simulates the
+programs with ``simulator.engine.run`` and reports per rank and overall (medians over ranks and steps):
+``measured_step_time_s``, ``predicted_step_time_s``, ``error`` (median of (predicted - measured) /
+measured). What-if: ``scale_compute`` divides compute durations (GPU kernels on GPU traces, CPU time on
+CPU-only traces), ``scale_bandwidth`` divides communication times, ``cluster`` lets a topology cost model
+(``topologies.cost.ClusterCostModel``) time the collectives of known size instead of the measurement.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.costs import ScaledCostModel, SimpleCostModel
+from simulator.errors import ConfigError, TraceError
+from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Op, Programs
+from traces.parse import Trace, load_trace
+
+SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                        "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"})
+TOL_S = 2e-6          # timestamp slack when deciding that one thing ended "in" a gap or before a start
+MIN_DELAY_S = 5e-7    # lags shorter than this are not worth an op
+P2P = ("send", "recv")
+
+
+@dataclass
+class _Rec:
+    """An op under construction: ``key`` orders the program, ``deps`` are record ids."""
+
+    key: float
+    op: Op
+    deps: list = field(default_factory=list)
+    rid: int = -1
+
+
+@dataclass
+class _Item:
+    """Something the CPU issues: a kernel, a collective, a p2p transfer (times in seconds)."""
+
+    issue: float
+    start: float
+    end: float
+    stream: str
+    op: Op
+    rid: int = -1
+    delay_rid: int = -1
+
+
+class ReplayPlan:
+    """Programs built from a trace plus what is needed to read the simulated step times back."""
+
+    def __init__(self, programs: Programs, markers: dict, measured: pd.DataFrame, rank_map: dict, trace: Trace):
+        self.programs = programs
+        self.markers = markers          # sim rank -> [(step, op index)] + [(None, end op index)]
+        self.measured = measured        # rank, step, dur
+        self.rank_map = rank_map        # trace rank -> sim rank
+        self.trace = trace
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _merge(intervals: list[tuple[float, float]]) -> list[list[float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _subtract(busy: list[list[float]], holes: list[list[float]]) -> list[list[float]]:
+    if not holes:
+        return busy
+    out = []
+    hs = _merge([tuple(h) for h in holes])
+    j = 0
+    for s, e in busy:
+        cur = s
+        while j < len(hs) and hs[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(hs) and hs[k][0] < e:
+            if hs[k][0] > cur:
+                out.append([cur, hs[k][0]])
+            cur = max(cur, hs[k][1])
+            k += 1
+        if cur < e:
+            out.append([cur, e])
+    return out
+
+
+def _instances(trace: Trace, windows: dict) -> tuple[dict, dict]:
+    """Collective instances matched across ranks.
+
+    Returns (row -> (instance key, complete, transfer_s, size_bytes, kind)), and (row -> pair info) for p2p:
+    row -> (peer row or -1, transfer_s)."""
+    c = trace.collectives
+    present = set(trace.ranks)
+    info, p2p = {}, {}
+    if c.empty:
+        return info, p2p
+    in_win = pd.Series([windows[r][0] - TOL_S <= t <= windows[r][1] + TOL_S
+                        for r, t in zip(c["rank"], _issue_times(trace))], index=c.index)
+    coll = c[~c["kind"].isin(P2P)]
+    gkey = coll["pg"].fillna("").astype(str) + "|" + coll["group_ranks"].astype(str)
+    for (g, seq), rows in coll.groupby([gkey, coll["seq"]], sort=False):
+        first = rows.iloc[0]
+        members = set(first["group_ranks"]) if first["group_ranks"] is not None else set(rows["rank"])
+        complete = (members <= present and members == set(rows["rank"]) and len(rows) == len(members)
+                    and bool(in_win.loc[rows.index].all()) and len(members) > 1)
+        if complete:
+            tr = rows["end"].min() - rows["ts"].max() if trace.shared_clock else math.nan
+            if not tr > 0:
+                tr = rows["dur"].min()
+        size = rows["size_bytes"].max()
+        for idx, row in rows.iterrows():
+            info[idx] = ((g, seq), complete, tr if complete else row["dur"], size, first["kind"])
+    s = c[c["kind"] == "send"].assign(src=lambda d: d["rank"], dst=lambda d: d["peer"])
+    r = c[c["kind"] == "recv"].assign(src=lambda d: d["peer"], dst=lambda d: d["rank"])
+    for df in (s, r):
+        df["k"] = df.groupby(["src", "dst"]).cumcount()
+    m = s.reset_index().merge(r.reset_index(), on=["src", "dst", "k"], suffixes=("_s", "_r"))
+    for _, row in m.iterrows():
+        ok = in_win.loc[row["index_s"]] and in_win.loc[row["index_r"]]
+        # either side's end bounds the data's arrival; gloo moves data from the c10d op's start on
+        t_s, t_r = row["ts_s"], row["ts_r"]
+        if row["timing_s"] != "gpu" and math.isfinite(row["issue_ts_s"]) and math.isfinite(row["issue_ts_r"]):
+            t_s, t_r = row["issue_ts_s"], row["issue_ts_r"]
+        tr = min(row["end_s"], row["end_r"]) - max(t_s, t_r)
+        if not (trace.shared_clock and tr > 0):
+            tr = min(row["dur_s"], row["dur_r"])
+        if ok:
+            p2p[row["index_s"]] = (row["index_r"], tr)
+            p2p[row["index_r"]] = (row["index_s"], tr)
+    return info, p2p
+
+
+def _issue_times(trace: Trace) -> np.ndarray:
+    """When each collective was issued by its rank's CPU (launch end for NCCL kernels, enqueue end else)."""
+    c = trace.collectives
+    out = c["issue_end"].to_numpy(float).copy()
+    k = c["kernel"].to_numpy()
+    if len(trace.kernels):
+        launch = trace.kernels["launch"].to_numpy()
+        ends = trace.cpu_ops["end"].to_numpy(float)
+        for i in np.flatnonzero(k >= 0):
+            lr = launch[k[i]]
+            out[i] = ends[lr] if lr >= 0 else c["ts"].iloc[i]
+    bad = ~np.isfinite(out)
+    out[bad] = c["ts"].to_numpy(float)[bad]
+    # work a gloo thread started before its enqueue op returned was enqueued by then; gloo sends and recvs
+    # move data from inside c10d::send / recv_ (the op can be preempted long after), so they are issued when
+    # the op starts
+    cpu = k < 0
+    out[cpu] = np.minimum(out[cpu], c["ts"].to_numpy(float)[cpu])
+    p2p = cpu & c["kind"].isin(P2P).to_numpy() & np.isfinite(c["issue_ts"].to_numpy(float))
+    out[p2p] = c["issue_ts"].to_numpy(float)[p2p]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- build
+def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth: float = 1.0,
+                   measured_collectives: bool = True) -> ReplayPlan:
+    """Programs replaying every profiled step of every rank in ``trace`` (see module doc).
+
+    measured_collectives=False leaves complete collectives of known size to the cost model (what-if)."""
+    if scale_compute <= 0 or not math.isfinite(scale_compute):
+        raise ConfigError(f"--scale-compute must be a positive number, got {scale_compute}")
+    if scale_bandwidth <= 0 or not math.isfinite(scale_bandwidth):
+        raise ConfigError(f"--scale-bandwidth must be a positive number, got {scale_bandwidth}")
+    steps = trace.steps
+    if steps.empty:
+        raise TraceError(f"{trace.path}: no ProfilerStep#N annotations: replay needs profiled steps "
+                         f"(torch.profiler with a schedule and prof.step() each iteration)")
+    ranks = [r for r in trace.rank_ids if (steps["rank"] == r).any()]
+    rank_map = {r: i for i, r in enumerate(ranks)}
+    windows = {}
+    for r in trace.rank_ids:
+        s = steps[steps["rank"] == r]
+        windows[r] = (s["ts"].min(), s["end"].max()) if len(s) else (math.inf, -math.inf)
+    t0_all = min(windows[r][0] for r in ranks)
+    info, p2p = _instances(trace, windows)
+    issue = _issue_times(trace) if len(trace.collectives) else np.array([])
+    programs = Programs(world_size=len(ranks), ops={})
+    solo_family = "solo"
+    markers = {}
+    gpu_trace = trace.has_gpu
+    c_all = trace.collectives
+    for r in ranks:
+        recs: list[_Rec] = []
+
+        def add(key, op, deps=()):
+            rec = _Rec(key, op, list(deps), len(recs))
+            recs.append(rec)
+            return rec.rid
+
+        w0, w1 = windows[r]
+        ops = trace.cpu_ops[trace.cpu_ops["rank"] == r]
+        kern = trace.kernels[trace.kernels["rank"] == r] if len(trace.kernels) else trace.kernels
+        coll = c_all[c_all["rank"] == r]
+        worker_tids = {s.split(":", 1)[1] for s in coll["stream"] if s.startswith("gloo:")}
+        # ---------------------------------------------------------------- issued items
+        items: list[_Item] = []
+        nccl_kernels = set(coll["kernel"][coll["kernel"] >= 0])
+        cpu_end = trace.cpu_ops["end"].to_numpy(float)
+        for k, kr in kern.iterrows():
+            if k in nccl_kernels:
+                continue
+            t_issue = cpu_end[kr["launch"]] if kr["launch"] >= 0 else kr["ts"]
+            if not (w0 <= t_issue <= w1):
+                continue
+            dur = kr["dur"] / (scale_compute if kr["cat"] == "kernel" else 1.0)
+            items.append(_Item(t_issue, kr["ts"], kr["end"], f"cuda:{kr['stream']}",
+                               Op(COMPUTE, kr["name"][:80], f"cuda:{kr['stream']}", duration_s=dur)))
+        for i, (idx, cr) in enumerate(coll.iterrows()):
+            t_issue = issue[c_all.index.get_loc(idx)]
+            if not (w0 - TOL_S <= t_issue <= w1 + TOL_S):
+                continue
+            kind = cr["kind"]
+            if kind in P2P:
+                stream = f"p2p:{kind}:{cr['peer']}" if cr["timing"] != "gpu" else cr["stream"]
+                pair = p2p.get(idx)
+                if pair is not None and trace.collectives.at[pair[0], "rank"] in rank_map:
+                    dur = pair[1] / scale_bandwidth
+                    size = cr["size_bytes"] if math.isfinite(cr["size_bytes"]) else 0.0
+                    op = Op(SEND if kind == "send" else RECV, cr["name"], stream,
+                            peer=rank_map[int(cr["peer"])], size_bytes=size,
+                            duration_s=dur if (measured_collectives or not size) else None)
+                else:
+                    op = Op(COMPUTE, f"{kind} (peer {cr['peer']} absent)", stream, duration_s=cr["dur"])
+            else:
+                stream = cr["stream"]
+                key, complete, tr, size, kind0 = info[idx]
+                if complete:
+                    gid = programs.add_group(tuple(rank_map[m] for m in sorted(cr["group_ranks"])),
+                                             family=f"pg{cr['pg']}" if cr["pg"] is not None else "pg")
+                    sized = math.isfinite(size)
+                    op = Op(COLLECTIVE, cr["name"], stream, collective=_engine_kind(kind0), group=gid,
+                            size_bytes=size if sized else 0.0,
+                            duration_s=tr / scale_bandwidth if (measured_collectives or not sized) else None)
+                else:
+                    op = Op(COMPUTE, f"{kind} (peers absent)", stream, duration_s=cr["dur"])
+            start = t_issue if (kind in P2P and cr["timing"] != "gpu") else cr["ts"]   # see _issue_times
+            items.append(_Item(t_issue, start, cr["end"], stream, op))
+        # ---------------------------------------------------------------- the CPU timeline
+        in_win = (ops["ts"] < w1) & (ops["end"] > w0)
+        is_step = ops["name"].str.startswith("ProfilerStep")
+        step_rows = set(ops.index[is_step])
+        top = ops[in_win & ~is_step & ~ops["name"].str.startswith("gloo:")
+                  & ~ops["tid"].astype(str).isin(worker_tids)
+                  & (ops["parent"].isin(step_rows) | (ops["parent"] < 0))]
+        busy = _merge([(max(s, w0), min(e, w1)) for s, e in zip(top["ts"], top["end"])])
+        syncs = ops[in_win & (ops["cat"] == "cuda_runtime") & ops["name"].isin(SYNC_CALLS)]
+        busy = _subtract(busy, [[s, e] for s, e in zip(syncs["ts"], syncs["end"])])
+        st = steps[steps["rank"] == r].sort_values("ts")
+        step_starts = {float(t): int(n) for t, n in zip(st["ts"], st["step"])}
+        cuts = sorted({it.issue for it in items if w0 <= it.issue <= w1})
+        points = sorted(set([w0, w1] + [p for iv in busy for p in iv] + cuts + list(step_starts)))
+        busy_starts = [b[0] for b in busy]
+        cpu_scale = 1.0 if gpu_trace else scale_compute
+        ends_sorted = sorted((it.end, j) for j, it in enumerate(items))
+        end_times = [e for e, _ in ends_sorted]
+        mk: list = []
+        last_cpu = None
+        pending_deps: list = []
+        piece_start, piece_len = None, 0.0
+        cut_set = set(cuts)
+        cut_rid: dict[float, int] = {}
+        if t0_all < w0 and trace.shared_clock:
+            last_cpu = add(t0_all, Op(COMPUTE, "start offset", "cpu", duration_s=w0 - t0_all))
+
+        def close_piece(at: float):
+            nonlocal piece_start, piece_len, last_cpu, pending_deps
+            if piece_start is not None:
+                last_cpu = add(piece_start, Op(COMPUTE, "cpu", "cpu", duration_s=piece_len / cpu_scale),
+                               pending_deps)
+                pending_deps = []
+            piece_start, piece_len = None, 0.0
+
+        for a, b in zip(points[:-1], points[1:]):
+            if a in step_starts:
+                close_piece(a)
+                last_cpu = add(a, Op(COMPUTE, f"ProfilerStep#{step_starts[a]}", "cpu", duration_s=0.0), pending_deps)
+                pending_deps = []
+                mk.append((step_starts[a], last_cpu))
+            if a in cut_set and a not in cut_rid:
+                close_piece(a)
+                if last_cpu is None:
+                    last_cpu = add(a, Op(COMPUTE, "cpu", "cpu", duration_s=0.0))
+                cut_rid[a] = last_cpu
+            mid = 0.5 * (a + b)
+            i = bisect.bisect_right(busy_starts, mid) - 1
+            if i >= 0 and busy[i][0] <= mid < busy[i][1]:
+                if piece_start is None:
+                    piece_start = a
+                piece_len += b - a
+                continue
+            # a gap [a, b]: did it wait for something of this rank that ended inside it?
+            lo = bisect.bisect_left(end_times, a - TOL_S)
+            hi = bisect.bisect_right(end_times, b + TOL_S)
+            cand = [j for _, j in ends_sorted[lo:hi] if items[j].issue <= a + TOL_S]
+            close_piece(a)
+            if cand:
+                j = max(cand, key=lambda j: items[j].end)
+                rest = b - max(a, items[j].end)
+                last_cpu = add(a, Op(COMPUTE, f"after wait ({items[j].op.name[:40]})", "cpu",
+                                     duration_s=max(rest, 0.0) / cpu_scale), pending_deps + [("item", j)])
+                pending_deps = []
+            else:
+                piece_start = a if piece_start is None else piece_start
+                piece_len += b - a
+        close_piece(w1)
+        for c in cuts:
+            if c not in cut_rid:
+                cut_rid[c] = last_cpu
+        end_rid = add(w1, Op(COMPUTE, "end of last step", "cpu", duration_s=0.0),
+                      pending_deps + ([last_cpu] if last_cpu is not None else []))
+        # ---------------------------------------------------------------- device / comm items
+        by_stream: dict[str, list[int]] = {}
+        for j, it in enumerate(items):
+            by_stream.setdefault(it.stream, []).append(j)
+        starts_sorted = sorted((it.end, j) for j, it in enumerate(items))
+        for stream, js in by_stream.items():
+            js.sort(key=lambda j: (items[j].start, items[j].issue))
+            prev_end = -math.inf
+            for j in js:
+                it = items[j]
+                deps = []
+                src = cut_rid.get(it.issue)
+                if src is not None:
+                    deps.append(src)
+                ready = max(it.issue, prev_end)
+                lag = it.start - ready
+                x = None
+                if lag > TOL_S:
+                    lo = bisect.bisect_left(end_times, ready - TOL_S)
+                    hi = bisect.bisect_right(end_times, it.start + TOL_S)
+                    cand = [k for _, k in ends_sorted[lo:hi] if items[k].stream != stream and
+                            items[k].start < it.start]
+                    if cand:
+                        x = max(cand, key=lambda k: items[k].end)
+                        deps.append(("item", x))
+                        lag = it.start - max(ready, items[x].end)
+                key = it.issue if it.op.kind != COMPUTE or stream.startswith("cuda") else it.start
+                if lag > MIN_DELAY_S:
+                    it.delay_rid = add(key - 1e-12, Op(COMPUTE, "delay", stream, duration_s=lag), deps)
+                    deps = []
+                it.rid = add(key, it.op, deps)
+                prev_end = max(prev_end, it.end)
+        del starts_sorted
+        # ---------------------------------------------------------------- resolve and order
+        def resolve(d):
+            return items[d[1]].rid if isinstance(d, tuple) else d
+        for rec in recs:
+            rec.deps = sorted({resolve(d) for d in rec.deps if resolve(d) != rec.rid})
+        order = sorted(range(len(recs)), key=lambda i: (recs[i].key, i))
+        pos = {rid: p for p, rid in enumerate(order)}
+        prog = []
+        for rid in order:
+            rec = recs[rid]
+            rec.op.deps = tuple(pos[d] for d in rec.deps)
+            prog.append(rec.op)
+        programs.ops[rank_map[r]] = prog
+        markers[rank_map[r]] = [(s, pos[i]) for s, i in mk] + [(None, pos[end_rid])]
+    programs.meta.update({"source": "trace replay", "trace": str(trace.path)})
+    measured = steps[steps["rank"].isin(ranks)][["rank", "step", "dur"]].copy()
+    return ReplayPlan(programs, markers, measured, rank_map, trace)
+
+
+def _engine_kind(kind: str) -> str:
+    return kind if kind in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce",
+                            "barrier") else "all_reduce"
+
+
+# --------------------------------------------------------------------------------------------- replay
+def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, scale_bandwidth: float = 1.0,
+           scale_compute: float = 1.0, network: str = "analytical", calibration=None) -> dict:
+    """Replay a trace (path or ``Trace``) and compare predicted with measured step times (see module doc)."""
+    from simulator.engine import run
+
+    trace = trace_path if isinstance(trace_path, Trace) else load_trace(trace_path)
+    what_if = []
+    cost = SimpleCostModel()
+    if cluster is not None:
+        from simulator.calibration import Calibration
+        from topologies import load_cluster
+        from topologies.cost import ClusterCostModel
+        cal = calibration if (calibration is None or isinstance(calibration, Calibration)) \
+            else Calibration.load(calibration)
+        n = gpus or trace.world_size
+        if n < trace.world_size:
+            raise ConfigError(f"--gpus {n} is smaller than the trace's world size {trace.world_size}")
+        cost = ClusterCostModel(load_cluster(cluster, n), network=network, calibration=cal)
+        what_if.append(f"collectives timed on {cluster} ({n} GPUs, {network} network)")
+    elif calibration is not None or gpus is not None:
+        raise ConfigError("--gpus and --calibration apply to a what-if --cluster; give --cluster too")
+    if scale_compute != 1.0:
+        what_if.append(f"compute x{1 / scale_compute:.3g} time")
+    if scale_bandwidth != 1.0:
+        what_if.append(f"communication x{1 / scale_bandwidth:.3g} time")
+    plan = build_programs(trace, scale_compute=scale_compute, scale_bandwidth=scale_bandwidth,
+                          measured_collectives=cluster is None)
+    if cluster is not None and scale_bandwidth != 1.0:
+        cost = ScaledCostModel(cost, comm_scale=1.0 / scale_bandwidth)
+    result = run(plan.programs, cost)
+    rows = []
+    inv = {v: k for k, v in plan.rank_map.items()}
+    for sim_rank, marks in plan.markers.items():
+        starts = result.start_s[sim_rank]
+        times = [starts[i] for _, i in marks]
+        for (step, _), t_a, t_b in zip(marks[:-1], times[:-1], times[1:]):
+            rows.append({"rank": inv[sim_rank], "step": step, "predicted": t_b - t_a})
+    pred = pd.DataFrame(rows)
+    df = plan.measured.rename(columns={"dur": "measured"}).merge(pred, on=["rank", "step"])
+    df["error"] = (df["predicted"] - df["measured"]) / df["measured"]
+    per_rank = []
+    for r, g in df.groupby("rank"):
+        per_rank.append({"rank": int(r), "measured_step_time_s": float(g["measured"].median()),
+                         "predicted_step_time_s": float(g["predicted"].median()),
+                         "error": float(g["error"].median()),
+                         "steps": {int(s): {"measured_s": float(m), "predicted_s": float(p)}
+                                   for s, m, p in zip(g["step"], g["measured"], g["predicted"])}})
+    per_step = [{"step": int(s), "measured_s": float(g["measured"].max()), "predicted_s": float(g["predicted"].max())}
+                for s, g in df.groupby("step")]
+    return {
+        "trace": str(trace.path), "world_size": trace.world_size, "ranks_in_trace": len(trace.ranks),
+        "backend": trace.backend, "steps": int(df["step"].nunique()), "ops": plan.programs.op_count,
+        "measured_step_time_s": float(df["measured"].median()),
+        "predicted_step_time_s": float(df["predicted"].median()),
+        "error": float(df["error"].median()), "abs_error_median": float(df["error"].abs().median()),
+        "per_rank": per_rank, "per_step": per_step, "what_if": "; ".join(what_if) or None,
+        "simulated_wall_s": float(result.wall_time_s),
+    }
