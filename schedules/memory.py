@@ -207,8 +207,10 @@ def max_layer_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
 
 
 def buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Transient communication buffers: ZeRO-3 gathered weights ((1 + prefetch) units) and one unit's full
-    gradients before its reduce-scatter; ZeRO-2 gradient buckets awaiting reduce-scatter (two)."""
+    """Transient communication buffers, an estimate (the engine's memory timeline gives the exact peak,
+    which depends on how far communication lags compute): ZeRO-3 gathered weights of (1 + prefetch) units
+    plus one unit's full gradients before its reduce-scatter; ZeRO-2 unsharded gradients of two units or
+    buckets (the one being reduced and the one being produced)."""
     z = plan.zero_stage
     if plan.dp * plan.cp == 1:
         return 0.0
@@ -217,7 +219,8 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
         return unit * (model.dtype_bytes * (1 + plan.fsdp_prefetch) + plan.grad_bytes_per_param)
     if z == 2:
         dense, expert = rank_params(model, plan, stage)
-        return min(2 * plan.bucket_bytes, plan.grad_bytes_per_param * (dense + expert))
+        unit = max(plan.bucket_bytes, plan.grad_bytes_per_param * max_layer_params(model, plan, stage))
+        return min(2 * unit, plan.grad_bytes_per_param * (dense + expert))
     return 0.0
 
 

@@ -272,3 +272,20 @@ def test_fsdp_prefetch_overlaps_gathers_with_compute():
         plan = ParallelPlan(dp=4, fsdp=True, fsdp_prefetch=prefetch, seq=SEQ)
         return run(build_programs(TINY, plan), SimpleCostModel(link_bytes_per_s=3e9)).step_time_s
     assert exposed(1) < exposed(0)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_engine_memory_peak_vs_memory_per_rank(zero):
+    """Without transient buffers (DDP, ZeRO-1) the engine's peak equals memory_per_rank; with them
+    (ZeRO-2/3) memory_per_rank's buffer estimate bounds it from above."""
+    model = dataclasses.replace(get_model("llama3-8b"), layers=4)
+    plan = ParallelPlan(dp=4, zero=zero, seq=512, pp=2, global_batch=16)
+    progs = build_programs(model, plan)
+    res = run(progs, SimpleCostModel(flops_per_s=1e14, link_bytes_per_s=5e10))
+    mem = memory_per_rank(model, plan)
+    for rep in progs.ops:
+        expected = mem[f"stage{plan.stage_of(rep)}"]
+        if zero < 2:
+            assert peak_memory(res, rep) == pytest.approx(expected["total"])
+        else:
+            assert expected["total"] - expected["buffers"] < peak_memory(res, rep) <= expected["total"]
