@@ -16,6 +16,7 @@ Registry ``ALGORITHMS``: name -> builder(ctx, gpus, kind) returning phases or No
 Closed forms (n ranks, per-direction link bandwidth B, alpha a):
   ring all_reduce            2(n-1)·a + 2(n-1)/n · S/B
   ring all_gather/red_scat   (n-1)·a + (n-1)/n · S/B
+  rings (k per domain)       2(n-1)·a + 2(n-1)/n · S / min(B_in, k·B_out)   (all_reduce; NCCL channels)
   hierarchical all_reduce    RS in each domain (k GPUs), k concurrent all-reduces of S/k across the m
                              domains, AG in each domain: 2(k-1)·a_in + 2(k-1)/k·S/B_in
                              + 2(m-1)·a_out + 2(m-1)/m·(S/k)/B_out
@@ -24,6 +25,7 @@ Closed forms (n ranks, per-direction link bandwidth B, alpha a):
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -107,6 +109,30 @@ def hierarchical(ctx, gpus, kind):
     return [intra_rs, inter]
 
 
+def rings(ctx, gpus, kind):
+    """NCCL's multi-node rings: one ring (channel) per local GPU, each carrying 1/k of the data and
+    leaving every domain through its own NIC rail. Ring c visits each domain's k members starting at the
+    c-th, and its last member hands the data over NVLink to the c-th (PXN) whose NIC sends it to the
+    next domain's c-th member. Needs >= 2 domains with the same k >= 2 members each."""
+    if kind not in ("all_reduce", "all_gather", "reduce_scatter", "barrier"):
+        return None
+    doms = _by_domain(ctx, gpus)
+    m, k = len(doms), len(doms[0])
+    if m < 2 or k < 2 or any(len(d) != k for d in doms):
+        return None
+    n = len(gpus)
+    coef = (2 * (n - 1) / n if kind in ("all_reduce", "barrier") else (n - 1) / n) / k
+    flows = []
+    for c in range(k):
+        for i, d in enumerate(doms):
+            order = d[c:] + d[:c]
+            flows += [(order[j], order[j + 1], coef) for j in range(k - 1)]
+            flows.append((order[-1], d[c], coef))                       # PXN: over NVLink to the rail-c GPU
+            flows.append((d[c], doms[(i + 1) % m][c], coef))            # rail c to the next domain
+    steps = 2 * (n - 1) if kind in ("all_reduce", "barrier") else n - 1
+    return [Phase(tuple(flows), steps)]
+
+
 def nvls(ctx, gpus, kind):
     """In-switch reduction (NVLink SHARP / NVLS): every GPU sends its buffer to the switch once and
     receives the reduced (or multicast) result. Only inside one domain whose switch can reduce."""
@@ -160,7 +186,6 @@ def torus_rings(ctx, gpus, kind):
 
     def lines(d):
         others = [values[e] if e != d else [None] for e in range(ndim)]
-        import itertools
         for base in itertools.product(*others):
             yield [at[tuple(v if e == d else base[e] for e in range(ndim))] for v in values[d]]
 
@@ -194,15 +219,16 @@ def p2p(ctx, gpus, kind):
     return [Phase(((gpus[0], gpus[1], 1.0),), 1)]
 
 
-ALGORITHMS = {"ring": ring, "tree": tree, "hierarchical": hierarchical, "nvls": nvls, "direct": direct,
+ALGORITHMS = {"ring": ring, "rings": rings, "tree": tree, "hierarchical": hierarchical, "nvls": nvls,
+              "direct": direct,
               "torus": torus_rings, "p2p": p2p}
 # algorithms NCCL-like auto selection considers, per kind ("direct" all-gather/reduce-scatter only on
 # switched all-to-all or optical domains, see topologies.cost)
 AUTO = {
-    "all_reduce": ("ring", "tree", "hierarchical", "nvls", "torus"),
+    "all_reduce": ("ring", "rings", "tree", "hierarchical", "nvls", "torus"),
     "barrier": ("ring", "tree", "nvls", "torus"),
-    "all_gather": ("ring", "hierarchical", "nvls", "torus"),
-    "reduce_scatter": ("ring", "hierarchical", "nvls", "torus"),
+    "all_gather": ("ring", "rings", "hierarchical", "nvls", "torus"),
+    "reduce_scatter": ("ring", "rings", "hierarchical", "nvls", "torus"),
     "all_to_all": ("direct",),
     "broadcast": ("ring",),
     "reduce": ("ring",),

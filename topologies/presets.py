@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from simulator.errors import ConfigError, UnknownPresetError
+from simulator.errors import ConfigError, TopologyError, UnknownPresetError
 from topologies.cluster import Cluster, DomainSpec, FabricSpec
 from topologies.specs import get_accelerator
 
@@ -205,5 +205,4 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
 
 def _positive(x, what: str) -> None:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 or not math.isfinite(x):
-        from simulator.errors import TopologyError
         raise TopologyError(f"{what} must be a positive number of bytes/s, got {x!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.errors import UnknownPresetError
+from simulator.errors import ConfigError, UnknownPresetError
 
 GB = 1e9
 TB = 1e12
@@ -46,7 +46,6 @@ class AcceleratorSpec:
         for field in ("peak_bf16_flops", "hbm_bytes", "hbm_bytes_per_s", "scale_up_bytes_per_s", "nic_bytes_per_s"):
             v = getattr(self, field)
             if not (isinstance(v, (int, float)) and v > 0):
-                from simulator.errors import ConfigError
                 raise ConfigError(f"accelerator {self.name!r}: {field} must be a positive number, got {v!r}")
 
 
