@@ -1,0 +1,90 @@
+"""Step-time impact of faults at 1,024 GPUs (DGX H100 preset, full per-rank simulation).
+
+1. One 1.2x straggler GPU in a data-parallel job (Llama-3-8B, TP8 x DP128, ZeRO-1) vs in a pipeline job
+   (Llama-3-70B, TP8 x PP8 x DP16, 1F1B, 8 micro-batches per replica), placed on stages 0, 3 and 7.
+   Bound printed next to the simulation: the step grows by at most (k - 1) x the straggler's compute time
+   (everybody waits for all of its extra compute, none of it hidden). DP reaches nearly that: every replica
+   waits for the slow one at the gradient reduction, and TP collectives make its whole TP group run at its
+   pace. In 1F1B only the last stage is on the critical path all step (it alternates F and B with no
+   slack); earlier stages have slack in warm-up and cool-down and absorb most of the delay. (GPipe, a
+   flow shop, would add (k - 1)·m·t on any stage: tests/simulator/test_faults.py checks that case.)
+2. One failed leaf-spine link and one failed GPU-NIC link under the flow (max-min fair) network model,
+   pipeline job. ECMP is modelled as ideal load balancing over a leaf's uplinks (topologies.cluster).
+
+Usage: .venv/bin/python benchmarks/fault_impact.py [--quick]   (--quick: 256 GPUs, for a smoke run)
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from simulator.experiment import experiment_from_dict, run_experiment
+
+K = 1.2
+
+
+def run(base: dict, faults: dict | None = None, network: str = "analytical"):
+    exp = experiment_from_dict({**base, "mode": "full", "network": network, "faults": faults or {}})
+    t = time.perf_counter()
+    out = run_experiment(exp)
+    return out, time.perf_counter() - t
+
+
+def pct(a: float, b: float) -> str:
+    return f"{(b / a - 1) * 100:+6.2f}%"
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    gpus = 256 if quick else 1024
+    dp_job = {"cluster": "dgx-h100", "gpus": gpus, "model": "llama3-8b", "tp": 8, "dp": gpus // 8, "zero": 1,
+              "seq": 8192, "global_batch": gpus // 4}
+    pp_dp = gpus // 64
+    m = 8
+    pp_job = {"cluster": "dgx-h100", "gpus": gpus, "model": "llama3-70b", "tp": 8, "pp": 8, "dp": pp_dp,
+              "seq": 8192, "global_batch": pp_dp * m, "schedule": "1f1b"}
+    print(f"fault impact at {gpus} GPUs (dgx-h100, full mode); straggler factor {K}")
+
+    print("\n1. one straggler GPU")
+    base, w = run(dp_job)
+    T0 = base.metrics.step_time_s
+    rank = 5
+    comp = next(rm.compute_s for rm in base.metrics.per_rank if rm.rank == rank)
+    out, w2 = run(dp_job, {"stragglers": {rank: K}})
+    print(f"  DP job  llama3-8b tp8 dp{gpus // 8}: baseline {T0:.4f} s; straggler on rank {rank}: "
+          f"{out.metrics.step_time_s:.4f} s ({pct(T0, out.metrics.step_time_s)}); "
+          f"bound {T0 + (K - 1) * comp:.4f} s ({pct(T0, T0 + (K - 1) * comp)}) [{w + w2:.0f} s wall]")
+
+    base, w = run(pp_job)
+    T0 = base.metrics.step_time_s
+    per_stage = gpus // 8
+    print(f"  PP job  llama3-70b tp8 pp8 dp{pp_dp}, {m} micro-batches: baseline {T0:.4f} s [{w:.0f} s wall]")
+    for stage in (0, 3, 7):
+        rank = stage * per_stage + 5          # axis order tp-cp-ep-dp-pp: stage is the outermost axis
+        comp = next(rm.compute_s for rm in base.metrics.per_rank if rm.rank == rank)
+        out, w = run(pp_job, {"stragglers": {rank: K}})
+        T = out.metrics.step_time_s
+        expect = T0 + (K - 1) * comp
+        print(f"    straggler on rank {rank} (stage {stage}): {T:.4f} s ({pct(T0, T)}); bound {expect:.4f} s "
+              f"({pct(T0, expect)}) [{w:.0f} s wall]")
+
+    print("\n2. one failed link (flow network, PP job)")
+    base, w = run(pp_job, network="flow")
+    T0 = base.metrics.step_time_s
+    print(f"  baseline {T0:.4f} s [{w:.0f} s wall]")
+    cluster = base.cluster
+    ft = cluster.fat_tree
+    # the leaf of rail 0 that the stage-1 -> stage-2 activations leave through (they cross leaves)
+    src = 1 * per_stage + 8 * (pp_dp - 1)
+    leaf = ft.leaf_of[src]
+    for label, spec in (
+            (f"leaf.{leaf}:spine.0.0 (1 of {ft.uplinks} uplinks of the leaf)", {"link_failures": [f"leaf.{leaf}:spine.0.0"]}),
+            (f"{src}:leaf.{leaf} (GPU {src}'s NIC link: traffic re-routed over NVLink to a peer's NIC)",
+             {"link_failures": [f"{src}:leaf.{leaf}"]})):
+        out, w = run(pp_job, spec, network="flow")
+        T = out.metrics.step_time_s
+        print(f"  failed {label}: {T:.4f} s ({pct(T0, T)}) [{w:.0f} s wall]")
+
+
+if __name__ == "__main__":
+    main()
