@@ -629,3 +629,53 @@ def _faulted_cluster_cls():
     if _FAULTED_CLUSTER is None:
         _FAULTED_CLUSTER = _faulted_cluster_class()
     return _FAULTED_CLUSTER
+
+
+# ---------------------------------------------------------------------------------------------- click options
+FAULT_OPTION_KEYS = ("straggler", "straggler_dist", "jitter", "fail_link", "degrade_link", "fail_device", "seed")
+
+
+def fault_options(f):
+    """Add the fault-injection options to a click command (``simulate``, ``compare`` ...); read them back
+    with ``faults_from_options(yaml_faults, **options)``."""
+    import click
+    opts = [
+        click.option("--straggler", multiple=True, metavar="RANK:FACTOR",
+                     help="Slow device: compute on RANK takes FACTOR times longer (repeatable), e.g. 5:1.2."),
+        click.option("--straggler-dist", metavar="DIST",
+                     help="Draw a slowdown per rank: lognormal:SIGMA or fraction:P:FACTOR (seeded)."),
+        click.option("--jitter", type=float, help="Coefficient of variation of every compute op's time (seeded)."),
+        click.option("--fail-link", multiple=True, metavar="A:B",
+                     help="Link down, traffic re-routed (repeatable); nodes like leaf.0, spine.0.1, or a GPU index."),
+        click.option("--degrade-link", multiple=True, metavar="A:B:FACTOR",
+                     help="Link bandwidth times FACTOR in (0, 1] (repeatable)."),
+        click.option("--fail-device", multiple=True, metavar="RANK@TIME_S",
+                     help="Device RANK dies TIME_S seconds into the step (repeatable)."),
+        click.option("--seed", type=int, help="Seed of every random draw (stragglers, jitter)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def faults_from_options(yaml_faults: dict | None = None, **options) -> dict:
+    """The YAML ``faults:`` mapping with the command-line fault options applied on top (validated;
+    returns the mapping form ``faults_from_dict`` reads, empty when there is no fault)."""
+    base = faults_from_dict(yaml_faults or {})
+    given = {k: options.get(k) for k in FAULT_OPTION_KEYS}
+    if not any(v not in (None, (), []) for v in given.values()):
+        return base.to_dict() if not base.empty else ({"seed": base.seed} if base.seed else {})
+    cli = parse_fault_options(given["straggler"] or (), given["straggler_dist"], given["jitter"],
+                              given["fail_link"] or (), given["degrade_link"] or (), given["fail_device"] or (),
+                              given["seed"])
+    merged = base.to_dict()
+    for key, value in cli.to_dict().items():
+        if key == "seed" and given["seed"] is None:
+            continue
+        if isinstance(value, dict):
+            merged[key] = {**merged.get(key, {}), **value}
+        elif isinstance(value, list) and key == "link_failures":
+            merged[key] = list(dict.fromkeys(merged.get(key, []) + value))
+        else:
+            merged[key] = value
+    return faults_from_dict(merged).to_dict()

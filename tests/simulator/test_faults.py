@@ -277,3 +277,27 @@ def test_link_faults_rebuild_the_cost_model_on_the_faulted_cluster():
     both, _ = apply_faults(cm, small, parse_fault_options(stragglers=["3:1.5"], fail_links=["0:leaf.0"]), 16)
     assert both.comm_time_s(req) == pytest.approx(t)
     assert both.network_mode == "flow" and both.contention_aware
+
+
+def test_click_fault_options_merge_over_yaml():
+    import click
+    from click.testing import CliRunner
+    from simulator.faults import fault_options, faults_from_options
+
+    seen = {}
+
+    @click.command()
+    @fault_options
+    def cmd(**options):
+        seen.update(faults_from_options({"stragglers": {1: 1.1}, "jitter": 0.01, "seed": 3}, **options))
+
+    r = CliRunner().invoke(cmd, ["--straggler", "5:1.2", "--straggler", "1:1.3", "--fail-link", "leaf.0:spine.0.1",
+                                 "--fail-device", "7@0.5", "--jitter", "0.02"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"stragglers": {1: 1.3, 5: 1.2}, "jitter": 0.02, "link_failures": ["leaf.0:spine.0.1"],
+                    "device_failures": {7: 0.5}, "seed": 3}
+    seen.clear()
+    r = CliRunner().invoke(cmd, [])
+    assert seen == {"stragglers": {1: 1.1}, "jitter": 0.01, "seed": 3}
+    r = CliRunner().invoke(cmd, ["--straggler", "x"])
+    assert isinstance(r.exception, ConfigError) and "RANK:FACTOR" in str(r.exception)
