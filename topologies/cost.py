@@ -253,7 +253,8 @@ class ClusterCostModel:
         return "none" if algo is None else algo.name
 
     def bundle(self, request: CommRequest):
-        """(T seconds, link ids, bytes per link) of a request and its images, for the flow network."""
+        """(T seconds, link ids, bytes per link, reference bytes of one flow) of a request and its images,
+        for the flow network."""
         key = (request.kind, request.ranks, request.size_bytes, id(request.images))
         hit = self._bundle_cache.get(key)
         if hit is not None and hit[0] is request.images:
@@ -279,10 +280,11 @@ class ClusterCostModel:
             over = float(np.max(algo.coef * S / T / self.capacity[algo.links]))
             if over > 1.0:
                 scale = S / over
+        ref = float(np.max(algo.coef)) * scale if len(algo.coef) else 0.0      # one flow of the representative
         if not request.images:
-            return T, algo.links, algo.coef * scale
+            return T, algo.links, algo.coef * scale, ref
         links, coef = self._with_images(request, algo)
-        return T, links, coef * scale
+        return T, links, coef * scale, ref
 
     def _with_images(self, request: CommRequest, algo: _AlgoCost):
         """Links and bytes-per-byte of a communication and its images together (cached per images tuple).

@@ -2,12 +2,14 @@
 
 A communication (collective or transfer) is a *bundle*: the bytes it moves over each directed link
 (summed over its flows and phases, see topologies.collectives) and its uncontended duration T (latency
-included). Alone, a bundle would occupy link l at the average rate ``demand_l = bytes_l / T``. Bundles
-progress at a rate ``y`` (1 = uncontended speed): link l constrains ``sum_b y_b · demand_bl <= capacity_l``
-and rates are max-min fair in y (progressive filling: raise every unfrozen bundle's y together until a
-link saturates or y reaches 1, freeze the bundles on saturated links, repeat). A bundle finishes when
-``integral of y dt = T``. Rates are recomputed when a bundle starts or ends, and only over the connected
-component of bundles that share links with it (max-min allocations decompose over components).
+included). Alone, a bundle would occupy link l at the average rate ``demand_l = bytes_l / T``. A bundle
+progresses at a rate ``y`` (1 = uncontended speed) and link l constrains ``sum_b y_b · demand_bl <=
+capacity_l``. Rates are max-min fair per flow: with ``ref_b`` the bytes/s of one of the bundle's flows
+(its largest per-link demand when alone; for images, the representative's), x_b = y_b · ref_b rises
+together for all bundles (progressive filling) until a link saturates or a bundle reaches y = 1; frozen
+bundles keep their rate and the rest go on. A bundle finishes when ``integral of y dt = T``. Rates are
+recomputed when bundles start or end, only over the connected components of bundles sharing links with
+them (max-min allocations decompose over components).
 
 Two bundles that want all of one link therefore get half of it each; a bundle alone finishes in exactly
 its analytical time T. Approximation: a bundle's phases and latency are smeared into one average demand
@@ -33,7 +35,7 @@ _PROVISIONAL_S = 1e-9     # how far past "now" a provisional next_completion ans
 
 
 class _Bundle:
-    __slots__ = ("key", "T", "links", "demand", "progress", "rate", "t_last", "version")
+    __slots__ = ("key", "T", "links", "demand", "ref", "progress", "rate", "t_last", "version")
 
     def __init__(self, key, T, links, demand, now):
         self.key, self.T, self.links, self.demand = key, T, links, demand
@@ -70,14 +72,17 @@ class FlowNetwork:
         if key in self.active:
             raise TopologyError(f"flow network: communication {key!r} started twice")
         self._clock(now_s)
-        T, links, nbytes = self._bundle_of(request)
+        out = self._bundle_of(request)
+        T, links, nbytes = out[:3]
         links = np.asarray(links, dtype=np.int64)
         nbytes = np.asarray(nbytes, dtype=float)
         if T > 0 and len(links):
             demand = nbytes / T
+            ref = (out[3] if len(out) > 3 else float(np.max(nbytes))) / T
         else:
-            links, demand = links[:0], nbytes[:0]
+            links, demand, ref = links[:0], nbytes[:0], 1.0
         b = _Bundle(key, float(T), links, demand, now_s)
+        b.ref = max(ref, _EPS)
         self.active[key] = b
         for l in links.tolist():
             self.on_link.setdefault(l, set()).add(key)
@@ -183,19 +188,28 @@ class FlowNetwork:
             if b.T > 0:
                 b.progress = min(1.0, b.progress + b.rate * (now_s - b.t_last) / b.T)
             b.t_last = now_s
-        rates = max_min_rates([b.links for b in bundles], [b.demand for b in bundles], self.capacity)
+        rates = max_min_rates([b.links for b in bundles], [b.demand for b in bundles], self.capacity,
+                              [b.ref for b in bundles])
         for b, y in zip(bundles, rates):
             b.rate = float(y)
             self._push(b)
 
 
-def max_min_rates(links_list, demand_list, capacity) -> np.ndarray:
-    """Max-min fair progress rates in [0, 1] by progressive filling.
+def max_min_rates(links_list, demand_list, capacity, ref=None) -> np.ndarray:
+    """Max-min fair rates by progressive filling; returns each bundle's progress rate y in [0, 1].
 
-    links_list[b], demand_list[b]: link ids and bytes/s bundle b would use at rate 1."""
+    links_list[b], demand_list[b]: link ids and the bytes/s bundle b puts on them at y = 1.
+    ref[b]: the bundle's reference rate (default: its largest per-link demand), i.e. the bytes/s of one of
+    its flows. Fairness is in x_b = y_b · ref_b (bytes/s per flow): x rises together for every unfrozen
+    bundle; a bundle freezes when x reaches its ref (it runs uncontended, y = 1) or when a link it uses
+    saturates. So two flows that each want a whole link get half each, and a flow that wants less than
+    its fair share of a link is not slowed by it."""
     nb = len(links_list)
     if nb == 0:
         return np.zeros(0)
+    if ref is None:
+        ref = [float(np.max(d)) if len(d) else 1.0 for d in demand_list]
+    ref = np.maximum(np.asarray(ref, dtype=float), _EPS)
     if nb == 1:
         l, d = links_list[0], demand_list[0]
         if not len(l):
@@ -204,36 +218,36 @@ def max_min_rates(links_list, demand_list, capacity) -> np.ndarray:
     sizes = [len(l) for l in links_list]
     eb = np.repeat(np.arange(nb), sizes)
     el_global = np.concatenate(links_list)
-    ed = np.concatenate(demand_list)
+    ea = np.concatenate(demand_list) / ref[eb]          # link bytes/s per unit of x
     uniq, el = np.unique(el_global, return_inverse=True)
     resid = capacity[uniq].astype(float).copy()
     cap0 = resid.copy()
-    rate = np.zeros(nb)
+    x = np.zeros(nb)
     frozen = np.zeros(nb, dtype=bool)
     level = 0.0
-    for _ in range(nb + 1):
-        live = ~frozen[eb]
-        D = np.bincount(el, weights=ed * live, minlength=len(uniq))
+    for _ in range(2 * nb + 1):
+        live_b = ~frozen
+        live = live_b[eb]
+        D = np.bincount(el, weights=ea * live, minlength=len(uniq))
         used = D > _EPS
-        step = 1.0 - level
+        step = float(np.min(ref[live_b])) - level
         if used.any():
             step = min(step, float(np.min(resid[used] / D[used])))
         step = max(step, 0.0)
         level += step
         resid -= step * D
-        if level >= 1.0 - 1e-12:
-            rate[~frozen] = 1.0
-            break
+        done = live_b & (ref <= level * (1 + 1e-12))
         sat = used & (resid <= 1e-9 * cap0)
-        hit = np.unique(eb[live & sat[el]])
-        if len(hit) == 0:          # numerical corner: freeze everyone at the current level
-            rate[~frozen] = level
-            break
-        rate[hit] = level
-        frozen[hit] = True
+        hit = np.zeros(nb, dtype=bool)
+        hit[np.unique(eb[live & sat[el]])] = True
+        newly = done | hit
+        if not newly.any():          # numerical corner: freeze everyone at the current level
+            newly = live_b
+        x[newly] = np.minimum(level, ref[newly])
+        frozen |= newly
         if frozen.all():
             break
-    return rate
+    return np.minimum(1.0, x / ref)
 
 
 def drive(net, starts, tol: float = 1e-15) -> dict:
