@@ -146,7 +146,10 @@ class ClusterCostModel:
         if not (request.size_bytes >= 0 and math.isfinite(request.size_bytes)):
             raise ConfigError(f"communication size must be >= 0 bytes, got {request.size_bytes}")
         gpu_of = self.cluster.gpu_of
-        return tuple(gpu_of(r) for r in ranks)
+        gpus = tuple(gpu_of(r) for r in ranks)
+        if request.kind != "p2p" and len(set(gpus)) != len(gpus):
+            raise ConfigError(f"{request.kind} group {tuple(ranks)[:16]} names a rank twice")
+        return gpus
 
     def _algo_cost(self, kind: str, gpus: tuple, name: str) -> _AlgoCost | None:
         key = (kind, gpus, name)
@@ -250,7 +253,11 @@ class ClusterCostModel:
         if self.network_mode == "ideal":
             return "ideal"
         algo = self._choose(request.kind, gpus, request.size_bytes)
-        return "none" if algo is None else algo.name
+        if algo is None:
+            return "none"
+        if self._calibrated(request.kind, gpus, request.size_bytes) is not None:
+            return f"{algo.name} (calibrated time)"
+        return algo.name
 
     def bundle(self, request: CommRequest):
         """(T seconds, link ids, bytes per link, reference bytes of one flow) of a request and its images,

@@ -142,6 +142,10 @@ def test_ideal_and_bad_requests():
         ClusterCostModel(c).comm_time_s(CommRequest("all_reduce", (0, 99), 10))
     with pytest.raises(ConfigError, match="kind"):
         ClusterCostModel(c).comm_time_s(CommRequest("gossip", (0, 1), 10))
+    with pytest.raises(ConfigError, match="twice"):
+        ClusterCostModel(c).comm_time_s(CommRequest("all_reduce", (0, 1, 1), 10))
+    with pytest.raises(ConfigError, match=">= 0 bytes"):
+        ClusterCostModel(c).comm_time_s(CommRequest("all_reduce", (0, 1), -5))
 
 
 def test_compute_roofline_default_and_calibrated():
@@ -158,6 +162,7 @@ def test_compute_roofline_default_and_calibrated():
     assert mc.compute_time_s(0, op) == pytest.approx(1e15 / (8e14 * 1e15 / (1e15 + 1e9)))
     S = 2**30
     assert mc.comm_time_s(CommRequest("all_reduce", tuple(range(8)), S)) == pytest.approx(2e-5 + S * 1.75 / 3e11)
+    assert mc.algorithm_for(CommRequest("all_reduce", tuple(range(8)), S)).endswith("(calibrated time)")
     assert m.peak_flops(3) == 989.4e12 and m.memory_capacity_bytes(3) == 80e9 and m.device_key(0) == "H100-SXM"
 
 

@@ -129,3 +129,16 @@ def test_disconnected_cluster_rejected():
     # OCS slices with no scale-out fabric: the slices cannot reach each other
     with pytest.raises(TopologyError, match="disconnected"):
         load_cluster("cloudmatrix-384", 128, slice_size=64)
+
+
+def test_custom_cluster_file_2d_torus(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text("name: my-torus\naccelerator: TPU-v5p\ngpus: 16\ngpus_per_node: 4\n"
+                 "domain: {kind: torus, dims: [4, 4], bandwidth: 5.0e+10}\n")
+    c = load_cluster_file(f)
+    assert c.name == "my-torus" and c.domain_size == 16 and c.describe()["bisection_bytes_per_s"] == 8 * 5e10
+    assert all(d == 4 for _, d in c.graph.degree())
+    f.write_text("name: bad\naccelerator: TPU-v5p\ngpus: 16\ngpus_per_node: 4\n"
+                 "domain: {kind: torus, dims: [4, 4], colour: red}\n")
+    with pytest.raises(ConfigError, match="colour"):
+        load_cluster_file(f)
