@@ -106,6 +106,42 @@ def test_programs_validate_or_raise_program_error_and_then_run_or_report(progs):
     assert math.isfinite(res.step_time_s) and res.step_time_s >= 0
 
 
+def _two_rank_programs():
+    from simulator.program import Programs, collective, compute
+    p = Programs(world_size=2, ops={})
+    g = p.add_group([0, 1], "dp")
+    for r in range(2):
+        p.ops[r] = [compute("c", 1e9), collective("ar", "all_reduce", g, 1e6, deps=(0,))]
+    return p
+
+
+def _set(attr, value, rank=0, op=0):
+    return lambda p: setattr(p.ops[rank][op], attr, value)
+
+
+WRONG_TYPES = {
+    "flops-str": _set("flops", "1"), "flops-none": _set("flops", None), "size-complex": _set("size_bytes", 1j, op=1),
+    "world-size-str": lambda p: setattr(p, "world_size", "2"), "group-str": _set("group", "0", op=1),
+    "group-float": _set("group", 0.0, op=1), "duration-str": _set("duration_s", "x"),
+    "program-none": lambda p: p.ops.__setitem__(0, None), "op-is-int": lambda p: p.ops[0].append(5),
+    "deps-none": _set("deps", None, op=1), "stream-list": _set("stream", []), "alloc-int": _set("alloc", 5),
+    "classes-list": lambda p: setattr(p, "classes", [0, 1]),
+    "group-ranks-str": lambda p: p.groups.append(__import__("simulator.program", fromlist=["x"]).ProcessGroup(
+        ("a", "b"), "tp")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_TYPES))
+@pytest.mark.xfail(strict=True, reason="reported to the lead: simulator.program.validate raises TypeError/"
+                                       "AttributeError (or accepts) on wrongly typed fields instead of ProgramError")
+def test_validate_rejects_wrongly_typed_fields(case):
+    from simulator.program import validate
+    p = _two_rank_programs()
+    WRONG_TYPES[case](p)
+    with pytest.raises(ProgramError):
+        validate(p)
+
+
 # ---------------------------------------------------------------------------------------------- calibration
 @st.composite
 def calibration_dicts(draw):
@@ -277,11 +313,6 @@ PLAN_VALUES = {
 VALID_PLAN = dict(dp=2, tp=2, pp=2, micro_batch=1, global_batch=16, seq=2048)
 
 
-def _known_plan_bug(kw: dict) -> bool:
-    """Inputs ParallelPlan.validate wrongly accepts (reported; see test_plan_known_bugs)."""
-    return not math.isfinite(kw.get("bucket_bytes", 1.0))
-
-
 @FUZZ
 @given(st.dictionaries(st.sampled_from(sorted(PLAN_VALUES)), st.none(), min_size=1, max_size=3).flatmap(
     lambda keys: st.fixed_dictionaries({k: PLAN_VALUES[k] for k in keys})),
@@ -291,8 +322,6 @@ def test_plan_validate_accepts_or_raises_plan_error(changes, model_name):
     from schedules.models import get_model
     from schedules.plan import ParallelPlan
     kw = {**VALID_PLAN, **changes}
-    if _known_plan_bug(kw):
-        return
     model = get_model(model_name)
     plan = ParallelPlan(**kw)
     world = plan.dp * plan.tp * plan.pp * plan.cp if all(
@@ -318,9 +347,8 @@ def test_plan_validate_accepts_or_raises_plan_error(changes, model_name):
     pytest.param({"global_batch": "8"}, id="global-batch-string"),
     pytest.param({"axis_order": 5}, id="axis-order-int"),
 ])
-@pytest.mark.xfail(strict=True, reason="reported to schedules: ParallelPlan.validate accepts non-finite or "
-                                       "wrongly typed fields, or raises TypeError/AttributeError on them")
-def test_plan_known_bugs(changes):
+def test_plan_rejects_non_finite_and_wrongly_typed_fields(changes):
+    """Regressions found by the fuzz above (fixed in 447abb5)."""
     from schedules.models import get_model
     from schedules.plan import ParallelPlan
     with pytest.raises(PlanError):
