@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import faulthandler
 import json
 import math
 import os
@@ -36,6 +37,15 @@ MANIFEST_FORMAT = "clustersim-trace-manifest"
 MANIFEST_VERSION = 1
 BENCH_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+SAY = "collect| "       # prefix of the lines meant for the user (clustersim collect echoes only those)
+
+
+class UsageError(Exception):
+    """Arguments or a model / plan that cannot run; reported by rank 0 as one line."""
+
+
+def say(message: str) -> None:
+    print(SAY + message, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -75,7 +85,7 @@ def select_backend(requested: str) -> tuple[str, torch.device]:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     if requested == "nccl" and not cuda:
-        raise SystemExit("traces.collect: --backend nccl needs CUDA, which this torch does not see")
+        raise UsageError("--backend nccl needs CUDA, which this torch does not see")
     backend = requested if requested != "auto" else ("nccl" if cuda else "gloo")
     if backend == "nccl" or (cuda and requested == "auto"):
         torch.cuda.set_device(local)
@@ -146,11 +156,11 @@ def write_json(path: Path, data: dict) -> None:
 def profiler_schedule(steps: int, active: int) -> dict:
     """wait / warmup / active so that the profiler records the last ``active`` steps."""
     if steps < 3:
-        raise SystemExit(f"traces.collect: --steps must be >= 3 (one to wait, one to warm up, one to record), "
+        raise UsageError(f"--steps must be >= 3 (one to wait, one to warm up, one to record), "
                          f"got {steps}")
     active = active or min(3, steps - 2)
     if not 1 <= active <= steps - 2:
-        raise SystemExit(f"traces.collect: --active must be in 1..steps-2 = {steps - 2}, got {active}")
+        raise UsageError(f"--active must be in 1..steps-2 = {steps - 2}, got {active}")
     return {"wait": steps - 1 - active, "warmup": 1, "active": active, "repeat": 1,
             "profiled_steps": list(range(steps - active, steps)), "record_shapes": True}
 
@@ -224,17 +234,17 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
         "losses": [g["losses"] for g in gathered],
     })
     write_json(out / "manifest.json", manifest)
-    print(f"traces.collect: {args.strategy} on {world} x {infos[0]['device']} ({backend}): median step "
-          f"{manifest['step_time_s']['median_profiled_s'] * 1e3:.2f} ms; wrote {out}", flush=True)
+    say(f"{args.strategy} on {world} x {infos[0]['device']} ({backend}): median step "
+          f"{manifest['step_time_s']['median_profiled_s'] * 1e3:.2f} ms; wrote {out}")
 
 
 # ---------------------------------------------------------------------------------------------- benchmark
 def bench_sizes(max_bytes: int, factor: int) -> list[int]:
     """1 KiB, factor KiB, ... up to max_bytes (nccl-tests' -b 1K -e MAX -f factor)."""
     if factor < 2:
-        raise SystemExit(f"traces.collect: --size-factor must be >= 2, got {factor}")
+        raise UsageError(f"--size-factor must be >= 2, got {factor}")
     if max_bytes < KiB:
-        raise SystemExit(f"traces.collect: --max-bytes must be >= 1024, got {max_bytes}")
+        raise UsageError(f"--max-bytes must be >= 1024, got {max_bytes}")
     sizes, s = [], KiB
     while s <= max_bytes:
         sizes.append(s)
@@ -304,7 +314,7 @@ def run_bench(args, backend: str, device: torch.device, out: Path) -> None:
     from simulator.calibration import bus_factor
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:
-        raise SystemExit("traces.collect: --bench collectives needs at least 2 processes")
+        raise UsageError("--bench collectives needs at least 2 processes")
     max_bytes = args.max_bytes or default_max_bytes(device)
     target_s = 0.02 if device.type == "cpu" else 0.005     # timed work per repetition
     reps, warmup = 3, 2
@@ -324,8 +334,8 @@ def run_bench(args, backend: str, device: torch.device, out: Path) -> None:
             del op
             if rank == 0:
                 r = rows[-1]
-                print(f"{kind:>15} {nbytes:>12d} B {t * 1e6:>11.1f} us  algbw {r['algbw_GBps']:8.3f} GB/s  "
-                      f"busbw {r['busbw_GBps']:8.3f} GB/s", flush=True)
+                say(f"{kind:>15} {nbytes:>12d} B {t * 1e6:>11.1f} us  algbw {r['algbw_GBps']:8.3f} GB/s  "
+                      f"busbw {r['busbw_GBps']:8.3f} GB/s")
     gathered: list = [None] * world
     dist.all_gather_object(gathered, rank_info(device))
     if rank == 0:
@@ -341,29 +351,37 @@ def run_bench(args, backend: str, device: torch.device, out: Path) -> None:
             "results": rows,
         })
         write_json(out / "manifest.json", manifest)
-        print(f"traces.collect: benchmark of {len(rows)} points written to {out / 'manifest.json'}", flush=True)
+        say(f"benchmark of {len(rows)} points written to {out / 'manifest.json'}")
 
 
 # ---------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    faulthandler.enable()         # a crash or abort prints every thread's Python stack
     if "RANK" not in os.environ:
         raise SystemExit("traces.collect must run under torchrun (or use `clustersim collect`)")
-    backend, device = select_backend(args.backend)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    kw = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend, timeout=_dt.timedelta(seconds=args.timeout_s), **kw)
     try:
+        backend, device = select_backend(args.backend)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        kw = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, timeout=_dt.timedelta(seconds=args.timeout_s), **kw)
         if args.bench:
             run_bench(args, backend, device, out)
         else:
             run_training(args, backend, device, out)
-    except ValueError as e:     # a model / plan that cannot be built: a one-line message, not a traceback
-        raise SystemExit(f"traces.collect: {e}") from None
+    except (UsageError, ValueError) as e:     # bad arguments, a model / plan that cannot be built
+        if os.environ["RANK"] == "0":         # every rank fails alike: one message is enough
+            print(f"traces.collect: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     dist.barrier()                # nobody tears the group down while a peer still uses it
     dist.destroy_process_group()
-    return 0
+    # Everything is written and closed. Leave without the interpreter's and C++ teardown: on a loaded
+    # 2-core machine about one run in ten aborted while exiting ("terminate called without an active
+    # exception", SIGABRT) after a complete run, which torchrun then reports as a failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

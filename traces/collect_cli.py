@@ -11,13 +11,16 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import click
 
 from simulator.errors import ClusterSimError, ConfigError
 
-STRATEGIES = ("ddp", "zero1", "fsdp", "tp", "pp", "ep")
+STRATEGIES = ("ddp", "zero1", "fsdp", "tp", "pp", "ep")     # as traces.strategies.STRATEGIES (no torch here)
+SAY = "collect| "     # traces.collect prefixes the lines meant for the user with this
 
 
 class CollectError(ClusterSimError):
@@ -55,33 +58,63 @@ def launch(nproc: int, collect_args: list[str], timeout_s: float = 900.0, quiet:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = torchrun_command(nproc, collect_args)
+    if "--out" in collect_args:     # a log of an earlier failed run would mislead
+        Path(collect_args[collect_args.index("--out") + 1], "collect.log").unlink(missing_ok=True)
     proc = subprocess.Popen(cmd, cwd=root, env=env, text=True, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[str] = []
+    timer = threading.Timer(timeout_s, _kill_group, (proc,))
+    timer.start()
     try:
-        output, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)     # torchrun and its workers: the group we started
-        proc.communicate()
-        raise CollectError(f"the collector did not finish within {timeout_s:.0f} s (a hung collective?); "
-                           f"command: {' '.join(cmd)}") from None
-    if not quiet:
-        for line in output.splitlines():
-            if "OMP_NUM_THREADS" not in line and not line.startswith("*****"):
-                click.echo(line)
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(SAY) and not quiet:
+                click.echo(line[len(SAY):].rstrip("\n"))
+        proc.wait()
+    finally:
+        timed_out = not timer.is_alive() and proc.returncode != 0
+        timer.cancel()
+    output = "".join(lines)
     if proc.returncode != 0:
+        log = _save_log(collect_args, output)
+        if timed_out:
+            raise CollectError(f"the collector did not finish within {timeout_s:.0f} s (a hung collective?); "
+                               f"full output in {log}")
         raise CollectError(f"the collector failed (exit {proc.returncode}): {_reason(output)}\n"
-                           f"command: {' '.join(cmd)}")
+                           f"full output in {log}; command: {' '.join(cmd)}")
     return subprocess.CompletedProcess(cmd, proc.returncode, output, "")
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill torchrun and its workers: the process group (session) we started for it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _save_log(collect_args: list[str], output: str) -> Path:
+    """Write a failed run's output to OUT/collect.log (or a temporary file) and return its path."""
+    out = Path(collect_args[collect_args.index("--out") + 1]) if "--out" in collect_args else None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "collect.log"
+    except (OSError, AttributeError):
+        fd, name = tempfile.mkstemp(prefix="clustersim-collect-", suffix=".log")
+        os.close(fd)
+        path = Path(name)
+    path.write_text(output)
+    return path
+
+
 def _reason(output: str) -> str:
-    """The most telling line of a failed run: our own message, else the last exception line."""
+    """The most telling line of a failed run: the collector's own error, else the last exception line."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     for ln in lines:
-        if ln.startswith("traces.collect:") or "usage:" in ln:
+        if ln.startswith("traces.collect: error:") or "collect.py: error:" in ln:
             return ln
     for ln in reversed(lines):
-        if "Error" in ln or "error:" in ln:
+        if "Error" in ln or "error:" in ln or "terminate called" in ln:
             return ln
     return lines[-1] if lines else "no output"
 

@@ -56,6 +56,14 @@ class ModelConfig:
     capacity_factor: float = 1.0
 
     def __post_init__(self):
+        for name in ("layers", "hidden", "heads", "seq", "vocab"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}) into an even "
+                             f"head size (rotary embeddings rotate pairs)")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"top_k ({self.top_k}) must be in 1..experts ({self.experts})")
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 16 * math.ceil(8 * self.hidden / 3 / 16))
 

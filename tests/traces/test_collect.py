@@ -44,9 +44,12 @@ def _in_step(trace, events, step):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One collector run per strategy (each ~3-5 s, mostly process start-up)."""
-    return {s: _collect(tmp_path_factory, s, *(["--microbatches", "2"] if s == "pp" else []))
-            for s in ("ddp", "tp", "pp", "fsdp")}
+    """One collector run per strategy (each ~3-5 s, mostly process start-up); ddp through the CLI."""
+    ddp = tmp_path_factory.mktemp("ddp")
+    assert cli_main(["collect", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", str(STEPS), "--active",
+                     str(ACTIVE), *TINY, "--out", str(ddp)]) == 0
+    return {"ddp": ddp, **{s: _collect(tmp_path_factory, s, *(["--microbatches", "2"] if s == "pp" else []))
+                           for s in ("tp", "pp", "fsdp")}}
 
 
 # ---------------------------------------------------------------------------------------------- manifests
@@ -154,9 +157,11 @@ def test_collective_benchmark(tmp_path):
 # ---------------------------------------------------------------------------------------------- errors
 @pytest.mark.slow
 def test_collector_reports_an_impossible_plan(tmp_path):
-    with pytest.raises(CollectError, match=r"heads \(3\) must be divisible by tp \(2\)"):
+    with pytest.raises(CollectError, match=r"heads \(3\) must be divisible by tp \(2\)") as err:
         launch(2, ["--strategy", "tp", "--heads", "3", "--hidden", "48", "--steps", "3", "--out", str(tmp_path)],
                timeout_s=120, quiet=True)
+    assert f"full output in {tmp_path / 'collect.log'}" in str(err.value)
+    assert "must be divisible by tp" in (tmp_path / "collect.log").read_text()
 
 
 def test_collect_without_torch_is_a_clear_error(monkeypatch, capsys, tmp_path):

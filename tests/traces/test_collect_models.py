@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from traces.collect import bench_sizes, profiler_schedule  # noqa: E402
+from traces.collect import UsageError, bench_sizes, profiler_schedule  # noqa: E402
 from traces.models import MoE, ModelConfig, Transformer, split_layers  # noqa: E402
 
 
@@ -75,14 +75,23 @@ def test_profiler_schedule_records_the_last_steps():
                                        "profiled_steps": [3, 4], "record_shapes": True}
     assert profiler_schedule(5, 0)["profiled_steps"] == [2, 3, 4]     # default: min(3, steps - 2)
     assert profiler_schedule(10, 0)["profiled_steps"] == [7, 8, 9]
-    with pytest.raises(SystemExit, match="--steps must be >= 3"):
+    with pytest.raises(UsageError, match="--steps must be >= 3"):
         profiler_schedule(2, 0)
-    with pytest.raises(SystemExit, match=r"--active must be in 1..steps-2 = 3, got 4"):
+    with pytest.raises(UsageError, match=r"--active must be in 1..steps-2 = 3, got 4"):
         profiler_schedule(5, 4)
 
 
 def test_benchmark_sizes_follow_nccl_tests():
     assert bench_sizes(1 << 20, 4) == [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20]
     assert bench_sizes(3000, 2) == [1024, 2048]
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError):
         bench_sizes(100, 2)
+
+
+def test_model_config_rejects_impossible_shapes():
+    with pytest.raises(ValueError, match=r"hidden \(100\) must be divisible by heads \(3\)"):
+        ModelConfig(hidden=100, heads=3)
+    with pytest.raises(ValueError, match="layers must be >= 1"):
+        ModelConfig(layers=0)
+    with pytest.raises(ValueError, match=r"top_k \(3\) must be in 1..experts \(2\)"):
+        ModelConfig(experts=2, top_k=3)
