@@ -39,6 +39,7 @@ multiplies link bandwidth).
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable
 
@@ -55,6 +56,7 @@ MAX_FACTOR = 1e6      # a slowdown beyond this is a failed device, not a straggl
 _STRAGGLER = 1
 _FRACTION = 2
 _JITTER = 3
+_JITTER_BY_CONTENT = 4
 
 
 # ---------------------------------------------------------------------------------------------- random draws
@@ -377,8 +379,9 @@ def breaks_symmetry(faults: FaultSpec) -> bool:
 class FaultyCostModel:
     """Wrap a cost model: compute time × straggler factor of the rank × jitter factor of the op.
 
-    Jitter draws are a pure function of (seed, rank, op index) once ``bind(programs)`` was called; before
-    that the index is the order in which the engine asks for the rank's compute ops (also deterministic).
+    Jitter draws are a pure function of (seed, rank, op index) once ``bind(programs)`` was called; without
+    it, of (seed, rank, the op's identity within its rank: name, stream, deps, layer, micro-batch, phase),
+    so they never depend on the order or number of calls (runs can repeat with the same model).
     """
 
     def __init__(self, base: CostModel, factors: dict[int, float] | None = None, jitter: float = 0.0, seed: int = 0):
@@ -389,7 +392,6 @@ class FaultyCostModel:
         self.contention_aware = bool(getattr(base, "contention_aware", False))
         self._index: dict[int, dict[int, int]] | None = None   # rank -> id(op) -> index
         self._jit: dict[int, np.ndarray] = {}
-        self._calls: dict[int, int] = {}
 
     def bind(self, programs) -> "FaultyCostModel":
         """Key jitter by op index in ``programs`` (call after building the programs, before running)."""
@@ -414,10 +416,12 @@ class FaultyCostModel:
             idx = None
             if self._index is not None:
                 idx = self._index.get(rank, {}).get(id(op))
-            if idx is None:
-                idx = self._calls.get(rank, 0)
-                self._calls[rank] = idx + 1
-            t *= self.jitter_factor(rank, idx)
+            if idx is not None:
+                t *= self.jitter_factor(rank, idx)
+            else:
+                key = zlib.crc32(repr((op.name, op.stream, op.deps, op.layer, op.microbatch, op.phase)).encode())
+                z = normal_draws(self.seed, _JITTER_BY_CONTENT, rank, np.array([key]))
+                t *= float(lognormal_mean_one(z, self.jitter)[0])
         return t
 
     def comm_time_s(self, request: CommRequest) -> float:

@@ -90,7 +90,12 @@ def test_jitter_is_seeded_mean_one_with_the_requested_cv():
     f = a / 1e-3
     assert f.mean() == pytest.approx(1.0, abs=4 * 0.1 / math.sqrt(n_ops))
     assert f.std() / f.mean() == pytest.approx(0.1, rel=0.1)
-    assert np.array_equal(durations(1, bind=False), durations(1, bind=False))     # call order is deterministic too
+    unbound = durations(1, bind=False)        # keyed by the op's identity instead of its index
+    assert np.array_equal(unbound, durations(1, bind=False)) and not np.array_equal(unbound, a)
+    assert unbound.std() / unbound.mean() == pytest.approx(0.1, rel=0.1)
+    # one model object run twice gives the same answer (no hidden call counter)
+    cost = FaultyCostModel(IdealCostModel(flops_per_s=1e12), jitter=0.1, seed=1)
+    assert run(progs, cost).end_s == run(progs, cost).end_s
 
 
 def test_jitter_is_keyed_by_rank_and_op_index():
