@@ -306,3 +306,40 @@ def test_click_fault_options_merge_over_yaml():
     assert seen == {"stragglers": {1: 1.1}, "jitter": 0.01, "seed": 3}
     r = CliRunner().invoke(cmd, ["--straggler", "x"])
     assert isinstance(r.exception, ConfigError) and "RANK:FACTOR" in str(r.exception)
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+def _experiment(faults, network="flow", **kw):
+    pytest.importorskip("schedules")
+    from simulator.experiment import experiment_from_dict, run_experiment
+    d = {"cluster": "dgx-h100", "gpus": 16, "model": "llama3-8b", "tp": 8, "dp": 2, "global_batch": 4,
+         "network": network, "faults": faults, **kw}
+    return run_experiment(experiment_from_dict(d))
+
+
+def test_simulate_with_link_faults_end_to_end():
+    base = _experiment({}).metrics.step_time_s
+    degraded = _experiment({"link_degradation": {"0:leaf.0": 0.1}}).metrics.step_time_s
+    rerouted = _experiment({"link_failures": ["0:leaf.0"]}).metrics.step_time_s
+    assert degraded > base and rerouted > base
+    with pytest.raises(TopologyError, match="cut the network"):
+        _experiment({"link_failures": ["0:leaf.0", "0:nvswitch.0"]})
+
+
+def test_simulate_with_a_failing_device_reports_the_hung_collective():
+    with pytest.raises(DeviceFailureError, match=r"rank\(s\) \[3\] failed.*hang") as e:
+        _experiment({"device_failures": {3: 0.01}}, network="analytical")
+    waits = {b["rank"]: b["waits_for"] for b in e.value.blocked if b["state"] == "collective"}
+    # its TP peers wait for it in a TP all-reduce; the other replica waits in the DP gradient all-reduce
+    # for its DP peers (rank r + 8 for rank r), which are themselves stuck behind rank 3
+    assert {r: waits[r] for r in (0, 1, 2, 4, 5, 6, 7)} == {r: [3] for r in (0, 1, 2, 4, 5, 6, 7)}
+    assert {r: waits[r] for r in range(8, 16)} == {r: [r - 8] for r in range(8, 16)}
+    assert "tp all_reduce" in str(e.value) and "dp grad all_reduce" in str(e.value)
+
+
+def test_simulate_straggler_full_mode_matches_symmetric_baseline():
+    sym = _experiment({}, network="analytical").metrics
+    nothing = _experiment({"stragglers": {3: 1.0}}, network="analytical").metrics      # factor 1: no effect
+    assert nothing.mode == "full" and nothing.step_time_s == pytest.approx(sym.step_time_s, rel=1e-12)
+    slow = _experiment({"stragglers": {3: 1.5}}, network="analytical").metrics
+    assert slow.step_time_s > sym.step_time_s
