@@ -7,7 +7,8 @@ Training mode trains the small Llama-style transformer of ``traces.models`` for 
 strategy under torch.profiler (schedule: wait, 1 warm-up step, ``--active`` recorded steps; shapes
 recorded) and writes ``DIR/rank{r}.json.gz`` (Kineto / Chrome trace JSON, gzipped) per rank plus
 ``DIR/manifest.json``. Benchmark mode times all_reduce, all_gather, reduce_scatter, all_to_all,
-broadcast and p2p (ring send/recv) from 1 KiB up to ``--max-bytes`` and writes the table to the manifest.
+broadcast and p2p (ring send/recv) from 1 KiB up to ``--max-bytes`` (traces.bench_collectives) and writes
+the table to the manifest.
 
 Backend ``auto``: NCCL on ``cuda:LOCAL_RANK`` when CUDA is available, else gloo on CPU.
 ``clustersim collect`` (traces.collect_cli) launches this module for you.
@@ -18,7 +19,6 @@ import argparse
 import datetime as _dt
 import faulthandler
 import json
-import math
 import os
 import platform
 import socket
@@ -35,8 +35,6 @@ from traces.strategies import STRATEGIES, Context, build
 
 MANIFEST_FORMAT = "clustersim-trace-manifest"
 MANIFEST_VERSION = 1
-BENCH_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SAY = "collect| "       # prefix of the lines meant for the user (clustersim collect echoes only those)
 
 
@@ -238,122 +236,6 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
           f"{manifest['step_time_s']['median_profiled_s'] * 1e3:.2f} ms; wrote {out}")
 
 
-# ---------------------------------------------------------------------------------------------- benchmark
-def bench_sizes(max_bytes: int, factor: int) -> list[int]:
-    """1 KiB, factor KiB, ... up to max_bytes (nccl-tests' -b 1K -e MAX -f factor)."""
-    if factor < 2:
-        raise UsageError(f"--size-factor must be >= 2, got {factor}")
-    if max_bytes < KiB:
-        raise UsageError(f"--max-bytes must be >= 1024, got {max_bytes}")
-    sizes, s = [], KiB
-    while s <= max_bytes:
-        sizes.append(s)
-        s *= factor
-    return sizes
-
-
-def default_max_bytes(device: torch.device) -> int:
-    """64 MiB on CPU (gloo takes ~0.1 s per op there); on a GPU the largest power of two whose buffers
-    (input + output, about 2x the size) fit in a quarter of the free memory, capped at 8 GiB."""
-    if device.type != "cuda":
-        return 64 * MiB
-    free, _ = torch.cuda.mem_get_info(device)
-    return min(8 * GiB, 1 << int(math.log2(max(free // 8, KiB))))
-
-
-def _collective(kind: str, size_bytes: int, world: int, rank: int, device: torch.device):
-    """(op, actual size in bytes) for one collective of nccl-tests' ``size`` on float32 buffers."""
-    elems = max(world, size_bytes // 4 // world * world)
-    nbytes = elems * 4
-    full = torch.ones(elems, device=device)
-    part = torch.ones(elems // world, device=device)
-    if kind == "all_reduce":
-        return (lambda: dist.all_reduce(full)), nbytes
-    if kind == "all_gather":
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        return (lambda: gather(full, part)), nbytes
-    if kind == "reduce_scatter":
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        return (lambda: scatter(part, full)), nbytes
-    if kind == "all_to_all":
-        recv = torch.empty_like(full)
-        return (lambda: dist.all_to_all_single(recv, full)), nbytes
-    if kind == "broadcast":
-        return (lambda: dist.broadcast(full, 0)), nbytes
-    if kind == "p2p":   # ring: send to rank + 1, receive from rank - 1 (nccl-tests' sendrecv)
-        recv = torch.empty_like(full)
-
-        def sendrecv():
-            w = dist.isend(full, (rank + 1) % world)
-            dist.recv(recv, (rank - 1) % world)
-            w.wait()
-        return sendrecv, nbytes
-    raise ValueError(kind)
-
-
-def time_collective(op, device: torch.device, iters: int) -> float:
-    """Seconds per op on the slowest rank: barrier, time ``iters`` ops, synchronize, then barrier."""
-    synchronize(device)
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        op()
-    synchronize(device)
-    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-    dist.barrier()
-    return _max_over_ranks(elapsed, device)
-
-
-def _max_over_ranks(t: torch.Tensor, device: torch.device) -> float:
-    t = t.to(device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def run_bench(args, backend: str, device: torch.device, out: Path) -> None:
-    from simulator.calibration import bus_factor
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world < 2:
-        raise UsageError("--bench collectives needs at least 2 processes")
-    max_bytes = args.max_bytes or default_max_bytes(device)
-    target_s = 0.02 if device.type == "cpu" else 0.005     # timed work per repetition
-    reps, warmup = 3, 2
-    rows = []
-    for kind in BENCH_KINDS:
-        for size in bench_sizes(max_bytes, args.size_factor):
-            op, nbytes = _collective(kind, size, world, rank, device)
-            for _ in range(warmup):
-                op()
-            one = time_collective(op, device, 1)
-            iters = int(min(100, max(1, math.ceil(target_s / max(one, 1e-7)))))
-            t = statistics.median(time_collective(op, device, iters) for _ in range(reps))
-            algbw = nbytes / t
-            rows.append({"kind": kind, "size_bytes": nbytes, "dtype": "float32", "group_size": world,
-                         "iters": iters, "reps": reps, "time_s": t, "algbw_GBps": algbw / 1e9,
-                         "busbw_GBps": algbw * bus_factor(kind, world) / 1e9})
-            del op
-            if rank == 0:
-                r = rows[-1]
-                say(f"{kind:>15} {nbytes:>12d} B {t * 1e6:>11.1f} us  algbw {r['algbw_GBps']:8.3f} GB/s  "
-                      f"busbw {r['busbw_GBps']:8.3f} GB/s")
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, rank_info(device))
-    if rank == 0:
-        manifest = base_manifest(args, backend, device, gathered)
-        manifest.update({
-            "mode": "bench", "bench": "collectives", "strategy": None,
-            "method": f"per size: {warmup} warm-up ops; then {reps} repetitions of (synchronize, barrier, time "
-                      f"'iters' ops, synchronize, stop clock, barrier); time_s = median over repetitions of "
-                      f"the slowest rank's time per op. Sizes in nccl-tests' convention (all_gather: output, "
-                      f"reduce_scatter: input, all_to_all: send buffer, p2p: one message of a ring sendrecv); "
-                      f"algbw = size / time, busbw = algbw * bus factor (2(n-1)/n all_reduce, (n-1)/n "
-                      f"all_gather/reduce_scatter/all_to_all, 1 broadcast/p2p).",
-            "results": rows,
-        })
-        write_json(out / "manifest.json", manifest)
-        say(f"benchmark of {len(rows)} points written to {out / 'manifest.json'}")
-
-
 # ---------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
@@ -367,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         kw = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, timeout=_dt.timedelta(seconds=args.timeout_s), **kw)
         if args.bench:
+            from traces.bench_collectives import run_bench
             run_bench(args, backend, device, out)
         else:
             run_training(args, backend, device, out)
@@ -385,4 +268,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the importable module's main, so that traces.bench_collectives shares its classes and helpers
+    from traces.collect import main as _main
+    sys.exit(_main())

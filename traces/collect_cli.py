@@ -141,18 +141,19 @@ def _reason(output: str) -> str:
 @click.option("--bench", type=click.Choice(("collectives",)), default=None,
               help="run the collective benchmark instead of training")
 @click.option("--max-bytes", type=int, default=0, help="benchmark: largest size in bytes (0: automatic)")
+@click.option("--size-factor", type=int, default=2, show_default=True, help="benchmark: ratio of successive sizes")
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True,
               help="seconds before the run is killed")
 @click.option("--out", "out", type=click.Path(file_okay=False), required=True, help="output directory")
 def collect(strategy, nproc, steps, active, layers, hidden, heads, seq, batch, vocab, ffn, bucket_cap_mb,
-            microbatches, experts, dtype, backend, bench, max_bytes, timeout_s, out):
+            microbatches, experts, dtype, backend, bench, max_bytes, size_factor, timeout_s, out):
     """Train a small Llama-style model with STRATEGY under torch.profiler (or benchmark collectives) on
     NPROC local ranks; write per-rank Kineto traces and manifest.json to OUT."""
     args = ["--strategy", strategy, "--steps", str(steps), "--active", str(active), "--layers", str(layers),
             "--hidden", str(hidden), "--heads", str(heads), "--seq", str(seq), "--batch", str(batch),
             "--vocab", str(vocab), "--ffn", str(ffn), "--bucket-cap-mb", str(bucket_cap_mb),
             "--microbatches", str(microbatches), "--experts", str(experts), "--dtype", dtype,
-            "--backend", backend, "--max-bytes", str(max_bytes), "--out", str(Path(out).resolve())]
+            "--backend", backend, "--max-bytes", str(max_bytes), "--size-factor", str(size_factor), "--out", str(Path(out).resolve())]
     if bench:
         args += ["--bench", bench]
     launch(nproc, args, timeout_s=timeout_s)

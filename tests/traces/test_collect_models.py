@@ -5,7 +5,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from traces.collect import UsageError, bench_sizes, profiler_schedule  # noqa: E402
+from traces.bench_collectives import bench_sizes
+from traces.collect import UsageError, profiler_schedule  # noqa: E402
 from traces.models import MoE, ModelConfig, Transformer, split_layers  # noqa: E402
 
 
