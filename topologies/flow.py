@@ -193,6 +193,10 @@ class FlowNetwork:
         for b, y in zip(bundles, rates):
             b.rate = float(y)
             self._push(b)
+        if len(self._heap) > 4 * len(self.active) + 1024:     # drop superseded entries now and then
+            act = self.active
+            self._heap = [e for e in self._heap if (b := act.get(e[2])) is not None and b.version == e[3]]
+            heapq.heapify(self._heap)
 
 
 def max_min_rates(links_list, demand_list, capacity, ref=None) -> np.ndarray:
