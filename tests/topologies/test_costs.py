@@ -1,5 +1,3 @@
-import math
-
 import pytest
 
 from simulator.calibration import Calibration, CollectiveFit, ComputeFit
