@@ -18,8 +18,8 @@
   (one file of an 8-rank job) keep the duration measured on the rank that is there. Sends and recvs are
   matched in order per (source, destination).
 
-Zero-length marker ops at each ``ProfilerStep#N`` start and at the end of the last step give the
-predicted step times (the same CPU-side boundaries the profiler measures). ``replay()`` simulates the
+Zero-length marker ops at each ``ProfilerStep#N`` start and end give the predicted step times (the same
+CPU-side boundaries the profiler measures). ``replay()`` simulates the
 programs with ``simulator.engine.run`` and reports per rank and overall (medians over ranks and steps):
 ``measured_step_time_s``, ``predicted_step_time_s``, ``error`` (median of (predicted - measured) /
 measured). What-if: ``scale_compute`` divides compute durations (GPU kernels on GPU traces, CPU time on
@@ -69,6 +69,8 @@ class _Item:
     op: Op
     rid: int = -1
     delay_rid: int = -1
+    tail: float = 0.0         # this rank's own completion after the common end of a collective (seconds)
+    done_rid: int = -1
 
 
 class ReplayPlan:
@@ -76,7 +78,7 @@ class ReplayPlan:
 
     def __init__(self, programs: Programs, markers: dict, measured: pd.DataFrame, rank_map: dict, trace: Trace):
         self.programs = programs
-        self.markers = markers          # sim rank -> [(step, op index)] + [(None, end op index)]
+        self.markers = markers          # sim rank -> [(step, start marker op index, end marker op index)]
         self.measured = measured        # rank, step, dur
         self.rank_map = rank_map        # trace rank -> sim rank
         self.trace = trace
@@ -141,7 +143,8 @@ def _instances(trace: Trace, windows: dict) -> tuple[dict, dict]:
                 tr = rows["dur"].min()
         size = rows["size_bytes"].max()
         for idx, row in rows.iterrows():
-            info[idx] = ((g, seq), complete, tr if complete else row["dur"], size, first["kind"])
+            tail = row["end"] - rows["end"].min() if complete else 0.0
+            info[idx] = ((g, seq), complete, tr if complete else row["dur"], size, first["kind"], tail)
     s = c[c["kind"] == "send"].assign(src=lambda d: d["rank"], dst=lambda d: d["peer"])
     r = c[c["kind"] == "recv"].assign(src=lambda d: d["peer"], dst=lambda d: d["rank"])
     for df in (s, r):
@@ -157,8 +160,9 @@ def _instances(trace: Trace, windows: dict) -> tuple[dict, dict]:
         if not (trace.shared_clock and tr > 0):
             tr = min(row["dur_s"], row["dur_r"])
         if ok:
-            p2p[row["index_s"]] = (row["index_r"], tr)
-            p2p[row["index_r"]] = (row["index_s"], tr)
+            # the recv's own lag after the data arrived; a send's span ends whenever it is waited for
+            p2p[row["index_s"]] = (row["index_r"], tr, 0.0)
+            p2p[row["index_r"]] = (row["index_s"], tr, max(row["end_r"] - min(row["end_s"], row["end_r"]), 0.0))
     return info, p2p
 
 
@@ -257,7 +261,7 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                     op = Op(COMPUTE, f"{kind} (peer {cr['peer']} absent)", stream, duration_s=cr["dur"])
             else:
                 stream = cr["stream"]
-                key, complete, tr, size, kind0 = info[idx]
+                key, complete, tr, size, kind0, tail = info[idx]
                 if complete:
                     gid = programs.add_group(tuple(rank_map[m] for m in sorted(cr["group_ranks"])),
                                              family=f"pg{cr['pg']}" if cr["pg"] is not None else "pg")
@@ -269,6 +273,8 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                     op = Op(COMPUTE, f"{kind} (peers absent)", stream, duration_s=cr["dur"])
             start = t_issue if (kind in P2P and cr["timing"] != "gpu") else cr["ts"]   # see _issue_times
             items.append(_Item(t_issue, start, cr["end"], stream, op))
+            if op.kind != COMPUTE:
+                items[-1].tail = (pair[2] if kind in P2P else tail) / scale_bandwidth
         # ---------------------------------------------------------------- the CPU timeline
         in_win = (ops["ts"] < w1) & (ops["end"] > w0)
         is_step = ops["name"].str.startswith("ProfilerStep")
@@ -281,13 +287,15 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
         busy = _subtract(busy, [[s, e] for s, e in zip(syncs["ts"], syncs["end"])])
         st = steps[steps["rank"] == r].sort_values("ts")
         step_starts = {float(t): int(n) for t, n in zip(st["ts"], st["step"])}
+        step_ends = {float(t): int(n) for t, n in zip(st["end"], st["step"])}
         cuts = sorted({it.issue for it in items if w0 <= it.issue <= w1})
-        points = sorted(set([w0, w1] + [p for iv in busy for p in iv] + cuts + list(step_starts)))
+        points = sorted(set([w0, w1] + [p for iv in busy for p in iv] + cuts + list(step_starts) + list(step_ends)))
         busy_starts = [b[0] for b in busy]
         cpu_scale = 1.0 if gpu_trace else scale_compute
         ends_sorted = sorted((it.end, j) for j, it in enumerate(items))
         end_times = [e for e, _ in ends_sorted]
         mk: list = []
+        mk_end: dict = {}
         last_cpu = None
         pending_deps: list = []
         piece_start, piece_len = None, 0.0
@@ -305,6 +313,12 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
             piece_start, piece_len = None, 0.0
 
         for a, b in zip(points[:-1], points[1:]):
+            if a in step_ends and a != w1:
+                close_piece(a)
+                last_cpu = add(a, Op(COMPUTE, f"end of ProfilerStep#{step_ends[a]}", "cpu", duration_s=0.0),
+                               pending_deps + ([last_cpu] if last_cpu is not None else []))
+                pending_deps = []
+                mk_end[step_ends[a]] = last_cpu
             if a in step_starts:
                 close_piece(a)
                 last_cpu = add(a, Op(COMPUTE, f"ProfilerStep#{step_starts[a]}", "cpu", duration_s=0.0), pending_deps)
@@ -342,6 +356,8 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                 cut_rid[c] = last_cpu
         end_rid = add(w1, Op(COMPUTE, "end of last step", "cpu", duration_s=0.0),
                       pending_deps + ([last_cpu] if last_cpu is not None else []))
+        last_step = max(step_ends.values())
+        mk_end[last_step] = end_rid
         # ---------------------------------------------------------------- device / comm items
         by_stream: dict[str, list[int]] = {}
         for j, it in enumerate(items):
@@ -372,12 +388,14 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                 if lag > MIN_DELAY_S:
                     it.delay_rid = add(key - 1e-12, Op(COMPUTE, "delay", stream, duration_s=lag), deps)
                     deps = []
-                it.rid = add(key, it.op, deps)
+                it.rid = it.done_rid = add(key, it.op, deps)
+                if it.tail > MIN_DELAY_S:
+                    it.done_rid = add(key + 1e-12, Op(COMPUTE, "completion", stream, duration_s=it.tail), [it.rid])
                 prev_end = max(prev_end, it.end)
         del starts_sorted
         # ---------------------------------------------------------------- resolve and order
         def resolve(d):
-            return items[d[1]].rid if isinstance(d, tuple) else d
+            return items[d[1]].done_rid if isinstance(d, tuple) else d
         for rec in recs:
             rec.deps = sorted({resolve(d) for d in rec.deps if resolve(d) != rec.rid})
         order = sorted(range(len(recs)), key=lambda i: (recs[i].key, i))
@@ -388,7 +406,7 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
             rec.op.deps = tuple(pos[d] for d in rec.deps)
             prog.append(rec.op)
         programs.ops[rank_map[r]] = prog
-        markers[rank_map[r]] = [(s, pos[i]) for s, i in mk] + [(None, pos[end_rid])]
+        markers[rank_map[r]] = [(s, pos[i], pos[mk_end[s]]) for s, i in mk if s in mk_end]
     programs.meta.update({"source": "trace replay", "trace": str(trace.path)})
     measured = steps[steps["rank"].isin(ranks)][["rank", "step", "dur"]].copy()
     return ReplayPlan(programs, markers, measured, rank_map, trace)
@@ -405,6 +423,9 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
     """Replay a trace (path or ``Trace``) and compare predicted with measured step times (see module doc)."""
     from simulator.engine import run
 
+    for name, v in (("--scale-compute", scale_compute), ("--scale-bandwidth", scale_bandwidth)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ConfigError(f"{name} must be a positive number, got {v}")
     trace = trace_path if isinstance(trace_path, Trace) else load_trace(trace_path)
     what_if = []
     cost = SimpleCostModel()
@@ -414,11 +435,14 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
         from topologies.cost import ClusterCostModel
         cal = calibration if (calibration is None or isinstance(calibration, Calibration)) \
             else Calibration.load(calibration)
-        n = gpus or trace.world_size
+        cl = load_cluster(cluster, gpus)          # gpus None: the preset's default size
+        n = cl.world_size
         if n < trace.world_size:
-            raise ConfigError(f"--gpus {n} is smaller than the trace's world size {trace.world_size}")
-        cost = ClusterCostModel(load_cluster(cluster, n), network=network, calibration=cal)
-        what_if.append(f"collectives timed on {cluster} ({n} GPUs, {network} network)")
+            raise ConfigError(f"cluster {cluster!r} with {n} GPUs is smaller than the trace's world size "
+                              f"{trace.world_size}; pass --gpus")
+        cost = ClusterCostModel(cl, network=network, calibration=cal)
+        what_if.append(f"collectives timed on {cluster} ({n} GPUs, {network} network"
+                       f"{', calibrated' if cal is not None else ''}); trace ranks on its first GPUs")
     elif calibration is not None or gpus is not None:
         raise ConfigError("--gpus and --calibration apply to a what-if --cluster; give --cluster too")
     if scale_compute != 1.0:
@@ -434,9 +458,8 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
     inv = {v: k for k, v in plan.rank_map.items()}
     for sim_rank, marks in plan.markers.items():
         starts = result.start_s[sim_rank]
-        times = [starts[i] for _, i in marks]
-        for (step, _), t_a, t_b in zip(marks[:-1], times[:-1], times[1:]):
-            rows.append({"rank": inv[sim_rank], "step": step, "predicted": t_b - t_a})
+        for step, i_start, i_end in marks:
+            rows.append({"rank": inv[sim_rank], "step": step, "predicted": starts[i_end] - starts[i_start]})
     pred = pd.DataFrame(rows)
     df = plan.measured.rename(columns={"dur": "measured"}).merge(pred, on=["rank", "step"])
     df["error"] = (df["predicted"] - df["measured"]) / df["measured"]

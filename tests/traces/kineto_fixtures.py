@@ -3,6 +3,7 @@
 ``nccl_rank(rank)`` builds one rank of a 2-rank NCCL data-parallel job, two ProfilerSteps of 1000 us, each
 with a forward GEMM (launching one kernel), a backward GEMM, and one all_reduce of 1 Mi floats on group
 [0, 1] issued by c10d::allreduce_ > record_param_comms > nccl:all_reduce and run as an NCCL kernel.
+``skew_us`` shifts a rank's clock; its NCCL kernels then end with the other rank's (they wait for nobody).
 ``gloo_rank(rank)`` builds a CPU/gloo rank with the same structure (gloo worker-thread annotations).
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ def nccl_rank(rank: int, *, world: int = 2, base_ts: float = 5_000_000.0, with_a
         ev.append(_x("nccl:all_reduce", "user_annotation", t0 + 405, 40, pid, tid))
         ev.append(_x("cudaLaunchKernel", "cuda_runtime", t0 + 410, 6, pid, tid, correlation=corr))
         ev.append(_x("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-                     "kernel", t0 + 450, NCCL_KERNEL_US, 0, 20, device=0, stream=20, correlation=corr,
+                     "kernel", t0 + 450, NCCL_KERNEL_US - skew_us, 0, 20, device=0, stream=20, correlation=corr,
                      **comm))
         corr += 1
         ev.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": pid, "tid": tid,

@@ -54,8 +54,7 @@ def test_collective_fit_recovers_alpha_beta(kind, n):
 
 
 def test_transfer_time_is_min_end_minus_max_start(tmp_path):
-    """Rank 1 reaches each all_reduce 3 us later; both kernels last 120 us and start when launched, so the
-    ends differ by 3 us too: min(end) - max(start) = 117 us."""
+    """Rank 1 reaches each all_reduce 3 us later; both kernels end together: min(end) - max(start) = 117 us."""
     for r in range(2):
         fx.write(fx.nccl_rank(r, skew_us=3.0 * r), tmp_path / "job" / f"rank{r}.json")
     t = transfer_times(load_trace(tmp_path / "job"))
