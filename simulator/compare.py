@@ -226,14 +226,14 @@ def figures(runs: list[PlanRun], title: str | None = None, max_lanes: int | None
 
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
                   title: str | None = None, svg: bool = True, trace=None, trace_step: int | None = None,
-                  replay=None, max_lanes: int | None = None) -> list[Path]:
+                  replay: bool = True, max_lanes: int | None = None) -> list[Path]:
     """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``.
     With a parsed ``trace`` also the measured-vs-simulated view (``measured.png``, ``measured.csv``)."""
     import io
 
     from simulator import plots
     written: list[Path] = []
-    figs = figures(runs, title, max_lanes)
+    figs = figures(runs, title, max_lanes) if runs else {}
     measured_table = None
     if trace is not None:
         figs["measured"], measured_table = measured_vs_simulated(trace, runs, trace_step, replay)
@@ -310,6 +310,17 @@ def print_table(runs: list[PlanRun], title: str | None = None) -> None:
             Console().print(f"[yellow]note ({r.name}):[/yellow] {n}")
 
 
+def print_measured(table: pd.DataFrame) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="measured vs simulated", title_justify="left")
+    for c in ("run", "step time (s)", "bubble", "exposed comm", "overlap", "compute"):
+        t.add_column(c, justify="left" if c == "run" else "right")
+    for name, row in table.iterrows():
+        t.add_row(str(name), f"{row['step_time_s']:.4g}", *[f"{row[c]:.1%}" for c in MEASURED_COLUMNS[1:]])
+    Console().print(t)
+
+
 def _compare_command():
     from simulator.experiment import simulate_options
 
@@ -336,7 +347,11 @@ def _compare_command():
         if trace_path:
             from traces.parse import load_trace
             trace = load_trace(trace_path)
-        variants, file_title = build_variants(config, schedules, options, single_ok=trace is not None)
+        given = any(v is not None for v in options.values())
+        if trace is not None and not (config or schedules or given):
+            variants, file_title = [], None         # the measured step and its replay only
+        else:
+            variants, file_title = build_variants(config, schedules, options, single_ok=trace is not None)
         title = title or file_title
         runs = run_variants(variants)
         out_dir = Path(out) if out else None
@@ -344,13 +359,17 @@ def _compare_command():
             out_dir = Path(report).with_name(Path(report).stem + "_files")
         files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,
                               trace_step=trace_step, max_lanes=max_lanes) if (out_dir or report) else []
+        mtable = measured_table(trace, runs, trace_step) if trace is not None else None
         if as_json:
             out_json = summary(runs)
-            if trace is not None:
-                out_json["measured"] = timeline_metrics(trace_timeline(trace, trace_step))
+            if mtable is not None:
+                out_json["measured"] = {str(k): v for k, v in mtable.to_dict(orient="index").items()}
             click.echo(json.dumps(out_json, sort_keys=True, default=str))
         else:
-            print_table(runs, title)
+            if runs:
+                print_table(runs, title)
+            if mtable is not None:
+                print_measured(mtable)
             if files:
                 click.echo(f"wrote {len(files)} files" + (f" in {out_dir}" if out_dir else "")
                            + (f"; report {report}" if report else ""))
@@ -497,29 +516,108 @@ def timeline_metrics(df: pd.DataFrame, step_time_s: float | None = None) -> dict
 MEASURED_COLUMNS = ("step_time_s", "bubble_fraction", "exposed_comm_fraction", "overlap_fraction", "compute_fraction")
 
 
-def measured_vs_simulated(trace, runs: list[PlanRun], step: int | None = None, replay=None,
-                          max_lanes: int = 24) -> tuple:
-    """(Gantt figure, table) of one measured step of ``trace`` next to its replay (a SimResult, if given)
-    and the simulated plans: panels on one time axis, and a table of step time, bubble, exposed
-    communication, overlap and compute fractions (measured: ``timeline_metrics`` of the trace's timeline;
-    simulated: the engine's metrics)."""
-    from simulator import plots
-    from simulator.metrics import compute_metrics
+_ABSENT = re.compile(r"^(\w+) \(peers? .*absent\)$")
+
+
+def replay_timeline(trace, step: int | None = None) -> pd.DataFrame:
+    """The replay (``traces.replay.build_programs``: the trace's own ops with measured durations, re-run
+    by the engine) of one step, as a timeline DataFrame in the frame of ``trace_timeline``: trace ranks,
+    t = 0 at the step's start, ``attrs["step_time_s"]`` the replayed step.
+
+    The k-th replayed op named N on a (rank, stream) is the k-th measured one over all profiled steps: it
+    takes that op's phase and step, so the replayed step holds the same kernels and collectives as the
+    measured one (GPU work that runs after the CPU's step boundary included); ops with no measured match
+    (CPU pieces, p2p) belong to the step whose CPU markers enclose their start. Drawn like the measurement:
+    on GPU traces the CPU stream is left out; zero-length markers and launch-lag ("delay") ops too;
+    collectives replayed with a measured duration because their peers are absent from the trace are
+    drawn as the collectives they are."""
+    from simulator.costs import SimpleCostModel
+    from simulator.engine import run
+    from traces.replay import build_programs as replay_programs
+    step = trace_timeline(trace, step).attrs["step"]
+    steps = trace.steps
+    common = sorted(set.intersection(*(set(steps.loc[steps["rank"] == r, "step"]) for r in steps["rank"].unique())))
+    key = ["rank", "stream", "_name", "_k"]
+    measured = []
+    for s in common:
+        m = trace_timeline(trace, s)
+        measured.append(m.assign(_step=s))
+    m = pd.concat(measured, ignore_index=True).assign(_name=lambda d: d["name"].astype(str).str[:80])
+    m = m.sort_values(["rank", "_step", "start_s"], kind="stable")
+    m = m.assign(_k=m.groupby(["rank", "stream", "_name"]).cumcount())[key + ["phase", "_step"]]
+
+    plan = replay_programs(trace)
+    res = run(plan.programs, SimpleCostModel())
+    inv = {v: k for k, v in plan.rank_map.items()}
+    windows = {}
+    for sim_rank, marks in plan.markers.items():
+        for k, mark in enumerate(marks):       # (step, start marker, end marker) or (step, start marker)
+            if mark[0] == step:
+                end_op = mark[2] if len(mark) > 2 else marks[k + 1][1]
+                windows[inv.get(sim_rank, sim_rank)] = (res.start_s[sim_rank][mark[1]], res.start_s[sim_rank][end_op])
+    if not windows:
+        raise ConfigError(f"{trace.path}: the replay has no step {step}")
+    tl = res.timeline
+    tl = tl.assign(rank=tl["rank"].map(lambda r: inv.get(r, r)), _name=tl["name"].astype(str).str[:80])
+    tl = tl.drop(columns=["phase"]).sort_values(["rank", "start_s"], kind="stable")
+    tl = tl.assign(_k=tl.groupby(["rank", "stream", "_name"]).cumcount()).merge(m, on=key, how="left")
+    a = tl["rank"].map(lambda r: windows.get(r, (np.nan, np.nan))[0])
+    b = tl["rank"].map(lambda r: windows.get(r, (np.nan, np.nan))[1])
+    mine = (tl["_step"] == step) | (tl["_step"].isna() & (tl["start_s"] >= a - 1e-12) & (tl["start_s"] < b))
+    df = tl[mine & (tl["end_s"] > tl["start_s"]) & (tl["name"] != "delay")].drop(columns=["_name", "_k", "_step"])
+    if trace.has_gpu:
+        df = df[df["stream"] != "cpu"]
+    absent = df["name"].astype(str).str.extract(_ABSENT)[0]
+    coll = absent.notna() & (df["kind"] == "compute")
+    df.loc[coll & absent.isin(["send", "recv"]), "kind"] = absent
+    df.loc[coll & ~absent.isin(["send", "recv"]), "kind"] = "collective"
+    df.loc[coll & ~absent.isin(["send", "recv"]), "collective"] = absent
+    df["phase"] = df["phase"].where(df["kind"] == "compute")
+    t0 = min(w[0] for w in windows.values())
+    df = df.assign(start_s=df["start_s"] - t0, end_s=df["end_s"] - t0)
+    df = df.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True)
+    df.attrs["step_time_s"] = max(max(w[1] for w in windows.values()) - t0, float(df["end_s"].max()) if len(df) else 0.0)
+    df.attrs["step"] = step
+    return df
+
+
+def _measured_panels(trace, runs: list[PlanRun], step: int | None, replay: bool):
+    """({panel name: timeline DataFrame | SimResult}, {name: metrics row}, {name: Metrics})."""
     df = trace_timeline(trace, step)
     label = f"measured (step {df.attrs['step']})"
     panels = {label: df}
     rows = {label: timeline_metrics(df)}
     mets = {}
-    if replay is not None:
-        panels["replay of the trace"] = replay
-        m = compute_metrics(replay)
-        mets["replay of the trace"] = m
-        rows["replay of the trace"] = {c: getattr(m, c) for c in MEASURED_COLUMNS}
+    if replay:
+        try:
+            rep = replay_timeline(trace, df.attrs["step"])
+        except ImportError:        # traces.replay not installed: measured and simulated only
+            rep = None
+        if rep is not None:
+            panels["replay of the trace"] = rep
+            rows["replay of the trace"] = timeline_metrics(rep)
     for r in runs:
         name = r.name if r.name not in panels else f"{r.name} (simulated)"
         panels[name] = r.result
         mets[name] = r.metrics
         rows[name] = {c: getattr(r.metrics, c) for c in MEASURED_COLUMNS}
+    return panels, rows, mets
+
+
+def measured_table(trace, runs: list[PlanRun], step: int | None = None, replay: bool = True) -> pd.DataFrame:
+    """The table of ``measured_vs_simulated`` without the picture."""
+    _, rows, _ = _measured_panels(trace, runs, step, replay)
+    return pd.DataFrame.from_dict(rows, orient="index", columns=list(MEASURED_COLUMNS))
+
+
+def measured_vs_simulated(trace, runs: list[PlanRun], step: int | None = None, replay: bool = True,
+                          max_lanes: int = 24) -> tuple:
+    """(Gantt figure, table) of one measured step of ``trace`` next to its replay (``replay_timeline``;
+    left out with ``replay=False`` or when ``traces.replay`` is missing) and the simulated plans: panels on
+    one time axis, and a table of step time, bubble, exposed communication, overlap and compute fractions
+    (measured and replay: ``timeline_metrics`` of the drawn timelines; plans: the engine's metrics)."""
+    from simulator import plots
+    panels, rows, mets = _measured_panels(trace, runs, step, replay)
     fig = plots.gantt(panels, metrics=mets, max_lanes=max_lanes, title=f"Measured vs simulated: {trace.path.name}")
     return fig, pd.DataFrame.from_dict(rows, orient="index", columns=list(MEASURED_COLUMNS))
 

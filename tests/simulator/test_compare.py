@@ -237,11 +237,45 @@ def test_measured_vs_simulated_view_and_report(tmp_path):
     runs = cmp.plan_runs({"ddp sim": run(toy_dp_pipeline(1, 2, 2), SimpleCostModel(flops_per_s=1e16))})
     fig, table = cmp.measured_vs_simulated(trace, runs)
     titles = [ax.get_title(loc="left") for ax in fig.axes if ax.get_yticks().size]
-    assert titles[0].startswith("measured (step 4) — step ") and titles[1].startswith("ddp sim — ")
+    assert titles[0].startswith("measured (step 4) — step ") and titles[1].startswith("replay of the trace — ")
+    assert titles[2].startswith("ddp sim — ")
     assert table.loc["measured (step 4)", "step_time_s"] == pytest.approx(999e-6)
-    assert list(table.index) == ["measured (step 4)", "ddp sim"]
+    assert list(table.index) == ["measured (step 4)", "replay of the trace", "ddp sim"]
     assert table.loc["ddp sim", "step_time_s"] == runs[0].metrics.step_time_s
     files = cmp.write_outputs(runs, tmp_path / "out", tmp_path / "r.html", svg=False, trace=trace)
     assert {"measured.png", "measured.csv"} <= {f.name for f in files}
     html = (tmp_path / "r.html").read_text()
     assert "Measured vs simulated" in html and "measured (step 4)" in html
+
+
+def test_replay_of_a_complete_gpu_trace_reproduces_the_measured_step(tmp_path):
+    # every rank is in the trace and durations are measured: the replayed step is the measured one
+    trace = _fixture_trace(tmp_path, "nccl")
+    measured = cmp.trace_timeline(trace)
+    rep = cmp.replay_timeline(trace)
+    assert rep.attrs["step"] == 4
+    cols = ["rank", "stream", "kind", "phase", "collective"]
+    a = measured.sort_values(["rank", "start_s"]).reset_index(drop=True)
+    b = rep.sort_values(["rank", "start_s"]).reset_index(drop=True)
+    assert a[cols].astype(str).values.tolist() == b[cols].astype(str).values.tolist()
+    assert b["start_s"].to_numpy() == pytest.approx(a["start_s"].to_numpy(), abs=1e-9)
+    assert b["end_s"].to_numpy() == pytest.approx(a["end_s"].to_numpy(), abs=1e-9)
+    ma, mb = cmp.timeline_metrics(measured), cmp.timeline_metrics(rep)
+    for k in cmp.MEASURED_COLUMNS:
+        assert mb[k] == pytest.approx(ma[k], abs=1e-9), k
+
+
+def test_cli_compare_trace_only_shows_measured_and_replay(tmp_path, capsys):
+    from simulator.cli import main
+    if cmp.compare is None:
+        pytest.skip("simulator.experiment not importable")
+    _fixture_trace(tmp_path, "nccl")
+    rc = main(["compare", "--trace", str(tmp_path / "nccl"), "--json", "--report", str(tmp_path / "r.html")])
+    assert rc == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["plans"] == []
+    assert set(js["measured"]) == {"measured (step 4)", "replay of the trace"}
+    assert js["measured"]["measured (step 4)"]["step_time_s"] == pytest.approx(999e-6)
+    assert (tmp_path / "r_files" / "measured.png").exists() and "Measured vs simulated" in (tmp_path / "r.html").read_text()
+    assert main(["compare", "--trace", str(tmp_path / "nccl"), "--trace-step", "9"]) == 2
+    assert "step 9 is not recorded" in capsys.readouterr().err

@@ -52,7 +52,7 @@ def report_text(tmp_path_factory):
     runs = cmp.plan_runs({"gpipe <m=4>": run(toy_gpipe(4, 4), cm), "1f1b & m=8": run(toy_1f1b(4, 8), cm)},
                          {"1f1b & m=8": {"schedule": "1f1b", "pp": 4, "micro_batch": 1}})
     path = tmp_path_factory.mktemp("rep") / "report.html"
-    files = cmp.write_outputs(runs, path.parent / "out", path, title="Schedules")
+    files = cmp.write_outputs(runs, path.parent / "out", path, title="Schedules", svg=False)
     assert path in files
     return runs, path.read_text(encoding="utf-8")
 
