@@ -194,3 +194,25 @@ def test_lazy_and_eager_agree_and_second_ask_is_exact(lazy):
     assert first[0] > 0 and second[0] >= first[0]
     assert second == net.next_completion()          # exact answers are stable
     assert second[0] == pytest.approx(min(eager[k] for k in range(8)), rel=1e-12)
+
+
+_OVER = load_cluster("dgx-h100", 64, tiers=2, leaf_down=16, oversubscription=4, rail_optimised=False)
+_REQ = st.one_of(
+    st.builds(lambda a, b, s: CommRequest("p2p", (a, b), s), st.integers(0, 63), st.integers(0, 63),
+              st.floats(0, 2**30)),
+    st.builds(lambda g, k, s: CommRequest(k, tuple(sorted(g)), s), st.sets(st.integers(0, 63), min_size=2, max_size=12),
+              st.sampled_from(KINDS), st.floats(0, 2**30)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 0.05), _REQ), min_size=1, max_size=12))
+def test_contention_only_slows_and_lazy_equals_eager(items):
+    from topologies.flow import FlowNetwork
+    m = ClusterCostModel(_OVER, network="flow")
+    starts = [(t, i, r) for i, (t, r) in enumerate(items)]
+    lazy = drive(FlowNetwork(m.capacity, m.bundle), starts)
+    eager = drive(FlowNetwork(m.capacity, m.bundle, lazy=False), starts)
+    assert set(lazy) == set(range(len(items)))
+    for t, i, r in starts:
+        assert lazy[i] >= t + m.comm_time_s(r) * (1 - 1e-9) - 1e-12
+        assert lazy[i] == pytest.approx(eager[i], rel=1e-9, abs=2e-9)
