@@ -3,7 +3,9 @@
 Routing (``Cluster.route``) is structural and cached:
 - inside a domain: through the domain's switch (NVSwitch, PCIe, UB), direct circuit (optical mesh), or
   dimension-ordered on a torus (shorter way round each ring, ties go the + way);
-- across domains: device -> its NIC's leaf -> up/down the fat tree -> leaf -> device. ECMP over the
+- across domains: device -> its NIC's leaf -> up/down the fat tree -> leaf -> device; on a rail-optimised
+  fabric a transfer to another rail first crosses the scale-up domain to the source node's GPU on the
+  destination's rail (NCCL's PXN, ``fabric.pxn``, default on) and so never leaves its rail. ECMP over the
   equal-cost spines (and cores) is modelled as ideal load balancing: the uplinks of a leaf (and of a
   pod) form one *trunk* link whose capacity is the sum of its members'. A single flow is still bounded by
   its own NIC link, so the per-path bottleneck is the minimum over the path's links.
@@ -54,6 +56,7 @@ class FabricSpec:
     nics_per_node: int = 8
     link: str = "ib"
     latency: float | None = None
+    pxn: bool = True        # rail-optimised: reach another rail over NVLink first (NCCL's PXN, default on)
 
 
 class Cluster:
@@ -298,6 +301,12 @@ class Cluster:
 
     def _route_fabric(self, src: int, dst: int) -> list[int]:
         ft = self.fat_tree
+        if ft.rail_optimised and self.fabric_spec.pxn and self._endpoint_of_gpu[src] == src:
+            gpn = self.gpus_per_node
+            rs, rd = src % gpn, dst % gpn
+            if rs != rd:     # PXN: hand the data over NVLink to the src node's GPU on dst's rail
+                proxy = src - rs + rd
+                return self._route_in_domain(src, proxy) + self._route_fabric(proxy, dst)
         ea, eb = self._endpoint_of_gpu[src], self._endpoint_of_gpu[dst]
         out = []
         if ea != src:
@@ -388,7 +397,7 @@ class Cluster:
             out["fabric"] = {"kind": "fat_tree", "tiers": 3 if ft.cores_per_plane else (2 if ft.uplinks else 1),
                              "rail_optimised": ft.rail_optimised, "oversubscription": ft.oversubscription,
                              "nic_bytes_per_s": ft.bandwidth, "leaves": ft.n_leaves, "pods": ft.n_pods,
-                             "link": ft.link_type}
+                             "link": ft.link_type, "pxn": bool(ft.rail_optimised and self.fabric_spec.pxn)}
         return out
 
     def __repr__(self) -> str:

@@ -10,7 +10,7 @@ Schema (all sizes SI)::
     domain: {kind: nvswitch|nvl72|pcie|torus|optical, size: 8, sharp: true, bandwidth: <bytes/s>,
              dims: [4, 4, 4] | auto, wrap: true, direct: false, slice_size: null, latency: <s>}
     fabric: {tiers: 3, leaf_down: 32, oversubscription: 1, rail_optimised: true, link: ib|ethernet,
-             bandwidth: <bytes/s>, nics_per_node: 8, latency: <s>}      # omit for a single domain
+             bandwidth: <bytes/s>, nics_per_node: 8, latency: <s>, pxn: true}   # omit for a single domain
 
 Domain bandwidth defaults to the accelerator's scale-up bandwidth (per torus link for a torus: the
 per-chip figure over 2·dims links), fabric bandwidth to its NIC bandwidth.
@@ -30,14 +30,14 @@ PRESET_DIR = Path(__file__).parent / "presets"
 
 _DOMAIN_KEYS = {"kind", "size", "sharp", "bandwidth", "dims", "wrap", "direct", "slice_size", "latency"}
 _FABRIC_KEYS = {"tiers", "leaf_down", "oversubscription", "rail_optimised", "link", "bandwidth", "nics_per_node",
-                "latency"}
+                "latency", "pxn"}
 _TOP_KEYS = {"name", "description", "accelerator", "gpus", "gpus_per_node", "domain", "fabric", "placement",
              "preset"}
 # flat override names -> (section, key)
 _FLAT = {"tiers": ("fabric", "tiers"), "leaf_down": ("fabric", "leaf_down"),
          "oversubscription": ("fabric", "oversubscription"), "rail_optimised": ("fabric", "rail_optimised"),
          "rail_optimized": ("fabric", "rail_optimised"), "nics_per_node": ("fabric", "nics_per_node"),
-         "nic_bandwidth": ("fabric", "bandwidth"), "fabric_link": ("fabric", "link"),
+         "nic_bandwidth": ("fabric", "bandwidth"), "fabric_link": ("fabric", "link"), "pxn": ("fabric", "pxn"),
          "domain_kind": ("domain", "kind"), "domain_size": ("domain", "size"), "dims": ("domain", "dims"),
          "wrap": ("domain", "wrap"), "sharp": ("domain", "sharp"), "direct": ("domain", "direct"),
          "slice_size": ("domain", "slice_size"), "scale_up_bandwidth": ("domain", "bandwidth")}
@@ -198,7 +198,7 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
                             oversubscription=float(fab.get("oversubscription", 1)),
                             rail_optimised=bool(fab.get("rail_optimised", True)), bandwidth=float(fbw),
                             nics_per_node=int(fab.get("nics_per_node", gpn)), link=str(fab.get("link", "ib")),
-                            latency=fab.get("latency"))
+                            latency=fab.get("latency"), pxn=bool(fab.get("pxn", True)))
     return Cluster(cfg.get("name", "custom"), acc, n, gpn, domain, fabric, placement=cfg.get("placement"),
                    description=cfg.get("description", ""))
 

@@ -87,9 +87,26 @@ def test_validate_graph_errors():
 def test_routes_are_shortest_paths(preset, gpus):
     """Structural routes have as many hops as networkx's shortest path in the real graph (trunks stand for
     one of the equal-cost spine/core links), and consecutive links chain."""
-    for c in (load_cluster(preset, gpus),) + ((load_cluster(preset, gpus, rail_optimised=False),)
-                                              if preset.startswith("dgx") else ()):
+    if preset.startswith("dgx") or preset.startswith("gb200"):
+        clusters = (load_cluster(preset, gpus, pxn=False), load_cluster(preset, gpus, rail_optimised=False))
+    else:
+        clusters = (load_cluster(preset, gpus),)
+    for c in clusters:
         _check_shortest(c, gpus)
+
+
+def test_pxn_keeps_traffic_on_the_destination_rail():
+    c = load_cluster("dgx-h100", 2048)
+    names = [c.link_name[l] for l in c.route_ranks(0, 2047)]      # rail 0 -> rail 7, far pod
+    assert names[:2] == [(0, ("nvswitch", 0)), (("nvswitch", 0), 7)]        # NVLink to the rail-7 GPU
+    assert names[2] == (7, ("leaf", c.fat_tree.leaf_of[7]))
+    assert c.fat_tree.leaf_of[7] != c.fat_tree.leaf_of[0]
+    direct = load_cluster("dgx-h100", 2048, pxn=False)
+    assert [direct.link_name[l] for l in direct.route_ranks(0, 2047)][0] == (0, ("leaf", 0))
+    # same-rail routes are unchanged
+    same = [c.link_name[l] for l in c.route_ranks(0, 2040)]
+    assert same == [direct.link_name[l] for l in direct.route_ranks(0, 2040)]
+    assert c.describe()["fabric"]["pxn"] and not direct.describe()["fabric"]["pxn"]
 
 
 def _check_shortest(c, gpus):
