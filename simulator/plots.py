@@ -56,6 +56,7 @@ COMM_COLOURS = {
     "reduce": "#D37295",            # magenta
     "barrier": "#79706E",           # dark grey
     "p2p": "#76B7B2",               # teal
+    "other_comm": "#BAB0AC",        # light grey-brown: kinds the engine does not model (gather, scatter)
 }
 #: idle spans on the compute lane: nothing runs (bubble) / only communication runs (exposed).
 BUBBLE_STYLE = {"facecolor": "none", "edgecolor": "#8A8A8A", "hatch": "////", "linewidth": 0.0}
@@ -87,11 +88,17 @@ def colour_key(kind: str, phase, collective) -> str:
         return "p2p"
     if isinstance(collective, str) and collective in COMM_COLOURS:
         return collective
-    return "barrier"
+    return "other_comm"
 
 
 def colour_of(key: str) -> str:
     return PHASE_COLOURS.get(key) or COMM_COLOURS[key]
+
+
+def legend_label(key: str) -> str:
+    """Legend text of a palette key: "forward (F)", "all-reduce", "send/recv (p2p)" ..."""
+    special = {"p2p": "send/recv (p2p)", "other_comm": "other communication"}
+    return PHASE_LABELS.get(key) or special.get(key) or key.replace("_", "-")
 
 
 # ---------------------------------------------------------------------------------------------- lanes
@@ -193,9 +200,10 @@ def _stream_order(df: pd.DataFrame) -> list[str]:
     return sorted(streams, key=lambda s: (s not in has_compute, streams.index(s), first.get(s, 0.0)))
 
 
-def _lanes_for(df: pd.DataFrame, rank_labels: list[tuple[int, str]]) -> list[Lane]:
+def _lanes_for(df: pd.DataFrame, picks: list[tuple[int, str]]) -> list[Lane]:
+    """Lanes of the picked (rank, label)s: one per stream of the rank, its compute lane first."""
     lanes = []
-    for r, label in rank_labels:
+    for r, label in picks:
         sub = df[df["rank"] == r]
         if sub.empty:
             continue
@@ -231,11 +239,15 @@ def panel_of(name: str, x, ranks=None, max_lanes: int = DEFAULT_MAX_LANES) -> Pa
                                   f"{sorted(p.ops)[:16]}{' ...' if len(p.ops) > 16 else ''}")
             picks = rank_labels(x, list(dict.fromkeys(ranks)))
         else:
-            per_rank = [_stream_kinds(prog) for prog in p.ops.values()]
+            stage = _stages(x)
+            firsts: dict = {}
+            for r in sorted(p.ops):                 # the first simulated rank of each stage stands for it
+                firsts.setdefault(stage.get(r, -1) if stage is not None else r, r)
+            sample = list(firsts.values())[:4 * max_lanes]
+            per_rank = [_stream_kinds(p.ops[r]) for r in sample]
             streams_per_rank = max((len(k) for k in per_rank), default=1)
             p2p_streams = max((sum(1 for v in k.values() if v <= {"send", "recv"}) for k in per_rank), default=0)
-            stage = _stages(x)
-            wanted = len(set(stage.get(r, -1) for r in p.ops)) if stage is not None else len(p.ops)
+            wanted = len(firsts)
             if max_lanes // max(1, streams_per_rank) < wanted and p2p_streams > 1:
                 merge_p2p = True          # one send/recv lane per rank, so that every stage fits
                 streams_per_rank -= p2p_streams - 1
@@ -505,8 +517,7 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
     axes[-1].set_xlabel(f"time ({unit})")
     canon = list(PHASE_COLOURS) + list(COMM_COLOURS)
     used_keys.sort(key=canon.index)
-    handles = [Patch(facecolor=colour_of(k), label=PHASE_LABELS.get(k, k.replace("_", "-") if k != "p2p"
-                                                                     else "send/recv (p2p)")) for k in used_keys]
+    handles = [Patch(facecolor=colour_of(k), label=legend_label(k)) for k in used_keys]
     if any_exposed:
         handles.append(Patch(label=EXPOSED_LABEL, facecolor=EXPOSED_STYLE["facecolor"],
                              edgecolor=EXPOSED_STRIP_STYLE["facecolor"], linewidth=1.2))

@@ -335,3 +335,37 @@ def test_p2p_streams_share_a_lane_when_stages_would_not_fit():
     assert len(collections(ax)["p2p"].get_paths()) == 2 * 2 * 7 * 2       # every send and recv still drawn
     (ax,) = panel_axes(plots.gantt(res, max_lanes=24))
     assert len(ax.get_yticklabels()) == 24 and plots.P2P_LANE not in [t.get_text() for t in ax.get_yticklabels()]
+
+
+def test_every_op_kind_has_a_colour_and_a_legend_label():
+    from simulator.program import COLLECTIVE_KINDS, PHASES
+    keys = {plots.colour_key("compute", ph, None) for ph in PHASES + (None, "warmup")}
+    keys |= {plots.colour_key("collective", None, k) for k in COLLECTIVE_KINDS + ("gather",)}
+    keys |= {plots.colour_key(k, None, None) for k in ("send", "recv")}
+    assert keys == set(plots.PHASE_COLOURS) | set(plots.COMM_COLOURS)
+    colours = [plots.colour_of(k) for k in keys]
+    assert len(set(colours)) == len(colours)                  # no two kinds share a colour
+    labels = [plots.legend_label(k) for k in keys]
+    assert len(set(labels)) == len(labels)
+    assert plots.legend_label("all_reduce") == "all-reduce" and plots.legend_label("p2p") == "send/recv (p2p)"
+
+
+def test_blocks_merge_one_microbatch_phase_and_keep_gaps():
+    rows = [  # kind, start, end, microbatch, phase, collective
+        ("compute", 0.0, 1.0, 0, "forward", None), ("collective", 1.0, 1.2, 0, "forward", "all_reduce"),
+        ("compute", 1.2, 2.0, 0, "forward", None), ("compute", 2.0, 3.0, 1, "forward", None),
+        ("compute", 5.0, 6.0, 0, "backward", None), ("compute", 6.0, 6.5, None, "optimizer", None),
+        ("compute", 6.5, 7.0, None, "optimizer", None), ("compute", 8.0, 9.0, None, "optimizer", None),
+    ]
+    df = pd.DataFrame(rows, columns=["kind", "start_s", "end_s", "microbatch", "phase", "collective"])
+    df = df.assign(rank=0, stream="compute", microbatch=df["microbatch"].astype("Int64"))
+    df["_key"] = [plots.colour_key(k, p, c) for k, p, c in zip(df["kind"], df["phase"], df["collective"])]
+    b = plots.blocks(df, tol_s=1e-9)
+    got = [(s, e, None if pd.isna(mb) else int(mb), k, n)
+           for s, e, mb, k, n in zip(b["start_s"], b["end_s"], b["microbatch"], b["_key"], b["ops"])]
+    assert got == [(0.0, 2.0, 0, "forward", 3), (2.0, 3.0, 1, "forward", 1), (5.0, 6.0, 0, "backward", 1),
+                   (6.0, 7.0, None, "optimizer", 2), (8.0, 9.0, None, "optimizer", 1)]
+    # merge_blocks=False draws every op
+    res = run(toy_gpipe(2, 2), IdealCostModel(flops_per_s=1e12))
+    (ax,) = panel_axes(plots.gantt(res, merge_blocks=False))
+    assert len(collections(ax)["forward"].get_paths()) == 4
