@@ -130,27 +130,31 @@ def _instances(trace: Trace, windows: dict) -> tuple[dict, dict]:
         return info, p2p
     in_win = pd.Series([windows[r][0] - TOL_S <= t <= windows[r][1] + TOL_S
                         for r, t in zip(c["rank"], _issue_times(trace))], index=c.index)
-    coll = c[~c["kind"].isin(P2P)]
-    gkey = coll["pg"].fillna("").astype(str) + "|" + coll["group_ranks"].astype(str)
-    for (g, seq), rows in coll.groupby([gkey, coll["seq"]], sort=False):
-        first = rows.iloc[0]
-        members = set(first["group_ranks"]) if first["group_ranks"] is not None else set(rows["rank"])
-        complete = (members <= present and members == set(rows["rank"]) and len(rows) == len(members)
-                    and bool(in_win.loc[rows.index].all()) and len(members) > 1)
+    coll = c[~c["kind"].isin(P2P)].assign(in_win=in_win)
+    coll = coll.assign(g=coll["pg"].fillna("").astype(str) + "|" + coll["group_ranks"].astype(str))
+    grp = coll.groupby(["g", "seq"], sort=False)
+    agg = {"n": grp["rank"].transform("size"), "nuniq": grp["rank"].transform("nunique"),
+           "min_end": grp["end"].transform("min"), "max_ts": grp["ts"].transform("max"),
+           "min_dur": grp["dur"].transform("min"), "size_max": grp["size_bytes"].transform("max"),
+           "all_in": grp["in_win"].transform("all"), "kind0": grp["kind"].transform("first")}
+    coll = coll.assign(**agg)
+    for row in coll.itertuples():
+        members = set(row.group_ranks) if isinstance(row.group_ranks, tuple) else {row.rank}
+        complete = (len(members) > 1 and members <= present and row.rank in members and row.n == len(members)
+                    and row.nuniq == len(members) and bool(row.all_in))
+        tr = row.dur
         if complete:
-            tr = rows["end"].min() - rows["ts"].max() if trace.shared_clock else math.nan
+            tr = row.min_end - row.max_ts if trace.shared_clock else math.nan
             if not tr > 0:
-                tr = rows["dur"].min()
-        size = rows["size_bytes"].max()
-        for idx, row in rows.iterrows():
-            tail = row["end"] - rows["end"].min() if complete else 0.0
-            info[idx] = ((g, seq), complete, tr if complete else row["dur"], size, first["kind"], tail)
+                tr = row.min_dur
+        tail = row.end - row.min_end if complete else 0.0
+        info[row.Index] = ((row.g, row.seq), complete, tr, row.size_max, row.kind0, tail)
     s = c[c["kind"] == "send"].assign(src=lambda d: d["rank"], dst=lambda d: d["peer"])
     r = c[c["kind"] == "recv"].assign(src=lambda d: d["peer"], dst=lambda d: d["rank"])
     for df in (s, r):
         df["k"] = df.groupby(["src", "dst"]).cumcount()
     m = s.reset_index().merge(r.reset_index(), on=["src", "dst", "k"], suffixes=("_s", "_r"))
-    for _, row in m.iterrows():
+    for row in m.to_dict("records"):
         ok = in_win.loc[row["index_s"]] and in_win.loc[row["index_r"]]
         # either side's end bounds the data's arrival; gloo moves data from the c10d op's start on
         t_s, t_r = row["ts_s"], row["ts_r"]
@@ -234,17 +238,17 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
         items: list[_Item] = []
         nccl_kernels = set(coll["kernel"][coll["kernel"] >= 0])
         cpu_end = trace.cpu_ops["end"].to_numpy(float)
-        for k, kr in kern.iterrows():
-            if k in nccl_kernels:
+        for kr in kern.itertuples():
+            if kr.Index in nccl_kernels:
                 continue
-            t_issue = cpu_end[kr["launch"]] if kr["launch"] >= 0 else kr["ts"]
+            t_issue = cpu_end[kr.launch] if kr.launch >= 0 else kr.ts
             if not (w0 <= t_issue <= w1):
                 continue
-            dur = kr["dur"] / (scale_compute if kr["cat"] == "kernel" else 1.0)
-            items.append(_Item(t_issue, kr["ts"], kr["end"], f"cuda:{kr['stream']}",
-                               Op(COMPUTE, kr["name"][:80], f"cuda:{kr['stream']}", duration_s=dur)))
-        for i, (idx, cr) in enumerate(coll.iterrows()):
-            t_issue = issue[c_all.index.get_loc(idx)]
+            dur = kr.dur / (scale_compute if kr.cat == "kernel" else 1.0)
+            stream = f"cuda:{kr.stream}"
+            items.append(_Item(t_issue, kr.ts, kr.end, stream, Op(COMPUTE, kr.name[:80], stream, duration_s=dur)))
+        for idx, cr in zip(coll.index, coll.to_dict("records")):
+            t_issue = issue[idx]
             if not (w0 - TOL_S <= t_issue <= w1 + TOL_S):
                 continue
             kind = cr["kind"]
