@@ -1,0 +1,180 @@
+"""The loop closed on this machine (CPU, gloo): collect, calibrate, simulate from model + plan, replay.
+
+    python benchmarks/closed_loop.py [--strategies ddp,fsdp,tp,pp] [--repeats 2] [--out DIR]
+
+1. collect: each strategy trained with 2 processes on a small Llama-style model (traces.collect under
+   torchrun), ``--repeats`` runs each, plus one collective benchmark (``--bench collectives``);
+2. calibrate: one Calibration from all those traces and the benchmark (traces.calibrate);
+3. simulate: each strategy's programs built from the *model and plan* in its manifest (schedules.build_programs,
+   not the trace's ops) on a 2-rank CPU "cluster" whose cost model is the calibration (topologies
+   ClusterCostModel: the compute fit by device name, the collective fits by kind / group size / scope);
+   CPU memory bandwidth for memory-bound ops (optimizer, norms) is measured here with a large numpy copy;
+4. replay: each trace re-simulated from its own ops (traces.replay).
+
+Prints one row per strategy: the measured step (median over profiled steps, then over runs), the model
+prediction and its error, and the replay error (median over ranks and steps, then over runs).
+Imports no torch itself (the collector runs in subprocesses).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from schedules.generate import build_programs  # noqa: E402
+from schedules.models import custom_model  # noqa: E402
+from schedules.plan import ParallelPlan  # noqa: E402
+from simulator.calibration import Calibration  # noqa: E402
+from simulator.engine import run  # noqa: E402
+from topologies.cluster import Cluster, DomainSpec  # noqa: E402
+from topologies.cost import DEFAULT_MEMORY_EFFICIENCY, ClusterCostModel  # noqa: E402
+from topologies.specs import AcceleratorSpec  # noqa: E402
+from traces.calibrate import calibrate  # noqa: E402
+from traces.collect_cli import launch  # noqa: E402
+from traces.replay import replay  # noqa: E402
+
+# Big enough that matrix multiplies, not per-op overhead, dominate a CPU step (~0.1 s); small enough that a
+# run takes seconds. Per data-parallel rank: 4 sequences of 128 tokens.
+SHAPE = {"layers": 2, "hidden": 256, "heads": 4, "seq": 128, "batch": 4, "vocab": 512}
+STRATEGIES = ("ddp", "fsdp", "tp", "pp")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def collect_all(out: Path, strategies, repeats: int, steps: int, bench_max_bytes: int, shape=SHAPE) -> dict:
+    """{strategy: [run folders]} plus "bench": [folder]; every run under ``out``."""
+    args = [x for k, v in shape.items() for x in (f"--{k}", str(v))]
+    runs: dict[str, list[Path]] = {}
+    for s in strategies:
+        for r in range(repeats):
+            d = out / f"{s}-{r}"
+            extra = ["--microbatches", "2"] if s == "pp" else []
+            launch(2, ["--strategy", s, "--steps", str(steps), "--active", str(steps - 3), *args, *extra,
+                       "--out", str(d)], timeout_s=600, quiet=True)
+            runs.setdefault(s, []).append(d)
+    d = out / "bench"
+    launch(2, ["--bench", "collectives", "--max-bytes", str(bench_max_bytes), "--size-factor", "4",
+               "--out", str(d)], timeout_s=600, quiet=True)
+    runs["bench"] = [d]
+    return runs
+
+
+def memory_bandwidth_bytes_per_s(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Achieved copy bandwidth of one process (bytes read + written per second, best of ``repeats``)."""
+    a = np.ones(nbytes // 8)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def model_and_plan(manifest: dict):
+    """(ModelSpec, ParallelPlan) of a collector manifest: the shape and parallel plan it trained."""
+    m, p = manifest["model"], manifest["plan"]
+    dtype_bytes = DTYPE_BYTES[manifest["dtype"]]
+    model = custom_model(layers=m["layers"], hidden=m["hidden"], heads=m["heads"], ffn=m["ffn"], vocab=m["vocab"],
+                         experts=m["experts"], top_k=m["top_k"], gated_mlp=True, dtype_bytes=dtype_bytes,
+                         name=f"collector-{m['params']}",
+                         **({"capacity_factor": m["capacity_factor"]} if m["experts"] else {}))
+    plan = ParallelPlan(
+        dp=p["dp"], tp=p["tp"], pp=p["pp"], ep=p["ep"], zero=0 if p["fsdp"] else p["zero_stage"], fsdp=p["fsdp"],
+        micro_batch=p["micro_batch"], global_batch=p["global_batch"], seq=m["seq"], schedule="1f1b",
+        bucket_bytes=p.get("bucket_cap_mb", 25) * 2**20, grad_bytes_per_param=dtype_bytes)
+    return model, plan
+
+
+def cpu_cluster(manifest: dict, cal: Calibration, mem_bytes_per_s: float) -> Cluster:
+    """The machine the manifest ran on as a one-box cluster whose device is named as in the calibration."""
+    device = manifest["devices"][0]
+    fit = cal.compute_fit(device)
+    if fit is None:
+        raise SystemExit(f"closed_loop: the calibration has no compute fit for {device!r}")
+    world = manifest["world_size"]
+    # Link figures matter only where no collective fit exists; take the all_reduce fit's busbw.
+    ar = cal.collective_fit("all_reduce", world, "intra")
+    link = ar.busbw_bytes_per_s if ar else 1e9
+    acc = AcceleratorSpec(name=device, peak_bf16_flops=fit.peak_flops_per_s, peak_fp8_flops=None,
+                          hbm_bytes=64e9, hbm_bytes_per_s=mem_bytes_per_s / DEFAULT_MEMORY_EFFICIENCY,
+                          scale_up_bytes_per_s=link, nic_bytes_per_s=link, scale_up_link="pcie", vendor="cpu",
+                          source="calibration fit; measured copy bandwidth")
+    return Cluster(f"{world}x-cpu-gloo", acc, gpus=world, gpus_per_node=world, domain=DomainSpec("pcie", world, link))
+
+
+def predict_step_s(manifest: dict, cal: Calibration, mem_bytes_per_s: float) -> float:
+    """Simulated step time of the manifest's model and plan with the calibrated cost model."""
+    model, plan = model_and_plan(manifest)
+    cost = ClusterCostModel(cpu_cluster(manifest, cal, mem_bytes_per_s), calibration=cal)
+    return run(build_programs(model, plan, manifest["world_size"]), cost).step_time_s
+
+
+def evaluate(runs: dict, cal: Calibration, mem_bytes_per_s: float) -> list[dict]:
+    rows = []
+    for s, dirs in runs.items():
+        if s == "bench":
+            continue
+        manifests = [json.loads((d / "manifest.json").read_text()) for d in dirs]
+        measured = statistics.median(m["step_time_s"]["median_profiled_s"] for m in manifests)
+        predicted = predict_step_s(manifests[0], cal, mem_bytes_per_s)
+        reps = [replay(d) for d in dirs]
+        rows.append({
+            "strategy": s, "runs": len(dirs), "measured_step_s": measured, "model_step_s": predicted,
+            "model_error": (predicted - measured) / measured,
+            "replay_measured_s": statistics.median(r["measured_step_time_s"] for r in reps),
+            "replay_predicted_s": statistics.median(r["predicted_step_time_s"] for r in reps),
+            "replay_error": statistics.median(r["error"] for r in reps),
+        })
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'strategy':>8} {'runs':>4} {'measured ms':>12} {'model ms':>9} {'model err':>9} "
+          f"{'replay meas ms':>14} {'replay pred ms':>14} {'replay err':>10}")
+    for r in rows:
+        print(f"{r['strategy']:>8} {r['runs']:>4} {r['measured_step_s'] * 1e3:>12.2f} {r['model_step_s'] * 1e3:>9.2f} "
+              f"{r['model_error']:>+9.1%} {r['replay_measured_s'] * 1e3:>14.2f} "
+              f"{r['replay_predicted_s'] * 1e3:>14.2f} {r['replay_error']:>+10.1%}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=7, help="steps per run (the last steps - 3 profiled)")
+    ap.add_argument("--bench-max-bytes", type=int, default=16 << 20)
+    ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="closed-loop-") as tmp:
+        out = Path(a.out) if a.out else Path(tmp)
+        t0 = time.perf_counter()
+        runs = collect_all(out, a.strategies.split(","), a.repeats, a.steps, a.bench_max_bytes)
+        t_collect = time.perf_counter() - t0
+        cal = calibrate([d for ds in runs.values() for d in ds])
+        cal.save(out / "calibration.json")
+        bw = memory_bandwidth_bytes_per_s()
+        rows = evaluate(runs, cal, bw)
+        fit = cal.compute_fit(json.loads((runs[a.strategies.split(",")[0]][0] / "manifest.json").read_text())
+                              ["devices"][0])
+        print(f"closed loop on {os.cpu_count()} CPUs, 2 gloo ranks, model {SHAPE}; collection {t_collect:.0f} s")
+        print(f"calibration: compute peak {fit.peak_flops_per_s / 1e9:.1f} GFLOP/s, half-saturation "
+              f"{fit.half_saturation_flops:.3g} FLOPs; {len(cal.collectives)} collective fits; "
+              f"measured copy bandwidth {bw / 1e9:.1f} GB/s")
+        print_table(rows)
+        if a.json:
+            print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
