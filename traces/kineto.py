@@ -78,6 +78,9 @@ class Scan:
 
     def _skip_ws(self) -> str:
         """Skip whitespace and return the next character ('' at end of file)."""
+        pos = self._pos
+        if pos < len(self._buf) and self._buf[pos] not in " \t\n\r":
+            return self._buf[pos]
         while True:
             self._pos = _WS.match(self._buf, self._pos).end()
             if self._pos < len(self._buf):
