@@ -426,7 +426,14 @@ def test_trace_parser_reads_or_raises_trace_error(tmp_path, small_trace, mutatio
         try:
             load_trace(folder)
         except TraceError:
-            pass
+            return
+        event("parsed")
+        from simulator.cli import main
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            rc = main(["replay", str(folder), "--json"])
+        event(f"replay exit {rc}")
+        assert rc in (0, 2) and "Traceback" not in err.getvalue()
 
 
 TOP_LEVEL_VALUES = {"list": [], "dict": {}, "str": "x", "null": None, "float": 1.5, "nan": float("nan"),
@@ -459,12 +466,14 @@ GOODPUT_FLAGS = ["--gpus", "--mtbf-hours", "--checkpoint-interval-min", "--check
                  "--days", "--step-time-s", "--trials", "--seed"]
 TOPOLOGY_FLAGS = ["--gpus", "--collective", "--ranks", "--network", "--min-bytes", "--max-bytes", "--factor",
                   "--set", "--algorithm"]
+REPLAY_FLAGS = ["--cluster", "--gpus", "--network", "--scale-bandwidth", "--scale-compute", "--calibration"]
+SAMPLE = str(ROOT / "traces" / "samples" / "cpu-gloo-ddp")
 PLAN_FLAGS = ["--model", "--gpus", "--tp", "--pp", "--dp", "--ep", "--cp", "--zero", "--schedule",
               "--virtual-stages", "--micro-batch", "--global-batch", "--seq", "--layers", "--hidden", "--heads"]
 
 
 @st.composite
-def cli_args(draw, commands=("goodput", "topology", "plan", "nonexistent", "--help")):
+def cli_args(draw, commands=("goodput", "topology", "plan", "replay", "calibrate", "nonexistent", "--help")):
     cmd = draw(st.sampled_from(commands))
     args = [cmd]
     if cmd == "simulate":
@@ -481,6 +490,14 @@ def cli_args(draw, commands=("goodput", "topology", "plan", "nonexistent", "--he
     elif cmd == "plan":
         args += ["--model", "llama3-8b", "--gpus", "16"]
         flags = PLAN_FLAGS
+    elif cmd == "replay":
+        args += [draw(st.sampled_from([SAMPLE, "/nonexistent", str(ROOT / "README.md")]))]
+        flags = REPLAY_FLAGS
+    elif cmd == "calibrate":
+        import tempfile
+        args += [draw(st.sampled_from([SAMPLE, "/nonexistent", str(ROOT / "pyproject.toml")])),
+                 "-o", str(Path(tempfile.gettempdir()) / "clustersim_fuzz_calibration.json")]
+        flags = ["--plot"]
     else:
         flags = SIMULATE_FLAGS
     for _ in range(draw(st.integers(0, 4))):
