@@ -23,7 +23,7 @@ from simulator.errors import ConfigError, TopologyError
 from simulator.program import COLLECTIVE_KINDS, Op
 from topologies.cluster import Cluster
 from topologies.collectives import ALGORITHMS, AUTO
-from topologies.flow import FlowNetwork, UncontendedNetwork
+from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
 
 NETWORKS = ("analytical", "flow", "ideal")
 
@@ -108,6 +108,7 @@ class ClusterCostModel:
         self._image_cache: dict = {}
         self._paths: dict = {}
         self._time_cache: dict = {}
+        self._compute_cache: dict = {}
         self._bundle_cache: dict = {}
         acc = cluster.accelerator
         fit = calibration.compute_fit(acc.name) if calibration is not None else None
@@ -119,12 +120,20 @@ class ClusterCostModel:
     def compute_time_s(self, rank: int, op: Op) -> float:
         if op.duration_s is not None:
             return op.duration_s
-        self.cluster.gpu_of(rank)
-        if self._compute_fit is not None:
-            rate = self._compute_fit.achieved_flops_per_s(op.flops)
-        else:
-            rate = self._flops_per_s
-        return max(op.flops / rate if op.flops else 0.0, op.mem_bytes / self._mem_per_s if op.mem_bytes else 0.0)
+        if not (type(rank) is int and 0 <= rank < self.cluster.world_size):
+            self.cluster.gpu_of(rank)           # raises the unplaced-rank error
+        key = (op.flops, op.mem_bytes)
+        t = self._compute_cache.get(key)
+        if t is None:
+            if self._compute_fit is not None:
+                rate = self._compute_fit.achieved_flops_per_s(op.flops)
+            else:
+                rate = self._flops_per_s
+            t = max(op.flops / rate if op.flops else 0.0, op.mem_bytes / self._mem_per_s if op.mem_bytes else 0.0)
+            if len(self._compute_cache) > 100_000:
+                self._compute_cache.clear()
+            self._compute_cache[key] = t
+        return t
 
     def device_key(self, rank: int) -> Hashable:
         return self.cluster.device(rank).name
@@ -275,10 +284,10 @@ class ClusterCostModel:
     def _bundle(self, request: CommRequest):
         gpus = self._gpus(request)
         if self.network_mode == "ideal":
-            return 0.0, np.zeros(0, dtype=np.int64), np.zeros(0)
+            return BundleSpec(0.0, np.zeros(0, dtype=np.int64), np.zeros(0), 0.0)
         T, algo = self._time(request, gpus)
         if algo is None:
-            return T, np.zeros(0, dtype=np.int64), np.zeros(0)
+            return BundleSpec(T, np.zeros(0, dtype=np.int64), np.zeros(0), 0.0)
         S = request.size_bytes
         scale = S
         if T > 0 and len(algo.links):
@@ -289,9 +298,9 @@ class ClusterCostModel:
                 scale = S / over
         ref = float(np.max(algo.coef)) * scale if len(algo.coef) else 0.0      # one flow of the representative
         if not request.images:
-            return T, algo.links, algo.coef * scale, ref
+            return BundleSpec(T, algo.links, algo.coef * scale, ref)
         links, coef = self._with_images(request, algo)
-        return T, links, coef * scale, ref
+        return BundleSpec(T, links, coef * scale, ref)
 
     def _with_images(self, request: CommRequest, algo: _AlgoCost):
         """Links and bytes-per-byte of a communication and its images together (cached per images tuple).

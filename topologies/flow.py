@@ -34,8 +34,40 @@ _EPS = 1e-12
 _PROVISIONAL_S = 1e-9     # how far past "now" a provisional next_completion answer lies
 
 
+class BundleSpec:
+    """What a communication asks of the network: uncontended seconds ``T``, directed ``links`` (ids),
+    ``nbytes`` moved on each, and ``ref_bytes`` (the bytes of one of its flows, for per-flow fairness).
+    Derived once: ``link_list`` (Python ints), ``demand`` (bytes/s at full speed), ``ref`` (bytes/s)."""
+
+    __slots__ = ("T", "links", "nbytes", "ref_bytes", "link_list", "demand", "ref")
+
+    def __init__(self, T, links, nbytes, ref_bytes=None):
+        self.T = float(T)
+        links = np.asarray(links, dtype=np.int64)
+        nbytes = np.asarray(nbytes, dtype=float)
+        if ref_bytes is None:
+            ref_bytes = float(np.max(nbytes)) if len(nbytes) else 0.0
+        self.ref_bytes = ref_bytes
+        if self.T > 0 and len(links):
+            self.links, self.nbytes = links, nbytes
+            self.demand = nbytes / self.T
+            self.ref = max(ref_bytes / self.T, _EPS)
+        else:
+            self.links, self.nbytes, self.demand, self.ref = links[:0], nbytes[:0], nbytes[:0], 1.0
+        self.link_list = self.links.tolist()
+
+    def __iter__(self):               # (T, links, nbytes, ref_bytes), for callers that unpack it
+        return iter((self.T, self.links, self.nbytes, self.ref_bytes))
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return (self.T, self.links, self.nbytes, self.ref_bytes)[i]
+
+
 class _Bundle:
-    __slots__ = ("key", "T", "links", "demand", "ref", "progress", "rate", "t_last", "version")
+    __slots__ = ("key", "T", "links", "link_list", "demand", "ref", "progress", "rate", "t_last", "version")
 
     def __init__(self, key, T, links, demand, now):
         self.key, self.T, self.links, self.demand = key, T, links, demand
@@ -72,21 +104,21 @@ class FlowNetwork:
         if key in self.active:
             raise TopologyError(f"flow network: communication {key!r} started twice")
         self._clock(now_s)
-        out = self._bundle_of(request)
-        T, links, nbytes = out[:3]
-        links = np.asarray(links, dtype=np.int64)
-        nbytes = np.asarray(nbytes, dtype=float)
-        if T > 0 and len(links):
-            demand = nbytes / T
-            ref = (out[3] if len(out) > 3 else float(np.max(nbytes))) / T
-        else:
-            links, demand, ref = links[:0], nbytes[:0], 1.0
-        b = _Bundle(key, float(T), links, demand, now_s)
-        b.ref = max(ref, _EPS)
+        spec = self._bundle_of(request)
+        if not isinstance(spec, BundleSpec):
+            spec = BundleSpec(*spec)
+        b = _Bundle(key, spec.T, spec.links, spec.demand, now_s)
+        b.ref = spec.ref
+        b.link_list = spec.link_list
         self.active[key] = b
-        for l in links.tolist():
-            self.on_link.setdefault(l, set()).add(key)
-        if len(links):
+        on_link = self.on_link
+        for l in spec.link_list:
+            s = on_link.get(l)
+            if s is None:
+                on_link[l] = {key}
+            else:
+                s.add(key)
+        if spec.link_list:
             self._dirty.add(key)
             if not self.lazy:
                 self._flush()
@@ -119,7 +151,7 @@ class FlowNetwork:
         if b is None:
             raise TopologyError(f"flow network: finish of unknown communication {key!r}")
         self._dirty.discard(key)
-        for l in b.links.tolist():
+        for l in b.link_list:
             s = self.on_link.get(l)
             if s is not None:
                 s.discard(key)
@@ -170,7 +202,7 @@ class FlowNetwork:
         seen_links = set()
         while stack:
             b = self.active[stack.pop()]
-            for l in b.links.tolist():
+            for l in b.link_list:
                 if l in seen_links:
                     continue
                 seen_links.add(l)
