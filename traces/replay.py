@@ -217,7 +217,6 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
     info, p2p = _instances(trace, windows)
     issue = _issue_times(trace) if len(trace.collectives) else np.array([])
     programs = Programs(world_size=len(ranks), ops={})
-    solo_family = "solo"
     markers = {}
     gpu_trace = trace.has_gpu
     c_all = trace.collectives
@@ -277,7 +276,7 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                     op = Op(COMPUTE, f"{kind} (peers absent)", stream, duration_s=cr["dur"])
             start = t_issue if (kind in P2P and cr["timing"] != "gpu") else cr["ts"]   # see _issue_times
             items.append(_Item(t_issue, start, cr["end"], stream, op))
-            if op.kind != COMPUTE:
+            if op.kind != COMPUTE and op.duration_s is not None:
                 items[-1].tail = (pair[2] if kind in P2P else tail) / scale_bandwidth
         # ---------------------------------------------------------------- the CPU timeline
         in_win = (ops["ts"] < w1) & (ops["end"] > w0)
