@@ -132,6 +132,7 @@ class Engine:
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
+        self._comm_cache: dict = {}
         self.failed: set[int] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -213,13 +214,29 @@ class Engine:
         return self._images[key]
 
     # ------------------------------------------------------------------ communication
+    def _solo_time(self, op) -> float:
+        """Contention-free time of a collective, cached per (group, kind, size): the analytical cost of a
+        communication does not depend on when it runs."""
+        key = (op.group, op.collective, op.size_bytes)
+        t = self._comm_cache.get(key)
+        if t is None:
+            g = self.p.groups[op.group]
+            t = self._comm_cache[key] = self.cost.comm_time_s(CommRequest(op.collective, g.ranks, op.size_bytes))
+        return t
+
     def _communicate(self, rv: _Rendezvous, request: CommRequest | None) -> None:
         """All participants arrived: start the communication; rv.event fires at its end."""
         now = self.env.now
         if rv.duration is not None:
             dur = rv.duration
         elif not self.contention:
-            dur = self.cost.comm_time_s(request)
+            if request.kind != "p2p" and not request.images:
+                key = (request.ranks, request.kind, request.size_bytes)
+                dur = self._comm_cache.get(key)
+                if dur is None:
+                    dur = self._comm_cache[key] = self.cost.comm_time_s(request)
+            else:
+                dur = self.cost.comm_time_s(request)
         else:
             self._net_key += 1
             rv.start_s = now
@@ -287,6 +304,7 @@ class Engine:
         rv_keys = self.rv_keys[rank]
         fail_t = self.fail_at.get(rank, math.inf)
         coalesce = fail_t == math.inf
+        solo_ok = coalesce and not self.contention
         targeted = self.targeted[rank]
         progress = self.progress
         n = len(idxs)
@@ -331,6 +349,14 @@ class Engine:
                         yield timeout(fail_t - now)
                         return
                     yield timeout(t - now)
+            elif solo_ok and kind == COLLECTIVE and len(rv_keys[i][0][1]) == 1:
+                # nobody to wait for (every member is represented by this rank): no rendezvous needed
+                dur = op.duration_s
+                if dur is None:
+                    dur = self._solo_time(op)
+                start[i] = now
+                if dur > 0:
+                    yield timeout(dur)
             else:
                 rv = self._join(rank, i, op, rv_keys[i])
                 start[i] = yield rv.event

@@ -395,8 +395,11 @@ def load_cluster_for(exp: Experiment):
 
 
 def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None = None,
-                   check_budget: bool = True) -> Outcome:
-    """Run one experiment end to end and return its Outcome (result, metrics, resolved model/plan/cluster)."""
+                   check_budget: bool = True, validate: bool = True) -> Outcome:
+    """Run one experiment end to end and return its Outcome (result, metrics, resolved model/plan/cluster).
+
+    ``validate=False`` skips the static program checks (the search does, for generated programs that the
+    schedules tests already validate); deadlocks are still detected by the engine."""
     from schedules import build_programs
     from simulator.engine import run
     from simulator.metrics import compute_metrics
@@ -438,7 +441,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
             guard = None
         if guard is not None:
             guard(programs, "symmetric" if programs.symmetric else "full")
-    result = run(programs, cost, progress=progress, failures=failures)
+    result = run(programs, cost, progress=progress, failures=failures, check=validate)
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0
     return Outcome(exp, result, metrics, model, plan, cluster, notes)

@@ -248,6 +248,7 @@ def validate(programs: Programs) -> None:
 
     coll_seq: dict[tuple, list[tuple[int, int, Op]]] = defaultdict(list)  # (sync key, rank) -> ops
     p2p: dict[tuple[int, int, str], list[tuple[int, Op]]] = defaultdict(list)
+    sync_keys: dict[int, tuple] = {}
     for rank, prog in programs.ops.items():
         _check_rank_graph(rank, prog)
         for i, op in enumerate(prog):
@@ -262,7 +263,10 @@ def validate(programs: Programs) -> None:
                 if rank not in programs.groups[op.group].ranks:
                     raise ProgramError(f"rank {rank} op {i} {op!r}: rank is not a member of group {op.group} "
                                        f"{programs.groups[op.group].ranks[:16]}")
-                coll_seq[(sync_key(programs, op.group, rep), rank)].append((i, op))
+                sk = sync_keys.get(op.group)
+                if sk is None:
+                    sk = sync_keys[op.group] = sync_key(programs, op.group, rep)
+                coll_seq[(sk, rank)].append((i, op))
             elif op.kind in (SEND, RECV):
                 if op.peer is None or not (0 <= op.peer < n) or op.peer == rank:
                     raise ProgramError(f"rank {rank} op {i} {op!r}: invalid peer {op.peer}")
