@@ -57,15 +57,31 @@ STEP_LATENCY_S = {"nvlink": 0.6e-6, "ici": 0.6e-6, "ub": 0.6e-6, "pcie": 1.0e-6,
 
 class _AlgoCost:
     """Cost of one algorithm on one group: time(S) = A + S·K; ``links``/``coef``: bytes per byte of S
-    on each directed link, all phases together."""
+    on each directed link, all phases together (computed on first use when only A and K were needed)."""
 
-    __slots__ = ("name", "A", "K", "links", "coef")
+    __slots__ = ("name", "A", "K", "_links", "_coef", "_make")
 
-    def __init__(self, name, A, K, links, coef):
-        self.name, self.A, self.K, self.links, self.coef = name, A, K, links, coef
+    def __init__(self, name, A, K, links=None, coef=None, make=None):
+        self.name, self.A, self.K, self._links, self._coef, self._make = name, A, K, links, coef, make
 
     def time_s(self, size: float) -> float:
         return self.A + size * self.K
+
+    def _fill(self) -> None:
+        self._links, self._coef = self._make()
+        self._make = None
+
+    @property
+    def links(self) -> np.ndarray:
+        if self._links is None:
+            self._fill()
+        return self._links
+
+    @property
+    def coef(self) -> np.ndarray:
+        if self._coef is None:
+            self._fill()
+        return self._coef
 
 
 class ClusterCostModel:
@@ -105,6 +121,8 @@ class ClusterCostModel:
         self.capacity = np.array([c * self.efficiency.get(t, 1.0) for c, t in zip(cluster.link_capacity, types)])
         self._step_lat = [self.step_latency_s.get(t, 0.0) for t in types]
         self._cache: dict = {}
+        self._shape_cache: dict = {}
+        self._uniform_domains = self._domains_identical()
         self._image_cache: dict = {}
         self._paths: dict = {}
         self._time_cache: dict = {}
@@ -115,6 +133,21 @@ class ClusterCostModel:
         self._compute_fit = fit
         self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
         self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
+
+    def _domains_identical(self) -> bool:
+        """Star domains (one switch per domain) whose every device link has the same capacity and latency."""
+        c = self.cluster
+        if c.domain_switch(0) is None:
+            return False
+        seen = set()
+        cap, lat = self.capacity, c.link_latency
+        for i, nm in enumerate(c.link_name):
+            if (isinstance(nm, tuple) and len(nm) == 2 and any(isinstance(x, int) for x in nm) and
+                    any(isinstance(x, tuple) and x and x[0] in ("nvswitch", "pcie", "ub") for x in nm)):
+                seen.add((float(cap[i]), lat[i]))
+                if len(seen) > 1:
+                    return False
+        return True
 
     # ------------------------------------------------------------------ compute
     def compute_time_s(self, rank: int, op: Op) -> float:
@@ -164,33 +197,65 @@ class ClusterCostModel:
         key = (kind, gpus, name)
         if key in self._cache:
             return self._cache[key]
-        phases = ALGORITHMS[name](self.cluster, gpus, kind)
-        res = None
-        if phases is not None:
-            path, cap = self._path, self.capacity
-            A, K, total = self.call_overhead_s, 0.0, {}
-            for ph in phases:
-                load: dict = {}
-                alpha = 0.0
-                for src, dst, coef in ph.flows:
-                    links, a = path(src, dst)
-                    if not links:
-                        continue
-                    if a > alpha:
-                        alpha = a
-                    for l in links:
-                        load[l] = load.get(l, 0.0) + coef
-                if load:
-                    ids = np.fromiter(load.keys(), dtype=np.int64, count=len(load))
-                    co = np.fromiter(load.values(), dtype=float, count=len(load))
-                    K += float(np.max(co / cap[ids]))
-                    for l, c in load.items():
-                        total[l] = total.get(l, 0.0) + c
-                A += ph.steps * alpha
-            res = _AlgoCost(name, A, K, np.fromiter(total.keys(), dtype=np.int64, count=len(total)),
-                            np.fromiter(total.values(), dtype=float, count=len(total)))
+        shape = self._shape_key(kind, gpus, name)
+        if shape is not None and shape in self._shape_cache:
+            ak = self._shape_cache[shape]
+            res = None if ak is None else _AlgoCost(name, ak[0], ak[1],
+                                                    make=lambda: self._evaluate(kind, gpus, name)[2:])
+        else:
+            ev = self._evaluate(kind, gpus, name)
+            res = None if ev is None else _AlgoCost(name, *ev)
+            if shape is not None:
+                self._shape_cache[shape] = None if ev is None else ev[:2]
         self._cache[key] = res
         return res
+
+    def _shape_key(self, kind: str, gpus: tuple, name: str):
+        """Groups inside one domain of a cluster whose star domains are identical cost the same wherever
+        they sit: key them by their positions inside the domain."""
+        if not self._uniform_domains:
+            return None
+        ds = self.cluster.domain_size
+        base = gpus[0] // ds * ds
+        local = tuple(g - base for g in gpus)
+        if min(local) < 0 or max(local) >= ds:
+            return None
+        return (kind, name, local)
+
+    def _evaluate(self, kind: str, gpus: tuple, name: str):
+        """(A, K, links, coef) of algorithm ``name`` on ``gpus``, or None where it does not apply."""
+        cap = self.capacity
+        if name == "p2p":
+            links, a = self._path(gpus[0], gpus[1])
+            if kind != "p2p" or not links:
+                return None
+            K = max(1.0 / cap[l] for l in links)
+            return (self.call_overhead_s + a, K, np.array(links, dtype=np.int64), np.ones(len(links)))
+        phases = ALGORITHMS[name](self.cluster, gpus, kind)
+        if phases is None:
+            return None
+        path = self._path
+        A, K, total = self.call_overhead_s, 0.0, {}
+        for ph in phases:
+            load: dict = {}
+            alpha = 0.0
+            for src, dst, coef in ph.flows:
+                links, a = path(src, dst)
+                if not links:
+                    continue
+                if a > alpha:
+                    alpha = a
+                for l in links:
+                    load[l] = load.get(l, 0.0) + coef
+            if load:
+                ids = np.fromiter(load.keys(), dtype=np.int64, count=len(load))
+                co = np.fromiter(load.values(), dtype=float, count=len(load))
+                K += float(np.max(co / cap[ids]))
+                for l, c in load.items():
+                    total[l] = total.get(l, 0.0) + c
+            A += ph.steps * alpha
+        return (A, K, np.fromiter(total.keys(), dtype=np.int64, count=len(total)),
+                np.fromiter(total.values(), dtype=float, count=len(total)))
 
     def _path(self, src, dst):
         """(links, alpha): the route and its per-step latency (link latencies + the library's step latency

@@ -213,3 +213,16 @@ def test_nccl_multi_rail_rings_closed_form():
     assert auto.algorithm_for(CommRequest("all_reduce", tuple(range(n)), 4096)) != "rings"
     # with a single GPU per node it does not apply
     assert _model(c, algorithm="rings").algorithm_for(CommRequest("all_reduce", (0, 8), S)) != "rings"
+
+
+def test_identical_domains_share_costs_unless_a_link_differs():
+    c = load_cluster("dgx-h100", 32)
+    m = ClusterCostModel(c)
+    reqs = [CommRequest("all_reduce", tuple(range(8 * k, 8 * k + 8)), 2**28) for k in range(4)]
+    assert len({m.comm_time_s(r) for r in reqs}) == 1
+    c.link_capacity[c.link_id[(11, ("nvswitch", 1))]] /= 2          # a degraded NVLink in node 1
+    m2 = ClusterCostModel(c)
+    t = [m2.comm_time_s(r) for r in reqs]
+    assert t[1] > t[0] == t[2] == t[3]
+    lab = ClusterCostModel(load_cluster("pcie-ethernet-lab", 16))
+    assert lab._uniform_domains
