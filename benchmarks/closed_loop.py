@@ -133,17 +133,18 @@ def evaluate(runs: dict, cal: Calibration, mem_bytes_per_s: float) -> list[dict]
             "replay_measured_s": statistics.median(r["measured_step_time_s"] for r in reps),
             "replay_predicted_s": statistics.median(r["predicted_step_time_s"] for r in reps),
             "replay_error": statistics.median(r["error"] for r in reps),
+            "load_per_core": max((m.get("load_average") or [0])[0] for m in manifests),
         })
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'strategy':>8} {'runs':>4} {'measured ms':>12} {'model ms':>9} {'model err':>9} "
-          f"{'replay meas ms':>14} {'replay pred ms':>14} {'replay err':>10}")
+          f"{'replay meas ms':>14} {'replay pred ms':>14} {'replay err':>10} {'load/core':>9}")
     for r in rows:
         print(f"{r['strategy']:>8} {r['runs']:>4} {r['measured_step_s'] * 1e3:>12.2f} {r['model_step_s'] * 1e3:>9.2f} "
               f"{r['model_error']:>+9.1%} {r['replay_measured_s'] * 1e3:>14.2f} "
-              f"{r['replay_predicted_s'] * 1e3:>14.2f} {r['replay_error']:>+10.1%}")
+              f"{r['replay_predicted_s'] * 1e3:>14.2f} {r['replay_error']:>+10.1%} {r['load_per_core']:>9.2f}")
 
 
 def main(argv=None) -> int:

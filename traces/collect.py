@@ -141,6 +141,10 @@ def base_manifest(args, backend: str, device: torch.device, infos: list[dict]) -
         "torch_version": torch.__version__, "nccl_version": nccl_version() if backend == "nccl" else None,
         "cuda_version": torch.version.cuda, "python_version": platform.python_version(),
         "argv": sys.argv[1:],
+        # runnable processes per core on rank 0's host (1, 5, 15 min) when the manifest was written: timings
+        # taken while other work shared the cores are slower than the machine is
+        "load_average": [round(x / (os.cpu_count() or 1), 2) for x in os.getloadavg()]
+        if hasattr(os, "getloadavg") else None,
     }
 
 

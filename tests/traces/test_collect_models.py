@@ -96,3 +96,49 @@ def test_model_config_rejects_impossible_shapes():
         ModelConfig(layers=0)
     with pytest.raises(ValueError, match=r"top_k \(3\) must be in 1..experts \(2\)"):
         ModelConfig(experts=2, top_k=3)
+
+
+# ---------------------------------------------------------------------------------------------- GPU path
+def test_backend_is_nccl_on_the_local_gpu_when_cuda_is_there(monkeypatch):
+    from traces import collect
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert collect.select_backend("auto") == ("nccl", torch.device("cuda", 3)) and chosen == [3]
+    assert collect.select_backend("gloo") == ("gloo", torch.device("cpu"))
+
+
+def test_backend_falls_back_to_gloo_on_cpu(monkeypatch):
+    from traces import collect
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert collect.select_backend("auto") == ("gloo", torch.device("cpu"))
+    with pytest.raises(UsageError, match="--backend nccl needs CUDA"):
+        collect.select_backend("nccl")
+
+
+def test_gpu_manifest_fields(monkeypatch):
+    from traces import collect
+    synced = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "synchronize", synced.append)
+    gpu = torch.device("cuda", 1)
+    assert collect.nccl_version() == "2.21.5"
+    assert collect.device_name(gpu) == "NVIDIA H200"
+    collect.synchronize(gpu)
+    collect.synchronize(torch.device("cpu"))
+    assert synced == [gpu]                  # the benchmark and step timers wait for the GPU, never on CPU
+    assert collect.device_name(torch.device("cpu")).startswith("CPU")
+
+
+def test_benchmark_largest_size_follows_free_gpu_memory(monkeypatch):
+    from traces.bench_collectives import GiB, MiB, default_max_bytes
+    free = {"bytes": 140 * 10**9}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (free["bytes"], 141 * 10**9))
+    gpu = torch.device("cuda", 0)
+    assert default_max_bytes(gpu) == 8 * GiB                # capped
+    free["bytes"] = 10 * GiB
+    assert default_max_bytes(gpu) == 1 * GiB                # largest power of two <= free / 8
+    assert default_max_bytes(torch.device("cpu")) == 64 * MiB
