@@ -393,13 +393,14 @@ class _StageBuilder:
                                                               {k: v for k, v in kw.items() if k != "free"}))
                 first = idx if first is None else first
                 if item[0] == "attn":
+                    block_ready = idx     # our own KV block first, then the one received last step
                     for step in range(item[4]):   # ring attention: pass a KV block on, attend to the one received
-                        sdep = idx if step == 0 else r
-                        self.emit(Op(SEND, "cp kv", "cp_send", (sdep,), size_bytes=kv, strategy="cp", **lab), ("cp", 1))
-                        r = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
-                                      ("cp", -1))
+                        self.emit(Op(SEND, "cp kv", "cp_send", (block_ready,), size_bytes=kv, strategy="cp", **lab),
+                                  ("cp", 1))
+                        block_ready = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
+                                                ("cp", -1))
                         fr = {"free": kw["free"]} if "free" in kw and step == item[4] - 1 else {}
-                        idx = self.comp(f"{name} ring", item[3], 0.0, (r,), **lab, **fr)
+                        idx = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab, **fr)
             elif item[0] == "tp":
                 idx = self.coll(f"tp {item[1]}", item[1], "tp", self.tp_bytes, "compute", d, strategy="tp", **kw)
             else:

@@ -148,7 +148,6 @@ def test_executed_flops_equal_model_flops(recompute):
     executed = sum(op.flops for prog in progs.ops.values() for op in prog
                    if op.kind == "compute" and op.phase != "optimizer")
     extra = 0.0
-    tokens_per_mb = plan.micro_batch * plan.seq
     for l in range(MOE.layers):
         lf = MOE.layer_flops(l, plan.seq, plan.micro_batch)
         per = {"none": 0.0, "selective": lf.attn_core, "full": lf.forward}[recompute]
