@@ -174,18 +174,21 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
     if kind == "torus":
         if dims in (None, "auto"):
             dims = _auto_dims(n, where)
-        dims = tuple(int(x) for x in dims)
+        try:
+            dims = tuple(int(x) for x in dims)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: torus dims must be a list of 2 or 3 integers or 'auto', got {dims!r}") from None
         size = math.prod(dims)
         bw = dom.get("bandwidth", acc.scale_up_bytes_per_s / (2 * len(dims)))
     else:
         dims = None
-        size = int(dom.get("size", gpn))
+        size = _num(dom, "size", gpn, int, where)
         bw = dom.get("bandwidth", acc.scale_up_bytes_per_s)
     _positive(bw, f"{where}: domain bandwidth")
     domain = DomainSpec(kind=kind, size=min(size, n) if kind != "torus" else size, bandwidth=float(bw),
-                        sharp=bool(dom.get("sharp", False)), dims=dims, wrap=bool(dom.get("wrap", True)),
-                        direct=bool(dom.get("direct", False)), slice_size=dom.get("slice_size"),
-                        latency=dom.get("latency"))
+                        sharp=_flag(dom, "sharp", False, where), dims=dims, wrap=_flag(dom, "wrap", True, where),
+                        direct=_flag(dom, "direct", False, where), slice_size=_num(dom, "slice_size", None, int, where),
+                        latency=_num(dom, "latency", None, float, where))
     fabric = None
     fab = cfg.get("fabric")
     if fab is not None:
@@ -194,13 +197,33 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
             raise ConfigError(f"{where}: unknown fabric key(s) {sorted(bad)}; known: {sorted(_FABRIC_KEYS)}")
         fbw = fab.get("bandwidth", acc.nic_bytes_per_s)
         _positive(fbw, f"{where}: fabric bandwidth")
-        fabric = FabricSpec(tiers=int(fab.get("tiers", 3)), leaf_down=int(fab.get("leaf_down", 32)),
-                            oversubscription=float(fab.get("oversubscription", 1)),
-                            rail_optimised=bool(fab.get("rail_optimised", True)), bandwidth=float(fbw),
-                            nics_per_node=int(fab.get("nics_per_node", gpn)), link=str(fab.get("link", "ib")),
-                            latency=fab.get("latency"), pxn=bool(fab.get("pxn", True)))
+        link = str(fab.get("link", "ib"))
+        if link not in ("ib", "ethernet"):
+            raise ConfigError(f"{where}: fabric link must be ib or ethernet, got {link!r}")
+        fabric = FabricSpec(tiers=_num(fab, "tiers", 3, int, where), leaf_down=_num(fab, "leaf_down", 32, int, where),
+                            oversubscription=_num(fab, "oversubscription", 1.0, float, where),
+                            rail_optimised=_flag(fab, "rail_optimised", True, where), bandwidth=float(fbw),
+                            nics_per_node=_num(fab, "nics_per_node", gpn, int, where), link=link,
+                            latency=_num(fab, "latency", None, float, where), pxn=_flag(fab, "pxn", True, where))
     return Cluster(cfg.get("name", "custom"), acc, n, gpn, domain, fabric, placement=cfg.get("placement"),
                    description=cfg.get("description", ""))
+
+
+def _num(d: dict, key: str, default, typ, where: str):
+    """d[key] as int/float (default when missing); ConfigError naming the key otherwise."""
+    v = d.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and int(v) != v):
+        raise ConfigError(f"{where}: {key} must be {'an integer' if typ is int else 'a number'}, got {v!r}")
+    return typ(v)
+
+
+def _flag(d: dict, key: str, default: bool, where: str) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where}: {key} must be true or false, got {v!r}")
+    return v
 
 
 def _positive(x, what: str) -> None:

@@ -60,6 +60,10 @@ def test_draw(capsys, tmp_path):
     (["topology", "dgx-h100", "--gpus", "16", "--collective", "p2p", "--ranks", "0-3"], "exactly two"),
     (["topology", "dgx-h100", "--set", "nic_bandwidth=0"], "positive"),
     (["topology", "dgx-h100", "--set", "bogus=1"], "unknown override"),
+    (["topology", "dgx-h100", "--set", "leaf_down=abc"], "leaf_down must be an integer"),
+    (["topology", "dgx-h100", "--set", "rail_optimised=maybe"], "true or false"),
+    (["topology", "tpu-v5p", "--set", "dims=[4, x]"], "torus dims"),
+    (["topology", "dgx-h100", "--set", "tiers=4"], "tiers must be 2 or 3"),
 ])
 def test_errors(capsys, args, msg):
     code, _, err = run(capsys, *args)
