@@ -23,6 +23,10 @@ A ``-c`` file without ``base``/``variants`` is an ordinary experiment file used 
 Outputs (``--out DIR``): gantt / memory / breakdown pictures (PNG and SVG), ``metrics.csv`` and
 ``metrics.json`` (the engine's metrics, one row per plan), one Perfetto JSON per plan; ``--report FILE``
 writes a self-contained HTML report (``simulator.report``).
+
+Measured runs (``--trace PATH``): one profiled step of a Kineto trace (``trace_timeline``) is drawn next to
+its replay (``replay_timeline``, the trace's own ops re-run by the engine) and the simulated plans, with
+the same metrics computed from each timeline (``timeline_metrics``): ``measured.png`` and ``measured.csv``.
 """
 from __future__ import annotations
 
@@ -357,8 +361,12 @@ def _compare_command():
         out_dir = Path(out) if out else None
         if report and out_dir is None:
             out_dir = Path(report).with_name(Path(report).stem + "_files")
-        files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,
-                              trace_step=trace_step, max_lanes=max_lanes) if (out_dir or report) else []
+        try:
+            files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,
+                                  trace_step=trace_step, max_lanes=max_lanes) if (out_dir or report) else []
+        except OSError as e:
+            raise ConfigError(f"cannot write the outputs: {e.strerror or e}: {e.filename}; check --out / --report "
+                              f"(an existing writable folder or a new path)") from None
         mtable = measured_table(trace, runs, trace_step) if trace is not None else None
         if as_json:
             out_json = summary(runs)

@@ -279,3 +279,14 @@ def test_cli_compare_trace_only_shows_measured_and_replay(tmp_path, capsys):
     assert (tmp_path / "r_files" / "measured.png").exists() and "Measured vs simulated" in (tmp_path / "r.html").read_text()
     assert main(["compare", "--trace", str(tmp_path / "nccl"), "--trace-step", "9"]) == 2
     assert "step 9 is not recorded" in capsys.readouterr().err
+
+
+def test_cli_compare_unwritable_output_is_a_clear_error(tmp_path, capsys):
+    from simulator.cli import main
+    if cmp.compare is None:
+        pytest.skip("simulator.experiment not importable")
+    _fixture_trace(tmp_path, "nccl")
+    (tmp_path / "afile").write_text("x")
+    rc = main(["compare", "--trace", str(tmp_path / "nccl"), "--report", str(tmp_path / "afile" / "r.html")])
+    assert rc == 2
+    assert "cannot write the outputs" in capsys.readouterr().err
