@@ -369,3 +369,23 @@ def test_blocks_merge_one_microbatch_phase_and_keep_gaps():
     res = run(toy_gpipe(2, 2), IdealCostModel(flops_per_s=1e12))
     (ax,) = panel_axes(plots.gantt(res, merge_blocks=False))
     assert len(collections(ax)["forward"].get_paths()) == 4
+
+
+def test_16k_gpu_run_shows_one_labelled_representative_per_stage():
+    pytest.importorskip("schedules.generate")
+    from simulator.experiment import experiment_from_dict, run_experiment
+    out = run_experiment(experiment_from_dict(dict(cluster="dgx-h100", gpus=16384, model="llama3-8b", layers=8,
+                                                   tp=8, pp=4, seq=1024, global_batch=8192)))
+    res = out.result
+    (ax,) = panel_axes(plots.gantt(res))
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert [lb for lb in labels if "·" in lb] == [f"stage {s} (rep. of 4096 ranks) · compute" for s in range(4)]
+    assert len(labels) <= plots.DEFAULT_MAX_LANES
+    assert "16384 ranks, symmetric mode" in ax.get_title(loc="left")
+    fig = plots.memory_over_time(res)
+    axes = [a for a in fig.axes if a.get_visible()]
+    assert [a.get_title().splitlines()[0] for a in axes] == [f"stage {s} (rep. of 4096 ranks)" for s in range(4)]
+    peaks = {rm.rank: rm.peak_memory_bytes for rm in out.metrics.per_rank}
+    for a, (rank, _) in zip(axes, plots.representative_ranks(res, 8)):
+        top = max(c.get_paths()[0].vertices[:, 1].max() for c in a.collections if c.get_label() in plots.MEMORY_COLOURS)
+        assert top * GB == pytest.approx(peaks[rank], rel=1e-9)
