@@ -324,8 +324,32 @@ def format_report(rep: GoodputReport) -> str:
     return "\n".join(lines)
 
 
+def read_simulate_result(path: str) -> tuple[int, float]:
+    """(world size, step time s) from a ``clustersim simulate --json`` output or a report folder's result.json."""
+    from pathlib import Path
+    p = Path(path)
+    if p.is_dir():
+        p = p / "result.json"
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--result: {p} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--result: {p} is not a simulate result (JSON): {e}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"--result: {p} is not a simulate result (expected a JSON object)")
+    world, step = d.get("world_size"), d.get("step_time_s")
+    if isinstance(world, bool) or not isinstance(world, int) or world <= 0:
+        raise ConfigError(f"--result: {p} has no valid world_size (got {world!r})")
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not (math.isfinite(step) and step > 0):
+        raise ConfigError(f"--result: {p} has no valid step_time_s (got {step!r})")
+    return world, float(step)
+
+
 @click.command("goodput")
-@click.option("--gpus", type=int, required=True, help="Devices in the job.")
+@click.option("--gpus", type=int, help="Devices in the job (default: the --result's world size).")
+@click.option("--result", "result_path", type=click.Path(),
+              help="A `clustersim simulate --json` output (or --out folder): GPUs and step time from it.")
 @click.option("--mtbf-hours", type=float, required=True, help="Mean time between failures of ONE device (hours).")
 @click.option("--checkpoint-interval-min", type=float, default=None,
               help="Training minutes between checkpoints (default: Daly's optimum).")
@@ -337,9 +361,15 @@ def format_report(rep: GoodputReport) -> str:
 @click.option("--trials", type=int, default=64, show_default=True, help="Monte-Carlo trajectories.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def goodput(gpus, mtbf_hours, checkpoint_interval_min, checkpoint_cost_s, restart_s, days, step_time_s, trials,
-            seed, as_json):
+def goodput(gpus, result_path, mtbf_hours, checkpoint_interval_min, checkpoint_cost_s, restart_s, days, step_time_s,
+            trials, seed, as_json):
     """Expected goodput of a long run under failures, and the optimal checkpoint interval vs Young/Daly."""
+    if result_path:
+        world, step = read_simulate_result(result_path)
+        gpus = world if gpus is None else gpus
+        step_time_s = step if step_time_s is None else step_time_s
+    if gpus is None:
+        raise ConfigError("goodput: give --gpus N or --result FILE (a simulate --json output)")
     for name, v in (("--mtbf-hours", mtbf_hours), ("--days", days), ("--checkpoint-interval-min",
                                                                       checkpoint_interval_min)):
         if v is not None and not (math.isfinite(v) and v > 0):

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from simulator.cli import main
@@ -62,12 +62,15 @@ def event_loop(fails, horizon, tau, c, r):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 998), max_size=30), st.integers(1, 200), st.integers(0, 50), st.integers(0, 80),
-       st.floats(0.01, 0.99))
-def test_vectorised_trajectory_matches_event_loop(fails, tau, c, r, frac):
-    # phase boundaries fall on integers, failures strictly between them: no floating-point ties
+@given(st.lists(st.tuples(st.integers(0, 998), st.floats(0.01, 0.99)), max_size=30, unique_by=lambda x: x[0]),
+       st.integers(1, 200), st.integers(0, 50), st.integers(0, 80))
+def test_vectorised_trajectory_matches_event_loop(fails, tau, c, r):
+    # durations are integers and the failures' fractional parts differ pairwise, so no phase boundary
+    # falls (within rounding) on a failure: the two computations cannot disagree on a floating-point tie
+    fracs = sorted(f for _, f in fails)
+    assume(all(b - a > 1e-6 for a, b in zip(fracs, fracs[1:])))
     horizon = 1000.0
-    fails = np.unique(np.array(fails, dtype=float)) + frac
+    fails = np.sort(np.array([k + f for k, f in fails]))
     got = simulate_trajectory(fails, horizon, tau, c, r)
     ref = event_loop(fails, horizon, tau, c, r)
     assert got == pytest.approx(ref, abs=1e-6)
@@ -185,3 +188,21 @@ def test_cli_bad_values_exit_2(bad, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "error" in err.lower() and "Traceback" not in err
+
+
+def test_cli_reads_gpus_and_step_time_from_a_simulate_result(tmp_path, capsys):
+    res = tmp_path / "result.json"
+    res.write_text(json.dumps({"world_size": 1024, "step_time_s": 1.63, "mfu": 0.4}))
+    args = ["goodput", "--result", str(tmp_path), "--mtbf-hours", "50000", "--checkpoint-cost-s", "60",
+            "--restart-s", "600", "--days", "2", "--trials", "4", "--json"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["config"]["gpus"] == 1024 and d["config"]["step_time_s"] == 1.63
+    assert d["at_interval"]["interval_s"] / 1.63 == pytest.approx(round(d["at_interval"]["interval_s"] / 1.63))
+    for bad in ({"world_size": 0, "step_time_s": 1.0}, {"world_size": 8}, [1], {"world_size": 8, "step_time_s": "x"}):
+        res.write_text(json.dumps(bad))
+        assert main(args) == 2
+    res.write_text("{not json")
+    assert main(args) == 2
+    assert main(args[:1] + args[3:]) == 2          # neither --gpus nor --result
+    assert "--gpus N or --result" in capsys.readouterr().err
