@@ -362,13 +362,56 @@ def lane_positions(lanes: list[Lane]) -> tuple[np.ndarray, np.ndarray]:
     return y, h
 
 
+def model_chunks(df: pd.DataFrame) -> pd.Series:
+    """Model chunk of every row (interleaved pipelines): per rank, its layers fall into runs of consecutive
+    layer numbers, numbered 0, 1, ... in layer order; a row without a layer takes the chunk of its
+    neighbour of the same micro-batch and phase on its lane; ranks holding one run only get <NA>."""
+    out = pd.Series(pd.NA, index=df.index, dtype="Int64")
+    if "layer" not in df.columns:
+        return out
+    layer = pd.to_numeric(df["layer"], errors="coerce")
+    for r, idx in df.groupby("rank", sort=False).groups.items():
+        ls = np.unique(layer.loc[idx].dropna().to_numpy())
+        if len(ls) < 2:
+            continue
+        run = np.concatenate([[0], np.cumsum(np.diff(ls) > 1)])
+        if run[-1] == 0:
+            continue
+        lut = dict(zip(ls.tolist(), run.tolist()))
+        out.loc[idx] = layer.loc[idx].map(lut).astype("Int64")
+    if out.notna().any() and {"stream", "start_s", "microbatch", "phase"} <= set(df.columns):
+        # ops without a layer (embedding, LM head) belong to the chunk of their neighbours in the same
+        # micro-batch and phase on their lane: the one before them, else the one after
+        order = df.sort_values(["rank", "stream", "start_s"], kind="stable").index
+        keys = [df.loc[order, c].astype(str) for c in ("rank", "stream", "microbatch", "phase")]
+        g = out.loc[order].groupby(keys, sort=False)
+        out.loc[order] = g.ffill().fillna(out.loc[order].groupby(keys, sort=False).bfill()).astype("Int64")
+    return out
+
+
+def lighten(colour: str, amount: float) -> str:
+    """``colour`` mixed with white (amount 0: unchanged, 1: white)."""
+    r, g, b = matplotlib.colors.to_rgb(colour)
+    return matplotlib.colors.to_hex((r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount))
+
+
+def chunk_colour(key: str, chunk) -> str:
+    """Bar colour of a block: the palette colour, lighter for later model chunks of an interleaved stage."""
+    base = colour_of(key)
+    if key in PHASE_COLOURS and not pd.isna(chunk) and int(chunk) > 0:
+        return lighten(base, min(0.6, 0.38 * int(chunk)))
+    return base
+
+
 def blocks(df: pd.DataFrame, tol_s: float = 0.0) -> pd.DataFrame:
     """Merge each lane's consecutive ops of one micro-batch and phase (no gap longer than ``tol_s`` between
     them) into one block, as pipeline papers draw them: a forward of micro-batch 3 made of 32 layer kernels
     and their tensor-parallel all-reduces becomes one "F3" bar. Consecutive ops without a micro-batch merge
     when they have the same colour and no gap longer than ``tol_s`` (half a pixel when drawing).
+    With a ``_chunk`` column (``model_chunks``) a block also stays within one model chunk.
     Columns: rank, stream, start_s, end_s, microbatch, _key (colour key: the phase of the block's compute
-    ops, or the op's own key for communication-only blocks), compute (bool), ops (count)."""
+    ops, or the op's own key for communication-only blocks), compute (bool), ops (count), chunk (NaN if
+    unknown)."""
     d = df.sort_values(["rank", "stream", "start_s"], kind="stable")
     mb = d["microbatch"] if "microbatch" in d.columns else pd.Series(pd.NA, index=d.index)
     ph = d["phase"].fillna("") if "phase" in d.columns else pd.Series("", index=d.index)
@@ -377,7 +420,9 @@ def blocks(df: pd.DataFrame, tol_s: float = 0.0) -> pd.DataFrame:
     prev_end = d.groupby(lane, sort=False)["end_s"].cummax().shift()
     mb_num = pd.to_numeric(mb, errors="coerce")
     key = d["_key"]
-    same_mb = mb_num.notna() & mb_num.eq(mb_num.shift()) & ph.eq(ph.shift())
+    chunk = d["_chunk"] if "_chunk" in d.columns else pd.Series(pd.NA, index=d.index, dtype="Int64")
+    ch = chunk.fillna(-1).astype(int)
+    same_mb = mb_num.notna() & mb_num.eq(mb_num.shift()) & ph.eq(ph.shift()) & ch.eq(ch.shift())
     same_key_unlabelled = mb_num.isna() & mb_num.shift().isna() & key.eq(key.shift())
     join = same_lane & (same_mb | same_key_unlabelled) & (d["start_s"] - prev_end <= tol_s)
     bid = (~join).cumsum().to_numpy()
@@ -385,11 +430,13 @@ def blocks(df: pd.DataFrame, tol_s: float = 0.0) -> pd.DataFrame:
     ckey = d["_key"].where(is_comp)
     g = pd.DataFrame({"rank": d["rank"].to_numpy(), "stream": d["stream"].to_numpy(), "start_s": d["start_s"].to_numpy(),
                       "end_s": d["end_s"].to_numpy(), "microbatch": mb_num.to_numpy(), "_key": d["_key"].to_numpy(),
-                      "_ckey": ckey.to_numpy(), "compute": is_comp, "bid": bid})
+                      "_ckey": ckey.to_numpy(), "compute": is_comp, "bid": bid,
+                      "chunk": chunk.astype(float).to_numpy()})
     out = g.groupby("bid", sort=False).agg(rank=("rank", "first"), stream=("stream", "first"),
                                           start_s=("start_s", "min"), end_s=("end_s", "max"),
                                           microbatch=("microbatch", "first"), key=("_key", "first"),
-                                          ckey=("_ckey", "first"), compute=("compute", "any"), ops=("bid", "size"))
+                                          ckey=("_ckey", "first"), compute=("compute", "any"), ops=("bid", "size"),
+                                          chunk=("chunk", "max"))
     out["_key"] = out["ckey"].where(out["ckey"].notna(), out["key"])
     return out.drop(columns=["key", "ckey"]).reset_index(drop=True)
 
@@ -403,22 +450,25 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
     df = df[(df["end_s"] > df["start_s"]) & df["start_s"].notna() & df["end_s"].notna()]
     keys = [colour_key(k, ph, co) for k, ph, co in zip(df["kind"], df.get("phase", [None] * len(df)),
                                                          df.get("collective", [None] * len(df)))]
-    df = df.assign(_key=keys)
+    df = df.assign(_key=keys, _chunk=model_chunks(df))
     fig_w_px = ax.figure.get_figwidth() * ax.figure.dpi * ax.get_position().width
     s_per_px = x_max / scale / max(fig_w_px, 1.0)
-    bars = blocks(df, tol_s=0.5 * s_per_px) if merge else df.assign(compute=df["kind"] == "compute")
+    bars = blocks(df, tol_s=0.5 * s_per_px) if merge else \
+        df.assign(compute=df["kind"] == "compute", chunk=df["_chunk"].astype(float))
+    bars = bars.assign(_c=np.where(bars["_key"].isin(list(PHASE_COLOURS)), bars["chunk"].fillna(0), 0).astype(int))
     used = []
-    for key, sub in bars.groupby("_key", sort=False):
+    for (key, c), sub in bars.groupby(["_key", "_c"], sort=False):
         verts = []
         for (r, s), part in sub.groupby(["rank", "stream"], sort=False):
             i = y_of.get((int(r), s))
             if i is not None:
                 verts += _rects(ys[i], part["start_s"].to_numpy(), part["end_s"].to_numpy(), scale, hs[i] * fill)
         if verts:
-            pc = PolyCollection(verts, facecolors=colour_of(key), edgecolors="white", linewidths=0.3,
-                                label=key, zorder=2)
+            pc = PolyCollection(verts, facecolors=chunk_colour(key, c), edgecolors="white", linewidths=0.3,
+                                label=key if c == 0 else f"{key} chunk {c}", zorder=2)
             ax.add_collection(pc)
-            used.append(key)
+            if (key, c) not in used:
+                used.append((key, c))
     # idle spans on each rank's compute lane (from the ops themselves, not the merged blocks)
     bub_verts, exp_fill, exp_strip = [], [], []
     for i, ln in enumerate(lanes):
@@ -516,8 +566,9 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
         axes.append(ax)
     axes[-1].set_xlabel(f"time ({unit})")
     canon = list(PHASE_COLOURS) + list(COMM_COLOURS)
-    used_keys.sort(key=canon.index)
-    handles = [Patch(facecolor=colour_of(k), label=legend_label(k)) for k in used_keys]
+    used_keys.sort(key=lambda kc: (canon.index(kc[0]), kc[1]))
+    handles = [Patch(facecolor=chunk_colour(k, c), label=legend_label(k) + (f", model chunk {c + 1}" if c else ""))
+               for k, c in used_keys]
     if any_exposed:
         handles.append(Patch(label=EXPOSED_LABEL, facecolor=EXPOSED_STYLE["facecolor"],
                              edgecolor=EXPOSED_STRIP_STYLE["facecolor"], linewidth=1.2))

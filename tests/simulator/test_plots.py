@@ -389,3 +389,29 @@ def test_16k_gpu_run_shows_one_labelled_representative_per_stage():
     for a, (rank, _) in zip(axes, plots.representative_ranks(res, 8)):
         top = max(c.get_paths()[0].vertices[:, 1].max() for c in a.collections if c.get_label() in plots.MEMORY_COLOURS)
         assert top * GB == pytest.approx(peaks[rank], rel=1e-9)
+
+
+def test_model_chunks_from_layer_runs():
+    df = pd.DataFrame({"rank": [0, 0, 0, 0, 0, 1, 1], "layer": [0, 1, 4, 5, None, 2, 3]})
+    assert plots.model_chunks(df).tolist() == [0, 0, 1, 1, pd.NA, pd.NA, pd.NA]
+
+
+def test_interleaved_chunks_are_drawn_lighter():
+    pytest.importorskip("schedules.generate")
+    from simulator.experiment import experiment_from_dict, run_experiment
+    out = run_experiment(experiment_from_dict(dict(cluster="dgx-h100", gpus=8, model="llama3-8b", layers=8, tp=2,
+                                                   pp=4, seq=1024, global_batch=8, schedule="interleaved",
+                                                   virtual_stages=2)))
+    (ax,) = panel_axes(plots.gantt(out.result))
+    cols = collections(ax)
+    assert to_rgba(cols["forward"].get_facecolor()[0]) == to_rgba(plots.PHASE_COLOURS["forward"])
+    light = to_rgba(cols["forward chunk 1"].get_facecolor()[0])
+    assert light == to_rgba(plots.lighten(plots.PHASE_COLOURS["forward"], 0.38))
+    # every stage runs each micro-batch's forward once per chunk: as many chunk-1 bars as chunk-0 bars
+    assert len(cols["forward chunk 1"].get_paths()) == len(cols["forward"].get_paths()) == 4 * 8
+    legend = [t.get_text() for t in plt_legend_texts(ax.figure)]
+    assert "forward (F), model chunk 2" in legend
+
+
+def plt_legend_texts(fig):
+    return [t for lg in fig.legends for t in lg.get_texts()]
