@@ -78,7 +78,7 @@ COMM_ARG_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "Group si
 def normalize_kind(name: str | None) -> str | None:
     """'c10d::_allgather_base_', 'nccl:all_reduce', 'allreduce', 'ncclKernel_AllReduce_RING_LL_Sum_float'
     -> canonical collective kind, or None when the name is not a collective."""
-    if not name:
+    if not name or not isinstance(name, str):
         return None
     s = name.strip()
     low = s.lower()
@@ -179,6 +179,15 @@ def _num(v) -> float:
         except ValueError:
             return math.nan
     return math.nan
+
+
+def _hid(v):
+    """A process / thread id as written (int or str); anything else (lists, dicts) as its string."""
+    if v is None or isinstance(v, (int, str)):
+        return v
+    if isinstance(v, float):
+        return int(v) if v.is_integer() else str(v)
+    return str(v)
 
 
 def _int(v, default=-1) -> int:
@@ -296,7 +305,7 @@ class _RankParser:
                 c = self.cpu
                 row = len(c["ts"])
                 c["ts"].append(float(ts)); c["dur"].append(float(dur)); c["name"].append(name)
-                c["cat"].append(cat); c["pid"].append(e.get("pid")); c["tid"].append(e.get("tid"))
+                c["cat"].append(cat); c["pid"].append(_hid(e.get("pid"))); c["tid"].append(_hid(e.get("tid")))
                 c["external_id"].append(_int(args.get("External id")))
                 c["correlation"].append(_int(args.get("correlation")))
                 c["seq_nr"].append(_int(args.get("Sequence number")))
@@ -313,7 +322,7 @@ class _RankParser:
                 g = self.gpu
                 row = len(g["ts"])
                 g["ts"].append(float(ts)); g["dur"].append(float(dur)); g["name"].append(name)
-                g["cat"].append(cat); g["pid"].append(e.get("pid")); g["tid"].append(e.get("tid"))
+                g["cat"].append(cat); g["pid"].append(_hid(e.get("pid"))); g["tid"].append(_hid(e.get("tid")))
                 g["device"].append(_int(args.get("device"), _int(e.get("pid"))))
                 g["stream"].append(_int(args.get("stream"), _int(e.get("tid"))))
                 g["correlation"].append(_int(args.get("correlation")))
@@ -334,11 +343,11 @@ class _RankParser:
                 m["device_type"].append(_int(args.get("Device Type")))
                 m["device_id"].append(_int(args.get("Device Id")))
                 m["addr"].append(_int(args.get("Addr"), 0))
-                m["tid"].append(e.get("tid"))
+                m["tid"].append(_hid(e.get("tid")))
         elif ph == "M" and e.get("name") == "thread_name":
             args = e.get("args") or {}
             if isinstance(args, dict):
-                self.thread_names[(e.get("pid"), e.get("tid"))] = args.get("name")
+                self.thread_names[(_hid(e.get("pid")), _hid(e.get("tid")))] = args.get("name")
 
 
 def _parse_file(path: Path) -> tuple[_RankParser, dict]:
@@ -442,8 +451,8 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     steps = steps.sort_values("ts").drop_duplicates("step", keep="first")
     steps["cpu_row"] = steps.index
     steps = steps.reset_index(drop=True)
-    info.main_tid = steps["tid"].iloc[0] if len(steps) else (cpu["tid"].mode().iloc[0] if len(cpu) else None)
-    info.pid = steps["pid"].iloc[0] if len(steps) else (cpu["pid"].mode().iloc[0] if len(cpu) else None)
+    info.main_tid = steps["tid"].iloc[0] if len(steps) else (cpu["tid"].value_counts().index[0] if len(cpu) else None)
+    info.pid = steps["pid"].iloc[0] if len(steps) else (cpu["pid"].value_counts().index[0] if len(cpu) else None)
     st0, st1 = steps["ts"].to_numpy(float), steps["end"].to_numpy(float)
     stepno = steps["step"].to_numpy(int)
 

@@ -463,7 +463,9 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
         starts = result.start_s[sim_rank]
         for step, i_start, i_end in marks:
             rows.append({"rank": inv[sim_rank], "step": step, "predicted": starts[i_end] - starts[i_start]})
-    pred = pd.DataFrame(rows)
+    pred = pd.DataFrame(rows, columns=["rank", "step", "predicted"])
+    if pred.empty:
+        raise TraceError(f"{trace.path}: no complete profiled step to replay")
     df = plan.measured.rename(columns={"dur": "measured"}).merge(pred, on=["rank", "step"])
     df["error"] = (df["predicted"] - df["measured"]) / df["measured"]
     per_rank = []
