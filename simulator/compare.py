@@ -230,17 +230,18 @@ def figures(runs: list[PlanRun], title: str | None = None, max_lanes: int | None
 
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
                   title: str | None = None, svg: bool = True, trace=None, trace_step: int | None = None,
-                  replay: bool = True, max_lanes: int | None = None) -> list[Path]:
+                  replay: bool = True, max_lanes: int | None = None, measured=None) -> list[Path]:
     """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``.
-    With a parsed ``trace`` also the measured-vs-simulated view (``measured.png``, ``measured.csv``)."""
+    With a parsed ``trace`` also the measured-vs-simulated view (``measured.png``, ``measured.csv``);
+    ``measured``: its panels if already built (``measured_panels``)."""
     import io
 
     from simulator import plots
     written: list[Path] = []
     figs = figures(runs, title, max_lanes) if runs else {}
-    measured_table = None
+    mtab = None
     if trace is not None:
-        figs["measured"], measured_table = measured_vs_simulated(trace, runs, trace_step, replay)
+        figs["measured"], mtab = measured_vs_simulated(trace, runs, trace_step, replay, panels=measured)
     pngs = {}
     for key, fig in figs.items():          # render each picture once: file and report share the bytes
         buf = io.BytesIO()
@@ -261,15 +262,14 @@ def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | N
         (out / "metrics.json").write_text(json.dumps(summary(runs), indent=1, default=str) + "\n")
         written.append(out / "metrics.json")
         written += _write_traces(runs, out, perfetto)
-        if measured_table is not None:
-            measured_table.to_csv(out / "measured.csv", index_label="run")
+        if mtab is not None:
+            mtab.to_csv(out / "measured.csv", index_label="run")
             written.append(out / "measured.csv")
     for fig in figs.values():
         plots.close(fig)
     if report is not None:
         from simulator.report import write_report
-        extra = [("Measured vs simulated: metrics", measured_section(measured_table))] \
-            if measured_table is not None else None
+        extra = [("Measured vs simulated: metrics", measured_section(mtab))] if mtab is not None else None
         written.append(write_report(report, runs, pngs, title=title, perfetto_files=perfetto, extra_sections=extra))
     return written
 
@@ -361,13 +361,15 @@ def _compare_command():
         out_dir = Path(out) if out else None
         if report and out_dir is None:
             out_dir = Path(report).with_name(Path(report).stem + "_files")
+        measured = measured_panels(trace, runs, trace_step) if trace is not None else None
         try:
             files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,
-                                  trace_step=trace_step, max_lanes=max_lanes) if (out_dir or report) else []
+                                  trace_step=trace_step, max_lanes=max_lanes, measured=measured) \
+                if (out_dir or report) else []
         except OSError as e:
             raise ConfigError(f"cannot write the outputs: {e.strerror or e}: {e.filename}; check --out / --report "
                               f"(an existing writable folder or a new path)") from None
-        mtable = measured_table(trace, runs, trace_step) if trace is not None else None
+        mtable = _rows_table(measured[1]) if measured is not None else None
         if as_json:
             out_json = summary(runs)
             if mtable is not None:
@@ -589,8 +591,9 @@ def replay_timeline(trace, step: int | None = None) -> pd.DataFrame:
     return df
 
 
-def _measured_panels(trace, runs: list[PlanRun], step: int | None, replay: bool):
-    """({panel name: timeline DataFrame | SimResult}, {name: metrics row}, {name: Metrics})."""
+def measured_panels(trace, runs: list[PlanRun], step: int | None = None, replay: bool = True):
+    """The measured-vs-simulated panels: ({panel name: timeline DataFrame | SimResult}, {name: metrics
+    row}, {name: Metrics}) for the measured step, its replay and the plans."""
     df = trace_timeline(trace, step)
     label = f"measured (step {df.attrs['step']})"
     panels = {label: df}
@@ -614,20 +617,24 @@ def _measured_panels(trace, runs: list[PlanRun], step: int | None, replay: bool)
 
 def measured_table(trace, runs: list[PlanRun], step: int | None = None, replay: bool = True) -> pd.DataFrame:
     """The table of ``measured_vs_simulated`` without the picture."""
-    _, rows, _ = _measured_panels(trace, runs, step, replay)
+    _, rows, _ = measured_panels(trace, runs, step, replay)
+    return _rows_table(rows)
+
+
+def _rows_table(rows: dict) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index", columns=list(MEASURED_COLUMNS))
 
 
 def measured_vs_simulated(trace, runs: list[PlanRun], step: int | None = None, replay: bool = True,
-                          max_lanes: int = 24) -> tuple:
+                          max_lanes: int = 24, panels=None) -> tuple:
     """(Gantt figure, table) of one measured step of ``trace`` next to its replay (``replay_timeline``;
     left out with ``replay=False`` or when ``traces.replay`` is missing) and the simulated plans: panels on
     one time axis, and a table of step time, bubble, exposed communication, overlap and compute fractions
     (measured and replay: ``timeline_metrics`` of the drawn timelines; plans: the engine's metrics)."""
     from simulator import plots
-    panels, rows, mets = _measured_panels(trace, runs, step, replay)
+    panels, rows, mets = panels or measured_panels(trace, runs, step, replay)
     fig = plots.gantt(panels, metrics=mets, max_lanes=max_lanes, title=f"Measured vs simulated: {trace.path.name}")
-    return fig, pd.DataFrame.from_dict(rows, orient="index", columns=list(MEASURED_COLUMNS))
+    return fig, _rows_table(rows)
 
 
 def measured_section(table: pd.DataFrame) -> str:
