@@ -35,6 +35,7 @@ from traces.strategies import STRATEGIES, Context, build
 
 MANIFEST_FORMAT = "clustersim-trace-manifest"
 MANIFEST_VERSION = 1
+TRACE_SUFFIX = ".json.gz"   # per-rank traces are rank{r}.json.gz (torch.profiler gzips on this suffix)
 SAY = "collect| "       # prefix of the lines meant for the user (clustersim collect echoes only those)
 
 
@@ -85,7 +86,7 @@ def select_backend(requested: str) -> tuple[str, torch.device]:
     if requested == "nccl" and not cuda:
         raise UsageError("--backend nccl needs CUDA, which this torch does not see")
     backend = requested if requested != "auto" else ("nccl" if cuda else "gloo")
-    if backend == "nccl" or (cuda and requested == "auto"):
+    if backend == "nccl":
         torch.cuda.set_device(local)
         return backend, torch.device("cuda", local)
     return backend, torch.device("cpu")
@@ -191,8 +192,7 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
     strategy = build(args.strategy, ctx)
     sched = profiler_schedule(args.steps, args.active)
     batches = make_batches(ctx, strategy.data_rank, args.steps)
-    suffix = ".json.gz"
-    trace_path = out / f"rank{rank}{suffix}"
+    trace_path = out / f"rank{rank}{TRACE_SUFFIX}"
 
     from torch.profiler import ProfilerActivity, profile, schedule
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -221,8 +221,8 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
     manifest.update({
         "mode": "train", "strategy": args.strategy, "plan": strategy.plan, "model": cfg.to_dict(),
         "dtype": str(dtype).replace("torch.", ""), "steps": args.steps, "profiler": sched,
-        "trace_format": "kineto-chrome-json" + (".gz" if suffix.endswith(".gz") else ""),
-        "trace_files": {str(r): f"rank{r}{suffix}" for r in range(world)},
+        "trace_format": "kineto-chrome-json.gz",
+        "trace_files": {str(r): f"rank{r}{TRACE_SUFFIX}" for r in range(world)},
         "tokens_per_step": strategy.plan["global_batch"] * cfg.seq,
         "step_time_s": {
             "per_rank": per_rank,
@@ -237,7 +237,7 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
     })
     write_json(out / "manifest.json", manifest)
     say(f"{args.strategy} on {world} x {infos[0]['device']} ({backend}): median step "
-          f"{manifest['step_time_s']['median_profiled_s'] * 1e3:.2f} ms; wrote {out}")
+        f"{manifest['step_time_s']['median_profiled_s'] * 1e3:.2f} ms; wrote {out}")
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -2,8 +2,12 @@
 schedule (Narayanan et al. 2021, PipeDream-Flush): stage s runs min(P - s - 1, M) warm-up forwards,
 then alternates one forward and one backward, then drains the remaining backwards.
 
-Sends are ``isend`` (waited at the end of the step) and receives blocking ``recv``, which cannot deadlock
-in 1F1B order and avoids the batched isend/irecv that hangs ``torch.distributed.pipelining`` on gloo.
+Point-to-point goes through ``_P2P``: a send is held until this stage's next receive and, when that
+receive is from the same neighbour, both are posted together with ``batch_isend_irecv`` (one NCCL group),
+as Megatron-LM's send_forward_recv_backward / send_backward_recv_forward do: two neighbours that send to
+each other at the same moment (1F1B's steady state) cannot deadlock on NCCL, where a pair's sends and
+receives share one stream. Everything is waited for at the end of the step. (``torch.distributed.pipelining``
+is not used: it hangs on gloo.)
 """
 from __future__ import annotations
 
@@ -12,6 +16,46 @@ import torch.distributed as dist
 
 from traces.models import split_layers
 from traces.strategies import Context, Strategy, base_plan, build_model, cross_entropy
+
+
+class _P2P:
+    """Sends held until the next receive and batched with it when both involve the same peer."""
+
+    def __init__(self):
+        self.held: tuple | None = None     # (tensor, peer) of a send not posted yet
+        self.pending: list = []            # (work, tensor): tensors must live until their send completes
+
+    def send(self, tensor, peer: int) -> None:
+        self.flush()
+        self.held = (tensor, peer)
+
+    def recv(self, buf, peer: int) -> None:
+        ops = []
+        if self.held is not None and self.held[1] == peer:
+            ops.append(dist.P2POp(dist.isend, *self.held))
+            self.pending.append((None, self.held[0]))
+            self.held = None
+        else:
+            self.flush()
+        ops.append(dist.P2POp(dist.irecv, buf, peer))
+        works = dist.batch_isend_irecv(ops)
+        works[-1].wait()
+        self.pending.extend((w, None) for w in works[:-1])
+
+    def flush(self) -> None:
+        """Post the held send alone."""
+        if self.held is not None:
+            tensor, peer = self.held
+            self.held = None
+            (work,) = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer)])
+            self.pending.append((work, tensor))
+
+    def wait_all(self) -> None:
+        self.flush()
+        for work, _ in self.pending:
+            if work is not None:
+                work.wait()
+        self.pending.clear()
 
 
 class Pipeline1F1B(Strategy):
@@ -44,7 +88,7 @@ class Pipeline1F1B(Strategy):
         self.opt.zero_grad(set_to_none=True)
         inputs, targs = tokens.chunk(m), targets.chunk(m)
         shape = (ctx.batch // m, tokens.shape[1], ctx.cfg.hidden)
-        pending: list = []        # (work, tensor) of isends: the tensor must live until the send completes
+        p2p = _P2P()
         stash: list = []          # (input activation, output) per in-flight micro-batch, FIFO
         losses = []
 
@@ -53,15 +97,14 @@ class Pipeline1F1B(Strategy):
                 x = inputs[i]
             else:
                 x = torch.empty(shape, device=ctx.device, dtype=ctx.dtype)
-                dist.recv(x, self.stage - 1)
+                p2p.recv(x, self.stage - 1)
                 x.requires_grad_()
             y = self.model(x)
             if self.is_last:
                 y = cross_entropy(y, targs[i]) / m
                 losses.append(y.detach())
             else:
-                out = y.detach()
-                pending.append((dist.isend(out, self.stage + 1), out))
+                p2p.send(y.detach(), self.stage + 1)
             stash.append((x, y))
 
         def backward():
@@ -70,10 +113,10 @@ class Pipeline1F1B(Strategy):
                 y.backward()
             else:
                 g = torch.empty_like(y)
-                dist.recv(g, self.stage + 1)
+                p2p.recv(g, self.stage + 1)
                 y.backward(g)
             if not self.is_first:
-                pending.append((dist.isend(x.grad, self.stage - 1), x.grad))
+                p2p.send(x.grad, self.stage - 1)
 
         warm = min(self.stages - self.stage - 1, m)
         for i in range(warm):
@@ -83,7 +126,6 @@ class Pipeline1F1B(Strategy):
             backward()
         for _ in range(warm):
             backward()
-        for work, _ in pending:
-            work.wait()
+        p2p.wait_all()
         self.opt.step()
         return float(sum(losses)) if losses else 0.0
