@@ -214,9 +214,12 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
             raise TraceError(f"{src} does not exist")
         manifest = None
         if src.is_file() and src.name == "manifest.json":
-            manifest, folder = json.loads(src.read_text()), src.parent
+            try:
+                manifest = json.loads(src.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise TraceError(f"{src}: not valid JSON ({e})") from None
         elif src.is_dir():
-            manifest, folder = _manifest(src), src
+            manifest = _manifest(src)
         if manifest is not None and manifest.get("mode") == "bench":
             b = bench_samples(manifest, str(src))
             b["source"] = str(src)

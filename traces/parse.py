@@ -130,16 +130,16 @@ def gemm_flops(name: str, dims) -> float:
     try:
         if name in ("aten::mm", "aten::_scaled_mm") and len(dims) >= 2:
             (m, k), (k2, n) = dims[0][-2:], dims[1][-2:]
-            return 2.0 * m * k * n
+            return 2.0 * m * k * n if k == k2 else math.nan
         if name == "aten::addmm" and len(dims) >= 3:
             (m, k), (k2, n) = dims[1], dims[2]
-            return 2.0 * m * k * n
+            return 2.0 * m * k * n if k == k2 else math.nan
         if name == "aten::bmm" and len(dims) >= 2:
             (b, m, k), (b2, k2, n) = dims[0], dims[1]
-            return 2.0 * b * m * k * n
+            return 2.0 * b * m * k * n if (k, b) == (k2, b2) else math.nan
         if name == "aten::baddbmm" and len(dims) >= 3:
             (b, m, k), (b2, k2, n) = dims[1], dims[2]
-            return 2.0 * b * m * k * n
+            return 2.0 * b * m * k * n if (k, b) == (k2, b2) else math.nan
     except (TypeError, ValueError):
         return math.nan
     return math.nan
@@ -803,12 +803,10 @@ def _collectives(cpu: pd.DataFrame, gpu: pd.DataFrame, rp: _RankParser, info: Ra
             df["kind"].where(df["kind"].isin(["send", "recv"]), "coll") + "|" + df["peer"].astype(str).where(
                 df["kind"].isin(["send", "recv"]), "")
         df["seq"] = df.groupby(gkey).cumcount()
-        src = df["op"].where(df["op"] >= 0)
         st = cpu["step"].to_numpy()
         kst = gpu["step"].to_numpy() if len(gpu) else np.array([], dtype=np.int64)
         df["step"] = [int(st[int(o)]) if o >= 0 else (int(kst[k]) if k >= 0 else -1)
                       for o, k in zip(df["op"], df["kernel"])]
-        del src
     else:
         df["seq"] = pd.Series(dtype=np.int64)
         df["step"] = pd.Series(dtype=np.int64)

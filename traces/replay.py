@@ -31,7 +31,6 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

@@ -128,7 +128,7 @@ def test_nothing_to_calibrate(tmp_path):
 def test_defaults_are_generated_and_load():
     for gpu in ("h100", "h200"):
         committed = json.loads(defaults.path_of(gpu).read_text())
-        assert committed == defaults.default_calibration(gpu).to_dict(), f"regenerate: python -m traces.data.defaults"
+        assert committed == defaults.default_calibration(gpu).to_dict(), "regenerate: python -m traces.data.defaults"
         cal = Calibration.load(defaults.path_of(gpu))
         assert "first principles" in cal.source["kind"]
         fit = cal.compute_fit(gpu.upper())

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from simulator.cli import main as cli_main
-from simulator.engine import run
-from simulator.costs import SimpleCostModel
-from simulator.program import COLLECTIVE, COMPUTE, validate
+from simulator.program import COLLECTIVE, validate
 from traces.cli import replay as replay_cmd
 from traces.parse import load_trace
 from traces.replay import build_programs, replay
@@ -146,3 +146,47 @@ def test_trace_without_steps(tmp_path):
     tr["traceEvents"] = [e for e in tr["traceEvents"] if not e["name"].startswith("ProfilerStep")]
     p = fx.write(tr, tmp_path / "rank0.json")
     assert cli_main(["replay", str(p)]) == 2
+
+
+VALUES = [None, [], {}, "x", -1, 0, 1.5, float("nan"), 10 ** 30, True, [1, 2], {"a": 1}, "ProfilerStep#x",
+          "c10d::allreduce_", "nccl:all_reduce", "gloo:send", "[0, 1]", "[0, 'a']", -1e9]
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 3), st.booleans(),
+       st.lists(st.tuples(st.integers(0, 10 ** 6), st.sampled_from(["ts", "dur", "name", "cat", "pid", "tid", "ph",
+                                                                    "args", "arg"]),
+                          st.integers(0, 10 ** 6), st.integers(0, len(VALUES))), min_size=1, max_size=6))
+def test_damaged_traces_replay_or_raise_clear_errors(tmp_path_factory, which, both, edits):
+    """Damaged events (wrong types, missing fields) never crash parse, replay or calibrate with anything but
+    a ClusterSimError."""
+    import copy
+    from simulator.errors import ClusterSimError
+    from traces.calibrate import calibrate
+    make = [fx.nccl_rank, fx.nccl_rank, fx.gloo_rank, fx.gloo_rank][which]
+    tr = make(which % 2)
+    ev = tr["traceEvents"]
+    for pos, key, argpos, vpos in edits:
+        e = ev[pos % len(ev)]
+        value = VALUES[vpos] if vpos < len(VALUES) else "<delete>"
+        if key == "arg":
+            if not isinstance(e.get("args"), dict) or not e["args"]:
+                continue
+            key = sorted(e["args"])[argpos % len(e["args"])]
+            target = e["args"]
+        else:
+            target = e
+        if value == "<delete>":
+            target.pop(key, None)
+        else:
+            target[key] = copy.deepcopy(value)
+    folder = tmp_path_factory.mktemp("damaged")
+    fx.write(tr, folder / f"rank{which % 2}.json")
+    if both:
+        fx.write(make(1 - which % 2), folder / f"rank{1 - which % 2}.json")
+    for fn in (load_trace, replay, calibrate):
+        try:
+            fn(folder)
+        except ClusterSimError:
+            pass
