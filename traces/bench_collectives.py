@@ -65,13 +65,13 @@ def _collective(kind: str, size_bytes: int, world: int, rank: int, device: torch
         return (lambda: dist.all_to_all_single(recv, full)), nbytes
     if kind == "broadcast":
         return (lambda: dist.broadcast(full, 0)), nbytes
-    if kind == "p2p":   # ring: send to rank + 1, receive from rank - 1 (nccl-tests' sendrecv)
+    if kind == "p2p":   # ring: send to rank + 1, receive from rank - 1 (nccl-tests' sendrecv), in one group
         recv = torch.empty_like(full)
 
         def sendrecv():
-            w = dist.isend(full, (rank + 1) % world)
-            dist.recv(recv, (rank - 1) % world)
-            w.wait()
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, full, (rank + 1) % world),
+                                             dist.P2POp(dist.irecv, recv, (rank - 1) % world)]):
+                w.wait()
         return sendrecv, nbytes
     raise ValueError(kind)
 
