@@ -23,7 +23,7 @@ The embedding output and the LM-head logits are not counted. Units: bytes.
 from __future__ import annotations
 
 from schedules.models import ModelSpec
-from schedules.pipeline import stage_orders
+from schedules.pipeline import stage_order
 from schedules.plan import ParallelPlan, distribute_layers
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
@@ -164,7 +164,7 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
     transient = [max(recompute_transient_bytes(model, plan, l) for l in ls) for ls in chunks]
-    order = stage_orders(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)[stage]
+    order = stage_order(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages, stage)
     cur = peak = 0.0
     for a in order:
         c = a.chunk
@@ -186,7 +186,7 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     """Peak micro-batches of activations held by ``stage`` (stage-equivalents under interleaving)."""
     from schedules.pipeline import peak_in_flight
 
-    order = stage_orders(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)[stage]
+    order = stage_order(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages, stage)
     return peak_in_flight(order) / plan.virtual_stages
 
 

@@ -16,6 +16,8 @@ closed forms and a deadlock check independent of the engine.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Callable, NamedTuple
 
 from simulator.errors import DeadlockError, PlanError
@@ -94,6 +96,16 @@ SCHEDULES: dict[str, Callable[[int, int, int, int], list[Action]]] = {
     "interleaved": interleaved,
     "zb": zb_h1,
 }
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_order(schedule: str, p: int, m: int, v: int, s: int) -> tuple[Action, ...]:
+    """Stage ``s``'s action order (cached: memory checks over many plans ask for it again and again)."""
+    try:
+        fn = SCHEDULES[schedule]
+    except KeyError:
+        raise PlanError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(SCHEDULES)}") from None
+    return tuple(fn(p, m, v, s))
 
 
 def stage_orders(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
