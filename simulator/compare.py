@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,7 +231,8 @@ def figures(runs: list[PlanRun], title: str | None = None, max_lanes: int | None
 
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
                   title: str | None = None, svg: bool = True, trace=None, trace_step: int | None = None,
-                  replay: bool = True, max_lanes: int | None = None, measured=None) -> list[Path]:
+                  replay: bool = True, max_lanes: int | None = None, measured=None,
+                  command: str | None = None) -> list[Path]:
     """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``.
     With a parsed ``trace`` also the measured-vs-simulated view (``measured.png``, ``measured.csv``);
     ``measured``: its panels if already built (``measured_panels``)."""
@@ -270,7 +272,8 @@ def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | N
     if report is not None:
         from simulator.report import write_report
         extra = [("Measured vs simulated: metrics", measured_section(mtab))] if mtab is not None else None
-        written.append(write_report(report, runs, pngs, title=title, perfetto_files=perfetto, extra_sections=extra))
+        written.append(write_report(report, runs, pngs, title=title, perfetto_files=perfetto, extra_sections=extra,
+                                    command=command))
     return written
 
 
@@ -325,6 +328,19 @@ def print_measured(table: pd.DataFrame) -> None:
     Console().print(t)
 
 
+def _command_line(ctx: click.Context) -> str:
+    """The options a command ran with, as a command line (defaults left out)."""
+    words = ["clustersim", ctx.info_name or "compare"]
+    names = {p.name: p.opts[-1] if p.opts[-1].startswith("--") else p.opts[0] for p in ctx.command.params}
+    for name, value in ctx.params.items():
+        if value is None or value is False:
+            continue
+        words.append(names.get(name, "--" + name.replace("_", "-")))
+        if value is not True:
+            words.append(str(value))
+    return " ".join(shlex.quote(w) for w in words)
+
+
 def _compare_command():
     from simulator.experiment import simulate_options
 
@@ -364,7 +380,8 @@ def _compare_command():
         measured = measured_panels(trace, runs, trace_step) if trace is not None else None
         try:
             files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,
-                                  trace_step=trace_step, max_lanes=max_lanes, measured=measured) \
+                                  trace_step=trace_step, max_lanes=max_lanes, measured=measured,
+                                  command=_command_line(click.get_current_context())) \
                 if (out_dir or report) else []
         except OSError as e:
             raise ConfigError(f"cannot write the outputs: {e.strerror or e}: {e.filename}; check --out / --report "

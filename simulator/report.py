@@ -66,9 +66,10 @@ def html_table(df, index_name: str = "plan") -> str:
 
 
 def render_report(runs, figures: dict, title: str | None = None, perfetto_files: dict | None = None,
-                  extra_sections: list[tuple[str, str]] | None = None) -> str:
+                  extra_sections: list[tuple[str, str]] | None = None, command: str | None = None) -> str:
     """The HTML text. ``runs``: PlanRuns; ``figures``: {key: Figure or PNG bytes} (keys of CAPTIONS are
-    captioned); ``perfetto_files``: {plan name: file name}; ``extra_sections``: (heading, HTML) pairs."""
+    captioned); ``perfetto_files``: {plan name: file name}; ``extra_sections``: (heading, HTML) pairs;
+    ``command``: the command line that made the report."""
     from simulator.compare import formatted_table, metrics_table
     title = title or "clustersim comparison"
     perfetto_files = perfetto_files or {}
@@ -77,6 +78,7 @@ def render_report(runs, figures: dict, title: str | None = None, perfetto_files:
              f"<h1>{html.escape(title)}</h1>",
              f"<p class='sub'>{len(runs)} plan(s): {html.escape(', '.join(r.name for r in runs))} · generated "
              f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC by clustersim</p>",
+             *([f"<p class='sub'>command: <code>{html.escape(command)}</code></p>"] if command else []),
              "<h2>Metrics</h2>", html_table(formatted_table(runs))]
     for key, fig in figures.items():
         head, cap = CAPTIONS.get(key, (key, ""))
@@ -118,9 +120,9 @@ def _plain(x):
 
 
 def write_report(path, runs, figures: dict, title: str | None = None, perfetto_files: dict | None = None,
-                 extra_sections: list[tuple[str, str]] | None = None) -> Path:
+                 extra_sections: list[tuple[str, str]] | None = None, command: str | None = None) -> Path:
     """Write the report (``render_report``) to ``path`` and return it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(runs, figures, title, perfetto_files, extra_sections), encoding="utf-8")
+    path.write_text(render_report(runs, figures, title, perfetto_files, extra_sections, command), encoding="utf-8")
     return path

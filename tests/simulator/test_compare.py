@@ -152,6 +152,8 @@ def test_cli_compare_schedules_end_to_end(tmp_path, capsys):
     js = json.loads(capsys.readouterr().out)
     html = report.read_text()
     assert "gpipe" in html and "1f1b" in html
+    assert "clustersim compare --cluster dgx-h100 --gpus 8 --model llama3-8b --layers 8 --pp 4 --tp 2" in html
+    assert "--schedules gpipe,1f1b" in html and "--json" in html
     table = pd.read_csv(tmp_path / "out" / "metrics.csv", index_col="plan")
     assert list(table.index) == ["gpipe", "1f1b"] == [p["name"] for p in js["plans"]]
     # each row is what `simulate` gives for the same experiment
