@@ -9,14 +9,20 @@
    slack); earlier stages have slack in warm-up and cool-down and absorb most of the delay. (GPipe, a
    flow shop, would add (k - 1)·m·t on any stage: tests/simulator/test_faults.py checks that case.)
 2. One failed leaf-spine link and one failed GPU-NIC link under the flow (max-min fair) network model,
-   pipeline job. ECMP is modelled as ideal load balancing over a leaf's uplinks (topologies.cluster).
+   pipeline job. ECMP is modelled as ideal load balancing over a leaf's uplinks (topologies.cluster), so
+   losing 1 of 32 uplinks of a non-blocking leaf costs nothing until the other 31 saturate; a GPU whose
+   NIC link dies reaches the fabric over NVLink through a peer's NIC (PXN) and shares that NIC.
+3. The same spine-link failure on a tapered fabric (4:1 oversubscribed leaves, not rail-optimised), where
+   cross-leaf traffic loads the leaf uplinks.
 
 Usage: .venv/bin/python benchmarks/fault_impact.py [--quick]   (--quick: 256 GPUs, for a smoke run)
 """
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from simulator.experiment import experiment_from_dict, run_experiment
 
@@ -84,6 +90,20 @@ def main() -> None:
         out, w = run(pp_job, spec, network="flow")
         T = out.metrics.step_time_s
         print(f"  failed {label}: {T:.4f} s ({pct(T0, T)}) [{w:.0f} s wall]")
+
+    print("\n3. one failed spine link on a tapered fabric (4:1 oversubscribed leaves, not rail-optimised; DP job, flow)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tapered.yaml"
+        path.write_text("preset: dgx-h100\nfabric: {tiers: 3, leaf_down: 32, oversubscription: 4, "
+                        "rail_optimised: false, link: ib}\n")
+        job = {**dp_job, "cluster": str(path)}
+        base, w = run(job, network="flow")
+        T0 = base.metrics.step_time_s
+        ft = base.cluster.fat_tree
+        out, w2 = run(job, {"link_failures": ["leaf.0:spine.0.0"]}, network="flow")
+        T = out.metrics.step_time_s
+        print(f"  baseline {T0:.4f} s; failed leaf.0:spine.0.0 (1 of {ft.uplinks} uplinks): {T:.4f} s "
+              f"({pct(T0, T)}) [{w + w2:.0f} s wall]")
 
 
 if __name__ == "__main__":
