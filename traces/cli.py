@@ -43,7 +43,8 @@ def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None) -
 @click.option("--network", type=click.Choice(["analytical", "flow"]), default="analytical", show_default=True,
               help="network model of --cluster")
 @click.option("--calibration", type=click.Path(path_type=Path), default=None,
-              help="calibration JSON for the --cluster cost model")
+              help="calibration JSON: with --cluster, for its cost model; alone, time the trace's collectives "
+                   "with its alpha-beta fits")
 @click.option("--scale-bandwidth", type=float, default=1.0, show_default=True,
               help="what-if: divide communication times by this factor")
 @click.option("--scale-compute", type=float, default=1.0, show_default=True,

@@ -4,10 +4,11 @@
 
 - the **CPU** (stream ``cpu``; the rank's threads merged, gloo worker threads excluded) is cut into
   compute ops at every point where it issues work (a kernel launch, a collective enqueue) and at step
-  starts; durations are the measured busy times. Where the CPU sat idle (a gap between ops, or a
-  synchronising CUDA call) and some kernel or collective of the rank ended in that gap, the next CPU op
-  depends on it (the wait as observed) and the rest of the gap is CPU time; a gap in which nothing ended
-  is CPU time too (untraced Python);
+  boundaries; durations are the measured times. Time not covered by an innermost op (between two ops, or
+  inside a parent between its children) and synchronising CUDA calls are gaps: where a collective or
+  transfer the CPU waits on directly (gloo, p2p; in a synchronising call also a kernel) ended in a gap of
+  20 us or more, the next CPU op depends on it (the wait as observed) and the rest of the gap is CPU
+  time; any other gap is CPU time (framework overhead, untraced Python);
 - **GPU ops** (``cuda:<stream>``) and **gloo work** (``gloo:<thread>``, p2p on ``p2p:<send|recv>:<peer>``)
   depend on the CPU op that issued them. When one started later than its stream and its issue allowed,
   it depends on the op of another stream that ended last before it started (cross-stream events as
@@ -24,7 +25,9 @@ programs with ``simulator.engine.run`` and reports per rank and overall (medians
 ``measured_step_time_s``, ``predicted_step_time_s``, ``error`` (median of (predicted - measured) /
 measured). What-if: ``scale_compute`` divides compute durations (GPU kernels on GPU traces, CPU time on
 CPU-only traces), ``scale_bandwidth`` divides communication times, ``cluster`` lets a topology cost model
-(``topologies.cost.ClusterCostModel``) time the collectives of known size instead of the measurement.
+(``topologies.cost.ClusterCostModel``, with ``calibration`` if given) time the collectives of known size
+instead of the measurement; ``calibration`` alone times them with its alpha-beta fits on the trace's own
+backend (a check of the fits against a trace).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaE
                         "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"})
 TOL_S = 2e-6          # timestamp slack when deciding that one thing ended "in" a gap or before a start
 MIN_DELAY_S = 5e-7    # lags shorter than this are not worth an op
+MIN_WAIT_GAP_S = 2e-5  # a CPU gap outside synchronising calls shorter than this is overhead, not a wait
 P2P = ("send", "recv")
 
 
@@ -194,10 +198,12 @@ def _issue_times(trace: Trace) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------- build
 def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth: float = 1.0,
-                   measured_collectives: bool = True) -> ReplayPlan:
+                   measured_collectives: bool = True, backend_kinds: bool = False) -> ReplayPlan:
     """Programs replaying every profiled step of every rank in ``trace`` (see module doc).
 
-    measured_collectives=False leaves complete collectives of known size to the cost model (what-if)."""
+    measured_collectives=False leaves complete collectives of known size to the cost model (what-if);
+    backend_kinds=True labels collectives with what the backend ran (gloo: FSDP's reduce_scatter is an
+    all_reduce), for a cost model calibrated on that backend."""
     if scale_compute <= 0 or not math.isfinite(scale_compute):
         raise ConfigError(f"--scale-compute must be a positive number, got {scale_compute}")
     if scale_bandwidth <= 0 or not math.isfinite(scale_bandwidth):
@@ -268,7 +274,8 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                     gid = programs.add_group(tuple(rank_map[m] for m in sorted(cr["group_ranks"])),
                                              family=f"pg{cr['pg']}" if cr["pg"] is not None else "pg")
                     sized = math.isfinite(size)
-                    op = Op(COLLECTIVE, cr["name"], stream, collective=_engine_kind(kind0), group=gid,
+                    ckind = _engine_kind(cr["impl"] if backend_kinds and cr["impl"] else kind0)
+                    op = Op(COLLECTIVE, cr["name"], stream, collective=ckind, group=gid,
                             size_bytes=size if sized else 0.0,
                             duration_s=tr / scale_bandwidth if (measured_collectives or not sized) else None)
                 else:
@@ -281,12 +288,16 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
         in_win = (ops["ts"] < w1) & (ops["end"] > w0)
         is_step = ops["name"].str.startswith("ProfilerStep")
         step_rows = set(ops.index[is_step])
-        top = ops[in_win & ~is_step & ~ops["name"].str.startswith("gloo:")
-                  & ~ops["tid"].astype(str).isin(worker_tids)
-                  & (ops["parent"].isin(step_rows) | (ops["parent"] < 0))]
-        busy = _merge([(max(s, w0), min(e, w1)) for s, e in zip(top["ts"], top["end"])])
+        # busy = covered by the innermost ops (leaves); time inside a parent between its children is either
+        # framework overhead (CPU time) or a wait (an item of this rank ended in it), decided per gap below
+        mine = ops[in_win & ~is_step & ~ops["name"].str.startswith("gloo:")
+                   & ~ops["tid"].astype(str).isin(worker_tids)]
+        leaves = mine[~mine.index.isin(set(mine["parent"]))]
+        busy = _merge([(max(s, w0), min(e, w1)) for s, e in zip(leaves["ts"], leaves["end"])])
         syncs = ops[in_win & (ops["cat"] == "cuda_runtime") & ops["name"].isin(SYNC_CALLS)]
-        busy = _subtract(busy, [[s, e] for s, e in zip(syncs["ts"], syncs["end"])])
+        sync_iv = _merge([(s, e) for s, e in zip(syncs["ts"], syncs["end"])])
+        sync_starts = [iv[0] for iv in sync_iv]
+        busy = _subtract(busy, [list(iv) for iv in sync_iv])
         st = steps[steps["rank"] == r].sort_values("ts")
         step_starts = {float(t): int(n) for t, n in zip(st["ts"], st["step"])}
         step_ends = {float(t): int(n) for t, n in zip(st["end"], st["step"])}
@@ -338,12 +349,19 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                     piece_start = a
                 piece_len += b - a
                 continue
-            # a gap [a, b]: did it wait for something of this rank that ended inside it?
-            lo = bisect.bisect_left(end_times, a - TOL_S)
-            hi = bisect.bisect_right(end_times, b + TOL_S)
-            cand = [j for _, j in ends_sorted[lo:hi] if items[j].issue <= a + TOL_S]
-            close_piece(a)
+            # a gap [a, b]: did it wait for something of this rank that ended inside it? In a synchronising
+            # CUDA call, for anything; elsewhere only for work the CPU waits on directly (gloo, p2p), and only
+            # in gaps long enough to be a wait rather than interpreter overhead between two ops
+            k = bisect.bisect_right(sync_starts, mid) - 1
+            in_sync = k >= 0 and sync_iv[k][0] <= mid < sync_iv[k][1]
+            cand = []
+            if in_sync or b - a >= MIN_WAIT_GAP_S:
+                lo = bisect.bisect_left(end_times, a - TOL_S)
+                hi = bisect.bisect_right(end_times, b + TOL_S)
+                cand = [j for _, j in ends_sorted[lo:hi] if items[j].issue <= a + TOL_S
+                        and (in_sync or not items[j].stream.startswith("cuda:"))]
             if cand:
+                close_piece(a)
                 j = max(cand, key=lambda j: items[j].end)
                 rest = b - max(a, items[j].end)
                 last_cpu = add(a, Op(COMPUTE, f"after wait ({items[j].op.name[:40]})", "cpu",
@@ -419,6 +437,26 @@ def _engine_kind(kind: str) -> str:
                             "barrier") else "all_reduce"
 
 
+class CalibratedCommModel(SimpleCostModel):
+    """Cost model that times communication with a calibration's alpha-beta fits (same backend, the
+    nearest group size of the kind); compute keeps its measured durations. For a replay that checks the
+    fits against the trace they came from, or another trace of the same machine."""
+
+    def __init__(self, calibration, backend: str, scope: str = "intra"):
+        super().__init__()
+        self.calibration, self.backend, self.scope = calibration, backend, scope
+
+    def comm_time_s(self, request) -> float:
+        n = len(request.ranks)
+        fit = (self.calibration.collective_fit(request.kind, n, self.scope, self.backend)
+               or self.calibration.collective_fit(request.kind, n, self.scope))
+        if fit is None:
+            have = sorted({f"{c.kind}/{c.backend}" for c in self.calibration.collectives})
+            raise ConfigError(f"the calibration has no fit for {request.kind} ({self.backend}, {self.scope}); "
+                              f"it has: {', '.join(have) or 'no collective fits'}")
+        return fit.time_s(request.size_bytes, n)
+
+
 # --------------------------------------------------------------------------------------------- replay
 def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, scale_bandwidth: float = 1.0,
            scale_compute: float = 1.0, network: str = "analytical", calibration=None) -> dict:
@@ -445,15 +483,21 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
         cost = ClusterCostModel(cl, network=network, calibration=cal)
         what_if.append(f"collectives timed on {cluster} ({n} GPUs, {network} network"
                        f"{', calibrated' if cal is not None else ''}); trace ranks on its first GPUs")
-    elif calibration is not None or gpus is not None:
-        raise ConfigError("--gpus and --calibration apply to a what-if --cluster; give --cluster too")
+    elif calibration is not None:
+        from simulator.calibration import Calibration
+        cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+        cost = CalibratedCommModel(cal, trace.backend, "intra" if trace.shared_clock else "inter")
+        what_if.append(f"collectives timed by the calibration's alpha-beta fits ({trace.backend})")
+    if gpus is not None and cluster is None:
+        raise ConfigError("--gpus applies to a what-if --cluster; give --cluster too")
     if scale_compute != 1.0:
         what_if.append(f"compute x{1 / scale_compute:.3g} time")
     if scale_bandwidth != 1.0:
         what_if.append(f"communication x{1 / scale_bandwidth:.3g} time")
     plan = build_programs(trace, scale_compute=scale_compute, scale_bandwidth=scale_bandwidth,
-                          measured_collectives=cluster is None)
-    if cluster is not None and scale_bandwidth != 1.0:
+                          measured_collectives=cluster is None and calibration is None,
+                          backend_kinds=cluster is None and calibration is not None)
+    if (cluster is not None or calibration is not None) and scale_bandwidth != 1.0:
         cost = ScaledCostModel(cost, comm_scale=1.0 / scale_bandwidth)
     result = run(plan.programs, cost)
     rows = []

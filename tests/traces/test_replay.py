@@ -24,10 +24,16 @@ SAMPLES = ROOT / "traces" / "samples"
 REAL = ROOT / ".." / "shared" / "traces" / "real-gpu"
 
 
-@pytest.fixture
-def gloo_job(tmp_path):
+@pytest.fixture(params=[False, True], ids=["flat", "nested"])
+def gloo_job(tmp_path, request):
+    """The gloo fixture; "nested" wraps 390-1210 us in a parent op, so the waits happen inside it."""
     for r in range(2):
-        fx.write(fx.gloo_rank(r), tmp_path / "gloo" / f"rank{r}.json")
+        tr = fx.gloo_rank(r)
+        if request.param:
+            main = tr["traceEvents"][0]
+            tr["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "nn.Module: Block", "pid": main["pid"],
+                                      "tid": main["tid"], "ts": main["ts"] + 390, "dur": 820, "args": {}})
+        fx.write(tr, tmp_path / "gloo" / f"rank{r}.json")
     return tmp_path / "gloo"
 
 
@@ -48,6 +54,19 @@ def test_gloo_closed_form(gloo_job, kw, expected_us):
     assert res["measured_step_time_s"] == pytest.approx(2000e-6)
     assert res["predicted_step_time_s"] == pytest.approx(expected_us * 1e-6, rel=1e-9)
     assert [r["rank"] for r in res["per_rank"]] == [0, 1]
+
+
+def test_calibrated_collectives_closed_form(gloo_job):
+    """Collectives timed by a calibration instead of the measurement: 4000 B all_reduce in 100 us (gloo runs
+    the reduce_scatter as an all_reduce of the same 4000 B): 2000 - (200 - 100) - (300 - 100) us."""
+    from simulator.calibration import Calibration, CollectiveFit
+    cal = Calibration(collectives=[CollectiveFit("all_reduce", 2, "intra", alpha_s=0.0, busbw_bytes_per_s=4e7,
+                                                 backend="gloo")])
+    res = replay(gloo_job, calibration=cal)
+    assert res["predicted_step_time_s"] == pytest.approx(1700e-6, rel=1e-9)
+    assert "calibration" in res["what_if"]
+    with pytest.raises(Exception, match="no fit for all_reduce"):
+        replay(gloo_job, calibration=Calibration())
 
 
 def test_gloo_programs_structure(gloo_job):
