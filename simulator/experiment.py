@@ -66,6 +66,11 @@ class Experiment:
     recompute: str = "none"
     bucket_mb: float = 25.0
     fsdp_prefetch: int = 1
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    skew: float = 0.0
+    axis_order: str = "tp-cp-ep-dp-pp"
+    layer_split: str = "balanced"
     network: str = "analytical"
     mode: str | None = None          # None: symmetric where valid, else full
     calibration: str | None = None
@@ -158,7 +163,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value <= 3, f"{w}: ZeRO stage must be 0, 1, 2 or 3, got {value}")
         elif key == "fsdp_prefetch":
             value = _as_int(value, w, minimum=0)
-        elif key in ("sp", "fsdp"):
+        elif key in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather"):
             _check(isinstance(value, bool), f"{w}: expected true or false, got {value!r}")
         elif key in ("bucket_mb", "params"):
             value = _as_float(value, w)
@@ -170,7 +175,10 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value in SCHEDULES, f"{w}: unknown schedule {value!r}; choose one of {', '.join(SCHEDULES)}")
         elif key == "recompute":
             _check(value in RECOMPUTE, f"{w}: unknown recompute {value!r}; choose one of {', '.join(RECOMPUTE)}")
-        elif key in ("cluster", "calibration", "algorithm", "name"):
+        elif key == "skew":
+            value = _as_float(value, w, positive=False)
+            _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
+        elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split"):
             _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {value!r}")
         elif key == "model":
             _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
@@ -259,6 +267,12 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--seq", type=int, help="Sequence length (tokens)."),
         click.option("--recompute", type=click.Choice(RECOMPUTE), help="Activation recomputation."),
         click.option("--bucket-mb", type=float, help="DDP / ZeRO gradient bucket size in MB (1e6 bytes)."),
+        click.option("--fsdp-prefetch", type=int, help="FSDP / ZeRO-3: layers all-gathered ahead (0 = none)."),
+        click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=None,
+                     help="Reduce gradients during backward (default) or after it."),
+        click.option("--skew", type=float, help="MoE routing skew 0..1 (busiest EP rank gets 1+skew times the load)."),
+        click.option("--axis-order", help="Rank mesh order, innermost first (default tp-cp-ep-dp-pp)."),
+        click.option("--layer-split", type=click.Choice(["balanced", "even"]), help="Layers over pipeline stages."),
         click.option("--network", type=click.Choice(NETWORKS), help="ideal (free) | analytical | flow (contention)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
@@ -272,7 +286,7 @@ def simulate_options(f: Callable) -> Callable:
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
-               "algorithm")
+               "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -367,7 +381,9 @@ def resolve_plan(exp: Experiment, model, world_size: int):
     kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
               virtual_stages=exp.virtual_stages, bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
-              seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch)
+              seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch, overlap_grad_reduce=exp.overlap_grad_reduce,
+              overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
+              layer_split=exp.layer_split)
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
     plan.validate(model, world_size)
