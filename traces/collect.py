@@ -168,12 +168,12 @@ def profiler_schedule(steps: int, active: int) -> dict:
             "profiled_steps": list(range(steps - active, steps)), "record_shapes": True}
 
 
-def make_batches(ctx: Context, data_rank: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_batches(vocab: int, batch: int, seq: int, data_rank: int, steps: int, device=None) -> list[tuple]:
     """Random token batches (inputs, next-token targets) per step, seeded by (data rank, step)."""
     out = []
     for s in range(steps):
         g = torch.Generator().manual_seed(1000 * data_rank + s)
-        t = torch.randint(ctx.cfg.vocab, (ctx.batch, ctx.cfg.seq + 1), generator=g).to(ctx.device)
+        t = torch.randint(vocab, (batch, seq + 1), generator=g).to(device or "cpu")
         out.append((t[:, :-1], t[:, 1:]))
     return out
 
@@ -191,7 +191,7 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
                   bucket_cap_mb=args.bucket_cap_mb, microbatches=args.microbatches)
     strategy = build(args.strategy, ctx)
     sched = profiler_schedule(args.steps, args.active)
-    batches = make_batches(ctx, strategy.data_rank, args.steps)
+    batches = make_batches(cfg.vocab, ctx.batch, cfg.seq, strategy.data_rank, args.steps, device)
     trace_path = out / f"rank{rank}{TRACE_SUFFIX}"
 
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -210,7 +210,8 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
     dist.barrier()
 
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, {"info": rank_info(device), "times": times, "losses": losses})
+    info = {**rank_info(device), "data_rank": strategy.data_rank}
+    dist.all_gather_object(gathered, {"info": info, "times": times, "losses": losses})
     if rank != 0:
         return
     infos = [g["info"] for g in gathered]

@@ -305,3 +305,28 @@ def split_layers(layers: int, stages: int) -> list[tuple[int, int]]:
         bounds.append((start, start + n))
         start += n
     return bounds
+
+
+def load_shard(part: Transformer, full: Transformer, tp_rank: int = 0, ep_rank: int = 0) -> Transformer:
+    """Copy into ``part`` (a pipeline stage and/or tensor / expert shard) its slice of ``full``'s weights, so
+    that every parallel form computes exactly what the unsharded model does.
+
+    Blocks map by offset (``part.layers.i`` is ``full.layers.(first + i)``), local experts by EP rank
+    (``experts.i`` is ``experts.(ep_rank * local + i)``), and a tensor whose shape differs from the full one
+    is its ``tp_rank``-th chunk along the one dimension that differs (rows of column-parallel weights,
+    columns of row-parallel ones)."""
+    src = full.state_dict()
+    out = {}
+    for key, t in part.state_dict().items():
+        parts = key.split(".")
+        if parts[0] == "layers":
+            parts[1] = str(int(parts[1]) + part.first)
+            if len(parts) > 4 and parts[3] == "experts":
+                parts[4] = str(ep_rank * part.layers[0].mlp.local + int(parts[4]))
+        w = src[".".join(parts)]
+        if w.shape != t.shape:
+            (dim,) = [d for d in range(w.dim()) if w.shape[d] != t.shape[d]]
+            w = w.narrow(dim, tp_rank * t.shape[dim], t.shape[dim])
+        out[key] = w
+    part.load_state_dict(out)
+    return part

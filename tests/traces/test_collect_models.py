@@ -142,3 +142,25 @@ def test_benchmark_largest_size_follows_free_gpu_memory(monkeypatch):
     free["bytes"] = 10 * GiB
     assert default_max_bytes(gpu) == 1 * GiB                # largest power of two <= free / 8
     assert default_max_bytes(torch.device("cpu")) == 64 * MiB
+
+
+def test_shards_are_slices_of_the_reference_model():
+    from traces.models import load_shard
+    cfg = ModelConfig(layers=3, hidden=32, heads=4, seq=8, vocab=50, experts=4)
+    torch.manual_seed(0)
+    full = Transformer(cfg)
+    # pipeline stage [1, 3): blocks map by offset; head and final norm copied
+    stage = load_shard(Transformer(cfg, 1, 3), full)
+    torch.testing.assert_close(stage.layers[0].attn.wq.weight, full.layers[1].attn.wq.weight)
+    torch.testing.assert_close(stage.head.weight, full.head.weight)
+    # tensor-parallel rank 1 of 2: second half of the rows of column-parallel, columns of row-parallel
+    dense = ModelConfig(layers=1, hidden=32, heads=4, seq=8, vocab=50)
+    whole = Transformer(dense)
+    tp = load_shard(Transformer(dense, tp=2), whole, tp_rank=1)
+    torch.testing.assert_close(tp.layers[0].attn.wq.weight, whole.layers[0].attn.wq.weight[16:])
+    torch.testing.assert_close(tp.layers[0].attn.wo.weight, whole.layers[0].attn.wo.weight[:, 16:])
+    torch.testing.assert_close(tp.layers[0].mlp.down.weight, whole.layers[0].mlp.down.weight[:, 48:])
+    # expert-parallel rank 1 of 2 holds experts 2 and 3; the router is replicated
+    ep = load_shard(Transformer(cfg, ep=2), full, ep_rank=1)
+    torch.testing.assert_close(ep.layers[2].mlp.experts[0].gate.weight, full.layers[2].mlp.experts[2].gate.weight)
+    torch.testing.assert_close(ep.layers[2].mlp.router.weight, full.layers[2].mlp.router.weight)

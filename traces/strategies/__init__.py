@@ -64,12 +64,16 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def build_model(ctx: Context, **kw):
-    """The model (or its shard) on ``ctx.device`` in ``ctx.dtype``, initialised identically on every rank
-    (seed 0), so replicated parameters start equal without a broadcast."""
-    from traces.models import Transformer
+def build_model(ctx: Context, tp_rank: int = 0, ep_rank: int = 0, **kw):
+    """This rank's part of the model (``kw``: Transformer's stage bounds, TP / EP degrees and groups) on
+    ``ctx.device`` in ``ctx.dtype``, holding its slice of one reference model initialised with seed 0 on
+    every rank: replicated parameters start equal without a broadcast, and every strategy computes the
+    same step-0 loss on the same batch as the unsharded model (the tests check it)."""
+    from traces.models import Transformer, load_shard
     torch.manual_seed(0)
-    return Transformer(ctx.cfg, **kw).to(device=ctx.device, dtype=ctx.dtype)
+    full = Transformer(ctx.cfg)
+    part = load_shard(Transformer(ctx.cfg, **kw), full, tp_rank, ep_rank) if kw else full
+    return part.to(device=ctx.device, dtype=ctx.dtype)
 
 
 def _registry() -> dict[str, Callable[[Context], Strategy]]:

@@ -18,7 +18,7 @@ class ExpertParallel(Strategy):
         super().__init__(ctx)
         if not ctx.cfg.experts:
             raise ValueError("ep needs a model with experts (--experts E, a multiple of the world size)")
-        self.model = build_model(ctx, ep=ctx.world, ep_group=dist.group.WORLD)
+        self.model = build_model(ctx, ep_rank=ctx.rank, ep=ctx.world, ep_group=dist.group.WORLD)
         named = list(self.model.named_parameters())
         self.dense = [p for n, p in named if ".experts." not in n]
         self.expert = [p for n, p in named if ".experts." in n]

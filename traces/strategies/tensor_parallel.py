@@ -13,7 +13,7 @@ class TensorParallel(Strategy):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.model = build_model(ctx, tp=ctx.world, tp_group=dist.group.WORLD)
+        self.model = build_model(ctx, tp_rank=ctx.rank, tp=ctx.world, tp_group=dist.group.WORLD)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=ctx.lr)
         self.data_rank = 0
         self.plan = base_plan(ctx, tp=ctx.world, sequence_parallel=False,
