@@ -135,6 +135,8 @@ def _reason(output: str) -> str:
 @click.option("--bucket-cap-mb", type=float, default=25.0, show_default=True, help="DDP/ZeRO-1 bucket (MiB)")
 @click.option("--microbatches", type=int, default=4, show_default=True, help="pipeline micro-batches (pp)")
 @click.option("--experts", type=int, default=0, help="experts per layer (ep; 0: 2 x ranks)")
+@click.option("--top-k", type=int, default=1, show_default=True, help="experts per token (ep)")
+@click.option("--capacity-factor", type=float, default=1.0, show_default=True, help="expert capacity factor (ep)")
 @click.option("--dtype", type=click.Choice(("auto", "float32", "bfloat16")), default="auto", show_default=True)
 @click.option("--backend", type=click.Choice(("auto", "gloo", "nccl")), default="auto", show_default=True,
               help="auto: nccl with GPUs, gloo on CPU")
@@ -146,13 +148,14 @@ def _reason(output: str) -> str:
               help="seconds before the run is killed")
 @click.option("--out", "out", type=click.Path(file_okay=False), required=True, help="output directory")
 def collect(strategy, nproc, steps, active, layers, hidden, heads, seq, batch, vocab, ffn, bucket_cap_mb,
-            microbatches, experts, dtype, backend, bench, max_bytes, size_factor, timeout_s, out):
+            microbatches, experts, top_k, capacity_factor, dtype, backend, bench, max_bytes, size_factor, timeout_s, out):
     """Train a small Llama-style model with STRATEGY under torch.profiler (or benchmark collectives) on
     NPROC local ranks; write per-rank Kineto traces and manifest.json to OUT."""
     args = ["--strategy", strategy, "--steps", str(steps), "--active", str(active), "--layers", str(layers),
             "--hidden", str(hidden), "--heads", str(heads), "--seq", str(seq), "--batch", str(batch),
             "--vocab", str(vocab), "--ffn", str(ffn), "--bucket-cap-mb", str(bucket_cap_mb),
-            "--microbatches", str(microbatches), "--experts", str(experts), "--dtype", dtype,
+            "--microbatches", str(microbatches), "--experts", str(experts), "--top-k", str(top_k),
+            "--capacity-factor", str(capacity_factor), "--dtype", dtype,
             "--backend", backend, "--max-bytes", str(max_bytes), "--size-factor", str(size_factor), "--out", str(Path(out).resolve())]
     if bench:
         args += ["--bench", bench]
