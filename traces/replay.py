@@ -13,7 +13,8 @@
   depend on the CPU op that issued them. When one started later than its stream and its issue allowed,
   it depends on the op of another stream that ended last before it started (cross-stream events as
   observed), and any remaining lag (launch latency, thread wake-up) is kept as a measured delay op;
-- **collectives** are matched across ranks by process group and sequence number; each takes its measured
+- **collectives** are matched across ranks by process group and sequence number (the k-th of the group
+  within profiler step N, so ranks whose profiling windows differ still line up); each takes its measured
   transfer time (min(end) - max(start) over the members: a member's duration includes waiting for the
   others, which the simulation reproduces itself). Collectives whose peers are absent from the trace
   (one file of an 8-rank job) keep the duration measured on the rank that is there. Sends and recvs are
@@ -135,7 +136,12 @@ def _instances(trace: Trace, windows: dict) -> tuple[dict, dict]:
                         for r, t in zip(c["rank"], _issue_times(trace))], index=c.index)
     coll = c[~c["kind"].isin(P2P)].assign(in_win=in_win)
     coll = coll.assign(g=coll["pg"].fillna("").astype(str) + "|" + coll["group_ranks"].astype(str))
-    grp = coll.groupby(["g", "seq"], sort=False)
+    # the k-th collective of a group within profiler step N on every member (robust to ranks whose
+    # profiling windows start at different steps); outside steps, the k-th of the whole trace
+    in_step = coll["step"] >= 0
+    coll = coll.assign(mseq=np.where(in_step, coll.groupby(["rank", "g", "step"]).cumcount(), coll["seq"]),
+                       mstep=np.where(in_step, coll["step"], -1))
+    grp = coll.groupby(["g", "mstep", "mseq"], sort=False)
     agg = {"n": grp["rank"].transform("size"), "nuniq": grp["rank"].transform("nunique"),
            "min_end": grp["end"].transform("min"), "max_ts": grp["ts"].transform("max"),
            "min_dur": grp["dur"].transform("min"), "size_max": grp["size_bytes"].transform("max"),
@@ -151,7 +157,7 @@ def _instances(trace: Trace, windows: dict) -> tuple[dict, dict]:
             if not tr > 0:
                 tr = row.min_dur
         tail = row.end - row.min_end if complete else 0.0
-        info[row.Index] = ((row.g, row.seq), complete, tr, row.size_max, row.kind0, tail)
+        info[row.Index] = ((row.g, row.mstep, row.mseq), complete, tr, row.size_max, row.kind0, tail)
     s = c[c["kind"] == "send"].assign(src=lambda d: d["rank"], dst=lambda d: d["peer"])
     r = c[c["kind"] == "recv"].assign(src=lambda d: d["peer"], dst=lambda d: d["rank"])
     for df in (s, r):

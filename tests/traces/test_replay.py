@@ -101,6 +101,23 @@ def test_nccl_fixture_replays_exactly(tmp_path):
     assert plan.programs.ops[1][0].duration_s == pytest.approx(3e-6)
 
 
+def test_ranks_with_different_profiled_steps(tmp_path):
+    """Rank 1's trace lacks step 3: its step-4 all_reduce still meets rank 0's step-4 one (matched within the
+    step, not by the trace-wide sequence number); rank 0's step-3 all_reduce keeps its measured time."""
+    fx.write(fx.nccl_rank(0), tmp_path / "job" / "rank0.json")
+    tr = fx.nccl_rank(1)
+    first = next(e for e in tr["traceEvents"] if e.get("name") == "ProfilerStep#3")
+    lo, hi = first["ts"], first["ts"] + first["dur"]
+    tr["traceEvents"] = [e for e in tr["traceEvents"] if not (lo <= e.get("ts", -1) < hi)]
+    fx.write(tr, tmp_path / "job" / "rank1.json")
+    plan = build_programs(load_trace(tmp_path / "job"))
+    assert [op.name for op in plan.programs.ops[0] if op.kind == COLLECTIVE or op.name.startswith("all_reduce")] \
+        == ["all_reduce (peers absent)", "c10d::allreduce_"]
+    assert sum(op.kind == COLLECTIVE for op in plan.programs.ops[1]) == 1
+    res = replay(tmp_path / "job")
+    assert abs(res["error"]) < 1e-9 and {r["rank"]: len(r["steps"]) for r in res["per_rank"]} == {0: 2, 1: 1}
+
+
 def test_partial_trace_keeps_measured_collectives(tmp_path):
     """One rank of a 2-rank job: the all_reduce peers are absent, so it takes its measured 120 us."""
     p = fx.write(fx.nccl_rank(1), tmp_path / "rank1.json")
