@@ -12,8 +12,9 @@
    pipeline job. ECMP is modelled as ideal load balancing over a leaf's uplinks (topologies.cluster), so
    losing 1 of 32 uplinks of a non-blocking leaf costs nothing until the other 31 saturate; a GPU whose
    NIC link dies reaches the fabric over NVLink through a peer's NIC (PXN) and shares that NIC.
-3. The same spine-link failure on a tapered fabric (4:1 oversubscribed leaves, not rail-optimised), where
-   cross-leaf traffic loads the leaf uplinks.
+3. The same spine-link failure on a tapered fabric (4:1 oversubscribed leaves, not rail-optimised): in the
+   DP job, and in a pattern that saturates every leaf's uplinks (each GPU sends 1 GB across the cluster),
+   where losing 1 of c uplinks must stretch the step by c/(c-1).
 
 Usage: .venv/bin/python benchmarks/fault_impact.py [--quick]   (--quick: 256 GPUs, for a smoke run)
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 from simulator.experiment import experiment_from_dict, run_experiment
 
 K = 1.2
+TAPERED = {"tiers": 3, "leaf_down": 32, "oversubscription": 4, "rail_optimised": False, "link": "ib"}
 
 
 def run(base: dict, faults: dict | None = None, network: str = "analytical"):
@@ -94,16 +96,37 @@ def main() -> None:
     print("\n3. one failed spine link on a tapered fabric (4:1 oversubscribed leaves, not rail-optimised; DP job, flow)")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tapered.yaml"
-        path.write_text("preset: dgx-h100\nfabric: {tiers: 3, leaf_down: 32, oversubscription: 4, "
-                        "rail_optimised: false, link: ib}\n")
+        path.write_text(f"preset: dgx-h100\nfabric: {TAPERED}\n".replace("'", ""))
         job = {**dp_job, "cluster": str(path)}
         base, w = run(job, network="flow")
         T0 = base.metrics.step_time_s
         ft = base.cluster.fat_tree
         out, w2 = run(job, {"link_failures": ["leaf.0:spine.0.0"]}, network="flow")
         T = out.metrics.step_time_s
-        print(f"  baseline {T0:.4f} s; failed leaf.0:spine.0.0 (1 of {ft.uplinks} uplinks): {T:.4f} s "
+        print(f"  DP job: baseline {T0:.4f} s; failed leaf.0:spine.0.0 (1 of {ft.uplinks} uplinks): {T:.4f} s "
               f"({pct(T0, T)}) [{w + w2:.0f} s wall]")
+    print("  trunk-bound pattern (every GPU sends 1 GB to the GPU half the cluster away, no compute):")
+    T0, T, c_up = shifted_transfer(gpus)
+    print(f"    baseline {T0:.4f} s; failed leaf.0:spine.0.0: {T:.4f} s ({pct(T0, T)}); closed form "
+          f"{c_up}/{c_up - 1} -> {pct(c_up - 1, c_up)}")
+
+
+def shifted_transfer(gpus: int):
+    """Step time of every rank r sending 1 GB to r + gpus/2 on the tapered fabric, without and with one
+    failed uplink of leaf 0; and the number of uplinks per leaf."""
+    import topologies
+    from simulator.engine import run as engine_run
+    from simulator.faults import apply_faults, parse_fault_options
+    from simulator.program import Programs, recv, send
+    from topologies.cost import ClusterCostModel
+    cluster = topologies.load_cluster("dgx-h100", gpus, fabric=TAPERED)
+    cost = ClusterCostModel(cluster, network="flow")
+    progs = Programs(world_size=gpus, ops={})
+    for r in range(gpus):
+        peer = (r + gpus // 2) % gpus
+        progs.ops[r] = [send("tx", peer, 1e9), recv("rx", peer, 1e9, stream="rx")]
+    faulted, _ = apply_faults(cost, cluster, parse_fault_options(fail_links=["leaf.0:spine.0.0"]), gpus)
+    return engine_run(progs, cost).step_time_s, engine_run(progs, faulted).step_time_s, cluster.fat_tree.uplinks
 
 
 if __name__ == "__main__":

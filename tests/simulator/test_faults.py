@@ -343,3 +343,24 @@ def test_simulate_straggler_full_mode_matches_symmetric_baseline():
     assert nothing.mode == "full" and nothing.step_time_s == pytest.approx(sym.step_time_s, rel=1e-12)
     slow = _experiment({"stragglers": {3: 1.5}}, network="analytical").metrics
     assert slow.step_time_s > sym.step_time_s
+
+
+def test_failed_spine_link_on_a_trunk_bound_pattern_matches_closed_form():
+    # 256 GPUs on 4:1 tapered leaves (32 NICs, 8 uplinks each), every GPU sends 1 GB to the GPU 128 away
+    # (another leaf): each leaf's 32 flows share its 8-uplink trunk, 32 x 1 GB / (8 x 50 GB/s x efficiency).
+    # One failed uplink of leaf 0 leaves 7: that leaf's flows, hence the step, take 8/7 as long.
+    topologies = pytest.importorskip("topologies")
+    from simulator.program import recv, send
+    from topologies.cost import ClusterCostModel
+    n = 256
+    c = topologies.load_cluster("dgx-h100", n, fabric={"tiers": 3, "leaf_down": 32, "oversubscription": 4,
+                                                      "rail_optimised": False, "link": "ib"})
+    cm = ClusterCostModel(c, network="flow")
+    progs = Programs(world_size=n, ops={})
+    for r in range(n):
+        progs.ops[r] = [send("tx", (r + n // 2) % n, 1e9), recv("rx", (r + n // 2) % n, 1e9, stream="rx")]
+    base = run(progs, cm).step_time_s
+    trunk = 8 * c.fat_tree.bandwidth * cm.efficiency["ib"]
+    assert base == pytest.approx(32 * 1e9 / trunk, rel=1e-3)
+    failed, _ = apply_faults(cm, c, parse_fault_options(fail_links=["leaf.0:spine.0.0"]), n)
+    assert run(progs, failed).step_time_s == pytest.approx(base * 8 / 7, rel=1e-9)
