@@ -160,9 +160,9 @@ def _instances(trace: Trace, windows: dict) -> tuple[dict, dict]:
         info[row.Index] = ((row.g, row.mstep, row.mseq), complete, tr, row.size_max, row.kind0, tail)
     s = c[c["kind"] == "send"].assign(src=lambda d: d["rank"], dst=lambda d: d["peer"])
     r = c[c["kind"] == "recv"].assign(src=lambda d: d["peer"], dst=lambda d: d["rank"])
-    for df in (s, r):
-        df["k"] = df.groupby(["src", "dst"]).cumcount()
-    m = s.reset_index().merge(r.reset_index(), on=["src", "dst", "k"], suffixes=("_s", "_r"))
+    for df in (s, r):       # k-th transfer src -> dst within each profiler step (as for collectives)
+        df["k"] = df.groupby(["src", "dst", "step"]).cumcount()
+    m = s.reset_index().merge(r.reset_index(), on=["src", "dst", "step", "k"], suffixes=("_s", "_r"))
     for row in m.to_dict("records"):
         ok = in_win.loc[row["index_s"]] and in_win.loc[row["index_r"]]
         # either side's end bounds the data's arrival; gloo moves data from the c10d op's start on
