@@ -49,8 +49,8 @@ def runs(tmp_path_factory):
     ddp = tmp_path_factory.mktemp("ddp")
     assert cli_main(["collect", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", str(STEPS), "--active",
                      str(ACTIVE), *TINY, "--out", str(ddp)]) == 0
-    return {"ddp": ddp, **{s: _collect(tmp_path_factory, s, *(["--microbatches", "2"] if s == "pp" else []))
-                           for s in ("tp", "pp", "fsdp", "zero1", "ep")}}
+    extra = {"pp": ["--microbatches", "2"], "zero1": ["--bucket-cap-mb", "0.1"]}   # zero1: several buckets
+    return {"ddp": ddp, **{s: _collect(tmp_path_factory, s, *extra.get(s, [])) for s in ("tp", "pp", "fsdp", "zero1", "ep")}}
 
 
 # ---------------------------------------------------------------------------------------------- manifests
@@ -159,12 +159,16 @@ def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(runs):
 @pytest.mark.slow
 @needs_torch
 def test_zero1_all_reduces_gradients_and_broadcasts_each_owners_parameters(runs):
+    """With 0.1 MiB buckets DDP all-reduces the gradients in several buckets that together hold every one."""
     m, trace = _load(runs["zero1"], 0)
-    assert m["plan"]["zero_stage"] == 1 and m["plan"]["dp"] == 2
+    assert m["plan"]["zero_stage"] == 1 and m["plan"]["dp"] == 2 and m["plan"]["bucket_cap_mb"] == 0.1
     for step in (2, 3):
         names = Counter(e["name"] for e in _in_step(trace, [e for e in trace["traceEvents"] if e.get("ph") == "X"],
                                                      step))
-        assert names["c10d::allreduce_"] == 1 and names["c10d::broadcast_"] == 2   # one per owner rank
+        buckets = _in_step(trace, _ops(trace, "c10d::allreduce_"), step)
+        assert len(buckets) >= 4                    # 117,056 floats = 457 KiB in buckets of <= 100 KiB (+1 param)
+        assert sum(math.prod(e["args"]["Input Dims"][0][0]) for e in buckets) == m["model"]["params"]
+        assert names["c10d::broadcast_"] == 2       # one per owner rank
 
 
 @pytest.mark.slow
