@@ -155,3 +155,7 @@ def test_cli(tmp_path):
     assert "all_reduce" in r.output and out.exists() and png.exists()
     assert Calibration.load(out).collective_fit("all_gather", 2, "intra") is not None
     assert cli_main(["calibrate", str(tmp_path / "nope"), "-o", str(out)]) == 2
+    for bad in (["-o", str(tmp_path / "c.yaml")], ["-o", str(tmp_path / "missing" / "c.json")],
+                ["-o", str(out), "--plot", str(tmp_path / "fit.yaml")],
+                ["-o", str(out), "--plot", str(tmp_path / "missing" / "fit.png")]):
+        assert cli_main(["calibrate", str(b)] + bad) == 2, bad
