@@ -46,11 +46,12 @@ from typing import Any, Hashable, Iterable
 import numpy as np
 
 from simulator.costs import CommRequest, CostModel
-from simulator.errors import ConfigError, TopologyError
+from simulator.errors import ConfigError, ResourceLimitError, TopologyError
 from simulator.program import Op
 
 DISTRIBUTIONS = ("lognormal", "fraction")
 MAX_FACTOR = 1e6      # a slowdown beyond this is a failed device, not a straggler: use device_failures
+MAX_DRAWN_RANKS = 1 << 24   # per-rank draws are numpy arrays: ~16.8M ranks is ~1 GB of temporaries
 
 # purposes of counter-based draws
 _STRAGGLER = 1
@@ -259,6 +260,9 @@ class FaultSpec:
         out: dict[int, float] = {}
         dist = self.straggler_distribution
         if dist:
+            if world_size > MAX_DRAWN_RANKS:
+                raise ResourceLimitError(f"faults.straggler_distribution: drawing factors for {world_size:,} ranks "
+                                         f"exceeds {MAX_DRAWN_RANKS:,}; list the stragglers explicitly")
             ranks = np.arange(world_size)
             if dist[0] == "lognormal":
                 f = np.exp(dist[1] * normal_draws(self.seed, _STRAGGLER, ranks, 0))

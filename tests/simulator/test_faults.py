@@ -64,6 +64,12 @@ def test_straggler_distribution_is_a_pure_function_of_seed_and_rank():
     assert len(f) == pytest.approx(2000, abs=4 * math.sqrt(20000 * 0.1 * 0.9))
 
 
+def test_drawing_for_absurd_world_sizes_is_refused():
+    from simulator.errors import ResourceLimitError
+    with pytest.raises(ResourceLimitError, match="list the stragglers explicitly"):
+        FaultSpec(straggler_distribution=("lognormal", 0.1)).compute_factors(10**9)
+
+
 def test_counter_based_draws_are_uniform_and_normal():
     u = uniform_draws(3, 9, 5, np.arange(200_000))
     assert 0 < u.min() and u.max() < 1
