@@ -1,0 +1,490 @@
+"""``clustersim search``: find the best parallel plans for a model on a cluster.
+
+1. Enumerate plans: tp, pp, cp, ep (MoE), dp = GPUs / (tp·pp·cp), ZeRO stage or FSDP, micro-batch size,
+   schedule and virtual stages, recomputation; sequence parallelism whenever tp > 1.
+2. Prune: invalid plans (ParallelPlan.validate), plans that do not fit in HBM (schedules.memory, no
+   simulation needed), then by a cheap lower bound on the step time: the FLOPs each GPU must execute at
+   the device's best achievable rate, stretched by the schedule's ideal bubble (m+p-1)/m (1F1B, GPipe),
+   (m+(p-1)/v)/m (interleaved), 1 (zero bubble). Candidates are simulated in increasing order of that bound
+   and the search stops once the next bound exceeds the k-th best simulated step time: the pruned plans
+   cannot make the top k.
+3. Simulate the survivors in parallel: a local process pool (default) or a Dask distributed cluster
+   (``--scheduler tcp://HOST:PORT``). Every result is cached by plan (a JSON-lines file keyed by a hash of
+   the experiment), so re-running a search is instant.
+4. Print the top k and write a Pareto plot (throughput vs peak memory).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import click
+
+from simulator.errors import ClusterSimError, ConfigError
+from simulator.experiment import Experiment, resolve_model, resolve_plan
+
+CACHE_VERSION = 1
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _pow2_divisors(n: int, limit: int) -> list[int]:
+    return [d for d in _divisors(n) if d <= limit and (d & (d - 1)) == 0]
+
+
+@dataclasses.dataclass
+class SearchSpace:
+    """What the search enumerates (each a list of allowed values)."""
+
+    micro_batches: tuple = (1, 2, 4)
+    schedules: tuple = ("1f1b", "interleaved", "zb", "gpipe")
+    virtual_stages: tuple = (2, 4)
+    recompute: tuple = ("none", "selective", "full")
+    zero: tuple = (0, 1, 2, 3)          # 3 = FSDP
+    cp: tuple = (1, 2)
+    max_tp: int = 64
+    max_pp: int = 16
+
+
+def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace) -> list[Experiment]:
+    """Every plan in the space that passes ParallelPlan.validate (ZeRO stage 3 is expressed as FSDP)."""
+    cands = []
+    gb = base.global_batch
+    experts = getattr(model, "experts", 0) or 0
+    for tp in _pow2_divisors(world, space.max_tp):
+        for cp in space.cp:
+            for pp in _divisors(world // tp):
+                if pp > space.max_pp or (world // tp) % (pp * cp):
+                    continue
+                dp = world // (tp * pp * cp)
+                eps = [e for e in _divisors(dp) if experts and experts % e == 0] if experts else [1]
+                for ep, mb, zero, rc in itertools.product(eps, space.micro_batches, space.zero, space.recompute):
+                    if gb is not None and gb % (dp * mb):
+                        continue
+                    if pp > 1 and zero >= 2:
+                        continue        # ZeRO-2/3 re-shard gradients/params per micro-batch: not used with PP
+                    scheds = [("1f1b", 1)] if pp == 1 else \
+                        [(s, v) for s in space.schedules for v in ((1,) if s != "interleaved" else space.virtual_stages)]
+                    for sched, v in scheds:
+                        exp = dataclasses.replace(
+                            base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, micro_batch=mb,
+                            zero=0 if zero == 3 else zero, fsdp=zero == 3, recompute=rc, schedule=sched,
+                            virtual_stages=v, name=None)
+                        try:
+                            resolve_plan(dataclasses.replace(exp), model, world)
+                        except ClusterSimError:
+                            continue
+                        cands.append(exp)
+    return cands
+
+
+def plan_key(exp: Experiment) -> str:
+    """Cache key: a hash of everything that determines the result."""
+    d = exp.to_dict()
+    d.pop("name", None)
+    d["_v"] = CACHE_VERSION
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def stage_chunk_flops(model, plan) -> list[list[float]]:
+    """FLOPs one rank of each pipeline stage executes per micro-batch, per model chunk: forward, both
+    backward halves and recomputation of its layers, split over tp·cp, plus the LM head on the last stage."""
+    from schedules.memory import holds_head, stage_chunks
+    split = plan.tp * plan.cp
+    out = []
+    for s in range(plan.pp):
+        chunks = []
+        for c, layers in enumerate(stage_chunks(model, plan, s)):
+            f = 0.0
+            for layer in layers:
+                lf = model.layer_flops(layer, plan.seq, plan.micro_batch)
+                f += lf.total
+                if plan.recompute == "full":
+                    f += lf.forward
+                elif plan.recompute == "selective":
+                    f += lf.attn_core
+            if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
+                f += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
+            chunks.append(f / split)
+        out.append(chunks)
+    return out
+
+
+def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
+    """A step time the simulated plan cannot beat, from compute alone (communication only adds):
+
+    - every rank executes its stage's FLOPs for m micro-batches: m·T_s for each stage s;
+    - under GPipe / 1F1B / interleaved a first stage also idles while micro-batch 0 travels the pipeline
+      and back: at least (p-1) times the smallest chunk's time (the ideal bubble, (p-1)/v of a stage);
+      zero-bubble schedules get no such term.
+    Times use the cost model's FLOP/s for an op as large as three forward passes of the biggest chunk,
+    larger than any op the plan really runs (achieved FLOP/s only grows with op size)."""
+    flops = stage_chunk_flops(model, plan)
+    biggest = max(max(ch) for ch in flops)
+    rate = best_flops_per_s(cost, biggest)
+    tp_s = tp_critical_comm_s(model, plan, cost)
+    chunk_t = [[f / rate + tp_s * n for f, n in zip(ch, layers)]
+               for ch, layers in zip(flops, _chunk_layer_counts(model, plan))]
+    m = plan.num_microbatches
+    stage_t = [sum(ch) for ch in chunk_t]
+    bound = m * max(stage_t)
+    if plan.pp > 1 and plan.schedule != "zb":
+        smallest_chunk = min(min(ch) for ch in chunk_t)
+        bound = max(bound, m * stage_t[0] + (plan.pp - 1) * smallest_chunk)
+    return bound
+
+
+def _chunk_layer_counts(model, plan) -> list[list[int]]:
+    from schedules.memory import stage_chunks
+    return [[len(ls) for ls in stage_chunks(model, plan, s)] for s in range(plan.pp)]
+
+
+def tp_critical_comm_s(model, plan, cost) -> float:
+    """Contention-free time of the tensor-parallel collectives one layer issues per micro-batch (forward
+    and backward) on the compute stream, where they serialise with compute (schedules.generate puts them
+    there): with SP 4 all-gathers and 4 reduce-scatters, else 4 all-reduces, of micro-batch·seq/cp·hidden
+    bf16 activations. Zero when tp = 1 or the mesh does not keep TP innermost (then no bound is claimed)."""
+    from simulator.costs import CommRequest
+    if plan.tp == 1 or not plan.axis_order.startswith("tp"):
+        return 0.0
+    size = plan.micro_batch * plan.seq / plan.cp * model.hidden * 2.0
+    ranks = tuple(range(plan.tp))
+    if plan.sp:
+        return 4 * (cost.comm_time_s(CommRequest("all_gather", ranks, size))
+                    + cost.comm_time_s(CommRequest("reduce_scatter", ranks, size)))
+    return 4 * cost.comm_time_s(CommRequest("all_reduce", ranks, size))
+
+
+def best_flops_per_s(cost, op_flops: float = 1e18) -> float:
+    """The FLOP/s the cost model grants a compute op of ``op_flops`` FLOPs (no memory traffic)."""
+    from simulator.program import compute
+    op = compute("probe", op_flops)
+    t = cost.compute_time_s(0, op)
+    return min(cost.peak_flops(0), op_flops / t) if t > 0 else cost.peak_flops(0)
+
+
+def fits(model, plan, world: int, capacity: float) -> tuple[bool, float]:
+    from schedules.memory import memory_per_rank
+    mem = memory_per_rank(model, plan, world_size=world)
+    peak = max(d["total"] for d in mem.values())
+    return peak <= capacity, peak
+
+
+def evaluate(exp_dict: dict) -> dict:
+    """Simulate one candidate (runs in a worker process); returns the --json summary or an error."""
+    from simulator.experiment import experiment_from_dict, run_experiment
+    exp = experiment_from_dict(exp_dict)
+    try:
+        out = run_experiment(exp, check_budget=False, validate=False)
+    except ClusterSimError as e:
+        return {"error": str(e), "experiment": exp_dict}
+    s = out.summary()
+    s["experiment"] = exp_dict
+    return s
+
+
+class Cache:
+    """Results by plan key in a JSON-lines file (append-only; last entry wins)."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.data: dict[str, dict] = {}
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                    self.data[rec["key"]] = rec["result"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue        # a torn last line from an interrupted run
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str):
+        return self.data.get(key)
+
+    def put(self, key: str, result: dict) -> None:
+        self.data[key] = result
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"key": key, "result": result}, sort_keys=True, default=str) + "\n")
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "clustersim"
+
+
+def _exp_dict(exp: Experiment) -> dict:
+    d = exp.to_dict()
+    if isinstance(exp.model, str):
+        d["model"] = exp.model
+    return d
+
+
+def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = None, workers: int | None = None,
+               scheduler: str | None = None, cache_path: Path | None = None, progress=None,
+               max_simulations: int | None = None) -> dict:
+    """Enumerate, prune and simulate; return {'top': [...], 'evaluated': [...], 'stats': {...}}."""
+    from simulator.experiment import build_cost_model, load_cluster_for
+    t0 = time.perf_counter()
+    space = space or SearchSpace()
+    cluster = load_cluster_for(base)
+    world = cluster.world_size
+    model = resolve_model(base)
+    if base.global_batch is None:
+        raise ConfigError("search needs --global-batch (sequences per step)")
+    cost = build_cost_model(base, cluster)
+    capacity = cost.memory_capacity_bytes(0)
+    cands = enumerate_candidates(base, model, world, space)
+    stats = {"candidates": len(cands), "pruned_memory": 0, "pruned_bound": 0, "simulated": 0, "cached": 0,
+             "failed": 0}
+    scored = []
+    for exp in cands:
+        plan = resolve_plan(dataclasses.replace(exp), model, world)
+        ok, peak = fits(model, plan, world, capacity)
+        if not ok:
+            stats["pruned_memory"] += 1
+            continue
+        scored.append((lower_bound_s(exp, model, plan, cost, world), plan_key(exp), exp))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    cache = Cache(cache_path)
+    results: list[dict] = []
+    best: list[float] = []
+
+    def kth_best() -> float:
+        return sorted(best)[top_k - 1] if len(best) >= top_k else float("inf")
+
+    def record(key, res):
+        res = dict(res)
+        res["lower_bound_s"] = bound_of[key]
+        results.append(res)
+        if "error" in res:
+            stats["failed"] += 1
+        elif res["fits_in_memory"]:     # the engine's memory timeline is the final word on fitting
+            best.append(res["step_time_s"])
+
+    bound_of = {k: b for b, k, _ in scored}
+    pending = []
+    for b, key, exp in scored:
+        hit = cache.get(key)
+        if hit is not None:
+            stats["cached"] += 1
+            record(key, hit)
+        else:
+            pending.append((b, key, exp))
+    # simulate in waves in bound order; stop when the next bound cannot reach the top k
+    wave = max(2 * (workers or os.cpu_count() or 1), 4)
+    executor = _Executor(workers, scheduler)
+    try:
+        i = 0
+        while i < len(pending):
+            if max_simulations is not None and stats["simulated"] >= max_simulations:
+                stats["pruned_bound"] += len(pending) - i
+                break
+            if pending[i][0] >= kth_best():
+                stats["pruned_bound"] += len(pending) - i
+                break
+            batch = [p for p in pending[i:i + wave] if p[0] < kth_best()]
+            skipped = min(wave, len(pending) - i) - len(batch)
+            i += min(wave, len(pending) - i)
+            stats["pruned_bound"] += skipped
+            for key, res in executor.map([(k, _exp_dict(e)) for _, k, e in batch]):
+                cache.put(key, res)
+                stats["simulated"] += 1
+                record(key, res)
+                if progress:
+                    progress(stats["simulated"] + stats["cached"], len(scored))
+    finally:
+        executor.close()
+    ok = sorted((r for r in results if "error" not in r), key=lambda r: r["step_time_s"])
+    fitting = [r for r in ok if r["fits_in_memory"]]
+    stats["simulated_not_fitting"] = len(ok) - len(fitting)
+    stats["wall_time_s"] = time.perf_counter() - t0
+    stats["world_size"] = world
+    return {"top": fitting[:top_k], "evaluated": ok, "failed": [r for r in results if "error" in r],
+            "stats": stats, "memory_capacity_bytes": capacity}
+
+
+class _Executor:
+    """A local process pool, or a Dask distributed client when a scheduler address is given."""
+
+    def __init__(self, workers: int | None, scheduler: str | None):
+        self.scheduler = scheduler
+        self.client = None
+        self.pool = None
+        if scheduler:
+            try:
+                from distributed import Client
+            except ImportError:
+                raise ConfigError("--scheduler needs dask.distributed: pip install 'clustersim[sweep]'") from None
+            try:
+                self.client = Client(scheduler, timeout="10s")
+            except (OSError, TimeoutError) as e:
+                raise ConfigError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
+        else:
+            n = workers or os.cpu_count() or 1
+            self.pool = ProcessPoolExecutor(max_workers=n) if n > 1 else None
+
+    def map(self, items: list[tuple[str, dict]]):
+        if self.client is not None:
+            futs = self.client.map(evaluate, [d for _, d in items], pure=False)
+            keys = {f.key: k for f, (k, _) in zip(futs, items)}
+            from distributed import as_completed as das_completed
+            for f in das_completed(futs):
+                yield keys[f.key], f.result()
+        elif self.pool is not None:
+            futs = {self.pool.submit(evaluate, d): k for k, d in items}
+            for f in as_completed(futs):
+                yield futs[f], f.result()
+        else:
+            for k, d in items:
+                yield k, evaluate(d)
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def describe(res: dict) -> str:
+    p = res["plan"]
+    s = f"tp{p['tp']} pp{p['pp']} dp{p['dp']}"
+    if p.get("ep", 1) > 1:
+        s += f" ep{p['ep']}"
+    if p.get("cp", 1) > 1:
+        s += f" cp{p['cp']}"
+    if p.get("fsdp"):
+        s += " fsdp"
+    elif p.get("zero"):
+        s += f" zero{p['zero']}"
+    if p["pp"] > 1:
+        s += f" {p['schedule']}" + (f"/v{p['virtual_stages']}" if p['schedule'] == "interleaved" else "")
+    s += f" mb{p['micro_batch']} rc:{p['recompute']}"
+    return s
+
+
+def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_bytes: float | None = None) -> Path:
+    """Throughput (tokens/s) against peak memory for every simulated plan; the Pareto front (of the plans
+    that fit) joined; plans over the HBM capacity in grey beyond the dashed HBM line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    fit = [r for r in evaluated if r["fits_in_memory"]]
+    over = [r for r in evaluated if not r["fits_in_memory"]]
+    ax.scatter([r["peak_memory_bytes"] / 1e9 for r in fit], [r["tokens_per_s"] for r in fit], s=14, alpha=0.6,
+               color="#4c72b0", label="simulated plans")
+    if over:
+        ax.scatter([r["peak_memory_bytes"] / 1e9 for r in over], [r["tokens_per_s"] for r in over], s=14,
+                   alpha=0.6, color="#999999", label="does not fit in HBM")
+    if capacity_bytes:
+        ax.axvline(capacity_bytes / 1e9, color="#555555", ls="--", lw=1, label="HBM capacity")
+    front, best_y = [], -1.0
+    for r in sorted(fit, key=lambda r: (r["peak_memory_bytes"], -r["tokens_per_s"])):
+        if r["tokens_per_s"] > best_y:
+            front.append(r)
+            best_y = r["tokens_per_s"]
+    ax.plot([r["peak_memory_bytes"] / 1e9 for r in front], [r["tokens_per_s"] for r in front], "-o",
+            color="#c44e52", ms=5, label="Pareto front")
+    for j, r in enumerate(front[-2:][::-1]):
+        ax.annotate(describe(r), (r["peak_memory_bytes"] / 1e9, r["tokens_per_s"]), fontsize=7,
+                    xytext=(6, -12 - 12 * j), textcoords="offset points")
+    ax.set_xlabel("peak memory per GPU (GB)")
+    ax.set_ylabel("throughput (tokens/s)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+@click.command("search")
+@click.option("--cluster", default="dgx-h100", show_default=True, help="Cluster preset.")
+@click.option("--gpus", type=int, required=True, help="Number of GPUs.")
+@click.option("--model", "-m", required=True, help="Model preset.")
+@click.option("--global-batch", type=int, required=True, help="Sequences per step.")
+@click.option("--seq", type=int, default=4096, show_default=True, help="Sequence length (tokens).")
+@click.option("--network", type=click.Choice(["ideal", "analytical", "flow"]), default="analytical",
+              show_default=True)
+@click.option("--calibration", type=click.Path(dir_okay=False))
+@click.option("--top-k", type=int, default=5, show_default=True)
+@click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
+@click.option("--schedules", default="1f1b,interleaved,zb,gpipe", show_default=True)
+@click.option("--recompute", "recompute_opts", default="none,selective,full", show_default=True)
+@click.option("--zero", "zero_opts", default="0,1,2,3", show_default=True, help="ZeRO stages (3 = FSDP).")
+@click.option("--cp", "cp_opts", default="1,2", show_default=True, help="Context-parallel degrees.")
+@click.option("--workers", type=int, help="Local worker processes (default: CPU count).")
+@click.option("--scheduler", help="Dask scheduler address tcp://HOST:PORT (else a local process pool).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Result cache (default ~/.cache/clustersim).")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the cache.")
+@click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
+@click.option("--json", "as_json", is_flag=True)
+def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k, micro_batches, schedules,
+           recompute_opts, zero_opts, cp_opts, workers, scheduler, cache_dir, no_cache, pareto, as_json):
+    """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
+    def ints(s, what):
+        try:
+            v = tuple(int(x) for x in s.split(",") if x.strip())
+        except ValueError:
+            raise ConfigError(f"--{what}: expected comma-separated integers, got {s!r}") from None
+        if not v or min(v) < 0:
+            raise ConfigError(f"--{what}: expected non-negative integers, got {s!r}")
+        return v
+    if top_k < 1:
+        raise ConfigError("--top-k must be >= 1")
+    space = SearchSpace(micro_batches=ints(micro_batches, "micro-batches"),
+                        schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
+                        recompute=tuple(s.strip() for s in recompute_opts.split(",") if s.strip()),
+                        zero=ints(zero_opts, "zero"), cp=ints(cp_opts, "cp"))
+    for s in space.schedules:
+        if s not in ("gpipe", "1f1b", "interleaved", "zb"):
+            raise ConfigError(f"--schedules: unknown schedule {s!r}")
+    for r in space.recompute:
+        if r not in ("none", "selective", "full"):
+            raise ConfigError(f"--recompute: unknown value {r!r}")
+    base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
+                      network=network, calibration=calibration, mode="symmetric")
+    cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
+    from simulator.commands import DelayedProgress
+    import sys
+    bar = DelayedProgress("searching", delay_s=0.5, enabled=sys.stderr.isatty())
+    try:
+        out = run_search(base, top_k=top_k, space=space, workers=workers, scheduler=scheduler,
+                         cache_path=cache_path, progress=bar)
+    finally:
+        bar.close()
+    if pareto and out["evaluated"]:
+        pareto_plot(out["evaluated"], Path(pareto), f"{model} on {gpus} GPUs ({cluster})",
+                    out["memory_capacity_bytes"])
+    if as_json:
+        click.echo(json.dumps({"top": out["top"], "stats": out["stats"]}, sort_keys=True, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    st = out["stats"]
+    t = Table(title=f"top {top_k} plans · {model} on {gpus} × {cluster} · global batch {global_batch} · seq {seq}")
+    for c in ("#", "plan", "step s", "tokens/s", "MFU", "bubble", "exposed comm", "peak mem GB"):
+        t.add_column(c, justify="right" if c not in ("plan",) else "left")
+    for i, r in enumerate(out["top"], 1):
+        t.add_row(str(i), describe(r), f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
+                  f"{r['bubble_fraction']:.1%}", f"{r['exposed_comm_fraction']:.1%}",
+                  f"{r['peak_memory_bytes'] / 1e9:.1f}")
+    console = Console()
+    console.width = max(console.width, 132)     # keep rows on one line when piped
+    console.print(t)
+    click.echo(f"{st['candidates']} candidate plans: {st['pruned_memory']} do not fit in memory, "
+               f"{st['pruned_bound']} pruned by the step-time bound, {st['simulated']} simulated, "
+               f"{st['cached']} from cache, {st['failed']} failed; {st['wall_time_s']:.1f} s")
+    if pareto:
+        click.echo(f"wrote {pareto}")

@@ -1,0 +1,93 @@
+"""Plan search: rules of thumb rediscovered, bounds that really bound, cache, Dask."""
+import json
+
+import pytest
+
+from simulator.experiment import Experiment, load_cluster_for
+from simulator.search import SearchSpace, describe, run_search
+
+SMALL = SearchSpace(micro_batches=(1,), schedules=("1f1b", "interleaved", "zb"), virtual_stages=(2,),
+                    recompute=("selective",), zero=(0, 1, 3), cp=(1,))
+
+
+@pytest.fixture(scope="module")
+def dense_search():
+    base = Experiment(cluster="dgx-h100", gpus=32, model="llama3-70b", global_batch=64, seq=4096,
+                      network="analytical", mode="symmetric")
+    return base, run_search(base, top_k=5, space=SMALL, workers=1)
+
+
+def test_dense_tp_inside_nvswitch_pp_across_nodes(dense_search):
+    base, out = dense_search
+    cluster = load_cluster_for(base)
+    assert out["top"], out["stats"]
+    best = out["top"][0]["plan"]
+    # TP stays inside one NVSwitch node ...
+    assert all(r["plan"]["tp"] <= cluster.gpus_per_node for r in out["top"]), [describe(r) for r in out["top"]]
+    assert any(r["plan"]["tp"] > cluster.gpus_per_node for r in out["evaluated"]) or out["stats"]["pruned_bound"]
+    # ... PP goes across nodes: the stages of one pipeline sit on different nodes ...
+    if best["pp"] > 1:
+        stride = best["tp"] * best["cp"] * best["dp"]
+        nodes = {cluster.node_of(s * stride) for s in range(best["pp"])}
+        assert len(nodes) == best["pp"]
+    # ... and DP takes the rest.
+    assert best["tp"] * best["pp"] * best["dp"] * best["cp"] == 32
+
+
+def test_lower_bound_never_exceeds_the_simulated_step(dense_search):
+    _, out = dense_search
+    assert out["evaluated"]
+    for r in out["evaluated"]:
+        assert r["lower_bound_s"] <= r["step_time_s"] * (1 + 1e-9), describe(r)
+
+
+def test_moe_prefers_expert_over_tensor_parallelism():
+    moe = dict(layers=16, hidden=4096, heads=32, kv_heads=8, ffn=14336, experts=16, top_k=2, vocab=32000)
+    base = Experiment(cluster="dgx-h100", gpus=16, model=moe, global_batch=64, seq=4096, network="analytical",
+                      mode="symmetric")
+    space = SearchSpace(micro_batches=(1,), schedules=("1f1b",), recompute=("selective",), zero=(1,), cp=(1,))
+    out = run_search(base, top_k=3, space=space, workers=1)
+    best = out["top"][0]
+    assert best["plan"]["ep"] > 1, describe(best)
+    no_ep = [r for r in out["evaluated"] if r["plan"]["ep"] == 1]
+    if no_ep:
+        assert min(r["step_time_s"] for r in no_ep) > best["step_time_s"]
+    assert best["plan"]["tp"] <= min(r["plan"]["tp"] for r in no_ep) if no_ep else True
+
+
+def test_cache_makes_a_rerun_instant(tmp_path):
+    base = Experiment(cluster="dgx-h100", gpus=16, model="llama3-8b", global_batch=32, seq=2048,
+                      network="analytical", mode="symmetric")
+    space = SearchSpace(micro_batches=(1,), schedules=("1f1b",), recompute=("selective",), zero=(0, 1), cp=(1,))
+    cache = tmp_path / "cache.jsonl"
+    first = run_search(base, top_k=3, space=space, workers=1, cache_path=cache)
+    again = run_search(base, top_k=3, space=space, workers=1, cache_path=cache)
+    assert first["stats"]["simulated"] > 0
+    assert again["stats"]["simulated"] == 0 and again["stats"]["cached"] == first["stats"]["simulated"]
+    assert [r["step_time_s"] for r in again["top"]] == [r["step_time_s"] for r in first["top"]]
+
+
+def test_dask_local_cluster_gives_the_same_answer():
+    distributed = pytest.importorskip("distributed")
+    base = Experiment(cluster="dgx-h100", gpus=16, model="llama3-8b", global_batch=32, seq=2048,
+                      network="analytical", mode="symmetric")
+    space = SearchSpace(micro_batches=(1,), schedules=("1f1b",), recompute=("selective",), zero=(0, 1), cp=(1,))
+    local = run_search(base, top_k=3, space=space, workers=1)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
+        remote = run_search(base, top_k=3, space=space, scheduler=lc.scheduler_address)
+    assert [describe(r) for r in remote["top"]] == [describe(r) for r in local["top"]]
+    assert [r["step_time_s"] for r in remote["top"]] == pytest.approx([r["step_time_s"] for r in local["top"]],
+                                                                      rel=1e-12)
+
+
+def test_search_cli_json_and_pareto(tmp_path, capsys):
+    from simulator.cli import main
+    png = tmp_path / "pareto.png"
+    rc = main(["search", "--gpus", "16", "--model", "llama3-8b", "--global-batch", "32", "--seq", "2048",
+               "--micro-batches", "1", "--schedules", "1f1b", "--recompute", "selective", "--zero", "0,1",
+               "--cp", "1", "--workers", "1", "--no-cache", "--top-k", "2", "--pareto", str(png), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["top"]) == 2 and out["stats"]["candidates"] >= 2
+    assert png.stat().st_size > 0
+    assert main(["search", "--gpus", "16", "--model", "nope", "--global-batch", "32"]) == 2
