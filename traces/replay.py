@@ -293,7 +293,6 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
         # ---------------------------------------------------------------- the CPU timeline
         in_win = (ops["ts"] < w1) & (ops["end"] > w0)
         is_step = ops["name"].str.startswith("ProfilerStep")
-        step_rows = set(ops.index[is_step])
         # busy = covered by the innermost ops (leaves); time inside a parent between its children is either
         # framework overhead (CPU time) or a wait (an item of this rank ended in it), decided per gap below
         mine = ops[in_win & ~is_step & ~ops["name"].str.startswith("gloo:")
@@ -362,9 +361,10 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
             in_sync = k >= 0 and sync_iv[k][0] <= mid < sync_iv[k][1]
             cand = []
             if in_sync or b - a >= MIN_WAIT_GAP_S:
+                # issued before the gap and ended inside it: the item cannot depend on CPU work after it
                 lo = bisect.bisect_left(end_times, a - TOL_S)
-                hi = bisect.bisect_right(end_times, b + TOL_S)
-                cand = [j for _, j in ends_sorted[lo:hi] if items[j].issue <= a + TOL_S
+                hi = bisect.bisect_right(end_times, b)
+                cand = [j for _, j in ends_sorted[lo:hi] if items[j].issue <= a
                         and (in_sync or not items[j].stream.startswith("cuda:"))]
             if cand:
                 close_piece(a)
@@ -388,7 +388,6 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
         by_stream: dict[str, list[int]] = {}
         for j, it in enumerate(items):
             by_stream.setdefault(it.stream, []).append(j)
-        starts_sorted = sorted((it.end, j) for j, it in enumerate(items))
         for stream, js in by_stream.items():
             js.sort(key=lambda j: (items[j].start, items[j].issue))
             prev_end = -math.inf
@@ -418,7 +417,6 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                 if it.tail > MIN_DELAY_S:
                     it.done_rid = add(key + 1e-12, Op(COMPUTE, "completion", stream, duration_s=it.tail), [it.rid])
                 prev_end = max(prev_end, it.end)
-        del starts_sorted
         # ---------------------------------------------------------------- resolve and order
         def resolve(d):
             return items[d[1]].done_rid if isinstance(d, tuple) else d
