@@ -12,7 +12,10 @@
 4. replay: each trace re-simulated from its own ops (traces.replay).
 
 Prints one row per strategy: the measured step (median over profiled steps, then over runs), the model
-prediction and its error, and the replay error (median over ranks and steps, then over runs).
+prediction and its error, the replay error (median over ranks and steps, then over runs), the load per core
+when the runs ended and the main thread's CPU time per step (busiest rank): on a machine shared with other
+work the wall-clock step is longer than the machine's by about the load, and the CPU time shows how much
+of the step the rank actually computed.
 Imports no torch itself (the collector runs in subprocesses).
 """
 from __future__ import annotations
@@ -134,17 +137,27 @@ def evaluate(runs: dict, cal: Calibration, mem_bytes_per_s: float) -> list[dict]
             "replay_predicted_s": statistics.median(r["predicted_step_time_s"] for r in reps),
             "replay_error": statistics.median(r["error"] for r in reps),
             "load_per_core": max((m.get("load_average") or [0])[0] for m in manifests),
+            "main_thread_cpu_s": statistics.median(_main_thread_cpu_s(m) for m in manifests),
         })
     return rows
 
 
+def _main_thread_cpu_s(manifest: dict) -> float:
+    """Median over profiled steps of the busiest rank's main-thread CPU time (NaN for older manifests)."""
+    per_rank = manifest["step_time_s"].get("main_thread_cpu_per_rank")
+    if not per_rank:
+        return float("nan")
+    return statistics.median(max(c[s] for c in per_rank) for s in manifest["profiler"]["profiled_steps"])
+
+
 def print_table(rows: list[dict]) -> None:
     print(f"{'strategy':>8} {'runs':>4} {'measured ms':>12} {'model ms':>9} {'model err':>9} "
-          f"{'replay meas ms':>14} {'replay pred ms':>14} {'replay err':>10} {'load/core':>9}")
+          f"{'replay meas ms':>14} {'replay pred ms':>14} {'replay err':>10} {'load/core':>9} {'cpu ms':>7}")
     for r in rows:
         print(f"{r['strategy']:>8} {r['runs']:>4} {r['measured_step_s'] * 1e3:>12.2f} {r['model_step_s'] * 1e3:>9.2f} "
               f"{r['model_error']:>+9.1%} {r['replay_measured_s'] * 1e3:>14.2f} "
-              f"{r['replay_predicted_s'] * 1e3:>14.2f} {r['replay_error']:>+10.1%} {r['load_per_core']:>9.2f}")
+              f"{r['replay_predicted_s'] * 1e3:>14.2f} {r['replay_error']:>+10.1%} {r['load_per_core']:>9.2f} "
+              f"{r['main_thread_cpu_s'] * 1e3:>7.1f}")
 
 
 def main(argv=None) -> int:

@@ -196,22 +196,23 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
 
     from torch.profiler import ProfilerActivity, profile, schedule
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    times, losses = [], []
+    times, cpu, losses = [], [], []
     dist.barrier()
     with profile(activities=activities, record_shapes=True,
                  schedule=schedule(wait=sched["wait"], warmup=1, active=sched["active"], repeat=1),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))) as prof:
         for tokens, targets in batches:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             losses.append(strategy.step(tokens, targets))
             synchronize(device)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
             prof.step()
     dist.barrier()
 
     gathered: list = [None] * world
     info = {**rank_info(device), "data_rank": strategy.data_rank}
-    dist.all_gather_object(gathered, {"info": info, "times": times, "losses": losses})
+    dist.all_gather_object(gathered, {"info": info, "times": times, "cpu": cpu, "losses": losses})
     if rank != 0:
         return
     infos = [g["info"] for g in gathered]
@@ -233,6 +234,9 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
             "definition": "wall time of one step on a rank (perf_counter around the step, device "
                           "synchronised); job = max over ranks; medians over the profiled steps / all "
                           "steps but the first",
+            # CPU time of the main thread in each step: on a CPU backend, wall minus this is time spent
+            # waiting (for peers, or for a core shared with other work)
+            "main_thread_cpu_per_rank": [g["cpu"] for g in gathered],
         },
         "losses": [g["losses"] for g in gathered],
     })

@@ -69,6 +69,8 @@ def test_manifest_and_files(runs, strategy):
     times = m["step_time_s"]
     assert len(times["per_rank"]) == 2 and all(len(t) == STEPS for t in times["per_rank"])
     assert 0 < times["median_profiled_s"] < 10
+    cpu = times["main_thread_cpu_per_rank"]
+    assert all(0 <= c <= w * 1.05 + 1e-3 for cs, ws in zip(cpu, times["per_rank"]) for c, w in zip(cs, ws))
     degree = {"ddp": "dp", "fsdp": "dp", "tp": "tp", "pp": "pp"}[strategy]
     assert m["plan"][degree] == 2
     assert (out / "rank1.json.gz").stat().st_size < 2_000_000
