@@ -121,13 +121,32 @@ class Scan:
         if self._skip_ws() == "]":
             self._pos += 1
             return
+        decode = self._dec.raw_decode
         while True:
-            self._skip_ws()
-            ev = self._value("an event of traceEvents")
+            # fast path: a whole event object inside the buffer (the general path refills and reports errors)
+            ev, buf, pos = None, self._buf, self._pos
+            if pos < len(buf) and buf[pos] == "{":
+                try:
+                    ev, end = decode(buf, pos)
+                except json.JSONDecodeError:
+                    ev = None
+                else:
+                    if end < len(buf):
+                        self._pos = end
+                    else:
+                        ev = None
+            if ev is None:
+                self._skip_ws()
+                ev = self._value("an event of traceEvents")
             if isinstance(ev, dict):
                 yield ev
+            buf, pos = self._buf, self._pos
+            if pos + 1 < len(buf) and buf[pos] == "," and buf[pos + 1] not in " \t\n\r":
+                self._pos = pos + 1
+                continue
             if self._expect(",]", "',' or ']' after an event of traceEvents") == "]":
                 return
+            self._skip_ws()
 
     def events(self) -> Iterator[dict]:
         self._fh = self._open()
