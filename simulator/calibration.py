@@ -140,10 +140,19 @@ class Calibration:
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
         p = Path(path)
+        def no_duplicates(pairs):
+            keys = [k for k, _ in pairs]
+            dup = next((k for k in keys if keys.count(k) > 1), None)
+            if dup is not None:
+                raise ConfigError(f"calibration file {p}: duplicate key {dup!r}")
+            return dict(pairs)
+
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(p.read_text(), object_pairs_hook=no_duplicates)
         except FileNotFoundError:
             raise ConfigError(f"calibration file {p} does not exist") from None
+        except (OSError, RecursionError) as e:
+            raise ConfigError(f"calibration file {p} cannot be read: {e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"calibration file {p} is not valid JSON: {e}") from None
         return cls.from_dict(data, where=str(p))

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code
+    except OSError as e:
+        where = f" {e.filename}" if getattr(e, "filename", None) else ""
+        click.echo(f"error: cannot read or write{where}: {e.strerror or e}", err=True)
+        return 2
     return 0
 
 

@@ -120,7 +120,7 @@ def simulate(out, as_json, **options):
     exp = experiment_from_options(**options)
     progress = DelayedProgress("simulating", enabled=sys.stderr.isatty())
     try:
-        outcome = run_experiment(exp, progress=progress)
+        outcome = run_experiment(exp, progress=progress, timeline=bool(out))
     finally:
         progress.close()
     if out:

@@ -367,7 +367,7 @@ def _compare_command():
         if trace_path:
             from traces.parse import load_trace
             trace = load_trace(trace_path)
-        given = any(v is not None for v in options.values())
+        given = any(v not in (None, (), []) for v in options.values())
         if trace is not None and not (config or schedules or given):
             variants, file_title = [], None         # the measured step and its replay only
         else:

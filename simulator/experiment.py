@@ -280,7 +280,8 @@ def simulate_options(f: Callable) -> Callable:
     ]
     for o in reversed(opts):
         f = o(f)
-    return f
+    from simulator.faults import fault_options
+    return fault_options(f)
 
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
@@ -303,6 +304,13 @@ def experiment_from_options(config: str | None = None, **options) -> Experiment:
             data[k] = v
     if any(data.get(k) is not None for k in MODEL_FIELDS) and "model" not in data:
         data["model"] = None
+    from simulator.faults import FAULT_OPTION_KEYS, faults_from_options
+    fault_flags = {k: options.get(k) for k in FAULT_OPTION_KEYS}
+    if data.get("faults") is not None or any(v not in (None, (), []) for v in fault_flags.values()):
+        faults = data.get("faults")
+        if faults is not None and not isinstance(faults, dict):
+            raise ConfigError(f"{config or 'options'}: faults: expected a mapping (stragglers, jitter, seed, ...)")
+        data["faults"] = faults_from_options(faults, **fault_flags)
     return experiment_from_dict(data, where=config or "options")
 
 
@@ -411,7 +419,7 @@ def load_cluster_for(exp: Experiment):
 
 
 def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None = None,
-                   check_budget: bool = True, validate: bool = True) -> Outcome:
+                   check_budget: bool = True, validate: bool = True, timeline: bool = False) -> Outcome:
     """Run one experiment end to end and return its Outcome (result, metrics, resolved model/plan/cluster).
 
     ``validate=False`` skips the static program checks (the search does, for generated programs that the
@@ -439,10 +447,17 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         fault_breaks = fault_mod.breaks_symmetry(spec)
     mode = exp.mode
     if mode == "symmetric" and fault_breaks:
-        raise ConfigError("faults on individual ranks (stragglers, jitter, device failures) break rank symmetry: "
-                          "use --mode full")
+        raise ConfigError("faults (stragglers, jitter, failed or degraded links, device failures) break rank "
+                          "symmetry: use --mode full")
     symmetric = mode != "full" and not fault_breaks
+    if not symmetric and check_budget:
+        # size the full run from its symmetric twin before building 16k programs
+        from simulator.guards import check_budget as guard
+        twin = build_programs(model, plan, world, symmetric=True)
+        guard(twin.represented_op_count, "full", symmetric_ops=twin.op_count, timeline=timeline, network=exp.network)
     programs = build_programs(model, plan, world, symmetric=symmetric)
+    if hasattr(cost, "bind"):
+        cost = cost.bind(programs)
     if programs.symmetric:
         problem = symmetry_problem(programs, cost)
         if problem:
@@ -451,12 +466,8 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
             notes.append(f"symmetric mode not valid ({problem}); simulated every rank")
             programs = build_programs(model, plan, world, symmetric=False)
     if check_budget:
-        try:
-            from simulator.guards import check_budget as guard
-        except ImportError:
-            guard = None
-        if guard is not None:
-            guard(programs, "symmetric" if programs.symmetric else "full")
+        from simulator.guards import check_budget as guard
+        guard(programs, "symmetric" if programs.symmetric else "full", timeline=timeline, network=exp.network)
     result = run(programs, cost, progress=progress, failures=failures, check=validate)
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0

@@ -220,6 +220,18 @@ class Programs:
 
 # ---------------------------------------------------------------------------------------------- validation
 def validate(programs: Programs) -> None:
+    """Static checks (see ``_validate``); malformed input of any type becomes a ProgramError."""
+    if not isinstance(programs, Programs):
+        raise ProgramError(f"expected a Programs object, got {type(programs).__name__}")
+    try:
+        _validate(programs)
+    except ProgramError:
+        raise
+    except (TypeError, AttributeError, ValueError, KeyError, IndexError) as e:
+        raise ProgramError(f"malformed programs: {type(e).__name__}: {e}") from None
+
+
+def _validate(programs: Programs) -> None:
     """Static checks before simulating; raise ProgramError naming ranks and ops.
 
     - every rank of the job is simulated or represented; ops are well-formed;
@@ -229,7 +241,7 @@ def validate(programs: Programs) -> None:
     - every send has a matching recv (count and size, in order, per (source, destination)).
     """
     n = programs.world_size
-    if n <= 0:
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise ProgramError(f"world_size must be positive, got {n}")
     rep = programs.representative_of()
     if programs.classes is None:
@@ -249,7 +261,11 @@ def validate(programs: Programs) -> None:
     coll_seq: dict[tuple, list[tuple[int, int, Op]]] = defaultdict(list)  # (sync key, rank) -> ops
     p2p: dict[tuple[int, int, str], list[tuple[int, Op]]] = defaultdict(list)
     sync_keys: dict[int, tuple] = {}
+    if not isinstance(programs.ops, dict) or (programs.classes is not None and not isinstance(programs.classes, dict)):
+        raise ProgramError("Programs.ops and Programs.classes must be dicts keyed by rank")
     for rank, prog in programs.ops.items():
+        if not isinstance(prog, list) or not all(isinstance(op, Op) for op in prog):
+            raise ProgramError(f"rank {rank}: a program must be a list of Op objects")
         _check_rank_graph(rank, prog)
         for i, op in enumerate(prog):
             if op.kind not in OP_KINDS:
@@ -258,7 +274,7 @@ def validate(programs: Programs) -> None:
                 if op.collective not in COLLECTIVE_KINDS:
                     raise ProgramError(f"rank {rank} op {i} {op!r}: unknown collective {op.collective!r}; "
                                        f"known: {', '.join(COLLECTIVE_KINDS)}")
-                if op.group is None or not (0 <= op.group < ngroups):
+                if not isinstance(op.group, int) or isinstance(op.group, bool) or not (0 <= op.group < ngroups):
                     raise ProgramError(f"rank {rank} op {i} {op!r}: group {op.group} is not a registered group")
                 if rank not in programs.groups[op.group].ranks:
                     raise ProgramError(f"rank {rank} op {i} {op!r}: rank is not a member of group {op.group} "
@@ -268,15 +284,20 @@ def validate(programs: Programs) -> None:
                     sk = sync_keys[op.group] = sync_key(programs, op.group, rep)
                 coll_seq[(sk, rank)].append((i, op))
             elif op.kind in (SEND, RECV):
-                if op.peer is None or not (0 <= op.peer < n) or op.peer == rank:
+                if not isinstance(op.peer, int) or isinstance(op.peer, bool) or not (0 <= op.peer < n) or op.peer == rank:
                     raise ProgramError(f"rank {rank} op {i} {op!r}: invalid peer {op.peer}")
                 src, dst = (rank, rep[op.peer]) if op.kind == SEND else (rep[op.peer], rank)
                 p2p[(src, dst, op.kind)].append((i, op))
             for v in (op.flops, op.mem_bytes, op.size_bytes):
-                if not (v >= 0.0) or v == float("inf"):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0.0) or v == float("inf"):
                     raise ProgramError(f"rank {rank} op {i} {op!r}: cost inputs must be finite and >= 0")
             if op.duration_s is not None and not (0.0 <= op.duration_s < float("inf")):
                 raise ProgramError(f"rank {rank} op {i} {op!r}: duration_s must be finite and >= 0")
+            for pairs in (op.alloc, op.free):
+                if not isinstance(pairs, tuple) or not all(
+                        isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
+                        and isinstance(x[1], (int, float)) and x[1] >= 0 for x in pairs):
+                    raise ProgramError(f"rank {rank} op {i} {op!r}: alloc/free must be ((category, bytes >= 0), ...)")
 
     # collectives: members agree on k-th kind/size and count
     by_key: dict[tuple, list[int]] = defaultdict(list)

@@ -132,8 +132,6 @@ WRONG_TYPES = {
 
 
 @pytest.mark.parametrize("case", sorted(WRONG_TYPES))
-@pytest.mark.xfail(strict=True, reason="reported to the lead: simulator.program.validate raises TypeError/"
-                                       "AttributeError (or accepts) on wrongly typed fields instead of ProgramError")
 def test_validate_rejects_wrongly_typed_fields(case):
     from simulator.program import validate
     p = _two_rank_programs()
@@ -184,8 +182,6 @@ def test_calibration_load_of_random_bytes(tmp_path, data):
         Calibration.load(p)
 
 
-@pytest.mark.xfail(strict=True, reason="reported to the lead: Calibration.load keeps the last of duplicate JSON keys "
-                                       "silently (suggested: json.loads(..., object_pairs_hook=reject_duplicates))")
 def test_calibration_duplicate_keys_are_an_error(tmp_path):
     from simulator.calibration import Calibration
     p = tmp_path / "cal.json"
@@ -462,22 +458,16 @@ def test_trace_metadata_event_with_unhashable_pid(tmp_path, small_trace, field, 
         pass
 
 
-_OUTPUT_PATH_BUG = pytest.mark.xfail(
-    strict=True, reason="reported to the lead and owners: output paths are not checked, so OSError / matplotlib's "
-                        "ValueError escape as tracebacks (suggested fix: simulator.cli.main turns OSError into "
-                        "`error: cannot write PATH` + exit 2, and --draw checks the extension)")
-
-
 @pytest.mark.parametrize("args", [
     pytest.param(["calibrate", "{sample}", "-o", "{tmp}/c.json", "--plot", "{tmp}/fit.yaml"], id="calibrate-plot-ext"),
     pytest.param(["calibrate", "{sample}", "-o", "{tmp}/c.json", "--plot", "{tmp}/missing/fit.png"],
                  id="calibrate-plot-dir"),
     pytest.param(["topology", "dgx-h100", "--gpus", "16", "--draw", "{tmp}/missing/graph.png"],
-                 id="topology-draw-dir", marks=_OUTPUT_PATH_BUG),
+                 id="topology-draw-dir"),
     pytest.param(["topology", "dgx-h100", "--gpus", "16", "--draw", "{tmp}/graph.yaml"],
-                 id="topology-draw-ext", marks=_OUTPUT_PATH_BUG),
+                 id="topology-draw-ext"),
     pytest.param(["simulate", "--gpus", "8", "--model", "llama3-8b", "--tp", "8", "--out", "/proc/clustersim-out"],
-                 id="simulate-out-unwritable", marks=_OUTPUT_PATH_BUG),
+                 id="simulate-out-unwritable"),
 ])
 def test_bad_output_paths_are_errors_not_tracebacks(tmp_path, args):
     from simulator.cli import main

@@ -111,6 +111,8 @@ def bandwidth_table(model, kind: str, ranks: tuple[int, ...], size_list, network
 
 def draw(cluster, path: Path) -> None:
     """Draw a small cluster graph to PNG (GPUs and switches coloured by kind, layered layout)."""
+    if Path(path).suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
+        raise ConfigError(f"--draw: {path}: use a .png, .svg, .pdf or .jpg file name")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
