@@ -164,3 +164,9 @@ def test_shards_are_slices_of_the_reference_model():
     ep = load_shard(Transformer(cfg, ep=2), full, ep_rank=1)
     torch.testing.assert_close(ep.layers[2].mlp.experts[0].gate.weight, full.layers[2].mlp.experts[2].gate.weight)
     torch.testing.assert_close(ep.layers[2].mlp.router.weight, full.layers[2].mlp.router.weight)
+
+
+def test_the_launcher_knows_the_collectors_strategies_and_output_prefix():
+    """traces.collect_cli cannot import torch, so it repeats two constants: they must agree."""
+    from traces import collect, collect_cli, strategies
+    assert collect_cli.STRATEGIES == strategies.STRATEGIES and collect_cli.SAY == collect.SAY

@@ -45,9 +45,17 @@ class Strategy:
         self.plan: dict = {}
         self.data_rank = ctx.rank
 
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
-        """One training step; returns the local loss (a float)."""
-        raise NotImplementedError
+        """One training step; returns the local loss (a float). The default: forward, loss, backward,
+        optimizer step, with whatever communication ``self.model`` / ``self.opt`` do inside."""
+        self.opt.zero_grad(set_to_none=True)
+        loss = cross_entropy(self.model(tokens), targets)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
 
 
 def base_plan(ctx: Context, **degrees) -> dict:

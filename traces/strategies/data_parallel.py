@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from traces.strategies import Context, Strategy, base_plan, build_model, cross_entropy
+from traces.strategies import Context, Strategy, base_plan, build_model
 
 
 class DDP(Strategy):
@@ -24,13 +24,6 @@ class DDP(Strategy):
 
     def optimizer(self, params):
         return torch.optim.AdamW(params, lr=self.ctx.lr)
-
-    def step(self, tokens, targets):
-        self.opt.zero_grad(set_to_none=True)
-        loss = cross_entropy(self.model(tokens), targets)
-        loss.backward()
-        self.opt.step()
-        return loss.item()
 
 
 class Zero1(DDP):
@@ -60,10 +53,3 @@ class FSDP(Strategy):
         self.opt = torch.optim.AdamW(model.parameters(), lr=ctx.lr)
         self.plan = base_plan(ctx, dp=ctx.world, zero_stage=3, fsdp=True, reshard_after_forward=True,
                               fsdp_units="per block + root")
-
-    def step(self, tokens, targets):
-        self.opt.zero_grad(set_to_none=True)
-        loss = cross_entropy(self.model(tokens), targets)
-        loss.backward()
-        self.opt.step()
-        return loss.item()

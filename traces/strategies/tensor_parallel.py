@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from traces.strategies import Context, Strategy, base_plan, build_model, cross_entropy
+from traces.strategies import Context, Strategy, base_plan, build_model
 
 
 class TensorParallel(Strategy):
@@ -18,10 +18,3 @@ class TensorParallel(Strategy):
         self.data_rank = 0
         self.plan = base_plan(ctx, tp=ctx.world, sequence_parallel=False,
                               replicated=["embedding", "norms", "lm_head"])
-
-    def step(self, tokens, targets):
-        self.opt.zero_grad(set_to_none=True)
-        loss = cross_entropy(self.model(tokens), targets)
-        loss.backward()
-        self.opt.step()
-        return loss.item()
