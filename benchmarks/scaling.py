@@ -45,18 +45,10 @@ print(json.dumps(dict(wall_s=wall, peak_rss_mb=resource.getrusage(resource.RUSAG
 
 
 def bare_simpy_rate(processes: int = 1024, each: int = 1000) -> float:
-    import simpy
-    env = simpy.Environment()
-
-    def proc():
-        for _ in range(each):
-            yield env.timeout(1.0)
-
-    for _ in range(processes):
-        env.process(proc())
-    t = time.perf_counter()
-    env.run()
-    return processes * each / (time.perf_counter() - t)
+    """Bare SimPy timeouts per second (the baseline engine_throughput.py measures too)."""
+    sys.path.insert(0, HERE)
+    from engine_throughput import bare_simpy
+    return bare_simpy(processes, each)
 
 
 def run_one(world: int, mode: str, network: str, timeout: float) -> dict:

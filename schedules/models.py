@@ -333,15 +333,10 @@ def model_from_params(params: float, name: str | None = None, dtype_bytes: int =
 
 def load_model_file(path: str | Path) -> ModelSpec:
     """A model from a YAML file whose keys are ModelSpec fields (``preset: NAME`` may name a base)."""
-    import yaml
+    from simulator.yamlio import load_yaml
 
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"model file {p} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"model file {p} is not valid YAML: {e}") from None
+    data = load_yaml(p, "model file")
     if not isinstance(data, dict):
         raise ConfigError(f"model file {p}: expected a mapping of ModelSpec fields, got {type(data).__name__}")
     data = dict(data)

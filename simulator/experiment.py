@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
-import yaml
 
 from simulator.errors import ConfigError
+from simulator.yamlio import load_yaml as _load_yaml
 
 NETWORKS = ("ideal", "analytical", "flow")
 MODES = ("symmetric", "full")
@@ -199,40 +199,9 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     return exp
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys instead of silently keeping the last one."""
-
-
-def _construct_mapping(loader, node, deep=False):
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def load_yaml(path: str | Path) -> Any:
-    """Safely load a YAML file; every problem becomes a ConfigError naming the file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: file does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: cannot read: {e}") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: invalid YAML: {str(e).splitlines()[0]}") from None
-    except RecursionError:
-        raise ConfigError(f"{p}: YAML nested too deeply") from None
+    """Safely load an experiment YAML file (see simulator.yamlio)."""
+    return _load_yaml(path, "experiment file")
 
 
 def load_experiment(path: str | Path) -> Experiment:

@@ -22,22 +22,31 @@ import numpy as np
 from simulator.program import COMPUTE
 
 
-def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Total length covered by intervals [starts[i], ends[i]] (seconds)."""
-    if len(starts) == 0:
-        return 0.0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
+def merge_intervals(starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint sorted intervals covering the union of [starts[i], ends[i]] (empty and NaN ones dropped)."""
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    ok = ~(np.isnan(s) | np.isnan(e)) & (e > s)
+    s, e = s[ok], e[ok]
+    if len(s) == 0:
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
     run_max = np.maximum.accumulate(e)
     # a new merged segment begins where the start lies beyond every earlier end
     new = np.empty(len(s), dtype=bool)
     new[0] = True
     new[1:] = s[1:] > run_max[:-1]
-    seg_id = np.cumsum(new) - 1
-    seg_start = s[new]
-    seg_end = np.zeros(seg_id[-1] + 1)
-    np.maximum.at(seg_end, seg_id, e)
-    return float(np.sum(seg_end - seg_start))
+    seg = np.cumsum(new) - 1
+    out_e = np.zeros(seg[-1] + 1)
+    np.maximum.at(out_e, seg, e)
+    return s[new], out_e
+
+
+def union_length(starts, ends) -> float:
+    """Total length covered by intervals [starts[i], ends[i]] (seconds)."""
+    s, e = merge_intervals(starts, ends)
+    return float(np.sum(e - s))
 
 
 @dataclass

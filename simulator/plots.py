@@ -32,6 +32,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from simulator.metrics import merge_intervals  # noqa: E402,F401  (re-exported for compare)
 
 from simulator.errors import ConfigError  # noqa: E402
 from simulator.program import MEMORY_CATEGORIES  # noqa: E402
@@ -286,26 +287,7 @@ def panel_of(name: str, x, ranks=None, max_lanes: int = DEFAULT_MAX_LANES) -> Pa
 
 
 # ---------------------------------------------------------------------------------------------- intervals
-def merge_intervals(starts, ends) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint sorted intervals covering the union of [starts[i], ends[i]] (empty ones dropped)."""
-    s = np.asarray(starts, dtype=float)
-    e = np.asarray(ends, dtype=float)
-    ok = ~(np.isnan(s) | np.isnan(e)) & (e > s)
-    s, e = s[ok], e[ok]
-    if len(s) == 0:
-        return np.zeros(0), np.zeros(0)
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    run_max = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > run_max[:-1]
-    seg = np.cumsum(new) - 1
-    out_e = np.zeros(seg[-1] + 1)
-    np.maximum.at(out_e, seg, e)
-    return s[new], out_e
-
-
+# merge_intervals lives in simulator.metrics (imported above) so the plots and the metrics share one definition
 def subtract_intervals(a, b) -> tuple[np.ndarray, np.ndarray]:
     """Intervals of merged set ``a`` = (starts, ends) not covered by merged set ``b``."""
     out_s, out_e = [], []

@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import yaml
+
 
 from simulator.errors import ConfigError, TopologyError, UnknownPresetError
+from simulator.yamlio import load_yaml
 from topologies.cluster import Cluster, DomainSpec, FabricSpec
 from topologies.specs import get_accelerator
 
@@ -49,12 +50,7 @@ def list_presets() -> list[str]:
 
 
 def _read_yaml(path: Path, where: str) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"cluster file {path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: invalid YAML: {e}") from None
+    data = load_yaml(path, "cluster file")
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping at top level")
     return data

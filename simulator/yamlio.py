@@ -1,0 +1,62 @@
+"""Safe YAML loading shared by every input file (experiments, cluster presets, model files).
+
+``yaml.SafeLoader`` (no Python objects from tags) plus rejection of duplicate keys, which YAML itself would
+silently resolve to the last one. Every problem becomes a ConfigError naming the file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.errors import ConfigError
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys instead of silently keeping the last one."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            dup = key in seen
+        except TypeError:           # unhashable key: let SafeLoader report it
+            dup = False
+        if dup:
+            raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+        if not dup:
+            try:
+                seen.add(key)
+            except TypeError:
+                pass
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml_text(text: str, where: str) -> Any:
+    """Parse YAML text safely; ``where`` names the source in error messages."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: invalid YAML: {str(e).splitlines()[0]}") from None
+    except (RecursionError, TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: invalid YAML: {e}") from None
+
+
+def load_yaml(path: str | Path, what: str = "file") -> Any:
+    """Safely load a YAML file; a missing or unreadable file is a ConfigError too."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {p}: cannot read: {e}") from None
+    return load_yaml_text(text, str(p))
