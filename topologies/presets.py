@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-
-
 from simulator.errors import ConfigError, TopologyError, UnknownPresetError
 from simulator.yamlio import load_yaml
 from topologies.cluster import Cluster, DomainSpec, FabricSpec
