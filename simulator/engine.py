@@ -338,6 +338,8 @@ class Engine:
                         break
                     end[i] = t
                     finished[i] = 1
+                    if progress is not None:
+                        self.done_ops += 1
                     i = idxs[pos]
                     pos += 1
                     ready[i] = start[i] = t
