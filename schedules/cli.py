@@ -187,6 +187,8 @@ def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = 
 
 def _device_memory(cluster: str | None, gpus: int, hbm_gb: float | None) -> float | None:
     if hbm_gb is not None:
+        if not (hbm_gb > 0 and hbm_gb < float("inf")):
+            raise ConfigError(f"--hbm-gb must be a positive number of GB, got {hbm_gb}")
         return hbm_gb * 1e9
     if cluster is None:
         return None

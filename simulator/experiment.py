@@ -59,7 +59,7 @@ class Experiment:
     zero: int = 0
     fsdp: bool = False
     schedule: str = "1f1b"
-    virtual_stages: int = 1
+    virtual_stages: int | None = None    # None: 2 for the interleaved schedule, else 1
     micro_batch: int = 1
     global_batch: int | None = None
     seq: int = 4096
@@ -343,6 +343,16 @@ def resolve_model(exp: Experiment):
     return models.get_model(exp.model)
 
 
+def virtual_stages(exp: Experiment, model) -> int:
+    """The experiment's virtual stages: as given, else 2 for interleaved 1F1B when every stage can hold two
+    chunks of layers (interleaving with one chunk is plain 1F1B), else 1."""
+    if exp.virtual_stages is not None:
+        return exp.virtual_stages
+    if exp.schedule == "interleaved" and exp.pp > 1 and getattr(model, "layers", 0) >= 2 * exp.pp:
+        return 2
+    return 1
+
+
 def resolve_plan(exp: Experiment, model, world_size: int):
     """The validated ParallelPlan of an experiment (dp defaults to GPUs / (tp·pp·cp))."""
     from schedules.plan import ParallelPlan
@@ -357,7 +367,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
     global_batch = exp.global_batch if exp.global_batch is not None else dp * exp.micro_batch * max(exp.pp, 1) * 2
     kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
-              virtual_stages=exp.virtual_stages, bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
+              virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
               seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch, overlap_grad_reduce=exp.overlap_grad_reduce,
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
               layer_split=exp.layer_split)
@@ -406,7 +416,9 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     cost = build_cost_model(exp, cluster)
     notes: list[str] = []
     if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
-        notes.append("interleaved with --virtual-stages 1 is plain 1F1B; give --virtual-stages V > 1 to interleave")
+        notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
+    elif plan.schedule == "interleaved" and exp.virtual_stages is None:
+        notes.append(f"interleaved 1F1B with {plan.virtual_stages} virtual stages per pipeline rank (--virtual-stages)")
     failures = None
     fault_breaks = False
     if exp.faults:

@@ -307,6 +307,13 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     ok = sorted((r for r in results if "error" not in r), key=lambda r: r["step_time_s"])
     fitting = [r for r in ok if r["fits_in_memory"]]
     stats["simulated_not_fitting"] = len(ok) - len(fitting)
+    if not fitting:
+        raise ConfigError(
+            f"no plan for {base.model} on {world} GPUs with global batch {base.global_batch}: "
+            f"{stats['candidates']} valid candidate plans, {stats['pruned_memory']} do not fit in "
+            f"{capacity / 1e9:.0f} GB, {stats['simulated_not_fitting']} "
+            f"exceed it when simulated, {stats['failed']} failed; try more GPUs, a smaller model or sequence, "
+            f"or a global batch divisible by more data-parallel sizes")
     stats["wall_time_s"] = time.perf_counter() - t0
     stats["world_size"] = world
     return {"top": fitting[:top_k], "evaluated": ok, "failed": [r for r in results if "error" in r],
