@@ -35,9 +35,13 @@ def parse_ranks(text: str, world: int) -> tuple[int, ...]:
             if ":" in part:
                 part, s = part.split(":")
                 step = int(s)
+            if step < 1:
+                raise ConfigError(f"--ranks {text!r}: the stride must be >= 1")
             if "-" in part:
-                a, b = part.split("-")
-                out.extend(range(int(a), int(b) + 1, step))
+                a, b = (int(x) for x in part.split("-"))
+                if b < a:
+                    raise ConfigError(f"--ranks {text!r}: range {a}-{b} is reversed; write {b}-{a}")
+                out.extend(range(a, b + 1, step))
             else:
                 out.append(int(part))
     except ValueError:
