@@ -113,6 +113,9 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       seq: int = 2048, recompute: str = "none", bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
                       axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, **_ignored) -> ParallelPlan:
     """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp)."""
+    for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ConfigError(f"--{name} must be a positive integer, got {v}")
     if dp is None:
         denom = tp * pp * cp
         if gpus is None:
