@@ -50,6 +50,7 @@ class SearchSpace:
     recompute: tuple = ("none", "selective", "full")
     zero: tuple = (0, 1, 2, 3)          # 3 = FSDP
     cp: tuple = (1, 2)
+    ep: tuple | None = None             # None: every EP degree that divides dp and the experts
     max_tp: int = 64
     max_pp: int = 16
 
@@ -66,6 +67,8 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
                     continue
                 dp = world // (tp * pp * cp)
                 eps = [e for e in _divisors(dp) if experts and experts % e == 0] if experts else [1]
+                if space.ep is not None:
+                    eps = [e for e in eps if e in space.ep]
                 for ep, mb, zero, rc in itertools.product(eps, space.micro_batches, space.zero, space.recompute):
                     if gb is not None and gb % (dp * mb):
                         continue
