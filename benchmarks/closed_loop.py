@@ -116,23 +116,58 @@ def cpu_cluster(manifest: dict, cal: Calibration, mem_bytes_per_s: float) -> Clu
 
 def predict_step_s(manifest: dict, cal: Calibration, mem_bytes_per_s: float) -> float:
     """Simulated step time of the manifest's model and plan with the calibrated cost model."""
+    return _simulate(manifest, cal, mem_bytes_per_s).step_time_s
+
+
+def _simulate(manifest: dict, cal: Calibration, mem_bytes_per_s: float):
     model, plan = model_and_plan(manifest)
     cost = ClusterCostModel(cpu_cluster(manifest, cal, mem_bytes_per_s), calibration=cal)
-    return run(build_programs(model, plan, manifest["world_size"]), cost).step_time_s
+    return run(build_programs(model, plan, manifest["world_size"], symmetric=False), cost)
 
 
-def evaluate(runs: dict, cal: Calibration, mem_bytes_per_s: float) -> list[dict]:
+def fit_op_overhead(manifest: dict, measured_s: float, cal: Calibration, mem_bytes_per_s: float) -> float:
+    """Framework seconds per program compute op that close the gap on one run (the training strategy):
+    (measured - predicted) / compute ops on the rank that ends last. Fitted on one strategy only, then
+    used to predict the others (the held-out test)."""
+    res = _simulate(manifest, cal, mem_bytes_per_s)
+    last = max(res.rank_end_s, key=res.rank_end_s.get)
+    n_ops = sum(1 for op in res.programs.ops[last] if op.kind == "compute")
+    return max(0.0, (measured_s - res.step_time_s) / n_ops)
+
+
+def with_op_overhead(cal: Calibration, overhead_s: float) -> Calibration:
+    import dataclasses
+    return Calibration([dataclasses.replace(c, op_overhead_s=overhead_s) for c in cal.compute], cal.collectives,
+                       cal.source)
+
+
+def evaluate(runs: dict, cal: Calibration, mem_bytes_per_s: float, fit_on: str | None = "ddp") -> list[dict]:
+    """One row per strategy: measured, model (calibrated FLOPs and collectives only), model with the per-op
+    framework overhead fitted on ``fit_on`` alone, and replay."""
+    measured_of, manifests_of = {}, {}
+    for s, dirs in runs.items():
+        if s == "bench":
+            continue
+        manifests_of[s] = [json.loads((d / "manifest.json").read_text()) for d in dirs]
+        measured_of[s] = statistics.median(m["step_time_s"]["median_profiled_s"] for m in manifests_of[s])
+    overhead = 0.0
+    if fit_on in measured_of:
+        overhead = fit_op_overhead(manifests_of[fit_on][0], measured_of[fit_on], cal, mem_bytes_per_s)
+    cal_ovh = with_op_overhead(cal, overhead)
     rows = []
     for s, dirs in runs.items():
         if s == "bench":
             continue
-        manifests = [json.loads((d / "manifest.json").read_text()) for d in dirs]
-        measured = statistics.median(m["step_time_s"]["median_profiled_s"] for m in manifests)
+        manifests = manifests_of[s]
+        measured = measured_of[s]
         predicted = predict_step_s(manifests[0], cal, mem_bytes_per_s)
+        predicted_ovh = predict_step_s(manifests[0], cal_ovh, mem_bytes_per_s)
         reps = [replay(d) for d in dirs]
         rows.append({
             "strategy": s, "runs": len(dirs), "measured_step_s": measured, "model_step_s": predicted,
             "model_error": (predicted - measured) / measured,
+            "model_ovh_step_s": predicted_ovh, "model_ovh_error": (predicted_ovh - measured) / measured,
+            "op_overhead_s": overhead, "fitted_here": s == fit_on,
             "replay_measured_s": statistics.median(r["measured_step_time_s"] for r in reps),
             "replay_predicted_s": statistics.median(r["predicted_step_time_s"] for r in reps),
             "replay_error": statistics.median(r["error"] for r in reps),
@@ -151,11 +186,13 @@ def _main_thread_cpu_s(manifest: dict) -> float:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'strategy':>8} {'runs':>4} {'measured ms':>12} {'model ms':>9} {'model err':>9} "
+    print(f"{'strategy':>8} {'runs':>4} {'measured ms':>12} {'model ms':>9} {'model err':>9} {'+ovh ms':>8} "
+          f"{'+ovh err':>9} "
           f"{'replay meas ms':>14} {'replay pred ms':>14} {'replay err':>10} {'load/core':>9} {'cpu ms':>7}")
     for r in rows:
         print(f"{r['strategy']:>8} {r['runs']:>4} {r['measured_step_s'] * 1e3:>12.2f} {r['model_step_s'] * 1e3:>9.2f} "
-              f"{r['model_error']:>+9.1%} {r['replay_measured_s'] * 1e3:>14.2f} "
+              f"{r['model_error']:>+9.1%} {r['model_ovh_step_s'] * 1e3:>8.2f} "
+              f"{r['model_ovh_error']:>+8.1%}{'*' if r['fitted_here'] else ' '} {r['replay_measured_s'] * 1e3:>14.2f} "
               f"{r['replay_predicted_s'] * 1e3:>14.2f} {r['replay_error']:>+10.1%} {r['load_per_core']:>9.2f} "
               f"{r['main_thread_cpu_s'] * 1e3:>7.1f}")
 
@@ -168,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bench-max-bytes", type=int, default=16 << 20)
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    ap.add_argument("--fit-on", default="ddp", help="strategy whose run fits the per-op framework overhead "
+                                                    "(the others are held out); 'none' to skip")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="closed-loop-") as tmp:
         out = Path(a.out) if a.out else Path(tmp)
@@ -177,7 +216,7 @@ def main(argv=None) -> int:
         cal = calibrate([d for ds in runs.values() for d in ds])
         cal.save(out / "calibration.json")
         bw = memory_bandwidth_bytes_per_s()
-        rows = evaluate(runs, cal, bw)
+        rows = evaluate(runs, cal, bw, a.fit_on)
         fit = cal.compute_fit(json.loads((runs[a.strategies.split(",")[0]][0] / "manifest.json").read_text())
                               ["devices"][0])
         print(f"closed loop on {os.cpu_count()} CPUs, 2 gloo ranks, model {SHAPE}; collection {t_collect:.0f} s")
@@ -185,6 +224,9 @@ def main(argv=None) -> int:
               f"{fit.half_saturation_flops:.3g} FLOPs; {len(cal.collectives)} collective fits; "
               f"measured copy bandwidth {bw / 1e9:.1f} GB/s")
         print_table(rows)
+        if rows and rows[0]["op_overhead_s"]:
+            print(f"+ovh: per-op framework overhead {rows[0]['op_overhead_s'] * 1e6:.0f} us fitted on "
+                  f"{a.fit_on} alone (*); the other rows are held out")
         if a.json:
             print(json.dumps(rows, indent=1))
     return 0

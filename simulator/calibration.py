@@ -20,7 +20,9 @@ Format (``version`` 1)::
     }
 
 Compute model: achieved FLOP/s of an op of F FLOPs = peak_flops_per_s · F / (F + half_saturation_flops)
-(small ops are latency/launch bound, big GEMMs saturate). Collective model (nccl-tests convention):
+(small ops are latency/launch bound, big GEMMs saturate), plus an optional ``op_overhead_s`` added to every
+compute op of a program: the framework time one program op carries beyond its FLOPs (dispatch, autograd,
+unfused elementwise kernels), measured on one run and validated on others (benchmarks/closed_loop.py). Collective model (nccl-tests convention):
 time = alpha_s + size_bytes · bus_factor(kind, n) / busbw_bytes_per_s, with bus_factor 2(n-1)/n for
 all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for broadcast / reduce / p2p.
 """
@@ -54,6 +56,7 @@ class ComputeFit:
     peak_flops_per_s: float
     half_saturation_flops: float = 0.0
     points: list = field(default_factory=list)
+    op_overhead_s: float = 0.0
 
     def achieved_flops_per_s(self, flops: float) -> float:
         if flops <= 0:
@@ -128,9 +131,10 @@ class Calibration:
         except TypeError as e:
             raise ConfigError(f"{where}: malformed entry: {e}") from None
         for c in compute:
-            if not (c.peak_flops_per_s > 0 and math.isfinite(c.peak_flops_per_s)) or not c.half_saturation_flops >= 0:
-                raise ConfigError(f"{where}: compute fit for {c.device!r} needs peak_flops_per_s > 0 and "
-                                  f"half_saturation_flops >= 0")
+            if not (c.peak_flops_per_s > 0 and math.isfinite(c.peak_flops_per_s)) or not c.half_saturation_flops >= 0 \
+                    or not (0 <= c.op_overhead_s < math.inf):
+                raise ConfigError(f"{where}: compute fit for {c.device!r} needs peak_flops_per_s > 0, "
+                                  f"half_saturation_flops >= 0 and a finite op_overhead_s >= 0")
         for c in colls:
             if not (c.busbw_bytes_per_s > 0 and math.isfinite(c.busbw_bytes_per_s)) or not (c.alpha_s >= 0):
                 raise ConfigError(f"{where}: collective fit {c.kind}/{c.group_size}/{c.scope} needs "

@@ -163,6 +163,8 @@ class ClusterCostModel:
             else:
                 rate = self._flops_per_s
             t = max(op.flops / rate if op.flops else 0.0, op.mem_bytes / self._mem_per_s if op.mem_bytes else 0.0)
+            if self._compute_fit is not None:
+                t += self._compute_fit.op_overhead_s     # calibrated framework time per program op
             if len(self._compute_cache) > 100_000:
                 self._compute_cache.clear()
             self._compute_cache[key] = t
