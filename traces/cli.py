@@ -57,7 +57,7 @@ def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None) -
 @click.argument("trace_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @click.option("--cluster", default=None, help="what-if: simulate the collectives on this cluster preset")
-@click.option("--gpus", type=int, default=None, help="GPUs of the --cluster preset (default: the trace's world)")
+@click.option("--gpus", type=int, default=None, help="GPUs of the --cluster preset (default: the preset's default size; the trace's ranks sit on its first GPUs)")
 @click.option("--network", type=click.Choice(["analytical", "flow"]), default="analytical", show_default=True,
               help="network model of --cluster")
 @click.option("--calibration", type=click.Path(path_type=Path), default=None,
