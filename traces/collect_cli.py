@@ -76,12 +76,12 @@ def launch(nproc: int, collect_args: list[str], timeout_s: float = 900.0, quiet:
         timer.cancel()
     output = "".join(lines)
     if proc.returncode != 0:
-        log = _save_log(collect_args, output)
+        log = _save_log(collect_args, f"command: {' '.join(cmd)}\n" + output)
         if timed_out:
             raise CollectError(f"the collector did not finish within {timeout_s:.0f} s (a hung collective?); "
                                f"full output in {log}")
-        raise CollectError(f"the collector failed (exit {proc.returncode}): {_reason(output)}\n"
-                           f"full output in {log}; command: {' '.join(cmd)}")
+        raise CollectError(f"the collector failed (exit {proc.returncode}): {_reason(output)} "
+                           f"(command and full output in {log})")
     return subprocess.CompletedProcess(cmd, proc.returncode, output, "")
 
 
