@@ -154,6 +154,19 @@ def _rank(value: Any, where: str) -> int:
     return int(value)
 
 
+def _rank_map(mapping, where: str, what: str, **number_kw) -> dict[int, float]:
+    """Validate a {rank: number} mapping (ranks unique, numbers checked by ``_number``), sorted by rank."""
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{where}: expected a mapping rank -> {what}")
+    out: dict[int, float] = {}
+    for r, v in mapping.items():
+        rank = _rank(r, where)
+        if rank in out:
+            raise ConfigError(f"{where}: rank {rank} given twice")
+        out[rank] = _number(v, f"{where}[{rank}]", **number_kw)
+    return dict(sorted(out.items()))
+
+
 def _number(value: Any, where: str, *, lo: float = 0.0, lo_open: bool = True, hi: float = math.inf,
             hi_open: bool = False) -> float:
     if isinstance(value, bool):
@@ -196,15 +209,8 @@ class FaultSpec:
 
     def __post_init__(self):
         w = "faults"
-        if not isinstance(self.stragglers, dict):
-            raise ConfigError(f"{w}.stragglers: expected a mapping rank -> slowdown factor")
-        strag = {}
-        for r, f in self.stragglers.items():
-            rank = _rank(r, f"{w}.stragglers")
-            if rank in strag:
-                raise ConfigError(f"{w}.stragglers: rank {rank} given twice")
-            strag[rank] = _number(f, f"{w}.stragglers[{rank}]", hi=MAX_FACTOR)
-        object.__setattr__(self, "stragglers", dict(sorted(strag.items())))
+        object.__setattr__(self, "stragglers", _rank_map(self.stragglers, f"{w}.stragglers", "slowdown factor",
+                                                          hi=MAX_FACTOR))
         object.__setattr__(self, "straggler_distribution", _check_distribution(self.straggler_distribution))
         object.__setattr__(self, "jitter", _number(self.jitter, f"{w}.jitter", lo_open=False, hi=10.0))
         lf = self.link_failures
@@ -219,15 +225,8 @@ class FaultSpec:
             link = _link(k, f"{w}.link_degradation")
             deg[link] = _number(f, f"{w}.link_degradation[{node_label(link[0])}:{node_label(link[1])}]", hi=1.0)
         object.__setattr__(self, "link_degradation", deg)
-        if not isinstance(self.device_failures, dict):
-            raise ConfigError(f"{w}.device_failures: expected a mapping rank -> failure time (s)")
-        dev = {}
-        for r, t in self.device_failures.items():
-            rank = _rank(r, f"{w}.device_failures")
-            if rank in dev:
-                raise ConfigError(f"{w}.device_failures: rank {rank} given twice")
-            dev[rank] = _number(t, f"{w}.device_failures[{rank}]", lo_open=False)
-        object.__setattr__(self, "device_failures", dict(sorted(dev.items())))
+        object.__setattr__(self, "device_failures", _rank_map(self.device_failures, f"{w}.device_failures",
+                                                               "failure time (s)", lo_open=False))
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**63:
             raise ConfigError(f"{w}.seed: expected an integer in [0, 2^63), got {self.seed!r}")
 
