@@ -329,6 +329,20 @@ def faults_from_dict(d: Any, where: str = "faults") -> FaultSpec:
         raise ConfigError(msg if where == "faults" else f"{where}: {msg}") from None
 
 
+def _rank_value_pairs(items: Iterable[str], sep: str, flag: str, form: str) -> dict:
+    """{rank: value string} from CLI items like '5:1.2' (values are checked later by FaultSpec)."""
+    out: dict = {}
+    for s in items or ():
+        parts = str(s).split(sep)
+        if len(parts) != 2:
+            raise ConfigError(f"{flag} {s!r}: expected {form}")
+        rank = _rank(parts[0].strip(), f"{flag} {s!r}")
+        if rank in out:
+            raise ConfigError(f"{flag}: rank {rank} given twice")
+        out[rank] = parts[1]
+    return out
+
+
 def parse_fault_options(stragglers: Iterable[str] = (), straggler_dist: str | None = None,
                         jitter: float | str | None = None, fail_links: Iterable[str] = (),
                         degrade_links: Iterable[str] = (), fail_devices: Iterable[str] = (),
@@ -336,30 +350,14 @@ def parse_fault_options(stragglers: Iterable[str] = (), straggler_dist: str | No
     """A FaultSpec from CLI strings: ``--straggler 5:1.2``, ``--straggler-dist lognormal:0.05``,
     ``--jitter 0.02``, ``--fail-link A:B``, ``--degrade-link A:B:0.5``, ``--fail-device RANK@TIME_S``,
     ``--seed N``."""
-    strag: dict = {}
-    for s in stragglers or ():
-        parts = str(s).split(":")
-        if len(parts) != 2:
-            raise ConfigError(f"--straggler {s!r}: expected RANK:FACTOR, e.g. 5:1.2")
-        rank = _rank(parts[0].strip(), f"--straggler {s!r}")
-        if rank in strag:
-            raise ConfigError(f"--straggler: rank {rank} given twice")
-        strag[rank] = parts[1]
+    strag = _rank_value_pairs(stragglers, ":", "--straggler", "RANK:FACTOR, e.g. 5:1.2")
     deg: dict = {}
     for s in degrade_links or ():
         parts = str(s).split(":")
         if len(parts) != 3:
             raise ConfigError(f"--degrade-link {s!r}: expected NODE_A:NODE_B:FACTOR, e.g. leaf.0:spine.0.0:0.5")
         deg[f"{parts[0]}:{parts[1]}"] = parts[2]
-    dev: dict = {}
-    for s in fail_devices or ():
-        parts = str(s).split("@")
-        if len(parts) != 2:
-            raise ConfigError(f"--fail-device {s!r}: expected RANK@TIME_S, e.g. 17@0.25")
-        rank = _rank(parts[0].strip(), f"--fail-device {s!r}")
-        if rank in dev:
-            raise ConfigError(f"--fail-device: rank {rank} given twice")
-        dev[rank] = parts[1]
+    dev = _rank_value_pairs(fail_devices, "@", "--fail-device", "RANK@TIME_S, e.g. 17@0.25")
     if seed is None:
         seed_v = 0
     else:

@@ -88,15 +88,25 @@ def _by_domain(ctx, gpus):
     return list(doms.values())
 
 
-def hierarchical(ctx, gpus, kind):
-    """Reduce-scatter inside each scale-up domain, all-reduce across domains (one ring per local index,
-    S/k each, all concurrent), all-gather inside. Needs >= 2 domains with the same k >= 2 members each."""
+def _equal_domains(ctx, gpus, kind):
+    """The group's members by scale-up domain when a two-level algorithm applies to ``kind``: >= 2 domains
+    with the same k >= 2 members each; else None."""
     if kind not in ("all_reduce", "all_gather", "reduce_scatter", "barrier"):
         return None
     doms = _by_domain(ctx, gpus)
-    m, k = len(doms), len(doms[0])
-    if m < 2 or k < 2 or any(len(d) != k for d in doms):
+    k = len(doms[0])
+    if len(doms) < 2 or k < 2 or any(len(d) != k for d in doms):
         return None
+    return doms
+
+
+def hierarchical(ctx, gpus, kind):
+    """Reduce-scatter inside each scale-up domain, all-reduce across domains (one ring per local index,
+    S/k each, all concurrent), all-gather inside. Needs >= 2 domains with the same k >= 2 members each."""
+    doms = _equal_domains(ctx, gpus, kind)
+    if doms is None:
+        return None
+    m, k = len(doms), len(doms[0])
     intra_rs = Phase(tuple(f for d in doms for f in _ring_flows(d, (k - 1) / k)), k - 1)
     intra_ag = intra_rs
     if kind in ("all_reduce", "barrier"):
@@ -114,12 +124,10 @@ def rings(ctx, gpus, kind):
     leaving every domain through its own NIC rail. Ring c visits each domain's k members starting at the
     c-th, and its last member hands the data over NVLink to the c-th (PXN) whose NIC sends it to the
     next domain's c-th member. Needs >= 2 domains with the same k >= 2 members each."""
-    if kind not in ("all_reduce", "all_gather", "reduce_scatter", "barrier"):
+    doms = _equal_domains(ctx, gpus, kind)
+    if doms is None:
         return None
-    doms = _by_domain(ctx, gpus)
     m, k = len(doms), len(doms[0])
-    if m < 2 or k < 2 or any(len(d) != k for d in doms):
-        return None
     n = len(gpus)
     coef = (2 * (n - 1) / n if kind in ("all_reduce", "barrier") else (n - 1) / n) / k
     flows = []
