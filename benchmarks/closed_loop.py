@@ -1,18 +1,23 @@
 """The loop closed on this machine (CPU, gloo): collect, calibrate, simulate from model + plan, replay.
 
-    python benchmarks/closed_loop.py [--strategies ddp,fsdp,tp,pp] [--repeats 2] [--out DIR]
+    python benchmarks/closed_loop.py [--strategies ddp,fsdp,tp,pp] [--repeats 3] [--out DIR]
 
 1. collect: each strategy trained with 2 processes on a small Llama-style model (traces.collect under
-   torchrun), ``--repeats`` runs each, plus one collective benchmark (``--bench collectives``);
-2. calibrate: one Calibration from all those traces and the benchmark (traces.calibrate);
+   torchrun), ``--repeats`` runs each, plus one collective benchmark (``--bench collectives``) and one layer
+   benchmark of the same model shape (``--bench layers``: one decoder block's forward / backward at its TP
+   shards and micro-batch sizes);
+2. calibrate: one Calibration from all those traces and benchmarks (traces.calibrate);
 3. simulate: each strategy's programs built from the *model and plan* in its manifest (schedules.build_programs,
    not the trace's ops) on a 2-rank CPU "cluster" whose cost model is the calibration (topologies
-   ClusterCostModel: the compute fit by device name, the collective fits by kind / group size / scope);
+   ClusterCostModel: the compute fit by device name, the collective fits by kind / group size / scope),
+   twice: with the GEMM fit alone (every FLOP at GEMM speed), and with the layer fits pricing the per-layer
+   ops (everything else, e.g. the LM head, still at GEMM speed). No constant is fitted to a step time;
    CPU memory bandwidth for memory-bound ops (optimizer, norms) is measured here with a large numpy copy;
 4. replay: each trace re-simulated from its own ops (traces.replay).
 
-Prints one row per strategy: the measured step (median over profiled steps, then over runs), the model
-prediction and its error, the replay error (median over ranks and steps, then over runs), the load per core
+Prints one row per strategy: the measured step (median over the unprofiled steps of all runs, the first
+left out; the profiled steps' median beside it), both model
+predictions and their errors, the replay error (median over ranks and steps, then over runs), the load per core
 when the runs ended and the main thread's CPU time per step (busiest rank): on a machine shared with other
 work the wall-clock step is longer than the machine's by about the load, and the CPU time shows how much
 of the step the rank actually computed.
@@ -52,21 +57,29 @@ STRATEGIES = ("ddp", "fsdp", "tp", "pp")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
-def collect_all(out: Path, strategies, repeats: int, steps: int, bench_max_bytes: int, shape=SHAPE) -> dict:
-    """{strategy: [run folders]} plus "bench": [folder]; every run under ``out``."""
+def collect_all(out: Path, strategies, repeats: int, steps: int, bench_max_bytes: int, shape=SHAPE,
+                layers: bool = True) -> dict:
+    """{strategy: [run folders]} plus "bench": [collective benchmark folder] and, with ``layers``, "layers":
+    [layer benchmark folder of the same model shape]; every run under ``out``."""
     args = [x for k, v in shape.items() for x in (f"--{k}", str(v))]
     runs: dict[str, list[Path]] = {}
     for s in strategies:
         for r in range(repeats):
             d = out / f"{s}-{r}"
             extra = ["--microbatches", "2"] if s == "pp" else []
-            launch(2, ["--strategy", s, "--steps", str(steps), "--active", str(steps - 3), *args, *extra,
+            launch(2, ["--strategy", s, "--steps", str(steps), "--active", str(min(4, steps - 2)), *args, *extra,
                        "--out", str(d)], timeout_s=600, quiet=True)
             runs.setdefault(s, []).append(d)
     d = out / "bench"
     launch(2, ["--bench", "collectives", "--max-bytes", str(bench_max_bytes), "--size-factor", "4",
                "--out", str(d)], timeout_s=600, quiet=True)
     runs["bench"] = [d]
+    if layers:
+        d = out / "layers"
+        launch(2, ["--bench", "layers", *[x for k in ("hidden", "heads", "seq", "batch")
+                                          for x in (f"--{k}", str(shape[k]))], "--out", str(d)],
+               timeout_s=600, quiet=True)
+        runs["layers"] = [d]
     return runs
 
 
@@ -125,49 +138,39 @@ def _simulate(manifest: dict, cal: Calibration, mem_bytes_per_s: float):
     return run(build_programs(model, plan, manifest["world_size"], symmetric=False), cost)
 
 
-def fit_op_overhead(manifest: dict, measured_s: float, cal: Calibration, mem_bytes_per_s: float) -> float:
-    """Framework seconds per program compute op that close the gap on one run (the training strategy):
-    (measured - predicted) / compute ops on the rank that ends last. Fitted on one strategy only, then
-    used to predict the others (the held-out test)."""
-    res = _simulate(manifest, cal, mem_bytes_per_s)
-    last = max(res.rank_end_s, key=res.rank_end_s.get)
-    n_ops = sum(1 for op in res.programs.ops[last] if op.kind == "compute")
-    return max(0.0, (measured_s - res.step_time_s) / n_ops)
+def measured_step_s(manifests: list[dict], profiled: bool = False) -> float:
+    """Median of the job's step time (slowest rank) over the unprofiled (or the profiled) steps of all runs
+    pooled: robust to a run whose steps met other work on the shared cores. The model predicts a step
+    without the profiler, whose own cost is a few microseconds per recorded op (~8% of a CPU step here);
+    manifests without unprofiled steps fall back to the profiled ones."""
+    key = "profiled_steps" if profiled else "unprofiled_steps"
+    steps = [m["step_time_s"]["job"][s] for m in manifests for s in m["profiler"].get(key) or []]
+    return statistics.median(steps) if steps else measured_step_s(manifests, True)
 
 
-def with_op_overhead(cal: Calibration, overhead_s: float) -> Calibration:
-    import dataclasses
-    return Calibration([dataclasses.replace(c, op_overhead_s=overhead_s) for c in cal.compute], cal.collectives,
-                       cal.source)
+def without_layers(cal: Calibration) -> Calibration:
+    """The calibration without its layer fits: GEMM fit and collectives only."""
+    return Calibration(cal.compute, cal.collectives, cal.source)
 
 
-def evaluate(runs: dict, cal: Calibration, mem_bytes_per_s: float, fit_on: str | None = "ddp") -> list[dict]:
-    """One row per strategy: measured, model (calibrated FLOPs and collectives only), model with the per-op
-    framework overhead fitted on ``fit_on`` alone, and replay."""
-    measured_of, manifests_of = {}, {}
-    for s, dirs in runs.items():
-        if s == "bench":
-            continue
-        manifests_of[s] = [json.loads((d / "manifest.json").read_text()) for d in dirs]
-        measured_of[s] = statistics.median(m["step_time_s"]["median_profiled_s"] for m in manifests_of[s])
-    overhead = 0.0
-    if fit_on in measured_of:
-        overhead = fit_op_overhead(manifests_of[fit_on][0], measured_of[fit_on], cal, mem_bytes_per_s)
-    cal_ovh = with_op_overhead(cal, overhead)
+def evaluate(runs: dict, cal: Calibration, mem_bytes_per_s: float) -> list[dict]:
+    """One row per strategy: measured, model with the GEMM fit only (FLOPs at GEMM speed, collectives),
+    model with the layer fits of the layer benchmark when the calibration has them, and replay."""
     rows = []
+    gemm_only = without_layers(cal)
     for s, dirs in runs.items():
-        if s == "bench":
+        if s in ("bench", "layers"):
             continue
-        manifests = manifests_of[s]
-        measured = measured_of[s]
-        predicted = predict_step_s(manifests[0], cal, mem_bytes_per_s)
-        predicted_ovh = predict_step_s(manifests[0], cal_ovh, mem_bytes_per_s)
+        manifests = [json.loads((d / "manifest.json").read_text()) for d in dirs]
+        measured = measured_step_s(manifests)
+        predicted = predict_step_s(manifests[0], gemm_only, mem_bytes_per_s)
+        predicted_layers = predict_step_s(manifests[0], cal, mem_bytes_per_s) if cal.layers else float("nan")
         reps = [replay(d) for d in dirs]
         rows.append({
-            "strategy": s, "runs": len(dirs), "measured_step_s": measured, "model_step_s": predicted,
+            "strategy": s, "runs": len(dirs), "measured_step_s": measured,
+            "measured_profiled_step_s": measured_step_s(manifests, profiled=True), "model_step_s": predicted,
             "model_error": (predicted - measured) / measured,
-            "model_ovh_step_s": predicted_ovh, "model_ovh_error": (predicted_ovh - measured) / measured,
-            "op_overhead_s": overhead, "fitted_here": s == fit_on,
+            "model_layers_step_s": predicted_layers, "model_layers_error": (predicted_layers - measured) / measured,
             "replay_measured_s": statistics.median(r["measured_step_time_s"] for r in reps),
             "replay_predicted_s": statistics.median(r["predicted_step_time_s"] for r in reps),
             "replay_error": statistics.median(r["error"] for r in reps),
@@ -186,13 +189,14 @@ def _main_thread_cpu_s(manifest: dict) -> float:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'strategy':>8} {'runs':>4} {'measured ms':>12} {'model ms':>9} {'model err':>9} {'+ovh ms':>8} "
-          f"{'+ovh err':>9} "
-          f"{'replay meas ms':>14} {'replay pred ms':>14} {'replay err':>10} {'load/core':>9} {'cpu ms':>7}")
+    print(f"{'strategy':>8} {'runs':>4} {'measured ms':>12} {'(profiled)':>10} {'gemm ms':>8} {'gemm err':>9} {'layers ms':>9} "
+          f"{'layers err':>10} {'replay meas ms':>14} {'replay pred ms':>14} {'replay err':>10} {'load/core':>9} "
+          f"{'cpu ms':>7}")
     for r in rows:
-        print(f"{r['strategy']:>8} {r['runs']:>4} {r['measured_step_s'] * 1e3:>12.2f} {r['model_step_s'] * 1e3:>9.2f} "
-              f"{r['model_error']:>+9.1%} {r['model_ovh_step_s'] * 1e3:>8.2f} "
-              f"{r['model_ovh_error']:>+8.1%}{'*' if r['fitted_here'] else ' '} {r['replay_measured_s'] * 1e3:>14.2f} "
+        print(f"{r['strategy']:>8} {r['runs']:>4} {r['measured_step_s'] * 1e3:>12.2f} "
+              f"{r['measured_profiled_step_s'] * 1e3:>10.2f} {r['model_step_s'] * 1e3:>8.2f} "
+              f"{r['model_error']:>+9.1%} {r['model_layers_step_s'] * 1e3:>9.2f} {r['model_layers_error']:>+10.1%} "
+              f"{r['replay_measured_s'] * 1e3:>14.2f} "
               f"{r['replay_predicted_s'] * 1e3:>14.2f} {r['replay_error']:>+10.1%} {r['load_per_core']:>9.2f} "
               f"{r['main_thread_cpu_s'] * 1e3:>7.1f}")
 
@@ -200,13 +204,12 @@ def print_table(rows: list[dict]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=7, help="steps per run (the last steps - 3 profiled)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10,
+                    help="steps per run: the last 4 profiled, one profiler warm-up before them, the rest unprofiled")
     ap.add_argument("--bench-max-bytes", type=int, default=16 << 20)
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
-    ap.add_argument("--fit-on", default="ddp", help="strategy whose run fits the per-op framework overhead "
-                                                    "(the others are held out); 'none' to skip")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="closed-loop-") as tmp:
         out = Path(a.out) if a.out else Path(tmp)
@@ -216,7 +219,7 @@ def main(argv=None) -> int:
         cal = calibrate([d for ds in runs.values() for d in ds])
         cal.save(out / "calibration.json")
         bw = memory_bandwidth_bytes_per_s()
-        rows = evaluate(runs, cal, bw, a.fit_on)
+        rows = evaluate(runs, cal, bw)
         fit = cal.compute_fit(json.loads((runs[a.strategies.split(",")[0]][0] / "manifest.json").read_text())
                               ["devices"][0])
         print(f"closed loop on {os.cpu_count()} CPUs, 2 gloo ranks, model {SHAPE}; collection {t_collect:.0f} s")
@@ -224,9 +227,9 @@ def main(argv=None) -> int:
               f"{fit.half_saturation_flops:.3g} FLOPs; {len(cal.collectives)} collective fits; "
               f"measured copy bandwidth {bw / 1e9:.1f} GB/s")
         print_table(rows)
-        if rows and rows[0]["op_overhead_s"]:
-            print(f"+ovh: per-op framework overhead {rows[0]['op_overhead_s'] * 1e6:.0f} us fitted on "
-                  f"{a.fit_on} alone (*); the other rows are held out")
+        for lf in cal.layers:
+            print(f"layer fit {lf.phase}: peak {lf.peak_flops_per_s / 1e9:.1f} GFLOP/s, half-saturation "
+                  f"{lf.half_saturation_flops:.3g} FLOPs (whole decoder block, layer benchmark)")
         if a.json:
             print(json.dumps(rows, indent=1))
     return 0

@@ -16,13 +16,22 @@ Format (``version`` 1)::
       "collectives": [
         {"kind": "all_reduce", "backend": "nccl", "group_size": 8, "scope": "intra",
          "alpha_s": 2.1e-5, "busbw_bytes_per_s": 3.6e11, "points": [[size_bytes, time_s], ...]}
+      ],
+      "layers": [     (optional)
+        {"device": "...", "phase": "forward", "peak_flops_per_s": 5.5e10, "half_saturation_flops": 4e7,
+         "points": [[flops, achieved_flops_per_s], ...]}
       ]
     }
 
 Compute model: achieved FLOP/s of an op of F FLOPs = peak_flops_per_s · F / (F + half_saturation_flops)
 (small ops are latency/launch bound, big GEMMs saturate), plus an optional ``op_overhead_s`` added to every
 compute op of a program: the framework time one program op carries beyond its FLOPs (dispatch, autograd,
-unfused elementwise kernels), measured on one run and validated on others (benchmarks/closed_loop.py). Collective model (nccl-tests convention):
+unfused elementwise kernels), measured on one run and validated on others (benchmarks/closed_loop.py).
+Layer model (optional ``layers``, from the collector's layer benchmark): the same curve fitted to whole
+transformer-layer forward / backward times (norms, attention, elementwise kernels and dispatch included)
+against the layer's model FLOPs; where present it prices the per-layer compute ops of a program (ops with a
+``layer``, by phase: forward, or backward for backward / backward_input / backward_weight) and the compute
+fit prices the rest (embedding, LM head). Collective model (nccl-tests convention):
 time = alpha_s + size_bytes · bus_factor(kind, n) / busbw_bytes_per_s, with bus_factor 2(n-1)/n for
 all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for broadcast / reduce / p2p.
 """
@@ -64,6 +73,29 @@ class ComputeFit:
         return self.peak_flops_per_s * flops / (flops + self.half_saturation_flops)
 
 
+LAYER_PHASES = ("forward", "backward")
+
+
+@dataclass
+class LayerFit:
+    """Achieved FLOP/s of a whole transformer layer's forward or backward against its model FLOPs."""
+
+    device: str
+    phase: str                    # "forward" or "backward"
+    peak_flops_per_s: float
+    half_saturation_flops: float = 0.0
+    points: list = field(default_factory=list)
+
+    def achieved_flops_per_s(self, flops: float) -> float:
+        if flops <= 0:
+            return self.peak_flops_per_s
+        return self.peak_flops_per_s * flops / (flops + self.half_saturation_flops)
+
+    def time_s(self, flops: float) -> float:
+        """Seconds for a layer op of ``flops`` FLOPs: (F + F_half) / peak."""
+        return (flops + self.half_saturation_flops) / self.peak_flops_per_s if flops > 0 else 0.0
+
+
 @dataclass
 class CollectiveFit:
     kind: str
@@ -84,18 +116,16 @@ class Calibration:
     compute: list[ComputeFit] = field(default_factory=list)
     collectives: list[CollectiveFit] = field(default_factory=list)
     source: dict = field(default_factory=dict)
+    layers: list[LayerFit] = field(default_factory=list)
 
     # ----------------------------------------------------------------- lookup
     def compute_fit(self, device: str) -> ComputeFit | None:
         """The fit for ``device`` (exact name, else case-insensitive substring either way), or None."""
-        for c in self.compute:
-            if c.device == device:
-                return c
-        d = device.lower()
-        for c in self.compute:
-            if c.device.lower() in d or d in c.device.lower():
-                return c
-        return None
+        return _by_device(self.compute, device)
+
+    def layer_fit(self, device: str, phase: str) -> LayerFit | None:
+        """The layer fit for ``device`` (matched as compute_fit) and ``phase`` ("forward" / "backward")."""
+        return _by_device([f for f in self.layers if f.phase == phase], device)
 
     def collective_fit(self, kind: str, group_size: int, scope: str, backend: str | None = None
                        ) -> CollectiveFit | None:
@@ -110,11 +140,14 @@ class Calibration:
 
     # ----------------------------------------------------------------- io
     def to_dict(self) -> dict:
-        return {
+        d = {
             "format": FORMAT, "version": VERSION, "source": self.source,
             "compute": [vars(c) for c in self.compute],
             "collectives": [vars(c) for c in self.collectives],
         }
+        if self.layers:
+            d["layers"] = [vars(f) for f in self.layers]
+        return d
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
@@ -128,6 +161,7 @@ class Calibration:
         try:
             compute = [ComputeFit(**c) for c in data.get("compute", [])]
             colls = [CollectiveFit(**c) for c in data.get("collectives", [])]
+            layers = [LayerFit(**f) for f in data.get("layers", [])]
         except TypeError as e:
             raise ConfigError(f"{where}: malformed entry: {e}") from None
         for c in compute:
@@ -139,7 +173,12 @@ class Calibration:
             if not (c.busbw_bytes_per_s > 0 and math.isfinite(c.busbw_bytes_per_s)) or not (c.alpha_s >= 0):
                 raise ConfigError(f"{where}: collective fit {c.kind}/{c.group_size}/{c.scope} needs "
                                   f"busbw_bytes_per_s > 0 and alpha_s >= 0")
-        return cls(compute, colls, data.get("source", {}))
+        for f in layers:
+            if f.phase not in LAYER_PHASES or not (f.peak_flops_per_s > 0 and math.isfinite(f.peak_flops_per_s)) \
+                    or not (0 <= f.half_saturation_flops < math.inf):
+                raise ConfigError(f"{where}: layer fit for {f.device!r} needs phase in {LAYER_PHASES}, "
+                                  f"peak_flops_per_s > 0 and a finite half_saturation_flops >= 0")
+        return cls(compute, colls, data.get("source", {}), layers)
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -160,3 +199,15 @@ class Calibration:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"calibration file {p} is not valid JSON: {e}") from None
         return cls.from_dict(data, where=str(p))
+
+
+def _by_device(fits: list, device: str):
+    """The fit whose device is ``device`` (exact, else case-insensitive substring either way), or None."""
+    for c in fits:
+        if c.device == device:
+            return c
+    d = device.lower()
+    for c in fits:
+        if c.device.lower() in d or d in c.device.lower():
+            return c
+    return None

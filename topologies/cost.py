@@ -2,7 +2,9 @@
 
 Compute: roofline ``max(flops / achieved FLOP/s, mem_bytes / achieved HBM bytes/s)``. Achieved FLOP/s is
 the calibration's fit for the device when there is one (peak · F/(F+F½)), else peak dense bf16 ×
-``DEFAULT_COMPUTE_EFFICIENCY``; achieved HBM bandwidth is peak × ``DEFAULT_MEMORY_EFFICIENCY``.
+``DEFAULT_COMPUTE_EFFICIENCY``; achieved HBM bandwidth is peak × ``DEFAULT_MEMORY_EFFICIENCY``. Ops of a
+transformer layer (``op.layer`` set) use the calibration's layer fit for their phase when it has one
+(measured whole-layer forward / backward times: ``(F + F½) / peak``), still bounded below by memory time.
 
 Communication: the algorithms of topologies.collectives on the cluster's routes, alpha-beta with the
 bottleneck link (cost ``A + S·K`` per group and algorithm, cached), the best algorithm chosen per call
@@ -20,12 +22,13 @@ import numpy as np
 from simulator.calibration import Calibration
 from simulator.costs import CommRequest
 from simulator.errors import ConfigError, TopologyError
-from simulator.program import COLLECTIVE_KINDS, Op
+from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE_KINDS, FORWARD, Op
 from topologies.cluster import Cluster
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
 
 NETWORKS = ("analytical", "flow", "ideal")
+_BACKWARD_PHASES = (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 
 # Fraction of peak dense bf16 FLOP/s a large GEMM reaches without calibration. Source: large bf16 GEMMs
 # in cuBLAS reach ~70-80 % of the dense peak on A100/H100 (NVIDIA's published cuBLAS / Transformer
@@ -131,6 +134,13 @@ class ClusterCostModel:
         acc = cluster.accelerator
         fit = calibration.compute_fit(acc.name) if calibration is not None else None
         self._compute_fit = fit
+        # per-layer fits (layer benchmark): price ops that belong to a transformer layer, by phase
+        self._layer_fits = {}
+        if calibration is not None:
+            for phase in (FORWARD, BACKWARD):
+                lf = calibration.layer_fit(acc.name, phase)
+                if lf is not None:
+                    self._layer_fits[phase] = lf
         self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
         self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
 
@@ -155,14 +165,23 @@ class ClusterCostModel:
             return op.duration_s
         if not (type(rank) is int and 0 <= rank < self.cluster.world_size):
             self.cluster.gpu_of(rank)           # raises the unplaced-rank error
-        key = (op.flops, op.mem_bytes)
+        layer_fit = None
+        if self._layer_fits and op.layer is not None:
+            layer_fit = self._layer_fits.get(FORWARD if op.phase == FORWARD else BACKWARD
+                                             if op.phase in _BACKWARD_PHASES else None)
+        key = (op.flops, op.mem_bytes, layer_fit is not None and layer_fit.phase)
         t = self._compute_cache.get(key)
         if t is None:
-            if self._compute_fit is not None:
-                rate = self._compute_fit.achieved_flops_per_s(op.flops)
+            if layer_fit is not None:
+                # measured whole-layer time: norms, attention, elementwise kernels and dispatch included
+                t = max(layer_fit.time_s(op.flops), op.mem_bytes / self._mem_per_s if op.mem_bytes else 0.0)
             else:
-                rate = self._flops_per_s
-            t = max(op.flops / rate if op.flops else 0.0, op.mem_bytes / self._mem_per_s if op.mem_bytes else 0.0)
+                if self._compute_fit is not None:
+                    rate = self._compute_fit.achieved_flops_per_s(op.flops)
+                else:
+                    rate = self._flops_per_s
+                t = max(op.flops / rate if op.flops else 0.0,
+                        op.mem_bytes / self._mem_per_s if op.mem_bytes else 0.0)
             if self._compute_fit is not None:
                 t += self._compute_fit.op_overhead_s     # calibrated framework time per program op
             if len(self._compute_cache) > 100_000:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.calibration import bus_factor
-from traces.collect import UsageError, base_manifest, rank_info, say, synchronize, write_json
+from traces.collect import UsageError, say, synchronize, write_bench_manifest
 
 BENCH_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -121,19 +121,15 @@ def run_bench(args, backend: str, device: torch.device, out: Path) -> None:
                 r = rows[-1]
                 say(f"{kind:>15} {nbytes:>12d} B {t * 1e6:>11.1f} us  algbw {r['algbw_GBps']:8.3f} GB/s  "
                       f"busbw {r['busbw_GBps']:8.3f} GB/s")
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, rank_info(device))
-    if rank == 0:
-        manifest = base_manifest(args, backend, device, gathered)
-        manifest.update({
-            "mode": "bench", "bench": "collectives", "strategy": None,
-            "method": f"per size: {warmup} warm-up ops; then {reps} repetitions of (synchronize, barrier, time "
-                      f"'iters' ops, synchronize, stop clock, barrier); time_s = median over repetitions of "
-                      f"the slowest rank's time per op. Sizes in nccl-tests' convention (all_gather: output, "
-                      f"reduce_scatter: input, all_to_all: send buffer, p2p: one message of a ring sendrecv); "
-                      f"algbw = size / time, busbw = algbw * bus factor (2(n-1)/n all_reduce, (n-1)/n "
-                      f"all_gather/reduce_scatter/all_to_all, 1 broadcast/p2p).",
-            "results": rows,
-        })
-        write_json(out / "manifest.json", manifest)
+    path = write_bench_manifest(args, backend, device, out, {
+        "bench": "collectives",
+        "method": f"per size: {warmup} warm-up ops; then {reps} repetitions of (synchronize, barrier, time "
+                  f"'iters' ops, synchronize, stop clock, barrier); time_s = median over repetitions of "
+                  f"the slowest rank's time per op. Sizes in nccl-tests' convention (all_gather: output, "
+                  f"reduce_scatter: input, all_to_all: send buffer, p2p: one message of a ring sendrecv); "
+                  f"algbw = size / time, busbw = algbw * bus factor (2(n-1)/n all_reduce, (n-1)/n "
+                  f"all_gather/reduce_scatter/all_to_all, 1 broadcast/p2p).",
+        "results": rows,
+    })
+    if path is not None:
         say(f"benchmark of {len(rows)} points written to {out / 'manifest.json'}")

@@ -8,8 +8,12 @@ compute      per device, from GEMM ops (aten::mm / addmm / bmm / baddbmm, FLOPs 
              an op (its GPU kernels' total on GPU traces, the op's own CPU time on CPU traces) against its
              FLOPs. The model time = F / peak + F_half / peak (achieved = peak · F / (F + F_half)) is linear in
              F, fitted by least squares on relative error over the median time of each distinct size.
+layers       per device and phase (forward / backward), from the collector's layer benchmark (``--bench
+             layers``): the time of one whole decoder block's forward or backward against its model FLOPs
+             (``schedules.models``, divided by the TP degree as the programs do), the same linear fit.
 collectives  per (kind, backend, group size, scope), time = alpha + size · bus_factor / busbw, fitted the
-             same way over the median transfer time of each distinct size. In a trace the transfer time of
+             same way over the mean transfer time of each distinct size (the expected cost a step pays;
+             nccl-tests reports means too). In a trace the transfer time of
              one collective is min(end) - max(start) over its members when all members are in the trace and
              share a clock (a member's duration includes waiting for the others), else the shortest member
              duration; gloo runs FSDP's reduce_scatter as an all_reduce of the whole buffer, so gloo points
@@ -27,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.calibration import Calibration, CollectiveFit, ComputeFit, bus_factor
+from simulator.calibration import Calibration, CollectiveFit, ComputeFit, LayerFit, bus_factor
 from simulator.errors import TraceError
 from traces.parse import Trace, load_trace, trace_files
 
@@ -73,12 +77,21 @@ def fit_compute(device: str, flops: np.ndarray, seconds: np.ndarray) -> ComputeF
     return ComputeFit(device=device, peak_flops_per_s=peak, half_saturation_flops=b * peak, points=points)
 
 
+def fit_layer(device: str, phase: str, flops: np.ndarray, seconds: np.ndarray) -> LayerFit:
+    """LayerFit from (layer FLOPs, seconds) samples, fitted as ``fit_compute``."""
+    c = fit_compute(device, flops, seconds)
+    return LayerFit(device=device, phase=phase, peak_flops_per_s=c.peak_flops_per_s,
+                    half_saturation_flops=c.half_saturation_flops, points=c.points)
+
+
 def fit_collective(kind: str, group_size: int, scope: str, backend: str, sizes, seconds) -> CollectiveFit:
     df = pd.DataFrame({"s": sizes, "t": seconds}).dropna()
     df = df[(df["s"] > 0) & (df["t"] > 0)]
     if df.empty:
         raise ValueError(f"no {kind} samples")
-    med = df.groupby("s")["t"].median().reset_index()
+    # the mean per size, not the median: a step pays every collective's time, slow ones included (gloo on
+    # shared cores is bimodal: ~0.5 ms or ~3.5 ms for the same 512 KiB all_reduce); nccl-tests reports means
+    med = df.groupby("s")["t"].mean().reset_index()
     slope, alpha = fit_linear_relative(med["s"].to_numpy(), med["t"].to_numpy())
     bf = bus_factor(kind, group_size)
     if slope <= 0:            # latency-bound at every measured size: bandwidth from the largest one
@@ -200,6 +213,31 @@ def bench_samples(manifest: dict, where: str) -> pd.DataFrame:
     return df
 
 
+def layer_samples(manifest: dict, where: str) -> pd.DataFrame:
+    """Rows of a layer-benchmark manifest: device, phase, flops (model FLOPs per rank), seconds."""
+    from schedules.models import custom_model      # the FLOP model the simulator's programs use
+
+    res = manifest.get("results")
+    if not isinstance(res, list) or not res:
+        raise TraceError(f"{where}: layer benchmark manifest has no 'results' table")
+    device = (manifest.get("devices") or ["unknown"])[0]
+    rows = []
+    for i, r in enumerate(res):
+        try:
+            m = custom_model(layers=1, hidden=int(r["hidden"]), heads=int(r["heads"]), ffn=int(r["ffn"]),
+                             vocab=1, gated_mlp=True)
+            lf = m.layer_flops(0, int(r["seq"]), int(r["batch"]))
+            tp = int(r.get("tp") or 1)
+            rows.append({"device": device, "phase": "forward", "flops": lf.forward / tp,
+                         "seconds": float(r["forward_s"])})
+            rows.append({"device": device, "phase": "backward",
+                         "flops": (lf.backward_input + lf.backward_weight) / tp, "seconds": float(r["backward_s"])})
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceError(f"{where}: results row {i} lacks hidden / heads / ffn / seq / batch / forward_s / "
+                             f"backward_s ({e})") from None
+    return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------------------------- calibrate
 def calibrate(sources, *, min_points: int = 1) -> Calibration:
     """Fit a Calibration from trace files/folders and collective-benchmark manifests (or their folders)."""
@@ -208,7 +246,7 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
     sources = [Path(s) for s in sources]
     if not sources:
         raise TraceError("calibrate needs at least one trace folder, trace file or benchmark manifest")
-    gemms, colls, used = [], [], []
+    gemms, colls, used, layer_rows = [], [], [], []
     for src in sources:
         if not src.exists():
             raise TraceError(f"{src} does not exist")
@@ -220,6 +258,11 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
                 raise TraceError(f"{src}: not valid JSON ({e})") from None
         elif src.is_dir():
             manifest = _manifest(src)
+        if manifest is not None and manifest.get("mode") == "bench" and manifest.get("bench") == "layers":
+            layer_rows.append(layer_samples(manifest, str(src)))
+            used.append({"path": str(src), "kind": "layer benchmark", "backend": manifest.get("backend"),
+                         "devices": sorted(set(manifest.get("devices") or []))})
+            continue
         if manifest is not None and manifest.get("mode") == "bench":
             b = bench_samples(manifest, str(src))
             b["source"] = str(src)
@@ -256,7 +299,7 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
     cal = Calibration(source={
         "method": "clustersim calibrate: " + __doc__.split("\n\n")[1].split("\n")[0].strip(),
         "inputs": used, "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": "compute: achieved = peak * F / (F + F_half); collectives: time = alpha + size * "
+        "model": "compute and layers: achieved = peak * F / (F + F_half); collectives: time = alpha + size * "
                  "bus_factor / busbw (nccl-tests sizes)",
     })
     g = pd.concat(gemms, ignore_index=True) if gemms else pd.DataFrame(columns=["device", "flops", "seconds"])
@@ -264,6 +307,13 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
         if d["flops"].nunique() >= min_points:
             try:
                 cal.compute.append(fit_compute(str(dev), d["flops"].to_numpy(), d["seconds"].to_numpy()))
+            except ValueError:
+                pass
+    if layer_rows:
+        lr = pd.concat(layer_rows, ignore_index=True)
+        for (dev, phase), d in lr.groupby(["device", "phase"]):
+            try:
+                cal.layers.append(fit_layer(str(dev), str(phase), d["flops"].to_numpy(), d["seconds"].to_numpy()))
             except ValueError:
                 pass
     c = pd.concat(colls, ignore_index=True) if colls else pd.DataFrame()
@@ -277,7 +327,7 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
                                                           d["transfer_s"].to_numpy()))
                 except ValueError:
                     pass
-    if not cal.compute and not cal.collectives:
+    if not cal.compute and not cal.collectives and not cal.layers:
         raise TraceError(f"nothing to calibrate in {', '.join(map(str, sources))}: no GEMM op with shapes "
                          f"(record with record_shapes=True) and no collective with a known size")
     return cal
@@ -290,7 +340,8 @@ def plot(cal: Calibration, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fits = [("compute", f) for f in cal.compute] + [("coll", f) for f in cal.collectives]
+    fits = ([("compute", f) for f in cal.compute] + [("layer", f) for f in cal.layers]
+            + [("coll", f) for f in cal.collectives])
     if not fits:
         raise TraceError("the calibration has no fit to plot")
     cols = min(3, len(fits))
@@ -298,21 +349,22 @@ def plot(cal: Calibration, path: str | Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     for ax, (what, f) in zip(axes.flat, fits):
         pts = np.array(f.points, float) if f.points else np.zeros((0, 2))
-        if what == "compute":
+        if what in ("compute", "layer"):
             xs = np.logspace(math.log10(max(pts[:, 0].min() / 2, 1.0)) if len(pts) else 6,
                              math.log10(pts[:, 0].max() * 2) if len(pts) else 13, 100)
             ax.plot(xs, [f.achieved_flops_per_s(x) / 1e12 for x in xs], "-", label="fit")
             if len(pts):
                 ax.plot(pts[:, 0], pts[:, 1] / 1e12, "o", ms=4, label="measured (median)")
-            ax.set_xlabel("GEMM FLOPs"); ax.set_ylabel("achieved TFLOP/s")
-            ax.set_title(f"{f.device}\npeak {f.peak_flops_per_s / 1e12:.3g} TFLOP/s, "
+            ax.set_xlabel("GEMM FLOPs" if what == "compute" else f"layer {f.phase} FLOPs (per rank)")
+            ax.set_ylabel("achieved TFLOP/s")
+            ax.set_title(f"{f.device}{'' if what == 'compute' else ' (whole layer)'}\npeak {f.peak_flops_per_s / 1e12:.3g} TFLOP/s, "
                          f"F_half {f.half_saturation_flops:.3g}", fontsize=9)
         else:
             xs = np.logspace(math.log10(max(pts[:, 0].min() / 2, 1.0)) if len(pts) else 3,
                              math.log10(pts[:, 0].max() * 2) if len(pts) else 9, 100)
             ax.plot(xs, [f.time_s(x) * 1e6 for x in xs], "-", label="fit")
             if len(pts):
-                ax.plot(pts[:, 0], pts[:, 1] * 1e6, "o", ms=4, label="measured (median)")
+                ax.plot(pts[:, 0], pts[:, 1] * 1e6, "o", ms=4, label="measured (mean)")
             ax.set_xlabel("size (bytes)"); ax.set_ylabel("time (us)")
             ax.set_title(f"{f.kind} {f.backend} n={f.group_size} {f.scope}\nalpha {f.alpha_s * 1e6:.3g} us, "
                          f"busbw {f.busbw_bytes_per_s / 1e9:.3g} GB/s", fontsize=9)

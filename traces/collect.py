@@ -2,13 +2,15 @@
 
     torchrun --nproc-per-node N -m traces.collect --strategy {ddp,zero1,fsdp,tp,pp,ep} --steps K --out DIR
     torchrun --nproc-per-node N -m traces.collect --bench collectives --out DIR [--max-bytes B]
+    torchrun --nproc-per-node N -m traces.collect --bench layers --out DIR [--hidden H --heads A --seq S --batch B]
 
 Training mode trains the small Llama-style transformer of ``traces.models`` for K steps with the chosen
 strategy under torch.profiler (schedule: wait, 1 warm-up step, ``--active`` recorded steps; shapes
 recorded) and writes ``DIR/rank{r}.json.gz`` (Kineto / Chrome trace JSON, gzipped) per rank plus
 ``DIR/manifest.json``. Benchmark mode times all_reduce, all_gather, reduce_scatter, all_to_all,
 broadcast and p2p (ring send/recv) from 1 KiB up to ``--max-bytes`` (traces.bench_collectives) and writes
-the table to the manifest.
+the table to the manifest. ``--bench layers`` times one decoder block's forward and backward at a grid of
+shapes (tensor-parallel shards, micro-batch sizes; traces.bench_layers) for the per-layer compute fit.
 
 Backend ``auto``: NCCL on ``cuda:LOCAL_RANK`` when CUDA is available, else gloo on CPU.
 ``clustersim collect`` (traces.collect_cli) launches this module for you.
@@ -69,7 +71,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    p.add_argument("--bench", choices=("collectives",), default=None)
+    p.add_argument("--bench", choices=("collectives", "layers"), default=None,
+                   help="collectives: the collective benchmark; layers: one block's forward / backward times")
     p.add_argument("--max-bytes", type=int, default=0,
                    help="benchmark: largest size (0: 64 MiB on CPU, what memory allows up to 8 GiB on GPU)")
     p.add_argument("--size-factor", type=int, default=2, help="benchmark: ratio of successive sizes")
@@ -142,11 +145,27 @@ def base_manifest(args, backend: str, device: torch.device, infos: list[dict]) -
         "torch_version": torch.__version__, "nccl_version": nccl_version() if backend == "nccl" else None,
         "cuda_version": torch.version.cuda, "python_version": platform.python_version(),
         "argv": sys.argv[1:],
+        # settings that change host-side timing (threads, glibc malloc behaviour), as the ranks ran with them
+        "environment": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_",
+                                                   "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD") if k in os.environ},
         # runnable processes per core on rank 0's host (1, 5, 15 min) when the manifest was written: timings
         # taken while other work shared the cores are slower than the machine is
         "load_average": [round(x / (os.cpu_count() or 1), 2) for x in os.getloadavg()]
         if hasattr(os, "getloadavg") else None,
     }
+
+
+def write_bench_manifest(args, backend: str, device: torch.device, out: Path, fields: dict) -> Path | None:
+    """Collective step: gather every rank's info; rank 0 writes DIR/manifest.json (base manifest + ``fields``,
+    which set ``bench``, ``method`` and ``results``) and returns its path; other ranks return None."""
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, rank_info(device))
+    if dist.get_rank() != 0:
+        return None
+    manifest = base_manifest(args, backend, device, gathered)
+    manifest.update({"mode": "bench", "strategy": None, **fields})
+    write_json(out / "manifest.json", manifest)
+    return out / "manifest.json"
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -164,8 +183,11 @@ def profiler_schedule(steps: int, active: int) -> dict:
     active = active or min(3, steps - 2)
     if not 1 <= active <= steps - 2:
         raise UsageError(f"--active must be in 1..steps-2 = {steps - 2}, got {active}")
-    return {"wait": steps - 1 - active, "warmup": 1, "active": active, "repeat": 1,
-            "profiled_steps": list(range(steps - active, steps)), "record_shapes": True}
+    wait = steps - 1 - active
+    return {"wait": wait, "warmup": 1, "active": active, "repeat": 1,
+            "profiled_steps": list(range(steps - active, steps)), "record_shapes": True,
+            # steps the profiler did not touch, the first (cold) one left out
+            "unprofiled_steps": list(range(1, wait))}
 
 
 def make_batches(vocab: int, batch: int, seq: int, data_rank: int, steps: int, device=None) -> list[tuple]:
@@ -231,9 +253,12 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
             "job": job,
             "median_profiled_s": statistics.median(job[s] for s in prof_steps),
             "median_s": statistics.median(job[1:]),
+            # without the profiler's own cost (a few microseconds per recorded op): what a model predicts
+            "median_unprofiled_s": statistics.median(job[s] for s in sched["unprofiled_steps"])
+            if sched["unprofiled_steps"] else None,
             "definition": "wall time of one step on a rank (perf_counter around the step, device "
                           "synchronised); job = max over ranks; medians over the profiled steps / all "
-                          "steps but the first",
+                          "steps but the first / the unprofiled steps but the first",
             # CPU time of the main thread in each step: on a CPU backend, wall minus this is time spent
             # waiting (for peers, or for a core shared with other work)
             "main_thread_cpu_per_rank": [g["cpu"] for g in gathered],
@@ -257,9 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         kw = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, timeout=_dt.timedelta(seconds=args.timeout_s), **kw)
-        if args.bench:
+        if args.bench == "collectives":
             from traces.bench_collectives import run_bench
             run_bench(args, backend, device, out)
+        elif args.bench == "layers":
+            from traces.bench_layers import run_bench_layers
+            run_bench_layers(args, backend, device, out)
         else:
             run_training(args, backend, device, out)
     except (UsageError, ValueError) as e:     # bad arguments, a model / plan that cannot be built

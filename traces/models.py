@@ -10,7 +10,8 @@ Parallel forms, all with explicit torch.distributed collectives so every one sho
   column-parallel, the attention output and MLP down projections row-parallel; ``_CopyToTP`` (identity
   forward, all_reduce backward) enters each parallel region and ``_ReduceFromTP`` (all_reduce forward,
   identity backward) leaves it: two all_reduces of the (batch, seq, hidden) activation per block in the
-  forward, two in the backward. Embedding, norms and the LM head are replicated.
+  forward, two in the backward. Embedding, norms and the LM head are replicated. With ``tp_group=None``
+  a block holds one rank's shard and runs no collective (the layer benchmark times a shard's compute).
 - pipeline parallel: a ``Transformer`` may hold only blocks [first, last) and the embedding / head only on
   the first / last stage.
 - expert parallel (GShard/Switch-style, capacity-based): each rank holds ``experts / ep`` experts; tokens
@@ -171,7 +172,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(width, cfg.hidden, bias=False)
 
     def forward(self, x, cos, sin):
-        if self.tp > 1:
+        if self.tp > 1 and self.tp_group is not None:
             x = _CopyToTP.apply(x, self.tp_group)
         b, s, _ = x.shape
         q, k, v = (w(x).view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
@@ -179,7 +180,7 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = self.wo(y.transpose(1, 2).reshape(b, s, -1))
-        if self.tp > 1:
+        if self.tp > 1 and self.tp_group is not None:
             y = _ReduceFromTP.apply(y, self.tp_group)
         return y
 
@@ -197,10 +198,10 @@ class MLP(nn.Module):
         self.down = nn.Linear(ffn // tp, hidden, bias=False)
 
     def forward(self, x):
-        if self.tp > 1:
+        if self.tp > 1 and self.tp_group is not None:
             x = _CopyToTP.apply(x, self.tp_group)
         y = self.down(F.silu(self.gate(x)) * self.up(x))
-        if self.tp > 1:
+        if self.tp > 1 and self.tp_group is not None:
             y = _ReduceFromTP.apply(y, self.tp_group)
         return y
 

@@ -207,6 +207,30 @@ def test_collective_benchmark(tmp_path):
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor[r["kind"]])
 
 
+@pytest.mark.slow
+@needs_torch
+def test_layer_benchmark_times_each_shard_and_batch_and_calibrates(tmp_path):
+    """--bench layers: one row per (tp shard, micro-batch) with positive forward / backward times; the
+    calibration fits both phases from it, with FLOPs of the programs' own per-layer ops."""
+    from traces.calibrate import calibrate
+
+    assert cli_main(["collect", "--bench", "layers", "--nproc-per-node", "2", "--hidden", "64", "--heads", "2",
+                     "--seq", "32", "--batch", "4", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["mode"] == "bench" and m["bench"] == "layers" and m["world_size"] == 2
+    assert m["environment"]["MALLOC_MMAP_THRESHOLD_"] == str(1 << 30)     # set by the launcher
+    rows = m["results"]
+    assert sorted((r["tp"], r["batch"]) for r in rows) == [(t, b) for t in (1, 2) for b in (1, 2, 4)]
+    for r in rows:
+        assert r["forward_s"] > 0 and r["backward_s"] > 0 and r["reps"] >= 3
+        assert (r["hidden"], r["heads"], r["ffn"], r["seq"]) == (64, 2, 176, 32)
+    cal = calibrate(tmp_path)
+    assert sorted(f.phase for f in cal.layers) == ["backward", "forward"]
+    # (tp 2, batch 2b) has the FLOPs of (tp 1, batch b): 4 distinct sizes of 6 shapes
+    assert all(f.device == m["devices"][0] and len(f.points) == 4 for f in cal.layers)
+    assert not cal.compute and not cal.collectives
+
+
 # ---------------------------------------------------------------------------------------------- errors
 @pytest.mark.slow
 @needs_torch

@@ -73,7 +73,10 @@ def test_moe_drops_tokens_over_capacity():
 
 def test_profiler_schedule_records_the_last_steps():
     assert profiler_schedule(5, 2) == {"wait": 2, "warmup": 1, "active": 2, "repeat": 1,
-                                       "profiled_steps": [3, 4], "record_shapes": True}
+                                       "profiled_steps": [3, 4], "record_shapes": True, "unprofiled_steps": [1]}
+    # steps the profiler never touched, the cold first one left out
+    assert profiler_schedule(10, 4)["unprofiled_steps"] == [1, 2, 3, 4]
+    assert profiler_schedule(4, 2)["unprofiled_steps"] == []
     assert profiler_schedule(5, 0)["profiled_steps"] == [2, 3, 4]     # default: min(3, steps - 2)
     assert profiler_schedule(10, 0)["profiled_steps"] == [7, 8, 9]
     with pytest.raises(UsageError, match="--steps must be >= 3"):
