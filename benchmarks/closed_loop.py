@@ -11,7 +11,9 @@
    not the trace's ops) on a 2-rank CPU "cluster" whose cost model is the calibration (topologies
    ClusterCostModel: the compute fit by device name, the collective fits by kind / group size / scope),
    twice: with the GEMM fit alone (every FLOP at GEMM speed), and with the layer fits pricing the per-layer
-   ops (everything else, e.g. the LM head, still at GEMM speed). No constant is fitted to a step time;
+   ops (everything else, e.g. the LM head, still at GEMM speed). When the ranks' threads fill every core,
+   communication cannot overlap compute (``comm_can_overlap``) and the plan says so. No constant is fitted
+   to a step time;
    CPU memory bandwidth for memory-bound ops (optimizer, norms) is measured here with a large numpy copy;
 4. replay: each trace re-simulated from its own ops (traces.replay).
 
@@ -103,11 +105,29 @@ def model_and_plan(manifest: dict):
                          experts=m["experts"], top_k=m["top_k"], gated_mlp=True, dtype_bytes=dtype_bytes,
                          name=f"collector-{m['params']}",
                          **({"capacity_factor": m["capacity_factor"]} if m["experts"] else {}))
+    overlap = comm_can_overlap(manifest)
     plan = ParallelPlan(
         dp=p["dp"], tp=p["tp"], pp=p["pp"], ep=p["ep"], zero=0 if p["fsdp"] else p["zero_stage"], fsdp=p["fsdp"],
         micro_batch=p["micro_batch"], global_batch=p["global_batch"], seq=m["seq"], schedule="1f1b",
-        bucket_bytes=p.get("bucket_cap_mb", 25) * 2**20, grad_bytes_per_param=dtype_bytes)
+        bucket_bytes=p.get("bucket_cap_mb", 25) * 2**20, grad_bytes_per_param=dtype_bytes,
+        overlap_grad_reduce=overlap, fsdp_prefetch=1 if overlap else 0)
     return model, plan
+
+
+def comm_can_overlap(manifest: dict) -> bool:
+    """Whether the run could overlap communication with compute. On a GPU a collective runs on its own
+    stream while the host queues compute ahead. On a CPU backend, gloo's transfers run on CPU threads: when
+    the ranks' compute threads occupy every core of the host (2 ranks x 1 thread on 2 cores here), a
+    transfer takes the core from the compute it would overlap, so the model issues gradient reductions
+    after the backward and gathers FSDP parameters just in time (no prefetch)."""
+    if manifest.get("device_type") != "cpu":
+        return True
+    ranks = manifest.get("ranks") or []
+    per_host: dict = {}
+    for r in ranks:
+        per_host[r.get("hostname")] = per_host.get(r.get("hostname"), 0) + int(r.get("threads") or 1)
+    cores = min((int(r.get("cpu_count") or 0) for r in ranks), default=0)
+    return bool(ranks) and cores > max(per_host.values())
 
 
 def cpu_cluster(manifest: dict, cal: Calibration, mem_bytes_per_s: float) -> Cluster:

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.calibration import Calibration, CollectiveFit, ComputeFit, LayerFit, bus_factor
-from simulator.errors import TraceError
+from simulator.errors import ClusterSimError, TraceError
 from traces.parse import Trace, load_trace, trace_files
 
 BENCH_FORMAT = "clustersim-trace-manifest"
@@ -232,9 +232,9 @@ def layer_samples(manifest: dict, where: str) -> pd.DataFrame:
                          "seconds": float(r["forward_s"])})
             rows.append({"device": device, "phase": "backward",
                          "flops": (lf.backward_input + lf.backward_weight) / tp, "seconds": float(r["backward_s"])})
-        except (KeyError, TypeError, ValueError) as e:
-            raise TraceError(f"{where}: results row {i} lacks hidden / heads / ffn / seq / batch / forward_s / "
-                             f"backward_s ({e})") from None
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, ClusterSimError) as e:
+            raise TraceError(f"{where}: layer benchmark results row {i} lacks a valid hidden / heads / ffn / seq "
+                             f"/ batch / tp / forward_s / backward_s ({e})") from None
     return pd.DataFrame(rows)
 
 

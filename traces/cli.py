@@ -42,6 +42,9 @@ def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None) -
     for c in cal.compute:
         click.echo(f"compute  {c.device}: peak {c.peak_flops_per_s / 1e12:.4g} TFLOP/s, "
                    f"half-saturation {c.half_saturation_flops:.3g} FLOPs ({len(c.points)} sizes)")
+    for f in cal.layers:
+        click.echo(f"layer    {f.device} {f.phase}: peak {f.peak_flops_per_s / 1e12:.4g} TFLOP/s, "
+                   f"half-saturation {f.half_saturation_flops:.3g} FLOPs ({len(f.points)} sizes)")
     for c in cal.collectives:
         click.echo(f"{c.kind:<15} {c.backend} n={c.group_size} {c.scope}: alpha {c.alpha_s * 1e6:.3g} us, "
                    f"busbw {c.busbw_bytes_per_s / 1e9:.4g} GB/s ({len(c.points)} sizes)")

@@ -160,3 +160,37 @@ def test_cli(tmp_path):
                 ["-o", str(out), "--plot", str(tmp_path / "fit.yaml")],
                 ["-o", str(out), "--plot", str(tmp_path / "missing" / "fit.png")]):
         assert cli_main(["calibrate", str(b)] + bad) == 2, bad
+
+
+def _layers_manifest(folder, rows):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": "clustersim-trace-manifest", "mode": "bench", "bench": "layers", "backend": "gloo",
+        "devices": ["CPU Test", "CPU Test"], "world_size": 2, "results": rows}))
+    return folder
+
+
+def test_layer_benchmark_calibrates_and_plots(tmp_path, capsys):
+    rows = [{"hidden": 64, "heads": 2, "ffn": 176, "seq": 32, "batch": b, "tp": t,
+             "forward_s": 1e-3 * b / t + 2e-4, "backward_s": 2e-3 * b / t + 3e-4} for t in (1, 2) for b in (1, 4)]
+    d = _layers_manifest(tmp_path / "layers", rows)
+    out, png = tmp_path / "c.json", tmp_path / "c.png"
+    assert cli_main(["calibrate", str(d), "-o", str(out), "--plot", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert "layer    CPU Test forward" in printed and "layer    CPU Test backward" in printed
+    cal = Calibration.load(out)
+    assert {f.phase for f in cal.layers} == {"forward", "backward"} and png.stat().st_size > 10_000
+    assert cal.source["inputs"][0]["kind"] == "layer benchmark"
+
+
+@pytest.mark.parametrize("rows", [[], [{"hidden": 64}],
+                                  [{"hidden": "x", "heads": 2, "ffn": 1, "seq": 1, "batch": 1, "forward_s": 1,
+                                    "backward_s": 1}],
+                                  [{"hidden": 64, "heads": 0, "ffn": 1, "seq": 1, "batch": 1, "forward_s": 1,
+                                    "backward_s": 1}]])
+def test_bad_layer_benchmark_is_a_clear_error(tmp_path, capsys, rows):
+    d = _layers_manifest(tmp_path / "layers", rows)
+    assert cli_main(["calibrate", str(d), "-o", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(d) in err and ("layer benchmark" in err or "results row" in err)
+    assert "Traceback" not in err

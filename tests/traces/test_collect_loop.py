@@ -59,3 +59,17 @@ def test_manifest_maps_to_the_model_and_plan_it_trained():
         assert (model.layers, model.hidden, model.ffn, model.vocab) == (2, 64, 176, 128)
         assert model.dtype_bytes == 4 and plan.seq == 32
         assert model.param_count() == m["model"]["params"]     # two independent counts of the same model
+
+
+def test_communication_overlaps_only_with_a_spare_core_or_a_gpu():
+    loop = _closed_loop()
+    cpu = lambda cores, threads=1: {"device_type": "cpu", "ranks": [
+        {"hostname": "h", "threads": threads, "cpu_count": cores} for _ in range(2)]}
+    assert not loop.comm_can_overlap(cpu(2))           # 2 ranks x 1 thread fill both cores: gloo takes them
+    assert loop.comm_can_overlap(cpu(8))
+    assert not loop.comm_can_overlap(cpu(8, threads=4))
+    assert loop.comm_can_overlap({"device_type": "cuda", "ranks": []})
+    m = json.loads((ROOT / "traces" / "samples" / "cpu-gloo-ddp" / "manifest.json").read_text())
+    m["ranks"] = [dict(r, cpu_count=2, threads=1) for r in m["ranks"]]
+    model, plan = loop.model_and_plan(m)
+    assert not plan.overlap_grad_reduce and plan.fsdp_prefetch == 0
