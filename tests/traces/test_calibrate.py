@@ -194,3 +194,16 @@ def test_bad_layer_benchmark_is_a_clear_error(tmp_path, capsys, rows):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(d) in err and ("layer benchmark" in err or "results row" in err)
     assert "Traceback" not in err
+
+
+def test_committed_layer_benchmark_sample_fits_both_phases():
+    """traces/samples/cpu-gloo-layers: a real layer benchmark (2 gloo ranks); bigger layers run closer to the
+    fitted peak, and the fit reproduces every measured point within 15 %."""
+    from pathlib import Path
+    d = Path(__file__).resolve().parents[2] / "traces" / "samples" / "cpu-gloo-layers"
+    cal = calibrate(d)
+    assert {f.phase for f in cal.layers} == {"forward", "backward"}
+    for f in cal.layers:
+        pts = np.array(f.points)
+        assert len(pts) >= 4 and f.half_saturation_flops > 0
+        assert np.all(np.abs(np.array([f.achieved_flops_per_s(x) for x in pts[:, 0]]) / pts[:, 1] - 1) < 0.15)
