@@ -260,7 +260,7 @@ class _StageBuilder:
                 usage = self.usage_pos_of(i, u)
                 self._ensure_gathers(usage + p.fsdp_prefetch)
                 if usage in self.ag_idx:
-                    udeps.append(self.ag_idx[usage])
+                    udeps.append(self._fsdp_copy_out(u, a, self.ag_idx[usage]) if p.fsdp else self.ag_idx[usage])
             if a.phase == "F" and (a.chunk, u.name) in self.param_ag and (a.chunk, u.name) not in self.first_fwd_done:
                 udeps.append(self.param_ag[(a.chunk, u.name)])
                 self.first_fwd_done.add((a.chunk, u.name))
@@ -420,9 +420,24 @@ class _StageBuilder:
         return self.tokens_rank * width * self.dt
 
     # data parallel ---------------------------------------------------------------------------------
+    def _fsdp_copy_out(self, u: Unit, a: Action, gather: int) -> int:
+        """FSDP2 (per-parameter sharding) copies the all-gathered flat buffer out into the unit's parameters
+        on the compute stream before using them (``foreach_all_gather_copy_out``): read + write of the
+        unsharded parameter bytes. ZeRO-3 with flat buffers uses views and has no such copy."""
+        nbytes = sum(n for _, n in self._gather_sizes(u)) * self.dt
+        return self.comp(f"fsdp copy-out {u.name}", 0.0, 2 * nbytes, (gather,), layer=u.layer, microbatch=a.mb,
+                         phase=PHASE[a.phase], strategy="fsdp")
+
     def _fsdp_reduce(self, u: Unit, a: Action, last: int) -> None:
         if self.p.splits_backward and a.phase == "Bi":
             return
+        if self.p.fsdp:
+            # FSDP2 copies the unit's unsharded gradients into the reduce-scatter input on the compute stream
+            # (``foreach_reduce_scatter_copy_in``): read + write of the gradient bytes
+            gbytes = sum(n for _, n in self._gather_sizes(u)) * self.p.grad_bytes_per_param
+            if gbytes:
+                last = self.comp(f"fsdp copy-in {u.name}", 0.0, 2 * gbytes, (last,), layer=u.layer,
+                                 microbatch=a.mb, phase=PHASE[a.phase], strategy="fsdp")
         for role, n in self._gather_sizes(u):
             gb = n * self.p.grad_bytes_per_param
             self.dp_ops.append(self.coll(f"fsdp RS {u.name}", "reduce_scatter", self.fam[role], gb, "dp_comm",

@@ -10,12 +10,14 @@
    cannot make the top k.
 3. Simulate the survivors in parallel: a local process pool (default) or a Dask distributed cluster
    (``--scheduler tcp://HOST:PORT``). Every result is cached by plan (a JSON-lines file keyed by a hash of
-   the experiment), so re-running a search is instant.
+   the experiment and of the simulator's code), so re-running a search is instant and a new version of
+   clustersim never reuses an old result.
 4. Print the top k and write a Pareto plot (throughput vs peak memory).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -29,7 +31,21 @@ import click
 from simulator.errors import ClusterSimError, ConfigError
 from simulator.experiment import Experiment, resolve_model, resolve_plan
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """Hash of the code and presets that determine a simulated result (schedules, simulator, topologies):
+    a cached result from another version of clustersim is never reused."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for pkg in ("schedules", "simulator", "topologies"):
+        for f in sorted((root / pkg).rglob("*")):
+            if f.suffix in (".py", ".yaml") and f.is_file():
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _divisors(n: int) -> list[int]:
@@ -94,6 +110,7 @@ def plan_key(exp: Experiment) -> str:
     d = exp.to_dict()
     d.pop("name", None)
     d["_v"] = CACHE_VERSION
+    d["_code"] = code_fingerprint()
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 

@@ -273,6 +273,40 @@ def test_fsdp_prefetch_overlaps_gathers_with_compute():
     assert exposed(1) < exposed(0)
 
 
+def test_fsdp2_copies_gathered_parameters_and_gradients_that_zero3_does_not():
+    """FSDP2 (--fsdp): per unit and use, a copy-out of the gathered parameters (after its all-gather, before
+    its compute) and, per backward, a copy-in of the gradients (before its reduce-scatter), both read + write
+    of their bytes on the compute stream. ZeRO-3's flat buffers have neither; the collectives are the same."""
+    plan3 = ParallelPlan(dp=4, zero=3, seq=SEQ)
+    fsdp = ParallelPlan(dp=4, fsdp=True, seq=SEQ)
+    p3, pf = build_programs(TINY, plan3, symmetric=False), build_programs(TINY, fsdp, symmetric=False)
+    coll = lambda prog: [(o.collective, o.size_bytes) for o in prog if o.kind == "collective"]
+    assert coll(p3.ops[0]) == coll(pf.ops[0])
+    assert not any(o.name.startswith("fsdp copy") for o in p3.ops[0])
+    prog = pf.ops[0]
+    outs = [i for i, o in enumerate(prog) if o.name.startswith("fsdp copy-out")]
+    ins = [i for i, o in enumerate(prog) if o.name.startswith("fsdp copy-in")]
+    ags = [i for i, o in enumerate(prog) if o.collective == "all_gather"]
+    rss = [i for i, o in enumerate(prog) if o.collective == "reduce_scatter"]
+    assert len(outs) == len(ags) and len(ins) == len(rss)
+    for i in outs:
+        (ag,) = prog[i].deps
+        assert prog[ag].collective == "all_gather" and prog[i].stream == "compute" and prog[i].flops == 0
+        assert prog[i].mem_bytes == pytest.approx(2 * prog[ag].size_bytes)      # gathered bytes, read + write
+        user = next(j for j in range(i + 1, len(prog)) if i in prog[j].deps)
+        assert prog[user].kind == "compute" and prog[user].layer == prog[i].layer
+    for i in ins:
+        rs = next(j for j in rss if i in prog[j].deps)
+        assert prog[i].mem_bytes == pytest.approx(2 * prog[rs].size_bytes)
+    # the copies cost their memory traffic: with (nearly) free communication the compute stream is the
+    # critical path, and FSDP2 is slower than ZeRO-3 by exactly the copies' time
+    cost = SimpleCostModel(flops_per_s=1e14, mem_bytes_per_s=1e12, link_bytes_per_s=1e18)
+    t3 = run(p3, cost).step_time_s
+    tf = run(pf, cost).step_time_s
+    copies = sum(prog[i].mem_bytes for i in outs + ins) / 1e12
+    assert tf == pytest.approx(t3 + copies, rel=1e-9)
+
+
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_engine_memory_peak_vs_memory_per_rank(zero):
     """Without transient buffers (DDP, ZeRO-1) the engine's peak equals memory_per_rank; with them

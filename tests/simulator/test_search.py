@@ -94,3 +94,13 @@ def test_search_cli_json_and_pareto(tmp_path, capsys):
     assert len(out["top"]) == 2 and out["stats"]["candidates"] >= 2
     assert png.stat().st_size > 0
     assert main(["search", "--gpus", "16", "--model", "nope", "--global-batch", "32"]) == 2
+
+
+def test_cache_key_changes_with_the_simulators_code(monkeypatch):
+    """A result cached by another version of the code is never reused."""
+    from simulator import search
+    exp = Experiment(model="llama3-8b", cluster="dgx-h100", gpus=8)
+    k1 = search.plan_key(exp)
+    assert search.plan_key(exp) == k1                    # deterministic
+    monkeypatch.setattr(search, "code_fingerprint", lambda: "another-version")
+    assert search.plan_key(exp) != k1
