@@ -13,7 +13,8 @@ layers       per device and phase (forward / backward), from the collector's lay
              (``schedules.models``, divided by the TP degree as the programs do), the same linear fit.
 collectives  per (kind, backend, group size, scope), time = alpha + size · bus_factor / busbw, fitted the
              same way over the mean transfer time of each distinct size (the expected cost a step pays;
-             nccl-tests reports means too). In a trace the transfer time of
+             nccl-tests reports means too; collectives whose peers are absent from the trace count as one
+             median per size, as their durations include waiting). In a trace the transfer time of
              one collective is min(end) - max(start) over its members when all members are in the trace and
              share a clock (a member's duration includes waiting for the others), else the shortest member
              duration; gloo runs FSDP's reduce_scatter as an all_reduce of the whole buffer, so gloo points
@@ -287,7 +288,13 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
             t = t[t["kind"].isin(["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                                   "reduce"])]
             t = t.assign(kind=np.where(t["backend"].eq("gloo"), t["impl"], t["kind"]), scope=scope)
-            colls.append(t[["kind", "backend", "group_size", "scope", "size_bytes", "transfer_s"]])
+            cols = ["kind", "backend", "group_size", "scope", "size_bytes"]
+            # a member's own duration (peers absent from the trace) includes waiting for them: one median per
+            # size, so that the mean the fit takes is not a mean of waits
+            partial = t[~t["complete"].astype(bool)]
+            partial = partial.groupby(cols, dropna=False, as_index=False)["transfer_s"].median()
+            colls.append(pd.concat([t.loc[t["complete"].astype(bool), cols + ["transfer_s"]], partial],
+                                   ignore_index=True))
         p = _p2p_pairs(trace)
         if not p.empty:
             colls.append(p.assign(kind="p2p", group_size=2, scope=scope)[

@@ -79,6 +79,22 @@ def test_single_rank_trace_uses_its_own_durations(tmp_path):
     assert not t["complete"].any() and np.allclose(t["transfer_s"], fx.NCCL_KERNEL_US * 1e-6)
 
 
+def test_complete_collectives_fit_their_mean_partial_ones_their_median(tmp_path, monkeypatch):
+    """Per size, a step pays the mean transfer time (slow calls included): complete collectives count with
+    the mean. A member's own duration (peers absent) includes waiting for them: one median per size."""
+    import pandas as pd
+    from traces import calibrate as cal_mod
+    p = fx.write(fx.nccl_rank(0), tmp_path / "rank0.json")
+    times = [1e-3, 1e-3, 10e-3]
+    rows = ([{"complete": True, "size_bytes": 1e6, "transfer_s": t} for t in times]
+            + [{"complete": False, "size_bytes": 4e6, "transfer_s": t} for t in times])
+    fake = pd.DataFrame([{"kind": "all_reduce", "impl": "all_reduce", "backend": "nccl", "group_size": 2, **r}
+                         for r in rows])
+    monkeypatch.setattr(cal_mod, "transfer_times", lambda trace: fake)
+    (ar,) = [c for c in calibrate(p).collectives if c.kind == "all_reduce"]
+    assert dict((s, t) for s, t in ar.points) == pytest.approx({1e6: 4e-3, 4e6: 1e-3})
+
+
 def _bench_manifest(path: Path, kinds=("all_reduce", "all_gather", "p2p")) -> Path:
     rows = []
     for kind in kinds:
