@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from simulator.calibration import Calibration
 from simulator.cli import main as cli_main
 from traces import collect_cli
 from traces.collect_cli import CollectError, launch
@@ -229,6 +230,24 @@ def test_layer_benchmark_times_each_shard_and_batch_and_calibrates(tmp_path):
     # (tp 2, batch 2b) has the FLOPs of (tp 1, batch b): 4 distinct sizes of 6 shapes
     assert all(f.device == m["devices"][0] and len(f.points) == 4 for f in cal.layers)
     assert not cal.compute and not cal.collectives
+
+
+@pytest.mark.slow
+@needs_torch
+def test_prepared_capture_script_runs_end_to_end_on_cpu(tmp_path):
+    """traces.capture --quick (the GPU capture, shrunk): layer benchmarks, single-rank and 2-rank runs of
+    every strategy, one calibration with GEMM, layer and collective fits, a summary."""
+    from traces.capture import main as capture_main
+    assert capture_main(["--out", str(tmp_path), "--quick"]) == 0
+    cal = Calibration.load(tmp_path / "calibration.json")
+    assert cal.compute and {f.phase for f in cal.layers} == {"forward", "backward"}
+    assert {c.kind for c in cal.collectives} >= {"all_reduce", "all_gather", "p2p"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    names = [r["name"] for r in summary["runs"]]
+    assert names == ["layers-tiny", "layers-mid", "train-tiny", "train-mid", "bench-collectives",
+                     "ddp-2", "fsdp-2", "tp-2", "pp-2"]
+    assert all(r["median_profiled_step_s"] > 0 for r in summary["runs"] if r["name"].startswith(("train", "ddp")))
+    assert (tmp_path / "calibration.png").stat().st_size > 10_000
 
 
 # ---------------------------------------------------------------------------------------------- errors
