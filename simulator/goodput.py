@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 
 import click
@@ -130,7 +131,8 @@ def first_order_goodput(interval_s: float, checkpoint_s: float, restart_s: float
 
 def exact_optimal_interval_s(checkpoint_s: float, restart_s: float, system_mtbf_s: float) -> float:
     """The interval maximising ``expected_goodput`` (golden-section search on log τ; it is unimodal)."""
-    lo, hi = math.log(max(1e-9, system_mtbf_s * 1e-9)), math.log(system_mtbf_s * 50.0)
+    # bounds in log space: M * 50 overflows for M near the largest float
+    lo, hi = max(math.log(1e-9), math.log(system_mtbf_s) - 9 * math.log(10.0)), math.log(system_mtbf_s) + math.log(50.0)
     g = (math.sqrt(5.0) - 1.0) / 2.0
 
     def f(x):
@@ -148,7 +150,7 @@ def exact_optimal_interval_s(checkpoint_s: float, restart_s: float, system_mtbf_
             a, c, fc = c, d, fd
             d = a + g * (b - a)
             fd = f(d)
-    return math.exp((a + b) / 2.0)
+    return math.exp(min((a + b) / 2.0, math.log(sys.float_info.max)))
 
 
 # ---------------------------------------------------------------------------------------------- Monte-Carlo
@@ -268,7 +270,10 @@ class GoodputReport:
 def _round_to_steps(interval_s: float, step_time_s: float | None) -> float:
     if not step_time_s:
         return interval_s
-    return max(1, round(interval_s / step_time_s)) * step_time_s
+    steps = interval_s / step_time_s
+    if not steps < 2.0 ** 53:       # beyond exact integers (or infinite): already a whole number of steps
+        return interval_s
+    return max(1, round(steps)) * step_time_s
 
 
 def analyse(cfg: GoodputConfig, sweep_points: int = 25, sweep_span: float = 8.0) -> GoodputReport:
@@ -281,6 +286,8 @@ def analyse(cfg: GoodputConfig, sweep_points: int = 25, sweep_span: float = 8.0)
     exact = exact_optimal_interval_s(cfg.checkpoint_s, cfg.restart_s, m)
     fails = failure_times(cfg, np.random.default_rng(cfg.seed))
     centre = daly if daly > 0 else exact
+    if not 0 < centre < cfg.horizon_s * 1e6:   # no failure in sight (M near the largest float): never checkpoint
+        centre = cfg.horizon_s
     chosen = _round_to_steps(cfg.interval_s if cfg.interval_s is not None else centre, cfg.step_time_s)
     grid = sorted({_round_to_steps(float(t), cfg.step_time_s)
                    for t in np.geomspace(centre / sweep_span, centre * sweep_span, sweep_points)})

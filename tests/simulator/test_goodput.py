@@ -206,3 +206,19 @@ def test_cli_reads_gpus_and_step_time_from_a_simulate_result(tmp_path, capsys):
     assert main(args) == 2
     assert main(args[:1] + args[3:]) == 2          # neither --gpus nor --result
     assert "--gpus N or --result" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw", [
+    # no failure in sight: the exact optimum's search bounds used to overflow (M * 50 = inf)
+    dict(gpus=1, mtbf_device_s=1e308, checkpoint_s=0, restart_s=0, horizon_s=1),
+    dict(gpus=1, mtbf_device_s=1e308, checkpoint_s=5, restart_s=0, horizon_s=100),
+    # an interval of 1e600 steps: rounding to whole steps used to raise OverflowError
+    dict(gpus=1, mtbf_device_s=1, checkpoint_s=0, restart_s=0, horizon_s=1, interval_s=1e300, step_time_s=1e-300),
+])
+def test_extreme_inputs_give_finite_goodput(kw):
+    """Found by the fuzz test (tests/test_fuzz.py) with random seeds."""
+    import math
+    from simulator.goodput import GoodputConfig, analyse
+    r = analyse(GoodputConfig(**kw), sweep_points=3).at_interval
+    assert 0.0 <= r.goodput <= 1.0 + 1e-9
+    assert all(math.isfinite(v) for v in (r.useful_s, r.checkpoint_s, r.lost_work_s, r.restart_s))
