@@ -318,7 +318,8 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
                 pass
     if layer_rows:
         lr = pd.concat(layer_rows, ignore_index=True)
-        for (dev, phase), d in lr.groupby(["device", "phase"]):
+        lr = lr.assign(order=lr["phase"].map({"forward": 0, "backward": 1}))
+        for (dev, _, phase), d in lr.groupby(["device", "order", "phase"]):
             try:
                 cal.layers.append(fit_layer(str(dev), str(phase), d["flops"].to_numpy(), d["seconds"].to_numpy()))
             except ValueError:
@@ -346,6 +347,7 @@ def plot(cal: Calibration, path: str | Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogFormatterSciNotation, NullFormatter
 
     fits = ([("compute", f) for f in cal.compute] + [("layer", f) for f in cal.layers]
             + [("coll", f) for f in cal.collectives])
@@ -375,7 +377,13 @@ def plot(cal: Calibration, path: str | Path) -> Path:
             ax.set_xlabel("size (bytes)"); ax.set_ylabel("time (us)")
             ax.set_title(f"{f.kind} {f.backend} n={f.group_size} {f.scope}\nalpha {f.alpha_s * 1e6:.3g} us, "
                          f"busbw {f.busbw_bytes_per_s / 1e9:.3g} GB/s", fontsize=9)
-        ax.set_xscale("log"); ax.set_yscale("log"); ax.grid(True, which="both", alpha=0.3)
+        ax.set_xscale("log"); ax.grid(True, which="both", alpha=0.3)
+        if what == "coll":
+            ax.set_yscale("log")
+        else:                                  # efficiency curves: linear from 0, so the saturation shows
+            ax.set_ylim(bottom=0)
+            ax.xaxis.set_minor_formatter(NullFormatter())      # a narrow log range stacks its minor labels
+            ax.xaxis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(0, 0)))
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(fits):]:
         ax.set_visible(False)
