@@ -77,12 +77,15 @@ def capture(out: Path, nproc: int | None = None, quick: bool = False, log=print)
             run("train-mid", 1, ["--strategy", "ddp", *steps, *_shape_args(mid)])]
     if n >= 2:
         dirs.append(run("bench-collectives", n, ["--bench", "collectives"] + (["--max-bytes", "65536"] if quick else [])))
+        # the tiny model, with a layer per pipeline stage and a head per tensor-parallel rank when n is larger
+        h = tiny["hidden"]
+        heads = n if n > tiny["heads"] and h % n == 0 and (h // n) % 2 == 0 else tiny["heads"]
+        multi = dict(tiny, layers=max(tiny["layers"], n), heads=heads)
+        ffn = 16 * -(-8 * h // 3 // 16)          # the collector's default SwiGLU width (ModelConfig)
         for s in STRATEGIES:
-            if s == "tp" and (tiny["heads"] % n or n > tiny["heads"]):
+            if s == "tp" and (heads % n or ffn % n):
                 continue
-            if s == "pp" and n > tiny["layers"]:
-                continue
-            dirs.append(run(f"{s}-{n}", n, ["--strategy", s, *steps, *_shape_args(tiny),
+            dirs.append(run(f"{s}-{n}", n, ["--strategy", s, *steps, *_shape_args(multi),
                                             *(["--microbatches", "2"] if s == "pp" else [])]))
     cal = calibrate(dirs)
     cal.save(out / "calibration.json")
