@@ -26,7 +26,8 @@ Format (``version`` 1)::
 Compute model: achieved FLOP/s of an op of F FLOPs = peak_flops_per_s · F / (F + half_saturation_flops)
 (small ops are latency/launch bound, big GEMMs saturate), plus an optional ``op_overhead_s`` added to every
 compute op of a program: the framework time one program op carries beyond its FLOPs (dispatch, autograd,
-unfused elementwise kernels), measured on one run and validated on others (benchmarks/closed_loop.py).
+unfused elementwise kernels), 0 unless set (``calibrate`` does not fit it: the layer fits below measure
+that time directly).
 Layer model (optional ``layers``, from the collector's layer benchmark): the same curve fitted to whole
 transformer-layer forward / backward times (norms, attention, elementwise kernels and dispatch included)
 against the layer's model FLOPs; where present it prices the per-layer compute ops of a program (ops with a
