@@ -21,6 +21,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -184,11 +185,15 @@ def tp_critical_comm_s(model, plan, cost) -> float:
 
 
 def best_flops_per_s(cost, op_flops: float = 1e18) -> float:
-    """The FLOP/s the cost model grants a compute op of ``op_flops`` FLOPs (no memory traffic)."""
-    from simulator.program import compute
-    op = compute("probe", op_flops)
-    t = cost.compute_time_s(0, op)
-    return min(cost.peak_flops(0), op_flops / t) if t > 0 else cost.peak_flops(0)
+    """The highest FLOP/s the cost model grants a compute op of ``op_flops`` FLOPs (no memory traffic): a
+    plain op, or a transformer layer's forward or backward op (a calibration may price those with its
+    layer fits)."""
+    from simulator.program import BACKWARD, FORWARD, Op
+    best = 0.0
+    for layer, phase in ((None, FORWARD), (0, FORWARD), (0, BACKWARD)):
+        t = cost.compute_time_s(0, Op("compute", "probe", flops=op_flops, layer=layer, phase=phase))
+        best = max(best, op_flops / t if t > 0 else math.inf)
+    return min(cost.peak_flops(0), best)
 
 
 def fits(model, plan, world: int, capacity: float) -> tuple[bool, float]:

@@ -104,3 +104,17 @@ def test_cache_key_changes_with_the_simulators_code(monkeypatch):
     assert search.plan_key(exp) == k1                    # deterministic
     monkeypatch.setattr(search, "code_fingerprint", lambda: "another-version")
     assert search.plan_key(exp) != k1
+
+
+def test_lower_bound_rate_covers_a_layer_fit_faster_than_the_gemm_fit():
+    """The bound must use the fastest rate the cost model grants any op, layer ops included."""
+    import topologies
+    from simulator.calibration import Calibration, ComputeFit, LayerFit
+    from simulator.search import best_flops_per_s
+    from topologies.cost import ClusterCostModel
+    cluster = topologies.load_cluster("dgx-h100", 8)
+    dev = cluster.device(0).name
+    slow_gemm = Calibration([ComputeFit(dev, 3e14)], layers=[LayerFit(dev, "backward", 6e14)])
+    assert best_flops_per_s(ClusterCostModel(cluster, calibration=slow_gemm)) == pytest.approx(6e14)
+    plain = Calibration([ComputeFit(dev, 5e14)])
+    assert best_flops_per_s(ClusterCostModel(cluster, calibration=plain)) == pytest.approx(5e14)
