@@ -112,6 +112,12 @@ def plan_key(exp: Experiment) -> str:
     d.pop("name", None)
     d["_v"] = CACHE_VERSION
     d["_code"] = code_fingerprint()
+    cal = d.get("calibration")
+    if cal:              # the file's content, not its name: a re-calibrated file must not hit old results
+        try:
+            d["_calibration"] = hashlib.sha256(Path(cal).read_bytes()).hexdigest()[:16]
+        except OSError:
+            pass         # the run reports the unreadable file
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 

@@ -118,3 +118,14 @@ def test_lower_bound_rate_covers_a_layer_fit_faster_than_the_gemm_fit():
     assert best_flops_per_s(ClusterCostModel(cluster, calibration=slow_gemm)) == pytest.approx(6e14)
     plain = Calibration([ComputeFit(dev, 5e14)])
     assert best_flops_per_s(ClusterCostModel(cluster, calibration=plain)) == pytest.approx(5e14)
+
+
+def test_cache_key_follows_the_calibration_files_content(tmp_path):
+    from simulator import search
+    from simulator.calibration import Calibration, ComputeFit
+    path = tmp_path / "cal.json"
+    Calibration([ComputeFit("H100", 5e14)]).save(path)
+    exp = Experiment(model="llama3-8b", cluster="dgx-h100", gpus=8, calibration=str(path))
+    k1 = search.plan_key(exp)
+    Calibration([ComputeFit("H100", 6e14)]).save(path)          # same name, new content
+    assert search.plan_key(exp) != k1
