@@ -286,7 +286,7 @@ def analyse(cfg: GoodputConfig, sweep_points: int = 25, sweep_span: float = 8.0)
     exact = exact_optimal_interval_s(cfg.checkpoint_s, cfg.restart_s, m)
     fails = failure_times(cfg, np.random.default_rng(cfg.seed))
     centre = daly if daly > 0 else exact
-    if not 0 < centre < cfg.horizon_s * 1e6:   # no failure in sight (M near the largest float): never checkpoint
+    if not 0 < centre * sweep_span < math.inf:   # no failure in sight (M near the largest float): never checkpoint
         centre = cfg.horizon_s
     chosen = _round_to_steps(cfg.interval_s if cfg.interval_s is not None else centre, cfg.step_time_s)
     grid = sorted({_round_to_steps(float(t), cfg.step_time_s)
