@@ -209,11 +209,11 @@ def test_cli_reads_gpus_and_step_time_from_a_simulate_result(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kw", [
-    # no failure in sight: the exact optimum's search bounds used to overflow (M * 50 = inf)
-    dict(gpus=1, mtbf_device_s=1e308, checkpoint_s=0, restart_s=0, horizon_s=1),
-    dict(gpus=1, mtbf_device_s=1e308, checkpoint_s=5, restart_s=0, horizon_s=100),
-    # an interval of 1e600 steps: rounding to whole steps used to raise OverflowError
-    dict(gpus=1, mtbf_device_s=1, checkpoint_s=0, restart_s=0, horizon_s=1, interval_s=1e300, step_time_s=1e-300),
+    # the largest times accepted, with and without checkpoint cost
+    dict(gpus=1, mtbf_device_s=1e12, checkpoint_s=0, restart_s=0, horizon_s=1),
+    dict(gpus=1, mtbf_device_s=1e12, checkpoint_s=1e12, restart_s=1e12, horizon_s=1e12),
+    # an interval of 1e24 steps: rounding to whole steps used to raise OverflowError
+    dict(gpus=1, mtbf_device_s=1, checkpoint_s=0, restart_s=0, horizon_s=1, interval_s=1e12, step_time_s=1e-300),
 ])
 def test_extreme_inputs_give_finite_goodput(kw):
     """Found by the fuzz test (tests/test_fuzz.py) with random seeds."""
@@ -222,3 +222,13 @@ def test_extreme_inputs_give_finite_goodput(kw):
     r = analyse(GoodputConfig(**kw), sweep_points=3).at_interval
     assert 0.0 <= r.goodput <= 1.0 + 1e-9
     assert all(math.isfinite(v) for v in (r.useful_s, r.checkpoint_s, r.lost_work_s, r.restart_s))
+
+
+@pytest.mark.parametrize("field", ["mtbf_device_s", "checkpoint_s", "restart_s", "horizon_s"])
+def test_times_beyond_the_bound_are_a_clear_error(field):
+    from simulator.errors import ConfigError
+    from simulator.goodput import GoodputConfig
+    kw = dict(gpus=8, mtbf_device_s=1e6, checkpoint_s=60, restart_s=600, horizon_s=86400)
+    kw[field] = 1e308
+    with pytest.raises(ConfigError, match=f"{field} must be a number .* at most 1e\\+12 s"):
+        GoodputConfig(**kw)
