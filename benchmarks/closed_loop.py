@@ -49,6 +49,7 @@ from topologies.cluster import Cluster, DomainSpec  # noqa: E402
 from topologies.cost import DEFAULT_MEMORY_EFFICIENCY, ClusterCostModel  # noqa: E402
 from topologies.specs import AcceleratorSpec  # noqa: E402
 from traces.calibrate import calibrate  # noqa: E402
+from traces.capture import shape_args  # noqa: E402
 from traces.collect_cli import launch  # noqa: E402
 from traces.replay import replay  # noqa: E402
 
@@ -59,11 +60,10 @@ STRATEGIES = ("ddp", "fsdp", "tp", "pp")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
-def collect_all(out: Path, strategies, repeats: int, steps: int, bench_max_bytes: int, shape=SHAPE,
-                layers: bool = True) -> dict:
-    """{strategy: [run folders]} plus "bench": [collective benchmark folder] and, with ``layers``, "layers":
-    [layer benchmark folder of the same model shape]; every run under ``out``."""
-    args = [x for k, v in shape.items() for x in (f"--{k}", str(v))]
+def collect_all(out: Path, strategies, repeats: int, steps: int, bench_max_bytes: int, shape=SHAPE) -> dict:
+    """{strategy: [run folders]} plus "bench": [collective benchmark folder] and "layers": [layer benchmark
+    folder of the same model shape]; every run under ``out``."""
+    args = shape_args(shape, tuple(shape))
     runs: dict[str, list[Path]] = {}
     for s in strategies:
         for r in range(repeats):
@@ -76,12 +76,10 @@ def collect_all(out: Path, strategies, repeats: int, steps: int, bench_max_bytes
     launch(2, ["--bench", "collectives", "--max-bytes", str(bench_max_bytes), "--size-factor", "4",
                "--out", str(d)], timeout_s=600, quiet=True)
     runs["bench"] = [d]
-    if layers:
-        d = out / "layers"
-        launch(2, ["--bench", "layers", *[x for k in ("hidden", "heads", "seq", "batch")
-                                          for x in (f"--{k}", str(shape[k]))], "--out", str(d)],
-               timeout_s=600, quiet=True)
-        runs["layers"] = [d]
+    d = out / "layers"
+    launch(2, ["--bench", "layers", *shape_args(shape, ("hidden", "heads", "seq", "batch")), "--out", str(d)],
+           timeout_s=600, quiet=True)
+    runs["layers"] = [d]
     return runs
 
 

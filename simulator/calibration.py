@@ -60,6 +60,13 @@ def bus_factor(kind: str, n: int) -> float:
     return 1.0
 
 
+def saturating_rate(peak_flops_per_s: float, half_saturation_flops: float, flops: float) -> float:
+    """Achieved FLOP/s of an op of ``flops`` FLOPs: peak · F / (F + F_half) (peak for F <= 0)."""
+    if flops <= 0:
+        return peak_flops_per_s
+    return peak_flops_per_s * flops / (flops + half_saturation_flops)
+
+
 @dataclass
 class ComputeFit:
     device: str
@@ -69,9 +76,7 @@ class ComputeFit:
     op_overhead_s: float = 0.0
 
     def achieved_flops_per_s(self, flops: float) -> float:
-        if flops <= 0:
-            return self.peak_flops_per_s
-        return self.peak_flops_per_s * flops / (flops + self.half_saturation_flops)
+        return saturating_rate(self.peak_flops_per_s, self.half_saturation_flops, flops)
 
 
 LAYER_PHASES = ("forward", "backward")
@@ -88,9 +93,7 @@ class LayerFit:
     points: list = field(default_factory=list)
 
     def achieved_flops_per_s(self, flops: float) -> float:
-        if flops <= 0:
-            return self.peak_flops_per_s
-        return self.peak_flops_per_s * flops / (flops + self.half_saturation_flops)
+        return saturating_rate(self.peak_flops_per_s, self.half_saturation_flops, flops)
 
     def time_s(self, flops: float) -> float:
         """Seconds for a layer op of ``flops`` FLOPs: (F + F_half) / peak."""

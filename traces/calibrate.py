@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.calibration import Calibration, CollectiveFit, ComputeFit, LayerFit, bus_factor
+from simulator.calibration import LAYER_PHASES, Calibration, CollectiveFit, ComputeFit, LayerFit, bus_factor
 from simulator.errors import ClusterSimError, TraceError
 from traces.parse import Trace, load_trace, trace_files
 
@@ -318,12 +318,12 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
                 pass
     if layer_rows:
         lr = pd.concat(layer_rows, ignore_index=True)
-        lr = lr.assign(order=lr["phase"].map({"forward": 0, "backward": 1}))
-        for (dev, _, phase), d in lr.groupby(["device", "order", "phase"]):
-            try:
-                cal.layers.append(fit_layer(str(dev), str(phase), d["flops"].to_numpy(), d["seconds"].to_numpy()))
-            except ValueError:
-                pass
+        for phase in LAYER_PHASES:
+            for dev, d in lr[lr["phase"] == phase].groupby("device"):
+                try:
+                    cal.layers.append(fit_layer(str(dev), phase, d["flops"].to_numpy(), d["seconds"].to_numpy()))
+                except ValueError:
+                    pass
     c = pd.concat(colls, ignore_index=True) if colls else pd.DataFrame()
     if not c.empty:
         c = c.dropna(subset=["size_bytes", "transfer_s"])

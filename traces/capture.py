@@ -45,8 +45,20 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _shape_args(shape: dict, keys=("hidden", "heads", "seq", "batch", "layers")) -> list[str]:
+def shape_args(shape: dict, keys=("hidden", "heads", "seq", "batch", "layers")) -> list[str]:
     return [x for k in keys if k in shape for x in (f"--{k}", str(shape[k]))]
+
+
+def multi_rank_shape(tiny: dict, n: int) -> tuple[dict, bool]:
+    """The tiny model for the n-rank runs, with a layer per pipeline stage and a head per tensor-parallel rank
+    where the collector's model allows it; and whether n-way TP divides its heads and SwiGLU width."""
+    from traces.models import ModelConfig     # torch is importable: gpu_count() needed it
+    try:
+        cfg = ModelConfig(hidden=tiny["hidden"], heads=max(tiny["heads"], n))
+    except ValueError:                        # hidden does not split into n even heads
+        cfg = ModelConfig(hidden=tiny["hidden"], heads=tiny["heads"])
+    shape = dict(tiny, layers=max(tiny["layers"], n), heads=cfg.heads)
+    return shape, cfg.heads % n == 0 and cfg.ffn % n == 0
 
 
 def _median_step(run: Path) -> float | None:
@@ -71,21 +83,17 @@ def capture(out: Path, nproc: int | None = None, quick: bool = False, log=print)
         runs.append({"name": name, "ranks": nranks, "args": args, "wall_s": round(time.perf_counter() - t0, 1)})
         return d
 
-    dirs = [run("layers-tiny", 1, ["--bench", "layers", *_shape_args(tiny, ("hidden", "heads", "seq", "batch"))]),
-            run("layers-mid", 1, ["--bench", "layers", *_shape_args(mid, ("hidden", "heads", "seq", "batch"))]),
-            run("train-tiny", 1, ["--strategy", "ddp", *steps, *_shape_args(tiny)]),
-            run("train-mid", 1, ["--strategy", "ddp", *steps, *_shape_args(mid)])]
+    dirs = [run("layers-tiny", 1, ["--bench", "layers", *shape_args(tiny, ("hidden", "heads", "seq", "batch"))]),
+            run("layers-mid", 1, ["--bench", "layers", *shape_args(mid, ("hidden", "heads", "seq", "batch"))]),
+            run("train-tiny", 1, ["--strategy", "ddp", *steps, *shape_args(tiny)]),
+            run("train-mid", 1, ["--strategy", "ddp", *steps, *shape_args(mid)])]
     if n >= 2:
         dirs.append(run("bench-collectives", n, ["--bench", "collectives"] + (["--max-bytes", "65536"] if quick else [])))
-        # the tiny model, with a layer per pipeline stage and a head per tensor-parallel rank when n is larger
-        h = tiny["hidden"]
-        heads = n if n > tiny["heads"] and h % n == 0 and (h // n) % 2 == 0 else tiny["heads"]
-        multi = dict(tiny, layers=max(tiny["layers"], n), heads=heads)
-        ffn = 16 * -(-8 * h // 3 // 16)          # the collector's default SwiGLU width (ModelConfig)
+        multi, tp_fits = multi_rank_shape(tiny, n)
         for s in STRATEGIES:
-            if s == "tp" and (heads % n or ffn % n):
+            if s == "tp" and not tp_fits:
                 continue
-            dirs.append(run(f"{s}-{n}", n, ["--strategy", s, *steps, *_shape_args(multi),
+            dirs.append(run(f"{s}-{n}", n, ["--strategy", s, *steps, *shape_args(multi),
                                             *(["--microbatches", "2"] if s == "pp" else [])]))
     cal = calibrate(dirs)
     cal.save(out / "calibration.json")
@@ -95,12 +103,9 @@ def capture(out: Path, nproc: int | None = None, quick: bool = False, log=print)
             r["median_profiled_step_s"] = _median_step(d)
     summary = {
         "gpus": gpus, "ranks": n, "quick": quick, "runs": runs,
-        "compute": [{"device": c.device, "peak_flops_per_s": c.peak_flops_per_s,
-                     "half_saturation_flops": c.half_saturation_flops} for c in cal.compute],
-        "layers": [{"device": f.device, "phase": f.phase, "peak_flops_per_s": f.peak_flops_per_s,
-                    "half_saturation_flops": f.half_saturation_flops} for f in cal.layers],
-        "collectives": [{"kind": c.kind, "backend": c.backend, "group_size": c.group_size, "alpha_s": c.alpha_s,
-                         "busbw_bytes_per_s": c.busbw_bytes_per_s} for c in cal.collectives],
+        # every fit without its measured points (those are in calibration.json)
+        **{kind: [{k: v for k, v in vars(f).items() if k != "points"} for f in fits]
+           for kind, fits in (("compute", cal.compute), ("layers", cal.layers), ("collectives", cal.collectives))},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     log(f"capture: wrote {out / 'calibration.json'}, {out / 'calibration.png'}, {out / 'summary.json'}")

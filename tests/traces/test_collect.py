@@ -275,3 +275,15 @@ def test_torchrun_command_uses_the_given_port():
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert cmd[cmd.index("--master-port") + 1] == "12345" and cmd[cmd.index("--nproc-per-node") + 1] == "3"
     assert cmd[-4:] == ["-m", "traces.collect", "--strategy", "pp"]
+
+
+@needs_torch
+def test_multi_rank_shape_gives_a_stage_per_rank_and_tp_only_where_it_divides():
+    from traces.capture import QUICK_TINY, TINY, multi_rank_shape
+    shape, tp = multi_rank_shape(QUICK_TINY, 4)
+    assert (shape["layers"], shape["heads"], tp) == (4, 4, True)          # 64 / 4 = 16-wide heads; ffn 176
+    shape, tp = multi_rank_shape(QUICK_TINY, 3)
+    assert (shape["layers"], shape["heads"], tp) == (3, 2, False)         # 64 does not split into 3 heads
+    shape, tp = multi_rank_shape(TINY, 8)
+    assert (shape["layers"], shape["heads"], tp) == (8, 8, True)          # ffn 688 = 8 x 86
+    assert multi_rank_shape(TINY, 2) == (TINY, True)
