@@ -50,7 +50,7 @@ from topologies.cost import DEFAULT_MEMORY_EFFICIENCY, ClusterCostModel  # noqa:
 from topologies.specs import AcceleratorSpec  # noqa: E402
 from traces.calibrate import calibrate  # noqa: E402
 from traces.capture import shape_args  # noqa: E402
-from traces.collect_cli import launch  # noqa: E402
+from traces.launch import launch  # noqa: E402
 from traces.replay import replay  # noqa: E402
 
 # Big enough that matrix multiplies, not per-op overhead, dominate a CPU step (~0.1 s); small enough that a

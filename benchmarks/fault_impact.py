@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from simulator.experiment import experiment_from_dict, run_experiment
+from clustersim.experiment import experiment_from_dict, run_experiment
 
 K = 1.2
 TAPERED = {"tiers": 3, "leaf_down": 32, "oversubscription": 4, "rail_optimised": False, "link": "ib"}
@@ -116,7 +116,8 @@ def shifted_transfer(gpus: int):
     failed uplink of leaf 0; and the number of uplinks per leaf."""
     import topologies
     from simulator.engine import run as engine_run
-    from simulator.faults import apply_faults, parse_fault_options
+    from clustersim.faults import parse_fault_options
+    from topologies.faults import apply_faults
     from simulator.program import Programs, recv, send
     from topologies.cost import ClusterCostModel
     cluster = topologies.load_cluster("dgx-h100", gpus, fabric=TAPERED)

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(HERE)
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from simulator.experiment import Experiment, run_experiment
+from clustersim.experiment import Experiment, run_experiment
 world, mode, network = {world}, {mode!r}, {network!r}
 dp = world // 64
 exp = Experiment(cluster="dgx-h100", gpus=world, model="llama3-70b", tp=8, pp=8, dp=dp, sp=True, seq=8192,

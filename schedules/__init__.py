@@ -3,7 +3,7 @@
 Public API: ``ModelSpec``, ``get_model``, ``list_models``, ``custom_model``, ``load_model_file``,
 ``model_flops_per_step`` (schedules.models); ``ParallelPlan`` (schedules.plan); ``memory_per_rank``
 (schedules.memory); ``build_programs``, ``comm_volume`` (schedules.generate); ``SCHEDULES``
-(schedules.pipeline); the ``clustersim plan`` command (schedules.cli). Never imports the engine.
+(schedules.pipeline); the ``clustersim plan`` command (clustersim.plan). Never imports the engine.
 """
 from schedules.generate import build_programs, comm_volume
 from schedules.memory import memory_per_rank

@@ -201,7 +201,8 @@ FAULT_TEXT = st.one_of(st.text(max_size=12), st.sampled_from(
        st.lists(FAULT_TEXT, max_size=2), st.lists(FAULT_TEXT, max_size=2), st.lists(FAULT_TEXT, max_size=2),
        st.one_of(st.none(), FAULT_TEXT))
 def test_fault_cli_strings_parse_or_raise_config_error(strag, dist, jitter, fail, degrade, dev, seed):
-    from simulator.faults import apply_faults, parse_fault_options
+    from clustersim.faults import parse_fault_options
+    from topologies.faults import apply_faults
     from simulator.costs import SimpleCostModel
     try:
         spec = parse_fault_options(strag, dist, jitter, fail, degrade, dev, seed)
@@ -221,7 +222,7 @@ def test_fault_cli_strings_parse_or_raise_config_error(strag, dist, jitter, fail
     ["stragglers", "straggler_distribution", "jitter", "link_failures", "link_degradation", "device_failures",
      "seed", "straggler-distribution", "bogus"]), JSONISH, max_size=4)))
 def test_fault_yaml_parses_or_raises_config_error(d):
-    from simulator.faults import faults_from_dict
+    from topologies.faults import faults_from_dict
     try:
         spec = faults_from_dict(d)
     except ConfigError:
@@ -234,7 +235,7 @@ def test_fault_yaml_parses_or_raises_config_error(d):
                               "restart_s": NUMBERS, "horizon_s": NUMBERS}, optional={
     "interval_s": NUMBERS, "step_time_s": NUMBERS, "trials": st.integers(-2, 4), "seed": NUMBERS}))
 def test_goodput_config_runs_or_raises(kw):
-    from simulator.goodput import GoodputConfig, analyse
+    from clustersim.goodput import GoodputConfig, analyse
     try:
         cfg = GoodputConfig(**kw)
     except ConfigError:
@@ -282,7 +283,7 @@ def yaml_texts(draw):
 @FUZZ
 @given(yaml_texts())
 def test_yaml_experiment_loads_or_raises_config_error(tmp_path, text):
-    from simulator.experiment import load_experiment
+    from clustersim.experiment import load_experiment
     p = tmp_path / "exp.yaml"
     p.write_text(text)
     try:
@@ -292,7 +293,7 @@ def test_yaml_experiment_loads_or_raises_config_error(tmp_path, text):
 
 
 def test_yaml_is_loaded_safely_and_duplicate_keys_are_errors(tmp_path):
-    from simulator.experiment import load_experiment
+    from clustersim.experiment import load_experiment
     p = tmp_path / "evil.yaml"
     p.write_text("gpus: !!python/object/apply:os.system ['touch hacked']\n")
     with pytest.raises(ConfigError):
@@ -434,7 +435,7 @@ def test_trace_parser_reads_or_raises_trace_error(tmp_path, small_trace, mutatio
         except TraceError:
             return
         event("parsed")
-        from simulator.cli import main
+        from clustersim.cli import main
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             rc = main(["replay", str(folder), "--json"])
@@ -470,7 +471,7 @@ def test_trace_metadata_event_with_unhashable_pid(tmp_path, small_trace, field, 
                  id="simulate-out-unwritable"),
 ])
 def test_bad_output_paths_are_errors_not_tracebacks(tmp_path, args):
-    from simulator.cli import main
+    from clustersim.cli import main
     args = [a.format(sample=SAMPLE, tmp=tmp_path) for a in args]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -567,7 +568,7 @@ def test_cli_exits_0_or_2_and_never_raises(args):
 
 def check_cli(args):
     import tempfile
-    from simulator.cli import main
+    from clustersim.cli import main
     out, err = io.StringIO(), io.StringIO()
     with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch), no_hang(60), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):   # files the CLI writes land here
@@ -596,7 +597,7 @@ FAULT_VALUES = st.one_of(JSONISH, st.sampled_from([
                        FAULT_VALUES, max_size=2) | FAULT_VALUES,
        st.sampled_from(["analytical", "flow"]))
 def test_simulate_with_random_faults_runs_or_reports(faults, network):
-    from simulator.experiment import experiment_from_dict, run_experiment
+    from clustersim.experiment import experiment_from_dict, run_experiment
     if isinstance(faults, dict) and len(faults) == 1 and next(iter(faults)) in FAULT_FIELDS \
             and isinstance(next(iter(faults.values())), dict) and next(iter(faults.values())).keys() <= FAULT_FIELDS:
         faults = next(iter(faults.values()))       # a sample mapping drawn as a value: use it as the spec

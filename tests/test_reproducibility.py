@@ -13,7 +13,7 @@ import pytest
 
 from simulator.costs import SimpleCostModel
 from simulator.engine import run
-from simulator.faults import FaultSpec, apply_faults
+from topologies.faults import FaultSpec, apply_faults
 from simulator.metrics import compute_metrics
 from tests.simulator.toy import toy_dp_pipeline
 
@@ -54,7 +54,7 @@ def _simulate_in_subprocess(tmp: Path, tag: str, hashseed: str, seed: int) -> tu
         f"faults: {{jitter: 0.03, straggler_distribution: [lognormal, 0.02], stragglers: {{3: 1.2}}, seed: {seed}}}\n")
     out = tmp / f"out_{tag}"
     env = {**os.environ, "PYTHONHASHSEED": hashseed}
-    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", "-c", str(cfg), "--json",
+    proc = subprocess.run([sys.executable, "-m", "clustersim.cli", "simulate", "-c", str(cfg), "--json",
                            "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
@@ -73,7 +73,7 @@ def test_cli_simulate_is_byte_identical_across_processes(tmp_path):
 
 
 def test_goodput_json_is_identical_across_processes():
-    args = [sys.executable, "-m", "simulator.cli", "goodput", "--gpus", "4096", "--mtbf-hours", "30000",
+    args = [sys.executable, "-m", "clustersim.cli", "goodput", "--gpus", "4096", "--mtbf-hours", "30000",
             "--checkpoint-cost-s", "40", "--restart-s", "300", "--days", "3", "--trials", "8", "--seed", "4", "--json"]
     outs = [subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120,
                            env={**os.environ, "PYTHONHASHSEED": h}) for h in ("1", "2")]

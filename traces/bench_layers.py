@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from traces.collect import UsageError, say, synchronize, write_bench_manifest
+from traces.rank_io import UsageError, say, synchronize, write_bench_manifest
 from traces.models import Block, ModelConfig, rotary_tables
 
 TP_DEGREES = (1, 2, 4, 8)

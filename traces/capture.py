@@ -27,7 +27,7 @@ from pathlib import Path
 
 from simulator.errors import ClusterSimError
 from traces.calibrate import calibrate, plot
-from traces.collect_cli import launch
+from traces.launch import launch
 
 # (hidden, heads, seq, batch, layers): shapes that fit a 16 GB GPU in fp32 / bf16 alike
 TINY = {"hidden": 256, "heads": 4, "seq": 128, "batch": 8, "layers": 2}

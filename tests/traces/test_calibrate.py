@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.calibration import Calibration, CollectiveFit, ComputeFit, bus_factor
-from simulator.cli import main as cli_main
+from clustersim.cli import main as cli_main
 from simulator.errors import TraceError
 from traces.calibrate import calibrate, fit_collective, fit_compute, fit_linear_relative, plot, transfer_times
 from traces.data import defaults
@@ -166,7 +166,7 @@ def test_plot(tmp_path):
 def test_cli(tmp_path):
     b = _bench_manifest(tmp_path / "bench")
     out, png = tmp_path / "calib.json", tmp_path / "calib.png"
-    r = CliRunner().invoke(__import__("traces.cli", fromlist=["calibrate"]).calibrate,
+    r = CliRunner().invoke(__import__("clustersim.calibrate", fromlist=["calibrate"]).calibrate,
                            [str(b), "-o", str(out), "--plot", str(png)])
     assert r.exit_code == 0, r.output
     assert "all_reduce" in r.output and out.exists() and png.exists()

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 
 from simulator.calibration import Calibration
-from simulator.cli import main as cli_main
-from traces import collect_cli
-from traces.collect_cli import CollectError, launch
+from clustersim.cli import main as cli_main
+from traces import launch as collect_cli
+from traces.launch import CollectError, launch
 
 # the launcher needs no torch; the runs do
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")

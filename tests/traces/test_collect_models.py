@@ -121,7 +121,7 @@ def test_backend_falls_back_to_gloo_on_cpu(monkeypatch):
 
 
 def test_gpu_manifest_fields(monkeypatch):
-    from traces import collect
+    from traces import rank_io as collect
     synced = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
@@ -170,6 +170,7 @@ def test_shards_are_slices_of_the_reference_model():
 
 
 def test_the_launcher_knows_the_collectors_strategies_and_output_prefix():
-    """traces.collect_cli cannot import torch, so it repeats two constants: they must agree."""
-    from traces import collect, collect_cli, strategies
-    assert collect_cli.STRATEGIES == strategies.STRATEGIES and collect_cli.SAY == collect.SAY
+    """traces.launch cannot import torch, so it repeats two constants: they must agree."""
+    from traces import launch as collect_cli
+    from traces import rank_io, strategies
+    assert collect_cli.STRATEGIES == strategies.STRATEGIES and collect_cli.SAY == rank_io.SAY

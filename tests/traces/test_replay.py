@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.cli import main as cli_main
+from clustersim.cli import main as cli_main
 from simulator.program import COLLECTIVE, validate
-from traces.cli import replay as replay_cmd
+from clustersim.replay import replay as replay_cmd
 from traces.parse import load_trace
 from traces.replay import build_programs, replay
 from tests.traces import kineto_fixtures as fx

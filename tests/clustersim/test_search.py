@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from simulator.experiment import Experiment, load_cluster_for
-from simulator.search import SearchSpace, describe, run_search
+from clustersim.experiment import Experiment, load_cluster_for
+from clustersim.search import SearchSpace, describe, run_search
 
 SMALL = SearchSpace(micro_batches=(1,), schedules=("1f1b", "interleaved", "zb"), virtual_stages=(2,),
                     recompute=("selective",), zero=(0, 1, 3), cp=(1,))
@@ -84,7 +84,7 @@ def test_dask_local_cluster_gives_the_same_answer():
 
 
 def test_search_cli_json_and_pareto(tmp_path, capsys):
-    from simulator.cli import main
+    from clustersim.cli import main
     png = tmp_path / "pareto.png"
     rc = main(["search", "--gpus", "16", "--model", "llama3-8b", "--global-batch", "32", "--seq", "2048",
                "--micro-batches", "1", "--schedules", "1f1b", "--recompute", "selective", "--zero", "0,1",
@@ -98,7 +98,7 @@ def test_search_cli_json_and_pareto(tmp_path, capsys):
 
 def test_cache_key_changes_with_the_simulators_code(monkeypatch):
     """A result cached by another version of the code is never reused."""
-    from simulator import search
+    from clustersim import search
     exp = Experiment(model="llama3-8b", cluster="dgx-h100", gpus=8)
     k1 = search.plan_key(exp)
     assert search.plan_key(exp) == k1                    # deterministic
@@ -110,7 +110,7 @@ def test_lower_bound_rate_covers_a_layer_fit_faster_than_the_gemm_fit():
     """The bound must use the fastest rate the cost model grants any op, layer ops included."""
     import topologies
     from simulator.calibration import Calibration, ComputeFit, LayerFit
-    from simulator.search import best_flops_per_s
+    from clustersim.search import best_flops_per_s
     from topologies.cost import ClusterCostModel
     cluster = topologies.load_cluster("dgx-h100", 8)
     dev = cluster.device(0).name
@@ -121,7 +121,7 @@ def test_lower_bound_rate_covers_a_layer_fit_faster_than_the_gemm_fit():
 
 
 def test_cache_key_follows_the_calibration_files_content(tmp_path):
-    from simulator import search
+    from clustersim import search
     from simulator.calibration import Calibration, ComputeFit
     path = tmp_path / "cal.json"
     Calibration([ComputeFit("H100", 5e14)]).save(path)

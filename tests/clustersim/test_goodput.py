@@ -8,9 +8,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from simulator.cli import main
+from clustersim.cli import main
 from simulator.errors import ConfigError, ResourceLimitError
-from simulator.goodput import (DAY_S, HOUR_S, GoodputConfig, analyse, daly_interval_s, exact_optimal_interval_s,
+from clustersim.goodput import (DAY_S, HOUR_S, GoodputConfig, analyse, daly_interval_s, exact_optimal_interval_s,
                                expected_goodput, first_order_goodput, monte_carlo, simulate_trajectory,
                                young_interval_s)
 
@@ -218,7 +218,7 @@ def test_cli_reads_gpus_and_step_time_from_a_simulate_result(tmp_path, capsys):
 def test_extreme_inputs_give_finite_goodput(kw):
     """Found by the fuzz test (tests/test_fuzz.py) with random seeds."""
     import math
-    from simulator.goodput import GoodputConfig, analyse
+    from clustersim.goodput import GoodputConfig, analyse
     r = analyse(GoodputConfig(**kw), sweep_points=3).at_interval
     assert 0.0 <= r.goodput <= 1.0 + 1e-9
     assert all(math.isfinite(v) for v in (r.useful_s, r.checkpoint_s, r.lost_work_s, r.restart_s))
@@ -227,7 +227,7 @@ def test_extreme_inputs_give_finite_goodput(kw):
 @pytest.mark.parametrize("field", ["mtbf_device_s", "checkpoint_s", "restart_s", "horizon_s"])
 def test_times_beyond_the_bound_are_a_clear_error(field):
     from simulator.errors import ConfigError
-    from simulator.goodput import GoodputConfig
+    from clustersim.goodput import GoodputConfig
     kw = dict(gpus=8, mtbf_device_s=1e6, checkpoint_s=60, restart_s=600, horizon_s=86400)
     kw[field] = 1e308
     with pytest.raises(ConfigError, match=f"{field} must be a number .* at most 1e\\+12 s"):

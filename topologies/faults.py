@@ -18,7 +18,7 @@ does not depend on the world size and a run is reproducible bit for bit.
 Every per-rank fault breaks rank symmetry: ``breaks_symmetry(spec)`` tells the simulate pipeline to
 build full per-rank programs.
 
-CLI strings (``parse_fault_options``): ``--straggler 5:1.2`` (repeatable), ``--straggler-dist lognormal:0.05``
+CLI strings (``clustersim.faults.parse_fault_options``): ``--straggler 5:1.2`` (repeatable), ``--straggler-dist lognormal:0.05``
 or ``fraction:0.01:1.3``, ``--jitter 0.02``, ``--fail-link leaf.0:spine.0.1`` (repeatable; nodes are
 written as their name parts joined by dots, a GPU by its integer id), ``--degrade-link A:B:0.5``,
 ``--fail-device 17@0.25`` (rank 17 dies 0.25 s into the step), ``--seed 1``.
@@ -45,9 +45,13 @@ from typing import Any, Hashable, Iterable
 
 import numpy as np
 
+import networkx as nx
+
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ConfigError, ResourceLimitError, TopologyError
 from simulator.program import Op
+from topologies.cluster import Cluster
+from topologies.cost import ClusterCostModel
 
 DISTRIBUTIONS = ("lognormal", "fraction")
 MAX_FACTOR = 1e6      # a slowdown beyond this is a failed device, not a straggler: use device_failures
@@ -142,7 +146,7 @@ def _link(value: Any, where: str) -> tuple[Hashable, Hashable]:
     return (a, b)
 
 
-def _rank(value: Any, where: str) -> int:
+def parse_rank(value: Any, where: str) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
     if isinstance(value, float) and math.isfinite(value) and value == int(value):
@@ -160,7 +164,7 @@ def _rank_map(mapping, where: str, what: str, **number_kw) -> dict[int, float]:
         raise ConfigError(f"{where}: expected a mapping rank -> {what}")
     out: dict[int, float] = {}
     for r, v in mapping.items():
-        rank = _rank(r, where)
+        rank = parse_rank(r, where)
         if rank in out:
             raise ConfigError(f"{where}: rank {rank} given twice")
         out[rank] = _number(v, f"{where}[{rank}]", **number_kw)
@@ -329,47 +333,6 @@ def faults_from_dict(d: Any, where: str = "faults") -> FaultSpec:
         raise ConfigError(msg if where == "faults" else f"{where}: {msg}") from None
 
 
-def _rank_value_pairs(items: Iterable[str], sep: str, flag: str, form: str) -> dict:
-    """{rank: value string} from CLI items like '5:1.2' (values are checked later by FaultSpec)."""
-    out: dict = {}
-    for s in items or ():
-        parts = str(s).split(sep)
-        if len(parts) != 2:
-            raise ConfigError(f"{flag} {s!r}: expected {form}")
-        rank = _rank(parts[0].strip(), f"{flag} {s!r}")
-        if rank in out:
-            raise ConfigError(f"{flag}: rank {rank} given twice")
-        out[rank] = parts[1]
-    return out
-
-
-def parse_fault_options(stragglers: Iterable[str] = (), straggler_dist: str | None = None,
-                        jitter: float | str | None = None, fail_links: Iterable[str] = (),
-                        degrade_links: Iterable[str] = (), fail_devices: Iterable[str] = (),
-                        seed: int | str | None = None) -> FaultSpec:
-    """A FaultSpec from CLI strings: ``--straggler 5:1.2``, ``--straggler-dist lognormal:0.05``,
-    ``--jitter 0.02``, ``--fail-link A:B``, ``--degrade-link A:B:0.5``, ``--fail-device RANK@TIME_S``,
-    ``--seed N``."""
-    strag = _rank_value_pairs(stragglers, ":", "--straggler", "RANK:FACTOR, e.g. 5:1.2")
-    deg: dict = {}
-    for s in degrade_links or ():
-        parts = str(s).split(":")
-        if len(parts) != 3:
-            raise ConfigError(f"--degrade-link {s!r}: expected NODE_A:NODE_B:FACTOR, e.g. leaf.0:spine.0.0:0.5")
-        deg[f"{parts[0]}:{parts[1]}"] = parts[2]
-    dev = _rank_value_pairs(fail_devices, "@", "--fail-device", "RANK@TIME_S, e.g. 17@0.25")
-    if seed is None:
-        seed_v = 0
-    else:
-        try:
-            seed_v = int(seed)
-        except (TypeError, ValueError):
-            raise ConfigError(f"--seed: expected an integer, got {seed!r}") from None
-    return FaultSpec(stragglers=strag, straggler_distribution=straggler_dist,
-                     jitter=0.0 if jitter is None else jitter, link_failures=tuple(fail_links or ()),
-                     link_degradation=deg, device_failures=dev, seed=seed_v)
-
-
 def breaks_symmetry(faults: FaultSpec) -> bool:
     """True when the spec makes ranks differ, so symmetric mode is invalid: any straggler, jitter,
     device failure, or link fault (it changes some groups' routes but not their images')."""
@@ -480,7 +443,6 @@ def apply_link_faults(cost_model, cluster, faults: FaultSpec):
     rebuild = getattr(cost_model, "with_cluster", None)
     if rebuild is not None:
         return rebuild(new_cluster)
-    from topologies.cost import ClusterCostModel
     if not isinstance(cost_model, ClusterCostModel):
         raise ConfigError(f"faults: link failures and degradation need a topology-aware cost model "
                           f"(topologies.cost.ClusterCostModel), got {type(cost_model).__name__}")
@@ -530,8 +492,6 @@ def faulted_cluster(cluster, faults: FaultSpec):
     shortest remaining path of the graph (e.g. a GPU whose NIC link died reaches the fabric through a
     peer's NIC over NVLink, as NCCL's PXN does). Raises TopologyError naming the cut if some placed GPUs
     can no longer reach the others."""
-    import networkx as nx
-
     if cluster is None or not isinstance(getattr(cluster, "graph", None), nx.Graph):
         raise ConfigError("faults: link failures and degradation need a cluster with a network graph "
                           "(topologies.load_cluster)")
@@ -574,8 +534,7 @@ def faulted_cluster(cluster, faults: FaultSpec):
             f"link failures cut the network: with {cut} down, GPU(s) {small[:16]}{' ...' if len(small) > 16 else ''} "
             f"can no longer reach the other {len(placed) - len(small)} GPU(s) ({len(comps)} disconnected parts); "
             f"fail fewer links")
-    cls = _faulted_cluster_cls()
-    out = cls.__new__(cls)
+    out = FaultedCluster.__new__(FaultedCluster)
     out.__dict__.update(cluster.__dict__)
     out.graph = g
     out.link_capacity = cap
@@ -585,102 +544,35 @@ def faulted_cluster(cluster, faults: FaultSpec):
     return out
 
 
-def _faulted_cluster_class():
-    from topologies.cluster import Cluster
+class FaultedCluster(Cluster):
+    """A Cluster with failed / degraded links (see ``faulted_cluster``); routes avoid dead links."""
 
-    class FaultedCluster(Cluster):
-        """A Cluster with failed / degraded links (see ``faulted_cluster``); routes avoid dead links."""
+    def _route(self, src, dst):
+        try:
+            r = super()._route(src, dst)
+        except TopologyError:
+            r = None
+        if r is not None and all(self.link_capacity[i] > 0 for i in r):
+            return r
+        self.rerouted += 1
+        return self._graph_route(src, dst)
 
-        def _route(self, src, dst):
-            try:
-                r = super()._route(src, dst)
-            except TopologyError:
-                r = None
-            if r is not None and all(self.link_capacity[i] > 0 for i in r):
-                return r
-            self.rerouted += 1
-            return self._graph_route(src, dst)
+    def _graph_route(self, src, dst) -> list[int]:
+        try:
+            path = nx.shortest_path(self.graph, src, dst)
+        except (nx.NetworkXNoPath, nx.NodeNotFound):
+            raise TopologyError(f"cluster {self.name!r}: no path from {node_label(src)} to {node_label(dst)} "
+                                f"after link failures") from None
+        out = []
+        for u, v in zip(path, path[1:]):
+            trunks = _trunk_keys(self.graph, u, v)
+            if trunks is None:
+                out.append(self.link_id[(u, v)])
+                continue
+            up = self.graph.nodes[u].get("kind") in ("leaf",) or (
+                self.graph.nodes[u].get("kind") == "spine" and self.graph.nodes[v].get("kind") == "core")
+            out.append(self.link_id[trunks[0] if up else trunks[1]])
+        return out
 
-        def _graph_route(self, src, dst) -> list[int]:
-            import networkx as nx
-            try:
-                path = nx.shortest_path(self.graph, src, dst)
-            except (nx.NetworkXNoPath, nx.NodeNotFound):
-                raise TopologyError(f"cluster {self.name!r}: no path from {node_label(src)} to {node_label(dst)} "
-                                    f"after link failures") from None
-            out = []
-            for u, v in zip(path, path[1:]):
-                trunks = _trunk_keys(self.graph, u, v)
-                if trunks is None:
-                    out.append(self.link_id[(u, v)])
-                    continue
-                up = self.graph.nodes[u].get("kind") in ("leaf",) or (
-                    self.graph.nodes[u].get("kind") == "spine" and self.graph.nodes[v].get("kind") == "core")
-                out.append(self.link_id[trunks[0] if up else trunks[1]])
-            return out
-
-        def __repr__(self) -> str:
-            return f"<Cluster {self.name} {self.n_gpus}x{self.accelerator.name} with link faults>"
-
-    return FaultedCluster
-
-
-_FAULTED_CLUSTER = None
-
-
-def _faulted_cluster_cls():
-    """FaultedCluster, built on first use so that importing simulator.faults does not import topologies."""
-    global _FAULTED_CLUSTER
-    if _FAULTED_CLUSTER is None:
-        _FAULTED_CLUSTER = _faulted_cluster_class()
-    return _FAULTED_CLUSTER
-
-
-# ---------------------------------------------------------------------------------------------- click options
-FAULT_OPTION_KEYS = ("straggler", "straggler_dist", "jitter", "fail_link", "degrade_link", "fail_device", "seed")
-
-
-def fault_options(f):
-    """Add the fault-injection options to a click command (``simulate``, ``compare`` ...); read them back
-    with ``faults_from_options(yaml_faults, **options)``."""
-    import click
-    opts = [
-        click.option("--straggler", multiple=True, metavar="RANK:FACTOR",
-                     help="Slow device: compute on RANK takes FACTOR times longer (repeatable), e.g. 5:1.2."),
-        click.option("--straggler-dist", metavar="DIST",
-                     help="Draw a slowdown per rank: lognormal:SIGMA or fraction:P:FACTOR (seeded)."),
-        click.option("--jitter", type=float, help="Coefficient of variation of every compute op's time (seeded)."),
-        click.option("--fail-link", multiple=True, metavar="A:B",
-                     help="Link down, traffic re-routed (repeatable); nodes like leaf.0, spine.0.1, or a GPU index."),
-        click.option("--degrade-link", multiple=True, metavar="A:B:FACTOR",
-                     help="Link bandwidth times FACTOR in (0, 1] (repeatable)."),
-        click.option("--fail-device", multiple=True, metavar="RANK@TIME_S",
-                     help="Device RANK dies TIME_S seconds into the step (repeatable)."),
-        click.option("--seed", type=int, help="Seed of every random draw (stragglers, jitter)."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
-def faults_from_options(yaml_faults: dict | None = None, **options) -> dict:
-    """The YAML ``faults:`` mapping with the command-line fault options applied on top (validated;
-    returns the mapping form ``faults_from_dict`` reads, empty when there is no fault)."""
-    base = faults_from_dict(yaml_faults or {})
-    given = {k: options.get(k) for k in FAULT_OPTION_KEYS}
-    if not any(v not in (None, (), []) for v in given.values()):
-        return base.to_dict() if not base.empty else ({"seed": base.seed} if base.seed else {})
-    cli = parse_fault_options(given["straggler"] or (), given["straggler_dist"], given["jitter"],
-                              given["fail_link"] or (), given["degrade_link"] or (), given["fail_device"] or (),
-                              given["seed"])
-    merged = base.to_dict()
-    for key, value in cli.to_dict().items():
-        if key == "seed" and given["seed"] is None:
-            continue
-        if isinstance(value, dict):
-            merged[key] = {**merged.get(key, {}), **value}
-        elif isinstance(value, list) and key == "link_failures":
-            merged[key] = list(dict.fromkeys(merged.get(key, []) + value))
-        else:
-            merged[key] = value
-    return faults_from_dict(merged).to_dict()
+    def __repr__(self) -> str:
+        return f"<Cluster {self.name} {self.n_gpus}x{self.accelerator.name} with link faults>"

@@ -6,11 +6,11 @@ from html.parser import HTMLParser
 import matplotlib
 import pytest
 
-from simulator import compare as cmp
+from clustersim import compare as cmp
 from simulator.costs import SimpleCostModel
 from simulator.engine import run
-from simulator.report import render_report, write_report
-from tests.simulator.test_plots import toy_1f1b
+from clustersim.report import render_report, write_report
+from tests.clustersim.test_plots import toy_1f1b
 from tests.simulator.toy import toy_gpipe
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from simulator.experiment import experiment_from_options, run_experiment, simulate_options
+from clustersim.experiment import experiment_from_options, run_experiment, simulate_options
 
 
 class DelayedProgress:
@@ -97,7 +97,7 @@ def write_report_folder(outcome, out: Path) -> list[Path]:
     written.append(write_timeline(res, out / "timeline.csv", ranks=lanes))
     written.append(write_perfetto(res, out / "trace.json", ranks=lanes))
     try:
-        from simulator import plots
+        from clustersim import plots
     except ImportError:
         plots = None
     if plots is not None:

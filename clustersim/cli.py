@@ -1,5 +1,5 @@
-"""The ``clustersim`` command line. Each package contributes its own click commands; this module
-registers them and turns every ``ClusterSimError`` into a one-line message and exit code 2."""
+"""The ``clustersim`` command line: registers the commands (one module of this package each) and turns
+every ``ClusterSimError`` into a one-line message and exit code 2."""
 from __future__ import annotations
 
 import importlib
@@ -9,17 +9,17 @@ import click
 
 from simulator.errors import ClusterSimError
 
-# (module, attribute) of every subcommand; each package owns its own.
+# (module, attribute) of every subcommand: one file of the application package owns each command.
 COMMANDS = [
-    ("simulator.commands", "simulate"),
-    ("simulator.compare", "compare"),
-    ("topologies.cli", "topology"),
-    ("schedules.cli", "plan"),
-    ("traces.collect_cli", "collect"),
-    ("traces.cli", "calibrate"),
-    ("traces.cli", "replay"),
-    ("simulator.search", "search"),
-    ("simulator.goodput", "goodput"),
+    ("clustersim.simulate", "simulate"),
+    ("clustersim.compare", "compare"),
+    ("clustersim.topology", "topology"),
+    ("clustersim.plan", "plan"),
+    ("clustersim.collect", "collect"),
+    ("clustersim.calibrate", "calibrate"),
+    ("clustersim.replay", "replay"),
+    ("clustersim.search", "search"),
+    ("clustersim.goodput", "goodput"),
 ]
 
 
@@ -31,15 +31,7 @@ def cli() -> None:
 
 def _register() -> None:
     for module, attr in COMMANDS:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and (e.name == module or module.startswith(e.name + ".")):
-                continue  # that part is not built yet
-            raise
-        cmd = getattr(mod, attr, None)
-        if cmd is not None:
-            cli.add_command(cmd)
+        cli.add_command(getattr(importlib.import_module(module), attr))
 
 
 _register()

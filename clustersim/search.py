@@ -30,7 +30,7 @@ from pathlib import Path
 import click
 
 from simulator.errors import ClusterSimError, ConfigError
-from simulator.experiment import Experiment, resolve_model, resolve_plan
+from clustersim.experiment import Experiment, resolve_model, resolve_plan
 
 CACHE_VERSION = 2
 
@@ -211,7 +211,7 @@ def fits(model, plan, world: int, capacity: float) -> tuple[bool, float]:
 
 def evaluate(exp_dict: dict) -> dict:
     """Simulate one candidate (runs in a worker process); returns the --json summary or an error."""
-    from simulator.experiment import experiment_from_dict, run_experiment
+    from clustersim.experiment import experiment_from_dict, run_experiment
     exp = experiment_from_dict(exp_dict)
     try:
         out = run_experiment(exp, check_budget=False, validate=False)
@@ -264,7 +264,7 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
                scheduler: str | None = None, cache_path: Path | None = None, progress=None,
                max_simulations: int | None = None) -> dict:
     """Enumerate, prune and simulate; return {'top': [...], 'evaluated': [...], 'stats': {...}}."""
-    from simulator.experiment import build_cost_model, load_cluster_for
+    from clustersim.experiment import build_cost_model, load_cluster_for
     t0 = time.perf_counter()
     space = space or SearchSpace()
     cluster = load_cluster_for(base)
@@ -494,7 +494,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k,
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
                       network=network, calibration=calibration, mode="symmetric")
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
-    from simulator.commands import DelayedProgress
+    from clustersim.simulate import DelayedProgress
     import sys
     bar = DelayedProgress("searching", delay_s=0.5, enabled=sys.stderr.isatty())
     try:

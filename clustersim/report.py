@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from clustersim.runs import formatted_table, metrics_table
+
 CAPTIONS = {
     "gantt": ("Timelines", "One panel per plan on a shared time axis; one lane per rank and stream. Compute is "
               "coloured by phase, communication by collective kind; numbers are micro-batches. On each compute "
@@ -70,7 +72,6 @@ def render_report(runs, figures: dict, title: str | None = None, perfetto_files:
     """The HTML text. ``runs``: PlanRuns; ``figures``: {key: Figure or PNG bytes} (keys of CAPTIONS are
     captioned); ``perfetto_files``: {plan name: file name}; ``extra_sections``: (heading, HTML) pairs;
     ``command``: the command line that made the report."""
-    from simulator.compare import formatted_table, metrics_table
     title = title or "clustersim comparison"
     perfetto_files = perfetto_files or {}
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"

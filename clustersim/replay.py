@@ -1,59 +1,10 @@
-"""``clustersim calibrate`` and ``clustersim replay``: click commands over traces.calibrate / traces.replay."""
+"""``clustersim replay``: replay a measured trace through the engine and compare step times (traces.replay)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import click
-
-from simulator.errors import ConfigError
-
-
-PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
-
-
-def _check_output(path: Path, flag: str, suffixes: tuple[str, ...]) -> None:
-    """An output path must have a known extension and an existing folder."""
-    if path.suffix.lower() not in suffixes:
-        raise ConfigError(f"{flag} {path}: expected a {' / '.join(suffixes)} file")
-    if not path.parent.is_dir():
-        raise ConfigError(f"{flag} {path}: folder {path.parent} does not exist")
-
-
-@click.command("calibrate")
-@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", "output", type=click.Path(path_type=Path), default=Path("calibration.json"),
-              show_default=True, help="calibration JSON to write")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
-              help="PNG with every fit against its measured points")
-def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None) -> None:
-    """Fit compute efficiency and collective alpha-beta from trace folders/files (TRACE_DIR ...) and
-    collective benchmarks (a `clustersim collect --bench collectives` folder or its manifest.json)."""
-    from traces.calibrate import calibrate as fit, plot
-
-    _check_output(output, "-o", (".json",))
-    if plot_path is not None:
-        _check_output(plot_path, "--plot", PLOT_SUFFIXES)
-    cal = fit(list(sources))
-    try:
-        cal.save(output)
-    except OSError as e:
-        raise ConfigError(f"cannot write {output}: {e.strerror}") from None
-    for c in cal.compute:
-        click.echo(f"compute  {c.device}: peak {c.peak_flops_per_s / 1e12:.4g} TFLOP/s, "
-                   f"half-saturation {c.half_saturation_flops:.3g} FLOPs ({len(c.points)} sizes)")
-    for f in cal.layers:
-        click.echo(f"layer    {f.device} {f.phase}: peak {f.peak_flops_per_s / 1e12:.4g} TFLOP/s, "
-                   f"half-saturation {f.half_saturation_flops:.3g} FLOPs ({len(f.points)} sizes)")
-    for c in cal.collectives:
-        click.echo(f"{c.kind:<15} {c.backend} n={c.group_size} {c.scope}: alpha {c.alpha_s * 1e6:.3g} us, "
-                   f"busbw {c.busbw_bytes_per_s / 1e9:.4g} GB/s ({len(c.points)} sizes)")
-    click.echo(f"wrote {output}")
-    if plot_path is not None:
-        try:
-            click.echo(f"wrote {plot(cal, plot_path)}")
-        except OSError as e:
-            raise ConfigError(f"cannot write {plot_path}: {e.strerror}") from None
 
 
 @click.command("replay")

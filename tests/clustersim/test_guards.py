@@ -7,7 +7,7 @@ import pytest
 from simulator.costs import SimpleCostModel
 from simulator.engine import run
 from simulator.errors import ConfigError, ResourceLimitError
-from simulator.guards import ENGINE_BYTES_PER_OP, available_memory_bytes, check_budget
+from clustersim.guards import ENGINE_BYTES_PER_OP, available_memory_bytes, check_budget
 from simulator.metrics import compute_metrics
 from tests.simulator.toy import toy_dp_pipeline
 

@@ -5,12 +5,13 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from simulator import compare as cmp
+from clustersim import compare as cmp
+from clustersim.runs import TABLE_COLUMNS
 from simulator.costs import SimpleCostModel
 from simulator.engine import run
 from simulator.errors import ConfigError
 from simulator.metrics import compute_metrics
-from tests.simulator.test_plots import toy_1f1b
+from tests.clustersim.test_plots import toy_1f1b
 from tests.simulator.toy import toy_dp_pipeline, toy_gpipe
 
 
@@ -35,7 +36,7 @@ def test_metrics_table_equals_the_engine_metrics():
     assert list(table.index) == [r.name for r in runs]
     for r in runs:
         fresh = compute_metrics(r.result).to_dict()
-        for col in cmp.TABLE_COLUMNS:
+        for col in TABLE_COLUMNS:
             assert table.loc[r.name, col] == fresh[col], (r.name, col)
     assert table.loc["1f1b m8", "peak_memory_bytes"] == pytest.approx(10e9 + 4 * 2e9)   # static + p activations
     assert table.loc["dp x64 (symmetric)", "mode"] == "symmetric"
@@ -142,8 +143,8 @@ def _end_to_end_available() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _end_to_end_available(), reason="schedules.build_programs / topologies.cost not built yet")
 def test_cli_compare_schedules_end_to_end(tmp_path, capsys):
-    from simulator.cli import main
-    from simulator.experiment import experiment_from_dict, run_experiment
+    from clustersim.cli import main
+    from clustersim.experiment import experiment_from_dict, run_experiment
     report = tmp_path / "r.html"
     rc = main(["compare", "--cluster", "dgx-h100", "--gpus", "8", "--model", "llama3-8b", "--layers", "8",
                "--pp", "4", "--tp", "2", "--seq", "1024", "--global-batch", "8", "--schedules", "gpipe,1f1b",
@@ -167,9 +168,9 @@ def test_cli_compare_schedules_end_to_end(tmp_path, capsys):
 
 
 def test_cli_compare_reports_bad_input_as_error_exit_2(tmp_path, capsys):
-    from simulator.cli import main
+    from clustersim.cli import main
     if cmp.compare is None:
-        pytest.skip("simulator.experiment not importable")
+        pytest.skip("clustersim.experiment not importable")
     rc = main(["compare", "--schedules", "gpipe,nope"])
     assert rc == 2
     assert "unknown schedule 'nope'" in capsys.readouterr().err
@@ -268,9 +269,9 @@ def test_replay_of_a_complete_gpu_trace_reproduces_the_measured_step(tmp_path):
 
 
 def test_cli_compare_trace_only_shows_measured_and_replay(tmp_path, capsys):
-    from simulator.cli import main
+    from clustersim.cli import main
     if cmp.compare is None:
-        pytest.skip("simulator.experiment not importable")
+        pytest.skip("clustersim.experiment not importable")
     _fixture_trace(tmp_path, "nccl")
     rc = main(["compare", "--trace", str(tmp_path / "nccl"), "--json", "--report", str(tmp_path / "r.html")])
     assert rc == 0
@@ -284,9 +285,9 @@ def test_cli_compare_trace_only_shows_measured_and_replay(tmp_path, capsys):
 
 
 def test_cli_compare_unwritable_output_is_a_clear_error(tmp_path, capsys):
-    from simulator.cli import main
+    from clustersim.cli import main
     if cmp.compare is None:
-        pytest.skip("simulator.experiment not importable")
+        pytest.skip("clustersim.experiment not importable")
     _fixture_trace(tmp_path, "nccl")
     (tmp_path / "afile").write_text("x")
     rc = main(["compare", "--trace", str(tmp_path / "nccl"), "--report", str(tmp_path / "afile" / "r.html")])

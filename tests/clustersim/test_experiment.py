@@ -1,9 +1,9 @@
 """Experiment parsing (flags and YAML) and the CLI's error contract."""
 import pytest
 
-from simulator.cli import main
+from clustersim.cli import main
 from simulator.errors import ConfigError
-from simulator.experiment import experiment_from_dict, load_experiment
+from clustersim.experiment import experiment_from_dict, load_experiment
 
 
 def test_yaml_experiment_round_trip(tmp_path):

@@ -22,7 +22,7 @@ A ``-c`` file without ``base``/``variants`` is an ordinary experiment file used 
 
 Outputs (``--out DIR``): gantt / memory / breakdown pictures (PNG and SVG), ``metrics.csv`` and
 ``metrics.json`` (the engine's metrics, one row per plan), one Perfetto JSON per plan; ``--report FILE``
-writes a self-contained HTML report (``simulator.report``).
+writes a self-contained HTML report (``clustersim.report``).
 
 Measured runs (``--trace PATH``): one profiled step of a Kineto trace (``trace_timeline``) is drawn next to
 its replay (``replay_timeline``, the trace's own ops re-run by the engine) and the simulated plans, with
@@ -33,59 +33,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 import numpy as np
 import pandas as pd
 
+from clustersim.runs import PlanRun, formatted_table, metrics_table, plan_runs  # noqa: F401  (plan_runs: API)
 from simulator.errors import ConfigError
-
-#: metrics-table columns (``simulator.metrics.Metrics`` fields), in display order.
-TABLE_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "bubble_fraction",
-                 "exposed_comm_fraction", "overlap_fraction", "compute_fraction", "peak_memory_bytes",
-                 "memory_capacity_bytes", "fits_in_memory", "world_size", "mode")
-
-
-@dataclass
-class PlanRun:
-    """One plan of a comparison: its name, what was simulated, and the engine's metrics."""
-
-    name: str
-    result: object                  # SimResult
-    metrics: object                 # Metrics
-    definition: dict = field(default_factory=dict)   # the experiment options (or a description)
-    notes: list = field(default_factory=list)
-
-
-def plan_runs(results: dict, definitions: dict | None = None) -> list[PlanRun]:
-    """PlanRuns from {name: SimResult} (metrics computed here); for hand-built programs and tests."""
-    from simulator.metrics import compute_metrics
-    defs = definitions or {}
-    return [PlanRun(n, r, compute_metrics(r), dict(defs.get(n, {}))) for n, r in results.items()]
-
-
-def metrics_table(runs: list[PlanRun]) -> pd.DataFrame:
-    """One row per plan (index: plan name), the columns of TABLE_COLUMNS taken from each run's Metrics."""
-    rows = {run.name: {c: getattr(run.metrics, c) for c in TABLE_COLUMNS} for run in runs}
-    return pd.DataFrame.from_dict(rows, orient="index", columns=list(TABLE_COLUMNS))
-
-
-def formatted_table(runs: list[PlanRun]) -> pd.DataFrame:
-    """``metrics_table`` with human units (s, %, GB) for reports and the terminal."""
-    t = metrics_table(runs)
-    out = pd.DataFrame(index=t.index)
-    out["step time (s)"] = t["step_time_s"].map(lambda v: f"{v:.4g}")
-    out["tokens/s"] = t["tokens_per_s"].map(lambda v: f"{v:,.0f}")
-    out["MFU"] = t["mfu"].map(lambda v: f"{v:.1%}")
-    out["bubble"] = t["bubble_fraction"].map(lambda v: f"{v:.1%}")
-    out["exposed comm"] = t["exposed_comm_fraction"].map(lambda v: f"{v:.1%}")
-    out["overlap"] = t["overlap_fraction"].map(lambda v: f"{v:.1%}")
-    out["peak memory (GB)"] = [f"{p / 1e9:.1f} / {c / 1e9:.0f}" + ("" if fits else " OOM")
-                               for p, c, fits in zip(t["peak_memory_bytes"], t["memory_capacity_bytes"],
-                                                     t["fits_in_memory"])]
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- variants
@@ -102,7 +57,7 @@ def _split_list(text: str, what: str) -> list[str]:
 def schedule_variants(schedules: str, virtual_stages: int | None = None) -> list[tuple[str, dict]]:
     """(name, overrides) per schedule of ``--schedules``. Interleaved gets ``virtual_stages`` (2 if not
     given above 1); the other schedules run with one model chunk per stage, as they must."""
-    from simulator.experiment import SCHEDULES
+    from clustersim.experiment import SCHEDULES
     out = []
     for s in _split_list(schedules, "schedules"):
         if s not in SCHEDULES:
@@ -115,7 +70,7 @@ def schedule_variants(schedules: str, virtual_stages: int | None = None) -> list
 def load_compare_file(path) -> tuple[dict, list[tuple[str, dict]], str | None]:
     """(base options, [(variant name, overrides)], title) of a compare YAML file; a plain experiment file
     gives (its options, [], None)."""
-    from simulator.experiment import load_yaml
+    from clustersim.experiment import load_yaml
     data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with 'base' and 'variants'")
@@ -158,7 +113,7 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
                    single_ok: bool = False) -> tuple[list[tuple[str, dict]], str | None]:
     """[(name, full experiment options)] from a compare file, ``--schedules`` and command-line options.
     ``single_ok``: without variants, run the base options as one plan named "simulated"."""
-    from simulator.experiment import OPTION_KEYS
+    from clustersim.experiment import OPTION_KEYS
     base, variants, title = ({}, [], None) if not config else load_compare_file(config)
     given = {k: v for k, v in options.items() if k in OPTION_KEYS and v is not None}
     merged_base = {**base, **given}
@@ -173,7 +128,7 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
         variants = [("simulated", {})]
     if not variants:
         raise ConfigError("nothing to compare: give --schedules a,b,... or a compare file (-c) with variants")
-    from simulator.experiment import MODEL_FIELDS
+    from clustersim.experiment import MODEL_FIELDS
     out = []
     for name, over in variants:
         opts = {**merged_base, **over}
@@ -185,7 +140,7 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
 
 def run_variants(variants: list[tuple[str, dict]], progress=None) -> list[PlanRun]:
     """Run each variant's experiment; errors name the variant."""
-    from simulator.experiment import experiment_from_dict, run_experiment
+    from clustersim.experiment import experiment_from_dict, run_experiment
     from simulator.errors import ClusterSimError
     runs = []
     for name, opts in variants:
@@ -218,8 +173,8 @@ def slug(name: str) -> str:
 
 def figures(runs: list[PlanRun], title: str | None = None, max_lanes: int | None = None) -> dict:
     """{"gantt", "memory", "breakdown"}: the comparison's matplotlib figures (``max_lanes``: lane budget
-    per Gantt panel, default ``simulator.plots.DEFAULT_MAX_LANES``)."""
-    from simulator import plots
+    per Gantt panel, default ``clustersim.plots.DEFAULT_MAX_LANES``)."""
+    from clustersim import plots
     results = {r.name: r.result for r in runs}
     metrics = {r.name: r.metrics for r in runs}
     return {
@@ -238,7 +193,7 @@ def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | N
     ``measured``: its panels if already built (``measured_panels``)."""
     import io
 
-    from simulator import plots
+    from clustersim import plots
     written: list[Path] = []
     figs = figures(runs, title, max_lanes) if runs else {}
     mtab = None
@@ -270,7 +225,7 @@ def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | N
     for fig in figs.values():
         plots.close(fig)
     if report is not None:
-        from simulator.report import write_report
+        from clustersim.report import write_report
         extra = [("Measured vs simulated: metrics", measured_section(mtab))] if mtab is not None else None
         written.append(write_report(report, runs, pngs, title=title, perfetto_files=perfetto, extra_sections=extra,
                                     command=command))
@@ -342,7 +297,7 @@ def _command_line(ctx: click.Context) -> str:
 
 
 def _compare_command():
-    from simulator.experiment import simulate_options
+    from clustersim.experiment import simulate_options
 
     @click.command("compare")
     @simulate_options
@@ -406,7 +361,7 @@ def _compare_command():
 
 try:
     compare = _compare_command()
-except ImportError:        # simulator.experiment not there: the library functions above still work
+except ImportError:        # clustersim.experiment not there: the library functions above still work
     compare = None
 
 
@@ -509,7 +464,7 @@ def timeline_metrics(df: pd.DataFrame, step_time_s: float | None = None) -> dict
     (measured or simulated) with the definitions of ``simulator.metrics`` (means over ranks, weighted by
     ``represents`` when present). ``step_time_s`` defaults to ``df.attrs["step_time_s"]`` (set by
     ``trace_timeline``: the measured step's span), else the latest end."""
-    from simulator.plots import idle_spans, merge_intervals
+    from clustersim.plots import idle_spans, merge_intervals
     if step_time_s is None:
         step_time_s = df.attrs.get("step_time_s", float(df["end_s"].max()) if len(df) else 0.0)
     T = float(step_time_s)
@@ -648,7 +603,7 @@ def measured_vs_simulated(trace, runs: list[PlanRun], step: int | None = None, r
     left out with ``replay=False`` or when ``traces.replay`` is missing) and the simulated plans: panels on
     one time axis, and a table of step time, bubble, exposed communication, overlap and compute fractions
     (measured and replay: ``timeline_metrics`` of the drawn timelines; plans: the engine's metrics)."""
-    from simulator import plots
+    from clustersim import plots
     panels, rows, mets = panels or measured_panels(trace, runs, step, replay)
     fig = plots.gantt(panels, metrics=mets, max_lanes=max_lanes, title=f"Measured vs simulated: {trace.path.name}")
     return fig, _rows_table(rows)
@@ -656,7 +611,7 @@ def measured_vs_simulated(trace, runs: list[PlanRun], step: int | None = None, r
 
 def measured_section(table: pd.DataFrame) -> str:
     """The report's HTML table for ``measured_vs_simulated``'s table."""
-    from simulator.report import html_table
+    from clustersim.report import html_table
     t = pd.DataFrame(index=table.index)
     t["step time (s)"] = table["step_time_s"].map(lambda v: f"{v:.4g}")
     for c, name in (("bubble_fraction", "bubble"), ("exposed_comm_fraction", "exposed comm"),

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from simulator.cli import main
-from topologies.cli import parse_ranks, tile_group
+from clustersim.cli import main
+from clustersim.topology import parse_ranks, tile_group
 
 
 def run(capsys, *args):

@@ -249,7 +249,7 @@ def simulate_options(f: Callable) -> Callable:
     ]
     for o in reversed(opts):
         f = o(f)
-    from simulator.faults import fault_options
+    from clustersim.faults import fault_options
     return fault_options(f)
 
 
@@ -273,7 +273,7 @@ def experiment_from_options(config: str | None = None, **options) -> Experiment:
             data[k] = v
     if any(data.get(k) is not None for k in MODEL_FIELDS) and "model" not in data:
         data["model"] = None
-    from simulator.faults import FAULT_OPTION_KEYS, faults_from_options
+    from clustersim.faults import FAULT_OPTION_KEYS, faults_from_options
     fault_flags = {k: options.get(k) for k in FAULT_OPTION_KEYS}
     if data.get("faults") is not None or any(v not in (None, (), []) for v in fault_flags.values()):
         faults = data.get("faults")
@@ -422,7 +422,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     failures = None
     fault_breaks = False
     if exp.faults:
-        from simulator import faults as fault_mod
+        from topologies import faults as fault_mod
         spec = fault_mod.faults_from_dict(exp.faults)
         cost, failures = fault_mod.apply_faults(cost, cluster, spec, world)
         fault_breaks = fault_mod.breaks_symmetry(spec)
@@ -433,7 +433,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     symmetric = mode != "full" and not fault_breaks
     if not symmetric and check_budget:
         # size the full run from its symmetric twin before building 16k programs
-        from simulator.guards import check_budget as guard
+        from clustersim.guards import check_budget as guard
         twin = build_programs(model, plan, world, symmetric=True)
         guard(twin.represented_op_count, "full", symmetric_ops=twin.op_count, timeline=timeline, network=exp.network)
     programs = build_programs(model, plan, world, symmetric=symmetric)
@@ -447,7 +447,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
             notes.append(f"symmetric mode not valid ({problem}); simulated every rank")
             programs = build_programs(model, plan, world, symmetric=False)
     if check_budget:
-        from simulator.guards import check_budget as guard
+        from clustersim.guards import check_budget as guard
         guard(programs, "symmetric" if programs.symmetric else "full", timeline=timeline, network=exp.network)
     result = run(programs, cost, progress=progress, failures=failures, check=validate)
     metrics = compute_metrics(result)

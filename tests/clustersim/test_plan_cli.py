@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from schedules.cli import model_from_options, plan_from_options, plan_report
+from clustersim.plan import model_from_options, plan_from_options, plan_report
 from schedules.models import get_model
-from simulator.cli import main
+from clustersim.cli import main
 from simulator.errors import ConfigError
 
 

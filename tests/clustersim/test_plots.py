@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgba
 
-from simulator import plots
+from clustersim import plots
 from simulator.costs import IdealCostModel, SimpleCostModel
 from simulator.engine import run
 from simulator.errors import ConfigError
@@ -373,7 +373,7 @@ def test_blocks_merge_one_microbatch_phase_and_keep_gaps():
 
 def test_16k_gpu_run_shows_one_labelled_representative_per_stage():
     pytest.importorskip("schedules.generate")
-    from simulator.experiment import experiment_from_dict, run_experiment
+    from clustersim.experiment import experiment_from_dict, run_experiment
     out = run_experiment(experiment_from_dict(dict(cluster="dgx-h100", gpus=16384, model="llama3-8b", layers=8,
                                                    tp=8, pp=4, seq=1024, global_batch=8192)))
     res = out.result
@@ -398,7 +398,7 @@ def test_model_chunks_from_layer_runs():
 
 def test_interleaved_chunks_are_drawn_lighter():
     pytest.importorskip("schedules.generate")
-    from simulator.experiment import experiment_from_dict, run_experiment
+    from clustersim.experiment import experiment_from_dict, run_experiment
     out = run_experiment(experiment_from_dict(dict(cluster="dgx-h100", gpus=8, model="llama3-8b", layers=8, tp=2,
                                                    pp=4, seq=1024, global_batch=8, schedule="interleaved",
                                                    virtual_stages=2)))

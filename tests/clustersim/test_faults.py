@@ -7,9 +7,10 @@ import pytest
 from simulator.costs import IdealCostModel, SimpleCostModel
 from simulator.engine import run
 from simulator.errors import ConfigError, DeviceFailureError, TopologyError
-from simulator.faults import (FaultSpec, FaultyCostModel, apply_faults, breaks_symmetry, faulted_cluster,
-                              faults_from_dict, normal_draws, parse_fault_options, uniform_draws)
 from simulator.program import Programs, collective, compute
+from clustersim.faults import parse_fault_options
+from topologies.faults import (FaultSpec, FaultyCostModel, apply_faults, breaks_symmetry, faulted_cluster,
+                               faults_from_dict, normal_draws, uniform_draws)
 from tests.simulator.toy import toy_dp_pipeline, toy_gpipe
 
 
@@ -293,7 +294,7 @@ def test_link_faults_rebuild_the_cost_model_on_the_faulted_cluster():
 def test_click_fault_options_merge_over_yaml():
     import click
     from click.testing import CliRunner
-    from simulator.faults import fault_options, faults_from_options
+    from clustersim.faults import fault_options, faults_from_options
 
     seen = {}
 
@@ -317,7 +318,7 @@ def test_click_fault_options_merge_over_yaml():
 # ---------------------------------------------------------------------------------------------- end to end
 def _experiment(faults, network="flow", **kw):
     pytest.importorskip("schedules")
-    from simulator.experiment import experiment_from_dict, run_experiment
+    from clustersim.experiment import experiment_from_dict, run_experiment
     d = {"cluster": "dgx-h100", "gpus": 16, "model": "llama3-8b", "tp": 8, "dp": 2, "global_batch": 4,
          "network": network, "faults": faults, **kw}
     return run_experiment(experiment_from_dict(d))
