@@ -1,0 +1,146 @@
+"""``clustersim chakra``: run Chakra execution traces on ASTRA-sim network/system configurations
+(``run``), and write our generated programs as Chakra traces plus ASTRA-sim configurations (``export``)."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import click
+
+from simulator.errors import ConfigError, TraceError
+
+
+@click.group("chakra")
+def chakra() -> None:
+    """Chakra execution traces and ASTRA-sim configurations: run them, or export ours."""
+
+
+def _jsonable(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+@chakra.command("run")
+@click.argument("et_prefix")
+@click.option("--network", "network_file", required=True, type=click.Path(dir_okay=False),
+              help="ASTRA-sim analytical network YAML (topology, npus_count, bandwidth GB/s, latency ns per dim).")
+@click.option("--system", "system_file", type=click.Path(dir_okay=False),
+              help="ASTRA-sim system JSON (collective algorithm per dimension, chunking, roofline).")
+@click.option("--comm-group", "comm_group_file", type=click.Path(dir_okay=False),
+              help="ASTRA-sim communicator-group JSON ({name: [ranks]}) for nodes with pg_name.")
+@click.option("--network-mode", type=click.Choice(["analytical", "flow"]), default="analytical", show_default=True,
+              help="analytical: ASTRA-sim's congestion-unaware model. flow: not available for ASTRA-sim networks.")
+@click.option("--replicate", is_flag=True,
+              help="A single rank file stands for every NPU of the network (its copies are identical).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--out", type=click.Path(file_okay=False), help="Write result.json, timeline.csv, trace.json (Perfetto).")
+def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode, replicate, as_json, out):
+    """Simulate the Chakra ETs ET_PREFIX.<rank>.et (what ASTRA-sim's --workload-configuration takes)."""
+    from simulator.engine import run
+    from simulator.metrics import compute_metrics
+    from topologies.astra import load_network, load_system
+    from topologies.multidim import MultiDimCostModel
+    from traces.chakra.reader import load_programs, replicate_programs
+    from traces.chakra.writer import load_comm_groups
+
+    t0 = time.perf_counter()
+    if network_mode == "flow":
+        raise ConfigError("--network-mode flow is not available for ASTRA-sim networks yet; "
+                          "use analytical (ASTRA-sim's congestion-unaware model)")
+    net = load_network(network_file)
+    sysc = load_system(system_file)
+    groups = load_comm_groups(comm_group_file) if comm_group_file else None
+    dims = tuple(d.npus for d in net.dims)
+    programs, report = load_programs(et_prefix, dims=None if replicate else dims, comm_groups=groups,
+                                     roofline=sysc.roofline_enabled)
+    if replicate:
+        if programs.world_size != 1:
+            raise TraceError(f"--replicate needs exactly one rank file, found {programs.world_size}")
+        programs, report = replicate_programs(et_prefix, dims, groups, sysc.roofline_enabled)
+    result = run(programs, MultiDimCostModel(net, sysc))
+    metrics = compute_metrics(result)
+    metrics.wall_time_s = time.perf_counter() - t0
+    summary = {
+        "step_time_s": metrics.step_time_s, "exposed_comm_fraction": metrics.exposed_comm_fraction,
+        "overlap_fraction": metrics.overlap_fraction, "compute_fraction": metrics.compute_fraction,
+        "bubble_fraction": metrics.bubble_fraction, "world_size": metrics.world_size,
+        "events_simulated": metrics.events_simulated, "represented_ops": metrics.represented_ops,
+        "wall_time_s": metrics.wall_time_s, "mode": metrics.mode, "network_mode": network_mode,
+        "network": str(network_file), "system": str(system_file) if system_file else None,
+        "rank_files": report.files, "classes": report.classes, "node_types": dict(report.node_types),
+        "unknown_attributes": dict(report.unknown_attributes), "notes": report.lines()[2:],
+        "exposed_comm_s_per_rank": {str(rm.rank): rm.exposed_comm_s for rm in metrics.per_rank[:64]},
+    }
+    if out:
+        from simulator.export import lane_ranks, write_perfetto, write_timeline
+        o = Path(out)
+        o.mkdir(parents=True, exist_ok=True)
+        (o / "result.json").write_text(json.dumps({k: _jsonable(v) for k, v in summary.items()}, indent=1) + "\n")
+        lanes = lane_ranks(result)
+        write_timeline(result, o / "timeline.csv", ranks=lanes)
+        write_perfetto(result, o / "trace.json", ranks=lanes)
+    if as_json:
+        click.echo(json.dumps({k: _jsonable(v) for k, v in summary.items()}, sort_keys=True))
+        return
+    for line in report.lines():
+        click.echo(line)
+    click.echo(f"step time            {metrics.step_time_s * 1e9:,.0f} ns ({metrics.step_time_s:.6g} s)")
+    click.echo(f"exposed comm         {metrics.exposed_comm_fraction:.1%} of the step")
+    click.echo(f"world / mode         {metrics.world_size} NPUs / {metrics.mode} ({report.classes} simulated)")
+    click.echo(f"ops simulated        {metrics.events_simulated:,} (represent {metrics.represented_ops:,})")
+    click.echo(f"wall time            {metrics.wall_time_s:.2f} s")
+    if out:
+        click.echo(f"wrote {out}/result.json, timeline.csv, trace.json")
+
+
+def approximate_network(cluster):
+    """An ASTRA-sim network approximating a cluster: dimension 0 the scale-up domain, dimension 1 the
+    fabric between domains, both switches with the path's bottleneck bandwidth and half its latency
+    (a switch dimension counts two hops)."""
+    from topologies.astra import AstraNetwork, Dimension
+    dims = []
+    d0 = cluster.domain_size
+    if d0 > 1:
+        links = cluster.route_ranks(0, 1)
+        dims.append(Dimension("Switch", d0, cluster.bottleneck_bytes_per_s(0, 1), cluster.path_latency_s(links) / 2))
+    if cluster.world_size > d0:
+        links = cluster.route_ranks(0, d0)
+        dims.append(Dimension("Switch", cluster.world_size // d0, cluster.bottleneck_bytes_per_s(0, d0),
+                              cluster.path_latency_s(links) / 2))
+    return AstraNetwork(tuple(dims))
+
+
+def _make_export():
+    from clustersim.experiment import experiment_from_options, run_experiment, simulate_options
+
+    @click.command("export")
+    @simulate_options
+    @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the ETs and configurations.")
+    @click.option("--prefix", default="workload", show_default=True, help="ET file prefix (<prefix>.<rank>.et).")
+    def export(out, prefix, **options):
+        """Write a simulated experiment's programs as one Chakra ET per rank, plus an ASTRA-sim network YAML,
+        system JSON and communicator-group JSON approximating the cluster."""
+        from topologies.astra import AstraSystem, COLLECTIVE_KEYS
+        from traces.chakra.writer import write_workload
+        exp = experiment_from_options(**options)
+        outcome = run_experiment(exp)
+        programs = outcome.result.programs
+        paths = write_workload(programs, out, prefix)
+        net = approximate_network(outcome.cluster)
+        acc = outcome.cluster.accelerator
+        sysc = AstraSystem(implementations={k: ("ring",) * len(net.dims) for k in COLLECTIVE_KEYS},
+                           preferred_dataset_splits=4, local_mem_bw_Bps=acc.hbm_bytes_per_s, roofline_enabled=True,
+                           peak_perf_flops=acc.peak_bf16_flops)
+        o = Path(out)
+        (o / "network.yml").write_text(net.to_yaml())
+        (o / "system.json").write_text(sysc.to_json(len(net.dims)))
+        click.echo(f"wrote {len(paths) - 1} Chakra ETs ({o}/{prefix}.<rank>.et), comm_groups.json, network.yml, "
+                   f"system.json; simulated step time {outcome.metrics.step_time_s:.6g} s")
+        click.echo(f"ASTRA-sim: --workload-configuration={o}/{prefix} --comm-group-configuration={o}/comm_groups.json "
+                   f"--network-configuration={o}/network.yml --system-configuration={o}/system.json")
+
+    return export
+
+
+chakra.add_command(_make_export())

@@ -1,0 +1,268 @@
+"""Multi-dimensional networks with a collective algorithm per dimension, priced as ASTRA-sim's analytical
+(congestion-unaware) backend prices them.
+
+Semantics (read from astra-sim @518bd513 ``astra-sim/system`` and astra-network-analytical
+``congestion_unaware``), all in integer nanoseconds as ASTRA-sim ticks:
+
+- a message of ``m`` bytes between two NPUs differing first in dimension ``d`` takes
+  ``int(hops·latency_d + m / bandwidth_d)`` (Ring: shorter way round, Switch: 2 hops, FullyConnected: 1);
+- a collective of ``size`` bytes is cut into chunks of ``size // preferred-dataset-splits`` bytes (at least
+  the number of NPUs, except all-gather: ``Sys::determine_chunk_size``); every chunk runs one *phase* per
+  involved dimension: all-reduce with ``localBWAware`` = reduce-scatter up the dimensions, all-reduce on the
+  last one, all-gather back down; ``baseline`` = all-reduce on every dimension; all-gather walks the
+  dimensions in reverse; each phase's output size feeds the next;
+- each dimension's queue runs at most ``active-chunks-per-dimension`` chunk phases at once; waiting chunks
+  start in LIFO (newest first) or FIFO order (``Sys::insert_stream``);
+- a ring phase on ``n`` NPUs: an endpoint delay, then per step one message (``size/n`` bytes; all-gather:
+  the whole input) plus an endpoint delay plus, on reduction steps, three local-memory passes of the
+  message (``PacketBundle``: ``3·int(m / local-mem-bw)``). Steps: all-reduce 2(n-1) (the first n-1 reduce),
+  reduce-scatter n-1 (all reduce), all-gather n-1, all-to-all n(n-1)/2 (``Ring.cc``);
+- halving-doubling: log2(n) steps of halving messages to partners 2^i apart (then doubling back for
+  all-reduce); direct: all peers at once per round (window = n-1); double binary tree (all-reduce only):
+  reduce up and broadcast down a tree of depth ceil(log2 n) with whole-chunk messages. Only the ring is
+  checked against ASTRA-sim output (``tests/test_chakra_astra.py``); the other three follow the step
+  structure of their source files.
+
+``MultiDimCostModel`` implements the engine's ``CostModel`` protocol with these times.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from functools import lru_cache
+
+from simulator.costs import CommRequest
+from simulator.errors import ConfigError
+from topologies.astra import AstraNetwork, AstraSystem, Dimension
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
+def message_ns(dim: Dimension, hops: int, size_bytes: int) -> int:
+    """One message's delay in ASTRA-sim ticks (BasicTopology::compute_communication_delay)."""
+    bw_Bpns = dim.bandwidth_Bps / 1e9
+    return int(hops * dim.latency_s * 1e9 + size_bytes / bw_Bpns)
+
+
+def _reduce_ns(system: AstraSystem, msg: int) -> int:
+    """Local reduction of a received message: one write and two reads at local-mem-bw (PacketBundle::call)."""
+    if system.local_mem_bw_Bps <= 0:
+        return 0
+    return 3 * int(msg / system.local_mem_bw_Bps * 1e9)
+
+
+def phase_ns(kind: str, algorithm: str, dim: Dimension, data: int, system: AstraSystem) -> tuple[int, int]:
+    """(duration in ns, output bytes) of one chunk's phase of ``kind`` on one dimension."""
+    n, ed = dim.npus, system.endpoint_delay_ns
+    if algorithm == "ring":
+        msg = data if kind == "all_gather" else data // n
+        out = {"all_reduce": data, "all_gather": data * n, "reduce_scatter": data // n, "all_to_all": data}[kind]
+        steps = {"all_reduce": 2 * (n - 1), "all_to_all": n * (n - 1) // 2}.get(kind, n - 1)
+        reducing = {"all_reduce": n - 1, "reduce_scatter": n - 1}.get(kind, 0)
+        step = message_ns(dim, dim.hops(0, 1), msg) + ed
+        return ed + steps * step + reducing * _reduce_ns(system, msg), out
+    if algorithm == "halvingDoubling":
+        k = int(math.log2(n))
+        if kind == "all_to_all":
+            raise ConfigError("halvingDoubling has no all-to-all in ASTRA-sim; choose ring or direct")
+        t = ed
+        if kind in ("all_reduce", "reduce_scatter"):
+            msg = data
+            for i in range(k):
+                msg //= 2
+                t += message_ns(dim, dim.hops(0, 2 ** i), msg) + ed + _reduce_ns(system, msg)
+            if kind == "all_reduce":
+                for i in reversed(range(k)):
+                    t += message_ns(dim, dim.hops(0, 2 ** i), msg) + ed
+                    msg *= 2
+                return t, data
+            return t, data // n
+        msg = data
+        for i in reversed(range(k)):
+            t += message_ns(dim, dim.hops(0, 2 ** i), msg) + ed
+            msg *= 2
+        return t, data * n
+    if algorithm == "direct":
+        msg = data if kind == "all_gather" else data // n
+        worst = max(message_ns(dim, dim.hops(0, p), msg) for p in range(1, n))
+        rounds = {"all_reduce": 2}.get(kind, 1)
+        red = _reduce_ns(system, msg) if kind in ("all_reduce", "reduce_scatter") else 0
+        out = {"all_reduce": data, "all_gather": data * n, "reduce_scatter": data // n, "all_to_all": data}[kind]
+        return ed + rounds * (worst + ed) + red, out
+    if algorithm == "doubleBinaryTree":
+        if kind != "all_reduce":
+            raise ConfigError(f"doubleBinaryTree implements only all-reduce in ASTRA-sim, not {kind}")
+        depth = max(1, math.ceil(math.log2(n)))
+        hop = message_ns(dim, dim.hops(0, 1), data)
+        return ed + depth * (hop + ed + _reduce_ns(system, data)) + depth * (hop + ed), data
+    raise ConfigError(f"unknown collective algorithm {algorithm!r}")
+
+
+def chunk_phases(kind: str, dims: list[int], network: AstraNetwork, system: AstraSystem) -> list[tuple[int, str]]:
+    """The (dimension, phase kind) sequence one chunk walks (Sys::generate_collective)."""
+    dims = [d for d in dims if network.dims[d].npus > 1]
+    if kind == "all_reduce" and system.collective_optimization == "localBWAware" and dims:
+        return [(d, "reduce_scatter") for d in dims[:-1]] + [(dims[-1], "all_reduce")] + \
+               [(d, "all_gather") for d in reversed(dims[:-1])]
+    if kind == "all_gather":
+        dims = list(reversed(dims))
+    return [(d, kind) for d in dims]
+
+
+def collective_ns(kind: str, size_bytes: int, dims: tuple[int, ...], network: AstraNetwork,
+                  system: AstraSystem) -> int:
+    """ASTRA-sim's analytical time (ns) of one collective of ``size_bytes`` (ASTRA-sim's size: all-gather
+    counts one NPU's input) over the given dimensions, chunked and scheduled per dimension."""
+    if kind not in KINDS:
+        raise ConfigError(f"ASTRA-sim's analytical system layer has no {kind}; supported: {', '.join(KINDS)}")
+    size = int(size_bytes)
+    if size <= 0:
+        return 0
+    splits = system.preferred_dataset_splits
+    chunk = size // splits
+    if kind != "all_gather" and network.world_size > chunk:
+        chunk = network.world_size
+        size = splits * chunk
+    chunk = max(chunk, 1)
+    streams = -(-size // chunk)
+    phases = chunk_phases(kind, list(dims), network, system)
+    if not phases:
+        return 0
+    durations, data = [], chunk
+    for d, pkind in phases:
+        t, data = phase_ns(pkind, system.algorithm(pkind, d), network.dims[d], data, system)
+        durations.append(t)
+    return _schedule(durations, [d for d, _ in phases], streams, system)
+
+
+def _schedule(durations: list[int], queue_of: list[int], streams: int, system: AstraSystem) -> int:
+    """Makespan of ``streams`` identical chunks through per-dimension queues, each running at most
+    ``active-chunks-per-dimension`` phases at once (Sys::SchedulerUnit, insert_stream)."""
+    limit = max(1, math.ceil(system.active_chunks_per_dimension / system.queues_per_dim))
+    lifo = system.scheduling_policy == "LIFO"
+    waiting: dict[int, list[tuple[int, int]]] = {}      # queue -> heap of (-priority or priority, stream)
+    running: dict[int, int] = {}
+    phase_of = [0] * streams
+    events: list[tuple[int, int, int]] = []
+    seq = 0
+
+    def admit(q: int, now: int) -> None:
+        nonlocal seq
+        heap = waiting.get(q, [])
+        while heap and running.get(q, 0) < limit:
+            _, s = heapq.heappop(heap)
+            running[q] = running.get(q, 0) + 1
+            seq += 1
+            heapq.heappush(events, (now + durations[phase_of[s]], seq, s))
+
+    def enqueue(s: int, now: int) -> None:
+        q = queue_of[phase_of[s]]
+        heapq.heappush(waiting.setdefault(q, []), (-s if lifo else s, s))
+        admit(q, now)
+
+    for s in range(streams):
+        enqueue(s, 0)
+    end = 0
+    while events:
+        now, _, s = heapq.heappop(events)
+        end = max(end, now)
+        q = queue_of[phase_of[s]]
+        running[q] -= 1
+        phase_of[s] += 1
+        if phase_of[s] < len(durations):
+            nq = queue_of[phase_of[s]]
+            heapq.heappush(waiting.setdefault(nq, []), (-s if lifo else s, s))
+            admit(q, now)
+            admit(nq, now)
+        else:
+            admit(q, now)
+    return end
+
+
+class MultiDimCostModel:
+    """The engine's CostModel on an ASTRA-sim network + system (analytical, congestion-unaware).
+
+    Compute ops with ``duration_s`` run that long (the engine's rule); otherwise, with the roofline enabled,
+    ``flops / min(peak-perf, local-mem-bw · flops / mem_bytes)`` (Workload::issue_comp; ops without bytes
+    cost 0, as ASTRA-sim skips them); with it disabled, 1 ns (ASTRA-sim's replay of a node with no
+    runtime). Memory-only ops move ``mem_bytes`` at local-mem-bw.
+    """
+
+    contention_aware = False
+
+    def __init__(self, network: AstraNetwork, system: AstraSystem):
+        self.network = network
+        self.system = system
+        self._coll = lru_cache(maxsize=65536)(self._collective_s)
+
+    # ---------------------------------------------------------------- compute
+    def compute_time_s(self, rank: int, op) -> float:
+        s = self.system
+        if op.flops > 0 and s.roofline_enabled:
+            if op.mem_bytes <= 0:
+                return 0.0
+            perf = min(s.local_mem_bw_Bps * op.flops / op.mem_bytes, s.peak_perf_flops)
+            return int(op.flops / perf * 1e9) * 1e-9
+        if op.flops <= 0 and op.mem_bytes > 0 and s.local_mem_bw_Bps > 0:
+            return int(op.mem_bytes / s.local_mem_bw_Bps * 1e9) * 1e-9
+        return 1e-9
+
+    # ---------------------------------------------------------------- communication
+    def dims_of(self, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The dimensions a group spans, if it is exactly a sub-grid along them (else None)."""
+        addrs = [self.network.address(r) for r in ranks]
+        dims = tuple(d for d in range(len(self.network.dims)) if len({a[d] for a in addrs}) > 1)
+        expected = 1
+        for d in dims:
+            expected *= self.network.dims[d].npus
+        return dims if expected == len(set(ranks)) else None
+
+    def _collective_s(self, kind: str, ranks: tuple[int, ...], size_bytes: float) -> float:
+        n = len(ranks)
+        if n <= 1 or size_bytes <= 0:
+            return 0.0
+        astra_kind, astra_size = kind, size_bytes
+        if kind == "all_gather":
+            astra_size = size_bytes / n       # ours: the gathered output; ASTRA-sim: one NPU's input
+        elif kind in ("broadcast", "reduce"):
+            astra_kind = "all_reduce"         # no analytical broadcast/reduce in ASTRA-sim; priced as all-reduce
+        elif kind == "barrier":
+            astra_kind, astra_size = "all_reduce", n
+        dims = self.dims_of(ranks)
+        if dims is None:
+            return self._irregular_s(astra_kind, ranks, int(astra_size))
+        return collective_ns(astra_kind, int(round(astra_size)), dims, self.network, self.system) * 1e-9
+
+    def _irregular_s(self, kind: str, ranks: tuple[int, ...], size: int) -> float:
+        """A group that is not a sub-grid: one logical ring over its members on the slowest dimension it
+        spans (ASTRA-sim builds a single-dimension plan for such communicator groups)."""
+        addrs = [self.network.address(r) for r in ranks]
+        spanned = [d for d in range(len(self.network.dims)) if len({a[d] for a in addrs}) > 1]
+        slow = min(spanned, key=lambda d: self.network.dims[d].bandwidth_Bps)
+        base = self.network.dims[slow]
+        dim = Dimension("Ring", len(ranks), base.bandwidth_Bps, base.latency_s)
+        net = AstraNetwork((dim,))
+        return collective_ns(kind, size, (0,), net, self.system) * 1e-9
+
+    def comm_time_s(self, request: CommRequest) -> float:
+        if request.kind == "p2p":
+            src, dst = request.ranks
+            if src == dst or request.size_bytes <= 0:
+                return 0.0
+            a, b = self.network.address(src), self.network.address(dst)
+            d = next(i for i in range(len(a)) if a[i] != b[i])
+            dim = self.network.dims[d]
+            return message_ns(dim, dim.hops(a[d], b[d]), int(request.size_bytes)) * 1e-9
+        return self._coll(request.kind, tuple(request.ranks), float(request.size_bytes))
+
+    def network(self):
+        raise NotImplementedError("the ASTRA-sim analytical model is congestion-unaware")
+
+    def device_key(self, rank: int):
+        return "npu"
+
+    def peak_flops(self, rank: int) -> float:
+        return self.system.peak_perf_flops or 1.0
+
+    def memory_capacity_bytes(self, rank: int) -> float:
+        return float("inf")
