@@ -176,7 +176,7 @@ def _attrs(node: dict, report: ChakraReport) -> dict:
 
 
 def _num(attrs: dict, key: str, where: str, default=0):
-    v = attrs.get(key, default)
+    v = attrs.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 or v == float("inf"):
@@ -209,7 +209,10 @@ def build_program(rank: int, nodes: list[dict], programs: Programs, groups: _Gro
     for i in order:
         node = nodes[i]
         nw = f"{where}: node #{i} (id {node.get('id', 0)}, {node.get('name', '')!r})"
-        op = _op(rank, node, nw, programs, groups, report, roofline)
+        try:
+            op = _op(rank, node, nw, programs, groups, report, roofline)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
+            raise TraceError(f"{nw}: malformed node: {type(e).__name__}: {e}") from None
         op.deps = tuple(sorted(position[j] for j in deps[i] if position[j] < position[i]))
         prog.append(op)
     return prog
@@ -262,18 +265,18 @@ def _op(rank, node, where, programs, groups, report, roofline) -> Op:
     stream = attrs.get("stream")
     stream = (f"gpu{stream}" if isinstance(stream, int) else str(stream)) if stream is not None else None
     dur_us = node.get("duration_micros", 0)
-    exact_s = attrs.get("cs_duration_s")
+    exact_s = _num(attrs, "cs_duration_s", where, None)
     labels = dict(phase=attrs.get("cs_phase") or None, microbatch=attrs.get("cs_microbatch"),
                   layer=attrs.get("cs_layer"), strategy=attrs.get("cs_strategy"))
     if ntype == S.COMP_NODE:
-        flops = attrs.get("cs_flops", _num(attrs, "num_ops", where))
-        mem = attrs.get("cs_mem_bytes", _num(attrs, "tensor_size", where))
+        flops = _num(attrs, "cs_flops", where, _num(attrs, "num_ops", where))
+        mem = _num(attrs, "cs_mem_bytes", where, _num(attrs, "tensor_size", where))
         use_duration = dur_us > 0 and (not roofline or cpu or not flops)
         duration = (exact_s if exact_s is not None else dur_us * 1e-6) if use_duration or exact_s is not None else None
         return Op(COMPUTE, name, stream or ("cpu" if cpu else "gpu"), flops=float(flops), mem_bytes=float(mem),
                   duration_s=duration, **labels)
     if ntype in (S.MEM_LOAD_NODE, S.MEM_STORE_NODE):
-        mem = attrs.get("cs_mem_bytes", _num(attrs, "tensor_size", where))
+        mem = _num(attrs, "cs_mem_bytes", where, _num(attrs, "tensor_size", where))
         return Op(COMPUTE, name, stream or "memory", mem_bytes=float(mem),
                   duration_s=dur_us * 1e-6 if dur_us > 0 else None, **labels)
     if ntype == S.COMM_COLL_NODE:
@@ -285,7 +288,7 @@ def _op(rank, node, where, programs, groups, report, roofline) -> Op:
         if kind is None:
             raise TraceError(f"{where}: collective type {S.COMM_TYPE_NAMES.get(ctype, ctype)} is not supported "
                              f"(supported: {', '.join(S.COMM_TYPE_NAMES[k] for k in sorted(COMM_KINDS))})")
-        size = attrs.get("cs_size_bytes")
+        size = _num(attrs, "cs_size_bytes", where, None)
         ranks, family = groups.members(rank, attrs, where)
         if size is None:
             size = float(_num(attrs, "comm_size", where))
@@ -298,7 +301,7 @@ def _op(rank, node, where, programs, groups, report, roofline) -> Op:
         peer = attrs.get(key)
         if not isinstance(peer, int) or isinstance(peer, bool) or not 0 <= peer < programs.world_size or peer == rank:
             raise TraceError(f"{where}: {key} must be another rank in 0..{programs.world_size - 1}, got {peer!r}")
-        size = attrs.get("cs_size_bytes", _num(attrs, "comm_size", where))
+        size = _num(attrs, "cs_size_bytes", where, _num(attrs, "comm_size", where))
         kind = SEND if ntype == S.COMM_SEND_NODE else RECV
         return Op(kind, name, stream or "p2p", peer=peer, size_bytes=float(size), **labels)
     if ntype in (S.METADATA_NODE, S.INVALID_NODE):

@@ -20,6 +20,7 @@ _WIRE = {
     "bool": VARINT, "enum": VARINT, "double": I64, "fixed64": I64, "sfixed64": I64,
     "float": I32, "fixed32": I32, "sfixed32": I32, "string": LEN, "bytes": LEN,
 }
+ONEOF_MESSAGES = {"AttributeProto"}     # messages whose scalar fields form a oneof (presence matters)
 _STRUCT = {"double": "<d", "fixed64": "<Q", "sfixed64": "<q", "float": "<f", "fixed32": "<I", "sfixed32": "<i"}
 
 
@@ -185,10 +186,8 @@ def encode(msg: dict, schema: dict, name: str) -> bytes:
             out += write_varint(num << 3 | LEN) + write_varint(len(body)) + body
             continue
         for v in (val if repeated else [val]):
-            if not repeated and not v and kind not in ("string", "bytes"):
-                continue
-            if not repeated and kind in ("string", "bytes") and not v:
-                continue
+            if not repeated and not v and name not in ONEOF_MESSAGES:
+                continue            # proto3 omits defaults, except a set oneof member
             out += write_varint(num << 3 | wt)
             if wt == LEN:
                 data = v.encode("utf-8") if kind == "string" else bytes(v)

@@ -1,0 +1,88 @@
+"""The multi-dimensional ASTRA-sim analytical model: closed forms and scheduling invariants."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.errors import ConfigError
+from topologies.astra import GIB, AstraNetwork, AstraSystem, Dimension, load_network, load_system
+from topologies.multidim import MultiDimCostModel, _schedule, chunk_phases, collective_ns, message_ns
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 10**6), st.integers(1, 10**6))
+def test_two_stage_pipeline_makespan(a, b):
+    """Two chunks through two dimensions, one active chunk each: a + max(a, b) + b (hand-derived)."""
+    assert _schedule([a, b], [0, 1], 2, AstraSystem()) == a + max(a, b) + b
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 10**5), st.integers(1, 16), st.integers(1, 16))
+def test_single_dimension_batches(t, chunks, active):
+    """One dimension: chunks run in batches of ``active``."""
+    sysc = AstraSystem(active_chunks_per_dimension=active)
+    assert _schedule([t], [0], chunks, sysc) == -(-chunks // active) * t
+
+
+def test_ring_all_reduce_closed_form():
+    """Ring all-reduce on one ring dimension, one chunk: ed + 2(n-1)(msg + ed) + (n-1)·3·reduce."""
+    n, size = 8, 8 * 2**20
+    dim = Dimension("Ring", n, 100 * GIB, 1e-6)
+    sysc = AstraSystem(preferred_dataset_splits=1, local_mem_bw_Bps=1e12, endpoint_delay_ns=10)
+    msg = size // n
+    step = int(1000 + msg / 107.3741824) + 10
+    expected = 10 + 2 * (n - 1) * step + (n - 1) * 3 * int(msg / 1e12 * 1e9)
+    assert collective_ns("all_reduce", size, (0,), AstraNetwork((dim,)), sysc) == expected
+
+
+def test_hierarchical_all_reduce_phases():
+    net = AstraNetwork((Dimension("Ring", 4, GIB, 0), Dimension("Switch", 2, GIB, 0), Dimension("Switch", 4, GIB, 0)))
+    lbw = AstraSystem(collective_optimization="localBWAware")
+    assert chunk_phases("all_reduce", [0, 1, 2], net, lbw) == [
+        (0, "reduce_scatter"), (1, "reduce_scatter"), (2, "all_reduce"), (1, "all_gather"), (0, "all_gather")]
+    assert chunk_phases("all_reduce", [0, 2], net, AstraSystem()) == [(0, "all_reduce"), (2, "all_reduce")]
+    assert chunk_phases("all_gather", [0, 1], net, AstraSystem()) == [(1, "all_gather"), (0, "all_gather")]
+
+
+def test_every_algorithm_prices_and_grows_with_size():
+    net = AstraNetwork((Dimension("Switch", 8, 50 * GIB, 5e-7), Dimension("Ring", 4, 25 * GIB, 5e-7)))
+    for algo in ("ring", "direct", "halvingDoubling", "doubleBinaryTree"):
+        sysc = AstraSystem(implementations={"all_reduce": (algo, algo)}, preferred_dataset_splits=4)
+        small = collective_ns("all_reduce", 2**20, (0, 1), net, sysc)
+        big = collective_ns("all_reduce", 2**26, (0, 1), net, sysc)
+        assert 0 < small < big, algo
+    with pytest.raises(ConfigError):
+        collective_ns("all_to_all", 2**20, (0,), net, AstraSystem(implementations={"all_to_all": ("halvingDoubling",)}))
+
+
+def test_cost_model_groups_and_p2p():
+    net = AstraNetwork((Dimension("Ring", 4, 50 * GIB, 5e-7), Dimension("Switch", 4, 25 * GIB, 1e-6)))
+    cm = MultiDimCostModel(net, AstraSystem())
+    assert cm.dims_of((0, 1, 2, 3)) == (0,)
+    assert cm.dims_of((1, 5, 9, 13)) == (1,)
+    assert cm.dims_of((0, 5)) is None
+    from simulator.costs import CommRequest
+    # p2p to the opposite ring position: 2 hops on dimension 0
+    assert cm.comm_time_s(CommRequest("p2p", (0, 2), 1e6)) == message_ns(net.dims[0], 2, 10**6) * 1e-9
+    assert cm.comm_time_s(CommRequest("p2p", (0, 4), 1e6)) == message_ns(net.dims[1], 2, 10**6) * 1e-9
+
+
+@pytest.mark.parametrize("text,match", [
+    ("topology: [ Torus ]\nnpus_count: [4]\nbandwidth: [1]\nlatency: [1]\n", "Torus"),
+    ("topology: [ Ring ]\nnpus_count: [1]\nbandwidth: [1]\nlatency: [1]\n", "npus_count"),
+    ("topology: [ Ring, Ring ]\nnpus_count: [4]\nbandwidth: [1]\nlatency: [1]\n", "one entry per dimension"),
+    ("topology: [ Ring ]\nnpus_count: [4]\nbandwidth: [-1]\nlatency: [1]\n", "bandwidth"),
+])
+def test_bad_network_files(tmp_path, text, match):
+    p = tmp_path / "n.yml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_network(p)
+
+
+def test_bad_system_file(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text('{"all-reduce-implementation": ["bogus"]}')
+    with pytest.raises(ConfigError, match="bogus"):
+        load_system(p)
