@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator.cli import main  # noqa: E402
+from clustersim.cli import main  # noqa: E402
 from traces.chakra import schema as S  # noqa: E402
 from traces.chakra.wire import delimited, encode  # noqa: E402
 

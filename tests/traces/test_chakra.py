@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.cli import main
+from clustersim.cli import main
 from simulator.errors import TraceError
 from traces.chakra import schema as S
 from traces.chakra.reader import load_programs, parse_et
@@ -105,9 +105,9 @@ def test_identical_rank_files_form_one_class(tmp_path, capsys):
 ], ids=["dp", "tp-pp", "ep"])
 def test_export_then_import_gives_simulate_step_time(flags, tmp_path, capsys):
     from simulator.engine import run
-    from simulator.experiment import build_cost_model, experiment_from_options, load_cluster_for, run_experiment
+    from clustersim.experiment import build_cost_model, experiment_from_options, load_cluster_for, run_experiment
     from click.testing import CliRunner
-    from simulator.cli import cli
+    from clustersim.cli import cli
     res = CliRunner().invoke(cli, ["chakra", "export", *flags, "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "network.yml").is_file() and (tmp_path / "system.json").is_file()
