@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from simulator.errors import ConfigError, TraceError
+from simulator.errors import TraceError
 
 
 @click.group("chakra")
@@ -30,7 +30,8 @@ def _jsonable(v):
 @click.option("--comm-group", "comm_group_file", type=click.Path(dir_okay=False),
               help="ASTRA-sim communicator-group JSON ({name: [ranks]}) for nodes with pg_name.")
 @click.option("--network-mode", type=click.Choice(["analytical", "flow"]), default="analytical", show_default=True,
-              help="analytical: ASTRA-sim's congestion-unaware model. flow: not available for ASTRA-sim networks.")
+              help="analytical: ASTRA-sim's congestion-unaware model. flow: the same times for a communication "
+                   "alone, plus max-min fair sharing of the dimensions' links between concurrent ones.")
 @click.option("--replicate", is_flag=True,
               help="A single rank file stands for every NPU of the network (its copies are identical).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -45,9 +46,6 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
     from traces.chakra.writer import load_comm_groups
 
     t0 = time.perf_counter()
-    if network_mode == "flow":
-        raise ConfigError("--network-mode flow is not available for ASTRA-sim networks yet; "
-                          "use analytical (ASTRA-sim's congestion-unaware model)")
     net = load_network(network_file)
     sysc = load_system(system_file)
     groups = load_comm_groups(comm_group_file) if comm_group_file else None
@@ -58,7 +56,7 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
         if programs.world_size != 1:
             raise TraceError(f"--replicate needs exactly one rank file, found {programs.world_size}")
         programs, report = replicate_programs(et_prefix, dims, groups, sysc.roofline_enabled)
-    result = run(programs, MultiDimCostModel(net, sysc))
+    result = run(programs, MultiDimCostModel(net, sysc, network_mode))
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0
     summary = {

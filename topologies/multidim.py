@@ -31,6 +31,8 @@ import heapq
 import math
 from functools import lru_cache
 
+import numpy as np
+
 from simulator.costs import CommRequest
 from simulator.errors import ConfigError
 from topologies.astra import AstraNetwork, AstraSystem, Dimension
@@ -96,6 +98,27 @@ def phase_ns(kind: str, algorithm: str, dim: Dimension, data: int, system: Astra
         hop = message_ns(dim, dim.hops(0, 1), data)
         return ed + depth * (hop + ed + _reduce_ns(system, data)) + depth * (hop + ed), data
     raise ConfigError(f"unknown collective algorithm {algorithm!r}")
+
+
+def phase_traffic(kind: str, algorithm: str, dim: Dimension, data: int) -> list[tuple[int, float]]:
+    """(peer offset along the dimension, bytes) one NPU sends in one chunk's phase (for the flow model)."""
+    n = dim.npus
+    if algorithm == "ring":
+        msg = data if kind == "all_gather" else data // n
+        steps = {"all_reduce": 2 * (n - 1), "all_to_all": n * (n - 1) // 2}.get(kind, n - 1)
+        return [(1, float(steps * msg))]
+    if algorithm == "halvingDoubling":
+        k = int(math.log2(n))
+        if kind == "all_gather":
+            return [(2 ** i, float(data * 2 ** (k - 1 - i))) for i in range(k)]
+        out = [(2 ** i, float(data // 2 ** (i + 1))) for i in range(k)]
+        return out + out if kind == "all_reduce" else out
+    if algorithm == "direct":
+        msg = data if kind == "all_gather" else data // n
+        rounds = 2 if kind == "all_reduce" else 1
+        return [(p, float(rounds * msg)) for p in range(1, n)]
+    depth = max(1, math.ceil(math.log2(n)))               # double binary tree: parent/child exchanges
+    return [(1, float(2 * depth * data))]
 
 
 def chunk_phases(kind: str, dims: list[int], network: AstraNetwork, system: AstraSystem) -> list[tuple[int, str]]:
@@ -188,12 +211,16 @@ class MultiDimCostModel:
     runtime). Memory-only ops move ``mem_bytes`` at local-mem-bw.
     """
 
-    contention_aware = False
-
-    def __init__(self, network: AstraNetwork, system: AstraSystem):
-        self.network = network
+    def __init__(self, network: AstraNetwork, system: AstraSystem, mode: str = "analytical"):
+        if mode not in ("analytical", "flow"):
+            raise ConfigError(f"network mode {mode!r}: expected analytical or flow")
+        self.astra = network
         self.system = system
+        self.mode = mode
+        self.contention_aware = mode == "flow"
         self._coll = lru_cache(maxsize=65536)(self._collective_s)
+        self._bundles: dict = {}
+        self._links = _LinkTable(network)
 
     # ---------------------------------------------------------------- compute
     def compute_time_s(self, rank: int, op) -> float:
@@ -210,11 +237,11 @@ class MultiDimCostModel:
     # ---------------------------------------------------------------- communication
     def dims_of(self, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
         """The dimensions a group spans, if it is exactly a sub-grid along them (else None)."""
-        addrs = [self.network.address(r) for r in ranks]
-        dims = tuple(d for d in range(len(self.network.dims)) if len({a[d] for a in addrs}) > 1)
+        addrs = [self.astra.address(r) for r in ranks]
+        dims = tuple(d for d in range(len(self.astra.dims)) if len({a[d] for a in addrs}) > 1)
         expected = 1
         for d in dims:
-            expected *= self.network.dims[d].npus
+            expected *= self.astra.dims[d].npus
         return dims if expected == len(set(ranks)) else None
 
     def _collective_s(self, kind: str, ranks: tuple[int, ...], size_bytes: float) -> float:
@@ -231,15 +258,15 @@ class MultiDimCostModel:
         dims = self.dims_of(ranks)
         if dims is None:
             return self._irregular_s(astra_kind, ranks, int(astra_size))
-        return collective_ns(astra_kind, int(round(astra_size)), dims, self.network, self.system) * 1e-9
+        return collective_ns(astra_kind, int(round(astra_size)), dims, self.astra, self.system) * 1e-9
 
     def _irregular_s(self, kind: str, ranks: tuple[int, ...], size: int) -> float:
         """A group that is not a sub-grid: one logical ring over its members on the slowest dimension it
         spans (ASTRA-sim builds a single-dimension plan for such communicator groups)."""
-        addrs = [self.network.address(r) for r in ranks]
-        spanned = [d for d in range(len(self.network.dims)) if len({a[d] for a in addrs}) > 1]
-        slow = min(spanned, key=lambda d: self.network.dims[d].bandwidth_Bps)
-        base = self.network.dims[slow]
+        addrs = [self.astra.address(r) for r in ranks]
+        spanned = [d for d in range(len(self.astra.dims)) if len({a[d] for a in addrs}) > 1]
+        slow = min(spanned, key=lambda d: self.astra.dims[d].bandwidth_Bps)
+        base = self.astra.dims[slow]
         dim = Dimension("Ring", len(ranks), base.bandwidth_Bps, base.latency_s)
         net = AstraNetwork((dim,))
         return collective_ns(kind, size, (0,), net, self.system) * 1e-9
@@ -249,14 +276,81 @@ class MultiDimCostModel:
             src, dst = request.ranks
             if src == dst or request.size_bytes <= 0:
                 return 0.0
-            a, b = self.network.address(src), self.network.address(dst)
+            a, b = self.astra.address(src), self.astra.address(dst)
             d = next(i for i in range(len(a)) if a[i] != b[i])
-            dim = self.network.dims[d]
+            dim = self.astra.dims[d]
             return message_ns(dim, dim.hops(a[d], b[d]), int(request.size_bytes)) * 1e-9
         return self._coll(request.kind, tuple(request.ranks), float(request.size_bytes))
 
     def network(self):
-        raise NotImplementedError("the ASTRA-sim analytical model is congestion-unaware")
+        """Flow mode: a max-min fair FlowNetwork over the dimensions' links (each communication alone takes
+        its analytical time; concurrent ones sharing links slow each other down)."""
+        if self.mode != "flow":
+            raise NotImplementedError("the ASTRA-sim analytical model is congestion-unaware")
+        from topologies.flow import FlowNetwork
+        return FlowNetwork(self._links.capacity, self.bundle)
+
+    def bundle(self, request: CommRequest):
+        """BundleSpec of a request: its analytical time and the bytes it moves on each directed link.
+        Images (other groups of the same family) lie on disjoint lines of the grid and load their own
+        mirror links, so they add nothing here (the premise of symmetric mode)."""
+        from topologies.flow import BundleSpec
+        key = (request.kind, request.ranks, request.size_bytes)
+        hit = self._bundles.get(key)
+        if hit is not None:
+            return hit
+        T = self.comm_time_s(request)
+        load: dict[int, float] = {}
+        if request.kind == "p2p":
+            src, dst = request.ranks
+            if src != dst:
+                for l in self._links.route(src, dst):
+                    load[l] = load.get(l, 0.0) + request.size_bytes
+        elif len(request.ranks) > 1 and request.size_bytes > 0:
+            self._collective_load(request, load)
+        links = np.fromiter(load.keys(), dtype=np.int64, count=len(load))
+        nbytes = np.fromiter(load.values(), dtype=float, count=len(load))
+        if T > 0 and len(links):
+            over = float(np.max(nbytes / T / self._links.capacity[links]))
+            if over > 1.0:      # concurrent chunks of the congestion-unaware model outrun a link: cap to it
+                nbytes = nbytes / over
+        spec = BundleSpec(T, links, nbytes, float(nbytes.max()) if len(nbytes) else 0.0)
+        if len(self._bundles) > 100_000:
+            self._bundles.clear()
+        self._bundles[key] = spec
+        return spec
+
+    def _collective_load(self, request: CommRequest, load: dict) -> None:
+        ranks = tuple(request.ranks)
+        dims = self.dims_of(ranks)
+        if dims is None:
+            return                  # irregular group: priced, not routed
+        kind, size, n = request.kind, request.size_bytes, len(ranks)
+        if kind == "all_gather":
+            size = size / n
+        elif kind in ("broadcast", "reduce", "barrier"):
+            kind = "all_reduce"
+        splits = self.system.preferred_dataset_splits
+        size = int(round(size))
+        chunk = size // splits
+        if kind != "all_gather" and self.astra.world_size > chunk:
+            chunk = self.astra.world_size
+            size = splits * chunk
+        chunk = max(chunk, 1)
+        streams = -(-size // chunk)
+        data = chunk
+        for d, pkind in chunk_phases(kind, list(dims), self.astra, self.system):
+            dim = self.astra.dims[d]
+            algo = self.system.algorithm(pkind, d)
+            pattern = phase_traffic(pkind, algo, dim, data)
+            _, data = phase_ns(pkind, algo, dim, data, self.system)
+            stride = self._links.stride[d]
+            for r in ranks:
+                a = (r // stride) % dim.npus
+                for off, nbytes in pattern:
+                    peer = r + (((a + off) % dim.npus) - a) * stride
+                    for l in self._links.route(r, peer):
+                        load[l] = load.get(l, 0.0) + nbytes * streams
 
     def device_key(self, rank: int):
         return "npu"
@@ -266,3 +360,48 @@ class MultiDimCostModel:
 
     def memory_capacity_bytes(self, rank: int) -> float:
         return float("inf")
+
+
+class _LinkTable:
+    """Directed links of a multi-dimensional network, numbered per dimension and line (the NPUs that
+    differ only in that dimension): Ring 2n links (both directions), Switch n up- and n down-links,
+    FullyConnected n·n. Capacity: the dimension's bandwidth (bytes/s)."""
+
+    def __init__(self, network: AstraNetwork):
+        self.network = network
+        self.stride, self.base, self.per_line = [], [], []
+        stride, base, caps = 1, 0, []
+        world = network.world_size
+        for d in network.dims:
+            n = d.npus
+            per_line = n * n if d.topology == "FullyConnected" else 2 * n
+            self.stride.append(stride)
+            self.base.append(base)
+            self.per_line.append(per_line)
+            count = world // n * per_line
+            caps.append(np.full(count, d.bandwidth_Bps))
+            base += count
+            stride *= n
+        self.capacity = np.concatenate(caps) if caps else np.zeros(0)
+
+    def route(self, src: int, dst: int) -> list[int]:
+        """Link ids from src to dst within the first dimension they differ in (as the analytical backend)."""
+        net = self.network
+        for d, dim in enumerate(net.dims):
+            stride, n = self.stride[d], dim.npus
+            a, b = (src // stride) % n, (dst // stride) % n
+            if a != b:
+                break
+        else:
+            return []
+        line_base = src - a * stride
+        line_no = (line_base % stride) + (line_base // (stride * n)) * stride
+        first = self.base[d] + line_no * self.per_line[d]
+        if dim.topology == "Switch":
+            return [first + a, first + n + b]
+        if dim.topology == "FullyConnected":
+            return [first + a * n + b]
+        cw = (b - a) % n
+        if cw <= n - cw:
+            return [first + (a + k) % n for k in range(cw)]
+        return [first + n + (a - k - 1) % n for k in range(n - cw)]

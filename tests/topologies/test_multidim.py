@@ -86,3 +86,38 @@ def test_bad_system_file(tmp_path):
     p.write_text('{"all-reduce-implementation": ["bogus"]}')
     with pytest.raises(ConfigError, match="bogus"):
         load_system(p)
+
+
+def test_flow_mode_alone_equals_analytical_and_shares_links():
+    """Flow mode: one communication alone takes its analytical time; two concurrent all-reduces on the
+    same ring share its links (max-min fair) and finish later than either alone, no later than serially."""
+    from simulator.engine import run
+    from simulator.program import Programs, collective
+    net = AstraNetwork((Dimension("Ring", 4, 50 * GIB, 5e-7), Dimension("Switch", 2, 25 * GIB, 1e-6)))
+    sysc = AstraSystem(preferred_dataset_splits=1)
+
+    def programs(streams):
+        p = Programs(world_size=8, ops={})
+        g = [p.add_group(tuple(range(0, 4)), "d0"), p.add_group(tuple(range(4, 8)), "d0")]
+        for r in range(8):
+            p.ops[r] = [collective(f"ar{s}", "all_reduce", g[r // 4], 64e6, stream=f"c{s}") for s in range(streams)]
+        return p
+
+    one_a = run(programs(1), MultiDimCostModel(net, sysc)).step_time_s
+    one_f = run(programs(1), MultiDimCostModel(net, sysc, "flow")).step_time_s
+    assert one_f == pytest.approx(one_a, rel=1e-9)
+    two_a = run(programs(2), MultiDimCostModel(net, sysc)).step_time_s
+    two_f = run(programs(2), MultiDimCostModel(net, sysc, "flow")).step_time_s
+    assert two_a == pytest.approx(one_a)                  # congestion-unaware: side by side for free
+    assert one_a * 1.5 < two_f <= 2 * one_a * (1 + 1e-9)  # sharing the ring's links
+
+
+def test_link_routes():
+    from topologies.multidim import _LinkTable
+    net = AstraNetwork((Dimension("Ring", 4, GIB, 0), Dimension("Switch", 4, GIB, 0), Dimension("FullyConnected", 2, GIB, 0)))
+    t = _LinkTable(net)
+    assert len(t.capacity) == 32 // 4 * 8 + 32 // 4 * 8 + 32 // 2 * 4
+    assert len(t.route(0, 1)) == 1 and len(t.route(0, 2)) == 2 and len(t.route(0, 3)) == 1   # shorter way round
+    assert t.route(0, 1) != t.route(1, 0)                                                     # directed
+    assert len(t.route(0, 4)) == 2 and len(t.route(0, 16)) == 1
+    assert t.route(1, 5)[0] != t.route(0, 4)[0]                                               # other line

@@ -50,6 +50,10 @@ def test_astra_sim_reference_row(row, capsys):
     assert abs(res["step_time_s"] * 1e9 - ref_ns) <= 0.01 * ref_ns
     assert round(res["step_time_s"] * 1e9) == ref_ns          # in fact tick-exact
     assert res["exposed_comm_fraction"] == pytest.approx(1.0)
+    # flow mode: a collective alone takes its analytical time
+    flow = _cli_json(capsys, ["chakra", "run", str(prefix), "--network", str(EX / "network" / row["network_file"]),
+                              "--system", str(EX / "system" / row["system_file"]), "--network-mode", "flow"])
+    assert flow["step_time_s"] == pytest.approx(res["step_time_s"], rel=1e-9) and flow["network_mode"] == "flow"
 
 
 @needs_data
