@@ -92,23 +92,6 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
         click.echo(f"wrote {out}/result.json, timeline.csv, trace.json")
 
 
-def approximate_network(cluster):
-    """An ASTRA-sim network approximating a cluster: dimension 0 the scale-up domain, dimension 1 the
-    fabric between domains, both switches with the path's bottleneck bandwidth and half its latency
-    (a switch dimension counts two hops)."""
-    from topologies.astra import AstraNetwork, Dimension
-    dims = []
-    d0 = cluster.domain_size
-    if d0 > 1:
-        links = cluster.route_ranks(0, 1)
-        dims.append(Dimension("Switch", d0, cluster.bottleneck_bytes_per_s(0, 1), cluster.path_latency_s(links) / 2))
-    if cluster.world_size > d0:
-        links = cluster.route_ranks(0, d0)
-        dims.append(Dimension("Switch", cluster.world_size // d0, cluster.bottleneck_bytes_per_s(0, d0),
-                              cluster.path_latency_s(links) / 2))
-    return AstraNetwork(tuple(dims))
-
-
 def _make_export():
     from clustersim.experiment import experiment_from_options, run_experiment, simulate_options
 
@@ -125,7 +108,8 @@ def _make_export():
         outcome = run_experiment(exp)
         programs = outcome.result.programs
         paths = write_workload(programs, out, prefix)
-        net = approximate_network(outcome.cluster)
+        from topologies.multidim import network_of_cluster
+        net = network_of_cluster(outcome.cluster)
         acc = outcome.cluster.accelerator
         sysc = AstraSystem(implementations={k: ("ring",) * len(net.dims) for k in COLLECTIVE_KEYS},
                            preferred_dataset_splits=4, local_mem_bw_Bps=acc.hbm_bytes_per_s, roofline_enabled=True,

@@ -35,7 +35,7 @@ import click
 from simulator.errors import ConfigError
 from simulator.yamlio import load_yaml as _load_yaml
 
-NETWORKS = ("ideal", "analytical", "flow")
+NETWORKS = ("ideal", "analytical", "flow", "astra")
 MODES = ("symmetric", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 RECOMPUTE = ("none", "selective", "full")
@@ -75,6 +75,7 @@ class Experiment:
     mode: str | None = None          # None: symmetric where valid, else full
     calibration: str | None = None
     algorithm: str | None = None
+    astra_system: str | None = None      # --network astra: ASTRA-sim system JSON (default: ring everywhere)
     faults: dict = field(default_factory=dict)
     name: str | None = None
 
@@ -178,7 +179,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         elif key == "skew":
             value = _as_float(value, w, positive=False)
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
-        elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split"):
+        elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split", "astra_system"):
             _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {value!r}")
         elif key == "model":
             _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
@@ -242,7 +243,10 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--skew", type=float, help="MoE routing skew 0..1 (busiest EP rank gets 1+skew times the load)."),
         click.option("--axis-order", help="Rank mesh order, innermost first (default tp-cp-ep-dp-pp)."),
         click.option("--layer-split", type=click.Choice(["balanced", "even"]), help="Layers over pipeline stages."),
-        click.option("--network", type=click.Choice(NETWORKS), help="ideal (free) | analytical | flow (contention)."),
+        click.option("--network", type=click.Choice(NETWORKS),
+                     help="ideal (free) | analytical | flow (contention) | astra (ASTRA-sim's analytical model)."),
+        click.option("--astra-system", type=click.Path(dir_okay=False),
+                     help="--network astra: ASTRA-sim system JSON (collective algorithm per dimension, chunking)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
         click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
@@ -256,7 +260,8 @@ def simulate_options(f: Callable) -> Callable:
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
-               "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split")
+               "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
+               "astra_system")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -381,6 +386,12 @@ def build_cost_model(exp: Experiment, cluster):
     from simulator.calibration import Calibration
     from topologies.cost import ClusterCostModel
     cal = Calibration.load(exp.calibration) if exp.calibration else None
+    if exp.network == "astra":
+        # per-dimension collective algorithms and chunking as ASTRA-sim's analytical backend (issue 14)
+        from topologies.astra import load_system
+        from topologies.multidim import ClusterMultiDimCostModel
+        base = ClusterCostModel(cluster, network="analytical", calibration=cal, algorithm=exp.algorithm)
+        return ClusterMultiDimCostModel(base, cluster, load_system(exp.astra_system))
     return ClusterCostModel(cluster, network=exp.network, calibration=cal, algorithm=exp.algorithm)
 
 

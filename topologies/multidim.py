@@ -362,6 +362,73 @@ class MultiDimCostModel:
         return float("inf")
 
 
+def network_of_cluster(cluster) -> AstraNetwork:
+    """A multi-dimensional network approximating a cluster, for ASTRA-sim export and ``--network astra``:
+    a torus scale-up domain gives one Ring dimension per torus axis (x fastest, as the torus builder numbers
+    chips), any other domain one Switch dimension; the fabric between domains one Switch dimension. Each
+    dimension takes the bottleneck bandwidth of the path between two neighbours along it, and its latency
+    per hop (the path's latency over its hop count in that building block)."""
+    dims: list[Dimension] = []
+    stride = 1
+
+    def add(kind: str, n: int, step: int, hops: int) -> None:
+        links = cluster.route_ranks(0, step)
+        dims.append(Dimension(kind, n, cluster.bottleneck_bytes_per_s(0, step),
+                              cluster.path_latency_s(links) / hops))
+
+    torus = getattr(cluster, "_torus", None)
+    d0 = cluster.domain_size
+    if torus is not None and d0 > 1:
+        for n in torus[0]:
+            if n > 1:
+                add("Ring", n, stride, 1)
+            stride *= n
+    elif d0 > 1:
+        add("Switch", d0, 1, 2)
+        stride = d0
+    if cluster.world_size > d0:
+        add("Switch", cluster.world_size // d0, d0, 2)
+    if not dims:
+        raise ConfigError(f"cluster {cluster.name!r}: a single device has no network dimensions")
+    return AstraNetwork(tuple(dims))
+
+
+class ClusterMultiDimCostModel:
+    """Any cluster priced as ASTRA-sim's analytical model would price it: compute (and everything else)
+    from the cluster's own cost model, communication from ``MultiDimCostModel`` on
+    ``network_of_cluster(cluster)`` with the system's per-dimension algorithms and chunking. Ranks map to
+    NPUs through the cluster's placement."""
+
+    contention_aware = False
+
+    def __init__(self, base, cluster, system: AstraSystem):
+        self.base = base
+        self.cluster = cluster
+        self.multidim = MultiDimCostModel(network_of_cluster(cluster), system)
+        if self.multidim.astra.world_size != cluster.n_gpus:
+            raise ConfigError(f"cluster {cluster.name!r}: {cluster.n_gpus} GPUs do not fill a grid of "
+                              f"{' x '.join(str(d.npus) for d in self.multidim.astra.dims)}")
+
+    def compute_time_s(self, rank: int, op) -> float:
+        return self.base.compute_time_s(rank, op)
+
+    def comm_time_s(self, request: CommRequest) -> float:
+        gpus = tuple(self.cluster.gpu_of(r) for r in request.ranks)
+        return self.multidim.comm_time_s(CommRequest(request.kind, gpus, request.size_bytes))
+
+    def network(self):
+        raise NotImplementedError("the ASTRA-sim analytical model is congestion-unaware")
+
+    def device_key(self, rank: int):
+        return self.base.device_key(rank)
+
+    def peak_flops(self, rank: int) -> float:
+        return self.base.peak_flops(rank)
+
+    def memory_capacity_bytes(self, rank: int) -> float:
+        return self.base.memory_capacity_bytes(rank)
+
+
 class _LinkTable:
     """Directed links of a multi-dimensional network, numbered per dimension and line (the NPUs that
     differ only in that dimension): Ring 2n links (both directions), Switch n up- and n down-links,

@@ -121,3 +121,51 @@ def test_link_routes():
     assert t.route(0, 1) != t.route(1, 0)                                                     # directed
     assert len(t.route(0, 4)) == 2 and len(t.route(0, 16)) == 1
     assert t.route(1, 5)[0] != t.route(0, 4)[0]                                               # other line
+
+
+def _ring_ns(kind, n, data, bw_Bps, lat_s, hops, ed=10, mem_Bps=0.0):
+    """Hand-written ring phase (Ring.cc step structure), independent of topologies.multidim."""
+    msg = data if kind == "all_gather" else data // n
+    steps = {"all_reduce": 2 * (n - 1)}.get(kind, n - 1)
+    red = {"all_reduce": n - 1, "reduce_scatter": n - 1}.get(kind, 0)
+    send = int(hops * lat_s * 1e9 + msg / (bw_Bps / 1e9))
+    proc = 3 * int(msg / mem_Bps * 1e9) if mem_Bps else 0
+    return ed + steps * (send + ed) + red * proc
+
+
+def test_two_level_all_reduce_is_rs_ar_ag():
+    """localBWAware all-reduce over 2 dims, one chunk: RS on dim 0, AR of the shard on dim 1, AG on dim 0."""
+    d0, d1 = Dimension("Switch", 8, 400 * GIB, 5e-7), Dimension("Ring", 4, 50 * GIB, 1e-6)
+    net = AstraNetwork((d0, d1))
+    sysc = AstraSystem(preferred_dataset_splits=1, collective_optimization="localBWAware", local_mem_bw_Bps=2e12)
+    D = 64 * 2**20
+    expected = (_ring_ns("reduce_scatter", 8, D, d0.bandwidth_Bps, 5e-7, 2, mem_Bps=2e12)
+                + _ring_ns("all_reduce", 4, D // 8, d1.bandwidth_Bps, 1e-6, 1, mem_Bps=2e12)
+                + _ring_ns("all_gather", 8, D // 8, d0.bandwidth_Bps, 5e-7, 2))
+    assert collective_ns("all_reduce", D, (0, 1), net, sysc) == expected
+    base = AstraSystem(preferred_dataset_splits=1, local_mem_bw_Bps=2e12)      # baseline: AR on each dimension
+    assert collective_ns("all_reduce", D, (0, 1), net, base) == (
+        _ring_ns("all_reduce", 8, D, d0.bandwidth_Bps, 5e-7, 2, mem_Bps=2e12)
+        + _ring_ns("all_reduce", 4, D, d1.bandwidth_Bps, 1e-6, 1, mem_Bps=2e12))
+
+
+def test_every_cluster_gets_per_dimension_algorithms(tmp_path):
+    """--network astra: a cluster becomes a multi-dimensional network (domain dims + fabric) and its
+    collectives follow the system's per-dimension algorithms."""
+    import json
+    import topologies
+    from topologies.multidim import network_of_cluster
+    net = network_of_cluster(topologies.load_cluster("dgx-h100", 16))
+    assert [(d.topology, d.npus) for d in net.dims] == [("Switch", 8), ("Switch", 2)]
+    net = network_of_cluster(topologies.load_cluster("tpu-v5p", 64))
+    assert [(d.topology, d.npus) for d in net.dims] == [("Ring", 4)] * 3
+    from click.testing import CliRunner
+    from clustersim.cli import cli
+    flags = ["simulate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "16", "--network", "astra", "--json"]
+    ring = json.loads(CliRunner().invoke(cli, flags).output)
+    sysf = tmp_path / "s.json"
+    sysf.write_text(json.dumps({"all-reduce-implementation": ["direct", "halvingDoubling"],
+                                "preferred-dataset-splits": 4, "active-chunks-per-dimension": 2}))
+    other = json.loads(CliRunner().invoke(cli, flags + ["--astra-system", str(sysf)]).output)
+    assert ring["network"] == "astra" and ring["step_time_s"] > 0
+    assert other["step_time_s"] != ring["step_time_s"]
