@@ -94,6 +94,11 @@ def test_identical_rank_files_form_one_class(tmp_path, capsys):
     sym = _cli_json(capsys, ["chakra", "run", str(tmp_path / "w"), "--network", str(tmp_path / "net.yml"),
                              "--system", str(EX / "system" / "Ring_4chunks.json")])
     assert sym["mode"] == "symmetric" and sym["events_simulated"] == 1
+    out = tmp_path / "report"
+    assert main(["chakra", "run", str(tmp_path / "w"), "--network", str(tmp_path / "net.yml"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert {"result.json", "timeline.csv", "trace.json"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "trace.json").read_text())
     from simulator.engine import run
     from topologies.astra import load_network, load_system
     from topologies.multidim import MultiDimCostModel
@@ -181,8 +186,12 @@ def test_unknown_attribute_is_reported(tmp_path):
     body = delimited(encode({"version": "0.0.4"}, S.SCHEMA, "GlobalMetadata")) + delimited(encode(
         {"id": 1, "name": "k", "type": 4, "duration_micros": 5, "attr": [S.make_attr("mystery", 3)]}, S.SCHEMA, "Node"))
     (tmp_path / "w.0.et").write_bytes(body)
+    body += delimited(encode({"id": 2, "name": "future", "type": 42, "duration_micros": 7}, S.SCHEMA, "Node"))
+    (tmp_path / "w.0.et").write_bytes(body)
     programs, report = load_programs(tmp_path / "w")
     assert report.unknown_attributes == {"mystery": 1}
+    assert report.node_types["unknown node type 42 (replayed as measured)"] == 1
+    assert programs.ops[0][1].duration_s == pytest.approx(7e-6)
     assert any("mystery" in line for line in report.lines())
     assert programs.ops[0][0].duration_s == pytest.approx(5e-6)
 
