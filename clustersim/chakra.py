@@ -56,7 +56,15 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
         if programs.world_size != 1:
             raise TraceError(f"--replicate needs exactly one rank file, found {programs.world_size}")
         programs, report = replicate_programs(et_prefix, dims, groups, sysc.roofline_enabled)
-    result = run(programs, MultiDimCostModel(net, sysc, network_mode))
+    cost = MultiDimCostModel(net, sysc, network_mode)
+    if programs.symmetric and not replicate:
+        from simulator.symmetry import symmetry_problem
+        problem = symmetry_problem(programs, cost)
+        if problem:
+            report.notes.append(f"symmetric mode not valid ({problem}); simulated every rank")
+            programs, _ = load_programs(et_prefix, dims=dims, comm_groups=groups, roofline=sysc.roofline_enabled,
+                                        symmetric=False)
+    result = run(programs, cost)
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0
     summary = {

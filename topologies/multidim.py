@@ -237,8 +237,14 @@ class MultiDimCostModel:
     # ---------------------------------------------------------------- communication
     def dims_of(self, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
         """The dimensions a group spans, if it is exactly a sub-grid along them (else None)."""
-        addrs = [self.astra.address(r) for r in ranks]
-        dims = tuple(d for d in range(len(self.astra.dims)) if len({a[d] for a in addrs}) > 1)
+        arr = np.asarray(ranks, dtype=np.int64)
+        dims, stride = [], 1
+        for d, dim in enumerate(self.astra.dims):
+            coord = (arr // stride) % dim.npus
+            if coord.min() != coord.max():
+                dims.append(d)
+            stride *= dim.npus
+        dims = tuple(dims)
         expected = 1
         for d in dims:
             expected *= self.astra.dims[d].npus

@@ -20,7 +20,7 @@ reported. Ranks whose files are byte-identical form one symmetric class (one is 
 """
 from __future__ import annotations
 
-import hashlib
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,6 +43,10 @@ TIMING_ATTRS = {"is_cpu_op", "comm_type", "comm_size", "involved_dim", "pg_name"
 # provenance attributes of PyTorch-converted traces (et_converter): read, no effect on timing
 PROVENANCE_ATTRS = {"tid", "fw_parent", "fw_tid", "op_schema", "seq_id", "rf_id", "scope", "pid", "ts",
                     "cat", "kernel_name", "inter_thread_dep", "is_grad"}
+
+
+# tensor metadata strings of PyTorch-converted traces: framed and checked, not decoded (no effect on timing)
+_UNUSED_NODE_FIELDS = frozenset({"inputs", "outputs"})
 
 
 @dataclass
@@ -76,18 +80,18 @@ class ChakraReport:
         return out + self.notes
 
 
-def rank_files(prefix: str | Path) -> list[Path]:
-    """The files ``<prefix>.<rank>.et`` for ranks 0..N-1 (TraceError if none or a rank is missing)."""
+def rank_files(prefix: str | Path) -> list[str]:
+    """Paths of ``<prefix>.<rank>.et`` for ranks 0..N-1 (TraceError if none or a rank is missing)."""
     prefix = Path(prefix)
     folder = prefix.parent if str(prefix.parent) else Path(".")
     if not folder.is_dir():
         raise TraceError(f"no Chakra ET files {prefix}.<rank>.et: folder {folder} does not exist")
     pat = re.compile(re.escape(prefix.name) + r"\.(\d+)\.et$")
     found = {}
-    for p in folder.iterdir():
-        m = pat.match(p.name)
+    for name in os.listdir(folder):
+        m = pat.match(name)
         if m:
-            found[int(m.group(1))] = p
+            found[int(m.group(1))] = os.path.join(folder, name)
     if not found:
         raise TraceError(f"no Chakra ET files {prefix}.<rank>.et found")
     missing = [r for r in range(len(found)) if r not in found]
@@ -115,7 +119,7 @@ def parse_et(data: bytes, where: str) -> tuple[dict, list[dict], Counter]:
     nodes = []
     for i, (s, e) in enumerate(spans[1:]):
         try:
-            node = decode(data, S.SCHEMA, "Node", s, e)
+            node = decode(data, S.SCHEMA, "Node", s, e, skip=_UNUSED_NODE_FIELDS)
         except (WireError, RecursionError) as err:
             raise TraceError(f"{where}: node #{i} (message at byte {s}) is corrupt: {err}") from None
         for f in node.pop("_unknown", []):
@@ -195,14 +199,14 @@ def build_program(rank: int, nodes: list[dict], programs: Programs, groups: _Gro
         index[nid] = i
     deps: list[list[int]] = []
     for n in nodes:
-        ds = []
-        for d in list(n.get("data_deps", ())) + list(n.get("ctrl_deps", ())):
+        ds = {}
+        for d in (*n.get("data_deps", ()), *n.get("ctrl_deps", ())):
             j = index.get(d)
             if j is None:
                 report.missing_deps += 1
-            elif j not in ds:
-                ds.append(j)
-        deps.append(ds)
+            else:
+                ds[j] = None
+        deps.append(list(ds))
     order = _topological(deps, nodes, where, report)
     position = {i: k for k, i in enumerate(order)}
     prog = []
@@ -327,16 +331,27 @@ def load_programs(prefix: str | Path, dims: tuple[int, ...] | None = None,
             raise TraceError(f"{prefix}: {world} rank files but the network has {prod} NPUs "
                              f"({' x '.join(map(str, dims))})")
     report = ChakraReport(files=world)
-    by_digest: dict[bytes, list[int]] = {}
-    blobs: dict[bytes, tuple[Path, bytes]] = {}
+    by_digest: dict = {}
+    blobs: dict = {}
+    last: bytes | None = None
     for r, p in enumerate(files):
-        data = p.read_bytes()
-        key = hashlib.blake2b(data, digest_size=16).digest() if symmetric else bytes(str(r), "ascii")
-        by_digest.setdefault(key, []).append(r)
-        blobs.setdefault(key, (p, data))
+        with open(p, "rb") as f:
+            data = f.read()
+        if not symmetric:
+            key = r
+        elif data == last:                       # the common case: a memcmp, no hashing
+            key = last
+        else:
+            key = last = data                    # identical contents share one dict key
+        ranks = by_digest.get(key)
+        if ranks is None:
+            by_digest[key] = [r]
+            blobs[key] = (p, data)
+        else:
+            ranks.append(r)
     programs = Programs(world_size=world, ops={}, classes={})
     groups = _Groups(world, dims, comm_groups)
-    parsed: dict[bytes, tuple[dict, list[dict]]] = {}
+    parsed: dict = {}
     for key, (p, data) in blobs.items():
         meta, nodes, unknown = parse_et(data, str(p))
         report.unknown_fields.update(unknown)
@@ -390,7 +405,7 @@ def replicate_programs(prefix: str | Path, dims: tuple[int, ...], comm_groups=No
     for n in dims:
         world *= n
     report = ChakraReport(files=1)
-    data = files[0].read_bytes()
+    data = Path(files[0]).read_bytes()
     meta, nodes, unknown = parse_et(data, str(files[0]))
     report.unknown_fields.update(unknown)
     report.version = meta.get("version", "") or next(

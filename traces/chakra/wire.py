@@ -30,6 +30,8 @@ class WireError(TraceError):
 
 def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     """(value, new position) of the varint at ``pos``; at most 10 bytes."""
+    if pos < len(buf) and buf[pos] < 0x80:      # fast path: one byte
+        return buf[pos], pos + 1
     result = shift = 0
     end = len(buf)
     while True:
@@ -82,8 +84,10 @@ def _to_varint(kind: str, v) -> int:
     return int(v)
 
 
-def decode(buf: bytes, schema: dict, name: str, start: int = 0, end: int | None = None) -> dict:
-    """Decode message ``name`` of ``schema`` from ``buf[start:end]`` into a dict."""
+def decode(buf: bytes, schema: dict, name: str, start: int = 0, end: int | None = None,
+           skip: frozenset = frozenset()) -> dict:
+    """Decode message ``name`` of ``schema`` from ``buf[start:end]`` into a dict. Fields named in ``skip``
+    are framed (so corruption is still caught) but not decoded; they map to None."""
     fields = schema[name]
     end = len(buf) if end is None else end
     out: dict = {}
@@ -119,6 +123,9 @@ def decode(buf: bytes, schema: dict, name: str, start: int = 0, end: int | None 
             out.setdefault("_unknown", []).append(num)
             continue
         fname, kind, repeated = spec
+        if fname in skip:
+            out[fname] = None
+            continue
         values = _values(buf, schema, kind, raw, fname, name)
         if repeated:
             out.setdefault(fname, []).extend(values)
