@@ -345,18 +345,24 @@ class MultiDimCostModel:
         chunk = max(chunk, 1)
         streams = -(-size // chunk)
         data = chunk
+        parts_l: list = []
+        parts_b: list = []
         for d, pkind in chunk_phases(kind, list(dims), self.astra, self.system):
             dim = self.astra.dims[d]
             algo = self.system.algorithm(pkind, d)
             pattern = phase_traffic(pkind, algo, dim, data)
             _, data = phase_ns(pkind, algo, dim, data, self.system)
-            stride = self._links.stride[d]
-            for r in ranks:
-                a = (r // stride) % dim.npus
-                for off, nbytes in pattern:
-                    peer = r + (((a + off) % dim.npus) - a) * stride
-                    for l in self._links.route(r, peer):
-                        load[l] = load.get(l, 0.0) + nbytes * streams
+            src = np.asarray(ranks, dtype=np.int64)
+            for off, nbytes in pattern:
+                for ids in self._links.hops_along(d, src, off):
+                    parts_l.append(ids)
+                    parts_b.append(np.full(len(ids), nbytes * streams))
+        if parts_l:
+            links = np.concatenate(parts_l)
+            uniq, inv = np.unique(links, return_inverse=True)
+            sums = np.bincount(inv, weights=np.concatenate(parts_b), minlength=len(uniq))
+            for l, b in zip(uniq.tolist(), sums.tolist()):
+                load[l] = load.get(l, 0.0) + b
 
     def device_key(self, rank: int):
         return "npu"
@@ -456,6 +462,26 @@ class _LinkTable:
             base += count
             stride *= n
         self.capacity = np.concatenate(caps) if caps else np.zeros(0)
+
+    def hops_along(self, d: int, src: np.ndarray, offset: int) -> list[np.ndarray]:
+        """For NPUs ``src`` each sending to the NPU ``offset`` further along dimension ``d`` (modulo its
+        size): one array of link ids per hop (the same route shape for all, vectorised ``route``)."""
+        dim, stride = self.network.dims[d], self.stride[d]
+        n = dim.npus
+        a = (src // stride) % n
+        line_base = src - a * stride
+        first = self.base[d] + ((line_base % stride) + (line_base // (stride * n)) * stride) * self.per_line[d]
+        b = (a + offset) % n
+        if dim.topology == "Switch":
+            return [first + a, first + n + b]
+        if dim.topology == "FullyConnected":
+            return [first + a * n + b]
+        cw = offset % n
+        if cw == 0:
+            return []
+        if cw <= n - cw:
+            return [first + (a + k) % n for k in range(cw)]
+        return [first + n + (a - k - 1) % n for k in range(n - cw)]
 
     def route(self, src: int, dst: int) -> list[int]:
         """Link ids from src to dst within the first dimension they differ in (as the analytical backend)."""

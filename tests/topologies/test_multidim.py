@@ -169,3 +169,19 @@ def test_every_cluster_gets_per_dimension_algorithms(tmp_path):
     other = json.loads(CliRunner().invoke(cli, flags + ["--astra-system", str(sysf)]).output)
     assert ring["network"] == "astra" and ring["step_time_s"] > 0
     assert other["step_time_s"] != ring["step_time_s"]
+
+
+def test_vectorised_hops_match_route():
+    from topologies.multidim import _LinkTable
+    import numpy as np
+    net = AstraNetwork((Dimension("Ring", 5, GIB, 0), Dimension("Switch", 3, GIB, 0), Dimension("FullyConnected", 2, GIB, 0)))
+    t = _LinkTable(net)
+    src = np.arange(30)
+    for d, stride in enumerate((1, 5, 15)):
+        n = net.dims[d].npus
+        for off in range(1, n):
+            hops = t.hops_along(d, src, off)
+            for i, r in enumerate(src.tolist()):
+                a = (r // stride) % n
+                peer = r + (((a + off) % n) - a) * stride
+                assert [int(h[i]) for h in hops] == t.route(r, peer)
