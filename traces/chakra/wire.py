@@ -176,10 +176,13 @@ def _values(buf, schema, kind, raw, fname, mname) -> list:
 def encode(msg: dict, schema: dict, name: str) -> bytes:
     """Encode dict ``msg`` as message ``name`` (proto3: default scalars omitted, repeated scalars packed)."""
     out = bytearray()
-    for num, (fname, kind, repeated) in sorted(schema[name].items()):
-        if fname not in msg or msg[fname] is None:
-            continue
+    index = _by_name(schema, name)
+    for fname in sorted(msg, key=lambda f: index[f][0] if f in index else -1):
+        spec = index.get(fname)
         val = msg[fname]
+        if spec is None or val is None:
+            continue
+        num, kind, repeated = spec
         if kind in schema:
             for v in (val if repeated else [val]):
                 body = encode(v, schema, kind)
@@ -202,6 +205,18 @@ def encode(msg: dict, schema: dict, name: str) -> bytes:
             else:
                 out += _scalar(kind, v)
     return bytes(out)
+
+
+_INDEX: dict = {}
+
+
+def _by_name(schema: dict, name: str) -> dict:
+    """field name -> (number, type, repeated) of message ``name`` (cached per schema)."""
+    key = (id(schema), name)
+    idx = _INDEX.get(key)
+    if idx is None:
+        idx = _INDEX[key] = {f: (num, k, rep) for num, (f, k, rep) in schema[name].items()}
+    return idx
 
 
 def _scalar(kind: str, v) -> bytes:

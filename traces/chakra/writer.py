@@ -16,7 +16,7 @@ from pathlib import Path
 
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Op, Programs
 from traces.chakra import schema as S
-from traces.chakra.wire import delimited, encode
+from traces.chakra.wire import delimited, encode, write_varint
 
 SCHEMA_VERSION = "0.0.4"          # the version ASTRA-sim's microbenchmark ETs carry
 _COMM_TYPES = {"all_reduce": S.ALL_REDUCE, "all_gather": S.ALL_GATHER, "reduce_scatter": S.REDUCE_SCATTER,
@@ -28,27 +28,9 @@ def pg_name(gid: int) -> str:
     return str(gid + 1)
 
 
-def rank_program(programs: Programs, rank: int) -> list[Op]:
-    """The program ``rank`` runs: its own, or (symmetric mode) its representative's mapped onto its groups."""
-    if rank in programs.ops:
-        return programs.ops[rank]
-    rep = programs.representative_of()[rank]
-    out = []
-    for op in programs.ops[rep]:
-        new = Op.__new__(Op)
-        for slot in Op.__slots__:
-            setattr(new, slot, getattr(op, slot))
-        if op.group is not None:
-            g = programs.groups[op.group]
-            mine = programs.group_of(rank, g.family)
-            new.group = mine
-            if op.peer is not None and mine is not None:
-                new.peer = programs.groups[mine].ranks[g.ranks.index(op.peer)]
-        out.append(new)
-    return out
-
-
-def node_of(programs: Programs, rank: int, i: int, op: Op, prev_in_stream: int | None, tag: int) -> dict:
+def node_common(programs: Programs, i: int, op: Op, prev_in_stream: int | None) -> dict:
+    """The part of op ``i``'s node that every rank running it shares (all but the communicator name and
+    the point-to-point endpoints, see ``rank_attrs``)."""
     attrs = [S.make_attr("is_cpu_op", False), S.make_attr("stream", op.stream)]
     for key, val in (("cs_phase", op.phase), ("cs_microbatch", op.microbatch), ("cs_layer", op.layer),
                      ("cs_strategy", op.strategy)):
@@ -69,47 +51,91 @@ def node_of(programs: Programs, rank: int, i: int, op: Op, prev_in_stream: int |
         astra_size = op.size_bytes / n if op.collective == "all_gather" else op.size_bytes
         node["type"] = S.COMM_COLL_NODE
         attrs += [S.make_attr("comm_type", _COMM_TYPES[op.collective]),
-                  S.make_attr("comm_size", int(round(astra_size))), S.make_attr("pg_name", pg_name(op.group)),
-                  S.make_attr("cs_size_bytes", float(op.size_bytes))]
+                  S.make_attr("comm_size", int(round(astra_size))), S.make_attr("cs_size_bytes", float(op.size_bytes))]
     else:
-        send = op.kind == SEND
-        node["type"] = S.COMM_SEND_NODE if send else S.COMM_RECV_NODE
-        attrs += [S.make_attr("comm_src", rank if send else op.peer), S.make_attr("comm_dst", op.peer if send else rank),
-                  S.make_attr("comm_size", int(round(op.size_bytes))), S.make_attr("comm_tag", tag),
-                  S.make_attr("cs_size_bytes", float(op.size_bytes))]
+        node["type"] = S.COMM_SEND_NODE if op.kind == SEND else S.COMM_RECV_NODE
+        attrs += [S.make_attr("comm_size", int(round(op.size_bytes))), S.make_attr("cs_size_bytes", float(op.size_bytes))]
     node["attr"] = attrs
     return node
 
 
+def _attr_field(name: str, value) -> bytes:
+    """One encoded ``attr`` entry of a Node (field 10): appending it to a node's bytes adds the attribute."""
+    body = encode(S.make_attr(name, value), S.SCHEMA, "AttributeProto")
+    return write_varint(10 << 3 | 2) + write_varint(len(body)) + body
+
+
+class _Encoder:
+    """Encodes the ETs of every rank of one Programs, sharing what ranks have in common: the common part
+    of each representative op's node is encoded once; a member adds its communicator name or endpoints."""
+
+    def __init__(self, programs: Programs):
+        self.programs = programs
+        self.rep_of = programs.representative_of()
+        self.common: dict[tuple[int, int], bytes] = {}
+        self.pg: dict[int, bytes] = {}
+        self.used_groups: set[int] = set()
+
+    def _common(self, rep: int, i: int, op: Op, prev: int | None) -> bytes:
+        key = (rep, i)
+        blob = self.common.get(key)
+        if blob is None:
+            blob = self.common[key] = encode(node_common(self.programs, i, op, prev), S.SCHEMA, "Node")
+        return blob
+
+    def et_bytes(self, rank: int) -> bytes:
+        p = self.programs
+        rep = self.rep_of[rank]
+        out = [delimited(encode({"version": SCHEMA_VERSION}, S.SCHEMA, "GlobalMetadata"))]
+        last: dict[str, int] = {}
+        tags: dict[tuple, int] = {}
+        mine: dict[str, int | None] = {}
+        for i, op in enumerate(p.ops[rep]):
+            blob = self._common(rep, i, op, last.get(op.stream))
+            last[op.stream] = i
+            if op.kind == COLLECTIVE:
+                gid = op.group
+                if rank != rep:
+                    fam = p.groups[gid].family
+                    if fam not in mine:
+                        mine[fam] = p.group_of(rank, fam)
+                    gid = mine[fam]
+                self.used_groups.add(gid)
+                extra = self.pg.get(gid)
+                if extra is None:
+                    extra = self.pg[gid] = _attr_field("pg_name", pg_name(gid))
+                blob += extra
+            elif op.kind in (SEND, RECV):
+                peer = op.peer
+                if rank != rep and op.group is not None:
+                    g = p.groups[op.group]
+                    own = p.group_of(rank, g.family)
+                    peer = p.groups[own].ranks[g.ranks.index(op.peer)]
+                send = op.kind == SEND
+                pair = (rank, peer) if send else (peer, rank)
+                tag = tags[pair] = tags.get(pair, -1) + 1
+                blob += (_attr_field("comm_src", rank if send else peer) + _attr_field("comm_dst", peer if send else rank)
+                         + _attr_field("comm_tag", tag))
+            out.append(write_varint(len(blob)) + blob)
+        return b"".join(out)
+
+
 def et_bytes(programs: Programs, rank: int) -> bytes:
     """One rank's ET file content."""
-    out = [delimited(encode({"version": SCHEMA_VERSION}, S.SCHEMA, "GlobalMetadata"))]
-    last: dict[str, int] = {}
-    tags: dict[tuple, int] = {}
-    for i, op in enumerate(rank_program(programs, rank)):
-        tag = 0
-        if op.kind in (SEND, RECV):
-            pair = (rank, op.peer) if op.kind == SEND else (op.peer, rank)
-            tag = tags[pair] = tags.get(pair, -1) + 1
-        node = node_of(programs, rank, i, op, last.get(op.stream), tag)
-        last[op.stream] = i
-        out.append(delimited(encode(node, S.SCHEMA, "Node")))
-    return b"".join(out)
+    return _Encoder(programs).et_bytes(rank)
 
 
 def write_workload(programs: Programs, out_dir: str | Path, prefix: str = "workload") -> list[Path]:
     """Write ``<prefix>.<rank>.et`` for every rank and ``comm_groups.json``; return the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    enc = _Encoder(programs)
     paths = []
     for r in range(programs.world_size):
         p = out / f"{prefix}.{r}.et"
-        p.write_bytes(et_bytes(programs, r))
+        p.write_bytes(enc.et_bytes(r))
         paths.append(p)
-    used = set()
-    for r in range(programs.world_size):
-        used.update(op.group for op in rank_program(programs, r) if op.kind == COLLECTIVE)
-    groups = {pg_name(g): list(programs.groups[g].ranks) for g in sorted(used)}
+    groups = {pg_name(g): list(programs.groups[g].ranks) for g in sorted(enc.used_groups)}
     gp = out / "comm_groups.json"
     gp.write_text(json.dumps(groups, indent=1) + "\n")
     return paths + [gp]
