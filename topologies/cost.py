@@ -72,10 +72,11 @@ class _AlgoCost:
     """Cost of one algorithm on one group: time(S) = A + S·K; ``links``/``coef``: bytes per byte of S
     on each directed link, all phases together (computed on first use when only A and K were needed)."""
 
-    __slots__ = ("name", "A", "K", "_links", "_coef", "_make")
+    __slots__ = ("name", "A", "K", "_links", "_coef", "_make", "_bound")
 
     def __init__(self, name, A, K, links=None, coef=None, make=None):
         self.name, self.A, self.K, self._links, self._coef, self._make = name, A, K, links, coef, make
+        self._bound = None
 
     def time_s(self, size: float) -> float:
         return self.A + size * self.K
@@ -139,7 +140,11 @@ class ClusterCostModel:
         self.calibration = calibration
         self.algorithm = algorithm
         self.compute_efficiency = DEFAULT_COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
-        self.efficiency = {**DEFAULT_EFFICIENCY, **(efficiency or {})}
+        # NCCL's model carries the protocols' efficiency itself: under it the route-level loads bound
+        # time at line rate (they bind where the fabric is narrower: oversubscription, faults, sharing)
+        line_rate = comm_model == "nccl" and nccl.supports(cluster)
+        base = {t: 1.0 for t in DEFAULT_EFFICIENCY} if line_rate else DEFAULT_EFFICIENCY
+        self.efficiency = {**base, **(efficiency or {})}
         for t, e in self.efficiency.items():
             if not (0 < e <= 1):
                 raise ConfigError(f"protocol efficiency for {t!r} must be in (0, 1], got {e}")
@@ -364,6 +369,14 @@ class ClusterCostModel:
         fit = self.calibration.collective_fit(kind, len(gpus), scope)
         return None if fit is None else fit.time_s(size, len(gpus))
 
+    def _bound_per_byte(self, algo: _AlgoCost) -> float:
+        """Seconds per byte no schedule of ``algo``'s traffic beats: its busiest link's bytes (all phases
+        together, as a pipelined library overlaps them) over that link's capacity."""
+        if algo._bound is None:
+            co = algo.coef
+            algo._bound = float(np.max(co / self.capacity[algo.links])) if len(co) else 0.0
+        return algo._bound
+
     def _nccl_comm(self, gpus: tuple):
         """NCCL's view of the group (topologies.nccl.Comm), None where the NCCL model does not apply."""
         if self.comm_model != "nccl":
@@ -425,7 +438,7 @@ class ClusterCostModel:
             if t is not None:
                 # never faster than the routes' bottleneck links allow (fabric shape, oversubscription,
                 # failed or degraded links, which NCCL's per-node model does not see)
-                t = max(t, request.size_bytes * algo.K)
+                t = max(t, request.size_bytes * self._bound_per_byte(algo))
                 if request.kind == "p2p":           # + the route's wire latency (hops)
                     t += self.cluster.path_latency_s(self._path(gpus[0], gpus[1])[0])
         return (algo.time_s(request.size_bytes) if t is None else t), algo

@@ -78,13 +78,18 @@ class Choice:
         return f"{self.algorithm}/{self.protocol}"
 
 
+def supports(cluster) -> bool:
+    """Whether NCCL runs on ``cluster`` (NVIDIA GPUs on NVSwitch / NVL72 / PCIe domains)."""
+    return cluster.accelerator.name in ARCH and cluster.domain_spec.kind in ("nvswitch", "nvl72", "pcie")
+
+
 def comm_of(cluster, gpus) -> Comm | None:
     """NCCL's view of ``gpus`` on ``cluster``; None where NCCL does not run (TPU ICI, Ascend UB, optical)."""
-    acc = cluster.accelerator
-    arch = ARCH.get(acc.name)
-    dom = cluster.domain_spec
-    if arch is None or dom.kind not in ("nvswitch", "nvl72", "pcie"):
+    if not supports(cluster):
         return None
+    acc = cluster.accelerator
+    arch = ARCH[acc.name]
+    dom = cluster.domain_spec
     per_node: dict[int, int] = {}
     for g in gpus:
         d = g // cluster.domain_size
