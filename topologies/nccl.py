@@ -381,3 +381,26 @@ def all_to_all_time_s(comm: Comm, size: float) -> float:
     t_inter = inter_bytes * ppn / (comm.nics * comm.nic_bw * 1e9) if inter_bytes else 0.0
     lat = p2p_time_s(comm, 0.0, inter_node=comm.n_nodes > 1)
     return lat + max(t_intra, t_inter)
+
+
+def moe_time_s(comm: Comm, tokens: int, token_bytes: float, topk: int, experts: int, inter_node: bool) -> tuple:
+    """DeepEP-style expert-parallel dispatch (or combine, the mirror) of ``tokens`` per rank, each to
+    ``topk`` of ``experts`` experts spread evenly over the ranks: (seconds, bytes on the bottleneck link).
+    Intra-node: a token goes once to every other local GPU holding one of its experts, over the scale-up
+    link. Across nodes: once to every other node holding one (RDMA, deduplicated per node, NVLink
+    forwarding inside), over the GPU's NIC. Uniform routing gives the expected distinct destinations."""
+    n, ppn = comm.n_ranks, comm.ppn
+    def distinct(groups: int) -> float:       # expected groups that hold >= 1 of the token's experts
+        per = experts / groups
+        miss = math.comb(int(experts - per), topk) / math.comb(experts, topk)
+        return groups * (1.0 - miss)
+    if inter_node and comm.n_nodes > 1:
+        nodes = comm.n_nodes
+        dest = distinct(nodes) * (nodes - 1) / nodes
+        nbytes = tokens * dest * token_bytes
+        bw = comm.nic_bw * 1e9
+    else:
+        dest = distinct(ppn) * (ppn - 1) / ppn
+        nbytes = tokens * dest * token_bytes
+        bw = comm.intra_bw * 1e9
+    return p2p_time_s(comm, 0.0, inter_node) + nbytes / bw, nbytes
