@@ -152,3 +152,16 @@ def test_time_positive_estimate_monotone_and_never_beats_line_rate(preset, kind,
     comm = nccl.comm_of(c, ranks)
     a, b = nccl.choose(comm, kind, S), nccl.choose(comm, kind, 2 * S)
     assert b.estimate_s >= a.estimate_s
+
+
+def test_unknown_devices_price_exactly_as_before():
+    """The CPU closed loop's one-box cluster (a device NCCL's model does not know) keeps the route model."""
+    from topologies.cluster import Cluster, DomainSpec
+    from topologies.specs import AcceleratorSpec
+    acc = AcceleratorSpec(name="cpu-x", peak_bf16_flops=1e12, peak_fp8_flops=None, hbm_bytes=64e9,
+                          hbm_bytes_per_s=1e10, scale_up_bytes_per_s=2e9, nic_bytes_per_s=2e9, scale_up_link="pcie",
+                          vendor="cpu")
+    c = Cluster("2x-cpu", acc, gpus=2, gpus_per_node=2, domain=DomainSpec("pcie", 2, 2e9))
+    for kind in ("all_reduce", "all_gather", "p2p"):
+        req = CommRequest(kind, (0, 1), 3e6)
+        assert ClusterCostModel(c).comm_time_s(req) == ClusterCostModel(c, comm_model="links").comm_time_s(req)
