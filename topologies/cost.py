@@ -261,11 +261,13 @@ class ClusterCostModel:
             ak = self._shape_cache[shape]
             res = None if ak is None else _AlgoCost(name, ak[0], ak[1],
                                                     make=lambda: self._evaluate(kind, gpus, name)[2:])
+            if res is not None:
+                res._bound = ak[2]
         else:
             ev = self._evaluate(kind, gpus, name)
             res = None if ev is None else _AlgoCost(name, *ev)
             if shape is not None:
-                self._shape_cache[shape] = None if ev is None else ev[:2]
+                self._shape_cache[shape] = None if ev is None else (ev[0], ev[1], self._bound_per_byte(res))
         self._cache[key] = res
         return res
 
@@ -372,6 +374,8 @@ class ClusterCostModel:
     def _bound_per_byte(self, algo: _AlgoCost) -> float:
         """Seconds per byte no schedule of ``algo``'s traffic beats: its busiest link's bytes (all phases
         together, as a pipelined library overlaps them) over that link's capacity."""
+        if algo._bound is None and algo.name == "p2p":
+            algo._bound = algo.K                # one flow, one phase: its bottleneck is the bound
         if algo._bound is None:
             co = algo.coef
             algo._bound = float(np.max(co / self.capacity[algo.links])) if len(co) else 0.0
@@ -381,12 +385,10 @@ class ClusterCostModel:
         """NCCL's view of the group (topologies.nccl.Comm), None where the NCCL model does not apply."""
         if self.comm_model != "nccl":
             return None
-        comm = self._nccl_comms.get(gpus, False)
+        shape = nccl.group_shape(self.cluster, gpus)
+        comm = self._nccl_comms.get(shape, False)
         if comm is False:
-            comm = nccl.comm_of(self.cluster, gpus)
-            if len(self._nccl_comms) > 100_000:
-                self._nccl_comms.clear()
-            self._nccl_comms[gpus] = comm
+            comm = self._nccl_comms[shape] = nccl.comm_for_shape(self.cluster, *shape)
         return comm
 
     def nccl_choice(self, kind: str, gpus: tuple, size: float):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from topologies import nccl_constants as C
 
@@ -83,18 +84,31 @@ def supports(cluster) -> bool:
     return cluster.accelerator.name in ARCH and cluster.domain_spec.kind in ("nvswitch", "nvl72", "pcie")
 
 
+def group_shape(cluster, gpus) -> tuple[int, int, int]:
+    """(ranks, nodes, ranks on the fullest node) of ``gpus``: all of a group NCCL's model depends on."""
+    ds = cluster.domain_size
+    if len(gpus) == 2:
+        same = gpus[0] // ds == gpus[1] // ds
+        return 2, 1 if same else 2, 2 if same else 1
+    per_node: dict[int, int] = {}
+    for g in gpus:
+        d = g // ds
+        per_node[d] = per_node.get(d, 0) + 1
+    return len(gpus), len(per_node), max(per_node.values())
+
+
 def comm_of(cluster, gpus) -> Comm | None:
     """NCCL's view of ``gpus`` on ``cluster``; None where NCCL does not run (TPU ICI, Ascend UB, optical)."""
+    return comm_for_shape(cluster, *group_shape(cluster, gpus))
+
+
+def comm_for_shape(cluster, n_ranks: int, n_nodes: int, ppn: int) -> Comm | None:
+    """NCCL's view of a group of ``n_ranks`` over ``n_nodes`` nodes, at most ``ppn`` on one (see comm_of)."""
     if not supports(cluster):
         return None
     acc = cluster.accelerator
     arch = ARCH[acc.name]
     dom = cluster.domain_spec
-    per_node: dict[int, int] = {}
-    for g in gpus:
-        d = g // cluster.domain_size
-        per_node[d] = per_node.get(d, 0) + 1
-    ppn = max(per_node.values())
     if dom.kind == "pcie":
         intra_hw, intra_bw = "pci", dom.bandwidth / 1e9 * C.PCI_FRACTION
     else:
@@ -103,13 +117,12 @@ def comm_of(cluster, gpus) -> Comm | None:
     fab = cluster.fabric_spec
     if fab is not None:
         nic_bw = fab.bandwidth / 1e9
-        gpn = cluster.domain_size
         # one NIC per GPU (rail): the group's GPUs' own NICs; fewer NICs than GPUs: shared by all
-        nics = min(ppn, fab.nics_per_node) if fab.nics_per_node >= gpn else fab.nics_per_node
+        nics = min(ppn, fab.nics_per_node) if fab.nics_per_node >= cluster.domain_size else fab.nics_per_node
     else:
         nic_bw, nics = 0.0, 0
     nvls = bool(dom.sharp) and dom.kind != "pcie" and arch in ("hopper", "blackwell") and ppn >= 2
-    return Comm(len(gpus), len(per_node), ppn, arch, CPU.get(acc.name, "intel"), intra_hw, intra_bw, nic_bw,
+    return Comm(n_ranks, n_nodes, ppn, arch, CPU.get(acc.name, "intel"), intra_hw, intra_bw, nic_bw,
                 max(nics, 1), nvls, collnet=bool(getattr(fab, "sharp", False)))
 
 
@@ -151,8 +164,9 @@ def _dup(comm: Comm, n: int, s: float) -> tuple[int, float]:
     return d, s / math.ceil(d / n)
 
 
+@lru_cache(maxsize=4096)
 def graphs(comm: Comm) -> dict[str, Graph]:
-    """Ring, tree and NVLS graphs NCCL's search finds for ``comm``."""
+    """Ring, tree and NVLS graphs NCCL's search finds for ``comm`` (cached; do not mutate the result)."""
     n, s = _search(comm, lambda s: _ring_channels(comm, s))
     if n == 0:                      # nothing fits: NCCL falls back to a slow single channel
         n, s = 1, min(_speeds(comm)[-1], comm.intra_bw)
@@ -345,6 +359,7 @@ def table(comm: Comm, kind: str, size: float) -> list[Choice]:
     return out
 
 
+@lru_cache(maxsize=65536)
 def choose(comm: Comm, kind: str, size: float, algorithm: str | None = None,
            protocol: str | None = None) -> Choice | None:
     """NCCL's pick for ``kind`` of ``size`` bytes: the lowest estimate among the enabled (algorithm,
