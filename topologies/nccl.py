@@ -184,6 +184,13 @@ def graphs(comm: Comm) -> dict[str, Graph]:
         ok = [x for x in _speeds(comm) if x <= 2 * s and n * x <= comm.intra_bw]
         intra = max([s] + ok)
     out["tree"] = Graph(n, intra, s)
+    if comm.collnet and comm.n_nodes > 1:
+        # CollNet direct: one channel per head GPU with its NIC (at most NCCL_MAX_DIRECT_ARITY + 1 = 8),
+        # intra-node speed up to twice the inter-node one where the scale-up links hold it (as trees)
+        heads = min(comm.ppn, comm.nics, C.COLLNET_MAX_HEADS)
+        inter = max([x for x in _speeds(comm) if x <= comm.nic_bw] or [_speeds(comm)[-1]])
+        ok = [x for x in _speeds(comm) if x <= 2 * inter and heads * x <= comm.intra_bw]
+        out["collnet"] = Graph(heads, max([inter] + ok) if comm.ppn > 1 else inter, inter)
     if comm.nvls:
         # NVLS: one channel per local GPU (head); a head moves 2x its speed on its link, the others 1x
         heads = min(comm.ppn, C.NVLS_MAX_ARITY)
@@ -231,8 +238,8 @@ def _enabled(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> bool:
         return False
     if algo == "pat" and (proto != "simple" or comm.n_nodes != comm.n_ranks):
         return False
-    if algo in ("collnet_direct", "collnet_chain") and (not comm.collnet or proto != "simple"
-                                                        or comm.n_nodes == 1 or kind != "all_reduce"):
+    if algo in ("collnet_direct", "collnet_chain") and (not comm.collnet or proto != "simple" or "collnet" not in g
+                                                        or kind != "all_reduce"):
         return False
     if algo == "tree" and comm.n_ranks < 2:
         return False
@@ -245,7 +252,8 @@ def _enabled(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> bool:
 def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
     """NCCL's algorithm bandwidth (GB/s) of (algo, proto) for ``kind`` (tuning.cc ncclTopoTuneModel)."""
     arch, i2, pi = comm.arch, _idx2(comm), PROTO_INDEX[proto]
-    graph = g["nvls" if algo in ("nvls", "nvls_tree") else "tree" if algo == "tree" else "ring"]
+    graph = g["nvls" if algo in ("nvls", "nvls_tree") else "collnet" if algo == "collnet_direct"
+              else "tree" if algo in ("tree", "collnet_chain") else "ring"]
     collnet = algo.startswith("collnet")
     bw = graph.bw_intra if comm.n_nodes <= 2 or collnet else graph.bw_inter
     if algo in ("nvls", "nvls_tree"):
@@ -353,7 +361,7 @@ def table(comm: Comm, kind: str, size: float) -> list[Choice]:
             est = lat * 1e-6 + size / (bw * 1e9)
             # channels launched: ring/tree bandwidth scales with the share of the communicator's channels
             nc = _launched_channels(comm, algo, proto, size, nc_full, g)
-            share = 1.0 if algo in ("nvls", "nvls_tree", "pat") else nc / nc_full
+            share = 1.0 if algo in ("nvls", "nvls_tree", "pat", "collnet_direct") else nc / nc_full
             t = lat * 1e-6 + size / (bw * 1e9 * share)
             out.append(Choice(algo, proto, lat * 1e-6, bw * 1e9, nc, est, t))
     return out

@@ -100,6 +100,7 @@ SPEEDS_INTER = {"default": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0
 SEARCH_STEP_RATIO = 0.49         # search keeps lowering the speed while next / best > 0.49
 MAX_RING_CHANNELS = 32           # init.cc: ringGraph maxChannels = MAXCHANNELS / 2
 NVLS_MAX_ARITY = 32              # device.h NCCL_MAX_NVLS_ARITY
+COLLNET_MAX_HEADS = 8            # device.h NCCL_MAX_DIRECT_ARITY + 1 (CollNet direct heads per node)
 NVLS_CHANNELS = {"hopper": 16, "blackwell": 24}           # nvls.cc (Blackwell multi-node: 32)
 NVLS_CHANNELS_BLACKWELL_MULTINODE = 32
 

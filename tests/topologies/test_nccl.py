@@ -165,3 +165,18 @@ def test_unknown_devices_price_exactly_as_before():
     for kind in ("all_reduce", "all_gather", "p2p"):
         req = CommRequest(kind, (0, 1), 3e6)
         assert ClusterCostModel(c).comm_time_s(req) == ClusterCostModel(c, comm_model="links").comm_time_s(req)
+
+
+def test_collnet_only_where_the_fabric_reduces():
+    plain = _comm("dgx-h100", 64)
+    sharp = _comm("dgx-h100", 64, fabric_sharp=True)
+    algos = lambda comm: {c.algorithm for c in nccl.table(comm, "all_reduce", 64 * MIB)}     # noqa: E731
+    assert not {"collnet_direct", "collnet_chain"} & algos(plain) and "nvls" not in algos(plain)
+    # SHARP: CollNet direct / chain and NVLS across nodes (NVLink SHARP + IB SHARP) become candidates
+    assert {"collnet_direct", "collnet_chain", "nvls"} <= algos(sharp)
+    g = nccl.graphs(sharp)["collnet"]
+    assert g.channels == 8 and g.bw_inter == 48.0        # one head per NIC, 400 Gb/s -> 48 GB/s channels
+    # CollNet direct latency: NET hwLat 31 + 2 x (1 x NVLink 3.7 + 7 x 0.4 arity) us
+    cd = nccl.choose(sharp, "all_reduce", 64 * MIB, "collnet_direct")
+    assert cd.latency_s == pytest.approx((31 + 2 * (3.7 + 7 * 0.4)) * 1e-6)
+    assert nccl.choose(_comm("dgx-h100", 8, fabric_sharp=True), "all_reduce", MIB, "collnet_direct") is None
