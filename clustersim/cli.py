@@ -21,6 +21,7 @@ COMMANDS = [
     ("clustersim.search", "search"),
     ("clustersim.goodput", "goodput"),
     ("clustersim.chakra", "chakra"),
+    ("clustersim.validate", "validate"),
 ]
 
 

@@ -108,8 +108,9 @@ def bandwidth_table(model, kind: str, ranks: tuple[int, ...], size_list, network
             t = model.comm_time_s(req)
         alg = s / t / 1e9 if t > 0 else float("inf")
         bus = alg * (bus_factor(kind, n) if kind != "p2p" else 1.0)
+        plain = CommRequest(req_kind, ranks, float(s))
         rows.append({"size_bytes": int(s), "time_s": t, "algbw_GBps": alg, "busbw_GBps": bus,
-                     "algorithm": model.algorithm_for(CommRequest(req_kind, ranks, float(s)))})
+                     "algorithm": model.algorithm_for(plain), "protocol": model.protocol_for(plain)})
     return rows
 
 
@@ -194,8 +195,11 @@ def _describe_text(d: dict) -> str:
 @click.option("--network", type=click.Choice(["analytical", "flow"]), default="analytical", show_default=True)
 @click.option("--concurrent", is_flag=True,
               help="Also run every translated copy of the group at the same time (e.g. all rails); flow mode.")
-@click.option("--algorithm", default=None, help="Force a collective algorithm (ring, tree, hierarchical, nvls, "
-                                                 "direct, torus).")
+@click.option("--algorithm", default=None, help="Force a collective algorithm, as NCCL_ALGO does: ring, tree, nvls, "
+                                                 "nvls_tree, pat, collnet_direct, collnet_chain (NCCL's model); "
+                                                 "hierarchical, rings, direct, torus (route-level model).")
+@click.option("--protocol", default=None, type=click.Choice(["ll", "ll128", "simple"], case_sensitive=False),
+              help="Force NCCL's protocol, as NCCL_PROTO does (default: NCCL's choice per size).")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None, help="Calibration JSON.")
 @click.option("--min-bytes", type=int, default=KIB, show_default=True)
 @click.option("--max-bytes", type=int, default=4 * GIB, show_default=True)
@@ -204,8 +208,8 @@ def _describe_text(d: dict) -> str:
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a preset setting, e.g. --set oversubscription=2 --set rail_optimised=false.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorithm, calibration, min_bytes, max_bytes, factor,
-             draw_path, settings, as_json):
+def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorithm, protocol, calibration, min_bytes,
+             max_bytes, factor, draw_path, settings, as_json):
     """Describe cluster PRESET (or a cluster YAML file); optionally draw it and tabulate a collective."""
     import topologies
     from topologies.cost import ClusterCostModel
@@ -249,7 +253,7 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     if len(group) < 2:
         raise ConfigError("a collective needs at least two ranks")
     cal = Calibration.load(calibration) if calibration else None
-    model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm)
+    model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm, protocol=protocol)
     rows = bandwidth_table(model, kind, group, sizes(min_bytes, max_bytes, factor), network, concurrent)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
@@ -258,7 +262,7 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     shown = ",".join(map(str, group[:16])) + (",..." if len(group) > 16 else "")
     click.echo(f"\n{kind} over {len(group)} ranks [{shown}], network={network}"
                + (f", with {len(tile_group(group, cluster.world_size))} concurrent copies" if concurrent else ""))
-    click.echo(f"{'size (B)':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  algorithm")
+    click.echo(f"{'size (B)':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  {'algorithm':<12} protocol")
     for r in rows:
         click.echo(f"{r['size_bytes']:>12} {r['time_s'] * 1e6:>12.2f} {r['algbw_GBps']:>13.2f} "
-                   f"{r['busbw_GBps']:>13.2f}  {r['algorithm']}")
+                   f"{r['busbw_GBps']:>13.2f}  {r['algorithm']:<12} {r['protocol']}")

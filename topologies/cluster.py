@@ -57,6 +57,7 @@ class FabricSpec:
     link: str = "ib"
     latency: float | None = None
     pxn: bool = True        # rail-optimised: reach another rail over NVLink first (NCCL's PXN, default on)
+    sharp: bool = False     # in-network reduction in the switches (InfiniBand SHARP: NCCL's CollNet)
 
 
 class Cluster:

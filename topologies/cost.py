@@ -6,9 +6,12 @@ the calibration's fit for the device when there is one (peak · F/(F+F½)), else
 transformer layer (``op.layer`` set) use the calibration's layer fit for their phase when it has one
 (measured whole-layer forward / backward times: ``(F + F½) / peak``), still bounded below by memory time.
 
-Communication: the algorithms of topologies.collectives on the cluster's routes, alpha-beta with the
-bottleneck link (cost ``A + S·K`` per group and algorithm, cached), the best algorithm chosen per call
-as NCCL's tuner does (lowest predicted time) or a named one. A calibration fit for (kind, group size,
+Communication (``comm_model``): "nccl" (default) prices NVIDIA clusters with NCCL's own model
+(topologies.nccl: algorithm and protocol chosen per size by NCCL's tuner, channels, per-protocol latency and
+bandwidth); "links" (and every cluster NCCL does not run on: TPU ICI, Ascend UB, optical) uses the
+algorithms of topologies.collectives on the cluster's routes, alpha-beta with the bottleneck link (cost
+``A + S·K`` per group and algorithm, cached), the fastest chosen per call or a named one. Either way the
+route-level algorithm's link loads feed the flow network. A calibration fit for (kind, group size,
 scope intra|inter) replaces the predicted time. Networks: ``analytical`` (no contention), ``flow``
 (max-min fair sharing, topologies.flow), ``ideal`` (communication is free).
 """
@@ -24,10 +27,17 @@ from simulator.costs import CommRequest
 from simulator.errors import ConfigError, TopologyError
 from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE_KINDS, FORWARD, Op
 from topologies.cluster import Cluster
+from topologies import nccl
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
 
 NETWORKS = ("analytical", "flow", "ideal")
+COMM_MODELS = ("nccl", "links")
+# NCCL algorithm -> the route-level algorithm (topologies.collectives) whose link loads stand for it in the
+# flow network; NCCL_ONLY: names only the NCCL model knows
+_LINK_ALGO = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvls_tree": "hierarchical", "pat": "ring",
+              "collnet_direct": "hierarchical", "collnet_chain": "hierarchical"}
+NCCL_ONLY = ("nvls_tree", "pat", "collnet_direct", "collnet_chain")
 _BACKWARD_PHASES = (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 
 # Fraction of peak dense bf16 FLOP/s a large GEMM reaches without calibration. Source: large bf16 GEMMs
@@ -62,10 +72,11 @@ class _AlgoCost:
     """Cost of one algorithm on one group: time(S) = A + S·K; ``links``/``coef``: bytes per byte of S
     on each directed link, all phases together (computed on first use when only A and K were needed)."""
 
-    __slots__ = ("name", "A", "K", "_links", "_coef", "_make")
+    __slots__ = ("name", "A", "K", "_links", "_coef", "_make", "_bound")
 
     def __init__(self, name, A, K, links=None, coef=None, make=None):
         self.name, self.A, self.K, self._links, self._coef, self._make = name, A, K, links, coef, make
+        self._bound = None
 
     def time_s(self, size: float) -> float:
         return self.A + size * self.K
@@ -92,8 +103,10 @@ class ClusterCostModel:
 
     network            "analytical" | "flow" | "ideal"
     calibration        measured compute / collective fits (override the defaults)
-    algorithm          force a collective algorithm (ring, tree, hierarchical, nvls, direct, torus) where it
-                       applies; None = pick the fastest
+    algorithm          force a collective algorithm (ring, tree, hierarchical, nvls, direct, torus; NCCL's
+                       nvls_tree, pat, collnet_direct, collnet_chain) where it applies; None = pick the fastest
+    protocol           force NCCL's protocol (ll, ll128, simple); None = NCCL's choice
+    comm_model         "nccl" (default) or "links" (see the module docstring)
     compute_efficiency fraction of peak FLOP/s when no calibration fit (default DEFAULT_COMPUTE_EFFICIENCY)
     efficiency         {link type: protocol efficiency} overriding DEFAULT_EFFICIENCY
     """
@@ -101,11 +114,24 @@ class ClusterCostModel:
     def __init__(self, cluster: Cluster, network: str = "analytical", calibration: Calibration | None = None,
                  algorithm: str | None = None, compute_efficiency: float | None = None,
                  efficiency: dict | None = None, call_overhead_s: float = CALL_OVERHEAD_S,
-                 step_latency_s: dict | None = None):
+                 step_latency_s: dict | None = None, protocol: str | None = None, comm_model: str = "nccl"):
         if network not in NETWORKS:
             raise ConfigError(f"unknown network mode {network!r}; known: {', '.join(NETWORKS)}")
-        if algorithm is not None and algorithm not in ALGORITHMS:
-            raise ConfigError(f"unknown collective algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        if algorithm is not None:
+            algorithm = nccl.ALGO_ALIASES.get(str(algorithm).lower(), algorithm)
+        if algorithm is not None and algorithm not in ALGORITHMS and algorithm not in NCCL_ONLY:
+            raise ConfigError(f"unknown collective algorithm {algorithm!r}; known: "
+                              f"{', '.join(sorted(set(ALGORITHMS) | set(NCCL_ONLY)))}")
+        if protocol is not None:
+            if str(protocol).lower() not in nccl.PROTO_ALIASES:
+                raise ConfigError(f"unknown NCCL protocol {protocol!r}; known: ll, ll128, simple")
+            protocol = nccl.PROTO_ALIASES[str(protocol).lower()]
+        if comm_model not in COMM_MODELS:
+            raise ConfigError(f"unknown communication model {comm_model!r}; known: {', '.join(COMM_MODELS)}")
+        self.protocol = protocol
+        self.comm_model = comm_model
+        self._nccl_comms: dict = {}
+        self._nccl_choices: dict = {}
         if compute_efficiency is not None and not (0 < compute_efficiency <= 1):
             raise ConfigError(f"compute_efficiency must be in (0, 1], got {compute_efficiency}")
         self.cluster = cluster
@@ -114,7 +140,11 @@ class ClusterCostModel:
         self.calibration = calibration
         self.algorithm = algorithm
         self.compute_efficiency = DEFAULT_COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
-        self.efficiency = {**DEFAULT_EFFICIENCY, **(efficiency or {})}
+        # NCCL's model carries the protocols' efficiency itself: under it the route-level loads bound
+        # time at line rate (they bind where the fabric is narrower: oversubscription, faults, sharing)
+        line_rate = comm_model == "nccl" and nccl.supports(cluster)
+        base = {t: 1.0 for t in DEFAULT_EFFICIENCY} if line_rate else DEFAULT_EFFICIENCY
+        self.efficiency = {**base, **(efficiency or {})}
         for t, e in self.efficiency.items():
             if not (0 < e <= 1):
                 raise ConfigError(f"protocol efficiency for {t!r} must be in (0, 1], got {e}")
@@ -143,6 +173,14 @@ class ClusterCostModel:
                     self._layer_fits[phase] = lf
         self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
         self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
+
+    def with_cluster(self, cluster: Cluster) -> "ClusterCostModel":
+        """The same model (every setting) on another cluster (e.g. one with failed or degraded links)."""
+        return ClusterCostModel(cluster, network=self.network_mode, calibration=self.calibration,
+                                algorithm=self.algorithm, compute_efficiency=self.compute_efficiency,
+                                efficiency=self.efficiency, call_overhead_s=self.call_overhead_s,
+                                step_latency_s=self.step_latency_s, protocol=self.protocol,
+                                comm_model=self.comm_model)
 
     def _domains_identical(self) -> bool:
         """Star domains (one switch per domain) whose every device link has the same capacity and latency."""
@@ -223,11 +261,13 @@ class ClusterCostModel:
             ak = self._shape_cache[shape]
             res = None if ak is None else _AlgoCost(name, ak[0], ak[1],
                                                     make=lambda: self._evaluate(kind, gpus, name)[2:])
+            if res is not None:
+                res._bound = ak[2]
         else:
             ev = self._evaluate(kind, gpus, name)
             res = None if ev is None else _AlgoCost(name, *ev)
             if shape is not None:
-                self._shape_cache[shape] = None if ev is None else ev[:2]
+                self._shape_cache[shape] = None if ev is None else (ev[0], ev[1], self._bound_per_byte(res))
         self._cache[key] = res
         return res
 
@@ -302,8 +342,16 @@ class ClusterCostModel:
             return None
         if kind == "p2p":
             return self._algo_cost("p2p", gpus, "p2p")
-        if self.algorithm is not None:
-            c = self._algo_cost(kind, gpus, self.algorithm)
+        forced = self.algorithm
+        choice = self.nccl_choice(kind, gpus, size)
+        if choice is not None:          # the route-level stand-in of NCCL's pick carries its link loads
+            forced = _LINK_ALGO[choice.algorithm]
+            if forced in ("ring", "tree") and len({g // self.cluster.domain_size for g in gpus}) > 1:
+                forced = "rings" if forced == "ring" else "hierarchical"
+        elif forced in NCCL_ONLY:
+            forced = _LINK_ALGO[forced]
+        if forced is not None:
+            c = self._algo_cost(kind, gpus, forced)
             if c is not None:
                 return c
         best = None
@@ -323,11 +371,78 @@ class ClusterCostModel:
         fit = self.calibration.collective_fit(kind, len(gpus), scope)
         return None if fit is None else fit.time_s(size, len(gpus))
 
+    def _bound_per_byte(self, algo: _AlgoCost) -> float:
+        """Seconds per byte no schedule of ``algo``'s traffic beats: its busiest link's bytes (all phases
+        together, as a pipelined library overlaps them) over that link's capacity."""
+        if algo._bound is None and algo.name == "p2p":
+            algo._bound = algo.K                # one flow, one phase: its bottleneck is the bound
+        if algo._bound is None:
+            co = algo.coef
+            algo._bound = float(np.max(co / self.capacity[algo.links])) if len(co) else 0.0
+        return algo._bound
+
+    def _nccl_comm(self, gpus: tuple):
+        """NCCL's view of the group (topologies.nccl.Comm), None where the NCCL model does not apply."""
+        if self.comm_model != "nccl":
+            return None
+        shape = nccl.group_shape(self.cluster, gpus)
+        comm = self._nccl_comms.get(shape, False)
+        if comm is False:
+            comm = self._nccl_comms[shape] = nccl.comm_for_shape(self.cluster, *shape)
+        return comm
+
+    def nccl_choice(self, kind: str, gpus: tuple, size: float):
+        """NCCL's (algorithm, protocol) choice and time (topologies.nccl.Choice) for a collective of ``kind``
+        NCCL runs (all_reduce, all_gather, reduce_scatter, broadcast, reduce; barrier as a 1-byte
+        all_reduce), honouring a forced algorithm / protocol; None where the NCCL model does not apply."""
+        if kind == "barrier":
+            kind, size = "all_reduce", 1.0
+        if kind not in nccl.NCCL_KINDS or len(gpus) < 2:
+            return None
+        key = (kind, gpus, size)
+        if key in self._nccl_choices:
+            return self._nccl_choices[key]
+        comm = self._nccl_comm(gpus)
+        c = None if comm is None else self._nccl_pick(comm, kind, size)
+        if len(self._nccl_choices) > 200_000:
+            self._nccl_choices.clear()
+        self._nccl_choices[key] = c
+        return c
+
+    def _nccl_pick(self, comm, kind: str, size: float):
+        algo = self.algorithm
+        if algo in ("rings", "hierarchical", "direct", "torus"):      # route-level algorithms: links model
+            return None
+        c = nccl.choose(comm, kind, size, algo, self.protocol)
+        if c is None and (algo is not None or self.protocol is not None):
+            c = nccl.choose(comm, kind, size)             # forced one does not apply here: NCCL's default
+        return c
+
+    def _nccl_time(self, kind: str, gpus: tuple, size: float) -> float | None:
+        if kind == "all_to_all" or kind == "p2p":
+            comm = self._nccl_comm(gpus)
+            if comm is None:
+                return None
+            if kind == "p2p":
+                ds = self.cluster.domain_size
+                return nccl.p2p_time_s(comm, size, inter_node=gpus[0] // ds != gpus[1] // ds)
+            return nccl.all_to_all_time_s(comm, size)
+        c = self.nccl_choice(kind, gpus, size)
+        return None if c is None else c.time_s
+
     def _time(self, request: CommRequest, gpus: tuple) -> tuple[float, _AlgoCost | None]:
         algo = self._choose(request.kind, gpus, request.size_bytes)
         if algo is None:
             return 0.0, None
         t = self._calibrated(request.kind, gpus, request.size_bytes)
+        if t is None:
+            t = self._nccl_time(request.kind, gpus, request.size_bytes)
+            if t is not None:
+                # never faster than the routes' bottleneck links allow (fabric shape, oversubscription,
+                # failed or degraded links, which NCCL's per-node model does not see)
+                t = max(t, request.size_bytes * self._bound_per_byte(algo))
+                if request.kind == "p2p":           # + the route's wire latency (hops)
+                    t += self.cluster.path_latency_s(self._path(gpus[0], gpus[1])[0])
         return (algo.time_s(request.size_bytes) if t is None else t), algo
 
     def comm_time_s(self, request: CommRequest) -> float:
@@ -350,9 +465,22 @@ class ClusterCostModel:
         algo = self._choose(request.kind, gpus, request.size_bytes)
         if algo is None:
             return "none"
+        choice = self.nccl_choice(request.kind, gpus, request.size_bytes)
+        name = algo.name if choice is None else choice.algorithm
         if self._calibrated(request.kind, gpus, request.size_bytes) is not None:
-            return f"{algo.name} (calibrated time)"
-        return algo.name
+            return f"{name} (calibrated time)"
+        return name
+
+    def protocol_for(self, request: CommRequest) -> str:
+        """NCCL protocol the model uses for ``request`` ("-" where the NCCL model does not price it)."""
+        gpus = self._gpus(request)
+        if self.network_mode == "ideal" or len(gpus) < 2:
+            return "-"
+        if request.kind == "p2p":
+            return "-" if self._nccl_comm(gpus) is None else ("ll" if request.size_bytes <= nccl.C.P2P_LL_THRESHOLD_BYTES
+                                                              else "simple")
+        choice = self.nccl_choice(request.kind, gpus, request.size_bytes)
+        return "-" if choice is None else choice.protocol
 
     def bundle(self, request: CommRequest):
         """(T seconds, link ids, bytes per link, reference bytes of one flow) of a request and its images,

@@ -10,7 +10,8 @@ Schema (all sizes SI)::
     domain: {kind: nvswitch|nvl72|pcie|torus|optical, size: 8, sharp: true, bandwidth: <bytes/s>,
              dims: [4, 4, 4] | auto, wrap: true, direct: false, slice_size: null, latency: <s>}
     fabric: {tiers: 3, leaf_down: 32, oversubscription: 1, rail_optimised: true, link: ib|ethernet,
-             bandwidth: <bytes/s>, nics_per_node: 8, latency: <s>, pxn: true}   # omit for a single domain
+             bandwidth: <bytes/s>, nics_per_node: 8, latency: <s>, pxn: true,
+             sharp: false}   # omit for a single domain; sharp: in-network reduction (SHARP, NCCL CollNet)
 
 Domain bandwidth defaults to the accelerator's scale-up bandwidth (per torus link for a torus: the
 per-chip figure over 2·dims links), fabric bandwidth to its NIC bandwidth.
@@ -29,7 +30,7 @@ PRESET_DIR = Path(__file__).parent / "presets"
 
 _DOMAIN_KEYS = {"kind", "size", "sharp", "bandwidth", "dims", "wrap", "direct", "slice_size", "latency"}
 _FABRIC_KEYS = {"tiers", "leaf_down", "oversubscription", "rail_optimised", "link", "bandwidth", "nics_per_node",
-                "latency", "pxn"}
+                "latency", "pxn", "sharp"}
 _TOP_KEYS = {"name", "description", "accelerator", "gpus", "gpus_per_node", "domain", "fabric", "placement",
              "preset"}
 # flat override names -> (section, key)
@@ -39,7 +40,8 @@ _FLAT = {"tiers": ("fabric", "tiers"), "leaf_down": ("fabric", "leaf_down"),
          "nic_bandwidth": ("fabric", "bandwidth"), "fabric_link": ("fabric", "link"), "pxn": ("fabric", "pxn"),
          "domain_kind": ("domain", "kind"), "domain_size": ("domain", "size"), "dims": ("domain", "dims"),
          "wrap": ("domain", "wrap"), "sharp": ("domain", "sharp"), "direct": ("domain", "direct"),
-         "slice_size": ("domain", "slice_size"), "scale_up_bandwidth": ("domain", "bandwidth")}
+         "slice_size": ("domain", "slice_size"), "scale_up_bandwidth": ("domain", "bandwidth"),
+         "fabric_sharp": ("fabric", "sharp")}
 
 
 def list_presets() -> list[str]:
@@ -198,7 +200,8 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
                             oversubscription=_num(fab, "oversubscription", 1.0, float, where),
                             rail_optimised=_flag(fab, "rail_optimised", True, where), bandwidth=float(fbw),
                             nics_per_node=_num(fab, "nics_per_node", gpn, int, where), link=link,
-                            latency=_num(fab, "latency", None, float, where), pxn=_flag(fab, "pxn", True, where))
+                            latency=_num(fab, "latency", None, float, where), pxn=_flag(fab, "pxn", True, where),
+                            sharp=_flag(fab, "sharp", False, where))
     return Cluster(cfg.get("name", "custom"), acc, n, gpn, domain, fabric, placement=cfg.get("placement"),
                    description=cfg.get("description", ""))
 

@@ -271,7 +271,7 @@ def test_link_faults_rebuild_the_cost_model_on_the_faulted_cluster():
     from simulator.costs import CommRequest
     from topologies.cost import ClusterCostModel
     small = topologies.load_cluster("dgx-h100", 16)
-    cm = ClusterCostModel(small, network="flow")
+    cm = ClusterCostModel(small, network="flow", comm_model="links")     # closed forms of the route model
     size = 1e9
     req = CommRequest("p2p", (0, 8), size)
     base = cm.comm_time_s(req)

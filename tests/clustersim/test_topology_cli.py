@@ -27,7 +27,7 @@ def test_bandwidth_table_json_follows_nccl_tests(capsys):
     assert code == 0 and rows[0]["size_bytes"] == 1024 and rows[-1]["size_bytes"] == 4 * 1024**3
     assert len(rows) == 23
     for r in rows:
-        assert set(r) == {"size_bytes", "time_s", "algbw_GBps", "busbw_GBps", "algorithm"}
+        assert set(r) == {"size_bytes", "time_s", "algbw_GBps", "busbw_GBps", "algorithm", "protocol"}
         assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * 7 / 8)
     code, out, _ = run(capsys, "topology", "dgx-h100", "--gpus", "16", "--collective", "all_gather",

@@ -13,6 +13,7 @@ EXACT = {"nvlink": 1.0, "ib": 1.0, "ici": 1.0, "ethernet": 1.0, "pcie": 1.0, "ub
 def _model(c, **kw):
     kw.setdefault("efficiency", EXACT)
     kw.setdefault("call_overhead_s", 0.0)
+    kw.setdefault("comm_model", "links")      # the route-level closed forms (NCCL's model: test_nccl.py)
     return ClusterCostModel(c, **kw)
 
 
@@ -38,7 +39,7 @@ def test_ring_closed_forms(n, size):
 
 def test_efficiency_and_overhead_defaults_apply():
     c = load_cluster("dgx-h100", 8)
-    m = ClusterCostModel(c, algorithm="ring")
+    m = ClusterCostModel(c, algorithm="ring", comm_model="links")
     S = 2**30
     t = m.comm_time_s(CommRequest("all_reduce", tuple(range(8)), S))
     expected = 6.6e-6 + 14 * _nvlink_alpha(c) + 2 * 7 / 8 * S / (450e9 * 0.8)
@@ -64,8 +65,8 @@ def test_hierarchical_closed_form_and_beats_flat_ring():
     assert m.algorithm_for(req) in ("hierarchical", "rings") and m.comm_time_s(req) <= h
     for size in (2**20, 2**26):             # also for medium sizes, and with default efficiencies
         r = CommRequest("all_reduce", ranks, size)
-        assert (ClusterCostModel(c, algorithm="hierarchical").comm_time_s(r)
-                < ClusterCostModel(c, algorithm="ring").comm_time_s(r))
+        assert (ClusterCostModel(c, algorithm="hierarchical", comm_model="links").comm_time_s(r)
+                < ClusterCostModel(c, algorithm="ring", comm_model="links").comm_time_s(r))
 
 
 def test_torus_4x4x4_dimension_ordered_closed_form():
@@ -184,7 +185,7 @@ def test_direct_optical_mesh_prefers_direct_exchange():
                                                ("pcie-ethernet-lab", 16, tuple(range(16)))])
 def test_cost_is_affine_in_size_and_bounded_by_injection(preset, gpus, ranks):
     c = load_cluster(preset, gpus)
-    m = ClusterCostModel(c, algorithm="ring")
+    m = ClusterCostModel(c, algorithm="ring", comm_model="links")
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         t = [m.comm_time_s(CommRequest(kind, ranks, s)) for s in (0.0, 2**28, 2**29)]
         assert t[2] - t[1] == pytest.approx(t[1] - t[0], rel=1e-9)
@@ -208,7 +209,7 @@ def test_nccl_multi_rail_rings_closed_form():
     ag = m.comm_time_s(CommRequest("all_gather", tuple(range(n)), S))
     assert ag == pytest.approx((n - 1) * a + (n - 1) / n * S / (k * 50e9), rel=1e-12)
     # NCCL-like choice: rings for big buffers across nodes, a latency-friendly algorithm for small ones
-    auto = ClusterCostModel(c)
+    auto = ClusterCostModel(c, comm_model="links")
     assert auto.algorithm_for(req) == "rings"
     assert auto.algorithm_for(CommRequest("all_reduce", tuple(range(n)), 4096)) != "rings"
     # with a single GPU per node it does not apply

@@ -1,0 +1,79 @@
+"""clustersim validate collectives: published rows mapped onto presets, predicted, summarised."""
+import json
+from pathlib import Path
+
+import pytest
+
+from clustersim.cli import main
+from clustersim.validate_collectives import collective_rows, express, moe_rows, predict, predict_moe, summary
+
+COLL_HEADER = ("hardware,platform,nodes,gpus_per_node,total_gpus,collective,algorithm,protocol,nccl_version,"
+               "benchmark_tool,placement,size_bytes,size_label_in_source,time_s,algbw_GBps,busbw_GBps,notes,source")
+MOE_HEADER = ("hardware,nic,library_version,kernel_mode,op,ep_size,topology,tokens_per_batch,hidden,topk,"
+              "dispatch_dtype,combine_dtype,bottleneck_bandwidth_GBps,link,latency_s,num_sms,notes,source")
+REAL = Path(__file__).resolve().parents[2].parent / "shared" / "validation"
+
+
+def _fixture(tmp_path):
+    """A small file in the published format (three H100 sweep points, one forced ring, one unknown GPU)."""
+    rows = [f'H100 80GB HBM3,"Azure ND H100 v5",1,8,8,all_reduce,NVLS,,2.18.5,nccl-tests,in-place,{s},x,,,{b},,src'
+            for s, b in ((1024, 0.07), (2**20, 43.7), (2**24, 234.45), (2**30, 466.35))]
+    rows.append("H200 (NVLink 4 / NVSwitch),8x H200 node,1,8,8,all_reduce,Ring (NCCL_NVLS_ENABLE=0),,,bench,,"
+                "8589934592,8GiB,,,362.0,,src")
+    rows.append("MI300X,some node,1,8,8,all_reduce,default,,,rccl-tests,,1048576,1M,,,40.0,,src")
+    (tmp_path / "collectives.csv").write_text("# comment\n" + COLL_HEADER + "\n" + "\n".join(rows) + "\n")
+    moe = ["H800 (~160 GB/s NVLink),CX7,DeepEP V1 (NVSHMEM),normal,dispatch,8,intranode,4096,7168,8,FP8,BF16,153,"
+           "NVLink,,,,src",
+           "H800,CX7,DeepEP V1 (NVSHMEM),low-latency (pure RDMA),dispatch,8,internode RDMA,128,7168,8,FP8,BF16,98,"
+           "RDMA,7.7e-05,,,src"]
+    (tmp_path / "moe_alltoall.csv").write_text(MOE_HEADER + "\n" + "\n".join(moe) + "\n")
+    return tmp_path
+
+
+def test_rows_expressed_predicted_and_summarised(tmp_path):
+    d = _fixture(tmp_path)
+    rows = predict(collective_rows(d / "collectives.csv"))
+    assert [r.preset for r in rows] == ["dgx-h100"] * 4 + ["dgx-h200", None]
+    assert "no preset for MI300X" in rows[-1].reason
+    assert rows[4].algorithm == "ring" and rows[4].chosen == "ring"
+    big = rows[3]
+    assert big.chosen == "nvls" and abs(big.error) < 0.10          # 1 GiB: NCCL's NVLS model
+    assert big.time_ratio == pytest.approx(1 / (1 + big.error), rel=1e-9)
+    bands = {(s["hardware"], s["band"]): s for s in summary(rows)}
+    assert bands[("H100", ">= 1 MiB")]["rows"] == 3 and bands[("H100", "< 64 KiB")]["rows"] == 1
+    moe = predict_moe(moe_rows(d / "moe_alltoall.csv"))
+    assert moe[0].preset == "dgx-h100" and moe[0].predicted_busbw > 0 and "low-latency" in moe[1].reason
+    # H800 NVLink: 200 GB/s per direction x NCCL's 20.6 / 25 per link -> 164.8 GB/s, less the latency
+    assert 150 < moe[0].predicted_busbw < 164.8
+
+
+def test_express_multi_node_platforms():
+    base = {"hardware": "H100 80GB HBM3", "platform": "GCP A3 Mega", "nodes": "2", "gpus_per_node": "8",
+            "total_gpus": "16", "algorithm": "default"}
+    m = express(base)
+    assert m["preset"] == "dgx-h100" and m["gpus"] == 16 and m["overrides"]["nic_bandwidth"] == 25e9
+    assert express({**base, "hardware": "GB200 (NVL72)", "platform": "rack", "nodes": "18 (trays)",
+                    "gpus_per_node": "4", "total_gpus": "72"})["group"] == tuple(range(72))
+
+
+def test_cli_text_json_plot_and_errors(tmp_path, capsys):
+    d = _fixture(tmp_path)
+    png = tmp_path / "v.png"
+    assert main(["validate", "collectives", "--data", str(d), "--rows", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "H100" in out and "not expressible" in out and "MI300X" in out and png.stat().st_size > 10_000
+    assert main(["validate", "collectives", "--data", str(d), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"summary", "rows", "not_expressed"} <= set(doc)
+    assert all({"predicted_busbw_GBps", "published_busbw_GBps", "error", "predicted_time_s"} <= set(r)
+               for r in doc["rows"])
+    assert main(["validate", "collectives", "--data", str(tmp_path / "nowhere")]) == 2
+    assert "--data" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (REAL / "collectives.csv").exists(), reason="published validation data not present")
+def test_published_large_all_reduce_within_ten_percent():
+    rows = predict(collective_rows(REAL / "collectives.csv"))
+    big = [r for r in rows if r.error is not None and r.label in ("H100", "A100", "H200")
+           and r.size_bytes >= 2**30 and r.algorithm is None]
+    assert len(big) >= 20 and all(abs(r.error) < 0.10 for r in big)

@@ -1,0 +1,182 @@
+"""NCCL's cost model (topologies.nccl) against closed forms written from NCCL's tuning.cc / search.cc."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.calibration import Calibration, CollectiveFit
+from simulator.costs import CommRequest
+from topologies import load_cluster, nccl
+from topologies.cost import ClusterCostModel
+
+GIB, MIB = 2**30, 2**20
+
+
+def _comm(preset, gpus, ranks=None, **over):
+    c = load_cluster(preset, gpus, **over)
+    return nccl.comm_of(c, tuple(range(gpus)) if ranks is None else tuple(ranks))
+
+
+def test_graph_search_matches_nccl_on_dgx_nodes():
+    # H100: 18 NVLinks x 20.6 GB/s = 370.8; 6 rings at 60 GB/s fit, split in two (dup) -> 12 x 30
+    g = nccl.graphs(_comm("dgx-h100", 8))
+    assert (g["ring"].channels, g["ring"].bw_intra) == (12, 30.0)
+    # NVLS: a head moves 2x, the other 7 GPUs 1x per channel: 9 s <= 370.8 -> s = 40, one channel per GPU
+    assert (g["nvls"].channels, g["nvls"].bw_intra) == (8, 40.0)
+    # A100: 12 x 20 GB/s = 240 = 6 x 40 -> dup -> 12 x 20; no NVLS on Ampere
+    g = nccl.graphs(_comm("dgx-a100", 8))
+    assert (g["ring"].channels, g["ring"].bw_intra) == (12, 20.0) and "nvls" not in g
+
+
+def test_ring_simple_closed_form_from_tuning_cc():
+    comm = _comm("dgx-h100", 8)
+    S = 4 * GIB
+    c = nccl.choose(comm, "all_reduce", S, "ring", "simple")
+    # baseLat 8.4 + 2(n-1) x hwLat NVLink ring Simple 3.4 us; busBw = 12 x 30 -> algbw x n / (2(n-1))
+    lat = (8.4 + 14 * 3.4) * 1e-6
+    assert c.time_s == pytest.approx(lat + S / (360e9 * 8 / 14), rel=1e-9)
+    # LL: half the line rate capped at llMaxBw (Hopper, one node: 141 GB/s), 0.6 us per step
+    ll = nccl.choose(comm, "all_reduce", S, "ring", "ll")
+    assert ll.bandwidth_Bps == pytest.approx(141e9 * 8 / 14) and ll.latency_s == pytest.approx((6.6 + 14 * 0.6) * 1e-6)
+
+
+def test_large_all_reduce_busbw_in_published_range():
+    for preset, lo, hi in (("dgx-h100", 430, 500), ("dgx-h200", 430, 500), ("dgx-a100", 210, 250)):
+        m = ClusterCostModel(load_cluster(preset, 8))
+        for S in (GIB, 4 * GIB, 16 * GIB):
+            t = m.comm_time_s(CommRequest("all_reduce", tuple(range(8)), S))
+            busbw = S / t * 2 * 7 / 8 / 1e9
+            assert lo <= busbw <= hi, (preset, S, busbw)
+
+
+def test_tuner_choice_by_size_and_hardware():
+    h100 = _comm("dgx-h100", 8)
+    assert nccl.choose(h100, "all_reduce", 4096).name == "ring/ll"
+    assert nccl.choose(h100, "all_reduce", GIB).name == "nvls/simple"
+    assert nccl.choose(h100, "all_gather", GIB).name == "ring/simple"      # NVLS all-gather is slower here
+    a100 = _comm("dgx-a100", 8)
+    assert {nccl.choose(a100, "all_reduce", s).algorithm for s in (1024, MIB, GIB)} == {"ring"}
+    # across many nodes the tree wins small and mid sizes, the ring the largest (NCCL's own model)
+    many = _comm("dgx-a100", 256)
+    assert nccl.choose(many, "all_reduce", MIB).algorithm == "tree"
+    assert nccl.choose(many, "all_reduce", 4 * GIB).algorithm == "ring"
+    # PAT only with one GPU per node
+    rail = _comm("dgx-h100", 64, ranks=range(0, 64, 8))
+    assert nccl.choose(rail, "all_gather", MIB).algorithm in ("pat", "ring")
+    assert "pat" in {c.algorithm for c in nccl.table(rail, "all_gather", MIB)}
+    assert "pat" not in {c.algorithm for c in nccl.table(_comm("dgx-h100", 16), "all_gather", MIB)}
+
+
+def test_fewer_channels_for_small_sizes():
+    comm = _comm("dgx-h100", 8)
+    small = nccl.choose(comm, "all_reduce", 64 * 1024, "ring", "simple")
+    big = nccl.choose(comm, "all_reduce", 64 * MIB, "ring", "simple")
+    # Simple: 512 threads x 64 B per channel -> 64 KiB keeps 2 of the 12 channels
+    assert (small.channels, big.channels) == (2, 12)
+    assert small.time_s > small.estimate_s and big.time_s == pytest.approx(big.estimate_s)
+
+
+def test_forced_algorithm_and_protocol_in_the_cost_model():
+    c = load_cluster("dgx-h100", 8)
+    req = CommRequest("all_reduce", tuple(range(8)), 64 * MIB)
+    m = ClusterCostModel(c, algorithm="ring", protocol="LL128")
+    assert (m.algorithm_for(req), m.protocol_for(req)) == ("ring", "ll128")
+    auto = ClusterCostModel(c)
+    assert (auto.algorithm_for(req), auto.protocol_for(req)) == ("nvls", "simple")
+    # NVLS where the switch cannot reduce (A100): NCCL's default instead
+    a = ClusterCostModel(load_cluster("dgx-a100", 8), algorithm="nvls")
+    assert a.algorithm_for(req) == "ring"
+    # route-level algorithms keep working (links model)
+    h = ClusterCostModel(load_cluster("dgx-h100", 16), algorithm="hierarchical")
+    assert h.algorithm_for(CommRequest("all_reduce", tuple(range(16)), GIB)) == "hierarchical"
+
+
+def test_calibration_overrides_the_nccl_model():
+    c = load_cluster("dgx-h100", 8)
+    fit = CollectiveFit(kind="all_reduce", group_size=8, scope="intra", alpha_s=1e-3, busbw_bytes_per_s=1e9)
+    cal = Calibration(collectives=[fit])
+    S = 8 * MIB
+    t = ClusterCostModel(c, calibration=cal).comm_time_s(CommRequest("all_reduce", tuple(range(8)), S))
+    assert t == pytest.approx(fit.time_s(S, 8))
+
+
+def test_p2p_and_all_to_all_closed_forms():
+    c = load_cluster("dgx-h100", 16)
+    comm = nccl.comm_of(c, (0, 8))
+    S = 256 * MIB
+    # Simple above 16 KiB: ring base 8.4 + NET hwLat 14 us, NIC at 50 GB/s (NCCL units = line rate)
+    assert nccl.p2p_time_s(comm, S, inter_node=True) == pytest.approx(22.4e-6 + S / 50e9)
+    assert nccl.p2p_time_s(comm, 1024, inter_node=False) == pytest.approx((6.6 + 0.6) * 1e-6 + 1024 / (370.8e9 * 0.5))
+    a2a = nccl.comm_of(c, tuple(range(16)))
+    # 16 ranks, 2 nodes: 7/16 of S over NVLink, 8/16 over the node's 8 NICs shared by its 8 GPUs
+    t = nccl.all_to_all_time_s(a2a, S)
+    assert t == pytest.approx((6.6 + 2.7) * 1e-6 + max(7 / 16 * S / 370.8e9, 8 / 16 * S / 50e9))
+
+
+def test_moe_dispatch_destinations():
+    comm = _comm("dgx-h100", 8)
+    # one expert per GPU, top-1: a token goes to one GPU, 7/8 of the time a remote one
+    t, nbytes = nccl.moe_time_s(comm, 1000, 100.0, 1, 8, inter_node=False)
+    assert nbytes == pytest.approx(1000 * 100.0 * 7 / 8)
+    # top-8 of 8 experts: every GPU
+    _, nbytes = nccl.moe_time_s(comm, 1000, 100.0, 8, 8, inter_node=False)
+    assert nbytes == pytest.approx(1000 * 100.0 * 7)
+
+
+def test_not_nccl_hardware_keeps_the_route_model():
+    c = load_cluster("tpu-v5p", 64)
+    assert nccl.comm_of(c, tuple(range(16))) is None
+    m = ClusterCostModel(c)
+    assert m.protocol_for(CommRequest("all_reduce", tuple(range(16)), MIB)) == "-"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["dgx-h100", "dgx-a100", "pcie-ethernet-lab", "dgx-b200"]),
+       st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "broadcast"]),
+       st.integers(2, 16), st.integers(0, 34))
+def test_time_positive_estimate_monotone_and_never_beats_line_rate(preset, kind, n, log_size):
+    from topologies.collectives import ALGORITHMS
+    c = load_cluster(preset, 16)
+    m = ClusterCostModel(c)
+    ranks = tuple(range(n))
+    S = float(2**log_size)
+    t = m.comm_time_s(CommRequest(kind, ranks, S))
+    assert t > 0
+    # no route-level schedule moves the bytes faster than its busiest link at line rate allows
+    raw = ClusterCostModel(c, comm_model="links", efficiency={k: 1.0 for k in m.efficiency})
+    gpus = tuple(c.gpu_of(r) for r in ranks)
+    bounds = [S * float((a.coef / raw.capacity[a.links]).max())
+              for a in (raw._algo_cost(kind, gpus, name) for name in ALGORITHMS if name != "p2p")
+              if a is not None and len(a.coef)]
+    assert t >= min(bounds) * (1 - 1e-9)
+    # NCCL's estimate grows with the size (the tuner's minimum of increasing lines)
+    comm = nccl.comm_of(c, ranks)
+    a, b = nccl.choose(comm, kind, S), nccl.choose(comm, kind, 2 * S)
+    assert b.estimate_s >= a.estimate_s
+
+
+def test_unknown_devices_price_exactly_as_before():
+    """The CPU closed loop's one-box cluster (a device NCCL's model does not know) keeps the route model."""
+    from topologies.cluster import Cluster, DomainSpec
+    from topologies.specs import AcceleratorSpec
+    acc = AcceleratorSpec(name="cpu-x", peak_bf16_flops=1e12, peak_fp8_flops=None, hbm_bytes=64e9,
+                          hbm_bytes_per_s=1e10, scale_up_bytes_per_s=2e9, nic_bytes_per_s=2e9, scale_up_link="pcie",
+                          vendor="cpu")
+    c = Cluster("2x-cpu", acc, gpus=2, gpus_per_node=2, domain=DomainSpec("pcie", 2, 2e9))
+    for kind in ("all_reduce", "all_gather", "p2p"):
+        req = CommRequest(kind, (0, 1), 3e6)
+        assert ClusterCostModel(c).comm_time_s(req) == ClusterCostModel(c, comm_model="links").comm_time_s(req)
+
+
+def test_collnet_only_where_the_fabric_reduces():
+    plain = _comm("dgx-h100", 64)
+    sharp = _comm("dgx-h100", 64, fabric_sharp=True)
+    algos = lambda comm: {c.algorithm for c in nccl.table(comm, "all_reduce", 64 * MIB)}     # noqa: E731
+    assert not {"collnet_direct", "collnet_chain"} & algos(plain) and "nvls" not in algos(plain)
+    # SHARP: CollNet direct / chain and NVLS across nodes (NVLink SHARP + IB SHARP) become candidates
+    assert {"collnet_direct", "collnet_chain", "nvls"} <= algos(sharp)
+    g = nccl.graphs(sharp)["collnet"]
+    assert g.channels == 8 and g.bw_inter == 48.0        # one head per NIC, 400 Gb/s -> 48 GB/s channels
+    # CollNet direct latency: NET hwLat 31 + 2 x (1 x NVLink 3.7 + 7 x 0.4 arity) us
+    cd = nccl.choose(sharp, "all_reduce", 64 * MIB, "collnet_direct")
+    assert cd.latency_s == pytest.approx((31 + 2 * (3.7 + 7 * 0.4)) * 1e-6)
+    assert nccl.choose(_comm("dgx-h100", 8, fabric_sharp=True), "all_reduce", MIB, "collnet_direct") is None

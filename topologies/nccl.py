@@ -1,0 +1,429 @@
+"""NCCL's cost model: algorithm and protocol choice and time of a collective, as NCCL's tuner computes them.
+
+A group of GPUs is seen as NCCL sees a communicator (``Comm``): ranks, nodes (scale-up domains: an NVLink
+domain, also a multi-node NVLink rack, is one NCCL node), ranks per node, GPU architecture, intra-node link
+(NVLink or PCI) and its bandwidth in NCCL's units, NICs per node and their line rate, NVLink SHARP.
+``graphs`` reproduces what NCCL's topology search settles on for it (channels and per-channel speed of the
+ring, tree and NVLS graphs: search.cc), ``table`` the latency and bandwidth of every (algorithm, protocol)
+of ncclTopoTuneModel (tuning.cc), ``choose`` the tuner's pick (lowest estimated time) or a forced one.
+The time we predict is NCCL's estimate ``latency + bytes / bandwidth`` with the bandwidth scaled by the
+channels NCCL actually launches for that size (enqueue.cc: fewer channels below ``channels × threads ×
+bytes-per-thread``). All constants: topologies.nccl_constants (NCCL source, cited there).
+
+All-to-all is NCCL's grouped send/recv (every peer pair concurrently; inter-node bytes through the NICs,
+with PXN every local GPU reaches every rail), point-to-point one send/recv (LL up to 16 KiB, Simple above).
+Sizes follow nccl-tests: all-gather / reduce-scatter sizes are the full (gathered) buffer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from topologies import nccl_constants as C
+
+PROTO_INDEX = {p: i for i, p in enumerate(C.PROTOCOLS)}
+# names accepted for --algorithm / --protocol (NCCL_ALGO / NCCL_PROTO spellings included)
+ALGO_ALIASES = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvlstree": "nvls_tree", "nvls_tree": "nvls_tree",
+                "pat": "pat", "collnetdirect": "collnet_direct", "collnet_direct": "collnet_direct",
+                "collnetchain": "collnet_chain", "collnet_chain": "collnet_chain"}
+PROTO_ALIASES = {"ll": "ll", "ll128": "ll128", "simple": "simple"}
+NCCL_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+
+# GPU architecture (NCCL's compute-capability index) and host CPU vendor of each accelerator's reference
+# system: DGX A100 has 2x AMD EPYC 7742 (DGX A100 datasheet); DGX H100/H200/B200 Intel Xeon (8480C, 8570;
+# DGX user guides); GB200 NVL72 Grace (Arm); L40S (SM 8.9) counts as Ampere in NCCL's index (>= 80).
+ARCH = {"A100-80GB": "ampere", "H100-SXM": "hopper", "H200": "hopper", "B200": "blackwell", "GB200": "blackwell",
+        "L40S": "ampere"}
+CPU = {"A100-80GB": "amd", "GB200": "arm"}
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A communicator as NCCL's tuner sees it. Bandwidths in GB/s (NCCL units), per GPU / per NIC."""
+
+    n_ranks: int
+    n_nodes: int
+    ppn: int                 # ranks per node (the largest node)
+    arch: str
+    cpu: str
+    intra_hw: str            # "nvlink" or "pci"
+    intra_bw: float          # NCCL's bandwidth of a GPU's scale-up link(s), GB/s
+    nic_bw: float            # per NIC line rate, GB/s
+    nics: int                # NICs the group's ranks on one node can use
+    nvls: bool               # NVLink SHARP in the node's switch (Hopper+)
+    collnet: bool = False    # in-network reduction in the scale-out fabric (SHARP)
+
+
+@dataclass(frozen=True)
+class Graph:
+    channels: int
+    bw_intra: float
+    bw_inter: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One (algorithm, protocol) of a collective: NCCL's estimate and the predicted time (seconds)."""
+
+    algorithm: str
+    protocol: str
+    latency_s: float
+    bandwidth_Bps: float     # algorithm bandwidth NCCL's model gives (bytes/s)
+    channels: int            # channels launched at this size
+    estimate_s: float        # NCCL's own estimate (what the tuner ranks by)
+    time_s: float            # predicted time
+
+    @property
+    def name(self) -> str:
+        return f"{self.algorithm}/{self.protocol}"
+
+
+def supports(cluster) -> bool:
+    """Whether NCCL runs on ``cluster`` (NVIDIA GPUs on NVSwitch / NVL72 / PCIe domains)."""
+    return cluster.accelerator.name in ARCH and cluster.domain_spec.kind in ("nvswitch", "nvl72", "pcie")
+
+
+def group_shape(cluster, gpus) -> tuple[int, int, int]:
+    """(ranks, nodes, ranks on the fullest node) of ``gpus``: all of a group NCCL's model depends on."""
+    ds = cluster.domain_size
+    if len(gpus) == 2:
+        same = gpus[0] // ds == gpus[1] // ds
+        return 2, 1 if same else 2, 2 if same else 1
+    per_node: dict[int, int] = {}
+    for g in gpus:
+        d = g // ds
+        per_node[d] = per_node.get(d, 0) + 1
+    return len(gpus), len(per_node), max(per_node.values())
+
+
+def comm_of(cluster, gpus) -> Comm | None:
+    """NCCL's view of ``gpus`` on ``cluster``; None where NCCL does not run (TPU ICI, Ascend UB, optical)."""
+    return comm_for_shape(cluster, *group_shape(cluster, gpus))
+
+
+def comm_for_shape(cluster, n_ranks: int, n_nodes: int, ppn: int) -> Comm | None:
+    """NCCL's view of a group of ``n_ranks`` over ``n_nodes`` nodes, at most ``ppn`` on one (see comm_of)."""
+    if not supports(cluster):
+        return None
+    acc = cluster.accelerator
+    arch = ARCH[acc.name]
+    dom = cluster.domain_spec
+    if dom.kind == "pcie":
+        intra_hw, intra_bw = "pci", dom.bandwidth / 1e9 * C.PCI_FRACTION
+    else:
+        intra_hw = "nvlink"
+        intra_bw = dom.bandwidth / 1e9 * C.NVLINK_BW_PER_LINK[arch] / C.NVLINK_RAW_PER_LINK[arch]
+    fab = cluster.fabric_spec
+    if fab is not None:
+        nic_bw = fab.bandwidth / 1e9
+        # one NIC per GPU (rail): the group's GPUs' own NICs; fewer NICs than GPUs: shared by all
+        nics = min(ppn, fab.nics_per_node) if fab.nics_per_node >= cluster.domain_size else fab.nics_per_node
+    else:
+        nic_bw, nics = 0.0, 0
+    nvls = bool(dom.sharp) and dom.kind != "pcie" and arch in ("hopper", "blackwell") and ppn >= 2
+    return Comm(n_ranks, n_nodes, ppn, arch, CPU.get(acc.name, "intel"), intra_hw, intra_bw, nic_bw,
+                max(nics, 1), nvls, collnet=bool(getattr(fab, "sharp", False)))
+
+
+# ------------------------------------------------------------------------------------------ graph search
+def _speeds(comm: Comm) -> tuple:
+    table = C.SPEEDS_INTRA if comm.n_nodes == 1 else C.SPEEDS_INTER
+    return table.get(comm.arch, table["default"])
+
+
+def _ring_channels(comm: Comm, s: float) -> int:
+    """Rings at speed s that fit: each ring crosses every GPU's scale-up link once and, across nodes, one
+    NIC of every node (a NIC holds floor(nic / s) rings)."""
+    n = C.MAX_RING_CHANNELS
+    if comm.ppn > 1:
+        n = min(n, int(comm.intra_bw // s))
+    if comm.n_nodes > 1:
+        n = min(n, comm.nics * int(comm.nic_bw // s))
+    return n
+
+
+def _search(comm: Comm, fits) -> tuple[int, float]:
+    """NCCL's speed search: from the fastest speed down, keep the best channels x speed; stop once the next
+    speed is below 0.49 of the best found (search.cc)."""
+    best, best_s = 0, 0.0
+    for s in _speeds(comm):
+        if best and s / best_s <= C.SEARCH_STEP_RATIO:
+            break
+        n = fits(s)
+        if n >= 1 and n * s > best * best_s:
+            best, best_s = n, s
+    return best, best_s
+
+
+def _dup(comm: Comm, n: int, s: float) -> tuple[int, float]:
+    """ncclTopoDupChannels: fast channels are split in two (not on Hopper+ below 50 GB/s with > 4)."""
+    if s < 25.0 or (comm.arch in ("hopper", "blackwell") and s < 50.0 and n > 4):
+        return n, s
+    d = min(2 * n, C.MAX_RING_CHANNELS)
+    return d, s / math.ceil(d / n)
+
+
+@lru_cache(maxsize=4096)
+def graphs(comm: Comm) -> dict[str, Graph]:
+    """Ring, tree and NVLS graphs NCCL's search finds for ``comm`` (cached; do not mutate the result)."""
+    n, s = _search(comm, lambda s: _ring_channels(comm, s))
+    if n == 0:                      # nothing fits: NCCL falls back to a slow single channel
+        n, s = 1, min(_speeds(comm)[-1], comm.intra_bw)
+    n, s = _dup(comm, n, s)
+    while True:                     # pass 2: raise the speed while the channels still fit
+        faster = [x for x in _speeds(comm) if x > s and _ring_channels(comm, x) >= n]
+        if not faster:
+            break
+        s = min(faster)
+    out = {"ring": Graph(n, s, s)}
+    # tree: as many channels as the ring; with <= 2 nodes the intra-node speed may rise to twice the
+    # inter-node one where the scale-up links hold it (search.cc pass 2)
+    intra = s
+    if comm.n_nodes > 1 and comm.ppn > 1:
+        ok = [x for x in _speeds(comm) if x <= 2 * s and n * x <= comm.intra_bw]
+        intra = max([s] + ok)
+    out["tree"] = Graph(n, intra, s)
+    if comm.collnet and comm.n_nodes > 1:
+        # CollNet direct: one channel per head GPU with its NIC (at most NCCL_MAX_DIRECT_ARITY + 1 = 8),
+        # intra-node speed up to twice the inter-node one where the scale-up links hold it (as trees)
+        heads = min(comm.ppn, comm.nics, C.COLLNET_MAX_HEADS)
+        inter = max([x for x in _speeds(comm) if x <= comm.nic_bw] or [_speeds(comm)[-1]])
+        ok = [x for x in _speeds(comm) if x <= 2 * inter and heads * x <= comm.intra_bw]
+        out["collnet"] = Graph(heads, max([inter] + ok) if comm.ppn > 1 else inter, inter)
+    if comm.nvls:
+        # NVLS: one channel per local GPU (head); a head moves 2x its speed on its link, the others 1x
+        heads = min(comm.ppn, C.NVLS_MAX_ARITY)
+        ok = [x for x in _speeds(comm) if (heads + 1) * x <= comm.intra_bw]
+        if ok and heads >= 2:
+            bw_inter = max([x for x in _speeds(comm) if x <= comm.nic_bw] or [0.0]) if comm.n_nodes > 1 else max(ok)
+            nh = min(heads, comm.nics) if comm.n_nodes > 1 else heads
+            out["nvls"] = Graph(nh, max(ok), bw_inter)
+    return out
+
+
+def comm_channels(comm: Comm, g: dict[str, Graph]) -> int:
+    """Channels of the communicator (connect.cc: doubled on Hopper+ across nodes when rings are > 45 GB/s)."""
+    n = g["ring"].channels
+    if comm.arch in ("hopper", "blackwell") and comm.n_nodes > 1 and g["ring"].bw_intra > 45.0 and n < 16:
+        n *= 2
+    return n
+
+
+# ------------------------------------------------------------------------------------------ tuning model
+def _idx2(comm: Comm) -> int:
+    return min(comm.n_nodes, 3) - 1
+
+
+def _log2i(x: int) -> int:
+    return max(int(x).bit_length() - 1, 0)
+
+
+def _nsteps(kind: str, n: int) -> int:
+    return 2 * (n - 1) if kind == "all_reduce" else n - 1 if kind in ("all_gather", "reduce_scatter") else n
+
+
+def _enabled(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> bool:
+    if kind in ("broadcast", "reduce") and algo != "ring":
+        return False
+    if kind in ("all_gather", "reduce_scatter") and algo not in ("pat", "ring", "nvls", "collnet_direct"):
+        return False
+    if kind == "all_reduce" and algo == "pat":
+        return False
+    if algo in ("nvls", "nvls_tree") and (proto != "simple" or "nvls" not in g or g["nvls"].channels < 2):
+        return False
+    if algo == "nvls_tree" and comm.n_nodes == 1:
+        return False
+    if algo == "nvls" and comm.n_nodes > 1 and (not comm.collnet or kind != "all_reduce"):
+        return False
+    if algo == "pat" and (proto != "simple" or comm.n_nodes != comm.n_ranks):
+        return False
+    if algo in ("collnet_direct", "collnet_chain") and (not comm.collnet or proto != "simple" or "collnet" not in g
+                                                        or kind != "all_reduce"):
+        return False
+    if algo == "tree" and comm.n_ranks < 2:
+        return False
+    # LL128 needs NVLink inside the node (tuning.cc: typeIntra <= PATH_NVB)
+    if proto == "ll128" and comm.intra_hw != "nvlink" and comm.ppn > 1:
+        return False
+    return True
+
+
+def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
+    """NCCL's algorithm bandwidth (GB/s) of (algo, proto) for ``kind`` (tuning.cc ncclTopoTuneModel)."""
+    arch, i2, pi = comm.arch, _idx2(comm), PROTO_INDEX[proto]
+    graph = g["nvls" if algo in ("nvls", "nvls_tree") else "collnet" if algo == "collnet_direct"
+              else "tree" if algo in ("tree", "collnet_chain") else "ring"]
+    collnet = algo.startswith("collnet")
+    bw = graph.bw_intra if comm.n_nodes <= 2 or collnet else graph.bw_inter
+    if algo in ("nvls", "nvls_tree"):
+        intra = graph.bw_intra * C.NVLS_EFFICIENCY[arch] * (graph.channels - 1) / graph.channels
+        intra *= 2.0 if kind == "all_reduce" else (comm.ppn - 1) / comm.ppn
+        inter = graph.bw_inter * (2 if comm.n_nodes <= 2 and algo == "nvls_tree" else 1) if comm.n_nodes > 1 \
+            else float("inf")
+        cap = C.PER_CH_MAX_NVLS_TREE_BW[arch][i2] if algo == "nvls_tree" else float("inf")
+        bw = min(intra, inter, cap)
+    bus = graph.channels * bw
+    ll_row = arch if comm.n_nodes == 1 else C.LL_MAX_BW_CPU_ROW[comm.cpu]
+    ll_max = C.LL_MAX_BW[ll_row][i2]
+    if algo == "ring" and proto == "ll":
+        bus = min(ll_max, bus * C.LL_BW_FACTOR)
+    if algo == "ring" and proto == "ll128":
+        bus = min(bus * C.LL128_BW_FACTOR, graph.channels * C.PER_CH_MAX_RING_LL128_BW[arch][i2])
+    if algo == "tree" and kind == "all_reduce":
+        bus = min(bus * C.TREE_BW_FACTOR, graph.channels * C.PER_CH_MAX_TREE_BW[arch][i2])
+    if algo == "tree" and proto == "ll":
+        bus = min(bus * C.TREE_LL_BW_FACTOR, ll_max)
+    if algo == "tree" and proto == "ll128":
+        f = C.TREE_LL128_FACTOR_1NODE if comm.n_nodes == 1 else C.TREE_LL128_FACTOR_MULTI
+        bus = min(bus * f, graph.channels * C.PER_CH_MAX_TREE_LL128_BW[arch][i2])
+    if algo == "pat":
+        bus *= C.PAT_BW_FACTOR
+    if algo == "collnet_direct":
+        if kind in ("all_gather", "reduce_scatter"):
+            bus = comm.ppn * min(graph.bw_intra, graph.bw_inter * 0.9)
+        else:
+            factor = comm.ppn / graph.channels
+            bus /= factor - (factor - 1) / 2
+            if arch in ("hopper", "blackwell"):
+                bus *= C.COLLNET_HOPPER_FACTOR
+    if not (algo != "ring" and kind in ("all_gather", "reduce_scatter")):
+        if algo in ("ring", "nvls", "nvls_tree"):
+            bus *= comm.n_ranks / _nsteps(kind, comm.n_ranks)
+        else:
+            bus *= 0.5
+    return bus
+
+
+def _latency_us(comm: Comm, kind: str, algo: str, proto: str) -> float:
+    """NCCL's latency (us) of (algo, proto) for ``kind`` (tuning.cc)."""
+    pi = PROTO_INDEX[proto]
+    n, nodes = comm.n_ranks, comm.n_nodes
+    hw_intra = comm.intra_hw
+    lat = C.BASE_LAT_US[algo][pi]
+    intra = C.HW_LAT_US[hw_intra][algo][pi]
+    inter = C.HW_LAT_US["net"]["tree" if comm.ppn == 1 else algo][pi]
+    if algo == "ring":
+        if kind in ("broadcast", "reduce"):
+            return lat + C.HW_LAT_US[hw_intra if nodes == 1 else "net"]["ring"][pi]
+        if nodes > 1:
+            over = C.NET_OVERHEAD_US[comm.cpu] * (C.NET_OVERHEAD_SIMPLE_FACTOR if proto == "simple" else 1.0)
+            intra = max(intra, over)
+        steps = _nsteps(kind, n)
+        inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if kind == "all_reduce" else nodes - 1
+        return lat + (steps - inter_steps) * intra + inter_steps * inter
+    if algo == "tree":
+        return lat + 2 * ((n // nodes - 1) * intra + _log2i(nodes) * inter)
+    if algo == "collnet_direct":
+        return lat + 2 * (min(1, n // nodes - 1) * intra + (n // nodes - 1) * C.COLLNET_ARITY_LAT_US) + inter
+    if algo == "collnet_chain":
+        return lat + 2 * (n // nodes - 1) * intra + inter
+    if algo == "nvls":
+        return intra + (inter if nodes > 1 else 0.0)
+    if algo == "nvls_tree":
+        return lat + intra + 2 * _log2i(nodes) * inter
+    if algo == "pat":
+        return lat + _log2i(nodes) * (inter / C.PAT_LOG_LAT_DIVISOR) + n * C.PAT_LINEAR_LAT_US
+    raise ValueError(algo)
+
+
+def _launched_channels(comm: Comm, algo: str, proto: str, size: float, nc: int, g: dict) -> int:
+    """Channels NCCL launches for ``size`` bytes (enqueue.cc topoGetAlgoInfo): NVLS a fixed count, ring
+    and tree drop channels while size < channels x threads x bytes-per-thread."""
+    if algo in ("nvls", "nvls_tree"):
+        return g["nvls"].channels
+    thr = C.THREAD_THRESHOLD[proto] * (comm.n_ranks if algo == "ring" and proto == "ll" else 1)
+    per = C.MAX_THREADS[proto] * thr
+    while nc >= 2 and size < nc * per:
+        nc -= 1
+    return nc
+
+
+def table(comm: Comm, kind: str, size: float) -> list[Choice]:
+    """Every enabled (algorithm, protocol) for ``kind`` of ``size`` bytes, in NCCL's order."""
+    g = graphs(comm)
+    nc_full = comm_channels(comm, g)
+    out = []
+    for algo in C.ALGORITHMS:
+        for proto in C.PROTOCOLS:
+            if not _enabled(comm, kind, algo, proto, g):
+                continue
+            bw = _bandwidth(comm, kind, algo, proto, g)
+            if bw <= 0:
+                continue
+            lat = _latency_us(comm, kind, algo, proto)
+            log_size = _log2i(int(size) >> 6) if size >= 64 else -1
+            if algo == "tree" and kind == "all_reduce" and 0 <= log_size < 23:
+                bw *= C.TREE_CORRECTION[proto][log_size]
+            if (algo == "ring" and proto == "simple" and comm.n_nodes > 1 and kind == "all_reduce"
+                    and size / (nc_full * comm.n_ranks) >= 64):
+                lat *= C.RING_PLATEAU_LAT_FACTOR
+            est = lat * 1e-6 + size / (bw * 1e9)
+            # channels launched: ring/tree bandwidth scales with the share of the communicator's channels
+            nc = _launched_channels(comm, algo, proto, size, nc_full, g)
+            share = 1.0 if algo in ("nvls", "nvls_tree", "pat", "collnet_direct") else nc / nc_full
+            t = lat * 1e-6 + size / (bw * 1e9 * share)
+            out.append(Choice(algo, proto, lat * 1e-6, bw * 1e9, nc, est, t))
+    return out
+
+
+@lru_cache(maxsize=65536)
+def choose(comm: Comm, kind: str, size: float, algorithm: str | None = None,
+           protocol: str | None = None) -> Choice | None:
+    """NCCL's pick for ``kind`` of ``size`` bytes: the lowest estimate among the enabled (algorithm,
+    protocol) pairs, restricted to ``algorithm`` / ``protocol`` when forced (as NCCL_ALGO / NCCL_PROTO do).
+    None when nothing is left (e.g. NVLS forced where the switch cannot reduce)."""
+    rows = table(comm, kind, size)
+    if algorithm is not None:
+        rows = [r for r in rows if r.algorithm == algorithm]
+    if protocol is not None:
+        rows = [r for r in rows if r.protocol == protocol]
+    return min(rows, key=lambda r: r.estimate_s) if rows else None
+
+
+# ------------------------------------------------------------------------------------------ all-to-all, p2p
+def p2p_time_s(comm: Comm, size: float, inter_node: bool) -> float:
+    """One send/recv of ``size`` bytes: LL up to NCCL_P2P_LL_THRESHOLD, Simple above; NCCL's ring latency
+    terms for one step and the path bandwidth (scale-up link or NIC, NCCL units)."""
+    proto = "ll" if size <= C.P2P_LL_THRESHOLD_BYTES else "simple"
+    pi = PROTO_INDEX[proto]
+    hw = "net" if inter_node else comm.intra_hw
+    bw = (comm.nic_bw if inter_node else comm.intra_bw) * (C.LL_BW_FACTOR if proto == "ll" else 1.0)
+    return (C.BASE_LAT_US["ring"][pi] + C.HW_LAT_US[hw]["ring"][pi]) * 1e-6 + size / (bw * 1e9)
+
+
+def all_to_all_time_s(comm: Comm, size: float) -> float:
+    """NCCL all-to-all of ``size`` bytes per rank (S/n to every peer), all pairs at once: intra-node bytes
+    over each GPU's scale-up link, inter-node bytes over the node's NICs (PXN lets every GPU use every
+    rail), plus one point-to-point latency per peer stage (grouped: the slowest peer's latency)."""
+    n, ppn = comm.n_ranks, comm.ppn
+    chunk = size / n
+    intra_bytes = chunk * (ppn - 1)
+    inter_bytes = chunk * (n - ppn)
+    t_intra = intra_bytes / (comm.intra_bw * 1e9) if intra_bytes else 0.0
+    t_inter = inter_bytes * ppn / (comm.nics * comm.nic_bw * 1e9) if inter_bytes else 0.0
+    lat = p2p_time_s(comm, 0.0, inter_node=comm.n_nodes > 1)
+    return lat + max(t_intra, t_inter)
+
+
+def moe_time_s(comm: Comm, tokens: int, token_bytes: float, topk: int, experts: int, inter_node: bool) -> tuple:
+    """DeepEP-style expert-parallel dispatch (or combine, the mirror) of ``tokens`` per rank, each to
+    ``topk`` of ``experts`` experts spread evenly over the ranks: (seconds, bytes on the bottleneck link).
+    Intra-node: a token goes once to every other local GPU holding one of its experts, over the scale-up
+    link. Across nodes: once to every other node holding one (RDMA, deduplicated per node, NVLink
+    forwarding inside), over the GPU's NIC. Uniform routing gives the expected distinct destinations."""
+    n, ppn = comm.n_ranks, comm.ppn
+    def distinct(groups: int) -> float:       # expected groups that hold >= 1 of the token's experts
+        per = experts / groups
+        miss = math.comb(int(experts - per), topk) / math.comb(experts, topk)
+        return groups * (1.0 - miss)
+    if inter_node and comm.n_nodes > 1:
+        nodes = comm.n_nodes
+        dest = distinct(nodes) * (nodes - 1) / nodes
+        nbytes = tokens * dest * token_bytes
+        bw = comm.nic_bw * 1e9
+    else:
+        dest = distinct(ppn) * (ppn - 1) / ppn
+        nbytes = tokens * dest * token_bytes
+        bw = comm.intra_bw * 1e9
+    return p2p_time_s(comm, 0.0, inter_node) + nbytes / bw, nbytes

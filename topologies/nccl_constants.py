@@ -1,0 +1,110 @@
+"""NCCL's published tuning constants, read from NVIDIA/nccl (master at commit 5067397c, 2026) — no code copied.
+
+Sources (all in https://github.com/NVIDIA/nccl):
+- src/graph/tuning.cc: ``ncclTunerConstantsDefaults`` (base latencies, hardware latencies per protocol,
+  LL / LL128 / tree / NVLS-tree per-channel bandwidth caps), ``nvlsEfficiency``, the protocol and algorithm
+  factors of ``ncclTopoTuneModel`` (LL 0.5, LL128 0.92, tree 0.92, PAT 0.75, CollNet 0.85 ...) and
+  ``treeCorrectionFactor``.
+- src/include/graph.h: per-link NVLink bandwidth as NCCL's topology sees it (SM80 20.0, SM90 20.6,
+  SM100 40.1 GB/s), PCI_BW 12 GB/s for a PCIe Gen3 x16 link.
+- src/graph/search.cc: the per-channel speeds its graph search tries (speedArrayIntra / Inter, sm90 and
+  sm100 variants) and ``ncclTopoDupChannels``.
+- src/include/comm.h, src/include/device.h: thread thresholds per protocol (LL 8, LL128 8, Simple 64
+  bytes per thread), maximum threads per protocol (Simple 512, LL 512, LL128 640), MAXCHANNELS 64.
+- src/transport/nvls.cc: NVLS channel counts (16 on Hopper, 24 on Blackwell NVL, 32 multi-node Blackwell).
+- src/enqueue.cc: NCCL_P2P_LL_THRESHOLD 16384 (point-to-point uses LL up to 16 KiB, Simple above).
+Units: latencies in microseconds, bandwidths in GB/s (1e9 B/s) as NCCL writes them; topologies.nccl
+converts to seconds and bytes/s.
+"""
+from __future__ import annotations
+
+ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
+PROTOCOLS = ("ll", "ll128", "simple")
+ARCHS = ("volta", "ampere", "hopper", "blackwell")      # NCCL's compute-capability index
+
+# baseLatencies [algorithm][protocol] (us)
+BASE_LAT_US = {
+    "tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4),
+    "collnet_direct": (0.0, 0.0, 0.0), "collnet_chain": (0.0, 0.0, 0.0),
+    "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0), "pat": (8.0, 8.0, 8.0),
+}
+# hwLatencies [hw][algorithm][protocol] (us); hw: nvlink, pci, net
+HW_LAT_US = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "collnet_direct": (0.0, 0.0, 3.7),
+               "collnet_chain": (0.0, 0.0, 2.8), "nvls": (0.0, 0.0, 25.0), "nvls_tree": (0.0, 0.0, 25.0),
+               "pat": (0.0, 0.0, 4.0)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "collnet_direct": (0.0, 0.0, 3.7),
+            "collnet_chain": (0.0, 0.0, 2.8), "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0),
+            "pat": (0.0, 0.0, 4.0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "collnet_direct": (0.0, 0.0, 31.0),
+            "collnet_chain": (0.0, 0.0, 30.0), "nvls": (0.0, 0.0, 18.0), "nvls_tree": (0.0, 0.0, 20.9),
+            "pat": (0.0, 0.0, 14.0)},
+}
+# llMaxBws [row][nodes index: 1 node, 2 nodes, >2 nodes]; single node: row = architecture; multi-node:
+# row 0 for Intel CPUs, row 1 for AMD (tuning.cc)
+LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0),
+             "blackwell": (282.0, 90.0, 70.0)}
+LL_MAX_BW_CPU_ROW = {"intel": "volta", "arm": "volta", "amd": "ampere"}
+PER_CH_MAX_RING_LL128_BW = {"volta": (20.0, 20.0, 20.0), "ampere": (20.0, 20.0, 20.0),
+                            "hopper": (36.7, 36.7, 36.7), "blackwell": (40.0, 40.0, 40.0)}
+PER_CH_MAX_TREE_LL128_BW = {"volta": (20.0, 20.0, 20.0), "ampere": (20.0, 20.0, 20.0),
+                            "hopper": (36.7, 36.7, 29.0), "blackwell": (55.6, 31.67, 20.0)}
+PER_CH_MAX_TREE_BW = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
+                      "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
+PER_CH_MAX_NVLS_TREE_BW = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
+                           "hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
+NVLS_EFFICIENCY = {"volta": 0.0, "ampere": 0.0, "hopper": 0.85, "blackwell": 0.74}
+
+# ncclTopoTuneModel factors
+LL_BW_FACTOR = 0.5               # ring LL: half the line (8-byte lines carry 4 bytes of data + flag)
+LL128_BW_FACTOR = 0.92           # ring LL128: 120 of 128 bytes are data
+TREE_BW_FACTOR = 0.92            # tree all-reduce
+TREE_LL_BW_FACTOR = 1.0 / 3.8
+TREE_LL128_FACTOR_1NODE = 7.0 / 9.0
+TREE_LL128_FACTOR_MULTI = 120.0 / 128.0
+PAT_BW_FACTOR = 0.75
+COLLNET_HOPPER_FACTOR = 0.85
+COLLNET_ARITY_LAT_US = 0.4       # CollNet direct: arity serialisation latency per local rank
+RING_PLATEAU_LAT_FACTOR = 1.4    # multi-node ring Simple all-reduce, compute capability >= 80
+PAT_LINEAR_LAT_US = 2.8          # PAT: per-rank latency term
+PAT_LOG_LAT_DIVISOR = 3.5
+# network post overhead (us) by CPU vendor (getNetOverhead), x3 for Simple
+NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}
+NET_OVERHEAD_SIMPLE_FACTOR = 3.0
+
+# treeCorrectionFactor [protocol][log2(bytes / 64)], 64 B .. 256 MiB
+TREE_CORRECTION = {
+    "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    "ll128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+
+# graph.h: NVLink bandwidth per link as NCCL's topology records it (GB/s per direction)
+NVLINK_BW_PER_LINK = {"volta": 20.0, "ampere": 20.0, "hopper": 20.6, "blackwell": 40.1}
+# raw per-link NVLink rate per direction (NVIDIA NVLink generations: NVLink 3 and 4 = 25 GB/s, NVLink 5 =
+# 50 GB/s per link per direction); NCCL's figure over it converts a datasheet bandwidth to NCCL's units
+NVLINK_RAW_PER_LINK = {"volta": 25.0, "ampere": 25.0, "hopper": 25.0, "blackwell": 50.0}
+# graph.h PCI_BW 12 GB/s for PCIe Gen3 x16 (15.75 GB/s raw): the same fraction for other PCIe links
+PCI_FRACTION = 12.0 / 15.75
+
+# search.cc speed arrays (GB/s per channel)
+SPEEDS_INTRA = {"default": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+                "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+                "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)}
+SPEEDS_INTER = {"default": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0,
+                            2.4, 1.2, 0.24, 0.12),
+                "hopper": (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2,
+                           0.24, 0.12),
+                "blackwell": (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0,
+                              6.0, 3.0, 2.4, 1.2, 0.24, 0.12)}
+SEARCH_STEP_RATIO = 0.49         # search keeps lowering the speed while next / best > 0.49
+MAX_RING_CHANNELS = 32           # init.cc: ringGraph maxChannels = MAXCHANNELS / 2
+NVLS_MAX_ARITY = 32              # device.h NCCL_MAX_NVLS_ARITY
+COLLNET_MAX_HEADS = 8            # device.h NCCL_MAX_DIRECT_ARITY + 1 (CollNet direct heads per node)
+NVLS_CHANNELS = {"hopper": 16, "blackwell": 24}           # nvls.cc (Blackwell multi-node: 32)
+NVLS_CHANNELS_BLACKWELL_MULTINODE = 32
+
+# channel / thread tuning (enqueue.cc topoGetAlgoInfo)
+THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}   # bytes per thread before adding a channel
+MAX_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
+P2P_LL_THRESHOLD_BYTES = 16384
