@@ -15,13 +15,16 @@ tied embeddings). Units: bytes, tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import heapq
 import math
 from dataclasses import dataclass
 from functools import cached_property
 
+from schedules import pipeline as pl
 from simulator.errors import PlanError
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb")
+SCHEDULE_NAMES = tuple(pl.SCHEDULES)
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
@@ -36,8 +39,15 @@ class ParallelPlan:
     micro_batch          sequences per micro-batch per DP replica
     global_batch         sequences per step over the whole job (default micro_batch · dp · m with
                          m = 4·pp micro-batches under PP, 1 without)
-    schedule             pipeline schedule: gpipe | 1f1b | interleaved | zb (ZB-H1)
-    virtual_stages       model chunks per pipeline rank (interleaved 1F1B)
+    schedule             pipeline schedule: gpipe | 1f1b | interleaved | zb / zb-h1 | zb-h2 | zb-v | zb-auto |
+                         dualpipe | dualpipev (``schedules.pipeline``)
+    virtual_stages       model chunks per pipeline rank (interleaved 1F1B; zb-v and dualpipe(v) hold 2)
+    memory_limit         zb-auto: activations a stage may hold, in micro-batches of that stage (default pp:
+                         ZB-1p; 2·pp: ZB-2p)
+    stage_layers         layers per pipeline stage (pp entries) or per model piece (pp·chunks entries, piece
+                         order); None = balanced by estimated time (``piece_layer_counts``)
+    first_stage_layers, last_stage_layers: layers of the first and last model piece (Megatron's
+                         decoder_first/last_pipeline_num_layers); the rest are balanced
     bucket_bytes         gradient bucket size (PyTorch DDP's default 25 MB)
     recompute            activation recomputation: none | selective (attention core) | full (whole layer)
     seq                  sequence length (tokens)
@@ -75,6 +85,10 @@ class ParallelPlan:
     axis_order: str = "tp-cp-ep-dp-pp"
     skew: float = 0.0
     layer_split: str = "balanced"
+    memory_limit: float | None = None
+    stage_layers: tuple | None = None
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
     grad_bytes_per_param: float = 2.0
     optimizer_bytes_per_param: float = 12.0
 
@@ -105,8 +119,27 @@ class ParallelPlan:
 
     @property
     def splits_backward(self) -> bool:
-        """Whether backward is split into B (input) and W (weight) ops."""
-        return self.schedule == "zb"
+        """Whether backward may be split into B (input) and W (weight) ops."""
+        return self.schedule in pl.SPLIT_BACKWARD
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks each pipeline stage holds (2 for zb-v, dualpipe, dualpipev)."""
+        return pl.model_chunks(self.schedule, self.virtual_stages)
+
+    @property
+    def pieces(self) -> int:
+        """Model pieces (virtual stages) the layers are split into (pp for dualpipe: two copies)."""
+        return pl.num_pieces(self.schedule, self.pp, self.virtual_stages)
+
+    def piece(self, stage: int, chunk: int) -> int:
+        """Model piece held by ``chunk`` of ``stage``."""
+        return pl.piece(self.schedule, self.pp, self.virtual_stages, stage, chunk)
+
+    def stage_order(self, stage: int) -> tuple:
+        """Stage ``stage``'s pipeline order (``schedules.pipeline.stage_order``)."""
+        return pl.stage_order(self.schedule, self.pp, self.num_microbatches, self.virtual_stages, stage,
+                              self.memory_limit)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -145,15 +178,21 @@ class ParallelPlan:
                 raise PlanError(f"global batch {self.global_batch} is not a multiple of micro_batch({self.micro_batch})"
                                 f" × dp({self.dp}) = {per}; use e.g. --global-batch {per * max(1, self.global_batch // per)}")
         m, p, v = self.num_microbatches, self.pp, self.virtual_stages
-        if v > 1 and self.schedule != "interleaved":
+        if v > 1 and self.schedule not in ("interleaved", "zb-v", "dualpipe", "dualpipev"):
             raise PlanError(f"virtual_stages={v} needs --schedule interleaved (schedule is {self.schedule})")
-        if self.schedule == "interleaved":
-            if p < 2:
-                raise PlanError("the interleaved schedule needs pp >= 2; use --schedule 1f1b or raise --pp")
-            if m % p:
-                raise PlanError(f"interleaved 1F1B needs the number of micro-batches ({m}) to be a multiple of "
-                                f"pp ({p}); set --global-batch to a multiple of micro_batch·dp·pp = "
-                                f"{self.micro_batch * self.dp * p}")
+        if self.schedule in ("zb-v", "dualpipe", "dualpipev") and v > 2:
+            raise PlanError(f"{self.schedule} holds exactly two model chunks per stage; use --virtual-stages 1 or 2")
+        if self.schedule == "interleaved" and p < 2:
+            raise PlanError("the interleaved schedule needs pp >= 2; use --schedule 1f1b or raise --pp")
+        if self.schedule in ("dualpipe", "dualpipev"):
+            pl._check_dualpipe(self.schedule, p, m, v)
+        if self.memory_limit is not None:
+            lim = self.memory_limit
+            if self.schedule != "zb-auto":
+                raise PlanError(f"--memory-limit applies to --schedule zb-auto (schedule is {self.schedule})")
+            if not isinstance(lim, (int, float)) or isinstance(lim, bool) or not math.isfinite(lim) or lim < 1:
+                raise PlanError(f"memory_limit must be at least 1 micro-batch of activations, got {lim!r}")
+        self._check_stage_layers()
         if self.ep > 1 and self.dp % self.ep:
             raise PlanError(f"ep({self.ep}) must divide dp({self.dp}): expert parallelism is carved out of data "
                             f"parallelism; use --dp a multiple of {self.ep}")
@@ -211,10 +250,11 @@ class ParallelPlan:
                             f"across TP ranks; use --tp <= {model.kv_heads}")
         if model.ffn % t or (model.is_moe and model.expert_ffn % t):
             raise PlanError(f"tp({t}) must divide the MLP width ({model.ffn}) of {model.name}")
-        chunks = self.pp * self.virtual_stages
+        chunks = self.pieces
         if model.layers < chunks:
-            raise PlanError(f"{model.name} has {model.layers} layers, fewer than pp×virtual_stages = {chunks} "
-                            f"model chunks; lower --pp or --virtual-stages")
+            raise PlanError(f"{model.name} has {model.layers} layers, fewer than the {chunks} model pieces of pp "
+                            f"{self.pp} × {self.chunks} chunks; lower --pp or --virtual-stages")
+        self.piece_layer_counts(model)     # user-given counts must add up
         if self.layer_split == "even" and model.layers % chunks:
             raise PlanError(f"{model.name} has {model.layers} layers, not divisible by pp×virtual_stages = "
                             f"{self.pp}×{self.virtual_stages} = {chunks}; choose a divisor of {model.layers} or "
@@ -223,6 +263,76 @@ class ParallelPlan:
             raise PlanError(f"ep({self.ep}) > 1 but {model.name} is a dense model (no experts); use --ep 1")
         if model.is_moe and model.experts % self.ep:
             raise PlanError(f"ep({self.ep}) must divide the {model.experts} experts of {model.name}")
+
+    def _check_stage_layers(self) -> None:
+        sl = self.stage_layers
+        if sl is not None:
+            if not isinstance(sl, (tuple, list)) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                            for x in sl):
+                raise PlanError(f"stage_layers must be a list of positive layer counts, got {sl!r}")
+            if len(sl) not in (self.pp, self.pieces):
+                raise PlanError(f"stage_layers has {len(sl)} entries; give one per pipeline stage ({self.pp}) or "
+                                f"one per model piece ({self.pieces})")
+            if self.first_stage_layers is not None or self.last_stage_layers is not None:
+                raise PlanError("give either stage_layers or first/last stage layers, not both")
+        for f in ("first_stage_layers", "last_stage_layers"):
+            x = getattr(self, f)
+            if x is not None and (not isinstance(x, int) or isinstance(x, bool) or x < 1):
+                raise PlanError(f"{f} must be a positive number of layers, got {x!r}")
+
+    # ------------------------------------------------------------------ layers
+    def piece_layer_counts(self, model) -> list[int]:
+        """Layers of each model piece (piece order). User counts (``stage_layers``, first/last) are checked
+        against the model; the rest are balanced by estimated time (``balanced_layer_counts``)."""
+        n, k, p = model.layers, self.pieces, self.pp
+        sl = self.stage_layers
+        if sl is not None:
+            sl = list(sl)
+            if len(sl) == p and k != p:          # per stage: spread each stage's count over its chunks
+                counts = [0] * k
+                for s, x in enumerate(sl):
+                    if x < self.chunks:
+                        raise PlanError(f"stage {s} has {x} layers for {self.chunks} model chunks")
+                    base, rem = divmod(x, self.chunks)
+                    for c in range(self.chunks):
+                        counts[self.piece(s, c)] = base + (1 if c < rem else 0)
+            else:
+                counts = sl
+            if sum(counts) != n:
+                raise PlanError(f"stage_layers add up to {sum(counts)} layers, but {model.name} has {n}")
+            return counts
+        fixed = {}
+        if self.first_stage_layers is not None:
+            fixed[0] = self.first_stage_layers
+        if self.last_stage_layers is not None:
+            fixed[k - 1] = self.last_stage_layers
+        if k == 1 and fixed:
+            raise PlanError("first/last stage layers need more than one pipeline stage")
+        rest = n - sum(fixed.values())
+        if rest < k - len(fixed) or (len(fixed) == k and rest):
+            raise PlanError(f"first/last stage layers {sorted(fixed.values())} leave {rest} of {model.name}'s {n} "
+                            f"layers for the other {k - len(fixed)} model pieces")
+        if self.layer_split == "even":
+            if n % k or fixed:
+                raise PlanError(f"{n} layers are not divisible into {k} chunks")
+            return [n // k] * k
+        return list(balanced_layer_counts(n, self._stage_of_piece(), _extra_cost(model, self.seq),
+                                          tuple(sorted(fixed.items()))))
+
+    def _stage_of_piece(self) -> tuple[int, ...]:
+        out = [0] * self.pieces
+        for s in range(self.pp):
+            for c in range(self.chunks):
+                out[self.piece(s, c)] = s
+        return tuple(out)
+
+    def piece_layers(self, model) -> list[list[int]]:
+        """Layer indices of each model piece, in piece order."""
+        out, start = [], 0
+        for n in self.piece_layer_counts(model):
+            out.append(list(range(start, start + n)))
+            start += n
+        return out
 
     # ------------------------------------------------------------------ mesh
     @cached_property
@@ -319,3 +429,83 @@ def distribute_layers(layers: int, chunks: int, split: str = "balanced") -> list
         out.append(list(range(start, start + n)))
         start += n
     return out
+
+
+def parse_stage_layers(value) -> tuple[int, ...] | None:
+    """``--stage-layers 7,8,8,7`` (or a YAML list) -> (7, 8, 8, 7)."""
+    if value is None or value == "":
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        out = tuple(int(str(x).strip()) for x in items)
+    except (TypeError, ValueError):
+        raise PlanError(f"stage layers must be comma-separated layer counts like 7,8,8,7, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise PlanError(f"stage layers must be positive layer counts, got {value!r}")
+    return out
+
+
+def parse_memory_limit(value, pp: int) -> float | None:
+    """zb-auto's ``--memory-limit``: micro-batches of a stage's activations, or a multiple of pp ("2p" =
+    ZB-2p)."""
+    if value is None or value == "":
+        return None
+    text = str(value).strip().lower()
+    try:
+        lim = float(text[:-1]) * pp if text.endswith("p") else float(text)
+    except ValueError:
+        raise PlanError(f"--memory-limit is micro-batches of activations per stage (e.g. 16) or a multiple of "
+                        f"pp (1p = ZB-1p, 2p = ZB-2p), got {value!r}") from None
+    if not math.isfinite(lim) or lim < 1:
+        raise PlanError(f"--memory-limit must be at least one micro-batch of activations, got {value!r}")
+    return lim
+
+
+def _extra_cost(model, seq: int) -> tuple[float, float]:
+    """(embedding, LM head + loss) time relative to one transformer layer, from FLOPs (forward + both
+    backward halves). The lookup has no FLOPs; it counts as a token-sized epsilon so that ties give the
+    first piece fewer layers (Llama 3 405B takes one layer off the first and the last stage, Dubey et al.
+    2024, sec. 3.3.2)."""
+    if getattr(model, "params_only", False):
+        return 0.0, 0.0
+    layer = sum(model.layer_flops(l, seq, 1).total for l in range(model.layers)) / model.layers
+    head = 3.0 * model.head_flops(seq, 1)
+    return 1e-6, head / layer
+
+
+@functools.lru_cache(maxsize=1024)
+def balanced_layer_counts(layers: int, stage_of_piece: tuple[int, ...], extra: tuple[float, float],
+                          fixed: tuple = ()) -> tuple[int, ...]:
+    """Layer counts per model piece that minimise the slowest piece and then the slowest stage, with the
+    embedding (``extra[0]`` layer-equivalents) on the first piece and the LM head (``extra[1]``) on the last.
+    Layers are handed out one at a time to the piece that stays cheapest (piece time, then its stage's time,
+    then piece order); pieces in ``fixed`` (piece -> count) keep their counts. Layer times are taken as
+    equal (their mean)."""
+    fixed = dict(fixed)
+    k = len(stage_of_piece)
+    cost = [0.0] * k
+    cost[0] += extra[0]
+    cost[-1] += extra[1]
+    counts = [0] * k
+    stage = [0.0] * (max(stage_of_piece) + 1)
+    for i, c in enumerate(cost):
+        stage[stage_of_piece[i]] += c
+    for i, n in fixed.items():
+        counts[i] = n
+        stage[stage_of_piece[i]] += n
+        cost[i] += n
+    free = [i for i in range(k) if i not in fixed]
+    left = layers - sum(fixed.values())
+    for i in free:                                  # every piece holds at least one layer
+        counts[i] += 1; cost[i] += 1; stage[stage_of_piece[i]] += 1; left -= 1
+    heap = [(cost[i] + 1, stage[stage_of_piece[i]] + 1, i) for i in free]
+    heapq.heapify(heap)
+    while left > 0:
+        c, st, i = heapq.heappop(heap)
+        now = (cost[i] + 1, stage[stage_of_piece[i]] + 1, i)
+        if (c, st) != now[:2]:                      # stale: its stage grew meanwhile
+            heapq.heappush(heap, now)
+            continue
+        counts[i] += 1; cost[i] += 1; stage[stage_of_piece[i]] += 1; left -= 1
+        heapq.heappush(heap, (cost[i] + 1, stage[stage_of_piece[i]] + 1, i))
+    return tuple(counts)

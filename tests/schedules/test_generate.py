@@ -312,7 +312,7 @@ def test_engine_memory_peak_vs_memory_per_rank(zero):
     """Without transient buffers (DDP, ZeRO-1) the engine's peak equals memory_per_rank; with them
     (ZeRO-2/3) memory_per_rank's buffer estimate bounds it from above."""
     model = dataclasses.replace(get_model("llama3-8b"), layers=4)
-    plan = ParallelPlan(dp=4, zero=zero, seq=512, pp=2, global_batch=16)
+    plan = ParallelPlan(dp=4, zero=zero, seq=512, pp=2, global_batch=16, stage_layers=(2, 2))
     progs = build_programs(model, plan)
     res = run(progs, SimpleCostModel(flops_per_s=1e14, link_bytes_per_s=5e10))
     mem = memory_per_rank(model, plan)
