@@ -296,7 +296,21 @@ def _zb_v_orders(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
 def _zb_auto_orders(p: int, m: int, limit: float) -> tuple[tuple[Action, ...], ...]:
     if limit < 1:
         raise PlanError(f"zb-auto needs a memory limit of at least one micro-batch's activations, got {limit:g}")
-    return tuple(tuple(o) for o in _greedy_zb(p, m, "loop", limit))
+    cands = [_greedy_zb(p, m, "loop", limit)]
+    if limit >= p:                                   # ZB-H1 holds p micro-batches: the greedy must beat it
+        cands.append([zb_h1(p, m, 1, s) for s in range(p)])
+    return tuple(tuple(o) for o in min(cands, key=_unit_bubble))
+
+
+def _unit_bubble(orders: list[list[Action]]) -> tuple[float, float]:
+    """(largest per-stage gap total, makespan) with T_F = T_B = T_W = 1: how the zero-bubble authors rank
+    candidate schedules (a stage's time runs from its first F to its last W)."""
+    t = ideal_times(orders, lambda s, a: 1.0, 1, "zb-h1")
+    worst = 0.0
+    for s, o in enumerate(orders):
+        spans = [t[(s, a)] for a in o]
+        worst = max(worst, max(e for _, e in spans) - min(b for b, _ in spans) - len(o))
+    return worst, max(e for _, e in t.values())
 
 
 def zb_auto(p: int, m: int, v: int, s: int, limit: float | None = None) -> list[Action]:

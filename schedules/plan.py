@@ -57,8 +57,9 @@ class ParallelPlan:
     axis_order           rank mesh order, innermost first
     skew                 MoE routing skew: EP rank e gets (1 + skew·(1 - 2e/(ep-1))) times the uniform
                          expert load (busiest +skew, least busy -skew); 0 = uniform routing
-    layer_split          "balanced" (layers not divisible by pp·v: first and last chunks get fewer, as
-                         Llama 3 405B on 16 stages) or "even" (require divisibility)
+    layer_split          "balanced" (layer counts balance estimated stage time, embedding and LM head
+                         included: Llama 3 405B's 126 layers on 16 stages get 7 on the first and last) or
+                         "even" (require divisibility)
     grad_bytes_per_param, optimizer_bytes_per_param: mixed-precision Adam stores 2-byte gradients and
                          12 bytes of optimizer state (fp32 master weights, momentum, variance) per
                          parameter: 16 bytes with the 2-byte weights (Rajbhandari et al. 2020, sec. 3.1)
@@ -409,26 +410,6 @@ class ParallelPlan:
             if all((r // self._strides[a]) % self.axis_sizes[a] == 0 for a in vary):
                 out.append(tuple(sorted(r + o for o in offsets)))
         return out
-
-
-def distribute_layers(layers: int, chunks: int, split: str = "balanced") -> list[list[int]]:
-    """Layer indices of each model chunk (virtual stage), in order.
-
-    Divisible: equal chunks. Otherwise ("balanced") the remainder goes to the middle chunks first and the
-    first and last chunks (which also hold the embedding and the LM head) keep fewer layers."""
-    if chunks < 1 or layers < chunks:
-        raise PlanError(f"cannot split {layers} layers into {chunks} non-empty model chunks")
-    if split == "even" and layers % chunks:
-        raise PlanError(f"{layers} layers are not divisible into {chunks} chunks")
-    base, rem = divmod(layers, chunks)
-    priority = list(range(1, chunks - 1)) + ([chunks - 1, 0] if chunks > 1 else [0])
-    extra = set(priority[:rem])
-    out, start = [], 0
-    for c in range(chunks):
-        n = base + (1 if c in extra else 0)
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
 
 
 def parse_stage_layers(value) -> tuple[int, ...] | None:

@@ -322,3 +322,31 @@ def test_engine_memory_peak_vs_memory_per_rank(zero):
             assert peak_memory(res, rep) == pytest.approx(expected["total"])
         else:
             assert expected["total"] - expected["buffers"] < peak_memory(res, rep) <= expected["total"]
+
+
+@pytest.mark.parametrize("schedule, p, m, v", [("zb-h2", 4, 8, 1), ("zb-v", 4, 8, 1), ("zb-auto", 4, 8, 1),
+                                               ("dualpipe", 4, 8, 1), ("dualpipev", 4, 8, 1),
+                                               ("interleaved", 4, 10, 2), ("interleaved", 3, 7, 3)])
+def test_new_schedules_symmetric_equals_full(schedule, p, m, v):
+    model = custom_model(layers=13, hidden=256, heads=8, vocab=64)
+    plan = ParallelPlan(pp=p, dp=2, schedule=schedule, virtual_stages=v, global_batch=2 * m, seq=SEQ)
+    cost = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e10)
+    sym = run(build_programs(model, plan), cost)
+    full = run(build_programs(model, plan, symmetric=False), cost)
+    assert sym.step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
+    # the engine's activation peak per stage is what memory_per_rank predicts from the same order
+    mem = memory_per_rank(model, plan)
+    progs = build_programs(model, plan)
+    for rep in progs.ops:
+        assert peak_memory(sym, rep) == pytest.approx(mem[f"stage{plan.stage_of(rep)}"]["total"])
+
+
+def test_v_layout_keeps_embedding_and_head_on_stage_0():
+    model = custom_model(layers=16, hidden=256, heads=8, vocab=64)
+    plan = ParallelPlan(pp=4, schedule="zb-v", global_batch=8, seq=SEQ)
+    progs = build_programs(model, plan, symmetric=False)
+    names = {r: {op.name for op in progs.ops[r]} for r in progs.ops}
+    assert "embedding" in names[0] and "lm_head" in names[0]
+    assert all("embedding" not in names[r] and "lm_head" not in names[r] for r in (1, 2, 3))
+    # the V turns on the last stage without a message: stage 3 sends nothing to itself
+    assert all(op.peer != 3 for op in progs.ops[3] if op.kind in ("send", "recv"))
