@@ -587,7 +587,8 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                 for r in g:
                     table[r] = gid
         gid_of[fam] = table
-    orders = [list(plan.stage_order(s)) for s in range(plan.pp)]
+    wshare = mem.weight_pass_share(model, plan)
+    orders = [list(plan.stage_order(s, wshare)) for s in range(plan.pp)]
     families = _families(plan)
     skewed = plan.skew > 0 and plan.ep > 1
 

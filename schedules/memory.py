@@ -150,6 +150,17 @@ def weight_grad_fraction(model: ModelSpec, plan: ParallelPlan, layer: int) -> fl
     return min(1.0, w_in / total)
 
 
+def weight_pass_share(model: ModelSpec, plan: ParallelPlan) -> float | None:
+    """Share of a micro-batch's activations that W still needs after B, over the whole model (weighted by
+    bytes): the memory accounting under which zero-bubble schedules with a memory limit are built (the
+    zero-bubble runtime frees at B all but the weight-gradient inputs). None when B and W are not split."""
+    if not plan.splits_backward or model.params_only:
+        return None
+    act = [layer_activation_bytes(model, plan, l) for l in range(model.layers)]
+    w = sum(weight_grad_fraction(model, plan, l) * a for l, a in enumerate(act))
+    return round(w / sum(act), 4) if sum(act) else 1.0
+
+
 def recompute_transient_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
     """Activations rebuilt while one layer's backward runs (full recompute only)."""
     if plan.recompute != "full":
@@ -166,7 +177,7 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
     transient = [max(recompute_transient_bytes(model, plan, l) for l in ls) for ls in chunks]
-    order = plan.stage_order(stage)
+    order = plan.stage_order(stage, weight_pass_share(model, plan))
     cur = peak = 0.0
     for a in order:
         c = a.chunk

@@ -193,17 +193,24 @@ def zb_h1(p: int, m: int, v: int, s: int) -> list[Action]:
     return order
 
 
-def zb_h2(p: int, m: int, v: int, s: int) -> list[Action]:
+def zb_h2(p: int, m: int, v: int, s: int, w_frac: float | None = None) -> list[Action]:
     """ZB-H2: the zero-bubble schedule with up to 2p - 1 micro-batches in flight. Warm-up: 2(p-1-s)+1
     forwards reach the first B without a gap; steady state: B, W, F; the tail defers W passes so that every
     stage runs without a gap from its first F to its last W (the paper's parallelogram). Built by the
     zero-bubble list scheduler at that activation limit."""
     if v != 1:
         raise PlanError("zb-h2 has no virtual stages")
-    return list(_zb_auto_orders(p, m, float(2 * p - 1))[s])
+    return list(_zb_auto_orders(p, m, float(2 * p - 1), _wf(w_frac))[s])
 
 
-def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0)) -> list[list[Action]]:
+def _wf(w_frac: float | None) -> float:
+    """The share of a micro-batch's activations that W still needs (B frees the rest); None counts all of
+    it until W (the zero-bubble runtime's default F-to-W accounting)."""
+    return 1.0 if w_frac is None else round(float(w_frac), 4)
+
+
+def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0), w_frac: float = 1.0
+               ) -> list[list[Action]]:
     """Zero-bubble list scheduling (Qi et al. 2024, sec. 3.2 heuristic, our implementation): every stage
     runs what is ready in the order B, F (within the activation limit), and fills any gap it would
     otherwise wait in with a pending W; activations count from F to W, in micro-batches of one chunk.
@@ -217,7 +224,7 @@ def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0)) ->
     nf = [[0] * nch for _ in range(p)]
     nb = [[0] * nch for _ in range(p)]
     pend: list[deque] = [deque() for _ in range(p)]
-    held = [0] * p
+    held = [0.0] * p
     left = [3 * m * nch] * p
 
     def ready_at(s: int, a: Action) -> float | None:
@@ -251,7 +258,7 @@ def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0)) ->
                 if t is not None:
                     cands.append((max(t, now), 0, a))
         for c in reversed(range(nch)):                           # forward: later chunk first (drain the V)
-            if nf[s][c] < m and held[s] + 1 <= limit:
+            if nf[s][c] < m and held[s] + 1 <= limit + 1e-9:
                 a = Action("F", nf[s][c], c)
                 t = ready_at(s, a)
                 if t is not None:
@@ -261,6 +268,7 @@ def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0)) ->
             _, _, a = cands[0]
             if a.phase == "Bi":
                 nb[s][a.chunk] += 1
+                held[s] -= 1.0 - w_frac
                 pend[s].append(Action("W", a.mb, a.chunk))
                 place(s, a, now, tb)
             else:
@@ -270,7 +278,7 @@ def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0)) ->
             blocked.clear()
             continue
         if pend[s]:                                              # a gap (or the memory cap): a weight pass
-            held[s] -= 1
+            held[s] -= w_frac
             place(s, pend[s].popleft(), now, tw)
             blocked.clear()
             continue
@@ -282,21 +290,22 @@ def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0)) ->
     return orders
 
 
-def zb_v(p: int, m: int, v: int, s: int) -> list[Action]:
-    """ZB-V: V layout, B/W split, activations capped at 1F1B's peak (p micro-batches = 2p chunk ones)."""
-    return list(_zb_v_orders(p, m)[s])
+def zb_v(p: int, m: int, v: int, s: int, w_frac: float | None = None) -> list[Action]:
+    """ZB-V: V layout, B/W split, activations capped at 1F1B's peak (p micro-batches = 2p chunk ones);
+    ``w_frac``: the share of activations W still needs after B."""
+    return list(_zb_v_orders(p, m, _wf(w_frac))[s])
 
 
 @functools.lru_cache(maxsize=256)
-def _zb_v_orders(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
-    return tuple(tuple(o) for o in _greedy_zb(p, m, "v", 2 * p))
+def _zb_v_orders(p: int, m: int, w_frac: float) -> tuple[tuple[Action, ...], ...]:
+    return tuple(tuple(o) for o in _greedy_zb(p, m, "v", 2 * p, w_frac=w_frac))
 
 
 @functools.lru_cache(maxsize=256)
-def _zb_auto_orders(p: int, m: int, limit: float) -> tuple[tuple[Action, ...], ...]:
+def _zb_auto_orders(p: int, m: int, limit: float, w_frac: float = 1.0) -> tuple[tuple[Action, ...], ...]:
     if limit < 1:
         raise PlanError(f"zb-auto needs a memory limit of at least one micro-batch's activations, got {limit:g}")
-    cands = [_greedy_zb(p, m, "loop", limit)]
+    cands = [_greedy_zb(p, m, "loop", limit, w_frac=w_frac)]
     if limit >= p:                                   # ZB-H1 holds p micro-batches: the greedy must beat it
         cands.append([zb_h1(p, m, 1, s) for s in range(p)])
     return tuple(tuple(o) for o in min(cands, key=_unit_bubble))
@@ -313,12 +322,13 @@ def _unit_bubble(orders: list[list[Action]]) -> tuple[float, float]:
     return worst, max(e for _, e in t.values())
 
 
-def zb_auto(p: int, m: int, v: int, s: int, limit: float | None = None) -> list[Action]:
+def zb_auto(p: int, m: int, v: int, s: int, limit: float | None = None, w_frac: float | None = None
+            ) -> list[Action]:
     """ZB-1p / ZB-2p: automatic zero-bubble schedule under ``limit`` micro-batches of activations per stage
     (default p: 1F1B's memory, ZB-1p; 2p: ZB-2p)."""
     if v != 1:
         raise PlanError("zb-auto has no virtual stages")
-    return list(_zb_auto_orders(p, m, float(p if limit is None else limit))[s])
+    return list(_zb_auto_orders(p, m, float(p if limit is None else limit), _wf(w_frac))[s])
 
 
 # ---------------------------------------------------------------------------------------------- DualPipe
@@ -441,16 +451,24 @@ def _fn(schedule: str):
 
 
 @functools.lru_cache(maxsize=4096)
-def stage_order(schedule: str, p: int, m: int, v: int, s: int, limit: float | None = None) -> tuple[Action, ...]:
+def stage_order(schedule: str, p: int, m: int, v: int, s: int, limit: float | None = None,
+                w_frac: float | None = None) -> tuple[Action, ...]:
     """Stage ``s``'s action order (cached: memory checks over many plans ask for it again and again).
-    ``limit``: zb-auto's activation limit in micro-batches (ignored by the other schedules)."""
+    ``limit``: zb-auto's activation limit in micro-batches; ``w_frac``: the share of a micro-batch's
+    activations W still needs after B, for the schedules built under a memory limit (zb-h2, zb-v, zb-auto);
+    the other schedules ignore both."""
     fn = _fn(schedule)
-    return tuple(fn(p, m, v, s, limit) if schedule == "zb-auto" else fn(p, m, v, s))
+    if schedule == "zb-auto":
+        return tuple(fn(p, m, v, s, limit, w_frac))
+    if schedule in ("zb-h2", "zb-v"):
+        return tuple(fn(p, m, v, s, w_frac))
+    return tuple(fn(p, m, v, s))
 
 
-def stage_orders(schedule: str, p: int, m: int, v: int = 1, limit: float | None = None) -> list[list[Action]]:
+def stage_orders(schedule: str, p: int, m: int, v: int = 1, limit: float | None = None,
+                 w_frac: float | None = None) -> list[list[Action]]:
     """Every stage's action order."""
-    return [list(stage_order(schedule, p, m, v, s, limit)) for s in range(p)]
+    return [list(stage_order(schedule, p, m, v, s, limit, w_frac)) for s in range(p)]
 
 
 def overlapped_pairs(schedule: str, p: int, m: int, v: int, s: int) -> frozenset[int]:

@@ -137,10 +137,11 @@ class ParallelPlan:
         """Model piece held by ``chunk`` of ``stage``."""
         return pl.piece(self.schedule, self.pp, self.virtual_stages, stage, chunk)
 
-    def stage_order(self, stage: int) -> tuple:
-        """Stage ``stage``'s pipeline order (``schedules.pipeline.stage_order``)."""
+    def stage_order(self, stage: int, w_frac: float | None = None) -> tuple:
+        """Stage ``stage``'s pipeline order (``schedules.pipeline.stage_order``); ``w_frac`` is the share of
+        activations the weight pass still needs (``schedules.memory.weight_pass_share``)."""
         return pl.stage_order(self.schedule, self.pp, self.num_microbatches, self.virtual_stages, stage,
-                              self.memory_limit)
+                              self.memory_limit, w_frac)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

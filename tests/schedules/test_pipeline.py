@@ -59,8 +59,8 @@ def test_in_flight_microbatches(p, m):
             assert got == pytest.approx(p * (1 + (p - 1) / (p * v)))
 
 
-def _orders(name, p, m, v=1, limit=None):
-    return stage_orders(name, p, m, v, limit)
+def _orders(name, p, m, v=1, limit=None, w_frac=None):
+    return stage_orders(name, p, m, v, limit, w_frac)
 
 
 def _per_stage(name, p, m, v=1, limit=None, F=1.0, B=1.0, W=1.0, FB=None):
@@ -90,13 +90,26 @@ def test_zb_h2_has_no_bubble_with_equal_passes(p, m):
     assert max(peak) <= 2 * p - 1
 
 
-@pytest.mark.parametrize("p, m", [(4, 8), (4, 12), (8, 16), (8, 24)])
-def test_zb_v_memory_and_bubble(p, m):
-    # ZB-V keeps 1F1B's activation memory: p micro-batches of a stage = 2p of a (half-stage) chunk
-    bubble, span, peak = _per_stage("zb-v", p, m)
-    assert max(peak) <= 2 * p
-    h1, _, _ = _per_stage("zb-h1", p, m, F=2.0, B=2.0, W=2.0)   # same work per stage: chunks are half stages
-    assert bubble < h1
+@pytest.mark.parametrize("p, m", [(4, 8), (4, 12), (8, 16), (8, 24), (6, 12)])
+@pytest.mark.parametrize("w_frac", [0.05, 0.14, 0.46])
+def test_zb_v_has_no_bubble_at_1f1b_memory(p, m, w_frac):
+    # Qi et al. 2024 (controllable memory): ZB-V has no bubble with T_F = T_B = T_W and m >= 2p while holding
+    # 1F1B's activations (p micro-batches of a stage = 2p of a half-stage chunk). Activations are counted as
+    # the zero-bubble runtime counts them: B frees all but the weight-gradient inputs (w_frac of them; our
+    # memory model gives 0.05-0.47 for Llama 3 at seq 2k-8k, with or without selective recompute)
+    orders = _orders("zb-v", p, m, 1, None, w_frac)
+    t = ideal_times(orders, lambda s, a: 1.0, 2, "zb-v")
+    for s, o in enumerate(orders):
+        spans = [t[(s, a)] for a in o]
+        gap = max(e for _, e in spans) - min(b for b, _ in spans) - len(o)
+        assert gap <= 0.02 * len(o)                     # ≈ 0: at most 2% of the stage's work
+        assert peak_in_flight(o, None, w_frac) <= 2 * p + 1e-9
+
+
+def test_zb_v_counting_w_as_holding_everything_still_beats_zb_h1():
+    bubble, _, peak = _per_stage("zb-v", 8, 24)
+    h1, _, _ = _per_stage("zb-h1", 8, 24, F=2.0, B=2.0, W=2.0)   # same work per stage: chunks are half stages
+    assert bubble < h1 and max(peak) <= 16
 
 
 @pytest.mark.parametrize("p, m", [(4, 8), (4, 12), (8, 16)])
@@ -178,10 +191,11 @@ def _grid_case(name, p, m, v):
 
 @settings(max_examples=60, deadline=None)
 @given(name=st.sampled_from(sorted(SCHEDULES)), p=st.integers(1, 8), m=st.integers(1, 20), v=st.integers(1, 3),
-       f=st.floats(0.5, 2.0), b=st.floats(0.5, 2.0), w=st.floats(0.1, 2.0))
-def test_orders_never_deadlock(name, p, m, v, f, b, w):
+       f=st.floats(0.5, 2.0), b=st.floats(0.5, 2.0), w=st.floats(0.1, 2.0), wf=st.floats(0.0, 1.0),
+       k=st.integers(1, 3))
+def test_orders_never_deadlock(name, p, m, v, f, b, w, wf, k):
     p, m, v = _grid_case(name, p, m, v)
-    orders = _orders(name, p, m, v)
+    orders = _orders(name, p, m, v, k * p if name == "zb-auto" else None, wf)
     pairs = {s: overlapped_pairs(name, p, m, v, s) for s in range(p)}
     dur = {"F": f, "Bi": b, "W": w, "B": b + w}
     times = ideal_times(orders, lambda s, a: dur[a.phase], model_chunks(name, v), name, pairs)
