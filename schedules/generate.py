@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from schedules import memory as mem
 from schedules.models import ModelSpec, model_flops_per_step
-from schedules.pipeline import Action, layout, next_hop, prev_hop
+from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
@@ -157,10 +157,80 @@ class _StageBuilder:
         self.dp_ops: list[int] = []
         if self.zero in (1, 2) and p.overlap_param_gather and self.dp_size > 1:
             self._param_gathers_at_start()
+        pairs = overlapped_pairs(p.schedule, p.pp, p.num_microbatches, p.virtual_stages, s)
+        skip = False
         for i, a in enumerate(order):
-            self._action(i, a)
+            if skip:
+                skip = False
+                continue
+            if i in pairs:
+                start = len(self.t.ops)
+                self._action(i, a)
+                mid = len(self.t.ops)
+                self._action(i + 1, order[i + 1])
+                self._overlap(start, mid, len(self.t.ops))
+                skip = True
+            else:
+                self._action(i, a)
         self._step_end()
         return self.t
+
+    # DualPipe's F&B chunks -------------------------------------------------------------------------
+    def _overlap(self, start: int, mid: int, end: int) -> None:
+        """Overlap the forward in ops [start, mid) with the backward in [mid, end) across the EP
+        all-to-all (DeepSeek-V3 report, sec. 3.2.1, fig. 4): each pass is cut after every all-to-all; the
+        compute stream alternates the two passes' pieces while each all-to-all runs on the ``ep_overlap``
+        stream, so one pass's dispatch/combine hides behind the other's compute. The pair's pipeline sends
+        go last, in the order the receivers expect. Without EP all-to-alls nothing changes."""
+        ops = self.t.ops
+
+        def is_a2a(i):
+            return ops[i].kind == COLLECTIVE and ops[i].strategy == "ep"
+
+        groups = [list(range(start, mid)), list(range(mid, end))]
+        if not all(any(is_a2a(i) for i in g) for g in groups):
+            return
+        sends = [i for i in range(start, end) if ops[i].kind == SEND and ops[i].stream.startswith("pp_send")]
+        segs = []
+        for g in groups:
+            cur, out = [], []
+            prev_compute = None
+            for i in g:
+                if i in sends:
+                    continue
+                op = ops[i]
+                cur.append(i)
+                if is_a2a(i):
+                    if prev_compute is not None:          # explicit now: it leaves the compute stream
+                        op.deps = tuple(sorted(set(op.deps) | {prev_compute}))
+                    op.stream = "ep_overlap"
+                    out.append(cur)
+                    cur = []
+                    nxt = next((j for j in g if j > i and ops[j].stream == "compute"), None)
+                    if nxt is not None:
+                        ops[nxt].deps = tuple(sorted(set(ops[nxt].deps) | {i}))
+                elif op.stream == "compute":
+                    prev_compute = i
+            if cur:
+                out.append(cur)
+            segs.append(out)
+        new = []
+        for k in range(max(len(segs[0]), len(segs[1]))):
+            for g in segs:
+                if k < len(g):
+                    new += g[k]
+        new += sends
+        assert sorted(new) == list(range(start, end))
+        pos = {old: start + n for n, old in enumerate(new)}
+        moved = [ops[i] for i in new]
+        for op in moved:
+            op.deps = tuple(pos.get(d, d) for d in op.deps)
+        ops[start:end] = moved
+        self.t.refs = {pos.get(k, k): v for k, v in self.t.refs.items()}
+        self.usage_last = {k: pos.get(v, v) for k, v in self.usage_last.items()}
+        self.ag_idx = {k: pos.get(v, v) for k, v in self.ag_idx.items()}
+        self.dp_ops = [pos.get(v, v) for v in self.dp_ops]
+        self.last_compute = pos.get(self.last_compute, self.last_compute)
 
     # p2p -------------------------------------------------------------------------------------------
     def _stream_tag(self, other: int) -> str:

@@ -350,3 +350,22 @@ def test_v_layout_keeps_embedding_and_head_on_stage_0():
     assert all("embedding" not in names[r] and "lm_head" not in names[r] for r in (1, 2, 3))
     # the V turns on the last stage without a message: stage 3 sends nothing to itself
     assert all(op.peer != 3 for op in progs.ops[3] if op.kind in ("send", "recv"))
+
+
+@pytest.mark.parametrize("schedule", ["dualpipe", "dualpipev"])
+def test_dualpipe_overlaps_forward_and_backward_across_the_ep_all_to_all(schedule, monkeypatch):
+    # DeepSeek-V3 sec. 3.2.1: in an F&B chunk one micro-batch's all-to-all hides behind the other's compute
+    import schedules.generate as gen
+    model = custom_model(layers=8, hidden=256, heads=8, vocab=64, experts=8, top_k=2)
+    plan = ParallelPlan(pp=4, dp=4, ep=4, schedule=schedule, global_batch=128, seq=256)
+    cost = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e9)
+    progs = build_programs(model, plan)
+    validate(progs)
+    prog = next(iter(progs.ops.values()))
+    assert any(op.stream == "ep_overlap" for op in prog)
+    overlapped = run(progs, cost).step_time_s
+    assert run(build_programs(model, plan, symmetric=False), cost).step_time_s == pytest.approx(overlapped,
+                                                                                                 rel=1e-12)
+    monkeypatch.setattr(gen, "overlapped_pairs", lambda *a: frozenset())
+    serial = run(build_programs(model, plan), cost).step_time_s
+    assert overlapped < 0.9 * serial
