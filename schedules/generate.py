@@ -571,6 +571,12 @@ class _StageBuilder:
         else:
             n_upd = dense + expert
         states = n_upd * (self.dt + p.grad_bytes_per_param + 2 * p.optimizer_bytes_per_param)
+        if p.schedule == "dualpipe" and p.pp > 1:
+            # DualPipe keeps two copies of every piece (on stages s and pp-1-s): their gradients are summed
+            # before the optimizer step (after the data-parallel reduction, on what this rank updates)
+            deps = (last,) + ((self.dp_ops[-1],) if self.dp_ops else ())
+            self.dp_ops.append(self.coll("mirror grad all_reduce", "all_reduce", "mirror",
+                                         n_upd * p.grad_bytes_per_param, "dp_comm", deps, strategy="pp"))
         deps = (last,) + ((self.dp_ops[-1],) if self.dp_ops else ())
         opt = self.comp("optimizer step", ADAM_FLOPS_PER_PARAM * n_upd, states, deps, phase=OPTIMIZER)
         if self.zero in (1, 2) and not p.overlap_param_gather and self.dp_size > 1:
@@ -644,7 +650,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
         raise ConfigError(f"model {model.name} is given only by its parameter count; programs need its shape "
                           f"(--model PRESET or --layers/--hidden/--heads)")
     progs = Programs(world_size=world_size, ops={})
-    fams = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "embed"]
+    fams = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "embed", "mirror"]
     gid_of: dict[str, list] = {}
     for fam in fams:
         table = [None] * world_size

@@ -10,7 +10,8 @@ the order, the "dp" axis stands for the outer dp/ep part of data parallelism.
 
 Process-group families: tp, cp, dp, pp, ep, plus "dp_cp" (dense gradient reduction when cp > 1: CP ranks
 hold the same weights), "edp" (expert gradient reduction when ep > 1) and "embed" (first and last stage,
-tied embeddings). Units: bytes, tokens.
+tied embeddings), "mirror" (DualPipe: stages s and pp-1-s, which hold copies of the same two pieces).
+Units: bytes, tokens.
 """
 from __future__ import annotations
 
@@ -390,6 +391,11 @@ class ParallelPlan:
 
     def groups(self, family: str) -> list[tuple[int, ...]]:
         """All groups of a family, each a tuple of ranks ordered by the varying coordinates."""
+        if family == "mirror":      # DualPipe: stages s and pp-1-s hold the same two pieces
+            if self.schedule != "dualpipe":
+                return []
+            return [(r, self.peer(r, "pp", self.pp - 1 - self.stage_of(r))) for r in range(self.world_size)
+                    if self.stage_of(r) < self.pp // 2]
         if family == "embed":
             if self.pp < 2:
                 return []

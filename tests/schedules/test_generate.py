@@ -369,3 +369,20 @@ def test_dualpipe_overlaps_forward_and_backward_across_the_ep_all_to_all(schedul
     monkeypatch.setattr(gen, "overlapped_pairs", lambda *a: frozenset())
     serial = run(build_programs(model, plan), cost).step_time_s
     assert overlapped < 0.9 * serial
+
+
+def test_dualpipe_holds_two_copies_of_its_pieces_and_sums_their_gradients():
+    # DeepSeek-V3 report, table 2: DualPipe keeps 2x the parameters of 1F1B per device
+    model = custom_model(layers=16, hidden=256, heads=8, vocab=64)
+    one = memory_per_rank(model, ParallelPlan(pp=4, dp=2, global_batch=16, seq=SEQ, layer_split="even"))
+    two = memory_per_rank(model, ParallelPlan(pp=4, dp=2, global_batch=16, seq=SEQ, layer_split="even",
+                                              schedule="dualpipe"))
+    for s in (1, 2):        # middle stages (no embedding / head)
+        assert two[f"stage{s}"]["parameters"] == pytest.approx(2 * one[f"stage{s}"]["parameters"])
+    progs = build_programs(model, ParallelPlan(pp=4, dp=2, global_batch=16, seq=SEQ, schedule="dualpipe"),
+                           symmetric=False)
+    validate(progs)
+    mirror = [g for g in progs.groups if g.family == "mirror"]
+    assert sorted(tuple(g.ranks) for g in mirror) == sorted(
+        (r, ParallelPlan(pp=4, dp=2).peer(r, "pp", 3 - ParallelPlan(pp=4, dp=2).stage_of(r)))
+        for r in range(8) if ParallelPlan(pp=4, dp=2).stage_of(r) < 2)
