@@ -663,8 +663,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                 for r in g:
                     table[r] = gid
         gid_of[fam] = table
-    wshare = mem.weight_pass_share(model, plan)
-    orders = [list(plan.stage_order(s, wshare)) for s in range(plan.pp)]
+    orders = [list(plan.stage_order(s, model)) for s in range(plan.pp)]
     families = _families(plan)
     skewed = plan.skew > 0 and plan.ep > 1
 

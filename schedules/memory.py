@@ -177,7 +177,7 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
     transient = [max(recompute_transient_bytes(model, plan, l) for l in ls) for ls in chunks]
-    order = plan.stage_order(stage, weight_pass_share(model, plan))
+    order = plan.stage_order(stage, model)
     cur = peak = 0.0
     for a in order:
         c = a.chunk

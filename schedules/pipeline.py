@@ -193,20 +193,31 @@ def zb_h1(p: int, m: int, v: int, s: int) -> list[Action]:
     return order
 
 
-def zb_h2(p: int, m: int, v: int, s: int, w_frac: float | None = None) -> list[Action]:
+def zb_h2(p: int, m: int, v: int, s: int, w_frac: float | None = None, costs: tuple | None = None
+          ) -> list[Action]:
     """ZB-H2: the zero-bubble schedule with up to 2p - 1 micro-batches in flight. Warm-up: 2(p-1-s)+1
     forwards reach the first B without a gap; steady state: B, W, F; the tail defers W passes so that every
     stage runs without a gap from its first F to its last W (the paper's parallelogram). Built by the
     zero-bubble list scheduler at that activation limit."""
     if v != 1:
         raise PlanError("zb-h2 has no virtual stages")
-    return list(_zb_auto_orders(p, m, float(2 * p - 1), _wf(w_frac))[s])
+    return list(_zb_auto_orders(p, m, float(2 * p - 1), _wf(w_frac), _costs(costs))[s])
 
 
 def _wf(w_frac: float | None) -> float:
     """The share of a micro-batch's activations that W still needs (B frees the rest); None counts all of
     it until W (the zero-bubble runtime's default F-to-W accounting)."""
     return 1.0 if w_frac is None else round(float(w_frac), 4)
+
+
+def _costs(costs: tuple | None) -> tuple[float, float, float]:
+    """(T_F, T_B, T_W) relative pass times; None: equal (the papers' T_F = T_B = T_W setting)."""
+    if costs is None:
+        return (1.0, 1.0, 1.0)
+    tf, tb, tw = (float(x) for x in costs)
+    if min(tf, tb, tw) <= 0:
+        raise PlanError(f"pass times must be positive, got {costs!r}")
+    return (round(tf / tf, 4), round(tb / tf, 4), round(tw / tf, 4))
 
 
 def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0), w_frac: float = 1.0
@@ -290,45 +301,48 @@ def _greedy_zb(p: int, m: int, lay: str, limit: float, costs=(1.0, 1.0, 1.0), w_
     return orders
 
 
-def zb_v(p: int, m: int, v: int, s: int, w_frac: float | None = None) -> list[Action]:
+def zb_v(p: int, m: int, v: int, s: int, w_frac: float | None = None, costs: tuple | None = None
+         ) -> list[Action]:
     """ZB-V: V layout, B/W split, activations capped at 1F1B's peak (p micro-batches = 2p chunk ones);
     ``w_frac``: the share of activations W still needs after B."""
-    return list(_zb_v_orders(p, m, _wf(w_frac))[s])
+    return list(_zb_v_orders(p, m, _wf(w_frac), _costs(costs))[s])
 
 
 @functools.lru_cache(maxsize=256)
-def _zb_v_orders(p: int, m: int, w_frac: float) -> tuple[tuple[Action, ...], ...]:
-    return tuple(tuple(o) for o in _greedy_zb(p, m, "v", 2 * p, w_frac=w_frac))
+def _zb_v_orders(p: int, m: int, w_frac: float, costs: tuple) -> tuple[tuple[Action, ...], ...]:
+    return tuple(tuple(o) for o in _greedy_zb(p, m, "v", 2 * p, costs, w_frac))
 
 
 @functools.lru_cache(maxsize=256)
-def _zb_auto_orders(p: int, m: int, limit: float, w_frac: float = 1.0) -> tuple[tuple[Action, ...], ...]:
+def _zb_auto_orders(p: int, m: int, limit: float, w_frac: float = 1.0, costs: tuple = (1.0, 1.0, 1.0)
+                    ) -> tuple[tuple[Action, ...], ...]:
     if limit < 1:
         raise PlanError(f"zb-auto needs a memory limit of at least one micro-batch's activations, got {limit:g}")
-    cands = [_greedy_zb(p, m, "loop", limit, w_frac=w_frac)]
+    cands = [_greedy_zb(p, m, "loop", limit, costs, w_frac)]
     if limit >= p:                                   # ZB-H1 holds p micro-batches: the greedy must beat it
         cands.append([zb_h1(p, m, 1, s) for s in range(p)])
-    return tuple(tuple(o) for o in min(cands, key=_unit_bubble))
+    return tuple(tuple(o) for o in min(cands, key=lambda o: _stage_bubble(o, costs)))
 
 
-def _unit_bubble(orders: list[list[Action]]) -> tuple[float, float]:
-    """(largest per-stage gap total, makespan) with T_F = T_B = T_W = 1: how the zero-bubble authors rank
+def _stage_bubble(orders: list[list[Action]], costs: tuple) -> tuple[float, float]:
+    """(largest per-stage gap total, makespan) with pass times ``costs``: how the zero-bubble authors rank
     candidate schedules (a stage's time runs from its first F to its last W)."""
-    t = ideal_times(orders, lambda s, a: 1.0, 1, "zb-h1")
+    dur = {"F": costs[0], "Bi": costs[1], "W": costs[2], "B": costs[1] + costs[2]}
+    t = ideal_times(orders, lambda s, a: dur[a.phase], 1, "zb-h1")
     worst = 0.0
     for s, o in enumerate(orders):
         spans = [t[(s, a)] for a in o]
-        worst = max(worst, max(e for _, e in spans) - min(b for b, _ in spans) - len(o))
+        worst = max(worst, max(e for _, e in spans) - min(b for b, _ in spans) - sum(dur[a.phase] for a in o))
     return worst, max(e for _, e in t.values())
 
 
-def zb_auto(p: int, m: int, v: int, s: int, limit: float | None = None, w_frac: float | None = None
-            ) -> list[Action]:
+def zb_auto(p: int, m: int, v: int, s: int, limit: float | None = None, w_frac: float | None = None,
+            costs: tuple | None = None) -> list[Action]:
     """ZB-1p / ZB-2p: automatic zero-bubble schedule under ``limit`` micro-batches of activations per stage
     (default p: 1F1B's memory, ZB-1p; 2p: ZB-2p)."""
     if v != 1:
         raise PlanError("zb-auto has no virtual stages")
-    return list(_zb_auto_orders(p, m, float(p if limit is None else limit), _wf(w_frac))[s])
+    return list(_zb_auto_orders(p, m, float(p if limit is None else limit), _wf(w_frac), _costs(costs))[s])
 
 
 # ---------------------------------------------------------------------------------------------- DualPipe
@@ -452,23 +466,23 @@ def _fn(schedule: str):
 
 @functools.lru_cache(maxsize=4096)
 def stage_order(schedule: str, p: int, m: int, v: int, s: int, limit: float | None = None,
-                w_frac: float | None = None) -> tuple[Action, ...]:
+                w_frac: float | None = None, costs: tuple | None = None) -> tuple[Action, ...]:
     """Stage ``s``'s action order (cached: memory checks over many plans ask for it again and again).
     ``limit``: zb-auto's activation limit in micro-batches; ``w_frac``: the share of a micro-batch's
-    activations W still needs after B, for the schedules built under a memory limit (zb-h2, zb-v, zb-auto);
-    the other schedules ignore both."""
+    activations W still needs after B, and ``costs`` the relative pass times (T_F, T_B, T_W), for the
+    schedules the zero-bubble list scheduler builds (zb-h2, zb-v, zb-auto); the other schedules ignore them."""
     fn = _fn(schedule)
     if schedule == "zb-auto":
-        return tuple(fn(p, m, v, s, limit, w_frac))
+        return tuple(fn(p, m, v, s, limit, w_frac, costs))
     if schedule in ("zb-h2", "zb-v"):
-        return tuple(fn(p, m, v, s, w_frac))
+        return tuple(fn(p, m, v, s, w_frac, costs))
     return tuple(fn(p, m, v, s))
 
 
 def stage_orders(schedule: str, p: int, m: int, v: int = 1, limit: float | None = None,
-                 w_frac: float | None = None) -> list[list[Action]]:
+                 w_frac: float | None = None, costs: tuple | None = None) -> list[list[Action]]:
     """Every stage's action order."""
-    return [list(stage_order(schedule, p, m, v, s, limit, w_frac)) for s in range(p)]
+    return [list(stage_order(schedule, p, m, v, s, limit, w_frac, costs)) for s in range(p)]
 
 
 def overlapped_pairs(schedule: str, p: int, m: int, v: int, s: int) -> frozenset[int]:

@@ -138,11 +138,16 @@ class ParallelPlan:
         """Model piece held by ``chunk`` of ``stage``."""
         return pl.piece(self.schedule, self.pp, self.virtual_stages, stage, chunk)
 
-    def stage_order(self, stage: int, w_frac: float | None = None) -> tuple:
-        """Stage ``stage``'s pipeline order (``schedules.pipeline.stage_order``); ``w_frac`` is the share of
-        activations the weight pass still needs (``schedules.memory.weight_pass_share``)."""
+    def stage_order(self, stage: int, model=None) -> tuple:
+        """Stage ``stage``'s pipeline order (``schedules.pipeline.stage_order``). With the model, schedules
+        built by the zero-bubble list scheduler get its pass times and the share of activations W keeps."""
+        w_frac = costs = None
+        if model is not None and self.schedule in ("zb-h2", "zb-v", "zb-auto") and not model.params_only:
+            from schedules.memory import weight_pass_share
+            w_frac = weight_pass_share(model, self)
+            costs = pass_times(model, self)
         return pl.stage_order(self.schedule, self.pp, self.num_microbatches, self.virtual_stages, stage,
-                              self.memory_limit, w_frac)
+                              self.memory_limit, w_frac, costs)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -447,6 +452,20 @@ def parse_memory_limit(value, pp: int) -> float | None:
     if not math.isfinite(lim) or lim < 1:
         raise PlanError(f"--memory-limit must be at least one micro-batch of activations, got {value!r}")
     return lim
+
+
+def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
+    """Relative times of a layer's forward (T_F), backward-input (T_B) and backward-weight (T_W) passes
+    from their FLOPs (``LayerFlops``; recomputation adds a forward to B), mean over the layers, rounded so
+    that plans of the same shape share a schedule."""
+    f = b = w = 0.0
+    for l in range(model.layers):
+        lf = model.layer_flops(l, plan.seq, plan.micro_batch)
+        f += lf.forward
+        b += lf.backward_input + (lf.forward if plan.recompute == "full" else
+                                  lf.attn_core if plan.recompute == "selective" else 0.0)
+        w += lf.backward_weight
+    return (1.0, round(b / f, 2), round(w / f, 2))
 
 
 def _extra_cost(model, seq: int) -> tuple[float, float]:
