@@ -257,7 +257,7 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--stage-layers", help="Layers per pipeline stage (or per model piece), e.g. 7,8,8,7."),
         click.option("--first-stage-layers", type=int, help="Layers of the first pipeline stage (rest balanced)."),
         click.option("--last-stage-layers", type=int, help="Layers of the last pipeline stage (rest balanced)."),
-        click.option("--memory-limit", help="zb-auto: activation limit, micro-batches per stage or 2p (ZB-2p)."),
+        click.option("--memory-limit", help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes (40GB)."),
         click.option("--network", type=click.Choice(NETWORKS), help="ideal (free) | analytical | flow (contention)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
@@ -389,7 +389,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
               first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
-              memory_limit=parse_memory_limit(exp.memory_limit, exp.pp))
+              **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
     plan.validate(model, world_size)

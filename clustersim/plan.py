@@ -68,7 +68,7 @@ def plan_options(f):
         click.option("--first-stage-layers", type=int, default=None, help="Layers of the first stage (rest balanced)."),
         click.option("--last-stage-layers", type=int, default=None, help="Layers of the last stage (rest balanced)."),
         click.option("--memory-limit", default=None,
-                     help="zb-auto: activation limit, micro-batches per stage or a multiple of pp (1p, 2p)."),
+                     help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes (40GB)."),
         click.option("--virtual-stages", type=int, default=1, show_default=True,
                      help="Model chunks per pipeline rank (interleaved)."),
         click.option("--micro-batch", type=int, default=1, show_default=True, help="Sequences per micro-batch."),
@@ -137,7 +137,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                         bucket_bytes=bucket_mb * 1e6, recompute=recompute, seq=seq, fsdp_prefetch=fsdp_prefetch,
                         axis_order=axis_order, skew=skew, stage_layers=parse_stage_layers(stage_layers),
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                        memory_limit=parse_memory_limit(memory_limit, pp))
+                        **parse_memory_limit(memory_limit, pp))
 
 
 # ---------------------------------------------------------------------------------------------- report

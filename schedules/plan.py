@@ -45,6 +45,8 @@ class ParallelPlan:
     virtual_stages       model chunks per pipeline rank (interleaved 1F1B; zb-v and dualpipe(v) hold 2)
     memory_limit         zb-auto: activations a stage may hold, in micro-batches of that stage (default pp:
                          ZB-1p; 2·pp: ZB-2p)
+    memory_limit_bytes   zb-auto: the same limit in bytes of activations per rank (converted with the
+                         busiest stage's activations per micro-batch)
     stage_layers         layers per pipeline stage (pp entries) or per model piece (pp·chunks entries, piece
                          order); None = balanced by estimated time (``piece_layer_counts``)
     first_stage_layers, last_stage_layers: layers of the first and last model piece (Megatron's
@@ -88,6 +90,7 @@ class ParallelPlan:
     skew: float = 0.0
     layer_split: str = "balanced"
     memory_limit: float | None = None
+    memory_limit_bytes: float | None = None
     stage_layers: tuple | None = None
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
@@ -142,12 +145,28 @@ class ParallelPlan:
         """Stage ``stage``'s pipeline order (``schedules.pipeline.stage_order``). With the model, schedules
         built by the zero-bubble list scheduler get its pass times and the share of activations W keeps."""
         w_frac = costs = None
+        limit = self.memory_limit
         if model is not None and self.schedule in ("zb-h2", "zb-v", "zb-auto") and not model.params_only:
             from schedules.memory import weight_pass_share
             w_frac = weight_pass_share(model, self)
             costs = pass_times(model, self)
+            if self.memory_limit_bytes is not None:
+                limit = self.memory_limit_microbatches(model)
+        elif self.memory_limit_bytes is not None:
+            raise PlanError("a memory limit in bytes needs the model's activation sizes")
         return pl.stage_order(self.schedule, self.pp, self.num_microbatches, self.virtual_stages, stage,
-                              self.memory_limit, w_frac, costs)
+                              limit, w_frac, costs)
+
+    def memory_limit_microbatches(self, model) -> float:
+        """``memory_limit_bytes`` as micro-batches of the busiest stage's activations (rounded down to 1/100)."""
+        from schedules.memory import layer_activation_bytes, stage_chunks
+        per = max(sum(layer_activation_bytes(model, self, l) for ls in stage_chunks(model, self, s) for l in ls)
+                  for s in range(self.pp))
+        lim = math.floor(100 * self.memory_limit_bytes / per) / 100 if per else float("inf")
+        if lim < 1:
+            raise PlanError(f"--memory-limit {self.memory_limit_bytes / 1e9:g} GB holds less than one "
+                            f"micro-batch's activations ({per / 1e9:.3g} GB on the busiest stage)")
+        return lim
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -194,6 +213,16 @@ class ParallelPlan:
             raise PlanError("the interleaved schedule needs pp >= 2; use --schedule 1f1b or raise --pp")
         if self.schedule in ("dualpipe", "dualpipev"):
             pl._check_dualpipe(self.schedule, p, m, v)
+        if self.memory_limit is not None and self.memory_limit_bytes is not None:
+            raise PlanError("give the zb-auto memory limit in micro-batches or in bytes, not both")
+        if self.memory_limit_bytes is not None:
+            lim = self.memory_limit_bytes
+            if self.schedule != "zb-auto":
+                raise PlanError(f"--memory-limit applies to --schedule zb-auto (schedule is {self.schedule})")
+            if not isinstance(lim, (int, float)) or isinstance(lim, bool) or not math.isfinite(lim) or lim <= 0:
+                raise PlanError(f"memory_limit_bytes must be a positive number of bytes, got {lim!r}")
+            if model is not None and not model.params_only:
+                self.memory_limit_microbatches(model)
         if self.memory_limit is not None:
             lim = self.memory_limit
             if self.schedule != "zb-auto":
@@ -438,20 +467,26 @@ def parse_stage_layers(value) -> tuple[int, ...] | None:
     return out
 
 
-def parse_memory_limit(value, pp: int) -> float | None:
-    """zb-auto's ``--memory-limit``: micro-batches of a stage's activations, or a multiple of pp ("2p" =
-    ZB-2p)."""
+def parse_memory_limit(value, pp: int) -> dict:
+    """zb-auto's ``--memory-limit``: micro-batches of a stage's activations ("16"), a multiple of pp ("2p" =
+    ZB-2p) or activation bytes per rank ("40GB", 1 GB = 1e9 B). Returns the ParallelPlan fields
+    ``memory_limit`` / ``memory_limit_bytes``."""
     if value is None or value == "":
-        return None
-    text = str(value).strip().lower()
+        return {}
+    text = str(value).strip().lower().replace(" ", "")
     try:
+        if text.endswith("gb"):
+            b = float(text[:-2]) * 1e9
+            if not math.isfinite(b) or b <= 0:
+                raise ValueError
+            return {"memory_limit_bytes": b}
         lim = float(text[:-1]) * pp if text.endswith("p") else float(text)
     except ValueError:
-        raise PlanError(f"--memory-limit is micro-batches of activations per stage (e.g. 16) or a multiple of "
-                        f"pp (1p = ZB-1p, 2p = ZB-2p), got {value!r}") from None
+        raise PlanError(f"--memory-limit is micro-batches of activations per stage (e.g. 16), a multiple of pp "
+                        f"(1p = ZB-1p, 2p = ZB-2p) or bytes (40GB), got {value!r}") from None
     if not math.isfinite(lim) or lim < 1:
         raise PlanError(f"--memory-limit must be at least one micro-batch of activations, got {value!r}")
-    return lim
+    return {"memory_limit": lim}
 
 
 def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
