@@ -362,10 +362,11 @@ def resolve_model(exp: Experiment):
 
 def virtual_stages(exp: Experiment, model) -> int:
     """The experiment's virtual stages: as given, else 2 for interleaved 1F1B when every stage can hold two
-    chunks of layers (interleaving with one chunk is plain 1F1B), else 1."""
+    chunks of layers (the first and last chunk may hold only the embedding / LM head; interleaving with one
+    chunk is plain 1F1B), else 1."""
     if exp.virtual_stages is not None:
         return exp.virtual_stages
-    if exp.schedule == "interleaved" and exp.pp > 1 and getattr(model, "layers", 0) >= 2 * exp.pp:
+    if exp.schedule == "interleaved" and exp.pp > 1 and getattr(model, "layers", 0) >= 2 * exp.pp - 2:
         return 2
     return 1
 

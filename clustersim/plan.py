@@ -213,7 +213,7 @@ def stage_table(model: ModelSpec, plan: ParallelPlan, peak_flops: float | None =
         if head:
             flops += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
         rows.append({"stage": s, "layers": [len(ls) for ls in chunks],
-                     "first_layer": min(l for ls in chunks for l in ls),
+                     "first_layer": min((l for ls in chunks for l in ls), default=None),
                      "pieces": [plan.piece(s, c) for c in range(plan.chunks)],
                      "embedding": mem.holds_embedding(plan, s), "head": head, "flops_per_microbatch": flops / div})
     top = max(r["flops_per_microbatch"] for r in rows)

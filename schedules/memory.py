@@ -176,7 +176,7 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     held = [sum(layer_activation_bytes(model, plan, l) for l in ls) for ls in chunks]
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
-    transient = [max(recompute_transient_bytes(model, plan, l) for l in ls) for ls in chunks]
+    transient = [max((recompute_transient_bytes(model, plan, l) for l in ls), default=0.0) for ls in chunks]
     order = plan.stage_order(stage, model)
     cur = peak = 0.0
     for a in order:

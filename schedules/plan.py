@@ -288,9 +288,10 @@ class ParallelPlan:
         if model.ffn % t or (model.is_moe and model.expert_ffn % t):
             raise PlanError(f"tp({t}) must divide the MLP width ({model.ffn}) of {model.name}")
         chunks = self.pieces
-        if model.layers < chunks:
-            raise PlanError(f"{model.name} has {model.layers} layers, fewer than the {chunks} model pieces of pp "
-                            f"{self.pp} × {self.chunks} chunks; lower --pp or --virtual-stages")
+        if model.layers < max(1, chunks - 2):
+            raise PlanError(f"{model.name} has {model.layers} layers for {chunks} model pieces of pp {self.pp} × "
+                            f"{self.chunks} chunks (at most the embedding's and the LM head's pieces may be left "
+                            f"without layers); lower --pp or --virtual-stages")
         self.piece_layer_counts(model)     # user-given counts must add up
         if self.layer_split == "even" and model.layers % chunks:
             raise PlanError(f"{model.name} has {model.layers} layers, not divisible by pp×virtual_stages = "
@@ -346,7 +347,8 @@ class ParallelPlan:
         if k == 1 and fixed:
             raise PlanError("first/last stage layers need more than one pipeline stage")
         rest = n - sum(fixed.values())
-        if rest < k - len(fixed) or (len(fixed) == k and rest):
+        ends = 0 if n >= k else len({0, k - 1} - set(fixed))     # pieces that may stay empty
+        if rest < k - len(fixed) - ends or (len(fixed) == k and rest):
             raise PlanError(f"first/last stage layers {sorted(fixed.values())} leave {rest} of {model.name}'s {n} "
                             f"layers for the other {k - len(fixed)} model pieces")
         if self.layer_split == "even":
@@ -521,8 +523,9 @@ def balanced_layer_counts(layers: int, stage_of_piece: tuple[int, ...], extra: t
     """Layer counts per model piece that minimise the slowest piece and then the slowest stage, with the
     embedding (``extra[0]`` layer-equivalents) on the first piece and the LM head (``extra[1]``) on the last.
     Layers are handed out one at a time to the piece that stays cheapest (piece time, then its stage's time,
-    then piece order); pieces in ``fixed`` (piece -> count) keep their counts. Layer times are taken as
-    equal (their mean)."""
+    then piece order); pieces in ``fixed`` (piece -> count) keep their counts. Every piece gets a layer;
+    with fewer layers than pieces the first and last pieces may hold only the embedding / LM head (as
+    Megatron's custom pipeline layouts allow). Layer times are taken as equal (their mean)."""
     fixed = dict(fixed)
     k = len(stage_of_piece)
     cost = [0.0] * k
@@ -538,8 +541,9 @@ def balanced_layer_counts(layers: int, stage_of_piece: tuple[int, ...], extra: t
         cost[i] += n
     free = [i for i in range(k) if i not in fixed]
     left = layers - sum(fixed.values())
-    for i in free:                                  # every piece holds at least one layer
-        counts[i] += 1; cost[i] += 1; stage[stage_of_piece[i]] += 1; left -= 1
+    for i in free:      # every piece holds a layer; with fewer layers than pieces the embedding's and the
+        if layers >= k or i not in (0, k - 1):      # head's pieces may hold nothing else
+            counts[i] += 1; cost[i] += 1; stage[stage_of_piece[i]] += 1; left -= 1
     heap = [(cost[i] + 1, stage[stage_of_piece[i]] + 1, i) for i in free]
     heapq.heapify(heap)
     while left > 0:

@@ -386,3 +386,15 @@ def test_dualpipe_holds_two_copies_of_its_pieces_and_sums_their_gradients():
     assert sorted(tuple(g.ranks) for g in mirror) == sorted(
         (r, ParallelPlan(pp=4, dp=2).peer(r, "pp", 3 - ParallelPlan(pp=4, dp=2).stage_of(r)))
         for r in range(8) if ParallelPlan(pp=4, dp=2).stage_of(r) < 2)
+
+
+def test_pieces_with_only_the_embedding_or_the_head():
+    # 6 layers on 4 stages x 2 chunks: the first piece holds only the embedding, the last only the LM head
+    model = custom_model(layers=6, hidden=256, heads=8, vocab=64)
+    plan = ParallelPlan(pp=4, schedule="interleaved", virtual_stages=2, global_batch=8, seq=SEQ)
+    assert plan.piece_layer_counts(model) == [0, 1, 1, 1, 1, 1, 1, 0]
+    cost = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e10)
+    sym = run(build_programs(model, plan), cost)
+    full = build_programs(model, plan, symmetric=False)
+    validate(full)
+    assert run(full, cost).step_time_s == pytest.approx(sym.step_time_s, rel=1e-12)

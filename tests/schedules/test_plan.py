@@ -15,7 +15,7 @@ def test_world_size_and_microbatches():
     (ParallelPlan(dp=2, tp=4, pp=2), "llama3-8b", 32, r"dp\(2\) × tp\(4\) × pp\(2\) × cp\(1\) = 16 != 32.*--dp 4"),
     (ParallelPlan(tp=16, dp=1), "llama3-8b", 16, "kv heads"),
     (ParallelPlan(pp=3, layer_split="even", dp=1), "llama3-8b", 3, "not divisible"),
-    (ParallelPlan(pp=64), "llama3-8b", 64, "fewer than"),
+    (ParallelPlan(pp=64), "llama3-8b", 64, "model pieces"),
     (ParallelPlan(dp=4, ep=3), "mixtral-8x22b", 4, "must divide dp"),
     (ParallelPlan(dp=6, ep=6), "mixtral-8x22b", 6, "divide the 8 experts"),
     (ParallelPlan(dp=2, ep=2), "llama3-8b", 2, "dense model"),
@@ -95,16 +95,22 @@ def test_balanced_split_minimises_the_slowest_stage_brute_force():
 
 
 def test_every_layer_count_at_least_pp_is_accepted():
+    # the first and last model piece may hold only the embedding / LM head: 62 layers interleave on 32 stages
     for layers in range(4, 40):
         model = custom_model(layers=layers, hidden=256, heads=8, vocab=64)
-        for sched, v in (("1f1b", 1), ("interleaved", 2), ("zb-v", 1), ("dualpipe", 1)):
+        for sched, v in (("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zb-v", 1), ("dualpipe", 1)):
             plan = ParallelPlan(pp=4, schedule=sched, virtual_stages=v, global_batch=16)
-            if layers < plan.pieces:
+            if layers < plan.pieces - 2:
                 with pytest.raises(PlanError):
                     plan.validate(model)
                 continue
             plan.validate(model)
-            assert sum(plan.piece_layer_counts(model)) == layers
+            counts = plan.piece_layer_counts(model)
+            assert sum(counts) == layers and min(counts[1:-1]) >= 1
+            assert min(counts) >= (1 if layers >= plan.pieces else 0)
+    counts = ParallelPlan(pp=32, schedule="interleaved", virtual_stages=2).piece_layer_counts(
+        custom_model(layers=62, hidden=256, heads=8, vocab=64))
+    assert counts[0] == 0 and counts[-1] == 0 and set(counts[1:-1]) == {1}
 
 
 def test_user_stage_layers():
