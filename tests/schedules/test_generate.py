@@ -201,8 +201,10 @@ def test_params_only_model_cannot_build_programs():
 # ------------------------------------------------------------------------------ property test over plans
 @st.composite
 def plans(draw):
-    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb"]))
-    pp = draw(st.sampled_from([1, 2, 4])) if schedule != "interleaved" else draw(st.sampled_from([2, 4]))
+    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb", "zb-h2", "zb-v", "zb-auto", "dualpipe",
+                                     "dualpipev"]))
+    pp = draw(st.sampled_from([1, 2, 4])) if schedule not in ("interleaved", "dualpipe") else \
+        draw(st.sampled_from([2, 4]))
     v = 2 if schedule == "interleaved" and pp == 2 else 1
     moe = draw(st.booleans())
     tp = draw(st.sampled_from([1, 2]))
@@ -211,6 +213,8 @@ def plans(draw):
     cp = draw(st.sampled_from([1, 2]))
     mult = draw(st.sampled_from([1, 2, 3]))
     m = pp * mult if schedule == "interleaved" else draw(st.integers(1, 6))
+    if schedule in ("dualpipe", "dualpipev"):     # DualPipe needs >= 2·pp micro-batches (even for DualPipe)
+        m = 2 * pp * mult
     zero = draw(st.sampled_from([0, 1, 2, 3]))
     plan = ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, sp=draw(st.booleans()) and tp > 1,
                         schedule=schedule, virtual_stages=v, global_batch=m * dp, seq=64,
@@ -218,6 +222,7 @@ def plans(draw):
                         overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
                         skew=draw(st.sampled_from([0.0, 0.4])) if ep > 1 else 0.0, bucket_bytes=2e5)
     layers = draw(st.sampled_from([4, 5, 7]))       # uneven splits too (balanced layer distribution)
+    layers = max(layers, plan.pieces - 2)           # V layouts hold 2·pp pieces
     return dataclasses.replace(MOE if moe else TINY, layers=layers), plan
 
 
