@@ -166,9 +166,10 @@ def _params_only_comm(model: ModelSpec, plan: ParallelPlan) -> dict:
 
 
 def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = None,
-                world_size: int | None = None) -> dict:
+                world_size: int | None = None, peak_flops: float | None = None) -> dict:
     """Validated plan, memory per rank class, fit, communication per step (bytes per rank, nccl-tests bus
-    bytes, maximum over rank classes)."""
+    bytes, maximum over rank classes), pipeline stages (``stage_table``; with the device's dense bf16 peak
+    ``peak_flops`` their compute time at peak)."""
     from schedules.generate import build_programs, comm_volume
 
     world_size = world_size or plan.world_size
@@ -194,7 +195,7 @@ def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = 
     }
     if not model.params_only:
         out["model_flops_per_step"] = model_flops_per_step(model, plan.seq, plan.effective_global_batch)
-        out["stages"] = stage_table(model, plan)
+        out["stages"] = stage_table(model, plan, peak_flops)
     return out
 
 
@@ -222,6 +223,14 @@ def stage_table(model: ModelSpec, plan: ParallelPlan, peak_flops: float | None =
         if peak_flops:
             r["time_at_peak_s"] = r["flops_per_microbatch"] / peak_flops
     return rows
+
+
+def _device_peak_flops(cluster: str | None, gpus: int) -> float | None:
+    """Dense bf16 peak FLOP/s of the cluster's device (None without --cluster)."""
+    if cluster is None:
+        return None
+    import topologies
+    return float(topologies.load_cluster(cluster, gpus).device(0).peak_bf16_flops)
 
 
 def _device_memory(cluster: str | None, gpus: int, hbm_gb: float | None) -> float | None:
@@ -259,7 +268,7 @@ def plan(cluster, hbm_gb, as_json, **kw):
     p = plan_from_options(**kw)
     gpus = kw.get("gpus") or p.world_size
     hbm = _device_memory(cluster, gpus, hbm_gb)
-    rep = plan_report(model, p, hbm, gpus)
+    rep = plan_report(model, p, hbm, gpus, _device_peak_flops(cluster, gpus) if p.pp > 1 else None)
     if as_json:
         click.echo(json.dumps(rep, indent=2, sort_keys=True, default=float))
         return
@@ -299,12 +308,14 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
         con.print(f"peak {_gb(rep['peak_memory_bytes'])} GB of {_gb(hbm)} GB: {verdict}")
     if p.pp > 1 and rep.get("stages"):
         t = Table(title="pipeline stages (compute per micro-batch and rank, forward + backward)", title_justify="left")
-        for c in ("stage", "layers", "holds", "TFLOPs", "rel. time"):
+        at_peak = "time_at_peak_s" in rep["stages"][0]
+        for c in ("stage", "layers", "holds", "TFLOPs", "rel. time") + (("ms at peak",) if at_peak else ()):
             t.add_column(c, justify="left" if c in ("layers", "holds") else "right")
         for r in rep["stages"]:
             holds = " ".join(x for x, on in (("embedding", r["embedding"]), ("head", r["head"])) if on)
             t.add_row(str(r["stage"]), "+".join(map(str, r["layers"])) + f" = {sum(r['layers'])}", holds,
-                      f"{r['flops_per_microbatch'] / 1e12:,.2f}", f"{r['relative_time']:.3f}")
+                      f"{r['flops_per_microbatch'] / 1e12:,.2f}", f"{r['relative_time']:.3f}",
+                      *((f"{r['time_at_peak_s'] * 1e3:,.1f}",) if at_peak else ()))
         con.print(t)
     t = Table(title="communication per step, bytes sent per rank (GB, bus bytes)", title_justify="left")
     for c in ("group", "kind", "GB"):

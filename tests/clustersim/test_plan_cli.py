@@ -106,3 +106,10 @@ def test_pipeline_flag_errors(capsys, args, match):
     assert main(base + args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and match in err
+
+
+def test_stage_times_at_the_devices_peak(capsys):
+    d = _json(capsys, "--layers", "8", "--hidden", "256", "--heads", "8", "--pp", "2", "--global-batch", "8",
+              "--seq", "128", "--cluster", "dgx-h100", "--gpus", "8")
+    for r in d["stages"]:      # H100 SXM dense bf16 peak, 989 TFLOP/s (topologies.specs)
+        assert r["time_at_peak_s"] == pytest.approx(r["flops_per_microbatch"] / 989e12, rel=1e-3)
