@@ -301,7 +301,8 @@ def _compare_command():
 
     @click.command("compare")
     @simulate_options
-    @click.option("--schedules", help="Comma-separated pipeline schedules to compare, e.g. gpipe,1f1b,interleaved,zb.")
+    @click.option("--schedules", help="Comma-separated pipeline schedules to compare, e.g. "
+                  "1f1b,interleaved,zb-h1,zb-v,zb-auto,dualpipe.")
     @click.option("--out", type=click.Path(file_okay=False), help="Folder for pictures, metrics and Perfetto JSON.")
     @click.option("--report", type=click.Path(dir_okay=False), help="Self-contained HTML report to write.")
     @click.option("--title", help="Title of the pictures and the report.")

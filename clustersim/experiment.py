@@ -32,12 +32,13 @@ from typing import Any, Callable
 
 import click
 
+from schedules.pipeline import SCHEDULES as _SCHEDULES
 from simulator.errors import ConfigError
 from simulator.yamlio import load_yaml as _load_yaml
 
 NETWORKS = ("ideal", "analytical", "flow", "astra")
 MODES = ("symmetric", "full")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+SCHEDULES = tuple(_SCHEDULES)
 RECOMPUTE = ("none", "selective", "full")
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 
@@ -71,6 +72,10 @@ class Experiment:
     skew: float = 0.0
     axis_order: str = "tp-cp-ep-dp-pp"
     layer_split: str = "balanced"
+    stage_layers: str | list | None = None   # "7,8,8,7": layers per stage (or per model piece)
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    memory_limit: str | float | None = None  # zb-auto: micro-batches per stage, or "2p"
     network: str = "analytical"
     mode: str | None = None          # None: symmetric where valid, else full
     calibration: str | None = None
@@ -157,7 +162,8 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     exp = Experiment()
     for key, value in kw.items():
         w = f"{where}: {key}"
-        if key in ("gpus", "tp", "pp", "dp", "ep", "cp", "virtual_stages", "micro_batch", "global_batch", "seq"):
+        if key in ("gpus", "tp", "pp", "dp", "ep", "cp", "virtual_stages", "micro_batch", "global_batch", "seq",
+                   "first_stage_layers", "last_stage_layers"):
             value = _as_int(value, w)
         elif key == "zero":
             value = _as_int(value, w, minimum=0)
@@ -185,6 +191,12 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
         elif key == "faults":
             _check(isinstance(value, dict), f"{w}: expected a mapping (stragglers, jitter, seed, ...)")
+        elif key == "stage_layers":
+            from schedules.plan import parse_stage_layers
+            value = ",".join(map(str, parse_stage_layers(value)))
+        elif key == "memory_limit":
+            _check(isinstance(value, (str, int, float)) and not isinstance(value, bool),
+                   f"{w}: expected micro-batches (16) or a multiple of pp (2p), got {value!r}")
         setattr(exp, key, value)
     if custom and any(k.replace("-", "_") == "model" and v is None for k, v in data.items()):
         exp.model = None                     # custom model from fields only
@@ -243,6 +255,10 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--skew", type=float, help="MoE routing skew 0..1 (busiest EP rank gets 1+skew times the load)."),
         click.option("--axis-order", help="Rank mesh order, innermost first (default tp-cp-ep-dp-pp)."),
         click.option("--layer-split", type=click.Choice(["balanced", "even"]), help="Layers over pipeline stages."),
+        click.option("--stage-layers", help="Layers per pipeline stage (or per model piece), e.g. 7,8,8,7."),
+        click.option("--first-stage-layers", type=int, help="Layers of the first pipeline stage (rest balanced)."),
+        click.option("--last-stage-layers", type=int, help="Layers of the last pipeline stage (rest balanced)."),
+        click.option("--memory-limit", help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes (40GB)."),
         click.option("--network", type=click.Choice(NETWORKS),
                      help="ideal (free) | analytical | flow (contention) | astra (ASTRA-sim's analytical model)."),
         click.option("--astra-system", type=click.Path(dir_okay=False),
@@ -261,7 +277,7 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", 
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
-               "astra_system")
+               "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -350,17 +366,18 @@ def resolve_model(exp: Experiment):
 
 def virtual_stages(exp: Experiment, model) -> int:
     """The experiment's virtual stages: as given, else 2 for interleaved 1F1B when every stage can hold two
-    chunks of layers (interleaving with one chunk is plain 1F1B), else 1."""
+    chunks of layers (the first and last chunk may hold only the embedding / LM head; interleaving with one
+    chunk is plain 1F1B), else 1."""
     if exp.virtual_stages is not None:
         return exp.virtual_stages
-    if exp.schedule == "interleaved" and exp.pp > 1 and getattr(model, "layers", 0) >= 2 * exp.pp:
+    if exp.schedule == "interleaved" and exp.pp > 1 and getattr(model, "layers", 0) >= 2 * exp.pp - 2:
         return 2
     return 1
 
 
 def resolve_plan(exp: Experiment, model, world_size: int):
     """The validated ParallelPlan of an experiment (dp defaults to GPUs / (tp·pp·cp))."""
-    from schedules.plan import ParallelPlan
+    from schedules.plan import ParallelPlan, parse_memory_limit, parse_stage_layers
     dp = exp.dp
     if dp is None:
         denom = exp.tp * exp.pp * exp.cp
@@ -375,7 +392,9 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
               seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch, overlap_grad_reduce=exp.overlap_grad_reduce,
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
-              layer_split=exp.layer_split)
+              layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
+              first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
+              **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
     plan.validate(model, world_size)

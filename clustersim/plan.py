@@ -22,7 +22,7 @@ import click
 from schedules.memory import memory_per_rank
 from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
 from schedules.pipeline import SCHEDULES
-from schedules.plan import RECOMPUTE, ParallelPlan
+from schedules.plan import RECOMPUTE, ParallelPlan, parse_memory_limit, parse_stage_layers
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -63,7 +63,12 @@ def plan_options(f):
         click.option("--fsdp", is_flag=True, help="FSDP full sharding (ZeRO-3, per-layer units)."),
         click.option("--sp", is_flag=True, help="Sequence parallelism with TP."),
         click.option("--schedule", type=click.Choice(sorted(SCHEDULES)), default="1f1b", show_default=True,
-                     help="Pipeline schedule (zb = ZB-H1)."),
+                     help="Pipeline schedule (zb = zb-h1)."),
+        click.option("--stage-layers", default=None, help="Layers per pipeline stage (or per model piece), e.g. 7,8,8,7."),
+        click.option("--first-stage-layers", type=int, default=None, help="Layers of the first stage (rest balanced)."),
+        click.option("--last-stage-layers", type=int, default=None, help="Layers of the last stage (rest balanced)."),
+        click.option("--memory-limit", default=None,
+                     help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes (40GB)."),
         click.option("--virtual-stages", type=int, default=1, show_default=True,
                      help="Model chunks per pipeline rank (interleaved)."),
         click.option("--micro-batch", type=int, default=1, show_default=True, help="Sequences per micro-batch."),
@@ -111,7 +116,9 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       cp: int = 1, zero: int = 0, fsdp: bool = False, sp: bool = False, schedule: str = "1f1b",
                       virtual_stages: int = 1, micro_batch: int = 1, global_batch: int | None = None,
                       seq: int = 2048, recompute: str = "none", bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
-                      axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, **_ignored) -> ParallelPlan:
+                      axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, stage_layers=None,
+                      first_stage_layers: int | None = None, last_stage_layers: int | None = None,
+                      memory_limit=None, **_ignored) -> ParallelPlan:
     """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp)."""
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus)):
         if v is not None and (not isinstance(v, int) or v < 1):
@@ -128,7 +135,9 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
     return ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, fsdp=fsdp, micro_batch=micro_batch,
                         global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
                         bucket_bytes=bucket_mb * 1e6, recompute=recompute, seq=seq, fsdp_prefetch=fsdp_prefetch,
-                        axis_order=axis_order, skew=skew)
+                        axis_order=axis_order, skew=skew, stage_layers=parse_stage_layers(stage_layers),
+                        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+                        **parse_memory_limit(memory_limit, pp))
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -157,9 +166,10 @@ def _params_only_comm(model: ModelSpec, plan: ParallelPlan) -> dict:
 
 
 def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = None,
-                world_size: int | None = None) -> dict:
+                world_size: int | None = None, peak_flops: float | None = None) -> dict:
     """Validated plan, memory per rank class, fit, communication per step (bytes per rank, nccl-tests bus
-    bytes, maximum over rank classes)."""
+    bytes, maximum over rank classes), pipeline stages (``stage_table``; with the device's dense bf16 peak
+    ``peak_flops`` their compute time at peak)."""
     from schedules.generate import build_programs, comm_volume
 
     world_size = world_size or plan.world_size
@@ -185,7 +195,42 @@ def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = 
     }
     if not model.params_only:
         out["model_flops_per_step"] = model_flops_per_step(model, plan.seq, plan.effective_global_batch)
+        out["stages"] = stage_table(model, plan, peak_flops)
     return out
+
+
+def stage_table(model: ModelSpec, plan: ParallelPlan, peak_flops: float | None = None) -> list[dict]:
+    """Per pipeline stage: layers of each chunk (piece order of the chunks), whether it holds the embedding
+    / LM head, compute FLOPs per micro-batch per rank (forward + backward, recomputation excluded), that
+    compute relative to the busiest stage, and with ``peak_flops`` its time at peak (s)."""
+    from schedules import memory as mem
+
+    div = plan.tp * plan.cp
+    rows = []
+    for s in range(plan.pp):
+        chunks = mem.stage_chunks(model, plan, s)
+        flops = sum(model.layer_flops(l, plan.seq, plan.micro_batch).total for ls in chunks for l in ls)
+        head = mem.holds_head(model, plan, s)
+        if head:
+            flops += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
+        rows.append({"stage": s, "layers": [len(ls) for ls in chunks],
+                     "first_layer": min((l for ls in chunks for l in ls), default=None),
+                     "pieces": [plan.piece(s, c) for c in range(plan.chunks)],
+                     "embedding": mem.holds_embedding(plan, s), "head": head, "flops_per_microbatch": flops / div})
+    top = max(r["flops_per_microbatch"] for r in rows)
+    for r in rows:
+        r["relative_time"] = r["flops_per_microbatch"] / top
+        if peak_flops:
+            r["time_at_peak_s"] = r["flops_per_microbatch"] / peak_flops
+    return rows
+
+
+def _device_peak_flops(cluster: str | None, gpus: int) -> float | None:
+    """Dense bf16 peak FLOP/s of the cluster's device (None without --cluster)."""
+    if cluster is None:
+        return None
+    import topologies
+    return float(topologies.load_cluster(cluster, gpus).device(0).peak_bf16_flops)
 
 
 def _device_memory(cluster: str | None, gpus: int, hbm_gb: float | None) -> float | None:
@@ -223,7 +268,7 @@ def plan(cluster, hbm_gb, as_json, **kw):
     p = plan_from_options(**kw)
     gpus = kw.get("gpus") or p.world_size
     hbm = _device_memory(cluster, gpus, hbm_gb)
-    rep = plan_report(model, p, hbm, gpus)
+    rep = plan_report(model, p, hbm, gpus, _device_peak_flops(cluster, gpus) if p.pp > 1 else None)
     if as_json:
         click.echo(json.dumps(rep, indent=2, sort_keys=True, default=float))
         return
@@ -261,6 +306,17 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
     else:
         verdict = "[green]fits[/green]" if rep["fits_in_memory"] else "[red]does not fit[/red]"
         con.print(f"peak {_gb(rep['peak_memory_bytes'])} GB of {_gb(hbm)} GB: {verdict}")
+    if p.pp > 1 and rep.get("stages"):
+        t = Table(title="pipeline stages (compute per micro-batch and rank, forward + backward)", title_justify="left")
+        at_peak = "time_at_peak_s" in rep["stages"][0]
+        for c in ("stage", "layers", "holds", "TFLOPs", "rel. time") + (("ms at peak",) if at_peak else ()):
+            t.add_column(c, justify="left" if c in ("layers", "holds") else "right")
+        for r in rep["stages"]:
+            holds = " ".join(x for x, on in (("embedding", r["embedding"]), ("head", r["head"])) if on)
+            t.add_row(str(r["stage"]), "+".join(map(str, r["layers"])) + f" = {sum(r['layers'])}", holds,
+                      f"{r['flops_per_microbatch'] / 1e12:,.2f}", f"{r['relative_time']:.3f}",
+                      *((f"{r['time_at_peak_s'] * 1e3:,.1f}",) if at_peak else ()))
+        con.print(t)
     t = Table(title="communication per step, bytes sent per rank (GB, bus bytes)", title_justify="left")
     for c in ("group", "kind", "GB"):
         t.add_column(c, justify="right" if c == "GB" else "left")

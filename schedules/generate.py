@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from schedules import memory as mem
 from schedules.models import ModelSpec, model_flops_per_step
-from schedules.pipeline import Action, stage_orders
+from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
@@ -86,7 +86,7 @@ class _StageBuilder:
         self.tokens_rank = plan.micro_batch * plan.seq / plan.cp
         self.act_msg = self.tokens_rank * model.hidden * self.dt / (plan.tp if plan.sp else 1)
         self.tp_bytes = self.tokens_rank * model.hidden * self.dt
-        self.nv = plan.pp * plan.virtual_stages
+        self.nv = plan.pieces
         self.units = self._units()
         self.zero = plan.zero_stage
         self.dp_size = plan.dp * plan.cp
@@ -99,7 +99,7 @@ class _StageBuilder:
         out = []
         cache: dict[bool, Unit] = {}
         for c, layers in enumerate(mem.stage_chunks(m, p, self.s)):
-            vs = c * p.pp + self.s
+            vs = p.piece(self.s, c)
             units = []
             if vs == 0:
                 units.append(Unit("embedding", None, m.embedding_params() / p.tp, 0.0, 0.0, 0.0, 0.0, 0.0,
@@ -157,10 +157,80 @@ class _StageBuilder:
         self.dp_ops: list[int] = []
         if self.zero in (1, 2) and p.overlap_param_gather and self.dp_size > 1:
             self._param_gathers_at_start()
+        pairs = overlapped_pairs(p.schedule, p.pp, p.num_microbatches, p.virtual_stages, s)
+        skip = False
         for i, a in enumerate(order):
-            self._action(i, a)
+            if skip:
+                skip = False
+                continue
+            if i in pairs:
+                start = len(self.t.ops)
+                self._action(i, a)
+                mid = len(self.t.ops)
+                self._action(i + 1, order[i + 1])
+                self._overlap(start, mid, len(self.t.ops))
+                skip = True
+            else:
+                self._action(i, a)
         self._step_end()
         return self.t
+
+    # DualPipe's F&B chunks -------------------------------------------------------------------------
+    def _overlap(self, start: int, mid: int, end: int) -> None:
+        """Overlap the forward in ops [start, mid) with the backward in [mid, end) across the EP
+        all-to-all (DeepSeek-V3 report, sec. 3.2.1, fig. 4): each pass is cut after every all-to-all; the
+        compute stream alternates the two passes' pieces while each all-to-all runs on the ``ep_overlap``
+        stream, so one pass's dispatch/combine hides behind the other's compute. The pair's pipeline sends
+        go last, in the order the receivers expect. Without EP all-to-alls nothing changes."""
+        ops = self.t.ops
+
+        def is_a2a(i):
+            return ops[i].kind == COLLECTIVE and ops[i].strategy == "ep"
+
+        groups = [list(range(start, mid)), list(range(mid, end))]
+        if not all(any(is_a2a(i) for i in g) for g in groups):
+            return
+        sends = [i for i in range(start, end) if ops[i].kind == SEND and ops[i].stream.startswith("pp_send")]
+        segs = []
+        for g in groups:
+            cur, out = [], []
+            prev_compute = None
+            for i in g:
+                if i in sends:
+                    continue
+                op = ops[i]
+                cur.append(i)
+                if is_a2a(i):
+                    if prev_compute is not None:          # explicit now: it leaves the compute stream
+                        op.deps = tuple(sorted(set(op.deps) | {prev_compute}))
+                    op.stream = "ep_overlap"
+                    out.append(cur)
+                    cur = []
+                    nxt = next((j for j in g if j > i and ops[j].stream == "compute"), None)
+                    if nxt is not None:
+                        ops[nxt].deps = tuple(sorted(set(ops[nxt].deps) | {i}))
+                elif op.stream == "compute":
+                    prev_compute = i
+            if cur:
+                out.append(cur)
+            segs.append(out)
+        new = []
+        for k in range(max(len(segs[0]), len(segs[1]))):
+            for g in segs:
+                if k < len(g):
+                    new += g[k]
+        new += sends
+        assert sorted(new) == list(range(start, end))
+        pos = {old: start + n for n, old in enumerate(new)}
+        moved = [ops[i] for i in new]
+        for op in moved:
+            op.deps = tuple(pos.get(d, d) for d in op.deps)
+        ops[start:end] = moved
+        self.t.refs = {pos.get(k, k): v for k, v in self.t.refs.items()}
+        self.usage_last = {k: pos.get(v, v) for k, v in self.usage_last.items()}
+        self.ag_idx = {k: pos.get(v, v) for k, v in self.ag_idx.items()}
+        self.dp_ops = [pos.get(v, v) for v in self.dp_ops]
+        self.last_compute = pos.get(self.last_compute, self.last_compute)
 
     # p2p -------------------------------------------------------------------------------------------
     def _stream_tag(self, other: int) -> str:
@@ -169,16 +239,25 @@ class _StageBuilder:
             return ""
         return "_next" if other == (self.s + 1) % p else "_prev"
 
+    def _hop(self, stage: int, a: Action, forward: bool) -> tuple[int, int] | None:
+        """(stage, chunk) action ``a`` of ``stage`` sends to (forward: activations on, else gradients back);
+        None at the model's end or when the next piece is on the same stage (the V layout's turn)."""
+        p = self.p
+        h = (next_hop if forward else prev_hop)(p.schedule, p.pp, p.virtual_stages, stage, a.chunk)
+        return None if h is None or h[0] == stage else h
+
     def _messages(self, stage: int) -> list[tuple]:
-        """(kind, mb, target virtual stage, dst stage) of every message ``stage`` sends, in its order."""
+        """(kind, mb, target chunk, dst stage) of every message ``stage`` sends, in its order."""
         out = []
-        p = self.p.pp
         for a in self.orders[stage]:
-            vs = a.chunk * p + stage
-            if a.phase == "F" and vs < self.nv - 1:
-                out.append(("act", a.mb, vs + 1, (vs + 1) % p))
-            elif a.phase in ("B", "Bi") and vs > 0:
-                out.append(("grad", a.mb, vs - 1, (vs - 1) % p))
+            if a.phase == "F":
+                h = self._hop(stage, a, True)
+                if h is not None:
+                    out.append(("act", a.mb, h[1], h[0]))
+            elif a.phase in ("B", "Bi"):
+                h = self._hop(stage, a, False)
+                if h is not None:
+                    out.append(("grad", a.mb, h[1], h[0]))
         return out
 
     def _post_recvs(self) -> dict[tuple, int]:
@@ -188,11 +267,11 @@ class _StageBuilder:
             return idx
         for q in sorted({(self.s - 1) % p, (self.s + 1) % p}):
             tag = self._stream_tag(q)
-            for kind, mb, vs, dst in self._messages(q):
+            for kind, mb, c, dst in self._messages(q):
                 if dst != self.s:
                     continue
                 ph = FORWARD if kind == "act" else (BACKWARD_INPUT if self.p.splits_backward else BACKWARD)
-                idx[(kind, mb, vs)] = self.emit(
+                idx[(kind, mb, c)] = self.emit(
                     Op(RECV, f"recv {kind} mb{mb}", "pp_recv" + tag, (), size_bytes=self.act_msg, microbatch=mb,
                        phase=ph, strategy="pp"), ("pp", q))
         return idx
@@ -238,13 +317,12 @@ class _StageBuilder:
     # actions ---------------------------------------------------------------------------------------
     def _action(self, i: int, a: Action) -> None:
         p = self.p
-        vs = a.chunk * p.pp + self.s
         units = self.units[a.chunk]
         deps = []
-        if a.phase == "F" and vs > 0:
-            deps.append(self.recv_idx[("act", a.mb, vs)])
-        if a.phase in ("B", "Bi") and vs < self.nv - 1:
-            deps.append(self.recv_idx[("grad", a.mb, vs)])
+        src = (a.phase == "F" and self._hop(self.s, a, False)) or \
+            (a.phase in ("B", "Bi") and self._hop(self.s, a, True))
+        if src:     # the input comes from another stage (a local V turn follows the compute stream's order)
+            deps.append(self.recv_idx[("act" if a.phase == "F" else "grad", a.mb, a.chunk)])
         seq = units if a.phase == "F" else list(reversed(units))
         last = None
         zero2_buckets = self.zero == 2 and a.phase in ("B", "W")
@@ -275,10 +353,10 @@ class _StageBuilder:
         if buckets is not None:
             buckets.flush_all()
         # pipeline send
-        if a.phase == "F" and vs < self.nv - 1:
-            self._send("act", a, (vs + 1) % p.pp, last)
-        elif a.phase in ("B", "Bi") and vs > 0:
-            self._send("grad", a, (vs - 1) % p.pp, last)
+        if a.phase in ("F", "B", "Bi"):
+            h = self._hop(self.s, a, a.phase == "F")
+            if h is not None:
+                self._send("act" if a.phase == "F" else "grad", a, h[0], last)
         self.last_compute = last
 
     def usage_pos_of(self, action_idx: int, u: Unit) -> int:
@@ -483,7 +561,7 @@ class _StageBuilder:
             for role, n, _ in self._bucket_plan(forward=False):
                 self.dp_ops.append(self.coll(f"dp grad {kind}", kind, self.fam[role], n * p.grad_bytes_per_param,
                                              "dp_comm", (last,), strategy="dp" if self.zero == 0 else "zero"))
-        if p.pp > 1 and self.m.tied_embeddings and self.s in (0, p.pp - 1):
+        if p.pp > 1 and self.m.tied_embeddings and self.s in (0, p.pp - 1) and layout(p.schedule) == "loop":
             size = self.m.embedding_params() / p.tp * p.grad_bytes_per_param
             self.dp_ops.append(self.coll("embedding grad all_reduce", "all_reduce", "embed", size, "dp_comm",
                                          (last,), strategy="pp"))
@@ -493,6 +571,12 @@ class _StageBuilder:
         else:
             n_upd = dense + expert
         states = n_upd * (self.dt + p.grad_bytes_per_param + 2 * p.optimizer_bytes_per_param)
+        if p.schedule == "dualpipe" and p.pp > 1:
+            # DualPipe keeps two copies of every piece (on stages s and pp-1-s): their gradients are summed
+            # before the optimizer step (after the data-parallel reduction, on what this rank updates)
+            deps = (last,) + ((self.dp_ops[-1],) if self.dp_ops else ())
+            self.dp_ops.append(self.coll("mirror grad all_reduce", "all_reduce", "mirror",
+                                         n_upd * p.grad_bytes_per_param, "dp_comm", deps, strategy="pp"))
         deps = (last,) + ((self.dp_ops[-1],) if self.dp_ops else ())
         opt = self.comp("optimizer step", ADAM_FLOPS_PER_PARAM * n_upd, states, deps, phase=OPTIMIZER)
         if self.zero in (1, 2) and not p.overlap_param_gather and self.dp_size > 1:
@@ -566,7 +650,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
         raise ConfigError(f"model {model.name} is given only by its parameter count; programs need its shape "
                           f"(--model PRESET or --layers/--hidden/--heads)")
     progs = Programs(world_size=world_size, ops={})
-    fams = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "embed"]
+    fams = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "embed", "mirror"]
     gid_of: dict[str, list] = {}
     for fam in fams:
         table = [None] * world_size
@@ -579,7 +663,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                 for r in g:
                     table[r] = gid
         gid_of[fam] = table
-    orders = stage_orders(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    orders = [list(plan.stage_order(s, model)) for s in range(plan.pp)]
     families = _families(plan)
     skewed = plan.skew > 0 and plan.ep > 1
 

@@ -23,31 +23,33 @@ The embedding output and the LM-head logits are not counted. Units: bytes.
 from __future__ import annotations
 
 from schedules.models import ModelSpec
-from schedules.pipeline import stage_order
-from schedules.plan import ParallelPlan, distribute_layers
+from schedules.plan import ParallelPlan
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
 
 
 # ---------------------------------------------------------------------------------------------- layout
 def chunk_layers(model: ModelSpec, plan: ParallelPlan) -> list[list[int]]:
-    """Layers of each virtual stage vs = chunk·pp + stage."""
-    return distribute_layers(model.layers, plan.pp * plan.virtual_stages, plan.layer_split)
+    """Layers of each model piece (virtual stage), in piece order (``ParallelPlan.piece_layers``)."""
+    return plan.piece_layers(model)
 
 
 def stage_chunks(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[list[int]]:
-    """Layers of each chunk held by pipeline stage ``stage`` (chunk c is virtual stage c·pp + stage)."""
+    """Layers of each chunk held by pipeline stage ``stage`` (chunk c holds piece ``plan.piece(stage, c)``)."""
     vs = chunk_layers(model, plan)
-    return [vs[c * plan.pp + stage] for c in range(plan.virtual_stages)]
+    return [vs[plan.piece(stage, c)] for c in range(plan.chunks)]
 
 
 def holds_embedding(plan: ParallelPlan, stage: int) -> bool:
-    return stage == 0
+    """A chunk of the stage holds the first model piece."""
+    return any(plan.piece(stage, c) == 0 for c in range(plan.chunks))
 
 
 def holds_head(model: ModelSpec, plan: ParallelPlan, stage: int) -> bool:
-    """The last stage holds the LM head (a separate copy of tied embeddings under PP)."""
-    return stage == plan.pp - 1 and not (model.tied_embeddings and plan.pp == 1)
+    """A chunk of the stage holds the last model piece, with the LM head (a separate copy of tied embeddings
+    under PP)."""
+    last = any(plan.piece(stage, c) == plan.pieces - 1 for c in range(plan.chunks))
+    return last and not (model.tied_embeddings and plan.pp == 1)
 
 
 def layer_param_split(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float]:
@@ -71,7 +73,7 @@ def rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float
         dense += model.embedding_params() / plan.tp
     if holds_head(model, plan, stage):
         dense += model.head_params() / plan.tp
-    if stage == plan.pp - 1:
+    if any(plan.piece(stage, c) == plan.pieces - 1 for c in range(plan.chunks)):
         dense += model.hidden          # final norm
     return dense, expert
 
@@ -148,6 +150,17 @@ def weight_grad_fraction(model: ModelSpec, plan: ParallelPlan, layer: int) -> fl
     return min(1.0, w_in / total)
 
 
+def weight_pass_share(model: ModelSpec, plan: ParallelPlan) -> float | None:
+    """Share of a micro-batch's activations that W still needs after B, over the whole model (weighted by
+    bytes): the memory accounting under which zero-bubble schedules with a memory limit are built (the
+    zero-bubble runtime frees at B all but the weight-gradient inputs). None when B and W are not split."""
+    if not plan.splits_backward or model.params_only:
+        return None
+    act = [layer_activation_bytes(model, plan, l) for l in range(model.layers)]
+    w = sum(weight_grad_fraction(model, plan, l) * a for l, a in enumerate(act))
+    return round(w / sum(act), 4) if sum(act) else 1.0
+
+
 def recompute_transient_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
     """Activations rebuilt while one layer's backward runs (full recompute only)."""
     if plan.recompute != "full":
@@ -163,8 +176,8 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     held = [sum(layer_activation_bytes(model, plan, l) for l in ls) for ls in chunks]
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
-    transient = [max(recompute_transient_bytes(model, plan, l) for l in ls) for ls in chunks]
-    order = stage_order(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages, stage)
+    transient = [max((recompute_transient_bytes(model, plan, l) for l in ls), default=0.0) for ls in chunks]
+    order = plan.stage_order(stage, model)
     cur = peak = 0.0
     for a in order:
         c = a.chunk
@@ -186,8 +199,7 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     """Peak micro-batches of activations held by ``stage`` (stage-equivalents under interleaving)."""
     from schedules.pipeline import peak_in_flight
 
-    order = stage_order(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages, stage)
-    return peak_in_flight(order) / plan.virtual_stages
+    return peak_in_flight(plan.stage_order(stage)) / plan.chunks
 
 
 # ---------------------------------------------------------------------------------------------- buffers

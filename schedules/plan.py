@@ -10,18 +10,22 @@ the order, the "dp" axis stands for the outer dp/ep part of data parallelism.
 
 Process-group families: tp, cp, dp, pp, ep, plus "dp_cp" (dense gradient reduction when cp > 1: CP ranks
 hold the same weights), "edp" (expert gradient reduction when ep > 1) and "embed" (first and last stage,
-tied embeddings). Units: bytes, tokens.
+tied embeddings), "mirror" (DualPipe: stages s and pp-1-s, which hold copies of the same two pieces).
+Units: bytes, tokens.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import heapq
 import math
 from dataclasses import dataclass
 from functools import cached_property
 
+from schedules import pipeline as pl
 from simulator.errors import PlanError
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb")
+SCHEDULE_NAMES = tuple(pl.SCHEDULES)
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
@@ -36,8 +40,17 @@ class ParallelPlan:
     micro_batch          sequences per micro-batch per DP replica
     global_batch         sequences per step over the whole job (default micro_batch · dp · m with
                          m = 4·pp micro-batches under PP, 1 without)
-    schedule             pipeline schedule: gpipe | 1f1b | interleaved | zb (ZB-H1)
-    virtual_stages       model chunks per pipeline rank (interleaved 1F1B)
+    schedule             pipeline schedule: gpipe | 1f1b | interleaved | zb / zb-h1 | zb-h2 | zb-v | zb-auto |
+                         dualpipe | dualpipev (``schedules.pipeline``)
+    virtual_stages       model chunks per pipeline rank (interleaved 1F1B; zb-v and dualpipe(v) hold 2)
+    memory_limit         zb-auto: activations a stage may hold, in micro-batches of that stage (default pp:
+                         ZB-1p; 2·pp: ZB-2p)
+    memory_limit_bytes   zb-auto: the same limit in bytes of activations per rank (converted with the
+                         busiest stage's activations per micro-batch)
+    stage_layers         layers per pipeline stage (pp entries) or per model piece (pp·chunks entries, piece
+                         order); None = balanced by estimated time (``piece_layer_counts``)
+    first_stage_layers, last_stage_layers: layers of the first and last model piece (Megatron's
+                         decoder_first/last_pipeline_num_layers); the rest are balanced
     bucket_bytes         gradient bucket size (PyTorch DDP's default 25 MB)
     recompute            activation recomputation: none | selective (attention core) | full (whole layer)
     seq                  sequence length (tokens)
@@ -47,8 +60,9 @@ class ParallelPlan:
     axis_order           rank mesh order, innermost first
     skew                 MoE routing skew: EP rank e gets (1 + skew·(1 - 2e/(ep-1))) times the uniform
                          expert load (busiest +skew, least busy -skew); 0 = uniform routing
-    layer_split          "balanced" (layers not divisible by pp·v: first and last chunks get fewer, as
-                         Llama 3 405B on 16 stages) or "even" (require divisibility)
+    layer_split          "balanced" (layer counts balance estimated stage time, embedding and LM head
+                         included: Llama 3 405B's 126 layers on 16 stages get 7 on the first and last) or
+                         "even" (require divisibility)
     grad_bytes_per_param, optimizer_bytes_per_param: mixed-precision Adam stores 2-byte gradients and
                          12 bytes of optimizer state (fp32 master weights, momentum, variance) per
                          parameter: 16 bytes with the 2-byte weights (Rajbhandari et al. 2020, sec. 3.1)
@@ -75,6 +89,11 @@ class ParallelPlan:
     axis_order: str = "tp-cp-ep-dp-pp"
     skew: float = 0.0
     layer_split: str = "balanced"
+    memory_limit: float | None = None
+    memory_limit_bytes: float | None = None
+    stage_layers: tuple | None = None
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
     grad_bytes_per_param: float = 2.0
     optimizer_bytes_per_param: float = 12.0
 
@@ -105,8 +124,49 @@ class ParallelPlan:
 
     @property
     def splits_backward(self) -> bool:
-        """Whether backward is split into B (input) and W (weight) ops."""
-        return self.schedule == "zb"
+        """Whether backward may be split into B (input) and W (weight) ops."""
+        return self.schedule in pl.SPLIT_BACKWARD
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks each pipeline stage holds (2 for zb-v, dualpipe, dualpipev)."""
+        return pl.model_chunks(self.schedule, self.virtual_stages)
+
+    @property
+    def pieces(self) -> int:
+        """Model pieces (virtual stages) the layers are split into (pp for dualpipe: two copies)."""
+        return pl.num_pieces(self.schedule, self.pp, self.virtual_stages)
+
+    def piece(self, stage: int, chunk: int) -> int:
+        """Model piece held by ``chunk`` of ``stage``."""
+        return pl.piece(self.schedule, self.pp, self.virtual_stages, stage, chunk)
+
+    def stage_order(self, stage: int, model=None) -> tuple:
+        """Stage ``stage``'s pipeline order (``schedules.pipeline.stage_order``). With the model, schedules
+        built by the zero-bubble list scheduler get its pass times and the share of activations W keeps."""
+        w_frac = costs = None
+        limit = self.memory_limit
+        if model is not None and self.schedule in ("zb-h2", "zb-v", "zb-auto") and not model.params_only:
+            from schedules.memory import weight_pass_share
+            w_frac = weight_pass_share(model, self)
+            costs = pass_times(model, self)
+            if self.memory_limit_bytes is not None:
+                limit = self.memory_limit_microbatches(model)
+        elif self.memory_limit_bytes is not None:
+            raise PlanError("a memory limit in bytes needs the model's activation sizes")
+        return pl.stage_order(self.schedule, self.pp, self.num_microbatches, self.virtual_stages, stage,
+                              limit, w_frac, costs)
+
+    def memory_limit_microbatches(self, model) -> float:
+        """``memory_limit_bytes`` as micro-batches of the busiest stage's activations (rounded down to 1/100)."""
+        from schedules.memory import layer_activation_bytes, stage_chunks
+        per = max(sum(layer_activation_bytes(model, self, l) for ls in stage_chunks(model, self, s) for l in ls)
+                  for s in range(self.pp))
+        lim = math.floor(100 * self.memory_limit_bytes / per) / 100 if per else float("inf")
+        if lim < 1:
+            raise PlanError(f"--memory-limit {self.memory_limit_bytes / 1e9:g} GB holds less than one "
+                            f"micro-batch's activations ({per / 1e9:.3g} GB on the busiest stage)")
+        return lim
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -145,15 +205,31 @@ class ParallelPlan:
                 raise PlanError(f"global batch {self.global_batch} is not a multiple of micro_batch({self.micro_batch})"
                                 f" × dp({self.dp}) = {per}; use e.g. --global-batch {per * max(1, self.global_batch // per)}")
         m, p, v = self.num_microbatches, self.pp, self.virtual_stages
-        if v > 1 and self.schedule != "interleaved":
+        if v > 1 and self.schedule not in ("interleaved", "zb-v", "dualpipe", "dualpipev"):
             raise PlanError(f"virtual_stages={v} needs --schedule interleaved (schedule is {self.schedule})")
-        if self.schedule == "interleaved":
-            if p < 2:
-                raise PlanError("the interleaved schedule needs pp >= 2; use --schedule 1f1b or raise --pp")
-            if m % p:
-                raise PlanError(f"interleaved 1F1B needs the number of micro-batches ({m}) to be a multiple of "
-                                f"pp ({p}); set --global-batch to a multiple of micro_batch·dp·pp = "
-                                f"{self.micro_batch * self.dp * p}")
+        if self.schedule in ("zb-v", "dualpipe", "dualpipev") and v > 2:
+            raise PlanError(f"{self.schedule} holds exactly two model chunks per stage; use --virtual-stages 1 or 2")
+        if self.schedule == "interleaved" and p < 2:
+            raise PlanError("the interleaved schedule needs pp >= 2; use --schedule 1f1b or raise --pp")
+        if self.schedule in ("dualpipe", "dualpipev"):
+            pl._check_dualpipe(self.schedule, p, m, v)
+        if self.memory_limit is not None and self.memory_limit_bytes is not None:
+            raise PlanError("give the zb-auto memory limit in micro-batches or in bytes, not both")
+        if self.memory_limit_bytes is not None:
+            lim = self.memory_limit_bytes
+            if self.schedule != "zb-auto":
+                raise PlanError(f"--memory-limit applies to --schedule zb-auto (schedule is {self.schedule})")
+            if not isinstance(lim, (int, float)) or isinstance(lim, bool) or not math.isfinite(lim) or lim <= 0:
+                raise PlanError(f"memory_limit_bytes must be a positive number of bytes, got {lim!r}")
+            if model is not None and not model.params_only:
+                self.memory_limit_microbatches(model)
+        if self.memory_limit is not None:
+            lim = self.memory_limit
+            if self.schedule != "zb-auto":
+                raise PlanError(f"--memory-limit applies to --schedule zb-auto (schedule is {self.schedule})")
+            if not isinstance(lim, (int, float)) or isinstance(lim, bool) or not math.isfinite(lim) or lim < 1:
+                raise PlanError(f"memory_limit must be at least 1 micro-batch of activations, got {lim!r}")
+        self._check_stage_layers()
         if self.ep > 1 and self.dp % self.ep:
             raise PlanError(f"ep({self.ep}) must divide dp({self.dp}): expert parallelism is carved out of data "
                             f"parallelism; use --dp a multiple of {self.ep}")
@@ -211,10 +287,12 @@ class ParallelPlan:
                             f"across TP ranks; use --tp <= {model.kv_heads}")
         if model.ffn % t or (model.is_moe and model.expert_ffn % t):
             raise PlanError(f"tp({t}) must divide the MLP width ({model.ffn}) of {model.name}")
-        chunks = self.pp * self.virtual_stages
-        if model.layers < chunks:
-            raise PlanError(f"{model.name} has {model.layers} layers, fewer than pp×virtual_stages = {chunks} "
-                            f"model chunks; lower --pp or --virtual-stages")
+        chunks = self.pieces
+        if model.layers < max(1, chunks - 2):
+            raise PlanError(f"{model.name} has {model.layers} layers for {chunks} model pieces of pp {self.pp} × "
+                            f"{self.chunks} chunks (at most the embedding's and the LM head's pieces may be left "
+                            f"without layers); lower --pp or --virtual-stages")
+        self.piece_layer_counts(model)     # user-given counts must add up
         if self.layer_split == "even" and model.layers % chunks:
             raise PlanError(f"{model.name} has {model.layers} layers, not divisible by pp×virtual_stages = "
                             f"{self.pp}×{self.virtual_stages} = {chunks}; choose a divisor of {model.layers} or "
@@ -223,6 +301,77 @@ class ParallelPlan:
             raise PlanError(f"ep({self.ep}) > 1 but {model.name} is a dense model (no experts); use --ep 1")
         if model.is_moe and model.experts % self.ep:
             raise PlanError(f"ep({self.ep}) must divide the {model.experts} experts of {model.name}")
+
+    def _check_stage_layers(self) -> None:
+        sl = self.stage_layers
+        if sl is not None:
+            if not isinstance(sl, (tuple, list)) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                            for x in sl):
+                raise PlanError(f"stage_layers must be a list of positive layer counts, got {sl!r}")
+            if len(sl) not in (self.pp, self.pieces):
+                raise PlanError(f"stage_layers has {len(sl)} entries; give one per pipeline stage ({self.pp}) or "
+                                f"one per model piece ({self.pieces})")
+            if self.first_stage_layers is not None or self.last_stage_layers is not None:
+                raise PlanError("give either stage_layers or first/last stage layers, not both")
+        for f in ("first_stage_layers", "last_stage_layers"):
+            x = getattr(self, f)
+            if x is not None and (not isinstance(x, int) or isinstance(x, bool) or x < 1):
+                raise PlanError(f"{f} must be a positive number of layers, got {x!r}")
+
+    # ------------------------------------------------------------------ layers
+    def piece_layer_counts(self, model) -> list[int]:
+        """Layers of each model piece (piece order). User counts (``stage_layers``, first/last) are checked
+        against the model; the rest are balanced by estimated time (``balanced_layer_counts``)."""
+        n, k, p = model.layers, self.pieces, self.pp
+        sl = self.stage_layers
+        if sl is not None:
+            sl = list(sl)
+            if len(sl) == p and k != p:          # per stage: spread each stage's count over its chunks
+                counts = [0] * k
+                for s, x in enumerate(sl):
+                    if x < self.chunks:
+                        raise PlanError(f"stage {s} has {x} layers for {self.chunks} model chunks")
+                    base, rem = divmod(x, self.chunks)
+                    for c in range(self.chunks):
+                        counts[self.piece(s, c)] = base + (1 if c < rem else 0)
+            else:
+                counts = sl
+            if sum(counts) != n:
+                raise PlanError(f"stage_layers add up to {sum(counts)} layers, but {model.name} has {n}")
+            return counts
+        fixed = {}
+        if self.first_stage_layers is not None:
+            fixed[0] = self.first_stage_layers
+        if self.last_stage_layers is not None:
+            fixed[k - 1] = self.last_stage_layers
+        if k == 1 and fixed:
+            raise PlanError("first/last stage layers need more than one pipeline stage")
+        rest = n - sum(fixed.values())
+        ends = 0 if n >= k else len({0, k - 1} - set(fixed))     # pieces that may stay empty
+        if rest < k - len(fixed) - ends or (len(fixed) == k and rest):
+            raise PlanError(f"first/last stage layers {sorted(fixed.values())} leave {rest} of {model.name}'s {n} "
+                            f"layers for the other {k - len(fixed)} model pieces")
+        if self.layer_split == "even":
+            if n % k or fixed:
+                raise PlanError(f"{n} layers are not divisible into {k} chunks")
+            return [n // k] * k
+        return list(balanced_layer_counts(n, self._stage_of_piece(), _extra_cost(model, self.seq),
+                                          tuple(sorted(fixed.items()))))
+
+    def _stage_of_piece(self) -> tuple[int, ...]:
+        out = [0] * self.pieces
+        for s in range(self.pp):
+            for c in range(self.chunks):
+                out[self.piece(s, c)] = s
+        return tuple(out)
+
+    def piece_layers(self, model) -> list[list[int]]:
+        """Layer indices of each model piece, in piece order."""
+        out, start = [], 0
+        for n in self.piece_layer_counts(model):
+            out.append(list(range(start, start + n)))
+            start += n
+        return out
 
     # ------------------------------------------------------------------ mesh
     @cached_property
@@ -278,6 +427,11 @@ class ParallelPlan:
 
     def groups(self, family: str) -> list[tuple[int, ...]]:
         """All groups of a family, each a tuple of ranks ordered by the varying coordinates."""
+        if family == "mirror":      # DualPipe: stages s and pp-1-s hold the same two pieces
+            if self.schedule != "dualpipe":
+                return []
+            return [(r, self.peer(r, "pp", self.pp - 1 - self.stage_of(r))) for r in range(self.world_size)
+                    if self.stage_of(r) < self.pp // 2]
         if family == "embed":
             if self.pp < 2:
                 return []
@@ -301,21 +455,103 @@ class ParallelPlan:
         return out
 
 
-def distribute_layers(layers: int, chunks: int, split: str = "balanced") -> list[list[int]]:
-    """Layer indices of each model chunk (virtual stage), in order.
-
-    Divisible: equal chunks. Otherwise ("balanced") the remainder goes to the middle chunks first and the
-    first and last chunks (which also hold the embedding and the LM head) keep fewer layers."""
-    if chunks < 1 or layers < chunks:
-        raise PlanError(f"cannot split {layers} layers into {chunks} non-empty model chunks")
-    if split == "even" and layers % chunks:
-        raise PlanError(f"{layers} layers are not divisible into {chunks} chunks")
-    base, rem = divmod(layers, chunks)
-    priority = list(range(1, chunks - 1)) + ([chunks - 1, 0] if chunks > 1 else [0])
-    extra = set(priority[:rem])
-    out, start = [], 0
-    for c in range(chunks):
-        n = base + (1 if c in extra else 0)
-        out.append(list(range(start, start + n)))
-        start += n
+def parse_stage_layers(value) -> tuple[int, ...] | None:
+    """``--stage-layers 7,8,8,7`` (or a YAML list) -> (7, 8, 8, 7)."""
+    if value is None or value == "":
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        out = tuple(int(str(x).strip()) for x in items)
+    except (TypeError, ValueError):
+        raise PlanError(f"stage layers must be comma-separated layer counts like 7,8,8,7, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise PlanError(f"stage layers must be positive layer counts, got {value!r}")
     return out
+
+
+def parse_memory_limit(value, pp: int) -> dict:
+    """zb-auto's ``--memory-limit``: micro-batches of a stage's activations ("16"), a multiple of pp ("2p" =
+    ZB-2p) or activation bytes per rank ("40GB", 1 GB = 1e9 B). Returns the ParallelPlan fields
+    ``memory_limit`` / ``memory_limit_bytes``."""
+    if value is None or value == "":
+        return {}
+    text = str(value).strip().lower().replace(" ", "")
+    try:
+        if text.endswith("gb"):
+            b = float(text[:-2]) * 1e9
+            if not math.isfinite(b) or b <= 0:
+                raise ValueError
+            return {"memory_limit_bytes": b}
+        lim = float(text[:-1]) * pp if text.endswith("p") else float(text)
+    except ValueError:
+        raise PlanError(f"--memory-limit is micro-batches of activations per stage (e.g. 16), a multiple of pp "
+                        f"(1p = ZB-1p, 2p = ZB-2p) or bytes (40GB), got {value!r}") from None
+    if not math.isfinite(lim) or lim < 1:
+        raise PlanError(f"--memory-limit must be at least one micro-batch of activations, got {value!r}")
+    return {"memory_limit": lim}
+
+
+def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
+    """Relative times of a layer's forward (T_F), backward-input (T_B) and backward-weight (T_W) passes
+    from their FLOPs (``LayerFlops``; recomputation adds a forward to B), mean over the layers, rounded so
+    that plans of the same shape share a schedule."""
+    f = b = w = 0.0
+    for l in range(model.layers):
+        lf = model.layer_flops(l, plan.seq, plan.micro_batch)
+        f += lf.forward
+        b += lf.backward_input + (lf.forward if plan.recompute == "full" else
+                                  lf.attn_core if plan.recompute == "selective" else 0.0)
+        w += lf.backward_weight
+    return (1.0, round(b / f, 2), round(w / f, 2))
+
+
+def _extra_cost(model, seq: int) -> tuple[float, float]:
+    """(embedding, LM head + loss) time relative to one transformer layer, from FLOPs (forward + both
+    backward halves). The lookup has no FLOPs; it counts as a token-sized epsilon so that ties give the
+    first piece fewer layers (Llama 3 405B takes one layer off the first and the last stage, Dubey et al.
+    2024, sec. 3.3.2)."""
+    if getattr(model, "params_only", False):
+        return 0.0, 0.0
+    layer = sum(model.layer_flops(l, seq, 1).total for l in range(model.layers)) / model.layers
+    head = 3.0 * model.head_flops(seq, 1)
+    return 1e-6, head / layer
+
+
+@functools.lru_cache(maxsize=1024)
+def balanced_layer_counts(layers: int, stage_of_piece: tuple[int, ...], extra: tuple[float, float],
+                          fixed: tuple = ()) -> tuple[int, ...]:
+    """Layer counts per model piece that minimise the slowest piece and then the slowest stage, with the
+    embedding (``extra[0]`` layer-equivalents) on the first piece and the LM head (``extra[1]``) on the last.
+    Layers are handed out one at a time to the piece that stays cheapest (piece time, then its stage's time,
+    then piece order); pieces in ``fixed`` (piece -> count) keep their counts. Every piece gets a layer;
+    with fewer layers than pieces the first and last pieces may hold only the embedding / LM head (as
+    Megatron's custom pipeline layouts allow). Layer times are taken as equal (their mean)."""
+    fixed = dict(fixed)
+    k = len(stage_of_piece)
+    cost = [0.0] * k
+    cost[0] += extra[0]
+    cost[-1] += extra[1]
+    counts = [0] * k
+    stage = [0.0] * (max(stage_of_piece) + 1)
+    for i, c in enumerate(cost):
+        stage[stage_of_piece[i]] += c
+    for i, n in fixed.items():
+        counts[i] = n
+        stage[stage_of_piece[i]] += n
+        cost[i] += n
+    free = [i for i in range(k) if i not in fixed]
+    left = layers - sum(fixed.values())
+    for i in free:      # every piece holds a layer; with fewer layers than pieces the embedding's and the
+        if layers >= k or i not in (0, k - 1):      # head's pieces may hold nothing else
+            counts[i] += 1; cost[i] += 1; stage[stage_of_piece[i]] += 1; left -= 1
+    heap = [(cost[i] + 1, stage[stage_of_piece[i]] + 1, i) for i in free]
+    heapq.heapify(heap)
+    while left > 0:
+        c, st, i = heapq.heappop(heap)
+        now = (cost[i] + 1, stage[stage_of_piece[i]] + 1, i)
+        if (c, st) != now[:2]:                      # stale: its stage grew meanwhile
+            heapq.heappush(heap, now)
+            continue
+        counts[i] += 1; cost[i] += 1; stage[stage_of_piece[i]] += 1; left -= 1
+        heapq.heappush(heap, (cost[i] + 1, stage[stage_of_piece[i]] + 1, i))
+    return tuple(counts)

@@ -293,3 +293,11 @@ def test_cli_compare_unwritable_output_is_a_clear_error(tmp_path, capsys):
     rc = main(["compare", "--trace", str(tmp_path / "nccl"), "--report", str(tmp_path / "afile" / "r.html")])
     assert rc == 2
     assert "cannot write the outputs" in capsys.readouterr().err
+
+
+def test_schedules_flag_takes_the_new_schedules():
+    from clustersim.compare import schedule_variants
+    got = schedule_variants("1f1b,interleaved,zb-h1,zb-v,zb-auto,dualpipe,dualpipev,zb-h2")
+    assert [n for n, _ in got] == ["1f1b", "interleaved", "zb-h1", "zb-v", "zb-auto", "dualpipe", "dualpipev", "zb-h2"]
+    assert {n: o["virtual_stages"] for n, o in got}["interleaved"] == 2
+    assert all(o["virtual_stages"] == 1 for n, o in got if n != "interleaved")

@@ -70,3 +70,46 @@ def test_custom_model_flags_and_helpers():
         model_from_options()
     rep = plan_report(get_model("tiny"), plan_from_options(gpus=2, seq=128), hbm_bytes=1e12)
     assert rep["fits_in_memory"] and rep["comm_bytes_per_step"]["all_reduce"] > 0
+
+
+def test_stage_table_and_uneven_layers(capsys):
+    d = _json(capsys, "--layers", "22", "--hidden", "256", "--heads", "8", "--pp", "8", "--schedule",
+              "interleaved", "--virtual-stages", "2", "--global-batch", "16", "--seq", "128")
+    rows = d["stages"]
+    assert [sum(r["layers"]) for r in rows] == [2, 3, 3, 3, 3, 3, 3, 2]
+    assert rows[0]["embedding"] and rows[-1]["head"] and max(r["relative_time"] for r in rows) == 1.0
+    d = _json(capsys, "--layers", "22", "--hidden", "256", "--heads", "8", "--pp", "4", "--stage-layers",
+              "5,6,6,5", "--global-batch", "16", "--seq", "128")
+    assert [r["layers"] for r in d["stages"]] == [[5], [6], [6], [5]]
+
+
+def test_zb_auto_memory_limit_forms(capsys):
+    base = ["--layers", "8", "--hidden", "256", "--heads", "8", "--pp", "4", "--schedule", "zb-auto",
+            "--global-batch", "16", "--seq", "128"]
+    act = {}
+    for lim in ("1p", "2p", "6", "0.01GB"):
+        act[lim] = max(r["activations"] for r in _json(capsys, *base, "--memory-limit", lim)["memory_bytes"].values())
+    assert act["1p"] <= act["6"] <= act["2p"]
+    assert act["0.01GB"] <= 0.01e9
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--memory-limit", "2p"], "zb-auto"),
+    (["--schedule", "zb-auto", "--memory-limit", "lots"], "memory-limit"),
+    (["--schedule", "zb-auto", "--memory-limit", "1e-9GB"], "less than one"),
+    (["--stage-layers", "1,2,3"], "one per pipeline stage"),
+    (["--stage-layers", "3,3,3,3"], "add up"),
+    (["--schedule", "dualpipe", "--global-batch", "6"], "dualpipe"),
+])
+def test_pipeline_flag_errors(capsys, args, match):
+    base = ["plan", "--layers", "16", "--hidden", "256", "--heads", "8", "--pp", "4", "--global-batch", "16"]
+    assert main(base + args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and match in err
+
+
+def test_stage_times_at_the_devices_peak(capsys):
+    d = _json(capsys, "--layers", "8", "--hidden", "256", "--heads", "8", "--pp", "2", "--global-batch", "8",
+              "--seq", "128", "--cluster", "dgx-h100", "--gpus", "8")
+    for r in d["stages"]:      # H100 SXM dense bf16 peak, 989 TFLOP/s (topologies.specs)
+        assert r["time_at_peak_s"] == pytest.approx(r["flops_per_microbatch"] / 989e12, rel=1e-3)

@@ -201,8 +201,10 @@ def test_params_only_model_cannot_build_programs():
 # ------------------------------------------------------------------------------ property test over plans
 @st.composite
 def plans(draw):
-    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb"]))
-    pp = draw(st.sampled_from([1, 2, 4])) if schedule != "interleaved" else draw(st.sampled_from([2, 4]))
+    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb", "zb-h2", "zb-v", "zb-auto", "dualpipe",
+                                     "dualpipev"]))
+    pp = draw(st.sampled_from([1, 2, 4])) if schedule not in ("interleaved", "dualpipe") else \
+        draw(st.sampled_from([2, 4]))
     v = 2 if schedule == "interleaved" and pp == 2 else 1
     moe = draw(st.booleans())
     tp = draw(st.sampled_from([1, 2]))
@@ -211,6 +213,8 @@ def plans(draw):
     cp = draw(st.sampled_from([1, 2]))
     mult = draw(st.sampled_from([1, 2, 3]))
     m = pp * mult if schedule == "interleaved" else draw(st.integers(1, 6))
+    if schedule in ("dualpipe", "dualpipev"):     # DualPipe needs >= 2·pp micro-batches (even for DualPipe)
+        m = 2 * pp * mult
     zero = draw(st.sampled_from([0, 1, 2, 3]))
     plan = ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, sp=draw(st.booleans()) and tp > 1,
                         schedule=schedule, virtual_stages=v, global_batch=m * dp, seq=64,
@@ -218,6 +222,7 @@ def plans(draw):
                         overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
                         skew=draw(st.sampled_from([0.0, 0.4])) if ep > 1 else 0.0, bucket_bytes=2e5)
     layers = draw(st.sampled_from([4, 5, 7]))       # uneven splits too (balanced layer distribution)
+    layers = max(layers, plan.pieces - 2)           # V layouts hold 2·pp pieces
     return dataclasses.replace(MOE if moe else TINY, layers=layers), plan
 
 
@@ -312,7 +317,7 @@ def test_engine_memory_peak_vs_memory_per_rank(zero):
     """Without transient buffers (DDP, ZeRO-1) the engine's peak equals memory_per_rank; with them
     (ZeRO-2/3) memory_per_rank's buffer estimate bounds it from above."""
     model = dataclasses.replace(get_model("llama3-8b"), layers=4)
-    plan = ParallelPlan(dp=4, zero=zero, seq=512, pp=2, global_batch=16)
+    plan = ParallelPlan(dp=4, zero=zero, seq=512, pp=2, global_batch=16, stage_layers=(2, 2))
     progs = build_programs(model, plan)
     res = run(progs, SimpleCostModel(flops_per_s=1e14, link_bytes_per_s=5e10))
     mem = memory_per_rank(model, plan)
@@ -322,3 +327,79 @@ def test_engine_memory_peak_vs_memory_per_rank(zero):
             assert peak_memory(res, rep) == pytest.approx(expected["total"])
         else:
             assert expected["total"] - expected["buffers"] < peak_memory(res, rep) <= expected["total"]
+
+
+@pytest.mark.parametrize("schedule, p, m, v", [("zb-h2", 4, 8, 1), ("zb-v", 4, 8, 1), ("zb-auto", 4, 8, 1),
+                                               ("dualpipe", 4, 8, 1), ("dualpipev", 4, 8, 1),
+                                               ("interleaved", 4, 10, 2), ("interleaved", 3, 7, 3)])
+def test_new_schedules_symmetric_equals_full(schedule, p, m, v):
+    model = custom_model(layers=13, hidden=256, heads=8, vocab=64)
+    plan = ParallelPlan(pp=p, dp=2, schedule=schedule, virtual_stages=v, global_batch=2 * m, seq=SEQ)
+    cost = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e10)
+    sym = run(build_programs(model, plan), cost)
+    full = run(build_programs(model, plan, symmetric=False), cost)
+    assert sym.step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
+    # the engine's activation peak per stage is what memory_per_rank predicts from the same order
+    mem = memory_per_rank(model, plan)
+    progs = build_programs(model, plan)
+    for rep in progs.ops:
+        assert peak_memory(sym, rep) == pytest.approx(mem[f"stage{plan.stage_of(rep)}"]["total"])
+
+
+def test_v_layout_keeps_embedding_and_head_on_stage_0():
+    model = custom_model(layers=16, hidden=256, heads=8, vocab=64)
+    plan = ParallelPlan(pp=4, schedule="zb-v", global_batch=8, seq=SEQ)
+    progs = build_programs(model, plan, symmetric=False)
+    names = {r: {op.name for op in progs.ops[r]} for r in progs.ops}
+    assert "embedding" in names[0] and "lm_head" in names[0]
+    assert all("embedding" not in names[r] and "lm_head" not in names[r] for r in (1, 2, 3))
+    # the V turns on the last stage without a message: stage 3 sends nothing to itself
+    assert all(op.peer != 3 for op in progs.ops[3] if op.kind in ("send", "recv"))
+
+
+@pytest.mark.parametrize("schedule", ["dualpipe", "dualpipev"])
+def test_dualpipe_overlaps_forward_and_backward_across_the_ep_all_to_all(schedule, monkeypatch):
+    # DeepSeek-V3 sec. 3.2.1: in an F&B chunk one micro-batch's all-to-all hides behind the other's compute
+    import schedules.generate as gen
+    model = custom_model(layers=8, hidden=256, heads=8, vocab=64, experts=8, top_k=2)
+    plan = ParallelPlan(pp=4, dp=4, ep=4, schedule=schedule, global_batch=128, seq=256)
+    cost = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e9)
+    progs = build_programs(model, plan)
+    validate(progs)
+    prog = next(iter(progs.ops.values()))
+    assert any(op.stream == "ep_overlap" for op in prog)
+    overlapped = run(progs, cost).step_time_s
+    assert run(build_programs(model, plan, symmetric=False), cost).step_time_s == pytest.approx(overlapped,
+                                                                                                 rel=1e-12)
+    monkeypatch.setattr(gen, "overlapped_pairs", lambda *a: frozenset())
+    serial = run(build_programs(model, plan), cost).step_time_s
+    assert overlapped < 0.9 * serial
+
+
+def test_dualpipe_holds_two_copies_of_its_pieces_and_sums_their_gradients():
+    # DeepSeek-V3 report, table 2: DualPipe keeps 2x the parameters of 1F1B per device
+    model = custom_model(layers=16, hidden=256, heads=8, vocab=64)
+    one = memory_per_rank(model, ParallelPlan(pp=4, dp=2, global_batch=16, seq=SEQ, layer_split="even"))
+    two = memory_per_rank(model, ParallelPlan(pp=4, dp=2, global_batch=16, seq=SEQ, layer_split="even",
+                                              schedule="dualpipe"))
+    for s in (1, 2):        # middle stages (no embedding / head)
+        assert two[f"stage{s}"]["parameters"] == pytest.approx(2 * one[f"stage{s}"]["parameters"])
+    progs = build_programs(model, ParallelPlan(pp=4, dp=2, global_batch=16, seq=SEQ, schedule="dualpipe"),
+                           symmetric=False)
+    validate(progs)
+    mirror = [g for g in progs.groups if g.family == "mirror"]
+    assert sorted(tuple(g.ranks) for g in mirror) == sorted(
+        (r, ParallelPlan(pp=4, dp=2).peer(r, "pp", 3 - ParallelPlan(pp=4, dp=2).stage_of(r)))
+        for r in range(8) if ParallelPlan(pp=4, dp=2).stage_of(r) < 2)
+
+
+def test_pieces_with_only_the_embedding_or_the_head():
+    # 6 layers on 4 stages x 2 chunks: the first piece holds only the embedding, the last only the LM head
+    model = custom_model(layers=6, hidden=256, heads=8, vocab=64)
+    plan = ParallelPlan(pp=4, schedule="interleaved", virtual_stages=2, global_batch=8, seq=SEQ)
+    assert plan.piece_layer_counts(model) == [0, 1, 1, 1, 1, 1, 1, 0]
+    cost = SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e10)
+    sym = run(build_programs(model, plan), cost)
+    full = build_programs(model, plan, symmetric=False)
+    validate(full)
+    assert run(full, cost).step_time_s == pytest.approx(sym.step_time_s, rel=1e-12)

@@ -48,7 +48,7 @@ def test_context_parallel_divides_sequence():
 
 
 def _act(schedule, pp, m, v=1, stage=0):
-    plan = ParallelPlan(pp=pp, schedule=schedule, virtual_stages=v, global_batch=m, seq=S)
+    plan = ParallelPlan(pp=pp, schedule=schedule, virtual_stages=v, global_batch=m, seq=S, layer_split="even")
     return memory_per_rank(GPT, plan)[f"stage{stage}"]["activations"]
 
 

@@ -1,8 +1,8 @@
 """ParallelPlan: validation messages, mesh, groups, layer distribution."""
 import pytest
 
-from schedules.models import get_model
-from schedules.plan import ParallelPlan, distribute_layers
+from schedules.models import custom_model, get_model
+from schedules.plan import ParallelPlan
 from simulator.errors import PlanError
 
 
@@ -15,8 +15,7 @@ def test_world_size_and_microbatches():
     (ParallelPlan(dp=2, tp=4, pp=2), "llama3-8b", 32, r"dp\(2\) × tp\(4\) × pp\(2\) × cp\(1\) = 16 != 32.*--dp 4"),
     (ParallelPlan(tp=16, dp=1), "llama3-8b", 16, "kv heads"),
     (ParallelPlan(pp=3, layer_split="even", dp=1), "llama3-8b", 3, "not divisible"),
-    (ParallelPlan(pp=64), "llama3-8b", 64, "fewer than"),
-    (ParallelPlan(pp=4, schedule="interleaved", virtual_stages=2, global_batch=6), "llama3-8b", 4, "multiple of"),
+    (ParallelPlan(pp=64), "llama3-8b", 64, "model pieces"),
     (ParallelPlan(dp=4, ep=3), "mixtral-8x22b", 4, "must divide dp"),
     (ParallelPlan(dp=6, ep=6), "mixtral-8x22b", 6, "divide the 8 experts"),
     (ParallelPlan(dp=2, ep=2), "llama3-8b", 2, "dense model"),
@@ -66,14 +65,67 @@ def test_groups_partition_the_world(order):
         assert set(g) <= set(dp_of[g[0]])
 
 
-def test_distribute_layers_llama3_405b_style():
-    chunks = distribute_layers(126, 16)
-    sizes = [len(c) for c in chunks]
+def test_balanced_split_llama3_405b_style():
+    # Llama 3 405B: 126 layers on 16 stages, one layer fewer on the first and the last stage (Dubey et al.
+    # 2024, sec. 3.3.2); with two chunks per stage the first and last pieces give up the layer
+    model = get_model("llama3-405b")
+    sizes = ParallelPlan(pp=16).piece_layer_counts(model)
     assert sizes[0] == sizes[-1] == 7 and set(sizes[1:-1]) == {8}
-    assert [l for c in chunks for l in c] == list(range(126))
-    assert [len(c) for c in distribute_layers(32, 4)] == [8, 8, 8, 8]
-    with pytest.raises(PlanError):
-        distribute_layers(3, 4)
+    plan = ParallelPlan(pp=16, schedule="interleaved", virtual_stages=2)
+    pieces = plan.piece_layers(model)
+    assert [len(c) for c in pieces] == [3] + [4] * 30 + [3]
+    assert [l for c in pieces for l in c] == list(range(126))
+
+
+def test_balanced_split_minimises_the_slowest_stage_brute_force():
+    # against every composition of the layers into pp stages: no split has a cheaper slowest stage
+    import itertools
+    model = custom_model(layers=11, hidden=256, heads=8, vocab=50000)
+    from schedules.plan import _extra_cost
+    emb, head = _extra_cost(model, 2048)
+    for pp in (2, 3, 4):
+        got = ParallelPlan(pp=pp).piece_layer_counts(model)
+        def worst(c):
+            t = list(map(float, c))
+            t[0] += emb
+            t[-1] += head
+            return max(t)
+        best = min(worst(c) for c in itertools.product(range(1, 12), repeat=pp) if sum(c) == 11)
+        assert sum(got) == 11 and worst(got) == pytest.approx(best)
+
+
+def test_every_layer_count_at_least_pp_is_accepted():
+    # the first and last model piece may hold only the embedding / LM head: 62 layers interleave on 32 stages
+    for layers in range(4, 40):
+        model = custom_model(layers=layers, hidden=256, heads=8, vocab=64)
+        for sched, v in (("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zb-v", 1), ("dualpipe", 1)):
+            plan = ParallelPlan(pp=4, schedule=sched, virtual_stages=v, global_batch=16)
+            if layers < plan.pieces - 2:
+                with pytest.raises(PlanError):
+                    plan.validate(model)
+                continue
+            plan.validate(model)
+            counts = plan.piece_layer_counts(model)
+            assert sum(counts) == layers and min(counts[1:-1]) >= 1
+            assert min(counts) >= (1 if layers >= plan.pieces else 0)
+    counts = ParallelPlan(pp=32, schedule="interleaved", virtual_stages=2).piece_layer_counts(
+        custom_model(layers=62, hidden=256, heads=8, vocab=64))
+    assert counts[0] == 0 and counts[-1] == 0 and set(counts[1:-1]) == {1}
+
+
+def test_user_stage_layers():
+    model = custom_model(layers=30, hidden=256, heads=8, vocab=64)
+    assert ParallelPlan(pp=4, stage_layers=(7, 8, 8, 7)).piece_layer_counts(model) == [7, 8, 8, 7]
+    plan = ParallelPlan(pp=4, schedule="interleaved", virtual_stages=2, stage_layers=(7, 8, 8, 7))
+    counts = plan.piece_layer_counts(model)
+    assert [counts[s] + counts[s + 4] for s in range(4)] == [7, 8, 8, 7]
+    counts = ParallelPlan(pp=4, first_stage_layers=6, last_stage_layers=6).piece_layer_counts(model)
+    assert counts[0] == counts[-1] == 6 and sum(counts) == 30
+    for bad in (dict(stage_layers=(7, 8, 8, 8)), dict(stage_layers=(7, 8, 15)),
+                dict(first_stage_layers=29, last_stage_layers=1), dict(stage_layers=(10, 20), first_stage_layers=2)):
+        with pytest.raises(PlanError):
+            ParallelPlan(pp=4 if "stage_layers" not in bad or len(bad["stage_layers"]) != 2 else 2,
+                         **bad).validate(model)
 
 
 def test_to_dict_round_trip_keys():
