@@ -20,6 +20,7 @@ COMMANDS = [
     ("clustersim.replay", "replay"),
     ("clustersim.search", "search"),
     ("clustersim.goodput", "goodput"),
+    ("clustersim.validate", "validate"),
 ]
 
 

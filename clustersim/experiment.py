@@ -39,6 +39,8 @@ NETWORKS = ("ideal", "analytical", "flow")
 MODES = ("symmetric", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "eager")
+RESHARD = ("auto", "true", "false")
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 
 
@@ -71,6 +73,8 @@ class Experiment:
     skew: float = 0.0
     axis_order: str = "tp-cp-ep-dp-pp"
     layer_split: str = "balanced"
+    attention: str = "flash"
+    fsdp_reshard_after_forward: str = "auto"
     network: str = "analytical"
     mode: str | None = None          # None: symmetric where valid, else full
     calibration: str | None = None
@@ -175,6 +179,11 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value in SCHEDULES, f"{w}: unknown schedule {value!r}; choose one of {', '.join(SCHEDULES)}")
         elif key == "recompute":
             _check(value in RECOMPUTE, f"{w}: unknown recompute {value!r}; choose one of {', '.join(RECOMPUTE)}")
+        elif key == "attention":
+            _check(value in ATTENTION, f"{w}: unknown attention {value!r}; choose one of {', '.join(ATTENTION)}")
+        elif key == "fsdp_reshard_after_forward":
+            value = {True: "true", False: "false"}.get(value, value) if isinstance(value, bool) else value
+            _check(value in RESHARD, f"{w}: expected one of {', '.join(RESHARD)}, got {value!r}")
         elif key == "skew":
             value = _as_float(value, w, positive=False)
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
@@ -242,6 +251,10 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--skew", type=float, help="MoE routing skew 0..1 (busiest EP rank gets 1+skew times the load)."),
         click.option("--axis-order", help="Rank mesh order, innermost first (default tp-cp-ep-dp-pp)."),
         click.option("--layer-split", type=click.Choice(["balanced", "even"]), help="Layers over pipeline stages."),
+        click.option("--attention", type=click.Choice(ATTENTION),
+                     help="Attention kernel: flash (default, no s×s scores kept) | eager (scores kept)."),
+        click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD),
+                     help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
         click.option("--network", type=click.Choice(NETWORKS), help="ideal (free) | analytical | flow (contention)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
@@ -256,7 +269,8 @@ def simulate_options(f: Callable) -> Callable:
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
-               "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split")
+               "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split", "attention",
+               "fsdp_reshard_after_forward")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -370,7 +384,8 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
               seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch, overlap_grad_reduce=exp.overlap_grad_reduce,
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
-              layer_split=exp.layer_split)
+              layer_split=exp.layer_split, attention=exp.attention,
+              fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward)
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
     plan.validate(model, world_size)

@@ -22,7 +22,7 @@ import click
 from schedules.memory import memory_per_rank
 from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
 from schedules.pipeline import SCHEDULES
-from schedules.plan import RECOMPUTE, ParallelPlan
+from schedules.plan import ATTENTION, RECOMPUTE, RESHARD, ParallelPlan
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -78,6 +78,10 @@ def plan_options(f):
                      help="Rank mesh order, innermost first."),
         click.option("--skew", type=float, default=0.0, show_default=True,
                      help="MoE routing skew: extra load on the busiest EP rank (0..1)."),
+        click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
+                     help="Attention kernel: flash keeps no s×s scores; eager keeps them (Korthikanti's formulas)."),
+        click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD), default="auto", show_default=True,
+                     help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -111,7 +115,8 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       cp: int = 1, zero: int = 0, fsdp: bool = False, sp: bool = False, schedule: str = "1f1b",
                       virtual_stages: int = 1, micro_batch: int = 1, global_batch: int | None = None,
                       seq: int = 2048, recompute: str = "none", bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
-                      axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, **_ignored) -> ParallelPlan:
+                      axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, attention: str = "flash",
+                      fsdp_reshard_after_forward: str = "auto", **_ignored) -> ParallelPlan:
     """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp)."""
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus)):
         if v is not None and (not isinstance(v, int) or v < 1):
@@ -128,7 +133,8 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
     return ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, fsdp=fsdp, micro_batch=micro_batch,
                         global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
                         bucket_bytes=bucket_mb * 1e6, recompute=recompute, seq=seq, fsdp_prefetch=fsdp_prefetch,
-                        axis_order=axis_order, skew=skew)
+                        axis_order=axis_order, skew=skew, attention=attention,
+                        fsdp_reshard_after_forward=fsdp_reshard_after_forward)
 
 
 # ---------------------------------------------------------------------------------------------- report

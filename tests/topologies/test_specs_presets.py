@@ -6,7 +6,7 @@ from topologies import ACCELERATORS, get_accelerator, list_presets, load_cluster
 from topologies.specs import AcceleratorSpec
 
 REQUIRED = ["H100-SXM", "H200", "B200", "GB200", "A100-80GB", "TPU-v5p", "Ascend-910C"]
-PRESETS = ["cloudmatrix-384", "dgx-a100", "dgx-h100", "dgx-h200", "gb200-nvl72", "pcie-ethernet-lab", "tpu-v5p"]
+PRESETS = ["cloudmatrix-384", "dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72", "pcie-ethernet-lab", "tpu-v5p"]
 
 
 def test_accelerators_present_and_sane():
