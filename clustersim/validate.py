@@ -412,3 +412,8 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json) -> None:
         _print(results, summary, skipped)
         if plot_path:
             click.echo(f"plot written to {plot_path}")
+
+
+
+# Other validations are subcommands in their own modules, registered with ``validate.add_command(...)``
+# (e.g. ``clustersim validate collectives``).
