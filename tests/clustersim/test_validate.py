@@ -124,3 +124,24 @@ def test_peak_memory_model_state_difference_matches_published():
     published = a["published_peak_memory_gib"] - b["published_peak_memory_gib"]
     predicted = a["predicted_peak_memory_gib"] - b["predicted_peak_memory_gib"]
     assert predicted == pytest.approx(published, abs=1.5)
+
+
+def test_mpt_presets_match_published_parameter_counts():
+    """llm-foundry's benchmark table prints NumParams for every MPT run: our presets (schedules.models) match it
+    exactly once the parts we do not model are added: the run's learned position embedding (seq_len × d) and
+    the biases (QKV 3d, output d, MLP 4d + d, two LayerNorms 2d per layer, final LayerNorm d)."""
+    import re
+
+    from clustersim.validate import MODEL_PRESETS
+    from schedules.models import get_model
+
+    checked = set()
+    for r in load_runs():
+        m = re.search(r"NumParams=(\d+)", r["notes"])
+        if not m or not r["model"].startswith("MPT"):
+            continue
+        spec = get_model(MODEL_PRESETS[r["model"]])
+        expected = spec.param_count() + (int(r["seq_len"]) + 11 * spec.layers + 1) * spec.hidden
+        assert int(m.group(1)) == expected, r["model"]
+        checked.add(r["model"])
+    assert len(checked) == 9
