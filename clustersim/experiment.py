@@ -40,6 +40,8 @@ NETWORKS = ("ideal", "analytical", "flow", "astra")
 MODES = ("symmetric", "full")
 SCHEDULES = tuple(_SCHEDULES)
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "eager")
+RESHARD = ("auto", "true", "false")
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 
 
@@ -76,6 +78,8 @@ class Experiment:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     memory_limit: str | float | None = None  # zb-auto: micro-batches per stage, or "2p"
+    attention: str = "flash"
+    fsdp_reshard_after_forward: str = "auto"
     network: str = "analytical"
     mode: str | None = None          # None: symmetric where valid, else full
     calibration: str | None = None
@@ -182,6 +186,11 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value in SCHEDULES, f"{w}: unknown schedule {value!r}; choose one of {', '.join(SCHEDULES)}")
         elif key == "recompute":
             _check(value in RECOMPUTE, f"{w}: unknown recompute {value!r}; choose one of {', '.join(RECOMPUTE)}")
+        elif key == "attention":
+            _check(value in ATTENTION, f"{w}: unknown attention {value!r}; choose one of {', '.join(ATTENTION)}")
+        elif key == "fsdp_reshard_after_forward":
+            value = {True: "true", False: "false"}.get(value, value) if isinstance(value, bool) else value
+            _check(value in RESHARD, f"{w}: expected one of {', '.join(RESHARD)}, got {value!r}")
         elif key == "skew":
             value = _as_float(value, w, positive=False)
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
@@ -263,6 +272,10 @@ def simulate_options(f: Callable) -> Callable:
                      help="ideal (free) | analytical | flow (contention) | astra (ASTRA-sim's analytical model)."),
         click.option("--astra-system", type=click.Path(dir_okay=False),
                      help="--network astra: ASTRA-sim system JSON (collective algorithm per dimension, chunking)."),
+        click.option("--attention", type=click.Choice(ATTENTION),
+                     help="Attention kernel: flash (default, no s×s scores kept) | eager (scores kept)."),
+        click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD),
+                     help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
         click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
@@ -277,7 +290,8 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", 
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
-               "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit")
+               "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
+               "attention", "fsdp_reshard_after_forward")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -394,6 +408,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
               first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
+              attention=exp.attention, fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})

@@ -22,7 +22,7 @@ import click
 from schedules.memory import memory_per_rank
 from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
 from schedules.pipeline import SCHEDULES
-from schedules.plan import RECOMPUTE, ParallelPlan, parse_memory_limit, parse_stage_layers
+from schedules.plan import ATTENTION, RECOMPUTE, RESHARD, ParallelPlan, parse_memory_limit, parse_stage_layers
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -83,6 +83,10 @@ def plan_options(f):
                      help="Rank mesh order, innermost first."),
         click.option("--skew", type=float, default=0.0, show_default=True,
                      help="MoE routing skew: extra load on the busiest EP rank (0..1)."),
+        click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
+                     help="Attention kernel: flash keeps no s×s scores; eager keeps them (Korthikanti's formulas)."),
+        click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD), default="auto", show_default=True,
+                     help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -118,7 +122,8 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       seq: int = 2048, recompute: str = "none", bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
                       axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, stage_layers=None,
                       first_stage_layers: int | None = None, last_stage_layers: int | None = None,
-                      memory_limit=None, **_ignored) -> ParallelPlan:
+                      memory_limit=None, attention: str = "flash",
+                      fsdp_reshard_after_forward: str = "auto", **_ignored) -> ParallelPlan:
     """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp)."""
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus)):
         if v is not None and (not isinstance(v, int) or v < 1):
@@ -137,6 +142,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                         bucket_bytes=bucket_mb * 1e6, recompute=recompute, seq=seq, fsdp_prefetch=fsdp_prefetch,
                         axis_order=axis_order, skew=skew, stage_layers=parse_stage_layers(stage_layers),
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+                        attention=attention, fsdp_reshard_after_forward=fsdp_reshard_after_forward,
                         **parse_memory_limit(memory_limit, pp))
 
 

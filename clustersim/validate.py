@@ -1,19 +1,423 @@
-"""``clustersim validate``: the model against published measurements. Subcommands: ``collectives``
-(clustersim.validate_collectives). Minimal group created by issue 13; the training-run validation
-(issue 12) is its default."""
+"""``clustersim validate``: simulate published end-to-end training runs and report the prediction error.
+
+The runs are ``validation/published_runs.csv``: rows copied from the project's shared collection of
+published measurements (``../shared/validation/training_throughput.csv``, each row keeping its ``source``)
+whose model and hardware we have presets for (``validation/build_published_runs.py`` makes the copy). Each
+row is mapped to an Experiment (``row_experiment``): model preset (with the layer count of reduced "proxy"
+configs), cluster preset, plan (tp/pp/cp/ep/virtual stages, data parallelism and its sharding as the
+framework runs it, micro and global batch, recomputation), dtype and stack when this build has them.
+Rows that cannot be expressed are listed with the reason, never dropped.
+
+These rows are validation only: nothing in the simulator is fitted to them.
+
+Per row: published vs predicted tokens/s per GPU (the error is predicted / published - 1), model TFLOP/s
+per GPU (each framework's own definition on the published side, ours — schedules.models — on the
+predicted side), peak memory where published. Per group (hardware × precision × dense/MoE): median and
+90th-percentile absolute error and the mean signed error.
+"""
 from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
 
 import click
 
-from clustersim.validate_collectives import collectives
+from simulator.errors import ClusterSimError, ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLISHED = ROOT / "validation" / "published_runs.csv"
+CLUSTER_FILES = ROOT / "validation" / "clusters"
+GIB = 2**30
+
+# published model name -> model preset (schedules.models; sources there)
+MODEL_PRESETS = {
+    "Llama 3 8B": "llama3-8b", "Llama 3.1 8B": "llama3-8b", "Llama 3 70B": "llama3-70b",
+    "Llama 3.1 70B": "llama3-70b", "Llama 3.1 405B": "llama3-405b",
+    "Llama 2 7B": "llama2-7b", "Llama 2 13B": "llama2-13b", "Llama 2 70B": "llama2-70b",
+    "GPT-3 175B": "gpt3-175b", "Nemotron-4 15B": "nemotron4-15b", "Nemotron-4 340B": "nemotron4-340b",
+    "Grok-1 314B": "grok1-314b", "DeepSeek-V3 671B": "deepseek-v3",
+    **{f"MPT-{n}": f"mpt-{n}" for n in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")},
+}
+
+# hardware class -> cluster preset (or a cluster file in validation/clusters)
+CLUSTERS = {"A100-40GB": "dgx-a100-40gb.yaml", "A100": "dgx-a100", "H100": "dgx-h100", "H200": "dgx-h200",
+            "B200": "dgx-b200", "GB200": "gb200-nvl72"}
+
+MEGATRON = ("Megatron", "NeMo")                 # frameworks running Megatron-Core (+ Transformer Engine)
+TORCH_FSDP = ("torchtitan", "AutoModel", "llm-foundry")
+JAX_FSDP = ("MaxText", "Paxml")
 
 
+class NotExpressible(ClusterSimError):
+    """A published run the simulator cannot express (the message says why)."""
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def load_runs(path: str | Path = PUBLISHED) -> list[dict]:
+    """Rows of a published-runs CSV (``#`` comment lines skipped), values as strings ('' when empty)."""
+    import csv
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"published runs file {p} not found")
+    with p.open(newline="") as f:
+        lines = [ln for ln in f if not ln.startswith("#")]
+    return [dict(r) for r in csv.DictReader(lines)]
+
+
+def hardware_class(hardware: str) -> str | None:
+    """'A100-40GB', 'A100', 'H100', 'H200', 'B200', 'GB200' or None (B300, GB300, unnamed Hopper SKU)."""
+    h = hardware.strip()
+    if h.startswith("A100 40GB"):
+        return "A100-40GB"
+    for cls in ("A100", "H100", "H200", "GB200", "B200"):
+        if h.startswith(cls):
+            return cls
+    return None
+
+
+def precision_class(precision: str) -> str | None:
+    """'bf16', 'fp8' (FP8, FP8-CS, FP8-MX, MXFP8, torchao float8) or None (NVFP4, unstated)."""
+    p = precision.strip().upper()
+    if p.startswith("BF16"):
+        return "bf16"
+    if p.startswith(("FP8", "MXFP8")):
+        return "fp8"
+    return None
+
+
+def stack_of(framework: str) -> str | None:
+    if any(k in framework for k in MEGATRON):
+        return "megatron"
+    if any(k in framework for k in TORCH_FSDP):
+        return "torchtitan"
+    return None
+
+
+def group_of(row: dict) -> str:
+    """Summary group: hardware × precision × dense/MoE."""
+    model = MODEL_PRESETS.get(row["model"], "")
+    from schedules.models import get_model
+    moe = bool(model) and get_model(model).is_moe
+    hw = (hardware_class(row["hardware"]) or "?").replace("-40GB", "")
+    return f"{hw} {(precision_class(row['precision']) or row['precision']).upper()} {'MoE' if moe else 'dense'}"
+
+
+# ---------------------------------------------------------------------------------------------- mapping
+def _num(row: dict, key: str) -> float | None:
+    v = (row.get(key) or "").strip()
+    if not v:
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _int(row: dict, key: str, default: int | None = None) -> int | None:
+    x = _num(row, key)
+    return default if x is None else int(round(x))
+
+
+def published_tokens_per_gpu(row: dict) -> float | None:
+    """Tokens/s per GPU as published: per GPU, else job total / GPUs, else gbs·seq / step time / GPUs."""
+    gpus = _num(row, "gpus")
+    v = _num(row, "tokens_per_s_per_gpu")
+    if v:
+        return v
+    tot = _num(row, "tokens_per_s_total")
+    if tot and gpus:
+        return tot / gpus
+    gbs, seq, step = _num(row, "gbs"), _num(row, "seq_len"), _num(row, "step_time_s")
+    if gbs and seq and step and gpus:
+        return gbs * seq / step / gpus
+    return None
+
+
+def _local_batch(row: dict) -> int | None:
+    m = re.search(r"(?:local batch size|LBS=)\s*(\d+)", row.get("notes", ""), re.IGNORECASE)
+    return int(m.group(1)) if m else None
+
+
+def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tuple[dict, list[str]]:
+    """(Experiment keyword arguments, notes) for a published row; NotExpressible says why not."""
+    from schedules.models import get_model
+
+    fields = experiment_fields if experiment_fields is not None else _experiment_fields()
+    notes: list[str] = []
+    if row.get("task", "pretrain") != "pretrain":
+        raise NotExpressible(f"task {row['task']!r}: only pre-training steps are simulated")
+    if "CHECK" in row.get("notes", ""):
+        raise NotExpressible("the source's figures disagree with one another (CHECK in the data notes)")
+    preset = MODEL_PRESETS.get(row["model"])
+    if preset is None:
+        raise NotExpressible(f"no model preset for {row['model']!r}")
+    hw = hardware_class(row["hardware"])
+    if hw is None:
+        raise NotExpressible(f"no cluster preset for hardware {row['hardware']!r}")
+    cluster = CLUSTERS[hw]
+    if cluster.endswith(".yaml"):
+        from topologies.specs import ACCELERATORS
+        if "A100-40GB" not in ACCELERATORS:
+            raise NotExpressible("no A100 40GB accelerator spec in this build")
+        cluster = str(CLUSTER_FILES / cluster)
+    prec = precision_class(row["precision"])
+    if prec is None:
+        raise NotExpressible(f"precision {row['precision']!r} is not BF16 or FP8")
+    kw: dict = {"cluster": cluster}
+    if hw == "H100" and "HBM2e" in row["hardware"]:
+        notes.append("H100 HBM2e (lower TDP) simulated as H100 SXM")
+    if "dtype" in fields:
+        kw["dtype"] = prec
+    elif prec != "bf16":
+        raise NotExpressible("FP8 run: this build has no --dtype (BF16 only)")
+    stack = stack_of(row["framework"])
+    if stack and "stack" in fields:
+        kw["stack"] = stack
+    gpus = _int(row, "gpus")
+    seq = _int(row, "seq_len")
+    if not gpus or not seq:
+        raise NotExpressible("GPU count or sequence length not stated")
+    base = get_model(preset)
+    layers = _int(row, "num_layers")
+    kw["model"] = preset if layers in (None, base.layers) else {"base": preset, "layers": layers}
+    if layers not in (None, base.layers):
+        notes.append(f"proxy config with {layers} layers")
+    tp, pp, cp, ep = (_int(row, k, 1) or 1 for k in ("tp", "pp", "cp", "ep"))
+    vp = _int(row, "vp", 1) or 1
+    if gpus % (tp * pp * cp):
+        raise NotExpressible(f"{gpus} GPUs not divisible by tp·pp·cp = {tp * pp * cp}")
+    dp = gpus // (tp * pp * cp)
+    fw = row["framework"]
+    mbs, gbs = _int(row, "mbs"), _int(row, "gbs")
+    local = _local_batch(row)
+    if any(k in fw for k in MEGATRON):
+        fsdp = (_num(row, "fsdp") or 0) > 0
+        if fsdp:
+            kw["fsdp"] = True
+        else:
+            kw["zero"] = 1               # Megatron's distributed optimizer (NeMo / Megatron-Bridge recipes)
+    elif any(k in fw for k in TORCH_FSDP + JAX_FSDP):
+        if "SHARD_GRAD_OP" in fw:
+            kw["zero"] = 2
+        else:
+            kw["fsdp"] = True
+        deg = _int(row, "fsdp")
+        if deg and deg < dp:
+            notes.append(f"HSDP (shard {deg}, replicate {dp // deg}) simulated as FSDP over {dp}")
+        if gbs is None and local:
+            gbs = local * dp
+        if mbs is None and pp == 1 and local:
+            mbs = local
+    else:
+        raise NotExpressible(f"framework {fw!r} not mapped")
+    if mbs is None or gbs is None:
+        raise NotExpressible("micro-batch or global batch size not stated")
+    if gbs % (mbs * dp):
+        raise NotExpressible(f"global batch {gbs} is not a multiple of micro-batch {mbs} × dp {dp}")
+    if pp > 1:
+        interleaved = vp > 1 or "Interleaved" in fw
+        kw["schedule"] = "interleaved" if interleaved else "1f1b"
+        if vp > 1:
+            kw["virtual_stages"] = vp
+    ac = (row.get("activation_checkpointing") or "").strip().lower()
+    if ac in ("full", "true"):
+        kw["recompute"] = "full"
+    elif ac.startswith("selective"):
+        kw["recompute"] = "selective"
+    kw.update(gpus=gpus, seq=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, sp=tp > 1, micro_batch=mbs,
+              global_batch=gbs)
+    return kw, notes
+
+
+def _experiment_fields() -> set[str]:
+    from clustersim.experiment import Experiment
+    return {f.name for f in dataclasses.fields(Experiment)}
+
+
+# ---------------------------------------------------------------------------------------------- running
+def validate_rows(rows: list[dict], network: str = "analytical", progress=None) -> tuple[list[dict], list[dict]]:
+    """Simulate every expressible row: (results, not expressible [{id, model, hardware, reason}])."""
+    from clustersim.experiment import experiment_from_dict, run_experiment
+
+    fields = _experiment_fields()
+    done, skipped = [], []
+    for n, row in enumerate(rows):
+        rid = row.get("id") or str(n + 1)
+        ident = {"id": rid, "model": row["model"], "hardware": row["hardware"], "gpus": row["gpus"],
+                 "precision": row["precision"], "framework": row["framework"], "source": row.get("source", "")}
+        published = published_tokens_per_gpu(row)
+        try:
+            if published is None:
+                raise NotExpressible("no throughput figure")
+            kw, notes = row_experiment(row, fields)
+            out = run_experiment(experiment_from_dict({**kw, "network": network}, where=f"row {rid}"))
+        except ClusterSimError as e:
+            skipped.append({**ident, "reason": str(e)})
+            continue
+        finally:
+            if progress:
+                progress(n + 1, len(rows))
+        m = out.metrics
+        gpus = out.plan.world_size
+        pred = m.tokens_per_s / gpus
+        tf_pub = _num(row, "model_tflops_per_gpu")
+        mem_pub = _num(row, "peak_memory_gib")
+        done.append({
+            **ident, "group": group_of(row), "experiment": kw, "notes": notes,
+            "published_tokens_per_s_per_gpu": published, "predicted_tokens_per_s_per_gpu": pred,
+            "error": pred / published - 1.0,
+            "published_model_tflops_per_gpu": tf_pub, "predicted_model_tflops_per_gpu": m.tflops_per_gpu,
+            "tflops_error": (m.tflops_per_gpu / tf_pub - 1.0) if tf_pub else None,
+            "published_step_time_s": _num(row, "step_time_s"), "predicted_step_time_s": m.step_time_s,
+            "published_peak_memory_gib": mem_pub, "predicted_peak_memory_gib": m.peak_memory_bytes / GIB,
+            "peak_memory_error": (m.peak_memory_bytes / GIB / mem_pub - 1.0) if mem_pub else None,
+            "mfu": m.mfu,
+        })
+    return done, skipped
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method)."""
+    import numpy as np
+    return float(np.percentile(np.asarray(xs, dtype=float), q))
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Per group: rows, median and 90th-percentile absolute error, mean signed error (fractions)."""
+    groups: dict[str, list[float]] = {}
+    for r in results:
+        groups.setdefault(r["group"], []).append(r["error"])
+    out = []
+    for g in sorted(groups):
+        e = groups[g]
+        out.append({"group": g, "rows": len(e), "median_abs_error": _percentile([abs(x) for x in e], 50),
+                    "p90_abs_error": _percentile([abs(x) for x in e], 90), "mean_signed_error": sum(e) / len(e)})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- output
+def _print(results: list[dict], summary: list[dict], skipped: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title="published vs predicted (tokens/s per GPU; model TFLOP/s per GPU)")
+    for c in ("id", "model", "hardware", "GPUs", "prec", "published", "predicted", "error", "TFLOP/s pub",
+              "TFLOP/s pred", "mem GiB pub/pred"):
+        t.add_column(c, justify="right" if c not in ("model", "hardware", "prec") else "left")
+    for r in results:
+        mem = (f"{r['published_peak_memory_gib']:.1f} / {r['predicted_peak_memory_gib']:.1f}"
+               if r["published_peak_memory_gib"] else "")
+        t.add_row(str(r["id"]), r["model"], r["group"].split()[0], str(r["gpus"]), r["precision"],
+                  f"{r['published_tokens_per_s_per_gpu']:,.0f}", f"{r['predicted_tokens_per_s_per_gpu']:,.0f}",
+                  f"{r['error']:+.1%}",
+                  f"{r['published_model_tflops_per_gpu']:.0f}" if r["published_model_tflops_per_gpu"] else "",
+                  f"{r['predicted_model_tflops_per_gpu']:.0f}", mem)
+    con.print(t)
+    s = Table(title="per group: error of tokens/s per GPU (predicted / published - 1)")
+    for c in ("group", "rows", "median |error|", "p90 |error|", "mean signed"):
+        s.add_column(c, justify="left" if c == "group" else "right")
+    for g in summary:
+        s.add_row(g["group"], str(g["rows"]), f"{g['median_abs_error']:.1%}", f"{g['p90_abs_error']:.1%}",
+                  f"{g['mean_signed_error']:+.1%}")
+    con.print(s)
+    if skipped:
+        reasons: dict[str, int] = {}
+        for x in skipped:
+            reasons[x["reason"]] = reasons.get(x["reason"], 0) + 1
+        u = Table(title=f"{len(skipped)} rows not expressible")
+        u.add_column("rows", justify="right")
+        u.add_column("reason")
+        u.add_column("ids")
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            ids = [x["id"] for x in skipped if x["reason"] == reason]
+            u.add_row(str(n), reason, ", ".join(ids[:12]) + (" ..." if len(ids) > 12 else ""))
+        con.print(u)
+
+
+def plot(results: list[dict], path: str | Path) -> Path:
+    """Predicted against published tokens/s per GPU, log axes, y = x and a ±10% band, coloured by group."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 6))
+    xs = [r["published_tokens_per_s_per_gpu"] for r in results]
+    ys = [r["predicted_tokens_per_s_per_gpu"] for r in results]
+    lo = min(xs + ys) / 1.5 if xs else 1.0
+    hi = max(xs + ys) * 1.5 if xs else 10.0
+    line = np.geomspace(lo, hi, 50)
+    ax.fill_between(line, line * 0.9, line * 1.1, color="0.85", label="±10%")
+    ax.plot(line, line, color="0.3", lw=1, label="y = x")
+    groups = sorted({r["group"] for r in results})
+    cmap = plt.get_cmap("tab10")
+    for i, g in enumerate(groups):
+        pts = [(r["published_tokens_per_s_per_gpu"], r["predicted_tokens_per_s_per_gpu"]) for r in results
+               if r["group"] == g]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, color=cmap(i % 10), label=f"{g} ({len(pts)})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("published tokens/s per GPU")
+    ax.set_ylabel("predicted tokens/s per GPU")
+    ax.set_title("clustersim validate: published training runs")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- command
 @click.group("validate", invoke_without_command=True)
+@click.option("--runs", "runs_path", type=click.Path(dir_okay=False), default=None,
+              help="Published-runs CSV (default: validation/published_runs.csv).")
+@click.option("--only", "only", default=None, help="Keep rows whose model, hardware or framework contains TEXT.")
+@click.option("--ids", default=None, help="Comma-separated row ids to run.")
+@click.option("--network", type=click.Choice(("ideal", "analytical", "flow")), default="analytical",
+              show_default=True, help="Network model.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write predicted vs published (log axes, y = x, ±10% band) to FILE.")
+@click.option("--json", "as_json", is_flag=True, help="Print rows, summary and the rows not expressible as JSON.")
 @click.pass_context
-def validate(ctx) -> None:
-    """Compare the simulator with published measurements."""
-    if ctx.invoked_subcommand is None:
-        click.echo(ctx.get_help())
+def validate(ctx, runs_path, only, ids, network, plot_path, as_json) -> None:
+    """Simulate published training runs and report the error per row and per group
+    (hardware × precision × dense/MoE). Subcommands validate other parts of the model."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = load_runs(runs_path or PUBLISHED)
+    if ids:
+        want = {x.strip() for x in ids.split(",") if x.strip()}
+        rows = [r for r in rows if r.get("id") in want]
+    if only:
+        o = only.lower()
+        rows = [r for r in rows if any(o in r.get(k, "").lower() for k in ("model", "hardware", "framework"))]
+    if not rows:
+        raise ConfigError("no published runs match the selection")
+    results, skipped = validate_rows(rows, network=network)
+    summary = summarize(results)
+    if plot_path:
+        plot(results, plot_path)
+    if as_json:
+        click.echo(json.dumps({"rows": results, "summary": summary, "not_expressible": skipped}, indent=1))
+    else:
+        _print(results, summary, skipped)
+        if plot_path:
+            click.echo(f"plot written to {plot_path}")
 
+
+
+# Other validations are subcommands in their own modules, registered with ``validate.add_command(...)``
+# (e.g. ``clustersim validate collectives``).
+
+from clustersim.validate_collectives import collectives  # noqa: E402  (the subcommand's own module)
 
 validate.add_command(collectives)

@@ -119,8 +119,9 @@ class _StageBuilder:
                                   u.w_frac, u.transient, u.moe))
             if vs == self.nv - 1:
                 head = (m.head_params() / p.tp if mem.holds_head(m, p, self.s) else 0.0) + m.hidden  # + final norm
+                act, act_w = mem.head_activation_bytes(m, p)
                 units.append(Unit("lm_head", None, head, 0.0, m.head_flops(p.seq, p.micro_batch) / div, 0.0, 0.0,
-                                  0.0, kind="head"))
+                                  act, act_w / act if act else 0.0, kind="head"))
             out.append(units)
         return out
 
@@ -143,11 +144,14 @@ class _StageBuilder:
         p, s = self.p, self.s
         order = self.orders[s]
         self.last_grad_action = {}                  # chunk -> index of the action producing its last gradients
+        self.first_grad_action = {}                 # chunk -> index of the action producing its first gradients
         for i, a in enumerate(order):
             if a.phase in ("B", "W"):
                 self.last_grad_action[a.chunk] = i
+                self.first_grad_action.setdefault(a.chunk, i)
         self.recv_idx = self._post_recvs()
         self.usages = self._fsdp_usages(order)
+        self.residency = mem.fsdp_residency(p, [((order[i].chunk, u.name), order[i].phase) for i, u in self.usages])
         self.ag_idx: dict[int, int] = {}           # usage -> FSDP all-gather op
         self.usage_last: dict[int, int] = {}        # usage -> last op index
         self.usage_pos = 0
@@ -305,7 +309,7 @@ class _StageBuilder:
             prev = j - pf - 1
             deps = (self.usage_last[prev],) if prev >= 0 else ()
             last = None
-            for role, n in self._gather_sizes(u):
+            for role, n in (self._gather_sizes(u) if self.residency[j][0] else ()):
                 b = n * self.dt
                 last = self.coll(f"fsdp AG {u.name}", "all_gather", self.fam[role], b, "dp_comm", deps,
                                  alloc=(("buffers", b),), layer=u.layer, strategy="fsdp")
@@ -330,6 +334,7 @@ class _StageBuilder:
                            and p.overlap_grad_reduce)
         buckets = _Buckets(self, "reduce_scatter" if self.zero >= 1 else "all_reduce") \
             if (zero2_buckets or grad_bucket_now) else None
+        self.cur_action = i
         for u in seq:
             udeps = list(deps)
             deps = []
@@ -342,11 +347,11 @@ class _StageBuilder:
             if a.phase == "F" and (a.chunk, u.name) in self.param_ag and (a.chunk, u.name) not in self.first_fwd_done:
                 udeps.append(self.param_ag[(a.chunk, u.name)])
                 self.first_fwd_done.add((a.chunk, u.name))
-            _, last = self._unit_ops(u, a, udeps, gathered=usage is not None and usage in self.ag_idx)
+            _, last = self._unit_ops(u, a, udeps, released=usage is not None and self.residency[usage][1])
             if usage is not None:
                 self.usage_last[usage] = last
             if a.phase in ("B", "W"):
-                if self.zero >= 3:
+                if self.zero >= 3 and (p.pp == 1 or self.last_grad_action[a.chunk] == i):
                     self._fsdp_reduce(u, a, last)
                 elif buckets is not None:
                     buckets.add(u, last)
@@ -373,8 +378,9 @@ class _StageBuilder:
                      phase=ph, strategy="pp"), ("pp", dst))
 
     # one unit ------------------------------------------------------------------------------------
-    def _unit_ops(self, u: Unit, a: Action, deps: list[int], gathered: bool) -> tuple[int, int]:
-        """Emit the ops of unit ``u`` for action ``a``; return (first, last) op indices."""
+    def _unit_ops(self, u: Unit, a: Action, deps: list[int], released: bool) -> tuple[int, int]:
+        """Emit the ops of unit ``u`` for action ``a``; return (first, last) op indices. ``released``: FSDP
+        frees the unit's gathered parameters after this use."""
         p, m = self.p, self.m
         ph = PHASE[a.phase]
         mb = a.mb
@@ -416,10 +422,11 @@ class _StageBuilder:
                 alloc.append(("activations", u.transient)); free.append(("activations", u.transient))
         elif a.phase == "W" and u.act * u.w_frac:
             free.append(("activations", u.act * u.w_frac))
-        if gathered:
+        if released:
             free += [("buffers", n * self.dt) for _, n in self._gather_sizes(u)]
-        if back and a.phase != "Bi" and self.zero >= 2:
-            # unsharded gradients until their reduce-scatter
+        if back and a.phase != "Bi" and self.zero >= 2 and (
+                self.zero == 2 or p.pp == 1 or self.first_grad_action[a.chunk] == self.cur_action):
+            # unsharded gradients until their reduce-scatter (ZeRO-3 under PP: accumulated over the step)
             alloc += [("buffers", n * p.grad_bytes_per_param) for _, n in self._gather_sizes(u)]
         memb = pbytes + u.act
         back_coll = "reduce_scatter" if p.sp else "all_reduce"

@@ -5,22 +5,46 @@ bf16 weights (2Ψ), bf16 gradients (2Ψ) and K = 12 bytes of Adam state per para
 optimizer state over the data-parallel group, ZeRO-2 also the gradients, ZeRO-3 / FSDP also the weights.
 Dense weights are replicated dp·cp times, expert weights dp·cp/ep times.
 
-Activations per layer and micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", sec. 4), in bytes with 2-byte activations and 1-byte dropout masks, s = seq/cp:
+Activations per layer and micro-batch, two attention implementations (``plan.attention``):
+
+flash (default): the tensors a layer's kernels save for backward, one entry each (``saved_tensors``), as
+    Megatron-Core with Transformer Engine and torchtitan run a Llama-style layer (no dropout): the input and
+    output of each RMSNorm (the norm's backward reads its input, the following GEMM's weight gradient its
+    output), the rotated Q and the K, V the FlashAttention kernel keeps with its output O and fp32
+    log-sum-exp (Dao 2023, "FlashAttention-2", alg. 2: no s×s matrix is stored), the MLP's fc1 output (gate
+    and up for SwiGLU) and the activation output fc2 reads; MoE layers add the router's fp32 probabilities,
+    the permuted tokens and the experts' outputs the combine reads. The LM head keeps the final norm's
+    input/output and the fp32 softmax of the vocabulary-parallel cross-entropy. The attention output is
+    also the output projection's input (one tensor, counted once); rotary and residual adds save nothing.
+    Norm tensors are sharded over TP only with SP; the rest always are.
+eager: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4,
+    with the s×s scores, in bytes with 2-byte activations and 1-byte dropout masks, s = seq/cp:
     none:   s·b·h·(34 + 5·a·s/h)          no tensor parallelism
     TP:     s·b·h·(10 + 24/t + 5·a·s/(h·t))
     TP+SP:  s·b·h·(34/t + 5·a·s/(h·t))
-    selective recompute drops the 5·a·s²·b attention-core term; full recompute keeps only each layer's
-    input, 2·s·b·h (/t with SP), and rebuilds one layer's activations during its backward.
-The 34 is 11 (attention) + 19 (MLP) + 4 (layer norms); we keep the published split and scale the parts that
-depend on the shape: K/V by kv_heads/heads (GQA), the MLP's 16·s·b·h by ffn/(4h) (x1.5 for SwiGLU, which
-stores gate, up and their product) and, in MoE layers, by top_k expert widths plus the permuted tokens.
+    The 34 is 11 (attention) + 19 (MLP) + 4 (layer norms); we keep the published split and scale the parts
+    that depend on the shape: K/V by kv_heads/heads (GQA), the MLP's 16·s·b·h by ffn/(4h) (x1.5 for SwiGLU,
+    which stores gate, up and their product) and, in MoE layers, by top_k expert widths plus the permuted
+    tokens. The LM head's logits are not counted.
+Selective recompute drops the attention core's internals (eager: the 5·a·s²·b scores; flash: the
+log-sum-exp); full recompute keeps only each layer's input, 2·s·b·h (/t with SP), and rebuilds one layer's
+activations during its backward.
+
+FSDP / ZeRO-3 residency (``fsdp_residency``): a unit's parameters are all-gathered when a forward or
+backward needs them and are not resident; ``reshard_after_forward`` frees them after each forward. Without
+PP they are freed after each backward (FSDP2's default). Under PP they stay gathered after backward until
+the unit's last use in the step and its gradients accumulate unsharded and are reduce-scattered once per
+step, as torch.distributed.pipelining runs FSDP2 (``set_reshard_after_backward(False)``,
+``set_requires_gradient_sync(False)`` until the last micro-batch); ``auto`` reshards after forward only
+without PP (torchtitan's default ``fsdp_reshard_after_forward = "default"``).
 
 In-flight micro-batches per stage come from walking the schedule's order (``schedules.pipeline``): GPipe
 holds m, 1F1B p - s on stage s, interleaved p + (p-1)/v stage-equivalents on stage 0, ZB-H1 as 1F1B.
-The embedding output and the LM-head logits are not counted. Units: bytes.
+The embedding output is not counted (its backward reads only the token ids). Units: bytes.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from schedules.models import ModelSpec
 from schedules.plan import ParallelPlan
@@ -98,9 +122,70 @@ def model_state_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[
 
 
 # ---------------------------------------------------------------------------------------------- activations
-def _layer_terms(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float, float, float]:
-    """(replicated, tp-split, attention-core, weight-input) activation bytes of one layer, micro-batch,
-    before dividing by t. ``weight-input`` is the part the weight-gradient pass (W) needs."""
+STATS_BYTES = 4      # fp32 softmax statistics and probabilities (FlashAttention LSE, router, cross-entropy)
+
+
+class Saved(NamedTuple):
+    """One tensor saved for backward, per micro-batch, whole (before any TP sharding)."""
+
+    name: str
+    nbytes: float
+    shard: str          # "tp": sharded over TP always; "sp": only with sequence parallelism
+    reader: str         # "B": freed by the input-gradient pass; "W": read by the weight-gradient pass
+    core: bool = False  # internal to the attention core (dropped by selective recompute)
+
+
+def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Saved]:
+    """The tensors one transformer layer's kernels save for backward under FlashAttention (see module doc)."""
+    s = plan.seq / plan.cp
+    tok, e, h = s * plan.micro_batch, model.dtype_bytes, model.hidden
+    a = model.heads
+    if model.is_mla:
+        dqk, dv, kvh = model.d_head + model.qk_rope_dim, model.v_head_dim, a
+    else:
+        dqk = dv = model.d_head
+        kvh = model.kv_heads
+    out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", e * tok * h, "sp", "W")]
+    if model.is_mla:          # latent projections: the latent norm's input (B) and output (up-projection input, W)
+        for lat in ((model.q_lora_rank,) if model.q_lora_rank else ()) + (model.kv_lora_rank + model.qk_rope_dim,):
+            out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
+                    Saved("latent norm output", e * tok * lat, "sp", "W")]
+    out += [Saved("q (rotated)", e * tok * a * dqk, "tp", "B"),
+            Saved("k, v", e * tok * kvh * (dqk + dv), "tp", "B"),
+            Saved("attention output (projection input)", e * tok * a * dv, "tp", "W"),
+            Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", core=True),
+            Saved("norm2 input", e * tok * h, "sp", "B"),
+            Saved("norm2 output (MLP input)", e * tok * h, "sp", "W")]
+    fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
+    if model.is_moe_layer(layer):
+        routed = model.top_k * _load(model)
+        width = routed * model.expert_ffn + model.shared_experts * model.expert_ffn
+        out += [Saved("router probabilities", STATS_BYTES * tok * model.experts, "sp", "B"),
+                Saved("permuted tokens (expert input)", e * tok * routed * h, "tp", "W"),
+                Saved("expert fc1 output", e * tok * fc1 * width, "tp", "B"),
+                Saved("expert activation output (fc2 input)", e * tok * width, "tp", "W"),
+                Saved("expert outputs (combine input)", e * tok * routed * h, "tp", "B")]
+    else:
+        out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B"),
+                Saved("activation output (fc2 input)", e * tok * model.ffn, "tp", "W")]
+    return out
+
+
+def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
+    """Tensors the final norm, LM head and vocabulary-parallel cross-entropy keep (fp32 softmax of the
+    logits: Megatron-Core ``VocabParallelCrossEntropy`` saves them in fp32; torchtitan upcasts the logits)."""
+    tok, e, h = plan.seq / plan.cp * plan.micro_batch, model.dtype_bytes, model.hidden
+    return [Saved("final norm input", e * tok * h, "sp", "B"), Saved("final norm output", e * tok * h, "sp", "W"),
+            Saved("cross-entropy softmax (fp32)", STATS_BYTES * tok * model.vocab, "tp", "B")]
+
+
+def _per_rank(t: Saved, plan: ParallelPlan) -> float:
+    return t.nbytes / (plan.tp if (t.shard == "tp" or plan.sp) else 1)
+
+
+def _eager_terms(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float, float, float]:
+    """Korthikanti (eager attention): (replicated, tp-split, attention-core, weight-input) activation bytes of
+    one layer and micro-batch, before dividing by t. ``weight-input`` is the part the W pass needs."""
     s = plan.seq / plan.cp
     b, h, a = plan.micro_batch, model.hidden, model.heads
     sbh = s * b * h
@@ -124,30 +209,46 @@ def _load(model: ModelSpec) -> float:
     return 1.0 if model.capacity_factor is None else min(1.0, model.capacity_factor)
 
 
+def _layer_split_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, recompute: str) -> tuple[float, float]:
+    """(activation bytes one rank keeps per micro-batch, of which the W pass reads) without full recompute."""
+    if plan.attention == "eager":
+        rep, split, core, w_in = _eager_terms(model, plan, layer)
+        core = 0.0 if recompute == "selective" else core
+        t = plan.tp
+        total = (rep + split + core) / t if plan.sp else rep + (split + core) / t
+        total_unsharded = rep + split + core
+        return total, total * min(1.0, w_in / total_unsharded)
+    kept = [x for x in saved_tensors(model, plan, layer) if not (x.core and recompute == "selective")]
+    return sum(_per_rank(x, plan) for x in kept), sum(_per_rank(x, plan) for x in kept if x.reader == "W")
+
+
 def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, recompute: str | None = None
                            ) -> float:
     """Activation bytes one rank keeps per layer and micro-batch until its backward."""
     if model.params_only:
         return 0.0
     recompute = plan.recompute if recompute is None else recompute
-    t = plan.tp
-    rep, split, core, _ = _layer_terms(model, plan, layer)
     if recompute == "full":
         s = plan.seq / plan.cp
-        return 2.0 * s * plan.micro_batch * model.hidden / (t if plan.sp else 1)
-    core = 0.0 if recompute == "selective" else core
-    if plan.sp:
-        return (rep + split + core) / t
-    return rep + (split + core) / t
+        return model.dtype_bytes * s * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
+    return _layer_split_bytes(model, plan, layer, recompute)[0]
+
+
+def head_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[float, float]:
+    """(bytes, of which the W pass reads) the LM head keeps per micro-batch (flash model; eager keeps the
+    published formulas, which leave the head out)."""
+    if model.params_only or plan.attention == "eager":
+        return 0.0, 0.0
+    ts = head_saved_tensors(model, plan)
+    return sum(_per_rank(x, plan) for x in ts), sum(_per_rank(x, plan) for x in ts if x.reader == "W")
 
 
 def weight_grad_fraction(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
     """Fraction of a layer's stored activations the W pass needs (freed at W, the rest at B)."""
     if plan.recompute == "full" or model.params_only:
         return 0.0
-    rep, split, core, w_in = _layer_terms(model, plan, layer)
-    total = rep + split + (0.0 if plan.recompute == "selective" else core)
-    return min(1.0, w_in / total)
+    total, w = _layer_split_bytes(model, plan, layer, plan.recompute)
+    return w / total if total else 0.0
 
 
 def weight_pass_share(model: ModelSpec, plan: ParallelPlan) -> float | None:
@@ -176,6 +277,11 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     held = [sum(layer_activation_bytes(model, plan, l) for l in ls) for ls in chunks]
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
+    for c in range(plan.chunks):        # the chunk holding the last model piece runs the LM head
+        if plan.piece(stage, c) == plan.pieces - 1:
+            head, head_w = head_activation_bytes(model, plan)
+            held[c] += head
+            wfrac[c] += head_w
     transient = [max((recompute_transient_bytes(model, plan, l) for l in ls), default=0.0) for ls in chunks]
     order = plan.stage_order(stage, model)
     cur = peak = 0.0
@@ -218,17 +324,79 @@ def max_layer_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     return best
 
 
+def fsdp_units(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[list[tuple[str, float, float]]]:
+    """(name, dense, expert) per-rank parameters of the FSDP units of each chunk of ``stage``, in forward
+    order: the embedding (first virtual stage), the layers, the LM head with the final norm (last)."""
+    nv = plan.pp * plan.virtual_stages
+    out = []
+    for c, layers in enumerate(stage_chunks(model, plan, stage)):
+        vs = c * plan.pp + stage
+        units = [("embedding", model.embedding_params() / plan.tp, 0.0)] if vs == 0 else []
+        units += [(f"L{l}", *layer_param_split(model, plan, l)) for l in layers]
+        if vs == nv - 1:
+            head = model.head_params() / plan.tp if holds_head(model, plan, stage) else 0.0
+            units.append(("lm_head", head + model.hidden, 0.0))
+        out.append(units)
+    return out
+
+
+def fsdp_residency(plan: ParallelPlan, uses: list[tuple[object, str]]) -> list[tuple[bool, bool]]:
+    """(gather, release) for each use (unit key, phase "F" / "B" / "Bi") of an FSDP unit on one rank, in
+    program order: gather when the unit's parameters are not resident; release after a forward when
+    resharding after forward, after a backward without PP, and after the unit's last use of the step."""
+    last = {k: i for i, (k, _) in enumerate(uses)}
+    raf = plan.reshard_after_forward
+    held: set = set()
+    out = []
+    for i, (k, phase) in enumerate(uses):
+        gather = k not in held
+        held.add(k)
+        release = last[k] == i or (raf if phase == "F" else plan.pp == 1)
+        if release:
+            held.discard(k)
+        out.append((gather, release))
+    return out
+
+
+def fsdp_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """ZeRO-3/FSDP transient bytes, an upper estimate: the peak of gathered parameters walking the stage's
+    uses (``fsdp_residency``) plus ``fsdp_prefetch`` gathers issued ahead, and the unsharded gradients
+    before their reduce-scatter: one unit's without PP, the whole stage's under PP (reduce-scattered once
+    per step)."""
+    dd, de = shard_degrees(plan)
+    size = {}
+    chunks = []
+    for c, units in enumerate(fsdp_units(model, plan, stage)):
+        chunks.append([(c, n) for n, _, _ in units])
+        for n, d, e in units:
+            size[(c, n)] = (d if dd > 1 else 0.0) + (e if de > 1 else 0.0)
+    uses = []
+    for a in stage_order(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages, stage):
+        if a.phase == "F":
+            uses += [(k, "F") for k in chunks[a.chunk]]
+        elif a.phase in ("B", "Bi"):
+            uses += [(k, a.phase) for k in reversed(chunks[a.chunk])]
+    res = fsdp_residency(plan, uses)
+    held = peak = 0.0
+    for j, ((k, _), (gather, release)) in enumerate(zip(uses, res)):
+        held += size[k] if gather else 0.0
+        ahead = sum(size[uses[i][0]] for i in range(j + 1, min(len(uses), j + 1 + plan.fsdp_prefetch)) if res[i][0])
+        peak = max(peak, held + ahead)
+        held -= size[k] if release else 0.0
+    grads = sum(size.values()) if plan.pp > 1 else max(size.values(), default=0.0)
+    return peak * model.dtype_bytes + grads * plan.grad_bytes_per_param
+
+
 def buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Transient communication buffers, an estimate (the engine's memory timeline gives the exact peak,
-    which depends on how far communication lags compute): ZeRO-3 gathered weights of (1 + prefetch) units
-    plus one unit's full gradients before its reduce-scatter; ZeRO-2 unsharded gradients of two units or
-    buckets (the one being reduced and the one being produced)."""
+    which depends on how far communication lags compute): ZeRO-3 gathered weights and unsharded gradients
+    (``fsdp_buffer_bytes``); ZeRO-2 unsharded gradients of two units or buckets (the one being reduced and
+    the one being produced)."""
     z = plan.zero_stage
     if plan.dp * plan.cp == 1:
         return 0.0
     if z >= 3:
-        unit = max_layer_params(model, plan, stage)
-        return unit * (model.dtype_bytes * (1 + plan.fsdp_prefetch) + plan.grad_bytes_per_param)
+        return 0.0 if model.params_only else fsdp_buffer_bytes(model, plan, stage)
     if z == 2:
         dense, expert = rank_params(model, plan, stage)
         unit = max(plan.bucket_bytes, plan.grad_bytes_per_param * max_layer_params(model, plan, stage))

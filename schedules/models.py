@@ -294,6 +294,27 @@ _PRESETS: dict[str, ModelSpec] = {
                              vocab=129280, experts=256, top_k=8, moe_ffn=2048, shared_experts=1,
                              first_dense_layers=3, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
                              qk_rope_dim=64, v_head_dim=128),
+    # Llama 2 7B / 13B / 70B: Touvron et al. 2023, table 1 and the released config.json (vocab 32,000; 70B GQA 8).
+    "llama2-7b": ModelSpec("llama2-7b", layers=32, hidden=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000),
+    "llama2-13b": ModelSpec("llama2-13b", layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40, vocab=32000),
+    "llama2-70b": ModelSpec("llama2-70b", layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=32000),
+    # Nemotron-4 15B / 340B: NVIDIA 2024 tech reports (15B: arXiv 2402.16819 table 1; 340B: arXiv 2406.11704
+    # sec. 2.1): squared-ReLU MLP (2 matrices), GQA 8, vocab 256,000, untied embeddings.
+    "nemotron4-15b": ModelSpec("nemotron4-15b", layers=32, hidden=6144, ffn=24576, heads=48, kv_heads=8,
+                               vocab=256000, gated_mlp=False),
+    "nemotron4-340b": ModelSpec("nemotron4-340b", layers=96, hidden=18432, ffn=73728, heads=96, kv_heads=8,
+                                vocab=256000, gated_mlp=False),
+    # Grok-1 314B: xai-org/grok-1 run.py / model.py (64 layers, emb 6144, 48 query / 8 KV heads, 8 experts top-2,
+    # widening factor 8 -> ffn int(8·6144)·2/3 = 32,768 gated, vocab 131,072).
+    "grok1-314b": ModelSpec("grok1-314b", layers=64, hidden=6144, ffn=32768, heads=48, kv_heads=8, vocab=131072,
+                            experts=8, top_k=2),
+    # MPT (mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): GELU MLP with expansion 4, MHA,
+    # vocab 50,368, tied embeddings (the benchmark table's models).
+    **{f"mpt-{n}": ModelSpec(f"mpt-{n}", layers=L, hidden=d, ffn=4 * d, heads=a, kv_heads=a, vocab=50368,
+                             gated_mlp=False, tied_embeddings=True)
+       for n, L, d, a in (("125m", 12, 768, 12), ("350m", 24, 1024, 16), ("760m", 24, 1536, 12),
+                          ("1b", 24, 2048, 16), ("3b", 32, 2560, 20), ("7b", 32, 4096, 32), ("13b", 40, 5120, 40),
+                          ("30b", 48, 7168, 64), ("70b", 80, 8192, 64))},
     # Small models for tests and quick experiments.
     "tiny": ModelSpec("tiny", layers=4, hidden=256, ffn=1024, heads=8, kv_heads=8, vocab=1024, gated_mlp=False),
     "tiny-moe": ModelSpec("tiny-moe", layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024,

@@ -27,6 +27,8 @@ from simulator.errors import PlanError
 
 SCHEDULE_NAMES = tuple(pl.SCHEDULES)
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "eager")
+RESHARD = ("auto", "true", "false")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
 
@@ -66,6 +68,9 @@ class ParallelPlan:
     grad_bytes_per_param, optimizer_bytes_per_param: mixed-precision Adam stores 2-byte gradients and
                          12 bytes of optimizer state (fp32 master weights, momentum, variance) per
                          parameter: 16 bytes with the 2-byte weights (Rajbhandari et al. 2020, sec. 3.1)
+    attention            flash (FlashAttention: no s×s scores kept, the default) | eager (scores kept)
+    fsdp_reshard_after_forward  ZeRO-3/FSDP: free gathered parameters after each forward: auto (only without
+                         PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
     """
 
     dp: int = 1
@@ -96,6 +101,8 @@ class ParallelPlan:
     last_stage_layers: int | None = None
     grad_bytes_per_param: float = 2.0
     optimizer_bytes_per_param: float = 12.0
+    attention: str = "flash"
+    fsdp_reshard_after_forward: str = "auto"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -121,6 +128,13 @@ class ParallelPlan:
     @property
     def tokens_per_step(self) -> int:
         return self.effective_global_batch * self.seq
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """ZeRO-3/FSDP frees gathered parameters after each forward (auto: only without PP)."""
+        if self.fsdp_reshard_after_forward == "auto":
+            return self.pp == 1
+        return self.fsdp_reshard_after_forward == "true"
 
     @property
     def splits_backward(self) -> bool:
@@ -192,6 +206,11 @@ class ParallelPlan:
             raise PlanError(f"unknown pipeline schedule {self.schedule!r}; known: {', '.join(SCHEDULE_NAMES)}")
         if self.recompute not in RECOMPUTE:
             raise PlanError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.attention not in ATTENTION:
+            raise PlanError(f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
+        if self.fsdp_reshard_after_forward not in RESHARD:
+            raise PlanError(f"fsdp_reshard_after_forward must be one of {', '.join(RESHARD)}, "
+                            f"got {self.fsdp_reshard_after_forward!r}")
         if self.layer_split not in ("balanced", "even"):
             raise PlanError(f"layer_split must be 'balanced' or 'even', got {self.layer_split!r}")
         if not 0.0 <= self.skew <= 1.0:
@@ -266,7 +285,7 @@ class ParallelPlan:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
                     or (v <= lo if strict else v < lo):
                 raise PlanError(f"{f} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
-        for f in ("schedule", "recompute", "axis_order", "layer_split"):
+        for f in ("schedule", "recompute", "axis_order", "layer_split", "attention", "fsdp_reshard_after_forward"):
             v = getattr(self, f)
             if not isinstance(v, str):
                 raise PlanError(f"{f} must be a string, got {v!r}")

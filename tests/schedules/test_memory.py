@@ -1,7 +1,10 @@
-"""Memory per rank: the ZeRO paper's example, Korthikanti's activation formulas, schedule in-flight counts."""
+"""Memory per rank: the ZeRO paper's example, Korthikanti's activation formulas (eager attention), the
+FlashAttention saved-tensor model, schedule in-flight counts, FSDP residency under PP."""
+import dataclasses
+
 import pytest
 
-from schedules.memory import layer_activation_bytes, memory_per_rank
+from schedules.memory import head_activation_bytes, layer_activation_bytes, memory_per_rank
 from schedules.models import custom_model, get_model, model_from_params
 from schedules.plan import ParallelPlan
 
@@ -37,7 +40,7 @@ S, Bm, H, A = 1024, 2, 1024, 16
     (1, False, "full", 2),
 ])
 def test_korthikanti_activation_formulas(tp, sp, rc, per_sbh):
-    plan = ParallelPlan(tp=tp, sp=sp, recompute=rc, seq=S, micro_batch=Bm)
+    plan = ParallelPlan(tp=tp, sp=sp, recompute=rc, seq=S, micro_batch=Bm, attention="eager")
     assert layer_activation_bytes(GPT, plan, 0) == pytest.approx(S * Bm * H * per_sbh)
 
 
@@ -57,7 +60,9 @@ def test_1f1b_holds_p_microbatches_on_stage0_and_gpipe_m():
     p, m = 4, 16
     stage_layers = GPT.layers // p
     assert _act("1f1b", p, m) == pytest.approx(p * stage_layers * per_layer)
-    assert _act("1f1b", p, m, stage=p - 1) == pytest.approx(1 * stage_layers * per_layer)
+    head = head_activation_bytes(GPT, ParallelPlan(seq=S))[0]     # final norm + fp32 cross-entropy softmax
+    assert head == pytest.approx(2 * 2 * S * H + 4 * S * GPT.vocab)
+    assert _act("1f1b", p, m, stage=p - 1) == pytest.approx(1 * stage_layers * per_layer + head)
     assert _act("gpipe", p, m) == pytest.approx(m * stage_layers * per_layer)
     assert _act("zb", p, m) == pytest.approx(_act("1f1b", p, m))
     # interleaved: p·(1 + (p-1)/(p·v)) stage-equivalents
@@ -79,3 +84,69 @@ def test_total_is_sum_of_categories():
     assert d["total"] == pytest.approx(sum(d[k] for k in ("parameters", "gradients", "optimizer", "activations",
                                                            "buffers")))
     assert d["buffers"] > 0
+
+
+@pytest.mark.parametrize("tp, sp, rc", [(1, False, "none"), (4, False, "none"), (4, True, "none"),
+                                        (4, True, "selective"), (4, False, "selective")])
+def test_flash_is_korthikanti_without_scores_and_dropout(tp, sp, rc):
+    """Independent check of the saved-tensor list on a GPT layer (MHA, GeLU, ffn 4h): Korthikanti's count
+    without the s×s terms and without the two 1-byte dropout masks (replicated, /t with SP), plus
+    FlashAttention's fp32 log-sum-exp (4·a·s·b bytes, dropped by selective recompute)."""
+    eager = layer_activation_bytes(GPT, ParallelPlan(tp=tp, sp=sp, recompute="selective", seq=S, micro_batch=Bm,
+                                                     attention="eager"), 0)
+    flash = layer_activation_bytes(GPT, ParallelPlan(tp=tp, sp=sp, recompute=rc, seq=S, micro_batch=Bm), 0)
+    masks = 2 * S * Bm * H / (tp if sp else 1)
+    lse = 0.0 if rc == "selective" else 4 * A * S * Bm / tp
+    assert flash == pytest.approx(eager - masks + lse)
+
+
+def test_flash_activations_linear_in_sequence():
+    m = get_model("llama3-8b")
+    a = layer_activation_bytes(m, ParallelPlan(seq=4096), 0)
+    b = layer_activation_bytes(m, ParallelPlan(seq=8192), 0)
+    assert b == pytest.approx(2 * a)
+    eager = layer_activation_bytes(m, ParallelPlan(seq=8192, attention="eager"), 0)
+    assert eager > 3 * b          # the 5·a·s²·b scores dominate eager attention at 8k
+
+
+def test_llama3_405b_tp8_pp16_fsdp_interleaved_activations_fit_80gb():
+    """Issue 12 acceptance: Llama 3 405B at TP8 PP16, seq 8192, FSDP, SP, interleaved keeps its activations
+    within 80 GB with the batch Meta ran (Llama 3 paper, table 4: 16 sequences per DP group, i.e. m = 16
+    micro-batches of 1); eager attention's s×s scores would need ~11x more."""
+    plan = ParallelPlan(tp=8, pp=16, dp=64, seq=8192, fsdp=True, sp=True, schedule="interleaved", virtual_stages=2,
+                        global_batch=64 * 16)
+    mem = memory_per_rank(get_model("llama3-405b"), plan)
+    worst = max(d["activations"] for d in mem.values())
+    assert worst < 80 * GB
+    eager = memory_per_rank(get_model("llama3-405b"), dataclasses.replace(plan, attention="eager"))
+    assert max(d["activations"] for d in eager.values()) > 10 * worst
+
+
+def test_fsdp_under_pp_keeps_stage_parameters_and_gradients_unsharded():
+    """FSDP with PP (reshard_after_forward off): the whole stage's parameters stay gathered and its
+    gradients accumulate unsharded, so the buffers are the stage's parameters at 2 + 2 bytes each."""
+    from schedules.memory import rank_params
+    m = dataclasses.replace(get_model("llama3-8b"), layers=8)
+    plan = ParallelPlan(dp=4, pp=2, fsdp=True, seq=1024, global_batch=32)
+    d = memory_per_rank(m, plan)["stage0"]
+    dense, _ = rank_params(m, plan, 0)
+    assert d["buffers"] == pytest.approx(dense * (m.dtype_bytes + plan.grad_bytes_per_param))
+    # without PP at most the unit in use and the prefetched one are gathered, and one unit's gradients wait
+    from schedules.memory import max_layer_params
+    nopp_plan = ParallelPlan(dp=8, fsdp=True, seq=1024)
+    nopp = memory_per_rank(m, nopp_plan)["stage0"]["buffers"]
+    unit = max_layer_params(m, nopp_plan, 0)
+    assert nopp <= 1.001 * unit * (2 * m.dtype_bytes + nopp_plan.grad_bytes_per_param)   # (+ final norm)
+
+
+def test_fsdp_residency_rules():
+    from schedules.memory import fsdp_residency
+    uses = [("a", "F"), ("a", "F"), ("a", "B"), ("a", "B")]
+    pp = ParallelPlan(pp=2, dp=2, fsdp=True)
+    assert fsdp_residency(pp, uses) == [(True, False), (False, False), (False, False), (False, True)]
+    raf = dataclasses.replace(pp, fsdp_reshard_after_forward="true")
+    assert fsdp_residency(raf, uses) == [(True, True), (True, True), (True, False), (False, True)]
+    nopp = ParallelPlan(dp=2, fsdp=True)
+    assert fsdp_residency(nopp, uses) == [(True, True), (True, True), (True, True), (True, True)]
+    keep = dataclasses.replace(nopp, fsdp_reshard_after_forward="false")
+    assert fsdp_residency(keep, uses) == [(True, False), (False, False), (False, True), (True, True)]

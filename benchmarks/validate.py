@@ -1,0 +1,64 @@
+"""Validation against published training runs: the whole of validation/published_runs.csv.
+
+    python benchmarks/validate.py [--network analytical] [--out benchmarks/results/validate]
+
+Writes validate.json (rows, per-group summary, rows not expressible), validate.png (predicted vs published)
+and validate.md (the summary table and the peak-memory comparison, as pasted in the README). The rows are
+validation only: nothing is fitted to them. Takes about 2 s per row on one CPU core.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clustersim.validate import load_runs, plot, summarize, validate_rows  # noqa: E402
+
+
+def markdown(results: list[dict], summary: list[dict], skipped: list[dict]) -> str:
+    out = ["| group | rows | median abs error | p90 abs error | mean signed error |", "|---|---:|---:|---:|---:|"]
+    for g in summary:
+        out.append(f"| {g['group']} | {g['rows']} | {g['median_abs_error']:.1%} | {g['p90_abs_error']:.1%} | "
+                   f"{g['mean_signed_error']:+.1%} |")
+    mem = [r for r in results if r["published_peak_memory_gib"]]
+    if mem:
+        out += ["", "| row | model | GPUs | published peak GiB | predicted peak GiB | error |", "|---|---|---:|---:|---:|---:|"]
+        for r in mem:
+            out.append(f"| {r['id']} | {r['model']} ({r['framework']}) | {r['gpus']} | "
+                       f"{r['published_peak_memory_gib']:.1f} | {r['predicted_peak_memory_gib']:.1f} | "
+                       f"{r['peak_memory_error']:+.1%} |")
+    reasons: dict[str, int] = {}
+    for x in skipped:
+        reasons[x["reason"]] = reasons.get(x["reason"], 0) + 1
+    out += ["", f"{len(results)} rows simulated; {len(skipped)} not expressible:"]
+    out += [f"- {n} × {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--network", default="analytical", choices=("ideal", "analytical", "flow"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "validate"))
+    args = ap.parse_args()
+    rows = load_runs()
+    t0 = time.perf_counter()
+    results, skipped = validate_rows(rows, network=args.network,
+                                     progress=lambda i, n: print(f"\r{i}/{n}", end="", file=sys.stderr))
+    print(file=sys.stderr)
+    summary = summarize(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps({"rows": results, "summary": summary, "not_expressible": skipped,
+                                               "wall_time_s": time.perf_counter() - t0}, indent=1))
+    plot(results, f"{out}.png")
+    md = markdown(results, summary, skipped)
+    Path(f"{out}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""clustersim validate: the published-runs copy, the row -> experiment mapping, the error summary, and a small
+subset simulated end to end (the whole set is benchmarks/validate.py)."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from clustersim.validate import (NotExpressible, _experiment_fields, hardware_class, load_runs,
+                                 published_tokens_per_gpu, row_experiment, summarize)
+from clustersim.cli import main
+
+SHARED = next((p / "shared" / "validation" / "training_throughput.csv" for p in Path(__file__).resolve().parents
+               if (p / "shared" / "validation" / "training_throughput.csv").is_file()), Path("/nonexistent"))
+FIELDS = _experiment_fields() - {"dtype", "stack"}      # a build without --dtype / --stack
+
+
+def _row(**kw):
+    base = dict(hardware="H100-SXM (DGX-H100)", gpus="64", model="Llama 3 70B", task="pretrain", precision="BF16",
+                framework="Megatron-Bridge / Megatron-Core", seq_len="8192", gbs="128", mbs="1", tp="4", pp="8",
+                cp="1", vp="5", ep="", fsdp="0", num_layers="", activation_checkpointing="", notes="",
+                tokens_per_s_per_gpu="1000", tokens_per_s_total="", step_time_s="")
+    base.update(kw)
+    return base
+
+
+def test_published_runs_have_ids_and_sources():
+    rows = load_runs()
+    assert len(rows) > 500
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert all(r["source"].startswith("http") for r in rows)
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="shared validation data not present")
+def test_published_runs_are_verbatim_copies():
+    with SHARED.open(newline="") as f:
+        shared = [tuple(sorted(r.items())) for r in csv.DictReader(ln for ln in f if not ln.startswith("#"))]
+    ours = [tuple(sorted((k, v) for k, v in r.items() if k != "id")) for r in load_runs()]
+    assert set(ours) <= set(shared)
+
+
+def test_megatron_row_maps_to_its_plan():
+    kw, notes = row_experiment(_row(), FIELDS)
+    assert kw == dict(cluster="dgx-h100", model="llama3-70b", zero=1, schedule="interleaved", virtual_stages=5,
+                      gpus=64, seq=8192, tp=4, pp=8, cp=1, ep=1, dp=2, sp=True, micro_batch=1, global_batch=128)
+    assert notes == []
+    fsdp, _ = row_experiment(_row(fsdp="8", pp="1", vp="", tp="1", gbs="64"), FIELDS)
+    assert fsdp["fsdp"] and "zero" not in fsdp and fsdp["dp"] == 64
+
+
+def test_fsdp_framework_row_takes_local_batch_and_proxy_layers():
+    row = _row(framework="torchtitan (FSDP + torch.compile)", gbs="", mbs="", tp="", pp="", vp="", fsdp="8",
+               gpus="8", notes="Table 1; local batch size 2", activation_checkpointing="selective",
+               hardware="H100 (Grand Teton; 96GB HBM2e, 500W power limit)", model="Llama 3.1 8B")
+    kw, notes = row_experiment(row, FIELDS)
+    assert (kw["fsdp"], kw["dp"], kw["micro_batch"], kw["global_batch"], kw["recompute"]) == (True, 8, 2, 16,
+                                                                                              "selective")
+    assert any("HBM2e" in n for n in notes)
+    proxy, notes = row_experiment(_row(model="Llama 3.1 405B", num_layers="7", framework="NeMo (Megatron-Core)"),
+                                  FIELDS)
+    assert proxy["model"] == {"base": "llama3-405b", "layers": 7} and "7 layers" in notes[0]
+
+
+@pytest.mark.parametrize("row, reason", [
+    (_row(precision="FP8"), "FP8"), (_row(precision="NVFP4"), "NVFP4"), (_row(model="Kimi K2"), "no model preset"),
+    (_row(hardware="GB300 (DGX-GB300)"), "no cluster preset"), (_row(mbs=""), "micro-batch"),
+    (_row(notes="CHECK: gbs"), "CHECK"), (_row(gbs="101"), "not a multiple"), (_row(task="sft"), "pre-training"),
+])
+def test_rows_not_expressible_say_why(row, reason):
+    with pytest.raises(NotExpressible, match=reason):
+        row_experiment(row, FIELDS)
+
+
+def test_fp8_passes_dtype_when_the_build_has_it():
+    kw, _ = row_experiment(_row(precision="FP8-CS"), FIELDS | {"dtype", "stack"})
+    assert kw["dtype"] == "fp8" and kw["stack"] == "megatron"
+
+
+def test_hardware_and_throughput_fallbacks():
+    assert [hardware_class(h) for h in ("A100 40GB (RoCE)", "A100 80GB", "H100 80GB", "GB200 (DGX-GB200)",
+                                        "B200 (DGX-B200)", "B300 (DGX-B300)")] == \
+        ["A100-40GB", "A100", "H100", "GB200", "B200", None]
+    assert published_tokens_per_gpu(_row()) == 1000
+    assert published_tokens_per_gpu(_row(tokens_per_s_per_gpu="", tokens_per_s_total="6400")) == 100
+    step = _row(tokens_per_s_per_gpu="", step_time_s="2", gbs="128", seq_len="1000")
+    assert published_tokens_per_gpu(step) == pytest.approx(128 * 1000 / 2 / 64)
+
+
+def test_summary_closed_form():
+    rows = [{"group": "g", "error": e} for e in (0.1, -0.2, 0.3, 0.0)] + [{"group": "h", "error": -0.5}]
+    g, h = summarize(rows)
+    assert g["rows"] == 4 and g["median_abs_error"] == pytest.approx(0.15)
+    assert g["p90_abs_error"] == pytest.approx(0.2 + 0.7 * 0.1)        # linear interpolation between 0.2 and 0.3
+    assert g["mean_signed_error"] == pytest.approx(0.05)
+    assert (h["rows"], h["mean_signed_error"]) == (1, -0.5)
+
+
+def test_cli_subset_json_and_plot(tmp_path, capsys):
+    """A small subset end to end: a Megatron proxy row (H100), an llm-foundry row (A100), an FP8 row and a GB200
+    row whose GPU count the NVL72 preset cannot hold (the last two listed with their reasons)."""
+    png = tmp_path / "v.png"
+    assert main(["validate", "--ids", "54,510,638", "--json", "--plot", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert png.stat().st_size > 1000
+    rows = {r["id"]: r for r in out["rows"]}
+    assert set(rows) == {"54", "510"}
+    for r in rows.values():
+        assert r["error"] == pytest.approx(r["predicted_tokens_per_s_per_gpu"] / r["published_tokens_per_s_per_gpu"] - 1)
+        assert r["source"].startswith("http") and r["predicted_model_tflops_per_gpu"] > 0
+    assert {s["group"] for s in out["summary"]} == {"H100 BF16 dense", "A100 BF16 dense"}
+    skipped = {s["id"]: s["reason"] for s in out["not_expressible"]}
+    assert "multiple of 72" in skipped["638"]
+
+
+def test_peak_memory_model_state_difference_matches_published():
+    """torchtitan Llama 3.1 8B (BF16, FSDP, selective AC) on 8 and 128 GPUs: the runs differ only in how far
+    FSDP shards the 16 bytes/parameter of model state, so the peak-memory difference checks the memory model
+    independently of activations (published: 77.0 vs 62.0 GiB)."""
+    from clustersim.validate import validate_rows
+    rows = {r["id"]: r for r in load_runs()}
+    res, skipped = validate_rows([rows["402"], rows["403"]])
+    assert not skipped
+    a, b = res
+    published = a["published_peak_memory_gib"] - b["published_peak_memory_gib"]
+    predicted = a["predicted_peak_memory_gib"] - b["predicted_peak_memory_gib"]
+    assert predicted == pytest.approx(published, abs=1.5)
+
+
+def test_mpt_presets_match_published_parameter_counts():
+    """llm-foundry's benchmark table prints NumParams for every MPT run: our presets (schedules.models) match it
+    exactly once the parts we do not model are added: the run's learned position embedding (seq_len × d) and
+    the biases (QKV 3d, output d, MLP 4d + d, two LayerNorms 2d per layer, final LayerNorm d)."""
+    import re
+
+    from clustersim.validate import MODEL_PRESETS
+    from schedules.models import get_model
+
+    checked = set()
+    for r in load_runs():
+        m = re.search(r"NumParams=(\d+)", r["notes"])
+        if not m or not r["model"].startswith("MPT"):
+            continue
+        spec = get_model(MODEL_PRESETS[r["model"]])
+        expected = spec.param_count() + (int(r["seq_len"]) + 11 * spec.layers + 1) * spec.hidden
+        assert int(m.group(1)) == expected, r["model"]
+        checked.add(r["model"])
+    assert len(checked) == 9
