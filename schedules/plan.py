@@ -52,6 +52,8 @@ class ParallelPlan:
     grad_bytes_per_param, optimizer_bytes_per_param: mixed-precision Adam stores 2-byte gradients and
                          12 bytes of optimizer state (fp32 master weights, momentum, variance) per
                          parameter: 16 bytes with the 2-byte weights (Rajbhandari et al. 2020, sec. 3.1)
+    dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
+    stack                training stack whose kernels are priced: megatron | torchtitan (schedules.kernels)
     """
 
     dp: int = 1
@@ -77,6 +79,8 @@ class ParallelPlan:
     layer_split: str = "balanced"
     grad_bytes_per_param: float = 2.0
     optimizer_bytes_per_param: float = 12.0
+    dtype: str = "bf16"
+    stack: str = "megatron"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -138,6 +142,8 @@ class ParallelPlan:
             raise PlanError(f"skew must be in [0, 1] (relative extra load on the busiest EP rank), got {self.skew}")
         if self.skew and self.ep == 1:
             raise PlanError("routing skew needs expert parallelism: set --ep > 1 or skew 0")
+        from schedules.kernels import check_choice
+        check_choice(self.stack, self.dtype)
         self.axes  # parses axis_order
         if self.global_batch is not None:
             per = self.micro_batch * self.dp

@@ -26,6 +26,7 @@ from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECT
 from topologies.cluster import Cluster
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
+from topologies.kernel_cost import KernelPricer
 
 NETWORKS = ("analytical", "flow", "ideal")
 _BACKWARD_PHASES = (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
@@ -56,6 +57,16 @@ DEFAULT_EFFICIENCY = {"nvlink": 0.80, "ib": 0.90, "ethernet": 0.80, "pcie": 0.75
 # the lower envelope NCCL's per-size protocol choice follows. Link latencies on the path add to them.
 CALL_OVERHEAD_S = 6.6e-6
 STEP_LATENCY_S = {"nvlink": 0.6e-6, "ici": 0.6e-6, "ub": 0.6e-6, "pcie": 1.0e-6, "ib": 2.7e-6, "ethernet": 2.7e-6}
+
+
+def _device_fit(lookup, acc):
+    """A calibration fit for accelerator ``acc``: by its spec name, else by a name the device reports
+    (``device_names``: a collector's calibration is keyed by torch's device name)."""
+    for name in (acc.name,) + tuple(acc.device_names):
+        fit = lookup(name)
+        if fit is not None:
+            return fit
+    return None
 
 
 class _AlgoCost:
@@ -132,17 +143,20 @@ class ClusterCostModel:
         self._compute_cache: dict = {}
         self._bundle_cache: dict = {}
         acc = cluster.accelerator
-        fit = calibration.compute_fit(acc.name) if calibration is not None else None
+        fit = _device_fit(calibration.compute_fit, acc) if calibration is not None else None
         self._compute_fit = fit
         # per-layer fits (layer benchmark): price ops that belong to a transformer layer, by phase
         self._layer_fits = {}
         if calibration is not None:
             for phase in (FORWARD, BACKWARD):
-                lf = calibration.layer_fit(acc.name, phase)
+                lf = _device_fit(lambda name: calibration.layer_fit(name, phase), acc)
                 if lf is not None:
                     self._layer_fits[phase] = lf
         self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
         self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
+        # kernel-level model (topologies.kernel_cost) for ops that carry their kernels; an explicit
+        # compute_efficiency keeps the flat roofline (what-if studies)
+        self.kernels = KernelPricer(acc, fit) if compute_efficiency is None else None
 
     def _domains_identical(self) -> bool:
         """Star domains (one switch per domain) whose every device link has the same capacity and latency."""
@@ -169,6 +183,11 @@ class ClusterCostModel:
         if self._layer_fits and op.layer is not None:
             layer_fit = self._layer_fits.get(FORWARD if op.phase == FORWARD else BACKWARD
                                              if op.phase in _BACKWARD_PHASES else None)
+        if layer_fit is None and op.kernels is not None and self.kernels is not None:
+            t = self.kernels.time_s(op.kernels)
+            if self._compute_fit is not None:
+                t += self._compute_fit.op_overhead_s     # calibrated framework time per program op
+            return t
         key = (op.flops, op.mem_bytes, layer_fit is not None and layer_fit.phase)
         t = self._compute_cache.get(key)
         if t is None:
@@ -188,6 +207,27 @@ class ClusterCostModel:
                 self._compute_cache.clear()
             self._compute_cache[key] = t
         return t
+
+    def pricing(self) -> dict:
+        """Which calibration and curves price compute on this cluster (every result reports it)."""
+        d = {"calibration": (self.calibration.source or "given") if self.calibration is not None else None,
+             "calibration_compute_fit": self._compute_fit.device if self._compute_fit is not None else None,
+             "calibration_layer_fits": sorted(self._layer_fits)}
+        if self.kernels is not None:
+            d["kernels"] = self.kernels.describe()
+        else:
+            d["flat_compute_efficiency"] = self.compute_efficiency
+        return d
+
+    def best_kernel_flops_per_s(self) -> float:
+        """The highest FLOP/s any GEMM kernel reaches on this device (a bound for search pruning)."""
+        if self.kernels is None:
+            return 0.0
+        curves = [c for c in self.kernels._gemm.values()]
+        best = max(c.params.eta * c.peak_flops_per_s for c in curves)
+        if self._compute_fit is not None:
+            best = max(best, self._compute_fit.peak_flops_per_s)
+        return best
 
     def device_key(self, rank: int) -> Hashable:
         return self.cluster.device(rank).name
