@@ -39,6 +39,8 @@ NETWORKS = ("ideal", "analytical", "flow")
 MODES = ("symmetric", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("bf16", "fp8")
+STACKS = ("megatron", "torchtitan")
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 
 
@@ -75,6 +77,8 @@ class Experiment:
     mode: str | None = None          # None: symmetric where valid, else full
     calibration: str | None = None
     algorithm: str | None = None
+    dtype: str = "bf16"
+    stack: str | None = None         # None: the cluster's default (schedules.kernels.default_stack)
     faults: dict = field(default_factory=dict)
     name: str | None = None
 
@@ -173,6 +177,10 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value in MODES, f"{w}: unknown mode {value!r}; choose one of {', '.join(MODES)}")
         elif key == "schedule":
             _check(value in SCHEDULES, f"{w}: unknown schedule {value!r}; choose one of {', '.join(SCHEDULES)}")
+        elif key == "dtype":
+            _check(value in DTYPES, f"{w}: unknown dtype {value!r}; choose one of {', '.join(DTYPES)}")
+        elif key == "stack":
+            _check(value in STACKS, f"{w}: unknown stack {value!r}; choose one of {', '.join(STACKS)}")
         elif key == "recompute":
             _check(value in RECOMPUTE, f"{w}: unknown recompute {value!r}; choose one of {', '.join(RECOMPUTE)}")
         elif key == "skew":
@@ -246,6 +254,10 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
         click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
+        click.option("--dtype", type=click.Choice(DTYPES), help="GEMM precision: bf16 (default) or fp8 "
+                     "(Transformer Engine FP8 GEMMs in the transformer blocks)."),
+        click.option("--stack", type=click.Choice(STACKS), help="Training stack whose kernels are priced: "
+                     "megatron (Megatron-Core + TE, fused; default on NVIDIA) or torchtitan (eager)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -256,7 +268,8 @@ def simulate_options(f: Callable) -> Callable:
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
-               "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split")
+               "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split", "dtype",
+               "stack")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -293,6 +306,8 @@ class Outcome:
     plan: Any
     cluster: Any
     notes: list = field(default_factory=list)
+    cost: Any = None       # the ClusterCostModel that priced the run (before fault wrappers)
+    programs: Any = None
 
     def summary(self) -> dict:
         """The stable ``--json`` contract (see README): metrics plus plan and provenance."""
@@ -308,8 +323,21 @@ class Outcome:
             "mode": m.mode, "network": self.experiment.network, "cluster": self.experiment.cluster,
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
             "notes": list(self.notes),
+            "dtype": getattr(self.plan, "dtype", "bf16"), "stack": getattr(self.plan, "stack", None),
         }
+        if self.cost is not None and hasattr(self.cost, "pricing"):
+            d["pricing"] = self.cost.pricing()
+            if self.programs is not None:
+                from topologies.kernel_cost import kernel_time_shares
+                d["top_kernels"] = kernel_time_shares(self.programs, self.cost)
         return d
+
+    def breakdown(self) -> dict:
+        """Per-kernel time of each layer phase of the busiest representative rank (topologies.kernel_cost)."""
+        from topologies.kernel_cost import layer_breakdown
+        if self.cost is None or self.programs is None:
+            return {"rank": None, "phases": []}
+        return layer_breakdown(self.programs, self.cost)
 
 
 def _plan_dict(plan) -> dict:
@@ -370,7 +398,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
               seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch, overlap_grad_reduce=exp.overlap_grad_reduce,
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
-              layer_split=exp.layer_split)
+              layer_split=exp.layer_split, dtype=exp.dtype, stack=exp.stack or "megatron")
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
     plan.validate(model, world_size)
@@ -412,8 +440,12 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     cluster = load_cluster_for(exp)
     world = cluster.world_size
     model = resolve_model(exp)
+    if exp.stack is None:
+        from schedules.kernels import default_stack
+        exp.stack = default_stack(cluster.accelerator.vendor)
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
+    base_cost = cost
     notes: list[str] = []
     if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
         notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
@@ -452,4 +484,4 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     result = run(programs, cost, progress=progress, failures=failures, check=validate)
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0
-    return Outcome(exp, result, metrics, model, plan, cluster, notes)
+    return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs)

@@ -179,10 +179,7 @@ class ClusterCostModel:
             return op.duration_s
         if not (type(rank) is int and 0 <= rank < self.cluster.world_size):
             self.cluster.gpu_of(rank)           # raises the unplaced-rank error
-        layer_fit = None
-        if self._layer_fits and op.layer is not None:
-            layer_fit = self._layer_fits.get(FORWARD if op.phase == FORWARD else BACKWARD
-                                             if op.phase in _BACKWARD_PHASES else None)
+        layer_fit = self._layer_fit_for(op)
         if layer_fit is None and op.kernels is not None and self.kernels is not None:
             t = self.kernels.time_s(op.kernels)
             if self._compute_fit is not None:
@@ -207,6 +204,17 @@ class ClusterCostModel:
                 self._compute_cache.clear()
             self._compute_cache[key] = t
         return t
+
+    def _layer_fit_for(self, op: Op):
+        if self._layer_fits and op.layer is not None:
+            return self._layer_fits.get(FORWARD if op.phase == FORWARD else BACKWARD
+                                        if op.phase in _BACKWARD_PHASES else None)
+        return None
+
+    def prices_by_kernels(self, op: Op) -> bool:
+        """Whether ``op`` is priced by its kernels (not a measured duration, a layer fit or the flat model)."""
+        return (self.kernels is not None and op.kernels is not None and op.duration_s is None
+                and self._layer_fit_for(op) is None)
 
     def pricing(self) -> dict:
         """Which calibration and curves price compute on this cluster (every result reports it)."""

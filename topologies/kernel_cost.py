@@ -76,3 +76,63 @@ class KernelPricer:
             "attention": self._attention.source,
             "elementwise": f"HBM {self.acc.hbm_bytes_per_s / 1e12:.3g} TB/s x {MEMORY_EFFICIENCY} + {g.t0_s * 1e6:.2f} us",
         }
+
+
+# ---------------------------------------------------------------------------------------------- reports
+def _priced_lists(programs, cost, rank: int | None):
+    """(rank, {id: (KernelList, ops using it, op phase)}) for the representative rank with the most kernel
+    time (``rank`` to choose one): the compute ops priced by their kernels (not by a layer fit)."""
+    pricer = getattr(cost, "kernels", None)
+    if pricer is None or not hasattr(cost, "prices_by_kernels"):
+        return None, {}
+    ranks = [rank] if rank is not None else list(programs.ops)
+    if len(ranks) > 16:                      # full mode: a spread of ranks (stages are the outer axis)
+        ranks = ranks[::len(ranks) // 16]
+    best = (None, {}, -1.0)
+    for r in ranks:
+        lists: dict[int, list] = {}
+        for op in programs.ops[r]:
+            kl = op.kernels
+            if not cost.prices_by_kernels(op):
+                continue                     # priced by a calibration's layer fit instead
+            e = lists.get(id(kl))
+            if e is None:
+                lists[id(kl)] = [kl, 1]
+            else:
+                e[1] += 1
+        total = sum(pricer.time_s(kl) * n for kl, n in lists.values())
+        if total > best[2]:
+            best = (r, lists, total)
+    return best[0], best[1]
+
+
+def kernel_time_shares(programs, cost, rank: int | None = None, top: int = 5) -> list[dict]:
+    """The kernels that dominate one rank's kernel-priced compute time: [{kernel, time_s, share}], largest
+    first (kernels of the same name summed over the step)."""
+    r, lists = _priced_lists(programs, cost, rank)
+    if r is None:
+        return []
+    by_name: dict[str, float] = {}
+    pricer = cost.kernels
+    for kl, n in lists.values():
+        for k in kl.kernels:
+            base = k.name.replace(" dgrad", "").replace(" wgrad", "")
+            by_name[base] = by_name.get(base, 0.0) + pricer.kernel_time_s(k) * n
+    total = sum(by_name.values()) or 1.0
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return [{"kernel": k, "time_s": t, "share": t / total} for k, t in rows]
+
+
+def layer_breakdown(programs, cost, rank: int | None = None) -> dict:
+    """Per-kernel time of every distinct layer phase of one rank's step: {rank, phases: [{label, ops,
+    time_s, kernels: [rows of KernelPricer.breakdown]}]} (kernel-priced ops only)."""
+    r, lists = _priced_lists(programs, cost, rank)
+    if r is None:
+        return {"rank": None, "phases": []}
+    pricer = cost.kernels
+    phases = []
+    for kl, n in lists.values():
+        phases.append({"label": kl.label, "stack": kl.stack, "dtype": kl.dtype, "ops": n,
+                       "time_s": pricer.time_s(kl), "kernels": pricer.breakdown(kl)})
+    phases.sort(key=lambda p: -p["time_s"] * p["ops"])
+    return {"rank": r, "phases": phases}
