@@ -58,7 +58,8 @@ def check_choice(stack: str, dtype: str) -> None:
 class _Writer:
     """Collects kernels of one op; ``fp8`` GEMMs where the recipe runs them."""
 
-    def __init__(self, stack: str, dtype: str):
+    def __init__(self, stack: str, dtype: str, act_bytes: int = BF16):
+        self.a = act_bytes                      # bytes per activation element (the model's dtype_bytes)
         self.fused = stack == "megatron"
         self.fp8 = dtype == "fp8"
         self.out: list[Kernel] = []
@@ -68,8 +69,8 @@ class _Writer:
         if m <= 0 or n <= 0 or k <= 0:
             return
         dt = "fp8" if (self.fp8 and fp8_ok) else "bf16"
-        eb = 1 if dt == "fp8" else BF16
-        self.out.append(Kernel(name, GEMM, 2.0 * batch * m * n * k, eb * batch * (m * k + k * n) + BF16 * batch * m * n,
+        eb = 1 if dt == "fp8" else self.a
+        self.out.append(Kernel(name, GEMM, 2.0 * batch * m * n * k, eb * batch * (m * k + k * n) + self.a * batch * m * n,
                                m, n, k, batch, dt))
 
     def ew(self, name: str, nbytes: float) -> None:
@@ -77,15 +78,15 @@ class _Writer:
             self.out.append(Kernel(name, ELEMENTWISE, 0.0, float(nbytes)))
 
     def cast(self, name: str, elements: float) -> None:
-        """FP8 cast with amax of a BF16 tensor (row- and column-wise FP8 copies)."""
+        """FP8 cast with amax of a self.a tensor (row- and column-wise FP8 copies)."""
         if self.fp8:
-            self.ew(name, elements * (BF16 + 2))
+            self.ew(name, elements * (self.a + 2))
 
     def attention(self, name: str, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
                   d_v: float, causal: bool, share: float = 1.0) -> None:
         fwd = 2.0 * b * sq * skv * heads * (d_qk + d_v) * (0.5 if causal else 1.0) * share
         flops = fwd if pass_ == "fwd" else 2.5 * fwd
-        io = BF16 * b * heads * (sq * d_qk + skv * d_qk + skv * d_v + sq * d_v)   # Q, K, V, O
+        io = self.a * b * heads * (sq * d_qk + skv * d_qk + skv * d_v + sq * d_v)   # Q, K, V, O
         self.out.append(Kernel(name, ATTENTION, flops, io * (1 if pass_ == "fwd" else 2.5), 0, 0, 0, int(b), "bf16",
                                pass_, int(sq), int(skv), int(round((d_qk + d_v) / 2)), int(heads), causal))
 
@@ -93,47 +94,47 @@ class _Writer:
 # ---------------------------------------------------------------------------------------------- pieces
 def _norm(w: _Writer, name: str, rows: float, h: int, back: bool, into_fp8_gemm: bool) -> None:
     if back:
-        w.ew(f"{name} bwd", rows * h * 3 * BF16)
+        w.ew(f"{name} bwd", rows * h * 3 * w.a)
         return
-    out_bytes = 1 if (w.fp8 and w.fused and into_fp8_gemm) else BF16      # TE LayerNormLinear writes FP8
-    w.ew(name, rows * h * (BF16 + out_bytes))
+    out_bytes = 1 if (w.fp8 and w.fused and into_fp8_gemm) else w.a      # TE LayerNormLinear writes FP8
+    w.ew(name, rows * h * (w.a + out_bytes))
     if w.fp8 and not w.fused and into_fp8_gemm:
         w.cast(f"{name} fp8 cast", rows * h)
 
 
 def _rotary(w: _Writer, tokens: float, width: float) -> None:
     if w.fused:
-        w.ew("rotary (fused)", tokens * width * 2 * BF16)
+        w.ew("rotary (fused)", tokens * width * 2 * w.a)
     else:   # torchtitan: x.float() -> complex multiply -> type_as(x)
-        w.ew("rotary cast fp32", tokens * width * (BF16 + FP32))
+        w.ew("rotary cast fp32", tokens * width * (w.a + FP32))
         w.ew("rotary complex mul", tokens * width * 2 * FP32)
-        w.ew("rotary cast bf16", tokens * width * (FP32 + BF16))
+        w.ew("rotary cast bf16", tokens * width * (FP32 + w.a))
 
 
 def _residual(w: _Writer, name: str, rows: float, h: int, dropout: bool, back: bool) -> None:
     if back:    # gradient of a residual branch: one add (the dropout mask multiply where there is one)
-        w.ew(f"{name} bwd", rows * h * 3 * BF16 + (rows * h * (1 + 2 * BF16) if dropout else 0.0))
+        w.ew(f"{name} bwd", rows * h * 3 * w.a + (rows * h * (1 + 2 * w.a) if dropout else 0.0))
         return
     if w.fused:     # Megatron fused bias-dropout-add: read x and the residual, write the sum (+ 1-byte mask)
-        w.ew(f"{name} (bias-dropout-add)", rows * h * (3 * BF16 + (1 if dropout else 0)))
+        w.ew(f"{name} (bias-dropout-add)", rows * h * (3 * w.a + (1 if dropout else 0)))
     else:
         if dropout:
-            w.ew(f"{name} dropout", rows * h * (2 * BF16 + 1))
-        w.ew(f"{name} add", rows * h * 3 * BF16)
+            w.ew(f"{name} dropout", rows * h * (2 * w.a + 1))
+        w.ew(f"{name} add", rows * h * 3 * w.a)
 
 
 def _activation(w: _Writer, rows: float, width: float, gated: bool, back: bool, into_fp8: bool) -> None:
     if gated:
         if back:
-            w.ew("swiglu bwd", rows * width * 5 * BF16)
+            w.ew("swiglu bwd", rows * width * 5 * w.a)
         elif w.fused:
-            w.ew("swiglu (fused)", rows * width * 3 * BF16)
+            w.ew("swiglu (fused)", rows * width * 3 * w.a)
         else:
-            w.ew("silu", rows * width * 2 * BF16)
-            w.ew("mul", rows * width * 3 * BF16)
+            w.ew("silu", rows * width * 2 * w.a)
+            w.ew("mul", rows * width * 3 * w.a)
     else:
         w.ew("gelu bwd" if back else ("bias-gelu (fused)" if w.fused else "gelu"), rows * width * (3 if back else 2)
-             * BF16)
+             * w.a)
     if into_fp8 and not back:
         w.cast("fc2 input fp8 cast", rows * width)
 
@@ -201,13 +202,13 @@ def _attention_linears(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, part: s
             if m.q_lora_rank:
                 _linear(w, "q down", phase, T, m.q_lora_rank, h)
                 if phase == FORWARD:
-                    w.ew("q norm", T * m.q_lora_rank * 2 * BF16)
+                    w.ew("q norm", T * m.q_lora_rank * 2 * w.a)
                 _linear(w, "q up", phase, T, heads * qk, m.q_lora_rank)
             else:
                 _linear(w, "q proj", phase, T, heads * qk, h)
             _linear(w, "kv down", phase, T, m.kv_lora_rank + m.qk_rope_dim, h)
             if phase == FORWARD:
-                w.ew("kv norm", T * m.kv_lora_rank * 2 * BF16)
+                w.ew("kv norm", T * m.kv_lora_rank * 2 * w.a)
             _linear(w, "kv up", phase, T, heads * (m.d_head + m.v_head_dim), m.kv_lora_rank)
         else:
             _linear(w, "qkv", phase, T, (heads + 2 * sh.kv) * sh.d, h)
@@ -258,7 +259,7 @@ def _mlp_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, moe: bool) -> N
     if moe:
         _linear(w, "router", phase, sh.rows, m.experts, h, fp8_ok=False)
         if not back:
-            w.ew("router softmax/top-k", sh.rows * m.experts * (BF16 + FP32) + sh.rows * m.top_k * 8)
+            w.ew("router softmax/top-k", sh.rows * m.experts * (w.a + FP32) + sh.rows * m.top_k * 8)
         if m.shared_experts:
             _mlp(w, m, sh, phase, m.shared_experts * m.expert_ffn / sh.tp, T, "shared expert")
     else:
@@ -275,10 +276,10 @@ def _experts(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str, 
     routed = sh.T * m.top_k * load                   # token-expert pairs this rank computes
     per_expert = routed / local
     if phase != BACKWARD_WEIGHT:
-        w.ew("moe permute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * BF16)
+        w.ew("moe permute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a)
     _mlp(w, m, sh, phase, m.expert_ffn / p.tp, per_expert, "experts (grouped)", batch=local)
     if phase != BACKWARD_WEIGHT:
-        w.ew("moe unpermute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * BF16 + sh.T * sh.h * BF16)
+        w.ew("moe unpermute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a + sh.T * sh.h * w.a)
 
 
 def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
@@ -288,17 +289,17 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
         _norm(w, "final norm", sh.rows, h, False, False)
         _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
         if w.fused:     # Megatron vocab-parallel fused cross-entropy: one read of the logits
-            w.ew("cross-entropy (fused)", T * v * BF16)
+            w.ew("cross-entropy (fused)", T * v * w.a)
         else:
-            w.ew("logits float cast", T * v * (BF16 + FP32))
+            w.ew("logits float cast", T * v * (w.a + FP32))
             w.ew("log_softmax", T * v * 2 * FP32)
         return
     if phase != BACKWARD_WEIGHT:
         if w.fused:
-            w.ew("cross-entropy bwd (fused)", T * v * 2 * BF16)
+            w.ew("cross-entropy bwd (fused)", T * v * 2 * w.a)
         else:
             w.ew("log_softmax bwd", T * v * 3 * FP32)
-            w.ew("logits grad cast", T * v * (FP32 + BF16))
+            w.ew("logits grad cast", T * v * (FP32 + w.a))
     _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
     if phase != BACKWARD_WEIGHT:
         _norm(w, "final norm", sh.rows, h, True, False)
@@ -306,10 +307,10 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
 
 def _embedding(w: _Writer, sh: _Shape, vocab: int, phase: str) -> None:
     if phase == FORWARD:
-        w.ew("embedding gather", sh.T * sh.h * 2 * BF16)
+        w.ew("embedding gather", sh.T * sh.h * 2 * w.a)
     elif phase != BACKWARD_INPUT:
         # dense fp32 gradient zeroed, then scatter-added (read + write) per token
-        w.ew("embedding grad", vocab / sh.tp * sh.h * FP32 + sh.T * sh.h * (BF16 + 2 * FP32))
+        w.ew("embedding grad", vocab / sh.tp * sh.h * FP32 + sh.T * sh.h * (w.a + 2 * FP32))
 
 
 # ---------------------------------------------------------------------------------------------- entry point
@@ -330,7 +331,7 @@ def phase_kernels(model: ModelSpec, plan: ParallelPlan, layer: int | None, phase
 
 @lru_cache(maxsize=4096)
 def _cached(model, plan, moe, phase, part, load, recompute, stack, dtype) -> KernelList:
-    w = _Writer(stack, dtype)
+    w = _Writer(stack, dtype, model.dtype_bytes)
     sh = _Shape(model, plan)
     if phase in (BACKWARD, BACKWARD_INPUT) and recompute and part in ("layer", "attention", "experts"):
         if plan.recompute == "full":
@@ -360,7 +361,7 @@ def _cached(model, plan, moe, phase, part, load, recompute, stack, dtype) -> Ker
         params = (model.attention_params() + (0 if moe else model._mlp_params(model.ffn))) / plan.tp
         if part == "experts":
             params = model.experts // plan.ep * model.expert_params() / plan.tp
-        w.ew("fp8 weight cast (per step / micro-batches)", params * (BF16 + 2) / max(1, plan.num_microbatches))
+        w.ew("fp8 weight cast (per step / micro-batches)", params * (w.a + 2) / max(1, plan.num_microbatches))
         w.ew("fp8 amax/scale update", 0.0)
     label = f"{'moe' if moe else 'dense'} {part} {phase}" if part in ("layer", "attention", "experts") else \
         f"{part} {phase}"

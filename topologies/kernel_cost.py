@@ -3,7 +3,9 @@
     gemm         a calibration's compute fit for the device when there is one (measured by our collector:
                  achieved FLOP/s = peak · F/(F + F½)), else the device's GEMM curve
                  (topologies.kernel_curves: tiles, waves on the SM count, split-K, fitted to gemm.csv)
-    attention    FlashAttention-2 curve of the device (attention_kernels.csv)
+    attention    FlashAttention-2 curve of the device (attention_kernels.csv); a device of an architecture
+                 without a chart that has a calibration compute fit (e.g. the CPU of the closed loop) runs
+                 it at the fit's rate
     elementwise  t0 + bytes / (HBM bytes/s · MEMORY_EFFICIENCY), t0 the launch-and-tail time of the GEMM fit
                  (the shortest kernel the sweep measured)
 
@@ -12,7 +14,7 @@
 from __future__ import annotations
 
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
-from topologies.kernel_curves import attention_curve, gemm_curve
+from topologies.kernel_curves import attention_curve, gemm_curve, has_attention_chart
 from topologies.specs import AcceleratorSpec
 
 # Fraction of peak HBM bandwidth streaming kernels reach: STREAM-like copies reach ~85-90 % on A100/H100
@@ -28,8 +30,9 @@ class KernelPricer:
         self.acc = acc
         self.compute_fit = compute_fit
         self.mem_per_s = acc.hbm_bytes_per_s * memory_efficiency
-        self._gemm = {dt: gemm_curve(acc.name, dt) for dt in ("bf16", "fp8")}
-        self._attention = attention_curve(acc.name)
+        self._gemm = {dt: gemm_curve(acc, dt) for dt in ("bf16", "fp8")}
+        self._attention = attention_curve(acc)
+        self._attention_by_fit = compute_fit is not None and not has_attention_chart(acc)
         self.t0_s = self._gemm["bf16"].params.t0_s
         self._cache: dict[int, tuple[KernelList, float]] = {}
 
@@ -39,6 +42,8 @@ class KernelPricer:
                 return k.flops / self.compute_fit.achieved_flops_per_s(k.flops) if k.flops else 0.0
             return self._gemm[k.dtype].time_s(k.m, k.n, k.k, k.batch)
         if k.kind == ATTENTION:
+            if self._attention_by_fit:
+                return k.flops / self.compute_fit.achieved_flops_per_s(k.flops) if k.flops else 0.0
             return self._attention.time_s(k)
         if k.kind == ELEMENTWISE:
             return self.t0_s + k.bytes / self.mem_per_s
@@ -73,7 +78,8 @@ class KernelPricer:
             "gemm_bf16": ("calibration compute fit " + self.compute_fit.device) if self.compute_fit is not None
             else g.source,
             "gemm_fp8": self._gemm["fp8"].params.source,
-            "attention": self._attention.source,
+            "attention": ("calibration compute fit " + self.compute_fit.device) if self._attention_by_fit
+            else self._attention.source,
             "elementwise": f"HBM {self.acc.hbm_bytes_per_s / 1e12:.3g} TB/s x {MEMORY_EFFICIENCY} + {g.t0_s * 1e6:.2f} us",
         }
 

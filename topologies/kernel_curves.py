@@ -184,11 +184,15 @@ def fit_gemm_sweep(family: str, dtype: str) -> GemmParams:
     return fit_gemm(shapes, times, peak, acc.sm_count, acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0, src)
 
 
-@lru_cache(maxsize=None)
-def gemm_curve(device: str, dtype: str = "bf16") -> GemmCurve:
-    """The GEMM curve for an accelerator spec name and dtype (bf16 | fp8)."""
+def _spec(device):
     from topologies.specs import get_accelerator
-    acc = get_accelerator(device)
+    return get_accelerator(device) if isinstance(device, str) else device
+
+
+@lru_cache(maxsize=None)
+def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
+    """The GEMM curve for an accelerator (spec or spec name) and dtype (bf16 | fp8)."""
+    acc = _spec(device)
     peak = acc.peak_fp8_flops if dtype == "fp8" else acc.peak_bf16_flops
     if peak is None:                      # no FP8 tensor path: FP8 recipes fall back to BF16 GEMMs
         peak, dtype = acc.peak_bf16_flops, "bf16"
@@ -295,11 +299,16 @@ class AttentionCurve:
                 + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else ""))
 
 
+def has_attention_chart(device) -> bool:
+    """Whether the accelerator's own architecture has a published attention chart (else it is scaled)."""
+    return _spec(device).name in FAMILY
+
+
 @lru_cache(maxsize=None)
-def attention_curve(device: str) -> AttentionCurve:
+def attention_curve(device) -> AttentionCurve:
     """The attention curve of an accelerator: its family's chart, else Hopper's scaled by the BF16 peak."""
     from topologies.specs import get_accelerator
-    acc = get_accelerator(device)
+    acc = _spec(device)
     fam = FAMILY.get(acc.name)
     ref = {"hopper": "H100-SXM", "ampere": "A100-80GB"}
     if fam is None:
