@@ -147,6 +147,7 @@ def print_breakdown(bd: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
     console = console or Console()
+    console.width = max(console.width, 132)     # keep kernel rows on one line when piped
     if not bd["phases"]:
         console.print("no kernel-priced ops (a calibration's layer fits or measured durations price them)")
         return
