@@ -156,7 +156,7 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     larger than any op the plan really runs (achieved FLOP/s only grows with op size)."""
     flops = stage_chunk_flops(model, plan)
     biggest = max(max(ch) for ch in flops)
-    rate = best_flops_per_s(cost, biggest)
+    rate = best_flops_per_s(cost, biggest, plan.dtype)
     tp_s = tp_critical_comm_s(model, plan, cost)
     kern = kernel_chunk_times(model, plan, cost)
     chunk_t = [[max(f / rate, k) + tp_s * n for f, k, n in zip(ch, kch, layers)]
@@ -233,7 +233,7 @@ def tp_critical_comm_s(model, plan, cost) -> float:
     return 4 * cost.comm_time_s(CommRequest("all_reduce", ranks, size))
 
 
-def best_flops_per_s(cost, op_flops: float = 1e18) -> float:
+def best_flops_per_s(cost, op_flops: float = 1e18, dtype: str = "bf16") -> float:
     """The highest FLOP/s the cost model grants a compute op of ``op_flops`` FLOPs (no memory traffic): a
     plain op, or a transformer layer's forward or backward op (a calibration may price those with its
     layer fits)."""
@@ -243,7 +243,7 @@ def best_flops_per_s(cost, op_flops: float = 1e18) -> float:
         t = cost.compute_time_s(0, Op("compute", "probe", flops=op_flops, layer=layer, phase=phase))
         best = max(best, op_flops / t if t > 0 else math.inf)
     # the kernel-level model prices each kernel at no more than its curve's sustained peak (FP8 above BF16)
-    kernel_best = getattr(cost, "best_kernel_flops_per_s", lambda: 0.0)()
+    kernel_best = getattr(cost, "best_kernel_flops_per_s", lambda dtype: 0.0)(dtype)
     return min(max(cost.peak_flops(0), kernel_best), max(best, kernel_best))
 
 

@@ -227,14 +227,17 @@ class ClusterCostModel:
             d["flat_compute_efficiency"] = self.compute_efficiency
         return d
 
-    def best_kernel_flops_per_s(self) -> float:
-        """The highest FLOP/s any GEMM kernel reaches on this device (a bound for search pruning)."""
+    def best_kernel_flops_per_s(self, dtype: str = "bf16") -> float:
+        """The highest FLOP/s any kernel of a ``dtype`` plan reaches on this device (a bound for search
+        pruning): BF16 GEMMs at the calibration's GEMM peak or the curve's sustained peak, FP8 GEMMs at
+        theirs (attention and elementwise kernels are slower than GEMMs)."""
         if self.kernels is None:
             return 0.0
-        curves = [c for c in self.kernels._gemm.values()]
-        best = max(c.params.eta * c.peak_flops_per_s for c in curves)
-        if self._compute_fit is not None:
-            best = max(best, self._compute_fit.peak_flops_per_s)
+        g = self.kernels._gemm
+        best = (self._compute_fit.peak_flops_per_s if self._compute_fit is not None
+                else g["bf16"].params.eta * g["bf16"].peak_flops_per_s)
+        if dtype == "fp8":
+            best = max(best, g["fp8"].params.eta * g["fp8"].peak_flops_per_s)
         return best
 
     def device_key(self, rank: int) -> Hashable:
