@@ -326,7 +326,7 @@ class Outcome:
             "dtype": getattr(self.plan, "dtype", "bf16"), "stack": getattr(self.plan, "stack", None),
         }
         if self.cost is not None and hasattr(self.cost, "pricing"):
-            d["pricing"] = self.cost.pricing()
+            d["pricing"] = {"calibration_file": self.experiment.calibration, **self.cost.pricing()}
             if self.programs is not None:
                 from topologies.kernel_cost import kernel_time_shares
                 d["top_kernels"] = kernel_time_shares(self.programs, self.cost)

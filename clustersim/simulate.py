@@ -128,7 +128,7 @@ def simulate(out, as_json, breakdown, **options):
     finally:
         progress.close()
     if out:
-        files = write_report_folder(outcome, Path(out), breakdown=breakdown)
+        files = write_report_folder(outcome, Path(out))
     if as_json:
         summary = outcome.summary()
         if breakdown:
