@@ -171,7 +171,6 @@ class _Shape:
 def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str) -> None:
     T, h, tp = sh.T, sh.h, sh.tp
     dropout = not m.gated_mlp          # GPT-style models train with hidden dropout; Llama-style do not
-    lin = [] if phase == BACKWARD_WEIGHT else None
     if phase == BACKWARD_WEIGHT:       # only the weight gradients
         _attention_linears(w, m, sh, phase)
         return
@@ -191,7 +190,6 @@ def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phas
         _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
         _attention_linears(w, m, sh, phase, part="in")
         _norm(w, "input norm", sh.rows, h, True, True)
-    del lin
 
 
 def _attention_linears(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, part: str = "both") -> None:
@@ -220,11 +218,8 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
     """The attention core on this rank's own KV block (the other cp-1 blocks are ``ring`` ops)."""
     d_qk = m.d_head + m.qk_rope_dim if m.is_mla else sh.d
     d_v = m.v_head_dim if m.is_mla else sh.d
-    name = "flash attention " + pass_
-    if p.cp > 1:   # the diagonal block of a causal ring: s/cp x s/cp, masked
-        w.attention(name, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
-    else:
-        w.attention(name, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+    # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block)
+    w.attention("flash attention " + pass_, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
 
 
 def _mlp(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, width: float, rows: float, name: str,

@@ -70,9 +70,9 @@ class GemmParams:
     source: str = ""
 
 
-def _tile_seconds_per_flop(shapes: np.ndarray, sm_count: int, k_half: float) -> np.ndarray:
-    """For each (batch, m, n, k) row: compute time at peak = 1 FLOP/s per SM... scaled later: returns the
-    best over tiles/splits of waves·2·tm·tn·kk·(1 + k_half/kk)·sm_count, in FLOPs at one unit rate."""
+def _effective_flops(shapes: np.ndarray, sm_count: int, k_half: float) -> np.ndarray:
+    """Effective FLOPs of each (batch, m, n, k) row: the best over tiles and K splits of
+    waves · 2·tm·tn·(K/s)·(1 + k_half/(K/s)) · sm_count (divide by eta · peak for seconds)."""
     b, m, n, k = (shapes[:, i].astype(float) for i in range(4))
     best = np.full(len(shapes), np.inf)
     for tm, tn in TILES:
@@ -105,7 +105,7 @@ class GemmCurve:
             return 0.0
         p = self.params
         if self.sm_count:
-            work = float(_tile_seconds_per_flop(np.array([[batch, m, n, k]]), self.sm_count, p.k_half)[0])
+            work = float(_effective_flops(np.array([[batch, m, n, k]]), self.sm_count, p.k_half)[0])
         else:
             work = 2.0 * batch * m * n * k * (1 + p.k_half / k)
         compute = work / (p.eta * self.peak_flops_per_s)
@@ -121,7 +121,7 @@ def fit_gemm(shapes: np.ndarray, times_s: np.ndarray, peak: float, sm_count: int
     logt = np.log(times_s)
     best = None
     for kh in K_HALF_GRID:
-        work = _tile_seconds_per_flop(shapes, sm_count, kh) / peak            # seconds at eta = 1
+        work = _effective_flops(shapes, sm_count, kh) / peak            # seconds at eta = 1
         comp = work[None, :] / ETA_GRID[:, None]                              # eta x shapes
         memb = mem[None, :] / BETA_GRID[:, None]                              # beta x shapes
         base = np.maximum(comp[:, None, :], memb[None, :, :])                 # eta x beta x shapes
