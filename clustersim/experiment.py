@@ -42,6 +42,8 @@ SCHEDULES = tuple(_SCHEDULES)
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
+DTYPES = ("bf16", "fp8")
+STACKS = ("megatron", "torchtitan")
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 
 
@@ -85,6 +87,8 @@ class Experiment:
     calibration: str | None = None
     algorithm: str | None = None
     astra_system: str | None = None      # --network astra: ASTRA-sim system JSON (default: ring everywhere)
+    dtype: str = "bf16"
+    stack: str | None = None         # None: the cluster's default (schedules.kernels.default_stack)
     faults: dict = field(default_factory=dict)
     name: str | None = None
 
@@ -184,6 +188,10 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value in MODES, f"{w}: unknown mode {value!r}; choose one of {', '.join(MODES)}")
         elif key == "schedule":
             _check(value in SCHEDULES, f"{w}: unknown schedule {value!r}; choose one of {', '.join(SCHEDULES)}")
+        elif key == "dtype":
+            _check(value in DTYPES, f"{w}: unknown dtype {value!r}; choose one of {', '.join(DTYPES)}")
+        elif key == "stack":
+            _check(value in STACKS, f"{w}: unknown stack {value!r}; choose one of {', '.join(STACKS)}")
         elif key == "recompute":
             _check(value in RECOMPUTE, f"{w}: unknown recompute {value!r}; choose one of {', '.join(RECOMPUTE)}")
         elif key == "attention":
@@ -279,6 +287,10 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
         click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
+        click.option("--dtype", type=click.Choice(DTYPES), help="GEMM precision: bf16 (default) or fp8 "
+                     "(Transformer Engine FP8 GEMMs in the transformer blocks)."),
+        click.option("--stack", type=click.Choice(STACKS), help="Training stack whose kernels are priced: "
+                     "megatron (Megatron-Core + TE, fused; default on NVIDIA) or torchtitan (eager)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -291,7 +303,7 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", 
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
-               "attention", "fsdp_reshard_after_forward")
+               "attention", "fsdp_reshard_after_forward", "dtype", "stack")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -328,6 +340,8 @@ class Outcome:
     plan: Any
     cluster: Any
     notes: list = field(default_factory=list)
+    cost: Any = None       # the ClusterCostModel that priced the run (before fault wrappers)
+    programs: Any = None
 
     def summary(self) -> dict:
         """The stable ``--json`` contract (see README): metrics plus plan and provenance."""
@@ -343,8 +357,21 @@ class Outcome:
             "mode": m.mode, "network": self.experiment.network, "cluster": self.experiment.cluster,
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
             "notes": list(self.notes),
+            "dtype": getattr(self.plan, "dtype", "bf16"), "stack": getattr(self.plan, "stack", None),
         }
+        if self.cost is not None and hasattr(self.cost, "pricing"):
+            d["pricing"] = {"calibration_file": self.experiment.calibration, **self.cost.pricing()}
+            if self.programs is not None:
+                from topologies.kernel_cost import kernel_time_shares
+                d["top_kernels"] = kernel_time_shares(self.programs, self.cost)
         return d
+
+    def breakdown(self) -> dict:
+        """Per-kernel time of each layer phase of the busiest representative rank (topologies.kernel_cost)."""
+        from topologies.kernel_cost import layer_breakdown
+        if self.cost is None or self.programs is None:
+            return {"rank": None, "phases": []}
+        return layer_breakdown(self.programs, self.cost)
 
 
 def _plan_dict(plan) -> dict:
@@ -408,7 +435,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
               first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
-              attention=exp.attention, fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
+              attention=exp.attention, dtype=exp.dtype, stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
@@ -457,8 +484,12 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     cluster = load_cluster_for(exp)
     world = cluster.world_size
     model = resolve_model(exp)
+    if exp.stack is None:
+        from schedules.kernels import default_stack
+        exp.stack = default_stack(cluster.accelerator.vendor)
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
+    base_cost = cost
     notes: list[str] = []
     if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
         notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
@@ -497,4 +528,4 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     result = run(programs, cost, progress=progress, failures=failures, check=validate)
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0
-    return Outcome(exp, result, metrics, model, plan, cluster, notes)
+    return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs)

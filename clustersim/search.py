@@ -43,7 +43,7 @@ def code_fingerprint() -> str:
     h = hashlib.sha256()
     for pkg in ("schedules", "simulator", "topologies"):
         for f in sorted((root / pkg).rglob("*")):
-            if f.suffix in (".py", ".yaml") and f.is_file():
+            if f.suffix in (".py", ".yaml", ".csv", ".json") and f.is_file():
                 h.update(str(f.relative_to(root)).encode())
                 h.update(f.read_bytes())
     return h.hexdigest()[:16]
@@ -156,10 +156,11 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     larger than any op the plan really runs (achieved FLOP/s only grows with op size)."""
     flops = stage_chunk_flops(model, plan)
     biggest = max(max(ch) for ch in flops)
-    rate = best_flops_per_s(cost, biggest)
+    rate = best_flops_per_s(cost, biggest, plan.dtype)
     tp_s = tp_critical_comm_s(model, plan, cost)
-    chunk_t = [[f / rate + tp_s * n for f, n in zip(ch, layers)]
-               for ch, layers in zip(flops, _chunk_layer_counts(model, plan))]
+    kern = kernel_chunk_times(model, plan, cost)
+    chunk_t = [[max(f / rate, k) + tp_s * n for f, k, n in zip(ch, kch, layers)]
+               for ch, kch, layers in zip(flops, kern, _chunk_layer_counts(model, plan))]
     m = plan.num_microbatches
     stage_t = [sum(ch) for ch in chunk_t]
     bound = m * max(stage_t)
@@ -167,6 +168,48 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
         smallest_chunk = min(min(ch) for ch in chunk_t)
         bound = max(bound, m * stage_t[0] + (plan.pp - 1) * smallest_chunk)
     return bound
+
+
+def kernel_chunk_times(model, plan, cost) -> list[list[float]]:
+    """Compute-stream seconds one rank of each stage spends per micro-batch and chunk under the kernel-level
+    model: the same kernel lists the programs carry (schedules.kernels), priced by the cost model. Compute
+    ops serialise on the compute stream, so this is a lower bound on the chunk's share of the step (zeros
+    where the kernel model does not price layers: flat roofline or a calibration's layer fits)."""
+    from schedules.kernels import phase_kernels
+    from schedules.memory import holds_head, stage_chunks
+    chunks = [stage_chunks(model, plan, s) for s in range(plan.pp)]
+    pricer = getattr(cost, "kernels", None)
+    if pricer is None or getattr(cost, "_layer_fits", None):
+        return [[0.0] * len(ch) for ch in chunks]
+    phases = ("forward", "backward_input", "backward_weight") if plan.splits_backward else ("forward", "backward")
+    overhead = cost._compute_fit.op_overhead_s if getattr(cost, "_compute_fit", None) is not None else 0.0
+
+    def layer_s(layer: int) -> float:
+        t = 0.0
+        for ph in phases:
+            parts = ("attention", "experts") if model.is_moe_layer(layer) else ("layer",)
+            for part in parts:
+                t += pricer.time_s(phase_kernels(model, plan, layer, ph, part=part)) + overhead
+            if plan.cp > 1 and ph != "backward_weight":
+                t += (plan.cp - 1) * pricer.time_s(phase_kernels(model, plan, layer, ph, part="ring"))
+        return t
+
+    per_kind: dict[bool, float] = {}
+    out = []
+    for s, stage in enumerate(chunks):
+        row = []
+        for c, layers in enumerate(stage):
+            t = 0.0
+            for layer in layers:
+                moe = model.is_moe_layer(layer)
+                if moe not in per_kind:
+                    per_kind[moe] = layer_s(layer)
+                t += per_kind[moe]
+            if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
+                t += sum(pricer.time_s(phase_kernels(model, plan, None, ph, part="head")) for ph in phases)
+            row.append(t)
+        out.append(row)
+    return out
 
 
 def _chunk_layer_counts(model, plan) -> list[list[int]]:
@@ -190,7 +233,7 @@ def tp_critical_comm_s(model, plan, cost) -> float:
     return 4 * cost.comm_time_s(CommRequest("all_reduce", ranks, size))
 
 
-def best_flops_per_s(cost, op_flops: float = 1e18) -> float:
+def best_flops_per_s(cost, op_flops: float = 1e18, dtype: str = "bf16") -> float:
     """The highest FLOP/s the cost model grants a compute op of ``op_flops`` FLOPs (no memory traffic): a
     plain op, or a transformer layer's forward or backward op (a calibration may price those with its
     layer fits)."""
@@ -199,7 +242,9 @@ def best_flops_per_s(cost, op_flops: float = 1e18) -> float:
     for layer, phase in ((None, FORWARD), (0, FORWARD), (0, BACKWARD)):
         t = cost.compute_time_s(0, Op("compute", "probe", flops=op_flops, layer=layer, phase=phase))
         best = max(best, op_flops / t if t > 0 else math.inf)
-    return min(cost.peak_flops(0), best)
+    # the kernel-level model prices each kernel at no more than its curve's sustained peak (FP8 above BF16)
+    kernel_best = getattr(cost, "best_kernel_flops_per_s", lambda dtype: 0.0)(dtype)
+    return min(max(cost.peak_flops(0), kernel_best), max(best, kernel_best))
 
 
 def fits(model, plan, world: int, capacity: float) -> tuple[bool, float]:
@@ -393,6 +438,11 @@ class _Executor:
             self.pool.shutdown()
 
 
+def top_kernels_label(res: dict, n: int = 3) -> str:
+    """The kernels with the largest share of a plan's compute time, e.g. "mlp fc1 (gate+up) 31% · ..."."""
+    return " · ".join(f"{k['kernel']} {k['share']:.0%}" for k in (res.get("top_kernels") or [])[:n])
+
+
 def describe(res: dict) -> str:
     p = res["plan"]
     s = f"tp{p['tp']} pp{p['pp']} dp{p['dp']}"
@@ -456,6 +506,10 @@ def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_byt
 @click.option("--network", type=click.Choice(["ideal", "analytical", "flow"]), default="analytical",
               show_default=True)
 @click.option("--calibration", type=click.Path(dir_okay=False))
+@click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+              help="GEMM precision (fp8: Transformer Engine FP8 GEMMs).")
+@click.option("--stack", type=click.Choice(["megatron", "torchtitan"]),
+              help="Training stack whose kernels are priced (default: megatron on NVIDIA, else torchtitan).")
 @click.option("--top-k", type=int, default=5, show_default=True)
 @click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
 @click.option("--schedules", default="1f1b,interleaved,zb,gpipe", show_default=True)
@@ -468,7 +522,7 @@ def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_byt
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the cache.")
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
-def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k, micro_batches, schedules,
+def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, top_k, micro_batches, schedules,
            recompute_opts, zero_opts, cp_opts, workers, scheduler, cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     def ints(s, what):
@@ -492,7 +546,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k,
         if r not in ("none", "selective", "full"):
             raise ConfigError(f"--recompute: unknown value {r!r}")
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
-                      network=network, calibration=calibration, mode="symmetric")
+                      network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack)
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
     from clustersim.simulate import DelayedProgress
     import sys
@@ -512,14 +566,14 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k,
     from rich.table import Table
     st = out["stats"]
     t = Table(title=f"top {top_k} plans · {model} on {gpus} × {cluster} · global batch {global_batch} · seq {seq}")
-    for c in ("#", "plan", "step s", "tokens/s", "MFU", "bubble", "exposed comm", "peak mem GB"):
-        t.add_column(c, justify="right" if c not in ("plan",) else "left")
+    for c in ("#", "plan", "step s", "tokens/s", "MFU", "bubble", "exposed comm", "peak mem GB", "top kernels"):
+        t.add_column(c, justify="right" if c not in ("plan", "top kernels") else "left")
     for i, r in enumerate(out["top"], 1):
         t.add_row(str(i), describe(r), f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
                   f"{r['bubble_fraction']:.1%}", f"{r['exposed_comm_fraction']:.1%}",
-                  f"{r['peak_memory_bytes'] / 1e9:.1f}")
+                  f"{r['peak_memory_bytes'] / 1e9:.1f}", top_kernels_label(r))
     console = Console()
-    console.width = max(console.width, 132)     # keep rows on one line when piped
+    console.width = max(console.width, 180)     # keep rows on one line when piped
     console.print(t)
     click.echo(f"{st['candidates']} candidate plans: {st['pruned_memory']} do not fit in memory, "
                f"{st['pruned_bound']} pruned by the step-time bound, {st['simulated']} simulated, "

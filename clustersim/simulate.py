@@ -67,6 +67,7 @@ def print_summary(outcome, console=None) -> None:
         ("tokens / s", f"{m.tokens_per_s:,.0f}"),
         ("TFLOP/s per GPU (model)", f"{m.tflops_per_gpu:.1f}"),
         ("MFU", f"{m.mfu:.1%}"),
+        ("precision / stack", f"{getattr(p, 'dtype', 'bf16')} / {getattr(p, 'stack', '')}"),
         ("pipeline bubble", f"{m.bubble_fraction:.1%}"),
         ("exposed communication", f"{m.exposed_comm_fraction:.1%}"),
         ("overlap (comm hidden by compute)", f"{m.overlap_fraction:.1%}"),
@@ -82,7 +83,7 @@ def print_summary(outcome, console=None) -> None:
         console.print(f"[yellow]note:[/yellow] {n}")
 
 
-def write_report_folder(outcome, out: Path) -> list[Path]:
+def write_report_folder(outcome, out: Path, breakdown: bool = True) -> list[Path]:
     """Write result.json, timeline.csv, trace.json (Perfetto), gantt.png and memory.png into ``out``."""
     from simulator.export import lane_ranks, write_perfetto, write_timeline
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +91,8 @@ def write_report_folder(outcome, out: Path) -> list[Path]:
     written = []
     summary = outcome.summary()
     summary["experiment"] = outcome.experiment.to_dict()
+    if breakdown:
+        summary["breakdown"] = outcome.breakdown()
     p = out / "result.json"
     p.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str) + "\n")
     written.append(p)
@@ -115,7 +118,8 @@ def write_report_folder(outcome, out: Path) -> list[Path]:
 @simulate_options
 @click.option("--out", type=click.Path(file_okay=False), help="Write a report folder (JSON, timeline, Perfetto, PNGs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (stable contract, see README).")
-def simulate(out, as_json, **options):
+@click.option("--breakdown", is_flag=True, help="Per-kernel time of each layer phase (also in --json and --out).")
+def simulate(out, as_json, breakdown, **options):
     """Simulate one training step of a model and parallel plan on a cluster."""
     exp = experiment_from_options(**options)
     progress = DelayedProgress("simulating", enabled=sys.stderr.isatty())
@@ -126,8 +130,34 @@ def simulate(out, as_json, **options):
     if out:
         files = write_report_folder(outcome, Path(out))
     if as_json:
-        click.echo(json.dumps(outcome.summary(), sort_keys=True, default=str))
+        summary = outcome.summary()
+        if breakdown:
+            summary["breakdown"] = outcome.breakdown()
+        click.echo(json.dumps(summary, sort_keys=True, default=str))
     else:
         print_summary(outcome)
+        if breakdown:
+            print_breakdown(outcome.breakdown())
         if out:
             click.echo(f"wrote {', '.join(str(f) for f in files)}")
+
+
+def print_breakdown(bd: dict, console=None) -> None:
+    """One table per layer phase: each kernel's shape, time, achieved TFLOP/s and share of the phase."""
+    from rich.console import Console
+    from rich.table import Table
+    console = console or Console()
+    console.width = max(console.width, 132)     # keep kernel rows on one line when piped
+    if not bd["phases"]:
+        console.print("no kernel-priced ops (a calibration's layer fits or measured durations price them)")
+        return
+    for ph in bd["phases"]:
+        t = Table(title=f"rank {bd['rank']} · {ph['label']} ({ph['stack']}, {ph['dtype']}) · {ph['ops']} ops × "
+                        f"{ph['time_s'] * 1e3:.3f} ms", title_justify="left")
+        for c in ("kernel", "kind", "shape", "time us", "TFLOP/s", "share"):
+            t.add_column(c, justify="left" if c in ("kernel", "kind", "shape") else "right")
+        for k in ph["kernels"]:
+            t.add_row(k["kernel"], f"{k['kind']} {k['dtype']}" if k["kind"] == "gemm" else k["kind"], k["shape"],
+                      f"{k['time_s'] * 1e6:,.1f}", f"{k['tflops_per_s']:.0f}" if k["flops"] else "",
+                      f"{k['time_s'] / ph['time_s']:.1%}" if ph["time_s"] else "")
+        console.print(t)

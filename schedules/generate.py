@@ -30,11 +30,13 @@ import gc
 from dataclasses import dataclass, field
 
 from schedules import memory as mem
+from schedules.kernels import phase_kernels
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
+from simulator.kernels import KernelList
 from simulator.program import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, FORWARD, OPTIMIZER, RECV, SEND,
                                Op, Programs)
 
@@ -91,6 +93,7 @@ class _StageBuilder:
         self.zero = plan.zero_stage
         self.dp_size = plan.dp * plan.cp
         self.edp_size = self.dp_size // plan.ep
+        self.kernel_lists: dict = {}
 
     # ------------------------------------------------------------------ units
     def _units(self) -> list[list[Unit]]:
@@ -474,8 +477,10 @@ class _StageBuilder:
                 kw["free"] = tuple(free)
             name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
             if item[0] in ("c", "attn"):
-                idx = self.comp(name, item[1], item[2], d, **(kw if item[0] == "c" or not item[4] else
-                                                              {k: v for k, v in kw.items() if k != "free"}))
+                kl = self._kernels(u, a.phase, "attn" if item[0] == "attn" else "c")
+                idx = self.comp(name, item[1], item[2], d, kernels=kl,
+                                **(kw if item[0] == "c" or not item[4] else
+                                   {k: v for k, v in kw.items() if k != "free"}))
                 first = idx if first is None else first
                 if item[0] == "attn":
                     block_ready = idx     # our own KV block first, then the one received last step
@@ -485,7 +490,8 @@ class _StageBuilder:
                         block_ready = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
                                                 ("cp", -1))
                         fr = {"free": kw["free"]} if "free" in kw and step == item[4] - 1 else {}
-                        idx = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab, **fr)
+                        idx = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab, **fr,
+                                        kernels=self._kernels(u, a.phase, "ring"))
             elif item[0] == "tp":
                 idx = self.coll(f"tp {item[1]}", item[1], "tp", self.tp_bytes, "compute", d, strategy="tp", **kw)
             else:
@@ -495,6 +501,30 @@ class _StageBuilder:
                 first = idx
             last = idx
         return first, last
+
+    def _kernels(self, u: Unit, phase: str, item: str):
+        """The shared KernelList of a compute op of unit ``u`` (schedules.kernels), cached per shape."""
+        key = (u.kind, u.moe, phase, item)
+        kl = self.kernel_lists.get(key)
+        if kl is None:
+            m, p, ph = self.m, self.p, PHASE[phase]
+            layer = u.layer
+            if u.kind != "layer":
+                kl = phase_kernels(m, p, None, ph, part=u.kind)
+            elif item == "ring":
+                kl = phase_kernels(m, p, layer, ph, part="ring")
+            elif not u.moe:
+                kl = phase_kernels(m, p, layer, ph, part="layer")
+            elif item == "attn":
+                kl = phase_kernels(m, p, layer, ph, part="attention")
+            elif phase == "W":       # one op holds the attention block's and the experts' weight gradients
+                a_ = phase_kernels(m, p, layer, ph, part="attention")
+                e_ = phase_kernels(m, p, layer, ph, part="experts", load=self.load)
+                kl = KernelList(f"moe layer {ph}", a_.kernels + e_.kernels, a_.stack, a_.dtype)
+            else:
+                kl = phase_kernels(m, p, layer, ph, part="experts", load=self.load)
+            self.kernel_lists[key] = kl
+        return kl
 
     def _kv_bytes(self) -> float:
         m, p = self.m, self.p
@@ -755,7 +785,8 @@ def _clone(op: Op, *, group=None, peer=None) -> Op:
     new = Op(op.kind, op.name, op.stream, op.deps, flops=op.flops, mem_bytes=op.mem_bytes, size_bytes=op.size_bytes,
              collective=op.collective, group=group if group is not None else op.group,
              peer=peer if peer is not None else op.peer, duration_s=op.duration_s, alloc=op.alloc, free=op.free,
-             layer=op.layer, microbatch=op.microbatch, phase=op.phase, strategy=op.strategy)
+             layer=op.layer, microbatch=op.microbatch, phase=op.phase, strategy=op.strategy,
+             kernels=op.kernels)
     return new
 
 

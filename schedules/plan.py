@@ -71,6 +71,8 @@ class ParallelPlan:
     attention            flash (FlashAttention: no s×s scores kept, the default) | eager (scores kept)
     fsdp_reshard_after_forward  ZeRO-3/FSDP: free gathered parameters after each forward: auto (only without
                          PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
+    dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
+    stack                training stack whose kernels are priced: megatron | torchtitan (schedules.kernels)
     """
 
     dp: int = 1
@@ -103,6 +105,8 @@ class ParallelPlan:
     optimizer_bytes_per_param: float = 12.0
     attention: str = "flash"
     fsdp_reshard_after_forward: str = "auto"
+    dtype: str = "bf16"
+    stack: str = "megatron"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -217,6 +221,8 @@ class ParallelPlan:
             raise PlanError(f"skew must be in [0, 1] (relative extra load on the busiest EP rank), got {self.skew}")
         if self.skew and self.ep == 1:
             raise PlanError("routing skew needs expert parallelism: set --ep > 1 or skew 0")
+        from schedules.kernels import check_choice
+        check_choice(self.stack, self.dtype)
         self.axes  # parses axis_order
         if self.global_batch is not None:
             per = self.micro_batch * self.dp

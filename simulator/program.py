@@ -58,7 +58,7 @@ class Op:
 
     __slots__ = (
         "kind", "name", "stream", "deps", "flops", "mem_bytes", "size_bytes", "collective",
-        "group", "peer", "duration_s", "alloc", "free", "layer", "microbatch", "phase", "strategy",
+        "group", "peer", "duration_s", "alloc", "free", "layer", "microbatch", "phase", "strategy", "kernels",
     )
 
     def __init__(
@@ -81,6 +81,7 @@ class Op:
         microbatch: int | None = None,
         phase: str | None = None,
         strategy: str | None = None,
+        kernels=None,
     ):
         self.kind = kind
         self.name = name
@@ -99,6 +100,7 @@ class Op:
         self.microbatch = microbatch
         self.phase = phase
         self.strategy = strategy
+        self.kernels = kernels      # simulator.kernels.KernelList: the kernels a compute op launches, or None
 
     def __repr__(self) -> str:  # short, for error messages
         extra = ""

@@ -30,6 +30,7 @@ from topologies.cluster import Cluster
 from topologies import nccl
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
+from topologies.kernel_cost import KernelPricer
 
 NETWORKS = ("analytical", "flow", "ideal")
 COMM_MODELS = ("nccl", "links")
@@ -66,6 +67,16 @@ DEFAULT_EFFICIENCY = {"nvlink": 0.80, "ib": 0.90, "ethernet": 0.80, "pcie": 0.75
 # the lower envelope NCCL's per-size protocol choice follows. Link latencies on the path add to them.
 CALL_OVERHEAD_S = 6.6e-6
 STEP_LATENCY_S = {"nvlink": 0.6e-6, "ici": 0.6e-6, "ub": 0.6e-6, "pcie": 1.0e-6, "ib": 2.7e-6, "ethernet": 2.7e-6}
+
+
+def _device_fit(lookup, acc):
+    """A calibration fit for accelerator ``acc``: by its spec name, else by a name the device reports
+    (``device_names``: a collector's calibration is keyed by torch's device name)."""
+    for name in (acc.name,) + tuple(acc.device_names):
+        fit = lookup(name)
+        if fit is not None:
+            return fit
+    return None
 
 
 class _AlgoCost:
@@ -162,17 +173,20 @@ class ClusterCostModel:
         self._compute_cache: dict = {}
         self._bundle_cache: dict = {}
         acc = cluster.accelerator
-        fit = calibration.compute_fit(acc.name) if calibration is not None else None
+        fit = _device_fit(calibration.compute_fit, acc) if calibration is not None else None
         self._compute_fit = fit
         # per-layer fits (layer benchmark): price ops that belong to a transformer layer, by phase
         self._layer_fits = {}
         if calibration is not None:
             for phase in (FORWARD, BACKWARD):
-                lf = calibration.layer_fit(acc.name, phase)
+                lf = _device_fit(lambda name: calibration.layer_fit(name, phase), acc)
                 if lf is not None:
                     self._layer_fits[phase] = lf
         self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
         self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
+        # kernel-level model (topologies.kernel_cost) for ops that carry their kernels; an explicit
+        # compute_efficiency keeps the flat roofline (what-if studies)
+        self.kernels = KernelPricer(acc, fit) if compute_efficiency is None else None
 
     def with_cluster(self, cluster: Cluster) -> "ClusterCostModel":
         """The same model (every setting) on another cluster (e.g. one with failed or degraded links)."""
@@ -203,10 +217,12 @@ class ClusterCostModel:
             return op.duration_s
         if not (type(rank) is int and 0 <= rank < self.cluster.world_size):
             self.cluster.gpu_of(rank)           # raises the unplaced-rank error
-        layer_fit = None
-        if self._layer_fits and op.layer is not None:
-            layer_fit = self._layer_fits.get(FORWARD if op.phase == FORWARD else BACKWARD
-                                             if op.phase in _BACKWARD_PHASES else None)
+        layer_fit = self._layer_fit_for(op)
+        if layer_fit is None and op.kernels is not None and self.kernels is not None:
+            t = self.kernels.time_s(op.kernels)
+            if self._compute_fit is not None:
+                t += self._compute_fit.op_overhead_s     # calibrated framework time per program op
+            return t
         key = (op.flops, op.mem_bytes, layer_fit is not None and layer_fit.phase)
         t = self._compute_cache.get(key)
         if t is None:
@@ -226,6 +242,41 @@ class ClusterCostModel:
                 self._compute_cache.clear()
             self._compute_cache[key] = t
         return t
+
+    def _layer_fit_for(self, op: Op):
+        if self._layer_fits and op.layer is not None:
+            return self._layer_fits.get(FORWARD if op.phase == FORWARD else BACKWARD
+                                        if op.phase in _BACKWARD_PHASES else None)
+        return None
+
+    def prices_by_kernels(self, op: Op) -> bool:
+        """Whether ``op`` is priced by its kernels (not a measured duration, a layer fit or the flat model)."""
+        return (self.kernels is not None and op.kernels is not None and op.duration_s is None
+                and self._layer_fit_for(op) is None)
+
+    def pricing(self) -> dict:
+        """Which calibration and curves price compute on this cluster (every result reports it)."""
+        d = {"calibration": (self.calibration.source or "given") if self.calibration is not None else None,
+             "calibration_compute_fit": self._compute_fit.device if self._compute_fit is not None else None,
+             "calibration_layer_fits": sorted(self._layer_fits)}
+        if self.kernels is not None:
+            d["kernels"] = self.kernels.describe()
+        else:
+            d["flat_compute_efficiency"] = self.compute_efficiency
+        return d
+
+    def best_kernel_flops_per_s(self, dtype: str = "bf16") -> float:
+        """The highest FLOP/s any kernel of a ``dtype`` plan reaches on this device (a bound for search
+        pruning): BF16 GEMMs at the calibration's GEMM peak or the curve's sustained peak, FP8 GEMMs at
+        theirs (attention and elementwise kernels are slower than GEMMs)."""
+        if self.kernels is None:
+            return 0.0
+        g = self.kernels._gemm
+        best = (self._compute_fit.peak_flops_per_s if self._compute_fit is not None
+                else g["bf16"].params.eta * g["bf16"].peak_flops_per_s)
+        if dtype == "fp8":
+            best = max(best, g["fp8"].params.eta * g["fp8"].peak_flops_per_s)
+        return best
 
     def device_key(self, rank: int) -> Hashable:
         return self.cluster.device(rank).name

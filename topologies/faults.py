@@ -447,7 +447,8 @@ def apply_link_faults(cost_model, cluster, faults: FaultSpec):
         raise ConfigError(f"faults: link failures and degradation need a topology-aware cost model "
                           f"(topologies.cost.ClusterCostModel), got {type(cost_model).__name__}")
     return ClusterCostModel(new_cluster, network=cost_model.network_mode, calibration=cost_model.calibration,
-                            algorithm=cost_model.algorithm, compute_efficiency=cost_model.compute_efficiency,
+                            algorithm=cost_model.algorithm,
+                            compute_efficiency=None if cost_model.kernels is not None else cost_model.compute_efficiency,
                             efficiency=cost_model.efficiency, call_overhead_s=cost_model.call_overhead_s,
                             step_latency_s=cost_model.step_latency_s)
 

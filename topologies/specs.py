@@ -29,6 +29,9 @@ class AcceleratorSpec:
     nic_bytes_per_s       scale-out NIC bandwidth per device per direction
     scale_up_link         link type of the scale-up network ("nvlink", "ici", "ub", "pcie")
     vendor, source        provenance
+    sm_count              streaming multiprocessors (GEMM wave quantisation; 0 = not an SM architecture)
+    device_names          names the device reports (torch.cuda.get_device_name), so calibrations measured
+                          on it apply to this spec
     """
 
     name: str
@@ -41,6 +44,8 @@ class AcceleratorSpec:
     scale_up_link: str = "nvlink"
     vendor: str = "NVIDIA"
     source: str = ""
+    sm_count: int = 0
+    device_names: tuple = ()
 
     def __post_init__(self):
         for field in ("peak_bf16_flops", "hbm_bytes", "hbm_bytes_per_s", "scale_up_bytes_per_s", "nic_bytes_per_s"):
@@ -64,20 +69,32 @@ def _register(spec: AcceleratorSpec) -> AcceleratorSpec:
 # direction; DGX H100 pairs each GPU with a ConnectX-7 400 Gb/s NIC (DGX H100 user guide).
 H100_SXM = _register(AcceleratorSpec(
     "H100-SXM", 989.4 * TFLOPS, 1978.9 * TFLOPS, 80 * GB, 3.35 * TB, 450 * GB, 400 * GBIT,
-    source="NVIDIA H100 datasheet (SXM5); DGX H100 user guide (8x ConnectX-7 400 Gb/s)"))
+    source="NVIDIA H100 datasheet (SXM5); DGX H100 user guide (8x ConnectX-7 400 Gb/s); 132 SMs: NVIDIA H100 "
+    "Tensor Core GPU Architecture whitepaper", sm_count=132, device_names=("NVIDIA H100 80GB HBM3",)))
+
+# NVIDIA H100 Tensor Core GPU datasheet (PCIe column): BF16 1,513 TFLOPS / FP8 3,026 TFLOPS *with sparsity*
+# -> dense 756.5 / 1,513; 80 GB HBM2e at 2.0 TB/s; no NVSwitch: PCIe Gen5 x16 128 GB/s bidirectional -> 64 GB/s
+# per direction (the optional 2-GPU NVLink bridge is not modelled); 114 SMs (H100 architecture whitepaper).
+# NIC: one 400 Gb/s ConnectX-7 per GPU assumed (as DGX H100; PCIe servers vary).
+H100_PCIE = _register(AcceleratorSpec(
+    "H100-PCIe", 756.5 * TFLOPS, 1513 * TFLOPS, 80 * GB, 2.0 * TB, 64 * GB, 400 * GBIT, scale_up_link="pcie",
+    source="NVIDIA H100 datasheet (PCIe); H100 architecture whitepaper (114 SMs); NIC assumed 400 Gb/s",
+    sm_count=114, device_names=("NVIDIA H100 PCIe",)))
 
 # NVIDIA H200 datasheet (SXM): same Hopper compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s
 # bidirectional; DGX H200: 8x ConnectX-7 400 Gb/s.
 H200 = _register(AcceleratorSpec(
     "H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 141 * GB, 4.8 * TB, 450 * GB, 400 * GBIT,
-    source="NVIDIA H200 datasheet (SXM); DGX H200 datasheet"))
+    source="NVIDIA H200 datasheet (SXM); DGX H200 datasheet; GH100 die with 132 SMs as H100 SXM",
+    sm_count=132, device_names=("NVIDIA H200",)))
 
 # NVIDIA DGX/HGX B200 datasheet: 8 GPUs = 72 PFLOPS FP8 and 36 PFLOPS BF16 *with sparsity* -> per GPU dense
 # 4.5 PFLOPS FP8, 2.25 PFLOPS BF16; 1,440 GB HBM3e, 64 TB/s total -> 180 GB, 8 TB/s per GPU; NVLink 5
 # 1.8 TB/s bidirectional -> 900 GB/s per direction; 8x ConnectX-7 400 Gb/s.
 B200 = _register(AcceleratorSpec(
     "B200", 2250 * TFLOPS, 4500 * TFLOPS, 180 * GB, 8 * TB, 900 * GB, 400 * GBIT,
-    source="NVIDIA DGX B200 datasheet"))
+    source="NVIDIA DGX B200 datasheet; 148 SMs: the multi_processor_count CUDA reports for B200 (not on the datasheet)", sm_count=148,
+    device_names=("NVIDIA B200",)))
 
 # NVIDIA GB200 NVL72 datasheet: 72 GPUs = 720 PFLOPS FP8 and 360 PFLOPS BF16 *with sparsity* -> per GPU dense
 # 5 PFLOPS FP8, 2.5 PFLOPS BF16; up to 13.4 TB HBM3e, 576 TB/s -> 186 GB, 8 TB/s per GPU; NVLink 5
@@ -85,14 +102,22 @@ B200 = _register(AcceleratorSpec(
 # per GPU for the compute fabric.
 GB200 = _register(AcceleratorSpec(
     "GB200", 2500 * TFLOPS, 5000 * TFLOPS, 186 * GB, 8 * TB, 900 * GB, 400 * GBIT,
-    source="NVIDIA GB200 NVL72 datasheet"))
+    source="NVIDIA GB200 NVL72 datasheet; 148 SMs as B200", sm_count=148, device_names=("NVIDIA GB200",)))
 
 # NVIDIA A100 datasheet (80GB SXM): BF16 312 TFLOPS dense (624 with sparsity), no FP8; 80 GB HBM2e at
 # 2,039 GB/s; NVLink 3 600 GB/s bidirectional -> 300 GB/s per direction; DGX A100: 8x ConnectX-6
 # 200 Gb/s HDR InfiniBand for the compute fabric.
 A100_80GB = _register(AcceleratorSpec(
     "A100-80GB", 312 * TFLOPS, None, 80 * GB, 2.039 * TB, 300 * GB, 200 * GBIT,
-    source="NVIDIA A100 datasheet (80GB SXM); DGX A100 datasheet (8x HDR 200 Gb/s)"))
+    source="NVIDIA A100 datasheet (80GB SXM); DGX A100 datasheet (8x HDR 200 Gb/s); 108 SMs: NVIDIA A100 "
+    "Tensor Core GPU Architecture whitepaper", sm_count=108, device_names=("NVIDIA A100-SXM4-80GB",)))
+
+# NVIDIA A100 datasheet (40GB SXM): BF16 312 TFLOPS dense, 40 GB HBM2 at 1,555 GB/s; NVLink 3 as the 80GB
+# part; DGX A100 (320GB) has 8x ConnectX-6 200 Gb/s HDR; 108 SMs.
+A100_40GB = _register(AcceleratorSpec(
+    "A100-40GB", 312 * TFLOPS, None, 40 * GB, 1.555 * TB, 300 * GB, 200 * GBIT,
+    source="NVIDIA A100 datasheet (40GB SXM); DGX A100 datasheet; A100 architecture whitepaper (108 SMs)",
+    sm_count=108, device_names=("NVIDIA A100-SXM4-40GB",)))
 
 # Google Cloud TPU v5p documentation: 459 TFLOPS BF16 per chip (918 TOPS INT8, no FP8); 95 GB HBM at
 # 2,765 GB/s; ICI 4,800 Gb/s per chip over 6 torus links -> 800 Gb/s = 100 GB/s per link per direction
@@ -115,10 +140,12 @@ ASCEND_910C = _register(AcceleratorSpec(
 # NIC: the commodity 100 GbE of the pcie-ethernet-lab preset (12.5 GB/s), shared by the box.
 L40S = _register(AcceleratorSpec(
     "L40S", 362.05 * TFLOPS, 733 * TFLOPS, 48 * GB, 864 * GB, 32 * GB, 100 * GBIT, scale_up_link="pcie",
-    source="NVIDIA L40S datasheet"))
+    source="NVIDIA L40S datasheet; 142 SMs: NVIDIA Ada Lovelace architecture whitepaper", sm_count=142,
+    device_names=("NVIDIA L40S",)))
 
 _ALIASES = {"h100": "H100-SXM", "h100-sxm": "H100-SXM", "h200": "H200", "b200": "B200", "gb200": "GB200",
-            "a100": "A100-80GB", "a100-80gb": "A100-80GB", "tpu-v5p": "TPU-v5p", "v5p": "TPU-v5p",
+            "a100": "A100-80GB", "a100-80gb": "A100-80GB",
+            "a100-40gb": "A100-40GB", "h100-pcie": "H100-PCIe", "tpu-v5p": "TPU-v5p", "v5p": "TPU-v5p",
             "ascend-910c": "Ascend-910C", "910c": "Ascend-910C", "l40s": "L40S"}
 
 

@@ -1,0 +1,363 @@
+"""The kernels a training stack launches for one layer phase: shapes, FLOPs and bytes per rank.
+
+``phase_kernels(model, plan, layer, phase, part=...)`` is the one entry point (the cost model prices the
+list, the memory model and ``validate`` may read it). Shapes are per rank: T = micro_batch · seq / cp
+tokens, TP shards the heads and the MLP width, SP shards norms / residuals over T / tp.
+
+Stacks (``plan.stack``)
+    megatron     Megatron-Core with Transformer Engine: norm fused into the following GEMM's input
+                 (LayerNormLinear), QKV and gate/up as single GEMMs, fused RoPE, fused bias-SwiGLU /
+                 bias-GeLU, fused bias-dropout-add, vocab-parallel fused cross-entropy, FP8 GEMMs via TE.
+    torchtitan   PyTorch eager (torchtitan without torch.compile): separate norm, RoPE as cast + complex
+                 multiply + cast back, separate w1 / w3 GEMMs, SiLU and multiply as two kernels, plain
+                 residual adds, cross-entropy as float cast + log_softmax + its backward.
+Attention is FlashAttention-2 in both (Megatron/TE's default backend on A100/H100 and torch SDPA's).
+
+Precision (``plan.dtype``): bf16, or fp8 where the transformer-block GEMMs (QKV, projection, MLP,
+experts) run in FP8 (Transformer Engine delayed scaling; torchao float8 under torchtitan) while the
+attention core, norms, the LM head and the optimizer stay BF16/FP32. FP8 adds cast kernels: the GEMM
+inputs that no fused kernel already writes in FP8 (TE writes row- and column-wise copies: read 2 bytes,
+write 2 per element), the gradient of each GEMM output in backward, and the weights once per step
+(Megatron's ``is_first_microbatch`` caching; amortised here over the step's micro-batches).
+
+Phases: forward; backward (input and weight gradients); backward_input; backward_weight; recomputation
+(plan.recompute: full re-runs the forward kernels, selective the attention core) is prepended to backward
+and backward_input. Parts: ``layer`` (a dense layer: everything), ``attention`` (an MoE layer without its
+routed experts), ``experts`` (permute, grouped GEMMs, activation, unpermute), ``ring`` (one context-parallel
+KV block of attention), ``head`` (final norm, LM head, cross-entropy), ``embedding``.
+Units: FLOPs, bytes (activations 2 bytes, fp32 4 bytes).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from schedules.models import ModelSpec
+from schedules.plan import ParallelPlan
+from simulator.errors import PlanError
+from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
+from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
+
+STACKS = ("megatron", "torchtitan")
+DTYPES = ("bf16", "fp8")
+PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
+BF16, FP32 = 2, 4
+
+
+def default_stack(vendor: str) -> str:
+    """Megatron-Core + Transformer Engine on NVIDIA presets (NVIDIA's reference recipes), eager elsewhere."""
+    return "megatron" if vendor == "NVIDIA" else "torchtitan"
+
+
+def check_choice(stack: str, dtype: str) -> None:
+    if stack not in STACKS:
+        raise PlanError(f"unknown stack {stack!r}; choose one of {', '.join(STACKS)}")
+    if dtype not in DTYPES:
+        raise PlanError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+
+
+class _Writer:
+    """Collects kernels of one op; ``fp8`` GEMMs where the recipe runs them."""
+
+    def __init__(self, stack: str, dtype: str, act_bytes: int = BF16):
+        self.a = act_bytes                      # bytes per activation element (the model's dtype_bytes)
+        self.fused = stack == "megatron"
+        self.fp8 = dtype == "fp8"
+        self.out: list[Kernel] = []
+
+    def gemm(self, name: str, m: float, n: float, k: float, batch: float = 1, fp8_ok: bool = True) -> None:
+        m, n, k, batch = int(round(m)), int(round(n)), int(round(k)), max(1, int(round(batch)))
+        if m <= 0 or n <= 0 or k <= 0:
+            return
+        dt = "fp8" if (self.fp8 and fp8_ok) else "bf16"
+        eb = 1 if dt == "fp8" else self.a
+        self.out.append(Kernel(name, GEMM, 2.0 * batch * m * n * k, eb * batch * (m * k + k * n) + self.a * batch * m * n,
+                               m, n, k, batch, dt))
+
+    def ew(self, name: str, nbytes: float) -> None:
+        if nbytes > 0:
+            self.out.append(Kernel(name, ELEMENTWISE, 0.0, float(nbytes)))
+
+    def cast(self, name: str, elements: float) -> None:
+        """FP8 cast with amax of a self.a tensor (row- and column-wise FP8 copies)."""
+        if self.fp8:
+            self.ew(name, elements * (self.a + 2))
+
+    def attention(self, name: str, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
+                  d_v: float, causal: bool, share: float = 1.0) -> None:
+        fwd = 2.0 * b * sq * skv * heads * (d_qk + d_v) * (0.5 if causal else 1.0) * share
+        flops = fwd if pass_ == "fwd" else 2.5 * fwd
+        io = self.a * b * heads * (sq * d_qk + skv * d_qk + skv * d_v + sq * d_v)   # Q, K, V, O
+        self.out.append(Kernel(name, ATTENTION, flops, io * (1 if pass_ == "fwd" else 2.5), 0, 0, 0, int(b), "bf16",
+                               pass_, int(sq), int(skv), int(round((d_qk + d_v) / 2)), int(heads), causal))
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+def _norm(w: _Writer, name: str, rows: float, h: int, back: bool, into_fp8_gemm: bool) -> None:
+    if back:
+        w.ew(f"{name} bwd", rows * h * 3 * w.a)
+        return
+    out_bytes = 1 if (w.fp8 and w.fused and into_fp8_gemm) else w.a      # TE LayerNormLinear writes FP8
+    w.ew(name, rows * h * (w.a + out_bytes))
+    if w.fp8 and not w.fused and into_fp8_gemm:
+        w.cast(f"{name} fp8 cast", rows * h)
+
+
+def _rotary(w: _Writer, tokens: float, width: float) -> None:
+    if w.fused:
+        w.ew("rotary (fused)", tokens * width * 2 * w.a)
+    else:   # torchtitan: x.float() -> complex multiply -> type_as(x)
+        w.ew("rotary cast fp32", tokens * width * (w.a + FP32))
+        w.ew("rotary complex mul", tokens * width * 2 * FP32)
+        w.ew("rotary cast bf16", tokens * width * (FP32 + w.a))
+
+
+def _residual(w: _Writer, name: str, rows: float, h: int, dropout: bool, back: bool) -> None:
+    if back:    # gradient of a residual branch: one add (the dropout mask multiply where there is one)
+        w.ew(f"{name} bwd", rows * h * 3 * w.a + (rows * h * (1 + 2 * w.a) if dropout else 0.0))
+        return
+    if w.fused:     # Megatron fused bias-dropout-add: read x and the residual, write the sum (+ 1-byte mask)
+        w.ew(f"{name} (bias-dropout-add)", rows * h * (3 * w.a + (1 if dropout else 0)))
+    else:
+        if dropout:
+            w.ew(f"{name} dropout", rows * h * (2 * w.a + 1))
+        w.ew(f"{name} add", rows * h * 3 * w.a)
+
+
+def _activation(w: _Writer, rows: float, width: float, gated: bool, back: bool, into_fp8: bool) -> None:
+    if gated:
+        if back:
+            w.ew("swiglu bwd", rows * width * 5 * w.a)
+        elif w.fused:
+            w.ew("swiglu (fused)", rows * width * 3 * w.a)
+        else:
+            w.ew("silu", rows * width * 2 * w.a)
+            w.ew("mul", rows * width * 3 * w.a)
+    else:
+        w.ew("gelu bwd" if back else ("bias-gelu (fused)" if w.fused else "gelu"), rows * width * (3 if back else 2)
+             * w.a)
+    if into_fp8 and not back:
+        w.cast("fc2 input fp8 cast", rows * width)
+
+
+def _linear(w: _Writer, name: str, phase: str, m: float, n: float, k: float, batch: float = 1,
+            fp8_ok: bool = True) -> None:
+    """A linear layer y[m,n] = x[m,k]·W[k,n] (per expert when batch > 1) in one phase."""
+    if phase == FORWARD:
+        w.gemm(name, m, n, k, batch, fp8_ok)
+        return
+    if fp8_ok and w.fp8:
+        w.cast(f"{name} grad fp8 cast", batch * m * n)
+    if phase in (BACKWARD, BACKWARD_INPUT):
+        w.gemm(f"{name} dgrad", m, k, n, batch, fp8_ok)
+    if phase in (BACKWARD, BACKWARD_WEIGHT):
+        w.gemm(f"{name} wgrad", n, k, m, batch, fp8_ok)
+
+
+class _Shape:
+    """Per-rank sizes of one layer under a plan."""
+
+    def __init__(self, m: ModelSpec, p: ParallelPlan):
+        self.b = p.micro_batch
+        self.s = p.seq / p.cp                       # query tokens per sequence on this rank
+        self.T = self.b * self.s
+        self.tp = p.tp
+        self.rows = self.T / p.tp if p.sp else self.T    # rows of norms / residuals
+        self.heads = m.heads / p.tp
+        self.kv = max(m.kv_heads / p.tp, 1.0 if not m.is_mla else 0.0)
+        self.h = m.hidden
+        self.d = m.d_head
+
+
+def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str) -> None:
+    T, h, tp = sh.T, sh.h, sh.tp
+    dropout = not m.gated_mlp          # GPT-style models train with hidden dropout; Llama-style do not
+    if phase == BACKWARD_WEIGHT:       # only the weight gradients
+        _attention_linears(w, m, sh, phase)
+        return
+    back = phase != FORWARD
+    if not back:
+        _norm(w, "input norm", sh.rows, h, False, True)
+        _attention_linears(w, m, sh, FORWARD, part="in")
+        _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
+        _core(w, m, p, sh, "fwd")
+        w.cast("proj input fp8 cast", T * sh.heads * (m.v_head_dim if m.is_mla else sh.d))
+        _attention_linears(w, m, sh, FORWARD, part="out")
+        _residual(w, "attention residual", sh.rows, h, dropout, False)
+    else:
+        _residual(w, "attention residual", sh.rows, h, dropout, True)
+        _attention_linears(w, m, sh, phase, part="out")
+        _core(w, m, p, sh, "bwd")
+        _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
+        _attention_linears(w, m, sh, phase, part="in")
+        _norm(w, "input norm", sh.rows, h, True, True)
+
+
+def _attention_linears(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, part: str = "both") -> None:
+    T, h, heads = sh.T, sh.h, sh.heads
+    if part in ("in", "both"):
+        if m.is_mla:
+            qk = m.d_head + m.qk_rope_dim
+            if m.q_lora_rank:
+                _linear(w, "q down", phase, T, m.q_lora_rank, h)
+                if phase == FORWARD:
+                    w.ew("q norm", T * m.q_lora_rank * 2 * w.a)
+                _linear(w, "q up", phase, T, heads * qk, m.q_lora_rank)
+            else:
+                _linear(w, "q proj", phase, T, heads * qk, h)
+            _linear(w, "kv down", phase, T, m.kv_lora_rank + m.qk_rope_dim, h)
+            if phase == FORWARD:
+                w.ew("kv norm", T * m.kv_lora_rank * 2 * w.a)
+            _linear(w, "kv up", phase, T, heads * (m.d_head + m.v_head_dim), m.kv_lora_rank)
+        else:
+            _linear(w, "qkv", phase, T, (heads + 2 * sh.kv) * sh.d, h)
+    if part in ("out", "both"):
+        _linear(w, "attention proj", phase, T, h, heads * (m.v_head_dim if m.is_mla else sh.d))
+
+
+def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> None:
+    """The attention core on this rank's own KV block (the other cp-1 blocks are ``ring`` ops)."""
+    d_qk = m.d_head + m.qk_rope_dim if m.is_mla else sh.d
+    d_v = m.v_head_dim if m.is_mla else sh.d
+    # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block)
+    w.attention("flash attention " + pass_, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+
+
+def _mlp(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, width: float, rows: float, name: str,
+         batch: float = 1) -> None:
+    """A dense or expert MLP on ``rows`` tokens (per expert when batch > 1), ``width`` inner size per rank."""
+    gated, h = m.gated_mlp, sh.h
+    back = phase != FORWARD
+    up = [("fc1 (gate+up)", 2 * width)] if (gated and w.fused) else (
+        [("w1 (gate)", width), ("w3 (up)", width)] if gated else [("fc1", width)])
+    if not back:
+        for nm, n in up:
+            _linear(w, f"{name} {nm}", phase, rows, n, h, batch)
+        _activation(w, rows * batch, width, gated, False, w.fp8)
+        _linear(w, f"{name} fc2", phase, rows, h, width, batch)
+    else:
+        _linear(w, f"{name} fc2", phase, rows, h, width, batch)
+        if phase != BACKWARD_WEIGHT:
+            _activation(w, rows * batch, width, gated, True, False)
+        for nm, n in up:
+            _linear(w, f"{name} {nm}", phase, rows, n, h, batch)
+
+
+def _mlp_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, moe: bool) -> None:
+    """Norm, dense MLP (or router + shared experts of an MoE layer), residual."""
+    h, T = sh.h, sh.T
+    dropout = not m.gated_mlp
+    back = phase != FORWARD
+    if not back:
+        _norm(w, "post-attention norm", sh.rows, h, False, not moe)
+    elif phase != BACKWARD_WEIGHT:
+        _residual(w, "mlp residual", sh.rows, h, dropout, True)
+    if moe:
+        _linear(w, "router", phase, sh.rows, m.experts, h, fp8_ok=False)
+        if not back:
+            w.ew("router softmax/top-k", sh.rows * m.experts * (w.a + FP32) + sh.rows * m.top_k * 8)
+        if m.shared_experts:
+            _mlp(w, m, sh, phase, m.shared_experts * m.expert_ffn / sh.tp, T, "shared expert")
+    else:
+        _mlp(w, m, sh, phase, m.ffn / sh.tp, T, "mlp")
+    if not back:
+        _residual(w, "mlp residual", sh.rows, h, dropout, False)
+    elif phase != BACKWARD_WEIGHT:
+        _norm(w, "post-attention norm", sh.rows, h, True, not moe)
+
+
+def _experts(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str, load: float) -> None:
+    """Routed experts on this EP rank: permute, grouped GEMMs, activation, unpermute."""
+    local = max(1, m.experts // p.ep)
+    routed = sh.T * m.top_k * load                   # token-expert pairs this rank computes
+    per_expert = routed / local
+    if phase != BACKWARD_WEIGHT:
+        w.ew("moe permute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a)
+    _mlp(w, m, sh, phase, m.expert_ffn / p.tp, per_expert, "experts (grouped)", batch=local)
+    if phase != BACKWARD_WEIGHT:
+        w.ew("moe unpermute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a + sh.T * sh.h * w.a)
+
+
+def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
+    v = m.vocab / sh.tp
+    T, h = sh.T, sh.h
+    if phase == FORWARD:
+        _norm(w, "final norm", sh.rows, h, False, False)
+        _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
+        if w.fused:     # Megatron vocab-parallel fused cross-entropy: one read of the logits
+            w.ew("cross-entropy (fused)", T * v * w.a)
+        else:
+            w.ew("logits float cast", T * v * (w.a + FP32))
+            w.ew("log_softmax", T * v * 2 * FP32)
+        return
+    if phase != BACKWARD_WEIGHT:
+        if w.fused:
+            w.ew("cross-entropy bwd (fused)", T * v * 2 * w.a)
+        else:
+            w.ew("log_softmax bwd", T * v * 3 * FP32)
+            w.ew("logits grad cast", T * v * (FP32 + w.a))
+    _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
+    if phase != BACKWARD_WEIGHT:
+        _norm(w, "final norm", sh.rows, h, True, False)
+
+
+def _embedding(w: _Writer, sh: _Shape, vocab: int, phase: str) -> None:
+    if phase == FORWARD:
+        w.ew("embedding gather", sh.T * sh.h * 2 * w.a)
+    elif phase != BACKWARD_INPUT:
+        # dense fp32 gradient zeroed, then scatter-added (read + write) per token
+        w.ew("embedding grad", vocab / sh.tp * sh.h * FP32 + sh.T * sh.h * (w.a + 2 * FP32))
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+def phase_kernels(model: ModelSpec, plan: ParallelPlan, layer: int | None, phase: str, *, part: str = "layer",
+                  load: float = 1.0, recompute: bool = True) -> KernelList:
+    """The kernels of one op: ``part`` of layer ``layer`` in ``phase`` on one rank and micro-batch.
+
+    ``load`` scales the routed tokens of an MoE layer (routing skew); ``recompute`` adds the plan's
+    recomputation to backward / backward_input. Cached: equal arguments return the same object."""
+    stack = getattr(plan, "stack", None) or "megatron"
+    dtype = getattr(plan, "dtype", None) or "bf16"
+    check_choice(stack, dtype)
+    if part not in PARTS:
+        raise PlanError(f"unknown kernel part {part!r}; known: {', '.join(PARTS)}")
+    moe = layer is not None and model.is_moe_layer(layer)
+    return _cached(model, plan, moe, phase, part, round(load, 9), recompute, stack, dtype)
+
+
+@lru_cache(maxsize=4096)
+def _cached(model, plan, moe, phase, part, load, recompute, stack, dtype) -> KernelList:
+    w = _Writer(stack, dtype, model.dtype_bytes)
+    sh = _Shape(model, plan)
+    if phase in (BACKWARD, BACKWARD_INPUT) and recompute and part in ("layer", "attention", "experts"):
+        if plan.recompute == "full":
+            w.out.extend(_cached(model, plan, moe, FORWARD, part, load, False, stack, dtype).kernels)
+        elif plan.recompute == "selective" and part in ("layer", "attention"):
+            _core(w, model, plan, sh, "fwd")
+    if part in ("layer", "attention"):
+        _attention_block(w, model, plan, sh, phase)
+        _mlp_block(w, model, sh, phase, moe)
+    elif part == "experts":
+        _experts(w, model, plan, sh, phase, load)
+    elif part == "ring":
+        d_qk = model.d_head + model.qk_rope_dim if model.is_mla else sh.d
+        d_v = model.v_head_dim if model.is_mla else sh.d
+        passes = ["fwd"] if phase == FORWARD else (
+            ["fwd", "bwd"] if plan.recompute in ("selective", "full") and recompute else ["bwd"])
+        for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
+            w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
+        if phase == BACKWARD_WEIGHT:
+            w.out.clear()
+    elif part == "head":
+        _head(w, model, sh, phase)
+    elif part == "embedding":
+        _embedding(w, sh, model.vocab, phase)
+    if w.fp8 and part in ("layer", "attention", "experts") and phase == FORWARD:
+        # FP8 weights: cast (row + column-wise) once per step, amortised over the micro-batches
+        params = (model.attention_params() + (0 if moe else model._mlp_params(model.ffn))) / plan.tp
+        if part == "experts":
+            params = model.experts // plan.ep * model.expert_params() / plan.tp
+        w.ew("fp8 weight cast (per step / micro-batches)", params * (w.a + 2) / max(1, plan.num_microbatches))
+        w.ew("fp8 amax/scale update", 0.0)
+    label = f"{'moe' if moe else 'dense'} {part} {phase}" if part in ("layer", "attention", "experts") else \
+        f"{part} {phase}"
+    return KernelList(label, w.out, stack, dtype)

@@ -1,0 +1,99 @@
+"""Layer-phase kernels: FLOPs agree with the model's FLOP counts, stacks differ as documented, caching."""
+import pytest
+
+from schedules.kernels import phase_kernels
+from schedules.models import get_model
+from schedules.plan import ParallelPlan
+from simulator.errors import PlanError
+from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM
+
+PHASES = ("forward", "backward", "backward_input", "backward_weight")
+
+
+def _flops(kl, kind):
+    return sum(k.flops for k in kl if k.kind == kind)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b", "gpt3-175b", "deepseek-v3"])
+@pytest.mark.parametrize("tp,sp", [(1, False), (8, True), (4, False)])
+def test_gemm_flops_are_the_model_linear_flops_per_rank(name, tp, sp):
+    m = get_model(name)
+    p = ParallelPlan(tp=tp, sp=sp, seq=4096, micro_batch=2, ep=1)
+    layer = m.layers - 1                          # an MoE layer in DeepSeek-V3
+    lf = m.layer_flops(layer, p.seq, p.micro_batch)
+    mult = {"forward": 1, "backward": 2, "backward_input": 1, "backward_weight": 1}
+    for ph in PHASES:
+        if m.is_moe_layer(layer):
+            gemm = _flops(phase_kernels(m, p, layer, ph, part="attention"), GEMM) + \
+                _flops(phase_kernels(m, p, layer, ph, part="experts"), GEMM)
+        else:
+            gemm = _flops(phase_kernels(m, p, layer, ph), GEMM)
+        # TP shards every linear layer but the MoE router (each rank routes its own tokens: all of them
+        # without SP) and MLA's down projections (replicated in Megatron-Core: parallel_mode "duplicated")
+        t = p.seq * p.micro_batch
+        down = 2.0 * t * m.hidden * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_dim) if m.is_mla else 0.0
+        expect = (lf.linear - lf.router - down) / tp + (lf.router / tp if sp else lf.router) + down
+        assert gemm == pytest.approx(mult[ph] * expect, rel=2e-3), ph
+
+
+def test_attention_core_flops_follow_flashattention_conventions():
+    m = get_model("llama3-8b")
+    p = ParallelPlan(tp=2, seq=8192)
+    core = m.layer_flops(0, 8192, 1).attn_core / 2
+    fwd = phase_kernels(m, p, 0, "forward")
+    assert _flops(fwd, ATTENTION) == pytest.approx(core / 2)              # causal: half the score matrix
+    assert _flops(phase_kernels(m, p, 0, "backward"), ATTENTION) == pytest.approx(2.5 * core / 2)
+    assert _flops(phase_kernels(m, p, 0, "backward_weight"), ATTENTION) == 0
+
+
+def test_recomputation_reruns_forward_kernels():
+    m = get_model("llama3-8b")
+    base = phase_kernels(m, ParallelPlan(seq=4096), 0, "backward")
+    full = phase_kernels(m, ParallelPlan(seq=4096, recompute="full"), 0, "backward")
+    sel = phase_kernels(m, ParallelPlan(seq=4096, recompute="selective"), 0, "backward")
+    fwd = phase_kernels(m, ParallelPlan(seq=4096), 0, "forward")
+    assert len(full) == len(base) + len(fwd) and full.flops == pytest.approx(base.flops + fwd.flops)
+    assert _flops(sel, ATTENTION) == pytest.approx(_flops(base, ATTENTION) + _flops(fwd, ATTENTION))
+    assert _flops(sel, GEMM) == _flops(base, GEMM)
+
+
+def test_eager_stack_launches_more_and_moves_more_bytes():
+    m = get_model("llama3-8b")
+    mg = phase_kernels(m, ParallelPlan(seq=4096, stack="megatron"), 0, "forward")
+    tt = phase_kernels(m, ParallelPlan(seq=4096, stack="torchtitan"), 0, "forward")
+    ew = lambda kl: sum(k.bytes for k in kl if k.kind == ELEMENTWISE)   # noqa: E731
+    assert len(tt) > len(mg) and ew(tt) > 1.5 * ew(mg)
+    assert _flops(tt, GEMM) == pytest.approx(_flops(mg, GEMM))         # same math, different kernels
+    assert sum(k.kind == GEMM for k in tt) == sum(k.kind == GEMM for k in mg) + 1   # w1 and w3 apart
+
+
+def test_fp8_runs_block_gemms_in_fp8_and_adds_casts():
+    m = get_model("llama3-8b")
+    p = ParallelPlan(seq=4096, dtype="fp8")
+    fwd = phase_kernels(m, p, 0, "forward")
+    assert {k.dtype for k in fwd if k.kind == GEMM} == {"fp8"}
+    assert any("cast" in k.name for k in fwd)
+    head = phase_kernels(m, p, None, "forward", part="head")
+    assert {k.dtype for k in head if k.kind == GEMM} == {"bf16"}        # the LM head stays BF16
+    assert not any("cast" in k.name for k in phase_kernels(m, ParallelPlan(seq=4096), 0, "backward"))
+
+
+def test_experts_follow_routed_tokens_and_load():
+    m = get_model("deepseek-v3")
+    p = ParallelPlan(dp=8, ep=8, seq=4096)
+    layer = m.layers - 1
+    one = phase_kernels(m, p, layer, "forward", part="experts")
+    skew = phase_kernels(m, p, layer, "forward", part="experts", load=1.5)
+    assert _flops(one, GEMM) == pytest.approx(m.layer_flops(layer, 4096, 1).experts, rel=1e-3)
+    assert _flops(skew, GEMM) == pytest.approx(1.5 * _flops(one, GEMM), rel=1e-3)
+    assert {k.batch for k in one if k.kind == GEMM} == {m.experts // 8}   # grouped GEMM over local experts
+
+
+def test_lists_are_shared_and_bad_choices_rejected():
+    m = get_model("llama3-8b")
+    p = ParallelPlan(seq=4096)
+    assert phase_kernels(m, p, 0, "forward") is phase_kernels(m, p, 3, "forward")
+    with pytest.raises(PlanError, match="stack"):
+        ParallelPlan(stack="jax").validate()
+    with pytest.raises(PlanError, match="dtype"):
+        ParallelPlan(dtype="fp4").validate()

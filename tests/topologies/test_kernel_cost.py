@@ -1,0 +1,92 @@
+"""The kernel-level compute model inside ClusterCostModel: sums, calibration precedence, device names."""
+from pathlib import Path
+
+import pytest
+
+import topologies
+from schedules import build_programs
+from schedules.kernels import phase_kernels
+from schedules.models import get_model
+from schedules.plan import ParallelPlan
+from simulator.calibration import Calibration, ComputeFit, LayerFit
+from simulator.kernels import ELEMENTWISE, GEMM, Kernel, KernelList
+from simulator.program import FORWARD, Op
+from topologies.cost import ClusterCostModel
+from topologies.kernel_cost import MEMORY_EFFICIENCY, kernel_time_shares, layer_breakdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return topologies.load_cluster("dgx-h100", 16)
+
+
+def test_op_time_is_the_sum_of_its_kernels(cluster):
+    m = ClusterCostModel(cluster)
+    g = Kernel("g", GEMM, 2.0 * 4096 ** 3, m=4096, n=4096, k=4096)
+    e = Kernel("e", ELEMENTWISE, bytes=1e9)
+    kl = KernelList("x", [g, e])
+    op = Op("compute", "x", flops=1.0, kernels=kl)
+    t_e = m.kernels.t0_s + 1e9 / (3.35e12 * MEMORY_EFFICIENCY)
+    assert m.kernels.kernel_time_s(e) == pytest.approx(t_e)
+    assert m.compute_time_s(0, op) == pytest.approx(m.kernels.kernel_time_s(g) + t_e)
+    # an explicit compute efficiency keeps the flat roofline (what-if studies)
+    flat = ClusterCostModel(cluster, compute_efficiency=0.5)
+    assert flat.compute_time_s(0, op) == pytest.approx(1.0 / (989.4e12 * 0.5))
+
+
+def test_calibration_overrides_kernel_by_kernel(cluster):
+    """A collector's GEMM fit prices GEMM kernels; attention and elementwise kernels keep their curves;
+    a layer fit still prices the whole layer op (the closed loop's calibrated path)."""
+    fit = ComputeFit("NVIDIA H100 80GB HBM3", 5e14, 1e9)          # torch's device name, not the spec's
+    cal = Calibration(compute=[fit])
+    m = ClusterCostModel(cluster, calibration=cal)
+    g = Kernel("g", GEMM, 1e12, m=1, n=1, k=1)
+    e = Kernel("e", ELEMENTWISE, bytes=1e9)
+    assert m.kernels.kernel_time_s(g) == pytest.approx(1e12 / fit.achieved_flops_per_s(1e12))
+    assert m.kernels.kernel_time_s(e) == ClusterCostModel(cluster).kernels.kernel_time_s(e)
+    lf = LayerFit("H100-SXM", "forward", 4e14, 0.0)
+    ml = ClusterCostModel(cluster, calibration=Calibration(compute=[fit], layers=[lf]))
+    op = Op("compute", "F L0", flops=4e11, layer=0, phase=FORWARD, kernels=KernelList("x", [g]))
+    assert ml.compute_time_s(0, op) == pytest.approx(4e11 / 4e14) and not ml.prices_by_kernels(op)
+    assert ml.pricing()["calibration_layer_fits"] == ["forward"]
+
+
+def test_shipped_h100_defaults_reach_the_dgx_h100_preset(cluster):
+    """traces/data/h100.json fits "NVIDIA H100 80GB HBM3"; the preset's device is "H100-SXM"."""
+    cal = Calibration.load(ROOT / "traces" / "data" / "h100.json")
+    m = ClusterCostModel(cluster, calibration=cal)
+    assert m._compute_fit is not None and m.pricing()["calibration_compute_fit"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_reports_name_the_dominant_kernels(cluster):
+    model = get_model("llama3-8b")
+    plan = ParallelPlan(dp=2, tp=8, seq=8192, global_batch=4, sp=True)
+    progs = build_programs(model, plan, 16, symmetric=True)
+    cost = ClusterCostModel(cluster)
+    shares = kernel_time_shares(progs, cost)
+    assert shares[0]["kernel"].startswith(("mlp fc1", "flash attention", "lm head"))
+    assert sum(s["share"] for s in shares) <= 1.0 + 1e-9
+    bd = layer_breakdown(progs, cost)
+    labels = {p["label"] for p in bd["phases"]}
+    assert {"dense layer forward", "dense layer backward", "head forward"} <= labels
+    fwd = next(p for p in bd["phases"] if p["label"] == "dense layer forward")
+    assert fwd["ops"] == model.layers * plan.num_microbatches
+    assert fwd["time_s"] == pytest.approx(sum(k["time_s"] for k in fwd["kernels"]))
+    assert fwd["time_s"] == pytest.approx(cost.kernels.time_s(phase_kernels(model, plan, 0, FORWARD)))
+
+
+def test_fp8_prices_faster_and_every_device_has_curves():
+    model = get_model("llama3-70b")
+    c = topologies.load_cluster("dgx-h100", 8)
+    m = ClusterCostModel(c)
+    t = {dt: m.kernels.time_s(phase_kernels(model, ParallelPlan(tp=8, seq=8192, dtype=dt), 0, FORWARD))
+         for dt in ("bf16", "fp8")}
+    assert 0.5 * t["bf16"] < t["fp8"] < 0.9 * t["bf16"]
+    from topologies.kernel_cost import KernelPricer
+    from topologies.specs import ACCELERATORS
+    for acc in ACCELERATORS.values():
+        p = KernelPricer(acc)
+        assert p.time_s(phase_kernels(model, ParallelPlan(tp=8, seq=4096), 0, FORWARD)) > 0
+        assert set(p.describe()) >= {"gemm_bf16", "attention", "elementwise"}

@@ -1,0 +1,144 @@
+"""Price the kernels of a layer phase (simulator.kernels) on one device: the kernel-level compute model.
+
+    gemm         a calibration's compute fit for the device when there is one (measured by our collector:
+                 achieved FLOP/s = peak · F/(F + F½)), else the device's GEMM curve
+                 (topologies.kernel_curves: tiles, waves on the SM count, split-K, fitted to gemm.csv)
+    attention    FlashAttention-2 curve of the device (attention_kernels.csv); a device of an architecture
+                 without a chart that has a calibration compute fit (e.g. the CPU of the closed loop) runs
+                 it at the fit's rate
+    elementwise  t0 + bytes / (HBM bytes/s · MEMORY_EFFICIENCY), t0 the launch-and-tail time of the GEMM fit
+                 (the shortest kernel the sweep measured)
+
+``KernelPricer.time_s(kernel_list)`` sums the kernels (cached per list object); ``breakdown`` lists them.
+"""
+from __future__ import annotations
+
+from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
+from topologies.kernel_curves import attention_curve, gemm_curve, has_attention_chart
+from topologies.specs import AcceleratorSpec
+
+# Fraction of peak HBM bandwidth streaming kernels reach: STREAM-like copies reach ~85-90 % on A100/H100
+# HBM in vendor and independent microbenchmarks (the same figure as topologies.cost's roofline default).
+MEMORY_EFFICIENCY = 0.85
+
+
+class KernelPricer:
+    """Kernel times on one accelerator. ``compute_fit``: a calibration ComputeFit that replaces the GEMM
+    curve (kernel by kernel: attention and elementwise kernels keep their defaults)."""
+
+    def __init__(self, acc: AcceleratorSpec, compute_fit=None, memory_efficiency: float = MEMORY_EFFICIENCY):
+        self.acc = acc
+        self.compute_fit = compute_fit
+        self.mem_per_s = acc.hbm_bytes_per_s * memory_efficiency
+        self._gemm = {dt: gemm_curve(acc, dt) for dt in ("bf16", "fp8")}
+        self._attention = attention_curve(acc)
+        self._attention_by_fit = compute_fit is not None and not has_attention_chart(acc)
+        self.t0_s = self._gemm["bf16"].params.t0_s
+        self._cache: dict[int, tuple[KernelList, float]] = {}
+
+    def kernel_time_s(self, k: Kernel) -> float:
+        if k.kind == GEMM:
+            if self.compute_fit is not None and k.dtype == "bf16":
+                return k.flops / self.compute_fit.achieved_flops_per_s(k.flops) if k.flops else 0.0
+            return self._gemm[k.dtype].time_s(k.m, k.n, k.k, k.batch)
+        if k.kind == ATTENTION:
+            if self._attention_by_fit:
+                return k.flops / self.compute_fit.achieved_flops_per_s(k.flops) if k.flops else 0.0
+            return self._attention.time_s(k)
+        if k.kind == ELEMENTWISE:
+            return self.t0_s + k.bytes / self.mem_per_s
+        raise ValueError(f"unknown kernel kind {k.kind!r}")
+
+    def time_s(self, kl: KernelList) -> float:
+        """Seconds of a whole kernel list (one op), cached per list object."""
+        hit = self._cache.get(id(kl))
+        if hit is not None and hit[0] is kl:
+            return hit[1]
+        t = sum(self.kernel_time_s(k) for k in kl.kernels)
+        self._cache[id(kl)] = (kl, t)
+        return t
+
+    def breakdown(self, kl: KernelList) -> list[dict]:
+        """One row per kernel: name, kind, shape, FLOPs, bytes, time (s), achieved FLOP/s."""
+        rows = []
+        for k in kl.kernels:
+            t = self.kernel_time_s(k)
+            shape = (f"{k.batch}x" if k.batch > 1 else "") + f"{k.m}x{k.n}x{k.k}" if k.kind == GEMM else (
+                f"b{k.batch} s{k.seq_q}x{k.seq_kv} h{k.heads} d{k.head_dim}{' causal' if k.causal else ''}"
+                if k.kind == ATTENTION else "")
+            rows.append({"kernel": k.name, "kind": k.kind, "dtype": k.dtype, "shape": shape, "flops": k.flops,
+                         "bytes": k.bytes, "time_s": t, "tflops_per_s": k.flops / t / 1e12 if t > 0 else 0.0})
+        return rows
+
+    def describe(self) -> dict:
+        """Which curves price this device (for results' provenance)."""
+        g = self._gemm["bf16"].params
+        return {
+            "device": self.acc.name,
+            "gemm_bf16": ("calibration compute fit " + self.compute_fit.device) if self.compute_fit is not None
+            else g.source,
+            "gemm_fp8": self._gemm["fp8"].params.source,
+            "attention": ("calibration compute fit " + self.compute_fit.device) if self._attention_by_fit
+            else self._attention.source,
+            "elementwise": f"HBM {self.acc.hbm_bytes_per_s / 1e12:.3g} TB/s x {MEMORY_EFFICIENCY} + {g.t0_s * 1e6:.2f} us",
+        }
+
+
+# ---------------------------------------------------------------------------------------------- reports
+def _priced_lists(programs, cost, rank: int | None):
+    """(rank, {id: (KernelList, ops using it, op phase)}) for the representative rank with the most kernel
+    time (``rank`` to choose one): the compute ops priced by their kernels (not by a layer fit)."""
+    pricer = getattr(cost, "kernels", None)
+    if pricer is None or not hasattr(cost, "prices_by_kernels"):
+        return None, {}
+    ranks = [rank] if rank is not None else list(programs.ops)
+    if len(ranks) > 16:                      # full mode: a spread of ranks (stages are the outer axis)
+        ranks = ranks[::len(ranks) // 16]
+    best = (None, {}, -1.0)
+    for r in ranks:
+        lists: dict[int, list] = {}
+        for op in programs.ops[r]:
+            kl = op.kernels
+            if not cost.prices_by_kernels(op):
+                continue                     # priced by a calibration's layer fit instead
+            e = lists.get(id(kl))
+            if e is None:
+                lists[id(kl)] = [kl, 1]
+            else:
+                e[1] += 1
+        total = sum(pricer.time_s(kl) * n for kl, n in lists.values())
+        if total > best[2]:
+            best = (r, lists, total)
+    return best[0], best[1]
+
+
+def kernel_time_shares(programs, cost, rank: int | None = None, top: int = 5) -> list[dict]:
+    """The kernels that dominate one rank's kernel-priced compute time: [{kernel, time_s, share}], largest
+    first (kernels of the same name summed over the step)."""
+    r, lists = _priced_lists(programs, cost, rank)
+    if r is None:
+        return []
+    by_name: dict[str, float] = {}
+    pricer = cost.kernels
+    for kl, n in lists.values():
+        for k in kl.kernels:
+            base = k.name.replace(" dgrad", "").replace(" wgrad", "")
+            by_name[base] = by_name.get(base, 0.0) + pricer.kernel_time_s(k) * n
+    total = sum(by_name.values()) or 1.0
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return [{"kernel": k, "time_s": t, "share": t / total} for k, t in rows]
+
+
+def layer_breakdown(programs, cost, rank: int | None = None) -> dict:
+    """Per-kernel time of every distinct layer phase of one rank's step: {rank, phases: [{label, ops,
+    time_s, kernels: [rows of KernelPricer.breakdown]}]} (kernel-priced ops only)."""
+    r, lists = _priced_lists(programs, cost, rank)
+    if r is None:
+        return {"rank": None, "phases": []}
+    pricer = cost.kernels
+    phases = []
+    for kl, n in lists.values():
+        phases.append({"label": kl.label, "stack": kl.stack, "dtype": kl.dtype, "ops": n,
+                       "time_s": pricer.time_s(kl), "kernels": pricer.breakdown(kl)})
+    phases.sort(key=lambda p: -p["time_s"] * p["ops"])
+    return {"rank": r, "phases": phases}

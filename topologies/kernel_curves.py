@@ -1,0 +1,327 @@
+"""GEMM and attention efficiency curves, fitted from published kernel microbenchmarks.
+
+Data: ``topologies/microbench/gemm.csv`` and ``attention_kernels.csv``, copied from
+``../shared/validation`` (each row keeps its ``source``: OpenXLA's sm_90 matmul table, Azure's cuBLASLt
+runs, ml-engineering's MAMF best shapes, the FlashAttention-2/-3 benchmark charts). Nothing here is fitted
+to end-to-end training runs.
+
+GEMM model (per device and dtype). cuBLAS splits C[M,N] into tiles (tm × tn, the best of 128×128 and
+128×256, CUTLASS's Hopper/Ampere tile shapes) and, when the tiles do not fill the SMs, splits K (split-K
+s ∈ {1, 2, 4, 8, 16} with K/s >= 256); the tiles run in waves of ``sm_count``. With the tile and split
+that finish first::
+
+    compute = waves · 2·tm·tn·(K/s) / (eta · peak / sm_count) · (1 + k_half / (K/s))
+    time    = t0 + max(compute, bytes / (beta · HBM bytes/s)),   bytes = 2·batch·(MK + KN + MN)·dtype
+
+``eta`` (sustained fraction of the datasheet peak under the power limit), ``k_half`` (per-tile prologue /
+epilogue cost in K), ``t0`` (launch and tail) and ``beta`` (achieved HBM fraction of small-K GEMMs) are
+fitted by least squares on log time over a fixed grid. Devices without their own sweep borrow the
+parameters of the nearest architecture that has one and keep their own peak, SM count and HBM bandwidth;
+one best-shape (MAMF) point, where published, sets their ``eta``.
+
+Attention model (FlashAttention-2, per device, pass, causal mask and head dim): achieved FLOP/s
+``R · s / (s + s_half)`` in the sequence length s (a linear fit of 1/rate in 1/s). FLOPs follow the
+FlashAttention benchmark's convention: forward 4·b·s²·heads·d (halved when causal), backward 2.5x forward.
+The charts give forward and forward+backward; the backward time is the difference. Where only
+forward+backward is published (A100), forward and backward run at that rate.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from simulator.kernels import Kernel
+
+DATA = Path(__file__).parent / "microbench"
+GEMM_CSV = DATA / "gemm.csv"
+ATTENTION_CSV = DATA / "attention_kernels.csv"
+FITS_JSON = DATA / "gemm_fits.json"
+
+TILES = ((128, 128), (128, 256))       # CUTLASS / cuBLAS tensor-core tile shapes on sm_80 / sm_90
+SPLITS = (1, 2, 4, 8, 16)
+MIN_SPLIT_K = 256
+# fit grid (documented so a reader can redo the fit)
+ETA_GRID = np.round(np.arange(0.60, 1.0001, 0.01), 3)
+K_HALF_GRID = (0.0, 32.0, 64.0, 96.0, 128.0, 192.0, 256.0)
+T0_GRID_S = np.round(np.arange(1.0, 10.01, 0.25), 2) * 1e-6
+BETA_GRID = np.round(np.arange(0.3, 1.0001, 0.05), 2)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a microbenchmark CSV (``#`` comment lines skipped)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+# ------------------------------------------------------------------------------------------------ GEMM
+@dataclass(frozen=True)
+class GemmParams:
+    eta: float
+    k_half: float
+    t0_s: float
+    beta: float
+    source: str = ""
+
+
+def _effective_flops(shapes: np.ndarray, sm_count: int, k_half: float) -> np.ndarray:
+    """Effective FLOPs of each (batch, m, n, k) row: the best over tiles and K splits of
+    waves · 2·tm·tn·(K/s)·(1 + k_half/(K/s)) · sm_count (divide by eta · peak for seconds)."""
+    b, m, n, k = (shapes[:, i].astype(float) for i in range(4))
+    best = np.full(len(shapes), np.inf)
+    for tm, tn in TILES:
+        tiles = b * np.ceil(m / tm) * np.ceil(n / tn)
+        for s in SPLITS:
+            kk = k / s
+            ok = (s == 1) | (kk >= MIN_SPLIT_K)
+            waves = np.ceil(tiles * s / sm_count)
+            work = waves * 2 * tm * tn * kk * (1 + k_half / kk) * sm_count
+            best = np.where(ok, np.minimum(best, work), best)
+    return best
+
+
+def gemm_bytes(b, m, n, k, dtype_bytes: float):
+    return dtype_bytes * b * (m * k + k * n + m * n)
+
+
+@dataclass(frozen=True)
+class GemmCurve:
+    """Time of a GEMM on one device and dtype (see module doc)."""
+
+    params: GemmParams
+    peak_flops_per_s: float
+    sm_count: int
+    hbm_bytes_per_s: float
+    dtype_bytes: float = 2.0
+
+    def time_s(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
+            return 0.0
+        p = self.params
+        if self.sm_count:
+            work = float(_effective_flops(np.array([[batch, m, n, k]]), self.sm_count, p.k_half)[0])
+        else:
+            work = 2.0 * batch * m * n * k * (1 + p.k_half / k)
+        compute = work / (p.eta * self.peak_flops_per_s)
+        mem = gemm_bytes(batch, m, n, k, self.dtype_bytes) / (p.beta * self.hbm_bytes_per_s)
+        return p.t0_s + max(compute, mem)
+
+
+def fit_gemm(shapes: np.ndarray, times_s: np.ndarray, peak: float, sm_count: int, hbm: float,
+             dtype_bytes: float = 2.0, source: str = "") -> GemmParams:
+    """Least-squares fit (log time) of eta, k_half, t0, beta on the grids above."""
+    b, m, n, k = (shapes[:, i].astype(float) for i in range(4))
+    mem = gemm_bytes(b, m, n, k, dtype_bytes) / hbm
+    logt = np.log(times_s)
+    best = None
+    for kh in K_HALF_GRID:
+        work = _effective_flops(shapes, sm_count, kh) / peak            # seconds at eta = 1
+        comp = work[None, :] / ETA_GRID[:, None]                              # eta x shapes
+        memb = mem[None, :] / BETA_GRID[:, None]                              # beta x shapes
+        base = np.maximum(comp[:, None, :], memb[None, :, :])                 # eta x beta x shapes
+        pred = T0_GRID_S[:, None, None, None] + base[None]                    # t0 x eta x beta x shapes
+        err = ((np.log(pred) - logt) ** 2).mean(axis=-1)
+        i = np.unravel_index(np.argmin(err), err.shape)
+        if best is None or err[i] < best[0]:
+            best = (err[i], GemmParams(float(ETA_GRID[i[1]]), float(kh), float(T0_GRID_S[i[0]]),
+                                       float(BETA_GRID[i[2]]), source))
+    return best[1]
+
+
+def _gemm_points(rows, hardware: str, dtype_prefix: tuple) -> tuple[np.ndarray, np.ndarray]:
+    sel = [r for r in rows if r["hardware"].startswith(hardware) and r["dtype"].startswith(dtype_prefix)]
+    shapes = np.array([[int(r["batch"]), int(r["m"]), int(r["n"]), int(r["k"])] for r in sel], dtype=float)
+    flops = 2 * shapes.prod(axis=1)
+    rate = np.array([float(r["tflops_per_s"]) * 1e12 for r in sel])
+    return shapes, flops / rate
+
+
+# Which published sweep fits which device. (hardware prefix in gemm.csv, dtype prefixes, reference device)
+# BF16 / FP16 run at the same tensor-core rate on A100 and H100 (datasheets), so FP16 sweeps fit BF16.
+GEMM_SWEEPS = {
+    ("hopper", "bf16"): (("sm_90", "NVIDIA H100 SXM"), ("BF16",), "H100-SXM"),
+    ("hopper", "fp8"): (("H100 80GB HBM3", "NVIDIA H100 SXM"), ("FP8",), "H100-SXM"),
+    ("hopper-h200", "fp8"): (("H200 141GB", "NVIDIA H200 SXM"), ("FP8",), "H200"),
+    ("ampere", "bf16"): (("A100-SXM4-80GB", "NVIDIA A100 SXM"), ("FP16", "BF16"), "A100-80GB"),
+}
+# one best-shape point (ml-engineering MAMF) per device without a sweep: (hardware in gemm.csv, dtype prefix)
+MAMF_POINTS = {
+    ("B200", "bf16"): ("NVIDIA B200 SXM", "BF16"), ("B200", "fp8"): ("NVIDIA B200 SXM", "FP8"),
+    ("GB200", "bf16"): ("NVIDIA GB200 SXM", "BF16"), ("GB200", "fp8"): ("NVIDIA GB200 SXM", "FP8"),
+}
+FAMILY = {"H100-SXM": "hopper", "H100-PCIe": "hopper", "H200": "hopper", "A100-80GB": "ampere",
+          "A100-40GB": "ampere"}
+
+
+@lru_cache(maxsize=None)
+def gemm_params(family: str, dtype: str) -> GemmParams:
+    """Fitted GEMM parameters of a sweep in GEMM_SWEEPS, as stored in FITS_JSON (``python -m
+    topologies.kernel_curves`` refits and rewrites it; a test checks the stored fit matches the data)."""
+    stored = json.loads(FITS_JSON.read_text()) if FITS_JSON.exists() else {}
+    entry = stored.get(f"{family}/{dtype}")
+    if entry is not None:
+        return GemmParams(**entry)
+    return fit_gemm_sweep(family, dtype)
+
+
+def fit_gemm_sweep(family: str, dtype: str) -> GemmParams:
+    """Fit GEMM parameters to the points of one sweep (GEMM_SWEEPS)."""
+    from topologies.specs import get_accelerator
+    hardware, dtypes, ref = GEMM_SWEEPS[(family, dtype)]
+    rows = read_rows(GEMM_CSV)
+    parts = [_gemm_points(rows, h, dtypes) for h in hardware]
+    shapes = np.concatenate([p[0] for p in parts if len(p[0])])
+    times = np.concatenate([p[1] for p in parts if len(p[0])])
+    acc = get_accelerator(ref)
+    peak = acc.peak_fp8_flops if dtype == "fp8" else acc.peak_bf16_flops
+    src = f"fit to {len(times)} points of gemm.csv ({', '.join(hardware)}; {'/'.join(dtypes)})"
+    return fit_gemm(shapes, times, peak, acc.sm_count, acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0, src)
+
+
+def _spec(device):
+    from topologies.specs import get_accelerator
+    return get_accelerator(device) if isinstance(device, str) else device
+
+
+@lru_cache(maxsize=None)
+def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
+    """The GEMM curve for an accelerator (spec or spec name) and dtype (bf16 | fp8)."""
+    acc = _spec(device)
+    peak = acc.peak_fp8_flops if dtype == "fp8" else acc.peak_bf16_flops
+    if peak is None:                      # no FP8 tensor path: FP8 recipes fall back to BF16 GEMMs
+        peak, dtype = acc.peak_bf16_flops, "bf16"
+    fam = FAMILY.get(acc.name)
+    if acc.name == "H200" and dtype == "fp8":
+        fam = "hopper-h200"
+    if fam is not None and (fam, dtype) in GEMM_SWEEPS:
+        params = gemm_params(fam, dtype)
+    else:
+        base = gemm_params("hopper", dtype)
+        params = GemmParams(base.eta, base.k_half, base.t0_s, base.beta,
+                            f"Hopper {dtype} fit borrowed ({base.source})")
+        mamf = MAMF_POINTS.get((acc.name, dtype))
+        if mamf is not None:
+            shapes, times = _gemm_points(read_rows(GEMM_CSV), mamf[0], (mamf[1],))
+            curve1 = GemmCurve(GemmParams(1.0, base.k_half, base.t0_s, base.beta), peak, acc.sm_count,
+                               acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0)
+            eta = curve1.time_s(*map(int, shapes[0][[1, 2, 3, 0]])) / times[0]
+            params = GemmParams(round(min(eta, 1.0), 3), base.k_half, base.t0_s, base.beta,
+                                f"eta from the MAMF best shape of {mamf[0]} {mamf[1]}; k_half, t0, beta from "
+                                f"the Hopper fit")
+    return GemmCurve(params, peak, acc.sm_count, acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0)
+
+
+# ------------------------------------------------------------------------------------------------ attention
+@dataclass(frozen=True)
+class RateCurve:
+    """Achieved FLOP/s = rate · s / (s + s_half)."""
+
+    rate_flops_per_s: float
+    s_half: float
+
+    def at(self, seq: float) -> float:
+        return self.rate_flops_per_s * seq / (seq + self.s_half)
+
+
+def fit_rate_curve(seqs, rates) -> RateCurve:
+    """Least squares (relative) of 1/rate = (1 + s_half/s) / R, linear in (1/R, s_half/R)."""
+    s = np.asarray(seqs, float)
+    y = 1.0 / np.asarray(rates, float)
+    A = np.stack([np.ones_like(s), 1.0 / s], 1)
+    w = 1.0 / y
+    (inv_r, c), *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
+    return RateCurve(1.0 / inv_r, max(c / inv_r, 0.0))
+
+
+ATTENTION_DATA = {"hopper": "H100 80GB SXM5", "ampere": "A100 80GB SXM4"}
+ATTENTION_KERNEL = "FlashAttention-2"
+FWD_BWD_FLOPS = 3.5          # FlashAttention benchmark: backward 2.5x forward FLOPs
+
+
+@lru_cache(maxsize=None)
+def attention_fits(family: str) -> dict:
+    """{(pass, causal, head_dim): RateCurve} for FlashAttention-2 on a family's chart."""
+    hw = ATTENTION_DATA[family]
+    groups: dict = {}
+    for r in read_rows(ATTENTION_CSV):
+        if r["hardware"] != hw or r["kernel"] != ATTENTION_KERNEL:
+            continue
+        key = (r["pass"], r["causal"].startswith("true"), int(r["head_dim"]))
+        groups.setdefault(key, []).append((int(r["seq_len"]), float(r["tflops_per_s"]) * 1e12))
+    return {k: fit_rate_curve(*zip(*sorted(v))) for k, v in groups.items()}
+
+
+def _by_head_dim(fits: dict, pass_: str, causal: bool, head_dim: int, seq: float) -> float | None:
+    """Rate at ``seq`` for ``head_dim``: log-linear between the fitted head dims, clamped outside."""
+    dims = sorted(d for (p, c, d) in fits if p == pass_ and c == causal)
+    if not dims:
+        return None
+    if head_dim <= dims[0] or head_dim >= dims[-1]:
+        d = dims[0] if head_dim <= dims[0] else dims[-1]
+        return fits[(pass_, causal, d)].at(seq)
+    hi = next(d for d in dims if d >= head_dim)
+    lo = max(d for d in dims if d <= head_dim)
+    if hi == lo:
+        return fits[(pass_, causal, lo)].at(seq)
+    w = (math.log(head_dim) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return (1 - w) * fits[(pass_, causal, lo)].at(seq) + w * fits[(pass_, causal, hi)].at(seq)
+
+
+@dataclass(frozen=True)
+class AttentionCurve:
+    family: str
+    scale: float = 1.0        # peak ratio to the family's measured device (devices without a chart)
+
+    def time_s(self, kern: Kernel) -> float:
+        if kern.flops <= 0:
+            return 0.0
+        fits = attention_fits(self.family)
+        seq = max(kern.seq_kv, 1)
+        fb = _by_head_dim(fits, "fwd+bwd", kern.causal, kern.head_dim, seq)
+        fw = _by_head_dim(fits, "fwd", kern.causal, kern.head_dim, seq)
+        if kern.pass_ == "fwd":
+            rate = fw if fw is not None else fb
+            return kern.flops / (rate * self.scale)
+        f_fwd = kern.flops / (FWD_BWD_FLOPS - 1.0)
+        if fw is None:
+            return kern.flops / (fb * self.scale)
+        return max(FWD_BWD_FLOPS * f_fwd / fb - f_fwd / fw, kern.flops / fw) / self.scale
+
+    @property
+    def source(self) -> str:
+        return (f"{ATTENTION_KERNEL} fit to attention_kernels.csv ({ATTENTION_DATA[self.family]})"
+                + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else ""))
+
+
+def has_attention_chart(device) -> bool:
+    """Whether the accelerator's own architecture has a published attention chart (else it is scaled)."""
+    return _spec(device).name in FAMILY
+
+
+@lru_cache(maxsize=None)
+def attention_curve(device) -> AttentionCurve:
+    """The attention curve of an accelerator: its family's chart, else Hopper's scaled by the BF16 peak."""
+    from topologies.specs import get_accelerator
+    acc = _spec(device)
+    fam = FAMILY.get(acc.name)
+    ref = {"hopper": "H100-SXM", "ampere": "A100-80GB"}
+    if fam is None:
+        fam = "hopper"
+    return AttentionCurve(fam, round(acc.peak_bf16_flops / get_accelerator(ref[fam]).peak_bf16_flops, 4))
+
+
+def write_fits(path: Path = FITS_JSON) -> dict:
+    """Refit every GEMM sweep and write the parameters to ``path``."""
+    out = {f"{fam}/{dt}": dataclasses.asdict(fit_gemm_sweep(fam, dt)) for fam, dt in GEMM_SWEEPS}
+    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(write_fits(), indent=1))
