@@ -32,7 +32,7 @@ from simpy.core import NORMAL
 
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
-from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, sync_key, validate
+from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, validate
 
 
 class SimResult:
@@ -123,7 +123,9 @@ class Engine:
         self.waiters: dict[int, dict[int, simpy.Event]] = {r: {} for r in programs.ops}
         self.stream_ops: dict[tuple[int, str], list[int]] = {}
         self.rendezvous: dict[tuple, _Rendezvous] = {}
-        self._sync_keys: dict[int, tuple] = {}
+        self.sync = SyncTable(programs, self.rep)     # collectives: integer rendezvous ids
+        self.p2p_pairs: list[tuple[int, int]] = []    # p2p rendezvous id -1-j: (source, destination)
+        self.needed: list[int] = []                   # sync id -> simulated ranks that meet there
         self._images: dict[tuple, tuple] = {}
         self.contention = bool(getattr(cost_model, "contention_aware", False))
         self.net = cost_model.network() if self.contention else None
@@ -141,30 +143,37 @@ class Engine:
 
         The k-th collective of a rank on a group is the k-th in *program order* (as the order in which a
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
-        recv at d from s. Keys are shared objects so 16k-rank programs stay lean."""
+        recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
+        p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
+        ranks and 16k-rank programs stay lean."""
         cache: dict = {}
         counters: dict = defaultdict(int)
+        pair_id: dict[tuple[int, int], int] = {}
+        id_of = self.sync.id_of
+        rep = self.rep
         out = {}
         for rank, prog in self.p.ops.items():
             keys = [None] * len(prog)
             for i, op in enumerate(prog):
                 kind = op.kind
                 if kind == COLLECTIVE:
-                    skey = self._sync_key(op.group)
-                    ck = (rank, skey)
-                elif kind == SEND:
-                    skey = ("p2p", rank, self.rep[op.peer])
-                    ck = (rank, skey)
-                elif kind == RECV:
-                    skey = ("p2p", self.rep[op.peer], rank)
-                    ck = (rank, skey, RECV)
+                    sid = id_of(op.group)
+                    ck = (rank, sid)
+                elif kind == SEND or kind == RECV:
+                    pair = (rank, rep[op.peer]) if kind == SEND else (rep[op.peer], rank)
+                    sid = pair_id.get(pair)
+                    if sid is None:
+                        sid = pair_id[pair] = -1 - len(self.p2p_pairs)
+                        self.p2p_pairs.append(pair)
+                    ck = (rank, sid, kind)
                 else:
                     continue
                 k = counters[ck]
                 counters[ck] = k + 1
-                key = (skey, k)
+                key = (sid, k)
                 keys[i] = cache.setdefault(key, key)
             out[rank] = keys
+        self.needed = [len(m) for m in self.sync.members]
         return out
 
     def _trigger_in(self, event: simpy.Event, delay: float, value=None) -> None:
@@ -172,12 +181,6 @@ class Engine:
         event._ok = True
         event._value = value
         self.env.schedule(event, NORMAL, delay)
-
-    def _sync_key(self, gid: int) -> tuple:
-        k = self._sync_keys.get(gid)
-        if k is None:
-            k = self._sync_keys[gid] = sync_key(self.p, gid, self.rep)
-        return k
 
     def _group_images(self, gid: int) -> tuple[tuple[int, ...], ...]:
         """Symmetric mode: the other groups of the same family that run this collective concurrently."""
@@ -230,13 +233,7 @@ class Engine:
         if rv.duration is not None:
             dur = rv.duration
         elif not self.contention:
-            if request.kind != "p2p" and not request.images:
-                key = (request.ranks, request.kind, request.size_bytes)
-                dur = self._comm_cache.get(key)
-                if dur is None:
-                    dur = self._comm_cache[key] = self.cost.comm_time_s(request)
-            else:
-                dur = self.cost.comm_time_s(request)
+            dur = self.cost.comm_time_s(request)
         else:
             self._net_key += 1
             rv.start_s = now
@@ -305,6 +302,7 @@ class Engine:
         fail_t = self.fail_at.get(rank, math.inf)
         coalesce = fail_t == math.inf
         solo_ok = coalesce and not self.contention
+        needed = self.needed
         targeted = self.targeted[rank]
         progress = self.progress
         n = len(idxs)
@@ -351,7 +349,7 @@ class Engine:
                         yield timeout(fail_t - now)
                         return
                     yield timeout(t - now)
-            elif solo_ok and kind == COLLECTIVE and len(rv_keys[i][0][1]) == 1:
+            elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
                 # nobody to wait for (every member is represented by this rank): no rendezvous needed
                 dur = op.duration_s
                 if dur is None:
@@ -375,12 +373,14 @@ class Engine:
     def _join(self, rank: int, i: int, op, key) -> _Rendezvous:
         """Arrive at the rendezvous of a collective or p2p op; start the communication if it is complete."""
         if op.kind == COLLECTIVE:
-            rv, complete = self._arrive(key, len(key[0][1]), rank, i, op)
+            rv, complete = self._arrive(key, self.needed[key[0]], rank, i, op)
             if complete:
                 req = None
-                if rv.duration is None:
+                if rv.duration is None and not self.contention:
+                    rv.duration = self._solo_time(op)      # cached per (group, kind, size)
+                elif rv.duration is None:
                     g = self.p.groups[op.group]
-                    imgs = self._group_images(op.group) if (self.p.classes is not None and self.contention) else ()
+                    imgs = self._group_images(op.group) if self.p.classes is not None else ()
                     req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
                 self._communicate(rv, req)
         else:
@@ -450,8 +450,8 @@ class Engine:
                 elif op.kind == COLLECTIVE:
                     st = ("collective", i, rv)
                 else:
-                    key = self.rv_keys[rank][i]
-                    st = ("p2p", i, rv, key[0][1], key[0][2])
+                    src, dst = self.p2p_pairs[-1 - self.rv_keys[rank][i][0]]
+                    st = ("p2p", i, rv, src, dst)
             out.append(((rank, stream), st))
         return out
 
@@ -470,7 +470,7 @@ class Engine:
                 _, i, rv = st
                 g = self.p.groups[prog[i].group]
                 arrived = {r for r, _ in rv.arrived}
-                needed = rv.key[0][1]
+                needed = self.sync.members[rv.key[0]]
                 missing = sorted(set(needed) - arrived)
                 if self.p.classes is not None:
                     missing = sorted(m for r in missing for m in self.p.classes[r] if m in g.ranks)
