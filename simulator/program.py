@@ -108,6 +108,16 @@ class Op:
             extra = f" peer={self.peer} {self.size_bytes:.0f}B"
         return f"<{self.kind} {self.name!r} stream={self.stream}{extra}>"
 
+    def copy(self, **changes) -> "Op":
+        """A new op with the same fields except ``changes`` (e.g. ``group=``, ``peer=``)."""
+        new = Op(self.kind, self.name, self.stream, self.deps, flops=self.flops, mem_bytes=self.mem_bytes,
+                 size_bytes=self.size_bytes, collective=self.collective, group=self.group, peer=self.peer,
+                 duration_s=self.duration_s, alloc=self.alloc, free=self.free, layer=self.layer,
+                 microbatch=self.microbatch, phase=self.phase, strategy=self.strategy)
+        for k, v in changes.items():
+            setattr(new, k, v)
+        return new
+
     def signature(self) -> tuple:
         """Everything that determines this op's behaviour except the identities of other ranks."""
         return (self.kind, self.name, self.stream, self.deps, self.flops, self.mem_bytes, self.size_bytes,
