@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from collections import defaultdict
 from typing import Callable
 
 import simpy
@@ -147,28 +146,32 @@ class Engine:
         p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
         ranks and 16k-rank programs stay lean."""
         cache: dict = {}
-        counters: dict = defaultdict(int)
         pair_id: dict[tuple[int, int], int] = {}
+        sid_of: dict[int, int] = {}
         id_of = self.sync.id_of
         rep = self.rep
+        pairs = self.p2p_pairs
         out = {}
         for rank, prog in self.p.ops.items():
             keys = [None] * len(prog)
+            counters: dict = {}
             for i, op in enumerate(prog):
                 kind = op.kind
                 if kind == COLLECTIVE:
-                    sid = id_of(op.group)
-                    ck = (rank, sid)
+                    g = op.group
+                    ck = sid = sid_of.get(g)
+                    if sid is None:
+                        ck = sid = sid_of[g] = id_of(g)
                 elif kind == SEND or kind == RECV:
                     pair = (rank, rep[op.peer]) if kind == SEND else (rep[op.peer], rank)
                     sid = pair_id.get(pair)
                     if sid is None:
-                        sid = pair_id[pair] = -1 - len(self.p2p_pairs)
-                        self.p2p_pairs.append(pair)
-                    ck = (rank, sid, kind)
+                        sid = pair_id[pair] = -1 - len(pairs)
+                        pairs.append(pair)
+                    ck = sid if kind == SEND else (sid,)     # a rank may send to and receive from itself
                 else:
                     continue
-                k = counters[ck]
+                k = counters.get(ck, 0)
                 counters[ck] = k + 1
                 key = (sid, k)
                 keys[i] = cache.setdefault(key, key)
