@@ -365,9 +365,10 @@ class Engine:
                 start[i] = yield rv.event
             end[i] = env._now
             finished[i] = 1
-            w = waiters.pop(i, None)
-            if w is not None:
-                w.succeed()
+            if targeted[i]:                 # only ops another op depends on can have waiters
+                w = waiters.pop(i, None)
+                if w is not None:
+                    w.succeed()
             if progress is not None:
                 self.done_ops += 1
                 if self.done_ops % 20000 == 0:
