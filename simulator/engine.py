@@ -276,22 +276,6 @@ class Engine:
             rv.event.succeed(rv.start_s)
         self._reschedule_network()
 
-    def _arrive(self, key, needed: int, rank: int, idx: int, op) -> tuple[_Rendezvous, bool]:
-        rv = self.rendezvous.get(key)
-        if rv is None:
-            rv = self.rendezvous[key] = _Rendezvous(needed, self.env.event(), key)
-        rv.arrived.append((rank, idx))
-        if op.duration_s is not None:
-            rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
-        if rv.op is None or op.kind == SEND:
-            rv.op, rv.rank = op, rank
-        complete = len(rv.arrived) >= rv.needed
-        if complete and self.failed and any(r in self.failed for r, _ in rv.arrived):
-            complete = False        # a dead member never finishes its part: the collective hangs
-        if complete:
-            del self.rendezvous[key]
-        return rv, complete
-
     # ------------------------------------------------------------------ processes
     def _stream(self, rank: int, idxs: list[int]):
         """The process of one (rank, stream): its ops in program order. This is the engine's hot loop."""
@@ -376,27 +360,35 @@ class Engine:
 
     def _join(self, rank: int, i: int, op, key) -> _Rendezvous:
         """Arrive at the rendezvous of a collective or p2p op; start the communication if it is complete."""
+        rv = self.rendezvous.get(key)
+        if rv is None:
+            sid = key[0]
+            rv = self.rendezvous[key] = _Rendezvous(self.needed[sid] if sid >= 0 else 2, self.env.event(), key)
+        arrived = rv.arrived
+        arrived.append((rank, i))
+        if op.duration_s is not None:
+            rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
+        if rv.op is None or op.kind == SEND:
+            rv.op, rv.rank = op, rank
+        if len(arrived) < rv.needed:
+            return rv
+        if self.failed and any(r in self.failed for r, _ in arrived):
+            return rv               # a dead member never finishes its part: the communication hangs
+        del self.rendezvous[key]
+        req = None
         if op.kind == COLLECTIVE:
-            rv, complete = self._arrive(key, self.needed[key[0]], rank, i, op)
-            if complete:
-                req = None
-                if rv.duration is None and not self.contention:
-                    rv.duration = self._solo_time(op)      # cached per (group, kind, size)
-                elif rv.duration is None:
-                    g = self.p.groups[op.group]
-                    imgs = self._group_images(op.group) if self.p.classes is not None else ()
-                    req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
-                self._communicate(rv, req)
-        else:
-            rv, complete = self._arrive(key, 2, rank, i, op)
-            if complete:
-                req = None
-                if rv.duration is None:
-                    sop, srank = rv.op, rv.rank     # the send side (real ranks)
-                    real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
-                    imgs = self._p2p_images(srank, sop) if (self.p.classes is not None and self.contention) else ()
-                    req = CommRequest("p2p", real, op.size_bytes, imgs)
-                self._communicate(rv, req)
+            if rv.duration is None and not self.contention:
+                rv.duration = self._solo_time(op)      # cached per (group, kind, size)
+            elif rv.duration is None:
+                g = self.p.groups[op.group]
+                imgs = self._group_images(op.group) if self.p.classes is not None else ()
+                req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
+        elif rv.duration is None:
+            sop, srank = rv.op, rv.rank     # the send side (real ranks)
+            real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
+            imgs = self._p2p_images(srank, sop) if (self.p.classes is not None and self.contention) else ()
+            req = CommRequest("p2p", real, op.size_bytes, imgs)
+        self._communicate(rv, req)
         return rv
 
     def _fail(self, rank: int, t: float):
