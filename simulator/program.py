@@ -269,7 +269,7 @@ def _validate(programs: Programs) -> None:
             raise ProgramError(f"process group {gid} ({g.family}) has invalid ranks {g.ranks[:16]}")
 
     sync = SyncTable(programs, rep)
-    coll_seq: dict[tuple[int, int], list[tuple[int, Op]]] = defaultdict(list)  # (sync id, rank) -> ops
+    coll_seq: dict[tuple[int, int], list[tuple[int, Op]]] = {}  # (sync id, rank) -> ops
     p2p: dict[tuple[int, int, str], list[tuple[int, Op]]] = defaultdict(list)
     if not isinstance(programs.ops, dict) or (programs.classes is not None and not isinstance(programs.classes, dict)):
         raise ProgramError("Programs.ops and Programs.classes must be dicts keyed by rank")
@@ -279,6 +279,8 @@ def _validate(programs: Programs) -> None:
         if not isinstance(prog, list):
             raise ProgramError(f"rank {rank}: a program must be a list of Op objects")
         _check_rank_graph(rank, prog)
+        sid_of: dict[int, int] = {}             # this rank's groups (membership checked) -> sync id
+        mine: dict[int, list] = {}               # sync id -> this rank's (index, op) on it
         for i, op in enumerate(prog):
             if id(op) not in checked:
                 # fast path for the usual op (plain numbers, no measured duration, no memory events)
@@ -292,20 +294,28 @@ def _validate(programs: Programs) -> None:
             kind = op.kind
             if kind == COLLECTIVE:
                 gid = op.group
-                if not isinstance(gid, int) or isinstance(gid, bool) or not (0 <= gid < ngroups):
-                    raise ProgramError(f"rank {rank} op {i} {op!r}: group {gid} is not a registered group")
-                ms = member_sets.get(gid)
-                if ms is None:
-                    ms = member_sets[gid] = frozenset(programs.groups[gid].ranks)
-                if rank not in ms:
-                    raise ProgramError(f"rank {rank} op {i} {op!r}: rank is not a member of group {gid} "
-                                       f"{programs.groups[gid].ranks[:16]}")
-                coll_seq[(sync.id_of(gid), rank)].append((i, op))
+                sid = sid_of.get(gid) if type(gid) is int else None
+                if sid is None:
+                    if not isinstance(gid, int) or isinstance(gid, bool) or not (0 <= gid < ngroups):
+                        raise ProgramError(f"rank {rank} op {i} {op!r}: group {gid} is not a registered group")
+                    ms = member_sets.get(gid)
+                    if ms is None:
+                        ms = member_sets[gid] = frozenset(programs.groups[gid].ranks)
+                    if rank not in ms:
+                        raise ProgramError(f"rank {rank} op {i} {op!r}: rank is not a member of group {gid} "
+                                           f"{programs.groups[gid].ranks[:16]}")
+                    sid = sid_of[gid] = sync.id_of(gid)
+                seq = mine.get(sid)
+                if seq is None:
+                    seq = mine[sid] = []
+                seq.append((i, op))
             elif kind == SEND or kind == RECV:
                 if not isinstance(op.peer, int) or isinstance(op.peer, bool) or not (0 <= op.peer < n) or op.peer == rank:
                     raise ProgramError(f"rank {rank} op {i} {op!r}: invalid peer {op.peer}")
                 src, dst = (rank, rep[op.peer]) if kind == SEND else (rep[op.peer], rank)
                 p2p[(src, dst, kind)].append((i, op))
+        for sid, seq in mine.items():
+            coll_seq[(sid, rank)] = seq
 
     # collectives: members agree on k-th kind/size and count (compared against one reference sequence)
     by_key: dict[int, list[int]] = defaultdict(list)
