@@ -17,8 +17,9 @@ ops_represented (ops of the whole job), sim_ops_per_s, represented_ops_per_s, st
 Uneven placements (issue 15): realistic plans whose ranks do not all cost the same (DP not a power of two,
 PP 35, stages across leaf switches, TP across nodes) from 1k to 16k GPUs, plus a world-sized collective
 program. Each runs in class mode (symmetric where valid, split into classes by cost signature) and, with
-``--agree 1``, in full mode too (minutes at 16k). Columns: plan, gpus, network, wall_s, peak_rss_mb,
-classes (simulated ranks), ops_simulated, step_time_s, full_step_time_s, rel_diff. Writes uneven.csv.
+``--agree 1``, in full mode too (minutes at 16k). Columns: plan, gpus, network, wall_s, cpu_s (the
+process's CPU time: what the run costs on a busy machine), peak_rss_mb, classes (simulated ranks),
+ops_simulated, step_time_s, full_step_time_s, rel_diff, validate_s. Writes uneven.csv.
 """
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ out = run_experiment(Experiment(cluster={cluster!r}, gpus={gpus}, network={netwo
                      check_budget=False)
 wall = time.perf_counter() - t
 m = out.metrics
-print(json.dumps(dict(wall_s=wall, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps(dict(wall_s=wall, cpu_s=ru.ru_utime + ru.ru_stime, peak_rss_mb=ru.ru_maxrss / 1024,
                       classes=len(out.result.programs.ops), ops_simulated=m.events_simulated,
                       step_time_s=m.step_time_s, mode=m.mode, notes=out.notes)))
 """
@@ -98,11 +100,13 @@ for r in range(n):
         ops.append(compute("c", flops=1e9 * (1 + r % 3), deps=(len(ops) - 1,) if ops else ()))
         ops.append(collective("ar", "all_reduce", g, 1e6, deps=(len(ops) - 1,)))
     p.ops[r] = ops
+c0 = time.process_time()
 t = time.perf_counter(); validate(p); tv = time.perf_counter() - t
 t = time.perf_counter(); res = Engine(p, SimpleCostModel(link_bytes_per_s=1e11, alpha_s=1e-6)).run()
-print(json.dumps(dict(wall_s=time.perf_counter() - t + tv, validate_s=tv,  # build excluded classes=n, ops_simulated=p.op_count,
-                      step_time_s=res.step_time_s, mode="full",
-                      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+ru = resource.getrusage(resource.RUSAGE_SELF)   # wall and CPU exclude building the programs
+print(json.dumps(dict(wall_s=time.perf_counter() - t + tv, cpu_s=time.process_time() - c0, validate_s=tv,
+                      classes=n, ops_simulated=p.op_count, step_time_s=res.step_time_s, mode="full",
+                      peak_rss_mb=ru.ru_maxrss / 1024)))
 """
 
 
@@ -140,7 +144,8 @@ def run_uneven(plans: list[str], network: str, agree: bool, timeout: float, out_
                 else:
                     r["full_step_time_s"] = f["status"]
         if r["status"] == "ok":
-            print(f"{name:9s} {r['gpus']:6d} GPUs {r['network']:10s}: {r['wall_s']:8.2f} s {r['peak_rss_mb']:7.0f} MB "
+            print(f"{name:9s} {r['gpus']:6d} GPUs {r['network']:10s}: {r['wall_s']:8.2f} s "
+                  f"({r.get('cpu_s', float('nan')):.1f} s CPU) {r['peak_rss_mb']:7.0f} MB "
                   f"{r['classes']:6d} classes {r['ops_simulated']:>11,} ops  step {r['step_time_s']:.9g} s"
                   + (f"  full {r['full_step_time_s']!s:.12} rel {r.get('rel_diff', float('nan')):.1e}"
                      if "full_step_time_s" in r else "")
@@ -148,8 +153,8 @@ def run_uneven(plans: list[str], network: str, agree: bool, timeout: float, out_
         else:
             print(f"{name:9s}: {r['status']}", flush=True)
         rows.append(r)
-    cols = ["plan", "gpus", "network", "status", "wall_s", "peak_rss_mb", "classes", "ops_simulated", "step_time_s",
-            "full_step_time_s", "full_wall_s", "rel_diff", "validate_s"]
+    cols = ["plan", "gpus", "network", "status", "wall_s", "cpu_s", "peak_rss_mb", "classes", "ops_simulated",
+            "step_time_s", "full_step_time_s", "full_wall_s", "rel_diff", "validate_s"]
     with open(os.path.join(out_dir, "uneven.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
