@@ -33,7 +33,7 @@ from typing import Any, Callable
 import click
 
 from schedules.pipeline import SCHEDULES as _SCHEDULES
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, ProgramError
 from simulator.yamlio import load_yaml as _load_yaml
 
 NETWORKS = ("ideal", "analytical", "flow", "astra")
@@ -478,7 +478,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     from schedules import build_programs
     from simulator.engine import run
     from simulator.metrics import compute_metrics
-    from simulator.symmetry import symmetry_problem
+    from simulator.symmetry import refine_classes
 
     t0 = time.perf_counter()
     cluster = load_cluster_for(exp)
@@ -516,12 +516,18 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     if hasattr(cost, "bind"):
         cost = cost.bind(programs)
     if programs.symmetric:
-        problem = symmetry_problem(programs, cost)
-        if problem:
+        # ranks of a class must also cost the same: uneven placements split classes (simulator.symmetry)
+        try:
+            refined = refine_classes(programs, cost)
+        except ProgramError as e:
             if mode == "symmetric":
-                raise ConfigError(f"symmetric mode is not valid here: {problem}; use --mode full")
-            notes.append(f"symmetric mode not valid ({problem}); simulated every rank")
+                raise ConfigError(f"symmetric mode is not valid here: {e}; use --mode full") from None
+            notes.append(f"symmetric mode not valid ({e}); simulated every rank")
             programs = build_programs(model, plan, world, symmetric=False)
+        else:
+            programs = refined.programs
+            if refined.note():
+                notes.append(refined.note())
     if check_budget:
         from clustersim.guards import check_budget as guard
         guard(programs, "symmetric" if programs.symmetric else "full", timeline=timeline, network=exp.network)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from collections import defaultdict
 from typing import Callable
 
 import simpy
@@ -32,7 +31,7 @@ from simpy.core import NORMAL
 
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
-from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, sync_key, validate
+from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, validate
 
 
 class SimResult:
@@ -123,7 +122,9 @@ class Engine:
         self.waiters: dict[int, dict[int, simpy.Event]] = {r: {} for r in programs.ops}
         self.stream_ops: dict[tuple[int, str], list[int]] = {}
         self.rendezvous: dict[tuple, _Rendezvous] = {}
-        self._sync_keys: dict[int, tuple] = {}
+        self.sync = SyncTable(programs, self.rep)     # collectives: integer rendezvous ids
+        self.p2p_pairs: list[tuple[int, int]] = []    # p2p rendezvous id -1-j: (source, destination)
+        self.needed: list[int] = []                   # sync id -> simulated ranks that meet there
         self._images: dict[tuple, tuple] = {}
         self.contention = bool(getattr(cost_model, "contention_aware", False))
         self.net = cost_model.network() if self.contention else None
@@ -141,30 +142,41 @@ class Engine:
 
         The k-th collective of a rank on a group is the k-th in *program order* (as the order in which a
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
-        recv at d from s. Keys are shared objects so 16k-rank programs stay lean."""
+        recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
+        p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
+        ranks and 16k-rank programs stay lean."""
         cache: dict = {}
-        counters: dict = defaultdict(int)
+        pair_id: dict[tuple[int, int], int] = {}
+        sid_of: dict[int, int] = {}
+        id_of = self.sync.id_of
+        rep = self.rep
+        pairs = self.p2p_pairs
         out = {}
         for rank, prog in self.p.ops.items():
             keys = [None] * len(prog)
+            counters: dict = {}
             for i, op in enumerate(prog):
                 kind = op.kind
                 if kind == COLLECTIVE:
-                    skey = self._sync_key(op.group)
-                    ck = (rank, skey)
-                elif kind == SEND:
-                    skey = ("p2p", rank, self.rep[op.peer])
-                    ck = (rank, skey)
-                elif kind == RECV:
-                    skey = ("p2p", self.rep[op.peer], rank)
-                    ck = (rank, skey, RECV)
+                    g = op.group
+                    ck = sid = sid_of.get(g)
+                    if sid is None:
+                        ck = sid = sid_of[g] = id_of(g)
+                elif kind == SEND or kind == RECV:
+                    pair = (rank, rep[op.peer]) if kind == SEND else (rep[op.peer], rank)
+                    sid = pair_id.get(pair)
+                    if sid is None:
+                        sid = pair_id[pair] = -1 - len(pairs)
+                        pairs.append(pair)
+                    ck = sid if kind == SEND else (sid,)     # a rank may send to and receive from itself
                 else:
                     continue
-                k = counters[ck]
+                k = counters.get(ck, 0)
                 counters[ck] = k + 1
-                key = (skey, k)
+                key = (sid, k)
                 keys[i] = cache.setdefault(key, key)
             out[rank] = keys
+        self.needed = [len(m) for m in self.sync.members]
         return out
 
     def _trigger_in(self, event: simpy.Event, delay: float, value=None) -> None:
@@ -172,12 +184,6 @@ class Engine:
         event._ok = True
         event._value = value
         self.env.schedule(event, NORMAL, delay)
-
-    def _sync_key(self, gid: int) -> tuple:
-        k = self._sync_keys.get(gid)
-        if k is None:
-            k = self._sync_keys[gid] = sync_key(self.p, gid, self.rep)
-        return k
 
     def _group_images(self, gid: int) -> tuple[tuple[int, ...], ...]:
         """Symmetric mode: the other groups of the same family that run this collective concurrently."""
@@ -230,13 +236,7 @@ class Engine:
         if rv.duration is not None:
             dur = rv.duration
         elif not self.contention:
-            if request.kind != "p2p" and not request.images:
-                key = (request.ranks, request.kind, request.size_bytes)
-                dur = self._comm_cache.get(key)
-                if dur is None:
-                    dur = self._comm_cache[key] = self.cost.comm_time_s(request)
-            else:
-                dur = self.cost.comm_time_s(request)
+            dur = self.cost.comm_time_s(request)
         else:
             self._net_key += 1
             rv.start_s = now
@@ -276,22 +276,6 @@ class Engine:
             rv.event.succeed(rv.start_s)
         self._reschedule_network()
 
-    def _arrive(self, key, needed: int, rank: int, idx: int, op) -> tuple[_Rendezvous, bool]:
-        rv = self.rendezvous.get(key)
-        if rv is None:
-            rv = self.rendezvous[key] = _Rendezvous(needed, self.env.event(), key)
-        rv.arrived.append((rank, idx))
-        if op.duration_s is not None:
-            rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
-        if rv.op is None or op.kind == SEND:
-            rv.op, rv.rank = op, rank
-        complete = len(rv.arrived) >= rv.needed
-        if complete and self.failed and any(r in self.failed for r, _ in rv.arrived):
-            complete = False        # a dead member never finishes its part: the collective hangs
-        if complete:
-            del self.rendezvous[key]
-        return rv, complete
-
     # ------------------------------------------------------------------ processes
     def _stream(self, rank: int, idxs: list[int]):
         """The process of one (rank, stream): its ops in program order. This is the engine's hot loop."""
@@ -305,6 +289,7 @@ class Engine:
         fail_t = self.fail_at.get(rank, math.inf)
         coalesce = fail_t == math.inf
         solo_ok = coalesce and not self.contention
+        needed = self.needed
         targeted = self.targeted[rank]
         progress = self.progress
         n = len(idxs)
@@ -351,7 +336,7 @@ class Engine:
                         yield timeout(fail_t - now)
                         return
                     yield timeout(t - now)
-            elif solo_ok and kind == COLLECTIVE and len(rv_keys[i][0][1]) == 1:
+            elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
                 # nobody to wait for (every member is represented by this rank): no rendezvous needed
                 dur = op.duration_s
                 if dur is None:
@@ -364,9 +349,10 @@ class Engine:
                 start[i] = yield rv.event
             end[i] = env._now
             finished[i] = 1
-            w = waiters.pop(i, None)
-            if w is not None:
-                w.succeed()
+            if targeted[i]:                 # only ops another op depends on can have waiters
+                w = waiters.pop(i, None)
+                if w is not None:
+                    w.succeed()
             if progress is not None:
                 self.done_ops += 1
                 if self.done_ops % 20000 == 0:
@@ -374,25 +360,35 @@ class Engine:
 
     def _join(self, rank: int, i: int, op, key) -> _Rendezvous:
         """Arrive at the rendezvous of a collective or p2p op; start the communication if it is complete."""
+        rv = self.rendezvous.get(key)
+        if rv is None:
+            sid = key[0]
+            rv = self.rendezvous[key] = _Rendezvous(self.needed[sid] if sid >= 0 else 2, self.env.event(), key)
+        arrived = rv.arrived
+        arrived.append((rank, i))
+        if op.duration_s is not None:
+            rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
+        if rv.op is None or op.kind == SEND:
+            rv.op, rv.rank = op, rank
+        if len(arrived) < rv.needed:
+            return rv
+        if self.failed and any(r in self.failed for r, _ in arrived):
+            return rv               # a dead member never finishes its part: the communication hangs
+        del self.rendezvous[key]
+        req = None
         if op.kind == COLLECTIVE:
-            rv, complete = self._arrive(key, len(key[0][1]), rank, i, op)
-            if complete:
-                req = None
-                if rv.duration is None:
-                    g = self.p.groups[op.group]
-                    imgs = self._group_images(op.group) if (self.p.classes is not None and self.contention) else ()
-                    req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
-                self._communicate(rv, req)
-        else:
-            rv, complete = self._arrive(key, 2, rank, i, op)
-            if complete:
-                req = None
-                if rv.duration is None:
-                    sop, srank = rv.op, rv.rank     # the send side (real ranks)
-                    real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
-                    imgs = self._p2p_images(srank, sop) if (self.p.classes is not None and self.contention) else ()
-                    req = CommRequest("p2p", real, op.size_bytes, imgs)
-                self._communicate(rv, req)
+            if rv.duration is None and not self.contention:
+                rv.duration = self._solo_time(op)      # cached per (group, kind, size)
+            elif rv.duration is None:
+                g = self.p.groups[op.group]
+                imgs = self._group_images(op.group) if self.p.classes is not None else ()
+                req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
+        elif rv.duration is None:
+            sop, srank = rv.op, rv.rank     # the send side (real ranks)
+            real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
+            imgs = self._p2p_images(srank, sop) if (self.p.classes is not None and self.contention) else ()
+            req = CommRequest("p2p", real, op.size_bytes, imgs)
+        self._communicate(rv, req)
         return rv
 
     def _fail(self, rank: int, t: float):
@@ -450,8 +446,8 @@ class Engine:
                 elif op.kind == COLLECTIVE:
                     st = ("collective", i, rv)
                 else:
-                    key = self.rv_keys[rank][i]
-                    st = ("p2p", i, rv, key[0][1], key[0][2])
+                    src, dst = self.p2p_pairs[-1 - self.rv_keys[rank][i][0]]
+                    st = ("p2p", i, rv, src, dst)
             out.append(((rank, stream), st))
         return out
 
@@ -470,7 +466,7 @@ class Engine:
                 _, i, rv = st
                 g = self.p.groups[prog[i].group]
                 arrived = {r for r, _ in rv.arrived}
-                needed = rv.key[0][1]
+                needed = self.sync.members[rv.key[0]]
                 missing = sorted(set(needed) - arrived)
                 if self.p.classes is not None:
                     missing = sorted(m for r in missing for m in self.p.classes[r] if m in g.ranks)

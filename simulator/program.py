@@ -110,6 +110,16 @@ class Op:
             extra = f" peer={self.peer} {self.size_bytes:.0f}B"
         return f"<{self.kind} {self.name!r} stream={self.stream}{extra}>"
 
+    def copy(self, **changes) -> "Op":
+        """A new op with the same fields except ``changes`` (e.g. ``group=``, ``peer=``)."""
+        new = Op(self.kind, self.name, self.stream, self.deps, flops=self.flops, mem_bytes=self.mem_bytes,
+                 size_bytes=self.size_bytes, collective=self.collective, group=self.group, peer=self.peer,
+                 duration_s=self.duration_s, alloc=self.alloc, free=self.free, layer=self.layer,
+                 microbatch=self.microbatch, phase=self.phase, strategy=self.strategy)
+        for k, v in changes.items():
+            setattr(new, k, v)
+        return new
+
     def signature(self) -> tuple:
         """Everything that determines this op's behaviour except the identities of other ranks."""
         return (self.kind, self.name, self.stream, self.deps, self.flops, self.mem_bytes, self.size_bytes,
@@ -260,73 +270,86 @@ def _validate(programs: Programs) -> None:
         if bad or len(set(g.ranks)) != len(g.ranks) or not g.ranks:
             raise ProgramError(f"process group {gid} ({g.family}) has invalid ranks {g.ranks[:16]}")
 
-    coll_seq: dict[tuple, list[tuple[int, int, Op]]] = defaultdict(list)  # (sync key, rank) -> ops
+    sync = SyncTable(programs, rep)
+    coll_seq: dict[tuple[int, int], list[tuple[int, Op]]] = {}  # (sync id, rank) -> ops
     p2p: dict[tuple[int, int, str], list[tuple[int, Op]]] = defaultdict(list)
-    sync_keys: dict[int, tuple] = {}
     if not isinstance(programs.ops, dict) or (programs.classes is not None and not isinstance(programs.classes, dict)):
         raise ProgramError("Programs.ops and Programs.classes must be dicts keyed by rank")
+    member_sets: dict[int, frozenset] = {}      # group id -> its ranks as a set (built once per group)
+    checked: set[int] = set()                   # ids of ops whose own fields passed (ops are shared)
     for rank, prog in programs.ops.items():
-        if not isinstance(prog, list) or not all(isinstance(op, Op) for op in prog):
+        if not isinstance(prog, list):
             raise ProgramError(f"rank {rank}: a program must be a list of Op objects")
         _check_rank_graph(rank, prog)
+        sid_of: dict[int, int] = {}             # this rank's groups (membership checked) -> sync id
+        mine: dict[int, list] = {}               # sync id -> this rank's (index, op) on it
         for i, op in enumerate(prog):
-            if op.kind not in OP_KINDS:
-                raise ProgramError(f"rank {rank} op {i} {op!r}: unknown kind {op.kind!r}")
-            if op.kind == COLLECTIVE:
-                if op.collective not in COLLECTIVE_KINDS:
-                    raise ProgramError(f"rank {rank} op {i} {op!r}: unknown collective {op.collective!r}; "
-                                       f"known: {', '.join(COLLECTIVE_KINDS)}")
-                if not isinstance(op.group, int) or isinstance(op.group, bool) or not (0 <= op.group < ngroups):
-                    raise ProgramError(f"rank {rank} op {i} {op!r}: group {op.group} is not a registered group")
-                if rank not in programs.groups[op.group].ranks:
-                    raise ProgramError(f"rank {rank} op {i} {op!r}: rank is not a member of group {op.group} "
-                                       f"{programs.groups[op.group].ranks[:16]}")
-                sk = sync_keys.get(op.group)
-                if sk is None:
-                    sk = sync_keys[op.group] = sync_key(programs, op.group, rep)
-                coll_seq[(sk, rank)].append((i, op))
-            elif op.kind in (SEND, RECV):
+            if id(op) not in checked:
+                # fast path for the usual op (plain numbers, no measured duration, no memory events)
+                if not (type(op) is Op and op.duration_s is None and not op.alloc and not op.free
+                        and type(op.stream) is str
+                        and type(op.flops) in _NUM and type(op.mem_bytes) in _NUM and type(op.size_bytes) in _NUM
+                        and 0.0 <= op.flops < _INF and 0.0 <= op.mem_bytes < _INF and 0.0 <= op.size_bytes < _INF
+                        and (op.kind in _SIMPLE_KINDS or (op.kind == COLLECTIVE and op.collective in _COLLECTIVE_SET))):
+                    _check_op(rank, i, op)
+                checked.add(id(op))
+            kind = op.kind
+            if kind == COLLECTIVE:
+                gid = op.group
+                sid = sid_of.get(gid) if type(gid) is int else None
+                if sid is None:
+                    if not isinstance(gid, int) or isinstance(gid, bool) or not (0 <= gid < ngroups):
+                        raise ProgramError(f"rank {rank} op {i} {op!r}: group {gid} is not a registered group")
+                    ms = member_sets.get(gid)
+                    if ms is None:
+                        ms = member_sets[gid] = frozenset(programs.groups[gid].ranks)
+                    if rank not in ms:
+                        raise ProgramError(f"rank {rank} op {i} {op!r}: rank is not a member of group {gid} "
+                                           f"{programs.groups[gid].ranks[:16]}")
+                    sid = sid_of[gid] = sync.id_of(gid)
+                seq = mine.get(sid)
+                if seq is None:
+                    seq = mine[sid] = []
+                seq.append((i, op))
+            elif kind == SEND or kind == RECV:
                 if not isinstance(op.peer, int) or isinstance(op.peer, bool) or not (0 <= op.peer < n) or op.peer == rank:
                     raise ProgramError(f"rank {rank} op {i} {op!r}: invalid peer {op.peer}")
-                src, dst = (rank, rep[op.peer]) if op.kind == SEND else (rep[op.peer], rank)
-                p2p[(src, dst, op.kind)].append((i, op))
-            for v in (op.flops, op.mem_bytes, op.size_bytes):
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0.0) or v == float("inf"):
-                    raise ProgramError(f"rank {rank} op {i} {op!r}: cost inputs must be finite and >= 0")
-            if op.duration_s is not None and not (0.0 <= op.duration_s < float("inf")):
-                raise ProgramError(f"rank {rank} op {i} {op!r}: duration_s must be finite and >= 0")
-            for pairs in (op.alloc, op.free):
-                if not isinstance(pairs, tuple) or not all(
-                        isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
-                        and isinstance(x[1], (int, float)) and x[1] >= 0 for x in pairs):
-                    raise ProgramError(f"rank {rank} op {i} {op!r}: alloc/free must be ((category, bytes >= 0), ...)")
+                src, dst = (rank, rep[op.peer]) if kind == SEND else (rep[op.peer], rank)
+                p2p[(src, dst, kind)].append((i, op))
+        for sid, seq in mine.items():
+            coll_seq[(sid, rank)] = seq
 
-    # collectives: members agree on k-th kind/size and count
-    by_key: dict[tuple, list[int]] = defaultdict(list)
-    for (key, rank) in coll_seq:
-        by_key[key].append(rank)
-    for key, ranks in by_key.items():
-        members = key[1]
-        absent = [m for m in members if m not in ranks]
-        if absent:
+    # collectives: members agree on k-th kind/size and count (compared against one reference sequence)
+    by_key: dict[int, list[int]] = defaultdict(list)
+    for (sid, rank) in coll_seq:
+        by_key[sid].append(rank)
+    for sid, ranks in by_key.items():
+        members = sync.members[sid]
+        if len(ranks) != len(members):
+            present = set(ranks)
+            absent = [m for m in members if m not in present]
             r0 = ranks[0]
-            i, op = coll_seq[(key, r0)][0]
+            i, op = coll_seq[(sid, r0)][0]
             raise ProgramError(
-                f"group {_short(members)}: rank {r0} runs {len(coll_seq[(key, r0)])} collective(s) on it "
+                f"group {_short(members)}: rank {r0} runs {len(coll_seq[(sid, r0)])} collective(s) on it "
                 f"(first: op {i} {op!r}) but rank(s) {_short(absent)} run none")
         ref_rank = ranks[0]
-        ref = coll_seq[(key, ref_rank)]
+        ref = coll_seq[(sid, ref_rank)]
+        ref_sig = [(a.collective, a.size_bytes) for _, a in ref]
         for r in ranks[1:]:
-            seq = coll_seq[(key, r)]
+            seq = coll_seq[(sid, r)]
+            if len(seq) == len(ref) and all(b is a for (_, a), (_, b) in zip(ref, seq)):
+                continue                     # the same shared op objects: nothing to compare
             for k, ((i0, a), (i1, b)) in enumerate(zip(ref, seq)):
-                if a.collective != b.collective or not _close(a.size_bytes, b.size_bytes):
+                if a is not b and (b.collective != ref_sig[k][0] or (
+                        b.size_bytes != ref_sig[k][1] and not _close(ref_sig[k][1], b.size_bytes))):
                     raise ProgramError(
                         f"group {_short(members)}: collective #{k} disagrees: rank {ref_rank} op {i0} {a!r} "
                         f"vs rank {r} op {i1} {b!r}")
             if len(seq) != len(ref):
                 longer, shorter = (ref_rank, r) if len(ref) > len(seq) else (r, ref_rank)
                 k = min(len(seq), len(ref))
-                i, op = coll_seq[(key, longer)][k]
+                i, op = coll_seq[(sid, longer)][k]
                 raise ProgramError(
                     f"group {_short(members)}: rank {longer} runs {max(len(seq), len(ref))} collectives on it but "
                     f"rank {shorter} runs {k}; rank {shorter} misses collective #{k} (rank {longer} op {i} {op!r})")
@@ -361,8 +384,94 @@ def sync_key(programs: Programs, gid: int, rep: dict[int, int]) -> tuple:
     return (g.family, tuple(sorted({rep[m] for m in g.ranks})))
 
 
+class SyncTable:
+    """Integer rendezvous ids for process groups, so nothing per op hashes or scans a group's ranks.
+
+    ``id_of(gid)``: the sync id of group ``gid`` (full mode: one per group; symmetric mode: groups whose
+    members are represented by the same simulated ranks, in the same family, share one id).
+    ``members[sid]``: the simulated ranks that meet at it (sorted tuple); ``family[sid]``; ``group[sid]``:
+    one group id with that sync id (for messages). Each group's ranks are read once, when first asked."""
+
+    __slots__ = ("programs", "rep", "members", "family", "group", "_of_gid", "_of_key")
+
+    def __init__(self, programs: Programs, rep: dict[int, int]):
+        self.programs, self.rep = programs, rep
+        self.members: list[tuple[int, ...]] = []
+        self.family: list[str] = []
+        self.group: list[int] = []
+        self._of_gid: dict[int, int] = {}
+        self._of_key: dict[tuple, int] = {}
+
+    def id_of(self, gid: int) -> int:
+        sid = self._of_gid.get(gid)
+        if sid is not None:
+            return sid
+        g = self.programs.groups[gid]
+        if self.programs.classes is None:
+            sid, ranks = len(self.members), g.ranks
+        else:
+            rep = self.rep
+            ranks = tuple(sorted({rep[m] for m in g.ranks}))
+            key = (g.family, ranks)
+            sid = self._of_key.get(key)
+            if sid is None:
+                sid = self._of_key[key] = len(self.members)
+            else:
+                self._of_gid[gid] = sid
+                return sid
+        self.members.append(ranks)
+        self.family.append(g.family)
+        self.group.append(gid)
+        self._of_gid[gid] = sid
+        return sid
+
+
+_INF = float("inf")
+_NUM = (int, float)
+_SIMPLE_KINDS = frozenset((COMPUTE, SEND, RECV))
+_COLLECTIVE_SET = frozenset(COLLECTIVE_KINDS)
+
+
+def _check_op(rank: int, i: int, op) -> None:
+    """An op's own fields: kind, collective kind, cost inputs, duration, memory events."""
+    if not isinstance(op, Op):
+        raise ProgramError(f"rank {rank}: a program must be a list of Op objects")
+    if op.kind not in OP_KINDS:
+        raise ProgramError(f"rank {rank} op {i} {op!r}: unknown kind {op.kind!r}")
+    if not isinstance(op.stream, str):
+        raise ProgramError(f"rank {rank} op {i} {op!r}: stream must be a name (str), got {op.stream!r}")
+    if op.kind == COLLECTIVE and op.collective not in COLLECTIVE_KINDS:
+        raise ProgramError(f"rank {rank} op {i} {op!r}: unknown collective {op.collective!r}; "
+                           f"known: {', '.join(COLLECTIVE_KINDS)}")
+    for v in (op.flops, op.mem_bytes, op.size_bytes):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0.0) or v == _INF:
+            raise ProgramError(f"rank {rank} op {i} {op!r}: cost inputs must be finite and >= 0")
+    if op.duration_s is not None and not (0.0 <= op.duration_s < _INF):
+        raise ProgramError(f"rank {rank} op {i} {op!r}: duration_s must be finite and >= 0")
+    for pairs in (op.alloc, op.free):
+        if not isinstance(pairs, tuple) or not all(
+                isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
+                and isinstance(x[1], (int, float)) and x[1] >= 0 for x in pairs):
+            raise ProgramError(f"rank {rank} op {i} {op!r}: alloc/free must be ((category, bytes >= 0), ...)")
+
+
 def _check_rank_graph(rank: int, prog: list[Op]) -> None:
+    """Deps name other ops of the rank and stream order plus deps is acyclic. When every dep points to an
+    earlier op (what generators write) the graph is acyclic by construction: a linear scan suffices."""
     n = len(prog)
+    forward = True
+    for i, op in enumerate(prog):
+        if type(op) is not Op and not isinstance(op, Op):
+            raise ProgramError(f"rank {rank}: a program must be a list of Op objects")
+        for d in op.deps:
+            if type(d) is not int or not (0 <= d < i):
+                forward = False
+                break
+        if not forward:
+            break
+    if forward:
+        return
+
     indeg = [0] * n
     succ: list[list[int]] = [[] for _ in range(n)]
     last_in_stream: dict[str, int] = {}

@@ -1,70 +1,276 @@
-"""Is symmetric mode valid? Ranks a representative stands for must sit on identical hardware and see
-identical communication costs; otherwise the fanned-out result would differ from a full simulation.
+"""Symmetry by cost signature: which ranks can one representative stand for?
 
-The check compares, for every class: the device of each member (``cost.device_key``), and for each process
-group a representative uses, the contention-free time of a probe collective on every image group of the
-same family (sampled evenly when a family has very many groups, at most ``max_images`` per group).
+A generator's classes (``Programs.classes``) group ranks that run the same program *template*. One
+representative per class gives a full simulation's result only if the members are also interchangeable on
+the hardware: the same device, and the same cost for every communication they take part in. Placement
+breaks that (a data-parallel group that crosses a leaf switch costs more than its neighbour that does not),
+so ``refine_classes`` splits classes until every member of a class has the same *signature*:
+
+    (template class, device, and for every process-group family the class uses: the contention-free time of
+     each (collective kind, size) the template runs on it, and the set of classes its group's members are in;
+     for every point-to-point transfer: its time at each size and the class of the peer)
+
+iterated to a fixed point (colour refinement: a class is split when its members' groups reach different
+classes). In the result, members of a class start and end every op at the same instants in a full run, by
+induction over the run: they are ready together, their rendezvous wait for the same classes and their
+communications last as long. So one representative per class reproduces the full simulation, and a plan
+whose placement makes some groups cost more costs a few more classes instead of every rank.
+
+The flow network still loads every member's links: the engine passes the other groups of a class as
+``images`` of each communication. Units: seconds.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 from simulator.costs import CommRequest
-from simulator.program import COLLECTIVE, RECV, SEND, Programs
+from simulator.errors import ProgramError
+from simulator.program import COLLECTIVE, RECV, SEND, Op, Programs
 
-PROBE_BYTES = (4096.0, 64e6)
+_PROPAGATED = "members reach groups whose members differ in turn"
+SIG_DIGITS = 12          # costs equal to 12 significant digits are equal (float sums in another order)
 
 
-def symmetry_problem(programs: Programs, cost, max_images: int = 256) -> str | None:
-    """None if symmetric mode is valid for ``programs`` on ``cost``'s hardware, else why not."""
+class Refinement:
+    """What ``refine_classes`` found: ``programs`` (one representative per refined class), ``splits``
+    (coarse representative -> number of classes it became), ``reasons`` (coarse representative -> why its
+    members differ, first cause found), ``rounds`` of refinement."""
+
+    def __init__(self, programs: Programs, splits: dict[int, int], reasons: dict[int, str], rounds: int):
+        self.programs, self.splits, self.reasons, self.rounds = programs, splits, reasons, rounds
+
+    @property
+    def classes(self) -> int:
+        return len(self.programs.ops)
+
+    def causes(self) -> list[str]:
+        """Why classes split: direct causes (hardware, costs) first, then classes split only because
+        the groups their members reach split."""
+        why = [self.reasons[r] for r, n in self.splits.items() if n > 1]
+        return sorted(why, key=lambda w: w.startswith(_PROPAGATED))
+
+    def note(self) -> str | None:
+        """One line for ``notes`` when classes were split, else None."""
+        split = {r: n for r, n in self.splits.items() if n > 1}
+        if not split:
+            return None
+        coarse = len(self.splits)
+        why = "; ".join(self.causes()[:2])
+        return (f"placement is uneven: {coarse} rank classes split into {self.classes} by communication cost "
+                f"({len(split)} split; e.g. {why}); simulated one representative per class")
+
+
+def symmetry_problem(programs: Programs, cost) -> str | None:
+    """None if every class of ``programs`` is interchangeable on ``cost``'s hardware, else why not."""
     if programs.classes is None:
         return None
-    for rep, members in programs.classes.items():
-        key = cost.device_key(rep)
-        for m in _sample(members, max_images * 4):
-            if cost.device_key(m) != key:
-                return f"rank {m} runs on different hardware than rank {rep}, which stands for it"
-    checked: set[int] = set()
-    for rep, prog in programs.ops.items():
-        for op in prog:
+    ref = refine_classes(programs, cost)
+    why = ref.causes()
+    return why[0] if why else None
+
+
+def refine_classes(programs: Programs, cost, max_rounds: int = 64) -> Refinement:
+    """Split ``programs``' classes by cost signature (see the module docstring) and return the Programs with
+    one representative per refined class (the same object when nothing splits).
+
+    Raises ProgramError when a class cannot be re-instantiated for a new representative (a template op whose
+    group family a member lacks, or a point-to-point op without a group to find the member's peer in)."""
+    if programs.classes is None:
+        return Refinement(programs, {}, {}, 0)
+    sig = _Signatures(programs, cost)
+    colour, rounds = sig.refine(max_rounds)
+    by_colour: dict[int, list[int]] = defaultdict(list)
+    for m in range(programs.world_size):
+        by_colour[colour[m]].append(m)
+    coarse_of = sig.coarse
+    splits: dict[int, int] = {r: 0 for r in programs.classes}
+    for members in by_colour.values():
+        splits[coarse_of[members[0]]] += 1
+    if all(n == 1 for n in splits.values()):
+        return Refinement(programs, splits, {}, rounds)
+    reasons = {r: sig.reason(r, colour) for r, n in splits.items() if n > 1}
+    new = Programs(world_size=programs.world_size, ops={}, groups=programs.groups, classes={},
+                   tokens_per_step=programs.tokens_per_step, model_flops_per_step=programs.model_flops_per_step,
+                   meta=dict(programs.meta))
+    if "_group_index" in programs.__dict__:
+        new.__dict__["_group_index"] = programs.__dict__["_group_index"]
+    clones: dict = {}
+    for members in sorted(by_colour.values()):
+        old = coarse_of[members[0]]
+        rep = old if old in members else members[0]
+        new.ops[rep] = programs.ops[old] if rep == old else sig.reinstantiate(old, rep, clones)
+        new.classes[rep] = tuple(members)
+        if old in programs.static_memory:
+            new.static_memory[rep] = dict(programs.static_memory[old])
+    new.meta["classes_from"] = len(programs.classes)
+    return Refinement(new, splits, reasons, rounds)
+
+
+class _Signatures:
+    """The per-rank signature tables of one Programs on one cost model (see ``refine_classes``)."""
+
+    def __init__(self, programs: Programs, cost):
+        self.p, self.cost = programs, cost
+        n = programs.world_size
+        self.coarse = [0] * n                      # rank -> its generator class's representative
+        for r, members in programs.classes.items():
+            for m in members:
+                self.coarse[m] = r
+        # per representative: (family, ((kind, size), ...)) for collectives and p2p uses
+        self.coll_uses: dict[int, list[tuple[str, tuple]]] = {}
+        self.p2p_uses: dict[int, list[tuple[str, int, int, str, tuple]]] = {}
+        for r, prog in programs.ops.items():
+            fams: dict[str, set] = defaultdict(set)
+            p2p: dict[tuple, set] = defaultdict(set)
+            for op in prog:
+                if op.kind == COLLECTIVE:
+                    fams[programs.groups[op.group].family].add((op.collective, float(op.size_bytes)))
+                elif op.kind in (SEND, RECV) and op.group is not None:
+                    g = programs.groups[op.group]
+                    pos = self._positions(op.group)
+                    if r in pos and op.peer in pos:     # (without a group the images are unknown)
+                        p2p[(g.family, pos[r], pos[op.peer], op.kind)].add(float(op.size_bytes))
+            self.coll_uses[r] = sorted((f, tuple(sorted(u))) for f, u in fams.items())
+            self.p2p_uses[r] = sorted(((f, a, b, k, tuple(sorted(u))) for (f, a, b, k), u in p2p.items()),
+                                      key=lambda x: (str(x[0]), x[1], x[2], x[3]))
+        self._gcost: dict = {}
+        self._pcost: dict = {}
+        self._intern: dict = {}
+
+    # ------------------------------------------------------------------ tables
+    def _positions(self, gid: int) -> dict[int, int]:
+        cache = self.__dict__.setdefault("_pos", {})
+        pos = cache.get(gid)
+        if pos is None:
+            pos = cache[gid] = {m: i for i, m in enumerate(self.p.groups[gid].ranks)}
+        return pos
+
+    def _id(self, value) -> int:
+        i = self._intern.get(value)
+        if i is None:
+            i = self._intern[value] = len(self._intern)
+        return i
+
+    def group_cost(self, gid: int | None, uses: tuple) -> int:
+        """Interned contention-free times of ``uses`` ((kind, size), ...) on group ``gid``."""
+        key = (gid, uses)
+        c = self._gcost.get(key)
+        if c is None:
+            if gid is None:
+                c = self._id(("no group",))
+            else:
+                ranks = self.p.groups[gid].ranks
+                c = self._id(tuple(_round(self.cost.comm_time_s(CommRequest(k, ranks, s))) for k, s in uses))
+            self._gcost[key] = c
+        return c
+
+    def p2p_cost(self, a: int, b: int, kind: str, sizes: tuple) -> int:
+        src, dst = (a, b) if kind == SEND else (b, a)
+        key = (src, dst, sizes)
+        c = self._pcost.get(key)
+        if c is None:
+            c = self._pcost[key] = self._id(tuple(
+                _round(self.cost.comm_time_s(CommRequest("p2p", (src, dst), s))) for s in sizes))
+        return c
+
+    def peer_of(self, m: int, use) -> tuple[int | None, int | None]:
+        """(the member's own rank in the use's group position, its peer) for p2p use of member m."""
+        fam, a, b, _, _ = use
+        g = self.p.group_of(m, fam)
+        if g is None:
+            return None, None
+        ranks = self.p.groups[g].ranks
+        if a >= len(ranks) or b >= len(ranks) or ranks[a] != m:
+            return None, None
+        return m, ranks[b]
+
+    # ------------------------------------------------------------------ refinement
+    def refine(self, max_rounds: int) -> tuple[list[int], int]:
+        p, n = self.p, self.p.world_size
+        dev = self.cost.device_key
+        colour = [self._id(("init", self.coarse[m], dev(m))) for m in range(n)]
+        count = len(set(colour))
+        fam_groups = {f for r in p.ops for f, _ in self.coll_uses[r]}
+        gof = {f: [p.group_of(m, f) for m in range(n)] for f in fam_groups}
+        for rounds in range(1, max_rounds + 1):
+            # the classes each group's members are in (interned), for the families in use
+            reach: dict[int, int] = {}
+            for f in fam_groups:
+                for gid in set(gof[f]):
+                    if gid is not None and gid not in reach:
+                        reach[gid] = self._id(frozenset(colour[m] for m in p.groups[gid].ranks))
+            new = [0] * n
+            for m in range(n):
+                r = self.coarse[m]
+                parts = [colour[m]]
+                for f, uses in self.coll_uses[r]:
+                    g = gof[f][m]
+                    parts.append((self.group_cost(g, uses), reach.get(g, -1)))
+                for use in self.p2p_uses[r]:
+                    a, b = self.peer_of(m, use)
+                    parts.append(-1 if b is None else (self.p2p_cost(a, b, use[3], use[4]), colour[b]))
+                new[m] = self._id(tuple(parts))
+            c = len(set(new))
+            colour = new
+            if c == count:
+                return colour, rounds
+            count = c
+        return colour, max_rounds
+
+    def reason(self, r: int, colour: list[int]) -> str:
+        """Why the members of coarse class ``r`` differ (the first difference against the representative)."""
+        p, dev = self.p, self.cost.device_key
+        for m in p.classes[r]:
+            if dev(m) != dev(r):
+                return f"rank {m} runs on different hardware than rank {r}"
+        for f, uses in self.coll_uses[r]:
+            g0 = p.group_of(r, f)
+            for m in p.classes[r]:
+                g = p.group_of(m, f)
+                if self.group_cost(g, uses) != self.group_cost(g0, uses):
+                    k, s = uses[-1]
+                    t0 = self.cost.comm_time_s(CommRequest(k, p.groups[g0].ranks, s))
+                    t = self.cost.comm_time_s(CommRequest(k, p.groups[g].ranks, s)) if g is not None else 0.0
+                    return (f"{k} on {f} group {list(p.groups[g0].ranks[:8])} costs {t0:.3g}s but the same on "
+                            f"{list(p.groups[g].ranks[:8]) if g is not None else 'none'} costs {t:.3g}s")
+        for use in self.p2p_uses[r]:
+            a0, b0 = self.peer_of(r, use)
+            for m in p.classes[r]:
+                a, b = self.peer_of(m, use)
+                if b is None or self.p2p_cost(a, b, use[3], use[4]) != self.p2p_cost(a0, b0, use[3], use[4]):
+                    return f"point-to-point {a0}<->{b0} and its image {a}<->{b} cost differently"
+        return f"{_PROPAGATED} (rank {r}'s class)"
+
+    # ------------------------------------------------------------------ new representatives
+    def reinstantiate(self, old: int, rep: int, clones: dict) -> list[Op]:
+        """Representative ``old``'s program as rank ``rep`` runs it: groups and peers resolved for ``rep``."""
+        p = self.p
+        out = []
+        new_group: dict[int, int] = {}          # the representative's group -> the new one's
+        for op in p.ops[old]:
             gid = op.group
-            if gid is None or gid in checked:
+            if gid is None:
+                if op.kind in (SEND, RECV):
+                    raise ProgramError(f"rank {old} op {op!r} names no group, so rank {rep} of its class "
+                                       f"cannot find its peer")
+                out.append(op)
                 continue
-            checked.add(gid)
-            g = programs.groups[gid]
-            kind = op.collective if op.kind == COLLECTIVE else None
-            images = {programs.group_of(m, g.family) for m in _sample(programs.classes[rep], max_images)}
-            images.discard(None)
-            if op.kind in (SEND, RECV):
-                i_self, i_peer = g.ranks.index(rep), g.ranks.index(op.peer) if op.peer in g.ranks else None
-                if i_peer is None:
-                    continue
-                for size in PROBE_BYTES:
-                    ref = cost.comm_time_s(CommRequest("p2p", (rep, op.peer), size))
-                    for og in images:
-                        r = programs.groups[og].ranks
-                        t = cost.comm_time_s(CommRequest("p2p", (r[i_self], r[i_peer]), size))
-                        if not _close(t, ref):
-                            return (f"point-to-point {rep}->{op.peer} costs {ref:.3g}s but its image "
-                                    f"{r[i_self]}->{r[i_peer]} costs {t:.3g}s")
-                continue
-            if kind is None:
-                continue
-            for size in PROBE_BYTES:
-                ref = cost.comm_time_s(CommRequest(kind, g.ranks, size))
-                for og in images:
-                    t = cost.comm_time_s(CommRequest(kind, programs.groups[og].ranks, size))
-                    if not _close(t, ref):
-                        return (f"{kind} on {g.family} group {list(g.ranks[:8])} costs {ref:.3g}s but the same on "
-                                f"{list(programs.groups[og].ranks[:8])} costs {t:.3g}s (placement differs)")
-    return None
+            ng = new_group.get(gid)
+            if ng is None:
+                ng = new_group[gid] = p.group_of(rep, p.groups[gid].family)
+                if ng is None:
+                    raise ProgramError(f"rank {rep} has no {p.groups[gid].family} group for {op!r}")
+            if op.kind == COLLECTIVE:
+                key = (id(op), ng)
+                c = clones.get(key)
+                if c is None:
+                    c = clones[key] = op.copy(group=ng)
+                out.append(c)
+            else:
+                i_peer = self._positions(gid)[op.peer]
+                out.append(op.copy(group=ng, peer=p.groups[ng].ranks[i_peer]))
+        return out
 
 
-def _sample(seq, k: int):
-    seq = list(seq)
-    if len(seq) <= k:
-        return seq
-    step = len(seq) / k
-    return [seq[int(i * step)] for i in range(k)]
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-30)
+def _round(t: float) -> float:
+    return float(f"{t:.{SIG_DIGITS}g}")

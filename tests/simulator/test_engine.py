@@ -190,3 +190,20 @@ def test_device_failure_reports_hung_ranks_like_a_watchdog():
     # a failure after the step ends changes nothing
     ok = run(progs, SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e10), failures={5: 1e6})
     assert ok.step_time_s < 1e6
+
+
+def test_rendezvous_keys_are_small_integer_pairs_whatever_the_group_size():
+    """Full mode keys rendezvous by integer sync ids: nothing per op hashes a group's rank tuple."""
+    from simulator.engine import Engine
+    n = 64
+    p = Programs(world_size=n, ops={})
+    world = p.add_group(range(n), "world")
+    for r in range(n):
+        p.ops[r] = [compute("c", flops=1e9), collective("ar", "all_reduce", world, 1e6, deps=(0,)),
+                    send("s", (r + 1) % n, 1e3, stream="tx", deps=(1,)), recv("r", (r - 1) % n, 1e3, stream="rx")]
+    e = Engine(p, SimpleCostModel())
+    keys = [k for ks in e.rv_keys.values() for k in ks if k is not None]
+    assert all(type(a) is int and type(b) is int for a, b in keys)
+    assert len({k for k in keys if k[0] >= 0}) == 1 and e.needed[0] == n      # one world rendezvous of 64
+    assert len(e.p2p_pairs) == n
+    assert e.run().step_time_s > 0
