@@ -431,6 +431,10 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         raise ConfigError("faults (stragglers, jitter, failed or degraded links, device failures) break rank "
                           "symmetry: use --mode full")
     symmetric = mode != "full" and not fault_breaks
+    # before any structure proportional to the plan: a lower bound on the op count is checked first
+    from simulator.guards import check_budget as guard, minimum_ops
+    guard(minimum_ops(model, plan, world, symmetric), "symmetric" if symmetric else "full", timeline=timeline,
+          network=exp.network)
     if not symmetric and check_budget:
         # size the full run from its symmetric twin before building 16k programs
         from clustersim.guards import check_budget as guard

@@ -190,6 +190,19 @@ def _hid(v):
     return str(v)
 
 
+_TS_LIMIT_US = 1e18     # microseconds: ~31,700 years; beyond this a time is garbage
+
+
+def _finite(v) -> float | None:
+    """A time in microseconds as a float, or None unless it is a real, finite, plausible number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, int) and not -_TS_LIMIT_US < v < _TS_LIMIT_US:
+        return None
+    v = float(v)
+    return v if -_TS_LIMIT_US < v < _TS_LIMIT_US else None
+
+
 def _int(v, default=-1) -> int:
     if isinstance(v, bool) or v is None:
         return default
@@ -292,10 +305,10 @@ class _RankParser:
         ph = e.get("ph")
         if ph == "X":
             cat = e.get("cat")
-            ts, dur = e.get("ts"), e.get("dur", 0.0)
-            if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+            ts, dur = _finite(e.get("ts")), _finite(e.get("dur", 0.0))
+            if ts is None:
                 return
-            if not isinstance(dur, (int, float)) or isinstance(dur, bool) or dur < 0:
+            if dur is None or dur < 0:
                 dur = 0.0
             args = e.get("args") or {}
             if not isinstance(args, dict):
@@ -333,8 +346,8 @@ class _RankParser:
         elif ph == "i" or ph == "I":
             if e.get("name") == "[memory]":
                 args = e.get("args") or {}
-                ts = e.get("ts")
-                if not isinstance(ts, (int, float)) or not isinstance(args, dict):
+                ts = _finite(e.get("ts"))
+                if ts is None or not isinstance(args, dict):
                     return
                 m = self.mem
                 m["ts"].append(float(ts)); m["bytes"].append(_num(args.get("Bytes")))
@@ -350,11 +363,23 @@ class _RankParser:
                 self.thread_names[(_hid(e.get("pid")), _hid(e.get("tid")))] = args.get("name")
 
 
+# Event cap: real Kineto events take 200-500 characters of JSON each (measured: 363 and 465 per complete
+# event in /work/shared/traces/real-gpu); a file whose kept rows average fewer than MIN_CHARS_PER_ROW
+# characters is not a profiler trace, and refusing it keeps memory linear in the file's decompressed size.
+MIN_CHARS_PER_ROW = 64
+ROWS_FREE = 200_000            # rows always accepted (small synthetic test traces)
+
+
 def _parse_file(path: Path) -> tuple[_RankParser, dict]:
     rp = _RankParser(path)
     scan = Scan(path)
-    for ev in scan.events():
+    for i, ev in enumerate(scan.events()):
         rp.add(ev)
+        if not i & 0xFFFF:
+            rows = len(rp.cpu["ts"]) + len(rp.gpu["ts"]) + len(rp.mem["ts"])
+            if rows > ROWS_FREE + scan.chars_read / MIN_CHARS_PER_ROW:
+                raise TraceError(f"{path}: {rows:,} events in {scan.chars_read:,} characters: fewer than "
+                                 f"{MIN_CHARS_PER_ROW} characters per event, not a profiler trace")
     return rp, scan.meta
 
 
@@ -447,12 +472,17 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     # steps
     is_step = cpu["name"].str.startswith("ProfilerStep") & cpu["cat"].isin(["user_annotation", "cpu_op"])
     steps = cpu.loc[is_step, ["ts", "dur", "end", "name", "pid", "tid"]].copy()
-    steps["step"] = steps["name"].str.extract(_STEP_RE, expand=False).fillna(-1).astype(int)
+    digits = steps["name"].str.extract(_STEP_RE, expand=False).fillna("-1")
+    huge = digits.str.len() > 15
+    if huge.any():
+        raise TraceError(f"{info.path}: step number of {steps['name'][huge].iloc[0][:40]!r}... is too large "
+                         f"(ProfilerStep#N with N of more than 15 digits)")
+    steps["step"] = digits.astype(np.int64)
     steps = steps.sort_values("ts").drop_duplicates("step", keep="first")
     steps["cpu_row"] = steps.index
     steps = steps.reset_index(drop=True)
-    info.main_tid = steps["tid"].iloc[0] if len(steps) else (cpu["tid"].value_counts().index[0] if len(cpu) else None)
-    info.pid = steps["pid"].iloc[0] if len(steps) else (cpu["pid"].value_counts().index[0] if len(cpu) else None)
+    info.main_tid = steps["tid"].iloc[0] if len(steps) else _most_common(cpu["tid"])
+    info.pid = steps["pid"].iloc[0] if len(steps) else _most_common(cpu["pid"])
     st0, st1 = steps["ts"].to_numpy(float), steps["end"].to_numpy(float)
     stepno = steps["step"].to_numpy(int)
 
@@ -491,6 +521,12 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     cpu["fwd_op"] = _link_fwd(cpu)
     colls = _collectives(cpu, gpu, rp, info)
     return {"steps": steps, "cpu_ops": cpu, "kernels": gpu, "collectives": colls, "memory": mem}
+
+
+def _most_common(col: pd.Series):
+    """The most frequent value of ``col`` (None counts too), None for an empty column."""
+    counts = col.value_counts(dropna=False)
+    return counts.index[0] if len(counts) else None
 
 
 def _link_fwd(cpu: pd.DataFrame) -> np.ndarray:
@@ -825,7 +861,7 @@ def trace_files(path: str | Path) -> list[Path]:
 
     def ok(f: Path) -> bool:
         n = f.name.lower()
-        return f.is_file() and n.endswith(TRACE_SUFFIXES) and not n.startswith(("manifest", "calib")) and \
+        return f.is_file() and n.endswith(TRACE_SUFFIXES) and not n.startswith(("manifest", "calib", ".")) and \
             "calibration" not in n
     files = sorted(f for f in p.iterdir() if ok(f))
     if not files:
@@ -833,6 +869,80 @@ def trace_files(path: str | Path) -> list[Path]:
     if not files:
         raise TraceError(f"no trace files (*.json, *.json.gz) in {p}")
     return files
+
+
+MANIFEST_FORMAT = "clustersim-trace-manifest"
+
+
+def load_manifest(path: str | Path) -> dict:
+    """The collector's ``manifest.json`` (bounded read, validated to be a mapping); TraceError otherwise."""
+    from simulator.inputs import JSON_LIMIT_BYTES, brief, load_json
+    data = load_json(path, "manifest", JSON_LIMIT_BYTES, err=TraceError)
+    if not isinstance(data, dict):
+        raise TraceError(f"manifest {path}: expected a JSON object, got {brief(data)}")
+    for key in ("devices", "hostnames"):
+        v = data.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise TraceError(f"manifest {path}: {key} must be a list of strings, got {brief(v)}")
+    ws = data.get("world_size")
+    if ws is not None and (isinstance(ws, bool) or not isinstance(ws, int) or not 0 < ws <= 1 << 24):
+        raise TraceError(f"manifest {path}: world_size must be a positive integer, got {brief(ws)}")
+    return data
+
+
+def folder_manifest(folder: Path) -> dict | None:
+    """``folder/manifest.json`` of a collector run, or None when there is none."""
+    m = Path(folder) / "manifest.json"
+    return load_manifest(m) if m.is_file() else None
+
+
+def one_run_problems(trace: Trace, manifest: dict | None) -> list[str]:
+    """Why the files of ``trace`` do not look like one run (empty when they do): ranks outside the
+    manifest's world or missing from its ``trace_files``, ranks that disagree on the world size, or on which
+    ProfilerStep numbers they recorded."""
+    problems = []
+    names = {r: i.path.name for r, i in trace.ranks.items()}
+    sizes = {i.world_size for i in trace.ranks.values() if i.world_size}
+    if len(sizes) > 1:
+        problems.append(f"the files disagree on the world size ({', '.join(map(str, sorted(sizes)))})")
+    if manifest is not None and manifest.get("format") == MANIFEST_FORMAT and manifest.get("mode") != "bench":
+        ws = manifest.get("world_size")
+        if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
+            extra = sorted(r for r in trace.ranks if r >= ws)
+            if extra:
+                problems.append(f"manifest.json says world_size {ws} but {', '.join(names[r] for r in extra)} "
+                                f"hold{'s' if len(extra) == 1 else ''} rank{'s' if len(extra) > 1 else ''} "
+                                f"{', '.join(map(str, extra))}")
+        listed = manifest.get("trace_files")
+        if isinstance(listed, dict):
+            known = {str(v) for v in listed.values()}
+            stray = sorted(n for n in names.values() if n not in known)
+            if stray:
+                problems.append(f"{', '.join(stray)} not listed in manifest.json's trace_files")
+    if len(trace.steps):
+        per_rank = trace.steps[trace.steps["step"] >= 0].groupby("rank")["step"].apply(lambda s: tuple(sorted(s)))
+        if per_rank.nunique() > 1:
+            shown = "; ".join(f"{names.get(r, r)}: steps {_span(v)}" for r, v in per_rank.items())
+            problems.append(f"the ranks recorded different steps ({shown[:300]})")
+    return problems
+
+
+def _span(steps: tuple) -> str:
+    if not steps:
+        return "none"
+    return f"{steps[0]}-{steps[-1]}" if list(steps) == list(range(steps[0], steps[-1] + 1)) else \
+        ",".join(map(str, steps[:8])) + ("..." if len(steps) > 8 else "")
+
+
+def check_one_run(trace: Trace, allow_mixed: bool = False) -> Trace:
+    """Raise TraceError naming the disagreement when a folder mixes runs (unless ``allow_mixed``)."""
+    if allow_mixed or not Path(trace.path).is_dir():
+        return trace
+    problems = one_run_problems(trace, folder_manifest(Path(trace.path)))
+    if problems:
+        raise TraceError(f"{trace.path} mixes files of different runs: {'; '.join(problems)}. Collect into an "
+                         f"empty folder, or pass --allow-mixed to use them anyway")
+    return trace
 
 
 def load_trace(path: str | Path, *, progress=None) -> Trace:
