@@ -33,6 +33,7 @@ from typing import Any, Callable
 import click
 
 from simulator.errors import ConfigError
+from simulator.inputs import brief
 from simulator.yamlio import load_yaml as _load_yaml
 
 NETWORKS = ("ideal", "analytical", "flow")
@@ -100,16 +101,16 @@ def _check(cond: bool, msg: str) -> None:
 
 def _as_int(value, key: str, minimum: int | None = 1) -> int:
     if isinstance(value, bool) or value is None:
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {brief(value)}")
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {brief(value)}")
         value = int(value)
     if isinstance(value, str):
         try:
             value = int(value)
         except ValueError:
-            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+            raise ConfigError(f"{key}: expected an integer, got {brief(value)}") from None
     if not isinstance(value, int):
         raise ConfigError(f"{key}: expected an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
@@ -121,13 +122,13 @@ def _as_int(value, key: str, minimum: int | None = 1) -> int:
 
 def _as_float(value, key: str, positive: bool = True) -> float:
     if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise ConfigError(f"{key}: expected a number, got {brief(value)}")
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        raise ConfigError(f"{key}: expected a number, got {brief(value)}") from None
     if not math.isfinite(v) or (positive and v <= 0) or v < 0:
-        raise ConfigError(f"{key}: expected a finite {'positive' if positive else 'non-negative'} number, got {value!r}")
+        raise ConfigError(f"{key}: expected a finite {'positive' if positive else 'non-negative'} number, got {brief(value)}")
     return v
 
 
@@ -140,7 +141,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     custom: dict[str, Any] = {}
     for raw_key, value in data.items():
         if not isinstance(raw_key, str):
-            raise ConfigError(f"{where}: option names must be strings, got {raw_key!r}")
+            raise ConfigError(f"{where}: option names must be strings, got {brief(raw_key)}")
         key = raw_key.replace("-", "_")
         if key in MODEL_FIELDS:
             if value is not None:
@@ -149,7 +150,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         if key == "bucket_bytes":
             key, value = "bucket_mb", (None if value is None else _as_float(value, f"{where}: bucket_bytes") / 1e6)
         if key not in names:
-            raise ConfigError(f"{where}: unknown option {raw_key!r}; known: {', '.join(sorted(names | set(MODEL_FIELDS)))}")
+            raise ConfigError(f"{where}: unknown option {brief(raw_key)}; known: {', '.join(sorted(names | set(MODEL_FIELDS)))}")
         if value is None:
             continue
         kw[key] = value
@@ -164,22 +165,22 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         elif key == "fsdp_prefetch":
             value = _as_int(value, w, minimum=0)
         elif key in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather"):
-            _check(isinstance(value, bool), f"{w}: expected true or false, got {value!r}")
+            _check(isinstance(value, bool), f"{w}: expected true or false, got {brief(value)}")
         elif key in ("bucket_mb", "params"):
             value = _as_float(value, w)
         elif key == "network":
-            _check(value in NETWORKS, f"{w}: unknown network {value!r}; choose one of {', '.join(NETWORKS)}")
+            _check(value in NETWORKS, f"{w}: unknown network {brief(value)}; choose one of {', '.join(NETWORKS)}")
         elif key == "mode":
-            _check(value in MODES, f"{w}: unknown mode {value!r}; choose one of {', '.join(MODES)}")
+            _check(value in MODES, f"{w}: unknown mode {brief(value)}; choose one of {', '.join(MODES)}")
         elif key == "schedule":
-            _check(value in SCHEDULES, f"{w}: unknown schedule {value!r}; choose one of {', '.join(SCHEDULES)}")
+            _check(value in SCHEDULES, f"{w}: unknown schedule {brief(value)}; choose one of {', '.join(SCHEDULES)}")
         elif key == "recompute":
-            _check(value in RECOMPUTE, f"{w}: unknown recompute {value!r}; choose one of {', '.join(RECOMPUTE)}")
+            _check(value in RECOMPUTE, f"{w}: unknown recompute {brief(value)}; choose one of {', '.join(RECOMPUTE)}")
         elif key == "skew":
             value = _as_float(value, w, positive=False)
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
         elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split"):
-            _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {value!r}")
+            _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {brief(value)}")
         elif key == "model":
             _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
         elif key == "faults":
@@ -432,7 +433,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
                           "symmetry: use --mode full")
     symmetric = mode != "full" and not fault_breaks
     # before any structure proportional to the plan: a lower bound on the op count is checked first
-    from simulator.guards import check_budget as guard, minimum_ops
+    from clustersim.guards import check_budget as guard, minimum_ops
     guard(minimum_ops(model, plan, world, symmetric), "symmetric" if symmetric else "full", timeline=timeline,
           network=exp.network)
     if not symmetric and check_budget:

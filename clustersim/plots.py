@@ -569,6 +569,7 @@ def save(fig: Figure, path) -> Path:
     """Write ``fig`` (format from the suffix) and return the path."""
     from simulator.atomic import write_with
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fmt = path.suffix.lstrip(".").lower() or None
     return write_with(path, lambda tmp: fig.savefig(tmp, dpi=fig.dpi, bbox_inches="tight", format=fmt))
 

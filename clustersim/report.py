@@ -124,4 +124,5 @@ def write_report(path, runs, figures: dict, title: str | None = None, perfetto_f
                  extra_sections: list[tuple[str, str]] | None = None, command: str | None = None) -> Path:
     """Write the report (``render_report``) to ``path`` and return it."""
     from simulator.atomic import write_text
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     return write_text(path, render_report(runs, figures, title, perfetto_files, extra_sections, command))

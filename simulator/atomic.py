@@ -29,10 +29,9 @@ def _fail(path: Path, e: OSError) -> OutputError:
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; write it completely, and on success it is renamed to ``path``.
 
-    For writers that want a file name (``DataFrame.to_parquet``, ``Figure.savefig``)."""
+    For writers that want a file name (``DataFrame.to_parquet``, ``Figure.savefig``). The folder must exist."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix, dir=path.parent)
         os.close(fd)
     except OSError as e:

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from simulator.errors import ClusterSimError, ConfigError
 
 MiB = 1 << 20
-JSON_LIMIT_BYTES = 256 * MiB       # calibration / manifest JSON (a calibration with every point is < 10 MB)
-YAML_LIMIT_BYTES = 16 * MiB        # experiment, cluster and model files are a few kB
+JSON_LIMIT_BYTES = 16 * MiB        # calibration / manifest JSON (the shipped calibrations are ~10 kB each)
+YAML_LIMIT_BYTES = 4 * MiB         # experiment, cluster and model files are a few kB
 MAX_NODES = 1_000_000              # containers + scalars of one parsed document, aliases expanded
 
 
@@ -90,15 +92,17 @@ def read_bytes(path: str | Path, what: str, limit: int, err=ConfigError) -> byte
     p = Path(path)
     try:
         with open(p, "rb") as f:
-            data = f.read(limit + 1)
+            st = os.fstat(f.fileno())
+            too_big = stat.S_ISREG(st.st_mode) and st.st_size > limit      # refused without reading it
+            data = b"" if too_big else f.read(limit + 1)
     except FileNotFoundError:
         raise err(f"{what} {p} does not exist") from None
     except IsADirectoryError:
         raise err(f"{what} {p} is a folder, expected a file") from None
     except OSError as e:
         raise err(f"{what} {p} cannot be read: {e.strerror or e}") from None
-    if len(data) > limit:
-        raise err(f"{what} {p} is larger than {limit // MiB} MiB: not a {what}")
+    if too_big or len(data) > limit:
+        raise err(f"{what} {p} is larger than {limit // MiB} MiB; is it the right file?")
     return data
 
 
@@ -108,7 +112,7 @@ def read_text(path: str | Path, what: str, limit: int, err=ConfigError) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise err(f"{what} {path} is not UTF-8 text (byte {e.start}): not a {what}") from None
+        raise err(f"{what} {path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
 
 
 def _unique_pairs(where: str, err):

@@ -43,7 +43,7 @@ def load_yaml_text(text: str, where: str) -> Any:
     """Parse YAML text safely; ``where`` names the source in error messages. A document that expands (aliases
     followed) to more than ``simulator.inputs.MAX_NODES`` values is rejected (alias bombs)."""
     try:
-        return check_size(yaml.load(text, Loader=_UniqueKeyLoader), where)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     except yaml.YAMLError as e:
@@ -52,6 +52,7 @@ def load_yaml_text(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: invalid YAML: nested too deeply") from None
     except (TypeError, ValueError, OverflowError) as e:
         raise ConfigError(f"{where}: invalid YAML: {brief(str(e), 120)}") from None
+    return check_size(data, where)
 
 
 def load_yaml(path: str | Path, what: str = "file") -> Any:

@@ -384,7 +384,8 @@ def plot(cal: Calibration, path: str | Path) -> Path:
     for ax in list(axes.flat)[len(fits):]:
         ax.set_visible(False)
     fig.tight_layout()
+    from simulator.atomic import write_with
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".").lower() or None))
     plt.close(fig)
     return path

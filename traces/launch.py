@@ -162,8 +162,8 @@ def _save_log(collect_args: list[str], output: str) -> Path:
         fd, name = tempfile.mkstemp(prefix="clustersim-collect-", suffix=".log")
         os.close(fd)
         path = Path(name)
-    path.write_text(output)
-    return path
+    from simulator.atomic import write_text
+    return write_text(path, output)
 
 
 def _reason(output: str) -> str:
