@@ -300,7 +300,9 @@ class Cache:
         self.data[key] = result
         if self.path is None:
             return
-        line = json.dumps({"key": key, "result": result}, sort_keys=True, default=str, allow_nan=False) + "\n"
+        from simulator.inputs import json_safe
+        line = json.dumps(json_safe({"key": key, "result": result}), sort_keys=True, default=str,
+                          allow_nan=False) + "\n"
         try:
             with self.path.open("ab+") as f:
                 fcntl.flock(f, fcntl.LOCK_EX)
@@ -406,6 +408,10 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
                     stats["pruned_bound"] += 1
             i += min(wave, len(pending) - i)
             for key, res in executor.map([(k, _exp_dict(e)) for _, k, e in batch]):
+                try:
+                    res = checked_result(res, "simulated plan")
+                except ClusterSimError as e:       # e.g. a NaN step time: that plan failed, not the search
+                    res = {"error": str(e), "experiment": res.get("experiment") if isinstance(res, dict) else None}
                 cache.put(key, res)
                 stats["simulated"] += 1
                 record(key, res)

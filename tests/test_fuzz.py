@@ -1047,3 +1047,16 @@ def test_a_scheduler_without_workers_times_out(tmp_path):
     with no_hang(60), LocalCluster(n_workers=0, processes=False, dashboard_address=None) as lc:
         with pytest.raises(ConfigError, match="no workers"):
             _Executor(None, lc.scheduler_address, worker_wait_s=1)
+
+
+def test_ranks_sharing_no_step_are_different_runs():
+    """A rank may miss a step (replay handles that), but ranks that share no step are not one run."""
+    import pandas as pd
+    from traces.parse import RankInfo, one_run_problems
+
+    class T:
+        ranks = {0: RankInfo(0, Path("rank0.json"), world_size=2), 1: RankInfo(1, Path("rank1.json"), world_size=2)}
+        steps = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [3, 4, 4, 5]})
+    assert one_run_problems(T(), None) == []
+    T.steps = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [3, 4, 8, 9]})
+    assert "share no profiled step" in one_run_problems(T(), None)[0]

@@ -34,6 +34,7 @@ import ast
 import math
 import re
 import sys
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def gemm_flops(name: str, dims) -> float:
         if name == "aten::baddbmm" and len(dims) >= 3:
             (b, m, k), (b2, k2, n) = dims[1], dims[2]
             return 2.0 * b * m * k * n if (k, b) == (k2, b2) else math.nan
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
     return math.nan
 
@@ -203,18 +204,23 @@ def _finite(v) -> float | None:
     return v if -_TS_LIMIT_US < v < _TS_LIMIT_US else None
 
 
+_I64 = 1 << 63
+
+
 def _int(v, default=-1) -> int:
+    """An id or count as an int64 (``default`` when missing, not a whole number, or out of int64 range)."""
     if isinstance(v, bool) or v is None:
         return default
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and math.isfinite(v):
+        return v if -_I64 <= v < _I64 else default
+    if isinstance(v, float) and math.isfinite(v) and abs(v) < 9.2e18:
         return int(v)
-    if isinstance(v, str):
+    if isinstance(v, str) and len(v) < 32:
         try:
-            return int(v)
+            v = int(v)
         except ValueError:
             return default
+        return v if -_I64 <= v < _I64 else default
     return default
 
 
@@ -280,22 +286,39 @@ class Trace:
 
 
 # --------------------------------------------------------------------------------------------- one file
+def _columns(floats: tuple, ints: tuple, objects: tuple) -> dict:
+    """Column buffers: typed arrays for numbers (8 bytes a row instead of a Python object and a pointer),
+    lists for strings and ids."""
+    return {**{k: array("d") for k in floats}, **{k: array("q") for k in ints}, **{k: [] for k in objects}}
+
+
+def _frame(cols: dict) -> pd.DataFrame:
+    return pd.DataFrame({k: np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64)
+                         if isinstance(v, array) else v for k, v in cols.items()})
+
+
 class _RankParser:
-    """Accumulates the rows of one file in column lists (cheap) while the file streams by."""
+    """Accumulates the rows of one file in column buffers (cheap) while the file streams by."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.cpu = {k: [] for k in ("ts", "dur", "name", "cat", "pid", "tid", "external_id", "correlation",
-                                    "seq_nr", "fwd_tid", "flops")}
+        self.cpu = _columns(("ts", "dur", "flops"), ("external_id", "correlation", "seq_nr", "fwd_tid"),
+                            ("name", "cat", "pid", "tid"))
         self.cpu_extra: dict[int, dict] = {}        # row -> args of comm ops (Input Dims, comm args)
-        self.gpu = {k: [] for k in ("ts", "dur", "name", "cat", "pid", "tid", "device", "stream",
-                                    "correlation", "external_id")}
+        self.gpu = _columns(("ts", "dur"), ("device", "stream", "correlation", "external_id"),
+                            ("name", "cat", "pid", "tid"))
         self.gpu_extra: dict[int, dict] = {}
-        self.mem = {k: [] for k in ("ts", "bytes", "total_allocated", "total_reserved", "device_type",
-                                    "device_id", "addr", "tid")}
+        self.mem = _columns(("ts", "bytes", "total_allocated", "total_reserved"),
+                            ("device_type", "device_id", "addr"), ("tid",))
         self.thread_names: dict = {}
         self.min_ts = math.inf
         self.intern: dict[str, str] = {}
+        self.ids: dict = {}
+
+    def _id(self, v):
+        """``_hid(v)``, one shared object per distinct id (millions of rows hold a few distinct ids)."""
+        v = _hid(v)
+        return self.ids.setdefault((type(v), v), v)
 
     def _name(self, s) -> str:
         s = s if isinstance(s, str) else str(s)
@@ -318,7 +341,7 @@ class _RankParser:
                 c = self.cpu
                 row = len(c["ts"])
                 c["ts"].append(float(ts)); c["dur"].append(float(dur)); c["name"].append(name)
-                c["cat"].append(cat); c["pid"].append(_hid(e.get("pid"))); c["tid"].append(_hid(e.get("tid")))
+                c["cat"].append(cat); c["pid"].append(self._id(e.get("pid"))); c["tid"].append(self._id(e.get("tid")))
                 c["external_id"].append(_int(args.get("External id")))
                 c["correlation"].append(_int(args.get("correlation")))
                 c["seq_nr"].append(_int(args.get("Sequence number")))
@@ -335,7 +358,7 @@ class _RankParser:
                 g = self.gpu
                 row = len(g["ts"])
                 g["ts"].append(float(ts)); g["dur"].append(float(dur)); g["name"].append(name)
-                g["cat"].append(cat); g["pid"].append(_hid(e.get("pid"))); g["tid"].append(_hid(e.get("tid")))
+                g["cat"].append(cat); g["pid"].append(self._id(e.get("pid"))); g["tid"].append(self._id(e.get("tid")))
                 g["device"].append(_int(args.get("device"), _int(e.get("pid"))))
                 g["stream"].append(_int(args.get("stream"), _int(e.get("tid"))))
                 g["correlation"].append(_int(args.get("correlation")))
@@ -356,7 +379,7 @@ class _RankParser:
                 m["device_type"].append(_int(args.get("Device Type")))
                 m["device_id"].append(_int(args.get("Device Id")))
                 m["addr"].append(_int(args.get("Addr"), 0))
-                m["tid"].append(_hid(e.get("tid")))
+                m["tid"].append(self._id(e.get("tid")))
         elif ph == "M" and e.get("name") == "thread_name":
             args = e.get("args") or {}
             if isinstance(args, dict):
@@ -407,13 +430,13 @@ def _rank_info(path: Path, meta: dict, rp: _RankParser, fallback_rank: int) -> R
         and abs(base) < 1e20 else None
     host = meta.get("host_name")
     # the GPU device used by this rank: the device of its kernels, else deviceProperties[rank % n]
-    if rp.gpu["device"] and devices:
-        dev_ids = pd.Series(rp.gpu["device"]).value_counts()
+    if len(rp.gpu["device"]) and devices:
+        dev_ids = pd.Series(np.frombuffer(rp.gpu["device"], dtype=np.int64)).value_counts()
         did = int(dev_ids.index[0])
         names = {d.get("id"): d.get("name") for d in devs if isinstance(d, dict)}
         if did in names and names[did]:
             devices = [names[did]] + [d for d in devices if d != names[did]]
-    elif not rp.gpu["ts"]:
+    elif not len(rp.gpu["ts"]):
         devices = []            # CPU-only trace: deviceProperties lists GPUs it did not use
     return RankInfo(rank=rank, path=path, world_size=ws if ws > 0 else None, backend=di.get("backend"),
                     devices=devices, distributed_info=di, process_groups=pgs,
@@ -451,10 +474,9 @@ def _nest(ts: np.ndarray, end: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray
 
 # --------------------------------------------------------------------------------------------- frames of one rank
 def _frames(rp: _RankParser, info: RankInfo) -> dict:
-    c, g = rp.cpu, rp.gpu
-    cpu = pd.DataFrame({k: c[k] for k in c})
-    gpu = pd.DataFrame({k: g[k] for k in g})
-    mem = pd.DataFrame({k: rp.mem[k] for k in rp.mem})
+    cpu, gpu, mem = _frame(rp.cpu), _frame(rp.gpu), _frame(rp.mem)
+    for k in ("cpu", "gpu", "mem"):
+        setattr(rp, k, None)            # the buffers are in the frames now: free them
     # microseconds from this rank's first event: small numbers keep sub-ns precision
     first = rp.min_ts if math.isfinite(rp.min_ts) else 0.0
     for df in (cpu, gpu, mem):
@@ -898,8 +920,8 @@ def folder_manifest(folder: Path) -> dict | None:
 
 def one_run_problems(trace: Trace, manifest: dict | None) -> list[str]:
     """Why the files of ``trace`` do not look like one run (empty when they do): ranks outside the
-    manifest's world or missing from its ``trace_files``, ranks that disagree on the world size, or on which
-    ProfilerStep numbers they recorded."""
+    manifest's world or missing from its ``trace_files``, ranks that disagree on the world size, or that share
+    no ProfilerStep number."""
     problems = []
     names = {r: i.path.name for r, i in trace.ranks.items()}
     sizes = {i.world_size for i in trace.ranks.values() if i.world_size}
@@ -920,10 +942,11 @@ def one_run_problems(trace: Trace, manifest: dict | None) -> list[str]:
             if stray:
                 problems.append(f"{', '.join(stray)} not listed in manifest.json's trace_files")
     if len(trace.steps):
+        # a rank may miss a step the others profiled (replay handles that); ranks of one run share steps
         per_rank = trace.steps[trace.steps["step"] >= 0].groupby("rank")["step"].apply(lambda s: tuple(sorted(s)))
-        if per_rank.nunique() > 1:
+        if len(per_rank) > 1 and not set.intersection(*(set(v) for v in per_rank)):
             shown = "; ".join(f"{names.get(r, r)}: steps {_span(v)}" for r, v in per_rank.items())
-            problems.append(f"the ranks recorded different steps ({shown[:300]})")
+            problems.append(f"the ranks share no profiled step ({shown[:300]})")
     return problems
 
 
@@ -951,7 +974,7 @@ def load_trace(path: str | Path, *, progress=None) -> Trace:
     parsed = []
     for i, f in enumerate(files):
         rp, meta = _parse_file(f)
-        if not rp.cpu["ts"] and not rp.gpu["ts"]:
+        if not len(rp.cpu["ts"]) and not len(rp.gpu["ts"]):
             raise TraceError(f"{f}: the trace holds no CPU or GPU events (was the profiler active?)")
         info = _rank_info(f, meta, rp, i)
         parsed.append((info, rp, meta))
@@ -1002,7 +1025,8 @@ def load_trace(path: str | Path, *, progress=None) -> Trace:
     out = {}
     for name, lst in frames.items():
         lst = [d for d in lst if len(d)] or lst[:1]
-        out[name] = pd.concat(lst, ignore_index=True) if lst else pd.DataFrame()
+        out[name] = lst[0] if len(lst) == 1 else pd.concat(lst, ignore_index=True) if lst else pd.DataFrame()
+        lst.clear()
     return Trace(path=Path(path), ranks={r: v[0] for r, v in by_rank.items()}, origin_us=origin,
                  shared_clock=shared, **out)
 
