@@ -117,10 +117,10 @@ class OutputFolder:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise _fail(self.out, e) from None
-        if old:
-            for name in old:
-                with contextlib.suppress(OSError):
-                    (self.out / name).unlink()       # unlink removes a planted link, never its target
+        leftovers = [p.name for p in self.out.iterdir() if p.name.startswith(TMP_PREFIX)]  # a killed run's
+        for name in old + leftovers:
+            with contextlib.suppress(OSError):
+                (self.out / name).unlink()           # unlink removes a planted link, never its target
         self._json = json
         self._write_marker(False)
 
@@ -135,7 +135,7 @@ class OutputFolder:
             entries = list(out.iterdir()) if out.is_dir() else []
         except OSError as e:
             raise _fail(out, e) from None
-        if not entries:
+        if all(p.name.startswith(TMP_PREFIX) for p in entries):
             return []
         old = cls._previous_files(out)
         if old is None and not force:

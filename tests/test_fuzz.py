@@ -866,6 +866,7 @@ def test_output_folder_removes_stale_files_and_refuses_foreign_ones(tmp_path):
     for name in ("a.png", "b.perfetto.json"):
         f.path(name).write_text("1")
     f.finish()
+    (out / ".clustersim-tmp-killed.csv").write_text("partial")     # left by a run killed while writing
     g = OutputFolder(out, command="compare")          # an earlier run's files go before the new run writes
     assert sorted(p.name for p in out.iterdir()) == [MARKER]
     assert g.run_id != f.run_id
