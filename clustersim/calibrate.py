@@ -25,7 +25,9 @@ def _check_output(path: Path, flag: str, suffixes: tuple[str, ...]) -> None:
               show_default=True, help="calibration JSON to write")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="PNG with every fit against its measured points")
-def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None) -> None:
+@click.option("--allow-mixed", is_flag=True,
+              help="use a folder whose files disagree on ranks, steps or manifest (files of different runs)")
+def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None, allow_mixed: bool) -> None:
     """Fit compute efficiency and collective alpha-beta from trace folders/files (TRACE_DIR ...) and
     collective benchmarks (a `clustersim collect --bench collectives` folder or its manifest.json)."""
     from traces.calibrate import calibrate as fit, plot
@@ -33,7 +35,7 @@ def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None) -
     _check_output(output, "-o", (".json",))
     if plot_path is not None:
         _check_output(plot_path, "--plot", PLOT_SUFFIXES)
-    cal = fit(list(sources))
+    cal = fit(list(sources), allow_mixed=allow_mixed)
     try:
         cal.save(output)
     except OSError as e:

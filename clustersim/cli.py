@@ -1,9 +1,13 @@
-"""The ``clustersim`` command line: registers the commands (one module of this package each) and turns
-every ``ClusterSimError`` into a one-line message and exit code 2."""
+"""The ``clustersim`` command line. Registers the commands (one module of this package each)
+and ends every run in one line: a ``ClusterSimError`` (bad input) or ``OSError`` is
+``error: ...`` and exit code 2; anything else is an internal error: exit code 3 and a crash file holding the
+traceback (``--debug`` prints tracebacks instead)."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 
 import click
 
@@ -25,10 +29,16 @@ COMMANDS = [
 ]
 
 
+_DEBUG = {"on": False}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="clustersim")
-def cli() -> None:
+@click.option("--debug", is_flag=True, envvar="CLUSTERSIM_DEBUG",
+              help="Print Python tracebacks of errors (also CLUSTERSIM_DEBUG=1).")
+def cli(debug: bool) -> None:
     """clustersim: discrete-event simulator of LLM training clusters."""
+    _DEBUG["on"] = debug
 
 
 def _register() -> None:
@@ -40,13 +50,15 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI; user errors become ``error: ...`` on stderr and exit code 2."""
+    """Entry point: run the CLI. Bad input: ``error: ...`` on stderr, exit 2; an internal error: one line
+    naming a crash file with the traceback, exit 3 (``--debug`` prints it); Ctrl-C: exit 130."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _DEBUG["on"] = "--debug" in argv[:1] or os.environ.get("CLUSTERSIM_DEBUG", "") not in ("", "0")
     try:
         cli.main(args=argv, prog_name="clustersim", standalone_mode=False)
     except ClusterSimError as e:
-        click.echo(f"error: {e}", err=True)
-        return 2
-    except click.exceptions.Abort:
+        return _user_error(str(e))
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("aborted", err=True)
         return 130
     except click.ClickException as e:
@@ -56,9 +68,58 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except OSError as e:
         where = f" {e.filename}" if getattr(e, "filename", None) else ""
-        click.echo(f"error: cannot read or write{where}: {e.strerror or e}", err=True)
-        return 2
+        return _user_error(f"cannot read or write{where}: {e.strerror or e}")
+    except MemoryError:
+        return _internal_error(argv, "out of memory (the input is too large for this machine's memory)")
+    except Exception as e:                     # noqa: BLE001 - the last line of defence: never a traceback
+        return _internal_error(argv, f"{type(e).__name__}: {e}")
     return 0
+
+
+def _one_line(msg: str, limit: int = 400) -> str:
+    line = " ".join(str(msg).split())
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _user_error(msg: str) -> int:
+    if _DEBUG["on"]:
+        traceback.print_exc()
+    click.echo(f"error: {_one_line(msg)}", err=True)
+    return 2
+
+
+def _internal_error(argv: list[str], what: str) -> int:
+    """Write the traceback to a crash file and say where in one line; exit code 3."""
+    tb = traceback.format_exc()
+    if _DEBUG["on"]:
+        sys.stderr.write(tb)
+    path = crash_file(argv, tb)
+    where = f"; details in {path}" if path else ""
+    click.echo(f"error: internal error ({_one_line(what, 200)}){where}. This is a bug in clustersim: please "
+               f"report it with that file (--debug prints the traceback)", err=True)
+    return 3
+
+
+def crash_file(argv: list[str], tb: str) -> str | None:
+    """Write a crash report (command line, versions, traceback) to a new file in the temp folder; its path,
+    or None when even that fails."""
+    import platform
+    import tempfile
+    import time
+    try:
+        from importlib.metadata import version
+        ver = version("clustersim")
+    except Exception:                      # noqa: BLE001 - not installed as a package
+        ver = "unknown"
+    try:
+        fd, path = tempfile.mkstemp(prefix=time.strftime("clustersim-crash-%Y%m%dT%H%M%SZ-", time.gmtime()),
+                                    suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(f"clustersim {ver}, Python {platform.python_version()}, {platform.platform()}\n"
+                    f"command: clustersim {' '.join(argv)}\n\n{tb}")
+        return path
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from clustersim.runs import PlanRun, formatted_table, metrics_table, plan_runs  # noqa: F401  (plan_runs: API)
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, OutputError
 
 
 # ---------------------------------------------------------------------------------------------- variants
@@ -187,7 +187,7 @@ def figures(runs: list[PlanRun], title: str | None = None, max_lanes: int | None
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
                   title: str | None = None, svg: bool = True, trace=None, trace_step: int | None = None,
                   replay: bool = True, max_lanes: int | None = None, measured=None,
-                  command: str | None = None) -> list[Path]:
+                  command: str | None = None, force: bool = False) -> list[Path]:
     """Write pictures, metrics tables and Perfetto traces into ``out`` and the HTML report to ``report``.
     With a parsed ``trace`` also the measured-vs-simulated view (``measured.png``, ``measured.csv``);
     ``measured``: its panels if already built (``measured_panels``)."""
@@ -206,22 +206,22 @@ def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | N
         pngs[key] = buf.getvalue()
     perfetto: dict[str, str] = {}
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
+        # one run per folder: an earlier run's files go, every write is atomic, metrics.json (with the run
+        # id) comes last and the folder's marker says when the run is complete
+        from simulator.atomic import OutputFolder, write_bytes, write_text, write_with
+        folder = OutputFolder(out, force=force, command="compare")
         for key, fig in figs.items():
-            (out / f"{key}.png").write_bytes(pngs[key])
-            written.append(out / f"{key}.png")
+            written.append(write_bytes(folder.path(f"{key}.png"), pngs[key]))
             if svg:
-                written.append(plots.save(fig, out / f"{key}.svg"))
+                written.append(plots.save(fig, folder.path(f"{key}.svg")))
         table = metrics_table(runs)
-        table.to_csv(out / "metrics.csv", index_label="plan")
-        written.append(out / "metrics.csv")
-        (out / "metrics.json").write_text(json.dumps(summary(runs), indent=1, default=str) + "\n")
-        written.append(out / "metrics.json")
-        written += _write_traces(runs, out, perfetto)
+        written.append(write_with(folder.path("metrics.csv"), lambda tmp: table.to_csv(tmp, index_label="plan")))
+        written += _write_traces(runs, folder, perfetto)
         if mtab is not None:
-            mtab.to_csv(out / "measured.csv", index_label="run")
-            written.append(out / "measured.csv")
+            written.append(write_with(folder.path("measured.csv"), lambda tmp: mtab.to_csv(tmp, index_label="run")))
+        written.append(write_text(folder.path("metrics.json"), json.dumps(
+            {**summary(runs), "run_id": folder.run_id}, indent=1, default=str) + "\n"))
+        folder.finish()
     for fig in figs.values():
         plots.close(fig)
     if report is not None:
@@ -232,7 +232,7 @@ def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | N
     return written
 
 
-def _write_traces(runs: list[PlanRun], out: Path, names: dict[str, str]) -> list[Path]:
+def _write_traces(runs: list[PlanRun], folder, names: dict[str, str]) -> list[Path]:
     try:
         from simulator.export import lane_ranks, write_perfetto
     except ImportError:        # exports not built: no traces, said so in the report
@@ -245,7 +245,7 @@ def _write_traces(runs: list[PlanRun], out: Path, names: dict[str, str]) -> list
         while fname in used:
             fname, k = f"{base}-{k}.perfetto.json", k + 1
         used.add(fname)
-        paths.append(write_perfetto(run.result, out / fname, ranks=lane_ranks(run.result)))
+        paths.append(write_perfetto(run.result, folder.path(fname), ranks=lane_ranks(run.result)))
         names[run.name] = fname
     return paths
 
@@ -312,13 +312,19 @@ def _compare_command():
     @click.option("--trace-step", type=int, help="ProfilerStep#N of --trace to show (default: the last on all ranks).")
     @click.option("--max-lanes", type=click.IntRange(2, 400),
                   help="Lane budget per Gantt panel (default 48); tighter budgets share send/recv lanes.")
-    def compare(config, schedules, out, report, title, as_json, trace_path, trace_step, max_lanes, **options):
+    @click.option("--force", is_flag=True, help="Write into a non-empty --out that no clustersim run wrote.")
+    def compare(config, schedules, out, report, title, as_json, trace_path, trace_step, max_lanes, force,
+                **options):
         """Run several plans or schedules on the same model and cluster; write Gantt timelines, memory over
         time, time breakdowns, a metrics table and an HTML report.
 
         -c FILE is a compare YAML (base + variants) or a plain experiment file used as the base. With
         --trace, the measured step is drawn next to the simulated plans (one plan from the simulate options
         when no variants are given)."""
+        from simulator.atomic import OutputFolder
+        from simulator.inputs import json_safe
+        if out:
+            OutputFolder.check(out, force)           # before any simulation
         trace = None
         if trace_path:
             from traces.parse import load_trace
@@ -337,17 +343,19 @@ def _compare_command():
         try:
             files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,
                                   trace_step=trace_step, max_lanes=max_lanes, measured=measured,
-                                  command=_command_line(click.get_current_context())) \
+                                  command=_command_line(click.get_current_context()), force=force) \
                 if (out_dir or report) else []
         except OSError as e:
             raise ConfigError(f"cannot write the outputs: {e.strerror or e}: {e.filename}; check --out / --report "
                               f"(an existing writable folder or a new path)") from None
+        except OutputError as e:
+            raise ConfigError(f"cannot write the outputs: {e}; check --out / --report") from None
         mtable = _rows_table(measured[1]) if measured is not None else None
         if as_json:
             out_json = summary(runs)
             if mtable is not None:
                 out_json["measured"] = {str(k): v for k, v in mtable.to_dict(orient="index").items()}
-            click.echo(json.dumps(out_json, sort_keys=True, default=str))
+            click.echo(json.dumps(json_safe(out_json), sort_keys=True, default=str, allow_nan=False))
         else:
             if runs:
                 print_table(runs, title)

@@ -34,6 +34,7 @@ import click
 
 from schedules.pipeline import SCHEDULES as _SCHEDULES
 from simulator.errors import ConfigError, ProgramError
+from simulator.inputs import brief
 from simulator.yamlio import load_yaml as _load_yaml
 
 NETWORKS = ("ideal", "analytical", "flow", "astra")
@@ -114,16 +115,16 @@ def _check(cond: bool, msg: str) -> None:
 
 def _as_int(value, key: str, minimum: int | None = 1) -> int:
     if isinstance(value, bool) or value is None:
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {brief(value)}")
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {brief(value)}")
         value = int(value)
     if isinstance(value, str):
         try:
             value = int(value)
         except ValueError:
-            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+            raise ConfigError(f"{key}: expected an integer, got {brief(value)}") from None
     if not isinstance(value, int):
         raise ConfigError(f"{key}: expected an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
@@ -135,13 +136,13 @@ def _as_int(value, key: str, minimum: int | None = 1) -> int:
 
 def _as_float(value, key: str, positive: bool = True) -> float:
     if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise ConfigError(f"{key}: expected a number, got {brief(value)}")
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        raise ConfigError(f"{key}: expected a number, got {brief(value)}") from None
     if not math.isfinite(v) or (positive and v <= 0) or v < 0:
-        raise ConfigError(f"{key}: expected a finite {'positive' if positive else 'non-negative'} number, got {value!r}")
+        raise ConfigError(f"{key}: expected a finite {'positive' if positive else 'non-negative'} number, got {brief(value)}")
     return v
 
 
@@ -154,7 +155,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     custom: dict[str, Any] = {}
     for raw_key, value in data.items():
         if not isinstance(raw_key, str):
-            raise ConfigError(f"{where}: option names must be strings, got {raw_key!r}")
+            raise ConfigError(f"{where}: option names must be strings, got {brief(raw_key)}")
         key = raw_key.replace("-", "_")
         if key in MODEL_FIELDS:
             if value is not None:
@@ -163,7 +164,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         if key == "bucket_bytes":
             key, value = "bucket_mb", (None if value is None else _as_float(value, f"{where}: bucket_bytes") / 1e6)
         if key not in names:
-            raise ConfigError(f"{where}: unknown option {raw_key!r}; known: {', '.join(sorted(names | set(MODEL_FIELDS)))}")
+            raise ConfigError(f"{where}: unknown option {brief(raw_key)}; known: {', '.join(sorted(names | set(MODEL_FIELDS)))}")
         if value is None:
             continue
         kw[key] = value
@@ -179,31 +180,31 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         elif key == "fsdp_prefetch":
             value = _as_int(value, w, minimum=0)
         elif key in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather"):
-            _check(isinstance(value, bool), f"{w}: expected true or false, got {value!r}")
+            _check(isinstance(value, bool), f"{w}: expected true or false, got {brief(value)}")
         elif key in ("bucket_mb", "params"):
             value = _as_float(value, w)
         elif key == "network":
-            _check(value in NETWORKS, f"{w}: unknown network {value!r}; choose one of {', '.join(NETWORKS)}")
+            _check(value in NETWORKS, f"{w}: unknown network {brief(value)}; choose one of {', '.join(NETWORKS)}")
         elif key == "mode":
-            _check(value in MODES, f"{w}: unknown mode {value!r}; choose one of {', '.join(MODES)}")
+            _check(value in MODES, f"{w}: unknown mode {brief(value)}; choose one of {', '.join(MODES)}")
         elif key == "schedule":
-            _check(value in SCHEDULES, f"{w}: unknown schedule {value!r}; choose one of {', '.join(SCHEDULES)}")
+            _check(value in SCHEDULES, f"{w}: unknown schedule {brief(value)}; choose one of {', '.join(SCHEDULES)}")
         elif key == "dtype":
-            _check(value in DTYPES, f"{w}: unknown dtype {value!r}; choose one of {', '.join(DTYPES)}")
+            _check(value in DTYPES, f"{w}: unknown dtype {brief(value)}; choose one of {', '.join(DTYPES)}")
         elif key == "stack":
-            _check(value in STACKS, f"{w}: unknown stack {value!r}; choose one of {', '.join(STACKS)}")
+            _check(value in STACKS, f"{w}: unknown stack {brief(value)}; choose one of {', '.join(STACKS)}")
         elif key == "recompute":
-            _check(value in RECOMPUTE, f"{w}: unknown recompute {value!r}; choose one of {', '.join(RECOMPUTE)}")
+            _check(value in RECOMPUTE, f"{w}: unknown recompute {brief(value)}; choose one of {', '.join(RECOMPUTE)}")
         elif key == "attention":
-            _check(value in ATTENTION, f"{w}: unknown attention {value!r}; choose one of {', '.join(ATTENTION)}")
+            _check(value in ATTENTION, f"{w}: unknown attention {brief(value)}; choose one of {', '.join(ATTENTION)}")
         elif key == "fsdp_reshard_after_forward":
             value = {True: "true", False: "false"}.get(value, value) if isinstance(value, bool) else value
-            _check(value in RESHARD, f"{w}: expected one of {', '.join(RESHARD)}, got {value!r}")
+            _check(value in RESHARD, f"{w}: expected one of {', '.join(RESHARD)}, got {brief(value)}")
         elif key == "skew":
             value = _as_float(value, w, positive=False)
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
         elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split", "astra_system"):
-            _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {value!r}")
+            _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {brief(value)}")
         elif key == "model":
             _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
         elif key == "faults":
@@ -507,6 +508,10 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         raise ConfigError("faults (stragglers, jitter, failed or degraded links, device failures) break rank "
                           "symmetry: use --mode full")
     symmetric = mode != "full" and not fault_breaks
+    # before any structure proportional to the plan: a lower bound on the op count is checked first
+    from clustersim.guards import check_budget as guard, minimum_ops
+    guard(minimum_ops(model, plan, world, symmetric), "symmetric" if symmetric else "full", timeline=timeline,
+          network=exp.network)
     if not symmetric and check_budget:
         # size the full run from its symmetric twin before building 16k programs
         from clustersim.guards import check_budget as guard

@@ -59,6 +59,15 @@ def estimate(ops: int, *, timeline: bool = False, network: str = "analytical") -
     return ops * per_op, ops * SECONDS_PER_OP.get(network, SECONDS_PER_OP["flow"])
 
 
+def minimum_ops(model, plan, world: int, symmetric: bool) -> int:
+    """A lower bound on the ops ``schedules.build_programs`` generates, from the plan alone (no programs
+    built): every layer runs at least one forward and one backward compute op per micro-batch on each rank
+    that holds it; symmetric mode simulates one rank per pipeline stage (all layers once), full mode
+    every rank (world / pp ranks per stage). Lets the guard refuse a huge run before building anything."""
+    per_pass = 2 * max(int(plan.num_microbatches), 1) * max(int(model.layers), 1)
+    return per_pass if symmetric else per_pass * max(world // max(plan.pp, 1), 1)
+
+
 def _fmt_bytes(b: float) -> str:
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
         if b >= scale:

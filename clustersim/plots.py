@@ -567,10 +567,11 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
 
 def save(fig: Figure, path) -> Path:
     """Write ``fig`` (format from the suffix) and return the path."""
+    from simulator.atomic import write_with
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=fig.dpi, bbox_inches="tight")
-    return path
+    fmt = path.suffix.lstrip(".").lower() or None
+    return write_with(path, lambda tmp: fig.savefig(tmp, dpi=fig.dpi, bbox_inches="tight", format=fmt))
 
 
 # ---------------------------------------------------------------------------------------------- memory

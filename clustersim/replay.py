@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from simulator.inputs import json_safe
+
 
 @click.command("replay")
 @click.argument("trace_dir", type=click.Path(path_type=Path))
@@ -21,16 +23,19 @@ import click
               help="what-if: divide communication times by this factor")
 @click.option("--scale-compute", type=float, default=1.0, show_default=True,
               help="what-if: divide compute times by this factor (faster compute > 1)")
+@click.option("--allow-mixed", is_flag=True,
+              help="replay a folder whose files disagree on ranks, steps or manifest (files of different runs)")
 def replay(trace_dir: Path, as_json: bool, cluster: str | None, gpus: int | None, network: str,
-           calibration: Path | None, scale_bandwidth: float, scale_compute: float) -> None:
+           calibration: Path | None, scale_bandwidth: float, scale_compute: float, allow_mixed: bool) -> None:
     """Replay a trace (TRACE_DIR: a folder of per-rank Kineto files, or one file) through the simulator and
     compare the predicted step time with the measured one, per rank and overall."""
     from traces.replay import replay as run_replay
 
     res = run_replay(trace_dir, cluster=cluster, gpus=gpus, scale_bandwidth=scale_bandwidth,
-                     scale_compute=scale_compute, network=network, calibration=calibration)
+                     scale_compute=scale_compute, network=network, calibration=calibration,
+                     allow_mixed=allow_mixed)
     if as_json:
-        click.echo(json.dumps(res, indent=1, default=float))
+        click.echo(json.dumps(json_safe(res), indent=1, default=float, allow_nan=False))
         return
     click.echo(f"replay of {trace_dir}: {res['ranks_in_trace']} rank(s) of {res['world_size']}, "
                f"{res['steps']} step(s), {res['ops']} ops, backend {res['backend']}")

@@ -123,7 +123,6 @@ def _plain(x):
 def write_report(path, runs, figures: dict, title: str | None = None, perfetto_files: dict | None = None,
                  extra_sections: list[tuple[str, str]] | None = None, command: str | None = None) -> Path:
     """Write the report (``render_report``) to ``path`` and return it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(runs, figures, title, perfetto_files, extra_sections, command), encoding="utf-8")
-    return path
+    from simulator.atomic import write_text
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_text(path, render_report(runs, figures, title, perfetto_files, extra_sections, command))

@@ -267,30 +267,102 @@ def evaluate(exp_dict: dict) -> dict:
     return s
 
 
+def evaluate_json(exp_dict: dict) -> str:
+    """``evaluate`` as JSON text: what a Dask worker sends back (plain data, parsed and validated by the
+    client, never unpickled)."""
+    return json.dumps(evaluate(exp_dict), sort_keys=True, default=str)
+
+
+_RESULT_NUMBERS = ("step_time_s", "tokens_per_s", "peak_memory_bytes", "mfu", "bubble_fraction",
+                   "exposed_comm_fraction")
+
+
+def checked_result(res, where: str) -> dict:
+    """``res`` if it is a plausible search result (an error record, or a summary whose step time is a finite
+    positive number and whose other fields have their types); else ClusterSimError naming ``where``."""
+    from simulator.inputs import brief
+    if not isinstance(res, dict):
+        raise ClusterSimError(f"{where}: a search result must be a mapping, got {brief(res)}")
+    if "error" in res:
+        if not isinstance(res["error"], str):
+            raise ClusterSimError(f"{where}: error record without a message: {brief(res)}")
+        return res
+    for k in _RESULT_NUMBERS:
+        v = res.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ClusterSimError(f"{where}: field {k!r} must be a finite number >= 0, got {brief(v)}")
+    if not res["step_time_s"] > 0:
+        raise ClusterSimError(f"{where}: step_time_s must be > 0, got {res['step_time_s']}")
+    if not isinstance(res.get("fits_in_memory"), bool) or not isinstance(res.get("plan"), dict):
+        raise ClusterSimError(f"{where}: fits_in_memory (true/false) and plan (mapping) are required")
+    return res
+
+
 class Cache:
-    """Results by plan key in a JSON-lines file (append-only; last entry wins)."""
+    """Results by plan key in a JSON-lines file (append-only; last valid entry wins).
+
+    Safe for concurrent searches: appends take an exclusive ``fcntl`` lock and first end a torn last line
+    (a run killed mid-write) so it cannot swallow the new record; reads take a shared lock, skip torn or
+    invalid lines (``{}``, NaN step times) and ``refresh()`` picks up what other searches appended since."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.data: dict[str, dict] = {}
-        if path is not None and path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                    self.data[rec["key"]] = rec["result"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue        # a torn last line from an interrupted run
+        self._offset = 0
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"cannot create the search cache folder {path.parent}: {e.strerror}") from None
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Read the records appended since the last read."""
+        import fcntl
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            with self.path.open("rb") as f:
+                fcntl.flock(f, fcntl.LOCK_SH)
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError as e:
+            raise ConfigError(f"cannot read the search cache {self.path}: {e.strerror}") from None
+        end = chunk.rfind(b"\n") + 1               # a torn tail stays unread until it is completed
+        self._offset += end
+        for line in chunk[:end].splitlines():
+            try:
+                rec = json.loads(line, parse_constant=_no_constant)
+                self.data[rec["key"]] = checked_result(rec["result"], "cache")
+            except (ValueError, KeyError, TypeError, RecursionError, ClusterSimError):
+                continue        # torn, foreign or invalid record: simulate that plan again
 
     def get(self, key: str):
         return self.data.get(key)
 
     def put(self, key: str, result: dict) -> None:
+        import fcntl
         self.data[key] = result
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps({"key": key, "result": result}, sort_keys=True, default=str) + "\n")
+        if self.path is None:
+            return
+        from simulator.inputs import json_safe
+        line = json.dumps(json_safe({"key": key, "result": result}), sort_keys=True, default=str,
+                          allow_nan=False) + "\n"
+        try:
+            with self.path.open("ab+") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                f.seek(0, os.SEEK_END)
+                if f.tell() > 0:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")           # end a torn line left by a killed search
+                f.write(line.encode())
+        except OSError as e:
+            raise ConfigError(f"cannot write the search cache {self.path}: {e.strerror}") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number")
 
 
 def default_cache_dir() -> Path:
@@ -368,11 +440,23 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
             if pending[i][0] >= kth_best():
                 stats["pruned_bound"] += len(pending) - i
                 break
-            batch = [p for p in pending[i:i + wave] if p[0] < kth_best()]
-            skipped = min(wave, len(pending) - i) - len(batch)
+            cache.refresh()              # results another search appended meanwhile
+            batch = []
+            for p in pending[i:i + wave]:
+                hit = cache.get(p[1])
+                if hit is not None:
+                    stats["cached"] += 1
+                    record(p[1], hit)
+                elif p[0] < kth_best():
+                    batch.append(p)
+                else:
+                    stats["pruned_bound"] += 1
             i += min(wave, len(pending) - i)
-            stats["pruned_bound"] += skipped
             for key, res in executor.map([(k, _exp_dict(e)) for _, k, e in batch]):
+                try:
+                    res = checked_result(res, "simulated plan")
+                except ClusterSimError as e:       # e.g. a NaN step time: that plan failed, not the search
+                    res = {"error": str(e), "experiment": res.get("experiment") if isinstance(res, dict) else None}
                 cache.put(key, res)
                 stats["simulated"] += 1
                 record(key, res)
@@ -396,33 +480,56 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
             "stats": stats, "memory_capacity_bytes": capacity}
 
 
-class _Executor:
-    """A local process pool, or a Dask distributed client when a scheduler address is given."""
+DESER = ["msgpack"]               # what the client may deserialise from the cluster: plain data only
+DASK_CONNECT_TIMEOUT_S = 10.0
+DASK_WORKER_WAIT_S = 30.0          # a scheduler without workers: fail after this instead of waiting forever
 
-    def __init__(self, workers: int | None, scheduler: str | None):
+
+class _Executor:
+    """A local process pool, or a Dask distributed client when a scheduler address is given.
+
+    A Dask scheduler and its workers are trusted to run our code, but their answers are not trusted as
+    objects: workers return JSON text (``evaluate_json``), the client accepts only msgpack-encoded plain
+    data (``deserializers=["msgpack"]``: nothing is unpickled in this process), then parses and validates
+    each result (``checked_result``)."""
+
+    def __init__(self, workers: int | None, scheduler: str | None, fn=None,
+                 worker_wait_s: float = DASK_WORKER_WAIT_S):
         self.scheduler = scheduler
         self.client = None
         self.pool = None
+        self.fn = fn
         if scheduler:
             try:
                 from distributed import Client
             except ImportError:
                 raise ConfigError("--scheduler needs dask.distributed: pip install 'clustersim[sweep]'") from None
+            import logging
+            logging.getLogger("distributed").setLevel(logging.CRITICAL)   # we report failures ourselves, in one line
             try:
-                self.client = Client(scheduler, timeout="10s")
-            except (OSError, TimeoutError) as e:
-                raise ConfigError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
+                self.client = Client(scheduler, timeout=f"{DASK_CONNECT_TIMEOUT_S}s", serializers=["msgpack", "pickle"],
+                                     deserializers=DESER)
+            except Exception as e:          # bad address scheme, refused connection, timeout, TLS ...
+                raise ConfigError(f"cannot reach the Dask scheduler at {scheduler!r}: "
+                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            try:
+                self.client.wait_for_workers(1, timeout=worker_wait_s)
+            except Exception:
+                self.close()
+                raise ConfigError(f"the Dask scheduler at {scheduler} has no workers (waited {worker_wait_s:g} s); "
+                                  f"start some with `dask worker {scheduler}`") from None
         else:
             n = workers or os.cpu_count() or 1
             self.pool = ProcessPoolExecutor(max_workers=n) if n > 1 else None
 
     def map(self, items: list[tuple[str, dict]]):
         if self.client is not None:
-            futs = self.client.map(evaluate, [d for _, d in items], pure=False)
+            fn = self.fn or evaluate_json
+            futs = self.client.map(fn, [d for _, d in items], pure=False)
             keys = {f.key: k for f, (k, _) in zip(futs, items)}
             from distributed import as_completed as das_completed
             for f in das_completed(futs):
-                yield keys[f.key], f.result()
+                yield keys[f.key], self._from_worker(f)
         elif self.pool is not None:
             futs = {self.pool.submit(evaluate, d): k for k, d in items}
             for f in as_completed(futs):
@@ -430,6 +537,18 @@ class _Executor:
         else:
             for k, d in items:
                 yield k, evaluate(d)
+
+    def _from_worker(self, fut) -> dict:
+        from simulator.inputs import brief, parse_json
+        where = f"Dask worker result from {self.scheduler}"
+        try:
+            text = fut.result()
+        except Exception as e:                 # undeserialisable (not plain data) or a failed task
+            raise ClusterSimError(f"{where}: rejected ({type(e).__name__}: "
+                                  f"{brief(str(e).splitlines()[0] if str(e) else '', 120)})") from None
+        if not isinstance(text, str):
+            raise ClusterSimError(f"{where}: expected JSON text, got {type(text).__name__}")
+        return checked_result(parse_json(text, where, err=ClusterSimError), where)
 
     def close(self):
         if self.client is not None:
@@ -492,9 +611,24 @@ def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_byt
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from simulator.atomic import write_with
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower() or "png"))
     plt.close(fig)
     return path
+
+
+def _check_plot_path(path: Path) -> None:
+    """A plot path matplotlib can write, in an existing folder (checked before a long search)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+    fmts = FigureCanvasBase.get_supported_filetypes()
+    ext = path.suffix.lstrip(".").lower()
+    if ext not in fmts:
+        raise ConfigError(f"--pareto {path}: unknown image type {path.suffix or '(none)'!r}; use one of "
+                          f"{', '.join('.' + f for f in sorted(fmts))}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--pareto {path}: folder {path.parent} does not exist")
 
 
 @click.command("search")
@@ -525,20 +659,28 @@ def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_byt
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, top_k, micro_batches, schedules,
            recompute_opts, zero_opts, cp_opts, workers, scheduler, cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
-    def ints(s, what):
+    from simulator.inputs import brief
+
+    def ints(s, what, lo, hi):
         try:
             v = tuple(int(x) for x in s.split(",") if x.strip())
         except ValueError:
-            raise ConfigError(f"--{what}: expected comma-separated integers, got {s!r}") from None
-        if not v or min(v) < 0:
-            raise ConfigError(f"--{what}: expected non-negative integers, got {s!r}")
+            raise ConfigError(f"--{what}: expected comma-separated integers, got {brief(s)}") from None
+        if not v or min(v) < lo or max(v) > hi:
+            raise ConfigError(f"--{what}: expected integers from {lo} to {hi}, got {brief(s)}")
         return v
     if top_k < 1:
         raise ConfigError("--top-k must be >= 1")
-    space = SearchSpace(micro_batches=ints(micro_batches, "micro-batches"),
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    if gpus < 1 or global_batch < 1 or seq < 1:
+        raise ConfigError("--gpus, --global-batch and --seq must be >= 1")
+    if pareto:
+        _check_plot_path(Path(pareto))          # before the search, not after it
+    space = SearchSpace(micro_batches=ints(micro_batches, "micro-batches", 1, 1 << 20),
                         schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
                         recompute=tuple(s.strip() for s in recompute_opts.split(",") if s.strip()),
-                        zero=ints(zero_opts, "zero"), cp=ints(cp_opts, "cp"))
+                        zero=ints(zero_opts, "zero", 0, 3), cp=ints(cp_opts, "cp", 1, 1 << 20))
     for s in space.schedules:
         if s not in ("gpipe", "1f1b", "interleaved", "zb"):
             raise ConfigError(f"--schedules: unknown schedule {s!r}")

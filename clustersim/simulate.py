@@ -83,34 +83,38 @@ def print_summary(outcome, console=None) -> None:
         console.print(f"[yellow]note:[/yellow] {n}")
 
 
-def write_report_folder(outcome, out: Path, breakdown: bool = True) -> list[Path]:
-    """Write result.json, timeline.csv, trace.json (Perfetto), gantt.png and memory.png into ``out``."""
+def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool = True) -> list[Path]:
+    """Write timeline.csv, trace.json (Perfetto), gantt.png, memory.png and last result.json (with the run id)
+    into ``out``, each atomically; an earlier run's files are removed first (``simulator.atomic.OutputFolder``)."""
+    from simulator.atomic import OutputFolder, write_text
     from simulator.export import lane_ranks, write_perfetto, write_timeline
-    out.mkdir(parents=True, exist_ok=True)
+    from simulator.inputs import json_safe
+    folder = OutputFolder(out, force=force, command="simulate")
     res = outcome.result
     written = []
     summary = outcome.summary()
     summary["experiment"] = outcome.experiment.to_dict()
+    summary["run_id"] = folder.run_id
     if breakdown:
         summary["breakdown"] = outcome.breakdown()
-    p = out / "result.json"
-    p.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str) + "\n")
-    written.append(p)
     lanes = lane_ranks(res)
-    written.append(write_timeline(res, out / "timeline.csv", ranks=lanes))
-    written.append(write_perfetto(res, out / "trace.json", ranks=lanes))
+    written.append(write_timeline(res, folder.path("timeline.csv"), ranks=lanes))
+    written.append(write_perfetto(res, folder.path("trace.json"), ranks=lanes))
     try:
         from clustersim import plots
     except ImportError:
         plots = None
     if plots is not None:
         import matplotlib.pyplot as plt
-        fig = plots.gantt(res, path=out / "gantt.png", ranks=lanes)
+        fig = plots.gantt(res, path=folder.path("gantt.png"), ranks=lanes)
         plt.close(fig)
         written.append(out / "gantt.png")
-        fig = plots.memory_over_time(res, path=out / "memory.png", ranks=lanes[:4])
+        fig = plots.memory_over_time(res, path=folder.path("memory.png"), ranks=lanes[:4])
         plt.close(fig)
         written.append(out / "memory.png")
+    written.insert(0, write_text(folder.path("result.json"), json.dumps(
+        json_safe(summary), indent=1, sort_keys=True, default=str, allow_nan=False) + "\n"))
+    folder.finish()
     return written
 
 
@@ -119,8 +123,13 @@ def write_report_folder(outcome, out: Path, breakdown: bool = True) -> list[Path
 @click.option("--out", type=click.Path(file_okay=False), help="Write a report folder (JSON, timeline, Perfetto, PNGs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (stable contract, see README).")
 @click.option("--breakdown", is_flag=True, help="Per-kernel time of each layer phase (also in --json and --out).")
-def simulate(out, as_json, breakdown, **options):
+@click.option("--force", is_flag=True, help="Write into a non-empty --out that no clustersim run wrote.")
+def simulate(out, as_json, breakdown, force, **options):
     """Simulate one training step of a model and parallel plan on a cluster."""
+    from simulator.atomic import OutputFolder
+    from simulator.inputs import json_safe
+    if out:
+        OutputFolder.check(out, force)          # before the simulation, not after it
     exp = experiment_from_options(**options)
     progress = DelayedProgress("simulating", enabled=sys.stderr.isatty())
     try:
@@ -128,12 +137,12 @@ def simulate(out, as_json, breakdown, **options):
     finally:
         progress.close()
     if out:
-        files = write_report_folder(outcome, Path(out))
+        files = write_report_folder(outcome, Path(out), force=force)
     if as_json:
         summary = outcome.summary()
         if breakdown:
             summary["breakdown"] = outcome.breakdown()
-        click.echo(json.dumps(summary, sort_keys=True, default=str))
+        click.echo(json.dumps(json_safe(summary), sort_keys=True, default=str, allow_nan=False))
     else:
         print_summary(outcome)
         if breakdown:

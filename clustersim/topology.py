@@ -156,7 +156,8 @@ def draw(cluster, path: Path) -> None:
     ax.set_title(f"{cluster.name}: {cluster.n_gpus} x {cluster.accelerator.name}")
     ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from simulator.atomic import write_with
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format=Path(path).suffix.lstrip(".").lower() or None))
     plt.close(fig)
 
 

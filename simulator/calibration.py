@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
 from simulator.errors import ConfigError
+from simulator.inputs import brief, integer, load_json, number, text
+from simulator.program import COLLECTIVE_KINDS
 
 FORMAT = "clustersim-calibration"
 VERSION = 1
@@ -154,55 +156,99 @@ class Calibration:
         return d
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+        """Write the calibration atomically, after checking every value as ``load`` would (a fit that could not
+        be read back, NaN or a peak of 1e50 FLOP/s, is an error naming the entry, never a file)."""
+        from simulator.atomic import write_text
+        d = self.to_dict()
+        Calibration.from_dict(d, where=f"calibration {path}")
+        write_text(path, json.dumps(d, indent=1, sort_keys=True, allow_nan=False) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "calibration") -> "Calibration":
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ConfigError(f"{where}: not a clustersim calibration (expected \"format\": \"{FORMAT}\")")
-        if data.get("version") != VERSION:
-            raise ConfigError(f"{where}: unsupported calibration version {data.get('version')!r} (know {VERSION})")
-        try:
-            compute = [ComputeFit(**c) for c in data.get("compute", [])]
-            colls = [CollectiveFit(**c) for c in data.get("collectives", [])]
-            layers = [LayerFit(**f) for f in data.get("layers", [])]
-        except TypeError as e:
-            raise ConfigError(f"{where}: malformed entry: {e}") from None
-        for c in compute:
-            if not (c.peak_flops_per_s > 0 and math.isfinite(c.peak_flops_per_s)) or not c.half_saturation_flops >= 0 \
-                    or not (0 <= c.op_overhead_s < math.inf):
-                raise ConfigError(f"{where}: compute fit for {c.device!r} needs peak_flops_per_s > 0, "
-                                  f"half_saturation_flops >= 0 and a finite op_overhead_s >= 0")
-        for c in colls:
-            if not (c.busbw_bytes_per_s > 0 and math.isfinite(c.busbw_bytes_per_s)) or not (c.alpha_s >= 0):
-                raise ConfigError(f"{where}: collective fit {c.kind}/{c.group_size}/{c.scope} needs "
-                                  f"busbw_bytes_per_s > 0 and alpha_s >= 0")
-        for f in layers:
-            if f.phase not in LAYER_PHASES or not (f.peak_flops_per_s > 0 and math.isfinite(f.peak_flops_per_s)) \
-                    or not (0 <= f.half_saturation_flops < math.inf):
-                raise ConfigError(f"{where}: layer fit for {f.device!r} needs phase in {LAYER_PHASES}, "
-                                  f"peak_flops_per_s > 0 and a finite half_saturation_flops >= 0")
-        return cls(compute, colls, data.get("source", {}), layers)
+        if data.get("version") != VERSION or isinstance(data.get("version"), bool):
+            raise ConfigError(f"{where}: unsupported calibration version {brief(data.get('version'))} "
+                              f"(know {VERSION})")
+        compute = [ComputeFit(**_fields(c, ComputeFit, f"{where}: compute fit #{i}"))
+                   for i, c in enumerate(_entries(data, "compute", where))]
+        colls = [CollectiveFit(**_fields(c, CollectiveFit, f"{where}: collective fit #{i}"))
+                 for i, c in enumerate(_entries(data, "collectives", where))]
+        layers = [LayerFit(**_fields(f, LayerFit, f"{where}: layer fit #{i}"))
+                  for i, f in enumerate(_entries(data, "layers", where))]
+        source = data.get("source", {})
+        if not isinstance(source, dict):
+            raise ConfigError(f"{where}: source must be a mapping, got {brief(source)}")
+        return cls(compute, colls, source, layers)
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
-        p = Path(path)
-        def no_duplicates(pairs):
-            keys = [k for k, _ in pairs]
-            dup = next((k for k in keys if keys.count(k) > 1), None)
-            if dup is not None:
-                raise ConfigError(f"calibration file {p}: duplicate key {dup!r}")
-            return dict(pairs)
+        """Read a calibration file (bounded read, linear duplicate-key check, every value validated)."""
+        return cls.from_dict(load_json(path, "calibration file"), where=str(path))
 
-        try:
-            data = json.loads(p.read_text(), object_pairs_hook=no_duplicates)
-        except FileNotFoundError:
-            raise ConfigError(f"calibration file {p} does not exist") from None
-        except (OSError, RecursionError) as e:
-            raise ConfigError(f"calibration file {p} cannot be read: {e}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"calibration file {p} is not valid JSON: {e}") from None
-        return cls.from_dict(data, where=str(p))
+
+# ---------------------------------------------------------------------------------------------- validation
+# Plausibility bounds of fitted values: far outside any device, so they only stop absurd fits and typos.
+MAX_PEAK_FLOPS_PER_S = 1e18      # 1 EFLOP/s per device: ~50x a B200's dense FP4 peak (NVIDIA datasheet, 2e16)
+MAX_BUSBW_BYTES_PER_S = 1e15     # 1 PB/s: ~500x NVLink 5 (1.8e12 B/s per GPU, NVIDIA datasheet)
+MAX_SECONDS = 3600.0             # alpha / op overhead above an hour is not a latency
+MAX_GROUP_SIZE = 1 << 24         # ranks in one collective
+KINDS = COLLECTIVE_KINDS + ("gather", "scatter", "p2p")
+SCOPES = ("intra", "inter")
+
+
+def _entries(data: dict, key: str, where: str) -> list:
+    v = data.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(e, dict) for e in v):
+        raise ConfigError(f"{where}: {key} must be a list of mappings, got {brief(v)}")
+    return v
+
+
+def _points(v, where: str) -> list:
+    if not isinstance(v, list):
+        raise ConfigError(f"{where}: points must be a list of [x, y] pairs, got {brief(v)}")
+    for j, pt in enumerate(v):
+        if not isinstance(pt, (list, tuple)) or len(pt) != 2:
+            raise ConfigError(f"{where}: points[{j}] must be an [x, y] pair, got {brief(pt)}")
+        for x in pt:
+            number(x, f"{where}: points[{j}]")
+    return v
+
+
+def _fields(d: dict, cls, where: str) -> dict:
+    """The keyword arguments of ``cls`` from entry ``d``, each type- and range-checked."""
+    known = {f for f in cls.__dataclass_fields__}
+    unknown = sorted(str(k) for k in d if k not in known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {brief(unknown[0])}; known: {', '.join(sorted(known))}")
+    out = dict(d)
+    for k, v in d.items():
+        w = f"{where}.{k}"
+        if k == "peak_flops_per_s":
+            out[k] = number(v, w, lo=0, lo_open=True, hi=MAX_PEAK_FLOPS_PER_S)
+        elif k == "half_saturation_flops":
+            out[k] = number(v, w, lo=0, hi=1e30)
+        elif k in ("op_overhead_s", "alpha_s"):
+            out[k] = number(v, w, lo=0, hi=MAX_SECONDS)
+        elif k == "busbw_bytes_per_s":
+            out[k] = number(v, w, lo=0, lo_open=True, hi=MAX_BUSBW_BYTES_PER_S)
+        elif k == "group_size":
+            out[k] = integer(v, w, lo=1, hi=MAX_GROUP_SIZE)
+        elif k == "kind":
+            out[k] = text(v, w, choices=KINDS)
+        elif k == "scope":
+            out[k] = text(v, w, choices=SCOPES)
+        elif k == "phase":
+            out[k] = text(v, w, choices=LAYER_PHASES)
+        elif k in ("device", "backend"):
+            out[k] = text(v, w)
+        elif k == "points":
+            out[k] = _points(v, w)
+    missing = [f.name for f in cls.__dataclass_fields__.values()
+               if f.default is MISSING and f.default_factory is MISSING and f.name not in d]
+    if missing:
+        raise ConfigError(f"{where}: missing field {missing[0]!r}")
+    return out
 
 
 def _by_device(fits: list, device: str):

@@ -56,3 +56,7 @@ class DeviceFailureError(ClusterSimError):
     def __init__(self, message: str, blocked=None):
         super().__init__(message)
         self.blocked = blocked or []
+
+
+class OutputError(ClusterSimError):
+    """An output that cannot be written (full disk, permissions, a non-empty --out); names the file."""

@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+from simulator.atomic import atomic_open, write_text, write_with
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND
 
 _NCCL_NAMES = {
@@ -96,10 +97,10 @@ def write_perfetto(result, path: str | Path, ranks=None, max_ranks: int | None =
     path = Path(path)
     text = json.dumps(perfetto_trace(result, ranks, max_ranks), sort_keys=True, separators=(",", ":"))
     if path.suffix == ".gz":
-        with gzip.GzipFile(path, "wb", mtime=0) as f:   # mtime=0: byte-identical output
-            f.write(text.encode())
+        with atomic_open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+            f.write(text.encode())                       # mtime=0: byte-identical output
     else:
-        path.write_text(text)
+        write_text(path, text)
     return path
 
 
@@ -109,10 +110,8 @@ def write_timeline(result, path: str | Path, ranks=None) -> Path:
     path = Path(path)
     df = result.timeline if ranks is None else build_timeline(result, ranks)
     if path.suffix == ".parquet":
-        df.to_parquet(path, index=False)
-    else:
-        df.to_csv(path, index=False)
-    return path
+        return write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+    return write_with(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
 def lane_ranks(result, limit: int = 64) -> list[int]:

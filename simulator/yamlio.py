@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from simulator.errors import ConfigError
+from simulator.inputs import YAML_LIMIT_BYTES, brief, check_size, read_text
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -26,7 +27,7 @@ def _construct_mapping(loader, node, deep=False):
         except TypeError:           # unhashable key: let SafeLoader report it
             dup = False
         if dup:
-            raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+            raise ConfigError(f"duplicate key {brief(key)} at line {key_node.start_mark.line + 1}")
         if not dup:
             try:
                 seen.add(key)
@@ -39,24 +40,22 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def load_yaml_text(text: str, where: str) -> Any:
-    """Parse YAML text safely; ``where`` names the source in error messages."""
+    """Parse YAML text safely; ``where`` names the source in error messages. A document that expands (aliases
+    followed) to more than ``simulator.inputs.MAX_NODES`` values is rejected (alias bombs)."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: invalid YAML: {str(e).splitlines()[0]}") from None
-    except (RecursionError, TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: invalid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: invalid YAML: nested too deeply") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ConfigError(f"{where}: invalid YAML: {brief(str(e), 120)}") from None
+    return check_size(data, where)
 
 
 def load_yaml(path: str | Path, what: str = "file") -> Any:
     """Safely load a YAML file; a missing or unreadable file is a ConfigError too."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {p} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{what} {p}: cannot read: {e}") from None
-    return load_yaml_text(text, str(p))
+    return load_yaml_text(read_text(p, what, YAML_LIMIT_BYTES), str(p))

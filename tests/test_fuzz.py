@@ -616,3 +616,448 @@ def test_simulate_with_random_faults_runs_or_reports(faults, network):
 
 FAULT_FIELDS = {"stragglers", "jitter", "device_failures", "link_failures", "link_degradation",
                 "straggler_distribution", "seed"}
+
+
+# ---------------------------------------------------------------------------------------------- issue 19: the input boundary
+def run_cli(args, cwd=None):
+    """(exit code, stdout, stderr) of ``clustersim ARGS`` run in-process."""
+    from clustersim.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if cwd is not None:
+            stack.enter_context(contextlib.chdir(cwd))
+        stack.enter_context(no_hang(120))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(rc, err, code=2):
+    assert rc == code, err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+_X = '{"ph":"X","cat":"cpu_op","name":"ProfilerStep#1","pid":1,"tid":1,"ts":0,"dur":100}'
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('{"traceEvents":[' + "[" * 100_000 + "]" * 100_000 + "]}", "nested too deeply"),
+    ('{"traceEvents":[{"ph":"X","cat":"cpu_op","ts":' + "9" * 5000 + "}]}", "invalid JSON number"),
+    ('{"traceEvents":[{"ph":"X","cat":"cpu_op","name":"ProfilerStep#99999999999999999999","pid":1,"tid":1,'
+     '"ts":0,"dur":100}]}', "too large"),
+    ('{"traceEvents":[{"ph":"X","cat":"cpu_op","name":"aten::mm","ts":1,"dur":3}]}', "ProfilerStep"),
+    ('{"traceEvents":[' + _X + ',{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1e400,"dur":1},'
+     '{"ph":"X","cat":"cpu_op","name":"b","pid":1,"tid":1,"ts":' + "1" * 300 + ',"dur":1}]}', None),
+])
+def test_hostile_traces_end_in_one_line(tmp_path, text, needle):
+    """Deep nesting (RecursionError), 5,000-digit numbers (ValueError), huge step numbers (OverflowError),
+    X events without pid/tid (IndexError) and infinite / huge times: one line or a result, never a traceback."""
+    p = tmp_path / "t.json"
+    p.write_text(text)
+    rc, out, err = run_cli(["replay", p])
+    if needle is None:
+        assert rc == 0, err
+        return
+    assert needle in assert_one_line_error(rc, err)
+
+
+def test_one_long_json_value_is_refused_in_linear_time(tmp_path, monkeypatch):
+    """A gzip holding one enormous string (2 GiB in the probe) used to be re-scanned at every refill: now the
+    buffer grows geometrically and a value longer than MAX_VALUE_CHARS is refused."""
+    from traces import kineto
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 1 << 12)
+    monkeypatch.setattr(kineto, "MAX_VALUE_CHARS", 1 << 20)
+    p = tmp_path / "s.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents":[{"name":"' + b"a" * (4 << 20) + b'"}]}'))
+    calls = []
+    real = kineto.Scan._decode
+    monkeypatch.setattr(kineto.Scan, "_decode", lambda self, pos: calls.append(1) or real(self, pos))
+    with no_hang(30), pytest.raises(TraceError, match="longer than"):
+        list(kineto.Scan(p).events())
+    assert len(calls) < 30          # doubling: log2(1 MiB / 4 KiB) + a few, not 256 rescans
+
+
+def test_millions_of_tiny_events_are_refused(tmp_path, monkeypatch):
+    """14 M tiny events in a 3.6 MB gzip needed 7.7 GB: events far denser than a profiler writes are refused."""
+    from traces import parse
+    monkeypatch.setattr(parse, "ROWS_FREE", 1000)
+    ev = b'{"ph":"X","cat":"cpu_op","ts":1},'
+    p = tmp_path / "tiny.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents":[' + ev * 200_000 + _X.encode() + b"]}"))
+    with no_hang(60), pytest.raises(TraceError, match="characters per event"):
+        parse.load_trace(p)
+
+
+BAD_FIT_VALUES = [("compute", "peak_flops_per_s", None), ("compute", "peak_flops_per_s", "7e14"),
+                  ("compute", "peak_flops_per_s", True), ("compute", "peak_flops_per_s", 1e50),
+                  ("compute", "half_saturation_flops", float("inf")), ("compute", "op_overhead_s", -1),
+                  ("compute", "device", 3), ("compute", "bogus_field", 1),
+                  ("collectives", "group_size", 0), ("collectives", "group_size", -1),
+                  ("collectives", "group_size", float("nan")), ("collectives", "group_size", True),
+                  ("collectives", "kind", "allreduce_typo"), ("collectives", "scope", "galaxy"),
+                  ("collectives", "alpha_s", float("nan")), ("collectives", "busbw_bytes_per_s", 0),
+                  ("collectives", "points", [[1, "x"]]), ("collectives", "points", {"a": 1})]
+
+
+@pytest.mark.parametrize("section,field,value", BAD_FIT_VALUES)
+def test_calibration_values_are_validated(tmp_path, section, field, value):
+    from simulator.calibration import Calibration
+    d = json.loads((ROOT / "traces/data/h100.json").read_text())
+    d[section][0][field] = value
+    with pytest.raises(ConfigError, match=field if field != "bogus_field" else "unknown field"):
+        Calibration.from_dict(d)
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(d))             # NaN / Infinity as JSON literals too
+    assert_one_line_error(*run_cli(["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8",
+                                    "--global-batch", "8", "--calibration", p])[::2])
+
+
+@pytest.mark.parametrize("text", ['{"format": ' + "[" * 50_000 + "]" * 50_000 + "}",
+                                  '{"format": "clustersim-calibration", "version": ' + "1" * 5000 + "}",
+                                  "[1, 2]", '{"a": 1, "a": 2}'])
+def test_calibration_files_that_break_the_json_parser(tmp_path, text):
+    from simulator.calibration import Calibration
+    p = tmp_path / "c.json"
+    p.write_text(text)
+    with no_hang(10), pytest.raises(ConfigError):
+        Calibration.load(p)
+
+
+def test_calibration_duplicate_key_check_is_linear(tmp_path):
+    from simulator.inputs import parse_json
+    text = "{" + ",".join(f'"k{i}": {i}' for i in range(60_000)) + ', "k5": 0}'
+    with no_hang(10), pytest.raises(ConfigError, match="duplicate key 'k5'"):
+        parse_json(text, "x")
+
+
+def test_unbounded_files_are_read_with_a_limit():
+    """``--calibration /dev/zero`` and ``-c /dev/urandom`` read at most the limit, then one line."""
+    import os
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    rc, _, err = run_cli(["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--global-batch", "8",
+                          "--calibration", "/dev/zero"])
+    assert "larger than" in assert_one_line_error(rc, err)
+    rc, _, err = run_cli(["simulate", "-c", "/dev/urandom"])
+    assert "larger than" in assert_one_line_error(rc, err)
+
+
+def test_yaml_alias_bomb_is_rejected_without_expanding_it(tmp_path):
+    """516 bytes of nested aliases reached 3 GB because error messages repr'ed the value."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for i in range(1, 12):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    lines.append("model: *a11")
+    p = tmp_path / "bomb.yaml"
+    p.write_text("\n".join(lines) + "\n")
+    rc, _, err = run_cli(["simulate", "-c", p])
+    assert "too large or nested" in assert_one_line_error(rc, err)
+
+
+def test_brief_is_bounded_on_aliased_structures():
+    from simulator.inputs import brief
+    x: list = ["y"] * 10
+    for _ in range(40):                  # 10**40 leaves when walked
+        x = [x] * 10
+    with no_hang(5):
+        s = brief(x)
+    assert len(s) < 100 and s.endswith("...")
+    assert "digits" in brief(10 ** 5000)
+
+
+@pytest.mark.parametrize("extra,needle", [(["--micro-batches", "0"], "--micro-batches"), (["--cp", "0"], "--cp"),
+                                          (["--scheduler", "garbage://x"], "Dask scheduler"),
+                                          (["--pareto", "p.xyz"], "unknown image type"),
+                                          (["--workers", "0"], "--workers")])
+def test_search_values_are_checked_before_searching(tmp_path, monkeypatch, extra, needle):
+    from clustersim import search
+    if "--scheduler" in extra:
+        pytest.importorskip("distributed")
+    else:
+        monkeypatch.setattr(search, "run_search", lambda *a, **k: pytest.fail("searched before checking"))
+    rc, _, err = run_cli(["search", "--gpus", "8", "--model", "llama3-8b", "--global-batch", "8", "--no-cache",
+                          *extra], cwd=tmp_path)
+    assert needle in assert_one_line_error(rc, err)
+
+
+def test_internal_error_is_exit_3_with_a_crash_file(monkeypatch):
+    from clustersim import cli, simulate
+    monkeypatch.setattr(simulate, "experiment_from_options", lambda **kw: {}["boom"])
+    rc, _, err = run_cli(["simulate", "--model", "llama3-8b"])
+    line = assert_one_line_error(rc, err, code=3)
+    assert "KeyError" in line and "internal error" in line
+    crash = Path(line.split("details in ")[1].split(". ")[0])
+    try:
+        assert "Traceback" in crash.read_text() and "simulate --model llama3-8b" in crash.read_text()
+    finally:
+        crash.unlink()
+    rc, _, err = run_cli(["--debug", "simulate", "--model", "llama3-8b"])
+    assert rc == 3 and "Traceback" in err
+    for line in err.splitlines():
+        if "details in " in line:
+            Path(line.split("details in ")[1].split(". ")[0]).unlink(missing_ok=True)
+    assert cli._DEBUG["on"]
+    cli._DEBUG["on"] = False
+
+
+def test_guard_runs_before_programs_are_built(monkeypatch):
+    """--global-batch 1000000000 built the schedule (34 s, 5.6 GB) before the resource guard ran."""
+    import schedules
+    from simulator.errors import ResourceLimitError
+    monkeypatch.setattr(schedules, "build_programs", lambda *a, **k: pytest.fail("programs built first"))
+    from clustersim.experiment import Experiment, run_experiment
+    with no_hang(30), pytest.raises(ResourceLimitError):
+        run_experiment(Experiment(model="llama3-8b", gpus=16, tp=8, global_batch=1_000_000_000))
+
+
+def test_minimum_ops_is_a_lower_bound():
+    from clustersim.experiment import Experiment, load_cluster_for, resolve_model, resolve_plan
+    from clustersim.guards import minimum_ops
+    from schedules import build_programs
+    for kw in (dict(tp=8, pp=1, global_batch=16), dict(tp=4, pp=2, global_batch=32, schedule="zb"),
+               dict(tp=2, pp=4, global_batch=64, schedule="interleaved", virtual_stages=2)):
+        e = Experiment(model="llama3-8b", gpus=16, **kw)
+        c = load_cluster_for(e)
+        m = resolve_model(e)
+        p = resolve_plan(e, m, c.world_size)
+        for sym in (True, False):
+            progs = build_programs(m, p, c.world_size, symmetric=sym)
+            assert minimum_ops(m, p, c.world_size, sym) <= progs.op_count, (kw, sym)
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def test_atomic_write_keeps_the_old_file_and_names_the_path_on_failure(tmp_path):
+    import errno
+    from simulator.atomic import TMP_PREFIX, write_with
+    from simulator.errors import OutputError
+    target = tmp_path / "trace.json"
+    target.write_text("old")
+
+    def full_disk(tmp):
+        Path(tmp).write_text("partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OutputError, match=f"cannot write {target}: No space left"):
+        write_with(target, full_disk)
+    assert target.read_text() == "old"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(TMP_PREFIX)]
+
+
+def test_writes_never_follow_a_planted_symlink(tmp_path):
+    from simulator.atomic import write_text
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "result.json").symlink_to(victim)
+    write_text(out / "result.json", "{}")
+    assert victim.read_text() == "precious"
+    assert not (out / "result.json").is_symlink() and (out / "result.json").read_text() == "{}"
+
+
+def test_output_folder_removes_stale_files_and_refuses_foreign_ones(tmp_path):
+    from simulator.atomic import MARKER, OutputFolder
+    from simulator.errors import OutputError
+    out = tmp_path / "out"
+    f = OutputFolder(out, command="compare")
+    for name in ("a.png", "b.perfetto.json"):
+        f.path(name).write_text("1")
+    f.finish()
+    (out / ".clustersim-tmp-killed.csv").write_text("partial")     # left by a run killed while writing
+    g = OutputFolder(out, command="compare")          # an earlier run's files go before the new run writes
+    assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    assert g.run_id != f.run_id
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["complete"] is False and marker["run_id"] == g.run_id
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="--force"):
+        OutputFolder(foreign)
+    OutputFolder(foreign, force=True).finish()
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_simulate_out_is_one_run(tmp_path):
+    out = tmp_path / "out"
+    base = ["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--global-batch", "8", "--out", out]
+    rc, _, err = run_cli(base)
+    assert rc == 0, err
+    (out / "gantt.png").unlink()
+    (out / "gantt.png").symlink_to(tmp_path / "victim")
+    rc, _, err = run_cli(base)
+    assert rc == 0, err
+    assert not (tmp_path / "victim").exists()
+    res = json.loads((out / "result.json").read_text())
+    marker = json.loads((out / ".clustersim-run.json").read_text())
+    assert marker["complete"] and res["run_id"] == marker["run_id"]
+    assert set(marker["files"]) == {p.name for p in out.iterdir()} - {".clustersim-run.json"}
+
+
+def test_json_output_never_holds_nan():
+    from simulator.inputs import json_safe
+    import numpy as np
+    s = json.dumps(json_safe({"a": float("nan"), "b": [np.float64("inf"), 1.5], "c": np.int64(3)}), allow_nan=False)
+    assert json.loads(s) == {"a": None, "b": [None, 1.5], "c": 3}
+
+
+# ---------------------------------------------------------------------------------------------- runs, processes
+def test_mixed_trace_folders_are_refused_unless_allowed(tmp_path):
+    import shutil
+    src = ROOT / "traces/samples/cpu-gloo-ddp"
+    folder = tmp_path / "run"
+    shutil.copytree(src, folder)
+    d = json.loads(gzip.decompress((folder / "rank1.json.gz").read_bytes()))
+    d["distributedInfo"].update(rank=3, world_size=4)                    # a leftover of a 4-rank run
+    (folder / "rank3.json.gz").write_bytes(gzip.compress(json.dumps(d).encode()))
+    rc, _, err = run_cli(["replay", folder])
+    line = assert_one_line_error(rc, err)
+    assert "rank3.json.gz" in line and "--allow-mixed" in line
+    rc, _, err = run_cli(["calibrate", folder, "-o", tmp_path / "c.json"])
+    assert "mixes files" in assert_one_line_error(rc, err)
+    rc, _, err = run_cli(["replay", folder, "--allow-mixed"])
+    assert "mixes" not in err
+
+
+@pytest.mark.parametrize("manifest", ["[1, 2]", '{"format": "clustersim-trace-manifest", "devices": {"a": 1}}',
+                                      '{"world_size": ' + "9" * 5000 + "}"])
+def test_bad_manifests_end_in_one_line(tmp_path, manifest):
+    import shutil
+    folder = tmp_path / "run"
+    shutil.copytree(ROOT / "traces/samples/cpu-gloo-ddp", folder)
+    (folder / "manifest.json").write_text(manifest)
+    rc, _, err = run_cli(["calibrate", folder / "manifest.json", "-o", tmp_path / "c.json"])
+    assert_one_line_error(rc, err)
+    rc, _, err = run_cli(["replay", folder])
+    assert_one_line_error(rc, err)
+
+
+def test_collect_clears_an_earlier_runs_ranks(tmp_path):
+    from traces.launch import clear_previous_run
+    for n in ("manifest.json", "rank0.json.gz", "rank3.json.gz", "collect.log", "notes.txt"):
+        (tmp_path / n).write_text("x")
+    clear_previous_run(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_a_child_dies_with_its_parent(tmp_path):
+    """What collect relies on when clustersim is SIGKILLed: torchrun and every rank die with their parent."""
+    import os
+    import subprocess
+    import sys
+    import time
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux only")
+    pidfile = tmp_path / "child.pid"
+    child = (f"import os, time; from traces.lifetime import die_with_parent; die_with_parent(); "
+             f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)")
+    parent = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", parent], cwd=ROOT)
+    for _ in range(200):
+        if pidfile.exists() and pidfile.read_text():
+            break
+        time.sleep(0.1)
+    pid = int(pidfile.read_text())
+    p.kill()
+    p.wait()
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    pytest.fail("the child outlived its SIGKILLed parent")
+
+
+# ---------------------------------------------------------------------------------------------- search cache, Dask
+def test_search_cache_survives_torn_tails_and_rejects_bad_records(tmp_path):
+    from clustersim.search import Cache
+    good = {"step_time_s": 1.0, "tokens_per_s": 2.0, "peak_memory_bytes": 3.0, "mfu": 0.4, "bubble_fraction": 0.1,
+            "exposed_comm_fraction": 0.0, "fits_in_memory": True, "plan": {}}
+    p = tmp_path / "search.jsonl"
+    p.write_text(json.dumps({"key": "empty", "result": {}}) + "\n"
+                 + json.dumps({"key": "nan", "result": {**good, "step_time_s": float("nan")}}) + "\n"
+                 + '{"key": "torn", "resu')
+    c = Cache(p)
+    assert c.get("empty") is None and c.get("nan") is None
+    c.put("next", good)                       # must not be swallowed by the torn line
+    assert Cache(p).get("next") == good
+
+
+def test_search_cache_concurrent_writers_lose_nothing(tmp_path):
+    import multiprocessing
+    p = tmp_path / "search.jsonl"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_cache_writer, args=(p, w)) for w in range(3)]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join(60)
+    from clustersim.search import Cache
+    assert len(Cache(p).data) == 3 * 200
+
+
+def _cache_writer(path, w):
+    from clustersim.search import Cache
+    c = Cache(path)
+    big = "x" * 5000                  # lines longer than a pipe buffer interleave without the lock
+    for i in range(200):
+        c.put(f"{w}-{i}", {"error": big})
+
+
+class _Crafted:
+    """A result that runs code when unpickled: the client must never unpickle what workers send."""
+
+    def __init__(self, mark):
+        self.mark = mark
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.mark}",))
+
+
+@pytest.mark.slow
+def test_a_rogue_dask_worker_cannot_run_code_in_the_client(tmp_path):
+    pytest.importorskip("distributed")
+    from distributed import LocalCluster
+    from clustersim.search import _Executor
+    mark = tmp_path / "pwned"
+    with no_hang(120), LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                    dashboard_address=None) as lc:
+        ex = _Executor(None, lc.scheduler_address, fn=lambda d, m=str(mark): _Crafted(m))
+        try:
+            with pytest.raises(ClusterSimError, match="Dask worker result"):
+                list(ex.map([("k", {})]))
+            ex.fn = lambda d: '{"step_time_s": NaN}'
+            with pytest.raises(ClusterSimError, match="Dask worker result"):
+                list(ex.map([("k", {})]))
+        finally:
+            ex.close()
+    assert not mark.exists()
+
+
+@pytest.mark.slow
+def test_a_scheduler_without_workers_times_out(tmp_path):
+    pytest.importorskip("distributed")
+    from distributed import LocalCluster
+    from clustersim.search import _Executor
+    with no_hang(60), LocalCluster(n_workers=0, processes=False, dashboard_address=None) as lc:
+        with pytest.raises(ConfigError, match="no workers"):
+            _Executor(None, lc.scheduler_address, worker_wait_s=1)
+
+
+def test_ranks_sharing_no_step_are_different_runs():
+    """A rank may miss a step (replay handles that), but ranks that share no step are not one run."""
+    import pandas as pd
+    from traces.parse import RankInfo, one_run_problems
+
+    class T:
+        ranks = {0: RankInfo(0, Path("rank0.json"), world_size=2), 1: RankInfo(1, Path("rank1.json"), world_size=2)}
+        steps = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [3, 4, 4, 5]})
+    assert one_run_problems(T(), None) == []
+    T.steps = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [3, 4, 8, 9]})
+    assert "share no profiled step" in one_run_problems(T(), None)[0]

@@ -16,8 +16,7 @@ OURS = ("clustersim", "simulator", "topologies", "schedules", "traces")
 
 #: the contract modules (and the package's __init__) that topologies/ and schedules/ may import from simulator/
 CONTRACT = {"simulator", "simulator.program", "simulator.costs", "simulator.calibration", "simulator.errors",
-            "simulator.kernels",
-            "simulator.yamlio"}
+            "simulator.kernels", "simulator.yamlio", "simulator.inputs", "simulator.atomic"}
 
 #: package -> (packages it may import any module of, single modules it may import besides)
 ALLOWED = {

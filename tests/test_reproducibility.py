@@ -24,6 +24,7 @@ FAULTS = FaultSpec(jitter=0.05, straggler_distribution=("lognormal", 0.03), stra
 def _strip(d: dict) -> dict:
     d = dict(d)
     d.pop("wall_time_s", None)
+    d.pop("run_id", None)           # one id per run, by design (simulator.atomic.OutputFolder)
     return d
 
 
@@ -57,7 +58,7 @@ def _simulate_in_subprocess(tmp: Path, tag: str, hashseed: str, seed: int) -> tu
     proc = subprocess.run([sys.executable, "-m", "clustersim.cli", "simulate", "-c", str(cfg), "--json",
                            "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != ".clustersim-run.json"}
     result = json.loads(files.pop("result.json"))
     return {"stdout": _strip(json.loads(proc.stdout)), "result": _strip(result)}, files
 

@@ -34,7 +34,8 @@ import pandas as pd
 
 from simulator.calibration import LAYER_PHASES, Calibration, CollectiveFit, ComputeFit, LayerFit, bus_factor
 from simulator.errors import ClusterSimError, TraceError
-from traces.parse import Trace, load_trace, trace_files
+from simulator.inputs import integer, number, text
+from traces.parse import Trace, check_one_run, folder_manifest, load_manifest, load_trace, trace_files
 
 BENCH_FORMAT = "clustersim-trace-manifest"
 
@@ -184,14 +185,7 @@ def _scope(trace: Trace) -> str:
 
 
 def _manifest(folder: Path) -> dict | None:
-    m = folder / "manifest.json"
-    if not m.exists():
-        return None
-    try:
-        data = json.loads(m.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{m}: not valid JSON ({e})") from None
-    return data if isinstance(data, dict) else None
+    return folder_manifest(folder)
 
 
 def bench_samples(manifest: dict, where: str) -> pd.DataFrame:
@@ -201,16 +195,21 @@ def bench_samples(manifest: dict, where: str) -> pd.DataFrame:
         raise TraceError(f"{where}: benchmark manifest has no 'results' table")
     rows = []
     for i, r in enumerate(res):
-        try:
-            rows.append({"kind": str(r["kind"]), "size_bytes": float(r["size_bytes"]),
-                         "transfer_s": float(r["time_s"]),
-                         "group_size": int(r.get("group_size") or manifest.get("world_size") or 0)})
-        except (KeyError, TypeError, ValueError) as e:
-            raise TraceError(f"{where}: results row {i} lacks kind / size_bytes / time_s ({e})") from None
+        w = f"{where}: results row {i}"
+        if not isinstance(r, dict):
+            raise TraceError(f"{w}: expected a mapping")
+        rows.append({"kind": text(r.get("kind"), f"{w}: kind", err=TraceError),
+                     "size_bytes": number(r.get("size_bytes"), f"{w}: size_bytes", lo=0, err=TraceError),
+                     "transfer_s": number(r.get("time_s"), f"{w}: time_s", lo=0, lo_open=True, hi=1e6,
+                                          err=TraceError),
+                     "group_size": integer(r.get("group_size") or manifest.get("world_size") or 0,
+                                           f"{w}: group_size", lo=1, hi=1 << 24, err=TraceError)})
     df = pd.DataFrame(rows)
-    df["backend"] = manifest.get("backend") or "nccl"
-    df["scope"] = manifest.get("scope") or ("intra" if len(set(manifest.get("hostnames") or [1])) <= 1
-                                            else "inter")
+    df["backend"] = text(manifest.get("backend") or "nccl", f"{where}: backend", err=TraceError)
+    hosts = manifest.get("hostnames") or [1]
+    df["scope"] = text(manifest.get("scope") or ("intra" if len(set(map(str, hosts if isinstance(hosts, list)
+                                                                            else [hosts]))) <= 1 else "inter"),
+                       f"{where}: scope", choices=("intra", "inter"), err=TraceError)
     return df
 
 
@@ -240,7 +239,7 @@ def layer_samples(manifest: dict, where: str) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------- calibrate
-def calibrate(sources, *, min_points: int = 1) -> Calibration:
+def calibrate(sources, *, min_points: int = 1, allow_mixed: bool = False) -> Calibration:
     """Fit a Calibration from trace files/folders and collective-benchmark manifests (or their folders)."""
     if isinstance(sources, (str, Path)):
         sources = [sources]
@@ -253,10 +252,7 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
             raise TraceError(f"{src} does not exist")
         manifest = None
         if src.is_file() and src.name == "manifest.json":
-            try:
-                manifest = json.loads(src.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise TraceError(f"{src}: not valid JSON ({e})") from None
+            manifest = load_manifest(src)
         elif src.is_dir():
             manifest = _manifest(src)
         if manifest is not None and manifest.get("mode") == "bench" and manifest.get("bench") == "layers":
@@ -271,7 +267,7 @@ def calibrate(sources, *, min_points: int = 1) -> Calibration:
             used.append({"path": str(src), "kind": "collective benchmark", "backend": manifest.get("backend"),
                          "devices": sorted(set(manifest.get("devices") or []))})
             continue
-        trace = load_trace(src)
+        trace = check_one_run(load_trace(src), allow_mixed)
         devnames = {}
         if manifest is not None and not trace.has_gpu and manifest.get("devices"):
             devnames = {r: manifest["devices"][r] for r in trace.ranks if r < len(manifest["devices"])}
@@ -388,7 +384,8 @@ def plot(cal: Calibration, path: str | Path) -> Path:
     for ax in list(axes.flat)[len(fits):]:
         ax.set_visible(False)
     fig.tight_layout()
+    from simulator.atomic import write_with
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".").lower() or None))
     plt.close(fig)
     return path

@@ -107,7 +107,8 @@ def capture(out: Path, nproc: int | None = None, quick: bool = False, log=print)
         **{kind: [{k: v for k, v in vars(f).items() if k != "points"} for f in fits]
            for kind, fits in (("compute", cal.compute), ("layers", cal.layers), ("collectives", cal.collectives))},
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    from simulator.atomic import write_text
+    write_text(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     log(f"capture: wrote {out / 'calibration.json'}, {out / 'calibration.png'}, {out / 'summary.json'}")
     return summary
 

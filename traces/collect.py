@@ -26,13 +26,17 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+if __name__ == "__main__":     # a rank under torchrun: die with torchrun, from before the slow torch import
+    from traces.lifetime import die_with_parent
+    die_with_parent()
 
-from traces.models import ModelConfig
-from traces.rank_io import (TRACE_SUFFIX, UsageError, base_manifest, rank_info, say, synchronize,
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from traces.models import ModelConfig  # noqa: E402
+from traces.rank_io import (TRACE_SUFFIX, UsageError, base_manifest, rank_info, say, synchronize,  # noqa: E402
                             write_json)
-from traces.strategies import STRATEGIES, Context, build
+from traces.strategies import STRATEGIES, Context, build  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -129,7 +133,7 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
     dist.barrier()
     with profile(activities=activities, record_shapes=True,
                  schedule=schedule(wait=sched["wait"], warmup=1, active=sched["active"], repeat=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))) as prof:
+                 on_trace_ready=lambda p: _export_atomically(p, trace_path)) as prof:
         for tokens, targets in batches:
             t0, c0 = time.perf_counter(), time.thread_time()
             losses.append(strategy.step(tokens, targets))
@@ -178,6 +182,13 @@ def run_training(args, backend: str, device: torch.device, out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- main
+def _export_atomically(prof, path: Path) -> None:
+    """Export the trace to a hidden temporary name, then rename: a killed run leaves no torn trace."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{TRACE_SUFFIX}")
+    prof.export_chrome_trace(str(tmp))
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     faulthandler.enable()         # a crash or abort prints every thread's Python stack

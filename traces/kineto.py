@@ -19,6 +19,7 @@ from typing import Iterator
 from simulator.errors import TraceError
 
 CHUNK_CHARS = 1 << 22          # characters read per refill (4 Mi)
+MAX_VALUE_CHARS = 1 << 26      # one event or top-level value (64 Mi characters); real events are < 100 k
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -51,15 +52,20 @@ class Scan:
         binary = gzip.open(self.path, "rb") if magic == b"\x1f\x8b" else open(self.path, "rb")
         return io.TextIOWrapper(binary, encoding="utf-8", errors="strict")
 
+    @property
+    def chars_read(self) -> int:
+        """Characters of (decompressed) text parsed so far."""
+        return self._consumed + self._pos
+
     def _where(self) -> str:
         return f"{self.path}: near character {self._consumed + self._pos}"
 
-    def _fill(self) -> bool:
-        """Read another chunk; False at end of file."""
+    def _fill(self, chars: int | None = None) -> bool:
+        """Read another chunk of ``chars`` (default CHUNK_CHARS) characters; False at end of file."""
         if self._eof:
             return False
         try:
-            chunk = self._fh.read(CHUNK_CHARS)
+            chunk = self._fh.read(chars or CHUNK_CHARS)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise TraceError(f"{self.path}: corrupt or truncated gzip stream ({e}); re-copy or re-export "
                              f"the trace") from None
@@ -88,18 +94,35 @@ class Scan:
             if not self._fill():
                 return ""
 
+    def _decode(self, pos: int):
+        """raw_decode at ``pos``; deep nesting and huge numbers become TraceError (JSONDecodeError passes)."""
+        try:
+            return self._dec.raw_decode(self._buf, pos)
+        except json.JSONDecodeError:
+            raise
+        except RecursionError:
+            raise TraceError(f"{self._where()}: JSON nested too deeply; not a Kineto trace") from None
+        except (ValueError, OverflowError) as e:      # 5,000-digit integers
+            raise TraceError(f"{self._where()}: invalid JSON number ({str(e)[:80]})") from None
+
     def _value(self, what: str):
+        want = CHUNK_CHARS
         while True:
             try:
-                obj, end = self._dec.raw_decode(self._buf, self._pos)
+                obj, end = self._decode(self._pos)
             except json.JSONDecodeError as e:
-                if self._fill():
+                # incomplete value: read as much again as is buffered, so a long value costs linear time
+                if len(self._buf) - self._pos > MAX_VALUE_CHARS:
+                    raise TraceError(f"{self._where()}: one JSON value in {what} is longer than "
+                                     f"{MAX_VALUE_CHARS >> 20} Mi characters; not a Kineto trace") from None
+                want = max(want, len(self._buf) - self._pos)
+                if self._fill(want):
                     continue
                 if "Unterminated" in e.msg or not self._buf[e.pos:].strip():
                     raise TraceError(f"{self._where()}: file is truncated inside {what} ({e.msg}); the trace "
                                      f"was probably cut off while being written - re-export it") from None
                 raise TraceError(f"{self._where()}: invalid JSON in {what}: {e.msg}") from None
-            if end >= len(self._buf) and not self._eof and self._fill():
+            if end >= len(self._buf) and not self._eof and self._fill(want):
                 continue          # a number or literal may continue in the next chunk
             self._pos = end
             return obj
@@ -121,13 +144,12 @@ class Scan:
         if self._skip_ws() == "]":
             self._pos += 1
             return
-        decode = self._dec.raw_decode
         while True:
             # fast path: a whole event object inside the buffer (the general path refills and reports errors)
             ev, buf, pos = None, self._buf, self._pos
             if pos < len(buf) and buf[pos] == "{":
                 try:
-                    ev, end = decode(buf, pos)
+                    ev, end = self._decode(pos)
                 except json.JSONDecodeError:
                     ev = None
                 else:

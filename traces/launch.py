@@ -67,13 +67,19 @@ def launch(nproc: int, collect_args: list[str], timeout_s: float = 900.0, quiet:
     for k, v in MALLOC_ENV.items():
         env.setdefault(k, v)
     cmd = torchrun_command(nproc, collect_args)
-    if "--out" in collect_args:     # a log of an earlier failed run would mislead
-        Path(collect_args[collect_args.index("--out") + 1], "collect.log").unlink(missing_ok=True)
+    if "--out" in collect_args:     # files of an earlier run (a log, traces of more ranks) would mislead
+        clear_previous_run(Path(collect_args[collect_args.index("--out") + 1]))
+    from traces.lifetime import die_with_parent
+    # torchrun and its ranks run in their own process group (a Ctrl-C in the terminal reaches clustersim
+    # only), which clustersim kills on every way out: normal return, error, Ctrl-C, SIGTERM / SIGHUP (turned
+    # into an exception below); SIGKILL of clustersim kills torchrun by PR_SET_PDEATHSIG, and each rank
+    # dies with torchrun the same way (traces.collect.main)
     proc = subprocess.Popen(cmd, cwd=root, env=env, text=True, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     lines: list[str] = []
     timer = threading.Timer(timeout_s, _kill_group, (proc,))
     timer.start()
+    old = _raise_on_signals()
     try:
         for line in proc.stdout:
             lines.append(line)
@@ -83,6 +89,8 @@ def launch(nproc: int, collect_args: list[str], timeout_s: float = 900.0, quiet:
     finally:
         timed_out = not timer.is_alive() and proc.returncode != 0
         timer.cancel()
+        _kill_group(proc)               # stragglers of a finished run, or everything on an interrupt
+        _restore_signals(old)
     output = "".join(lines)
     if proc.returncode != 0:
         log = _save_log(collect_args, f"command: {' '.join(cmd)}\n" + output)
@@ -98,8 +106,50 @@ def _kill_group(proc: subprocess.Popen) -> None:
     """Kill torchrun and its workers: the process group (session) we started for it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM / SIGHUP while the collector runs (handled like Ctrl-C: the collector is stopped)."""
+
+
+def _raise_on_signals() -> dict:
+    """Turn SIGTERM and SIGHUP into an exception while the collector runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def _restore_signals(old: dict) -> None:
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+def clear_previous_run(out: Path) -> list[Path]:
+    """Remove what an earlier collector run left in ``out`` (manifest.json, rankN trace files, collect.log,
+    hidden temporary traces) so that a run with fewer ranks does not leave the others' traces behind;
+    other files are left alone. Returns the removed paths."""
+    import re
+    pat = re.compile(r"^(manifest\.json|collect\.log|rank\d+\.json(\.gz)?|\.rank\d+\.json(\.gz)?\.tmp.*)$")
+    removed = []
+    if not out.is_dir():
+        return removed
+    for p in out.iterdir():
+        if pat.match(p.name) and (p.is_file() or p.is_symlink()):
+            try:
+                p.unlink()
+                removed.append(p)
+            except OSError:
+                pass
+    return removed
 
 
 def _save_log(collect_args: list[str], output: str) -> Path:
@@ -112,8 +162,8 @@ def _save_log(collect_args: list[str], output: str) -> Path:
         fd, name = tempfile.mkstemp(prefix="clustersim-collect-", suffix=".log")
         os.close(fd)
         path = Path(name)
-    path.write_text(output)
-    return path
+    from simulator.atomic import write_text
+    return write_text(path, output)
 
 
 def _reason(output: str) -> str:

@@ -34,6 +34,7 @@ import ast
 import math
 import re
 import sys
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def gemm_flops(name: str, dims) -> float:
         if name == "aten::baddbmm" and len(dims) >= 3:
             (b, m, k), (b2, k2, n) = dims[1], dims[2]
             return 2.0 * b * m * k * n if (k, b) == (k2, b2) else math.nan
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
     return math.nan
 
@@ -190,18 +191,36 @@ def _hid(v):
     return str(v)
 
 
+_TS_LIMIT_US = 1e18     # microseconds: ~31,700 years; beyond this a time is garbage
+
+
+def _finite(v) -> float | None:
+    """A time in microseconds as a float, or None unless it is a real, finite, plausible number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, int) and not -_TS_LIMIT_US < v < _TS_LIMIT_US:
+        return None
+    v = float(v)
+    return v if -_TS_LIMIT_US < v < _TS_LIMIT_US else None
+
+
+_I64 = 1 << 63
+
+
 def _int(v, default=-1) -> int:
+    """An id or count as an int64 (``default`` when missing, not a whole number, or out of int64 range)."""
     if isinstance(v, bool) or v is None:
         return default
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and math.isfinite(v):
+        return v if -_I64 <= v < _I64 else default
+    if isinstance(v, float) and math.isfinite(v) and abs(v) < 9.2e18:
         return int(v)
-    if isinstance(v, str):
+    if isinstance(v, str) and len(v) < 32:
         try:
-            return int(v)
+            v = int(v)
         except ValueError:
             return default
+        return v if -_I64 <= v < _I64 else default
     return default
 
 
@@ -267,22 +286,39 @@ class Trace:
 
 
 # --------------------------------------------------------------------------------------------- one file
+def _columns(floats: tuple, ints: tuple, objects: tuple) -> dict:
+    """Column buffers: typed arrays for numbers (8 bytes a row instead of a Python object and a pointer),
+    lists for strings and ids."""
+    return {**{k: array("d") for k in floats}, **{k: array("q") for k in ints}, **{k: [] for k in objects}}
+
+
+def _frame(cols: dict) -> pd.DataFrame:
+    return pd.DataFrame({k: np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64)
+                         if isinstance(v, array) else v for k, v in cols.items()})
+
+
 class _RankParser:
-    """Accumulates the rows of one file in column lists (cheap) while the file streams by."""
+    """Accumulates the rows of one file in column buffers (cheap) while the file streams by."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.cpu = {k: [] for k in ("ts", "dur", "name", "cat", "pid", "tid", "external_id", "correlation",
-                                    "seq_nr", "fwd_tid", "flops")}
+        self.cpu = _columns(("ts", "dur", "flops"), ("external_id", "correlation", "seq_nr", "fwd_tid"),
+                            ("name", "cat", "pid", "tid"))
         self.cpu_extra: dict[int, dict] = {}        # row -> args of comm ops (Input Dims, comm args)
-        self.gpu = {k: [] for k in ("ts", "dur", "name", "cat", "pid", "tid", "device", "stream",
-                                    "correlation", "external_id")}
+        self.gpu = _columns(("ts", "dur"), ("device", "stream", "correlation", "external_id"),
+                            ("name", "cat", "pid", "tid"))
         self.gpu_extra: dict[int, dict] = {}
-        self.mem = {k: [] for k in ("ts", "bytes", "total_allocated", "total_reserved", "device_type",
-                                    "device_id", "addr", "tid")}
+        self.mem = _columns(("ts", "bytes", "total_allocated", "total_reserved"),
+                            ("device_type", "device_id", "addr"), ("tid",))
         self.thread_names: dict = {}
         self.min_ts = math.inf
         self.intern: dict[str, str] = {}
+        self.ids: dict = {}
+
+    def _id(self, v):
+        """``_hid(v)``, one shared object per distinct id (millions of rows hold a few distinct ids)."""
+        v = _hid(v)
+        return self.ids.setdefault((type(v), v), v)
 
     def _name(self, s) -> str:
         s = s if isinstance(s, str) else str(s)
@@ -292,10 +328,10 @@ class _RankParser:
         ph = e.get("ph")
         if ph == "X":
             cat = e.get("cat")
-            ts, dur = e.get("ts"), e.get("dur", 0.0)
-            if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+            ts, dur = _finite(e.get("ts")), _finite(e.get("dur", 0.0))
+            if ts is None:
                 return
-            if not isinstance(dur, (int, float)) or isinstance(dur, bool) or dur < 0:
+            if dur is None or dur < 0:
                 dur = 0.0
             args = e.get("args") or {}
             if not isinstance(args, dict):
@@ -305,7 +341,7 @@ class _RankParser:
                 c = self.cpu
                 row = len(c["ts"])
                 c["ts"].append(float(ts)); c["dur"].append(float(dur)); c["name"].append(name)
-                c["cat"].append(cat); c["pid"].append(_hid(e.get("pid"))); c["tid"].append(_hid(e.get("tid")))
+                c["cat"].append(cat); c["pid"].append(self._id(e.get("pid"))); c["tid"].append(self._id(e.get("tid")))
                 c["external_id"].append(_int(args.get("External id")))
                 c["correlation"].append(_int(args.get("correlation")))
                 c["seq_nr"].append(_int(args.get("Sequence number")))
@@ -322,7 +358,7 @@ class _RankParser:
                 g = self.gpu
                 row = len(g["ts"])
                 g["ts"].append(float(ts)); g["dur"].append(float(dur)); g["name"].append(name)
-                g["cat"].append(cat); g["pid"].append(_hid(e.get("pid"))); g["tid"].append(_hid(e.get("tid")))
+                g["cat"].append(cat); g["pid"].append(self._id(e.get("pid"))); g["tid"].append(self._id(e.get("tid")))
                 g["device"].append(_int(args.get("device"), _int(e.get("pid"))))
                 g["stream"].append(_int(args.get("stream"), _int(e.get("tid"))))
                 g["correlation"].append(_int(args.get("correlation")))
@@ -333,8 +369,8 @@ class _RankParser:
         elif ph == "i" or ph == "I":
             if e.get("name") == "[memory]":
                 args = e.get("args") or {}
-                ts = e.get("ts")
-                if not isinstance(ts, (int, float)) or not isinstance(args, dict):
+                ts = _finite(e.get("ts"))
+                if ts is None or not isinstance(args, dict):
                     return
                 m = self.mem
                 m["ts"].append(float(ts)); m["bytes"].append(_num(args.get("Bytes")))
@@ -343,18 +379,30 @@ class _RankParser:
                 m["device_type"].append(_int(args.get("Device Type")))
                 m["device_id"].append(_int(args.get("Device Id")))
                 m["addr"].append(_int(args.get("Addr"), 0))
-                m["tid"].append(_hid(e.get("tid")))
+                m["tid"].append(self._id(e.get("tid")))
         elif ph == "M" and e.get("name") == "thread_name":
             args = e.get("args") or {}
             if isinstance(args, dict):
                 self.thread_names[(_hid(e.get("pid")), _hid(e.get("tid")))] = args.get("name")
 
 
+# Event cap: real Kineto events take 200-500 characters of JSON each (measured: 363 and 465 per complete
+# event in /work/shared/traces/real-gpu); a file whose kept rows average fewer than MIN_CHARS_PER_ROW
+# characters is not a profiler trace, and refusing it keeps memory linear in the file's decompressed size.
+MIN_CHARS_PER_ROW = 64
+ROWS_FREE = 200_000            # rows always accepted (small synthetic test traces)
+
+
 def _parse_file(path: Path) -> tuple[_RankParser, dict]:
     rp = _RankParser(path)
     scan = Scan(path)
-    for ev in scan.events():
+    for i, ev in enumerate(scan.events()):
         rp.add(ev)
+        if not i & 0xFFFF:
+            rows = len(rp.cpu["ts"]) + len(rp.gpu["ts"]) + len(rp.mem["ts"])
+            if rows > ROWS_FREE + scan.chars_read / MIN_CHARS_PER_ROW:
+                raise TraceError(f"{path}: {rows:,} events in {scan.chars_read:,} characters: fewer than "
+                                 f"{MIN_CHARS_PER_ROW} characters per event, not a profiler trace")
     return rp, scan.meta
 
 
@@ -382,13 +430,13 @@ def _rank_info(path: Path, meta: dict, rp: _RankParser, fallback_rank: int) -> R
         and abs(base) < 1e20 else None
     host = meta.get("host_name")
     # the GPU device used by this rank: the device of its kernels, else deviceProperties[rank % n]
-    if rp.gpu["device"] and devices:
-        dev_ids = pd.Series(rp.gpu["device"]).value_counts()
+    if len(rp.gpu["device"]) and devices:
+        dev_ids = pd.Series(np.frombuffer(rp.gpu["device"], dtype=np.int64)).value_counts()
         did = int(dev_ids.index[0])
         names = {d.get("id"): d.get("name") for d in devs if isinstance(d, dict)}
         if did in names and names[did]:
             devices = [names[did]] + [d for d in devices if d != names[did]]
-    elif not rp.gpu["ts"]:
+    elif not len(rp.gpu["ts"]):
         devices = []            # CPU-only trace: deviceProperties lists GPUs it did not use
     return RankInfo(rank=rank, path=path, world_size=ws if ws > 0 else None, backend=di.get("backend"),
                     devices=devices, distributed_info=di, process_groups=pgs,
@@ -426,10 +474,9 @@ def _nest(ts: np.ndarray, end: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray
 
 # --------------------------------------------------------------------------------------------- frames of one rank
 def _frames(rp: _RankParser, info: RankInfo) -> dict:
-    c, g = rp.cpu, rp.gpu
-    cpu = pd.DataFrame({k: c[k] for k in c})
-    gpu = pd.DataFrame({k: g[k] for k in g})
-    mem = pd.DataFrame({k: rp.mem[k] for k in rp.mem})
+    cpu, gpu, mem = _frame(rp.cpu), _frame(rp.gpu), _frame(rp.mem)
+    for k in ("cpu", "gpu", "mem"):
+        setattr(rp, k, None)            # the buffers are in the frames now: free them
     # microseconds from this rank's first event: small numbers keep sub-ns precision
     first = rp.min_ts if math.isfinite(rp.min_ts) else 0.0
     for df in (cpu, gpu, mem):
@@ -447,12 +494,17 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     # steps
     is_step = cpu["name"].str.startswith("ProfilerStep") & cpu["cat"].isin(["user_annotation", "cpu_op"])
     steps = cpu.loc[is_step, ["ts", "dur", "end", "name", "pid", "tid"]].copy()
-    steps["step"] = steps["name"].str.extract(_STEP_RE, expand=False).fillna(-1).astype(int)
+    digits = steps["name"].str.extract(_STEP_RE, expand=False).fillna("-1")
+    huge = digits.str.len() > 15
+    if huge.any():
+        raise TraceError(f"{info.path}: step number of {steps['name'][huge].iloc[0][:40]!r}... is too large "
+                         f"(ProfilerStep#N with N of more than 15 digits)")
+    steps["step"] = digits.astype(np.int64)
     steps = steps.sort_values("ts").drop_duplicates("step", keep="first")
     steps["cpu_row"] = steps.index
     steps = steps.reset_index(drop=True)
-    info.main_tid = steps["tid"].iloc[0] if len(steps) else (cpu["tid"].value_counts().index[0] if len(cpu) else None)
-    info.pid = steps["pid"].iloc[0] if len(steps) else (cpu["pid"].value_counts().index[0] if len(cpu) else None)
+    info.main_tid = steps["tid"].iloc[0] if len(steps) else _most_common(cpu["tid"])
+    info.pid = steps["pid"].iloc[0] if len(steps) else _most_common(cpu["pid"])
     st0, st1 = steps["ts"].to_numpy(float), steps["end"].to_numpy(float)
     stepno = steps["step"].to_numpy(int)
 
@@ -491,6 +543,12 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     cpu["fwd_op"] = _link_fwd(cpu)
     colls = _collectives(cpu, gpu, rp, info)
     return {"steps": steps, "cpu_ops": cpu, "kernels": gpu, "collectives": colls, "memory": mem}
+
+
+def _most_common(col: pd.Series):
+    """The most frequent value of ``col`` (None counts too), None for an empty column."""
+    counts = col.value_counts(dropna=False)
+    return counts.index[0] if len(counts) else None
 
 
 def _link_fwd(cpu: pd.DataFrame) -> np.ndarray:
@@ -825,7 +883,7 @@ def trace_files(path: str | Path) -> list[Path]:
 
     def ok(f: Path) -> bool:
         n = f.name.lower()
-        return f.is_file() and n.endswith(TRACE_SUFFIXES) and not n.startswith(("manifest", "calib")) and \
+        return f.is_file() and n.endswith(TRACE_SUFFIXES) and not n.startswith(("manifest", "calib", ".")) and \
             "calibration" not in n
     files = sorted(f for f in p.iterdir() if ok(f))
     if not files:
@@ -835,13 +893,88 @@ def trace_files(path: str | Path) -> list[Path]:
     return files
 
 
+MANIFEST_FORMAT = "clustersim-trace-manifest"
+
+
+def load_manifest(path: str | Path) -> dict:
+    """The collector's ``manifest.json`` (bounded read, validated to be a mapping); TraceError otherwise."""
+    from simulator.inputs import JSON_LIMIT_BYTES, brief, load_json
+    data = load_json(path, "manifest", JSON_LIMIT_BYTES, err=TraceError)
+    if not isinstance(data, dict):
+        raise TraceError(f"manifest {path}: expected a JSON object, got {brief(data)}")
+    for key in ("devices", "hostnames"):
+        v = data.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise TraceError(f"manifest {path}: {key} must be a list of strings, got {brief(v)}")
+    ws = data.get("world_size")
+    if ws is not None and (isinstance(ws, bool) or not isinstance(ws, int) or not 0 < ws <= 1 << 24):
+        raise TraceError(f"manifest {path}: world_size must be a positive integer, got {brief(ws)}")
+    return data
+
+
+def folder_manifest(folder: Path) -> dict | None:
+    """``folder/manifest.json`` of a collector run, or None when there is none."""
+    m = Path(folder) / "manifest.json"
+    return load_manifest(m) if m.is_file() else None
+
+
+def one_run_problems(trace: Trace, manifest: dict | None) -> list[str]:
+    """Why the files of ``trace`` do not look like one run (empty when they do): ranks outside the
+    manifest's world or missing from its ``trace_files``, ranks that disagree on the world size, or that share
+    no ProfilerStep number."""
+    problems = []
+    names = {r: i.path.name for r, i in trace.ranks.items()}
+    sizes = {i.world_size for i in trace.ranks.values() if i.world_size}
+    if len(sizes) > 1:
+        problems.append(f"the files disagree on the world size ({', '.join(map(str, sorted(sizes)))})")
+    if manifest is not None and manifest.get("format") == MANIFEST_FORMAT and manifest.get("mode") != "bench":
+        ws = manifest.get("world_size")
+        if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
+            extra = sorted(r for r in trace.ranks if r >= ws)
+            if extra:
+                problems.append(f"manifest.json says world_size {ws} but {', '.join(names[r] for r in extra)} "
+                                f"hold{'s' if len(extra) == 1 else ''} rank{'s' if len(extra) > 1 else ''} "
+                                f"{', '.join(map(str, extra))}")
+        listed = manifest.get("trace_files")
+        if isinstance(listed, dict):
+            known = {str(v) for v in listed.values()}
+            stray = sorted(n for n in names.values() if n not in known)
+            if stray:
+                problems.append(f"{', '.join(stray)} not listed in manifest.json's trace_files")
+    if len(trace.steps):
+        # a rank may miss a step the others profiled (replay handles that); ranks of one run share steps
+        per_rank = trace.steps[trace.steps["step"] >= 0].groupby("rank")["step"].apply(lambda s: tuple(sorted(s)))
+        if len(per_rank) > 1 and not set.intersection(*(set(v) for v in per_rank)):
+            shown = "; ".join(f"{names.get(r, r)}: steps {_span(v)}" for r, v in per_rank.items())
+            problems.append(f"the ranks share no profiled step ({shown[:300]})")
+    return problems
+
+
+def _span(steps: tuple) -> str:
+    if not steps:
+        return "none"
+    return f"{steps[0]}-{steps[-1]}" if list(steps) == list(range(steps[0], steps[-1] + 1)) else \
+        ",".join(map(str, steps[:8])) + ("..." if len(steps) > 8 else "")
+
+
+def check_one_run(trace: Trace, allow_mixed: bool = False) -> Trace:
+    """Raise TraceError naming the disagreement when a folder mixes runs (unless ``allow_mixed``)."""
+    if allow_mixed or not Path(trace.path).is_dir():
+        return trace
+    problems = one_run_problems(trace, folder_manifest(Path(trace.path)))
+    if problems:
+        raise TraceError(f"{trace.path} mixes files of different runs: {'; '.join(problems)}. Collect into an "
+                         f"empty folder, or pass --allow-mixed to use them anyway")
+    return trace
+
+
 def load_trace(path: str | Path, *, progress=None) -> Trace:
     """Parse a Kineto trace file or a folder of per-rank files into a ``Trace``."""
     files = trace_files(path)
     parsed = []
     for i, f in enumerate(files):
         rp, meta = _parse_file(f)
-        if not rp.cpu["ts"] and not rp.gpu["ts"]:
+        if not len(rp.cpu["ts"]) and not len(rp.gpu["ts"]):
             raise TraceError(f"{f}: the trace holds no CPU or GPU events (was the profiler active?)")
         info = _rank_info(f, meta, rp, i)
         parsed.append((info, rp, meta))
@@ -892,7 +1025,8 @@ def load_trace(path: str | Path, *, progress=None) -> Trace:
     out = {}
     for name, lst in frames.items():
         lst = [d for d in lst if len(d)] or lst[:1]
-        out[name] = pd.concat(lst, ignore_index=True) if lst else pd.DataFrame()
+        out[name] = lst[0] if len(lst) == 1 else pd.concat(lst, ignore_index=True) if lst else pd.DataFrame()
+        lst.clear()
     return Trace(path=Path(path), ranks={r: v[0] for r, v in by_rank.items()}, origin_us=origin,
                  shared_clock=shared, **out)
 

@@ -42,7 +42,7 @@ import pandas as pd
 from simulator.costs import ScaledCostModel, SimpleCostModel
 from simulator.errors import ConfigError, TraceError
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Op, Programs
-from traces.parse import Trace, load_trace
+from traces.parse import Trace, check_one_run, load_trace
 
 SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                         "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"})
@@ -463,14 +463,15 @@ class CalibratedCommModel(SimpleCostModel):
 
 # --------------------------------------------------------------------------------------------- replay
 def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, scale_bandwidth: float = 1.0,
-           scale_compute: float = 1.0, network: str = "analytical", calibration=None) -> dict:
+           scale_compute: float = 1.0, network: str = "analytical", calibration=None,
+           allow_mixed: bool = False) -> dict:
     """Replay a trace (path or ``Trace``) and compare predicted with measured step times (see module doc)."""
     from simulator.engine import run
 
     for name, v in (("--scale-compute", scale_compute), ("--scale-bandwidth", scale_bandwidth)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise ConfigError(f"{name} must be a positive number, got {v}")
-    trace = trace_path if isinstance(trace_path, Trace) else load_trace(trace_path)
+    trace = trace_path if isinstance(trace_path, Trace) else check_one_run(load_trace(trace_path), allow_mixed)
     what_if = []
     cost = SimpleCostModel()
     if cluster is not None:
