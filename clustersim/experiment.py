@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import click
 
+from simulator.calibration import CALIBRATION_SCOPES
 from simulator.errors import ConfigError
 from simulator.yamlio import load_yaml as _load_yaml
 
@@ -74,6 +75,7 @@ class Experiment:
     network: str = "analytical"
     mode: str | None = None          # None: symmetric where valid, else full
     calibration: str | None = None
+    calibration_scope: str = "matching"   # "any": apply a calibration measured on other hardware
     algorithm: str | None = None
     faults: dict = field(default_factory=dict)
     name: str | None = None
@@ -169,6 +171,9 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             value = _as_float(value, w)
         elif key == "network":
             _check(value in NETWORKS, f"{w}: unknown network {value!r}; choose one of {', '.join(NETWORKS)}")
+        elif key == "calibration_scope":
+            _check(value in CALIBRATION_SCOPES, f"{w}: unknown calibration scope {value!r}; choose one of "
+                                                f"{', '.join(CALIBRATION_SCOPES)}")
         elif key == "mode":
             _check(value in MODES, f"{w}: unknown mode {value!r}; choose one of {', '.join(MODES)}")
         elif key == "schedule":
@@ -245,6 +250,9 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--network", type=click.Choice(NETWORKS), help="ideal (free) | analytical | flow (contention)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
+        click.option("--calibration-scope", type=click.Choice(CALIBRATION_SCOPES),
+                     help="matching (default): use only fits of the cluster's device and backend, refuse a "
+                          "calibration that covers neither; any: apply it whatever it was measured on."),
         click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
     ]
     for o in reversed(opts):
@@ -256,7 +264,7 @@ def simulate_options(f: Callable) -> Callable:
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
-               "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split")
+               "calibration_scope", "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -293,6 +301,7 @@ class Outcome:
     plan: Any
     cluster: Any
     notes: list = field(default_factory=list)
+    calibration: str = "none"      # which calibration fits apply (cost model's calibration_summary)
 
     def summary(self) -> dict:
         """The stable ``--json`` contract (see README): metrics plus plan and provenance."""
@@ -307,7 +316,7 @@ class Outcome:
             "memory_capacity_bytes": m.memory_capacity_bytes, "represented_ops": m.represented_ops,
             "mode": m.mode, "network": self.experiment.network, "cluster": self.experiment.cluster,
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
-            "notes": list(self.notes),
+            "notes": list(self.notes), "calibration": self.calibration,
         }
         return d
 
@@ -381,7 +390,8 @@ def build_cost_model(exp: Experiment, cluster):
     from simulator.calibration import Calibration
     from topologies.cost import ClusterCostModel
     cal = Calibration.load(exp.calibration) if exp.calibration else None
-    return ClusterCostModel(cluster, network=exp.network, calibration=cal, algorithm=exp.algorithm)
+    return ClusterCostModel(cluster, network=exp.network, calibration=cal, algorithm=exp.algorithm,
+                            calibration_scope=exp.calibration_scope)
 
 
 def load_cluster_for(exp: Experiment):
@@ -414,7 +424,8 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     model = resolve_model(exp)
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
-    notes: list[str] = []
+    cost_summary = cost.calibration_summary()
+    notes: list[str] = list(cost.calibration_notes)
     if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
         notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
     elif plan.schedule == "interleaved" and exp.virtual_stages is None:
@@ -452,4 +463,4 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     result = run(programs, cost, progress=progress, failures=failures, check=validate)
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0
-    return Outcome(exp, result, metrics, model, plan, cluster, notes)
+    return Outcome(exp, result, metrics, model, plan, cluster, notes, cost_summary)

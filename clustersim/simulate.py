@@ -63,6 +63,7 @@ def print_summary(outcome, console=None) -> None:
     rows = [
         ("plan", plan_str),
         ("network / mode", f"{exp.network} / {m.mode}"),
+        ("calibration", f"{Path(exp.calibration).name}: {outcome.calibration}" if exp.calibration else "none"),
         ("step time", f"{m.step_time_s:.4f} s"),
         ("tokens / s", f"{m.tokens_per_s:,.0f}"),
         ("TFLOP/s per GPU (model)", f"{m.tflops_per_gpu:.1f}"),

@@ -449,7 +449,8 @@ def apply_link_faults(cost_model, cluster, faults: FaultSpec):
     return ClusterCostModel(new_cluster, network=cost_model.network_mode, calibration=cost_model.calibration,
                             algorithm=cost_model.algorithm, compute_efficiency=cost_model.compute_efficiency,
                             efficiency=cost_model.efficiency, call_overhead_s=cost_model.call_overhead_s,
-                            step_latency_s=cost_model.step_latency_s)
+                            step_latency_s=cost_model.step_latency_s,
+                            calibration_scope=cost_model.calibration_scope)
 
 
 def _edge_of(graph, link, where: str):
