@@ -41,6 +41,7 @@ MODES = ("symmetric", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 RECOMPUTE = ("none", "selective", "full")
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
+MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Experiment:
     gpus: int | None = None
     model: str | dict | None = "llama3-8b"
     params: float | None = None
+    model_config: str | None = None      # a Hugging Face config.json
     tp: int = 1
     pp: int = 1
     dp: int | None = None
@@ -144,14 +146,15 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         if not isinstance(raw_key, str):
             raise ConfigError(f"{where}: option names must be strings, got {raw_key!r}")
         key = raw_key.replace("-", "_")
-        if key in MODEL_FIELDS:
+        if key in MODEL_FIELDS or key in MODEL_FLAGS:
             if value is not None:
                 custom[key] = value
             continue
         if key == "bucket_bytes":
             key, value = "bucket_mb", (None if value is None else _as_float(value, f"{where}: bucket_bytes") / 1e6)
         if key not in names:
-            raise ConfigError(f"{where}: unknown option {raw_key!r}; known: {', '.join(sorted(names | set(MODEL_FIELDS)))}")
+            raise ConfigError(f"{where}: unknown option {raw_key!r}; known: "
+                              f"{', '.join(sorted(names | set(MODEL_FIELDS) | set(MODEL_FLAGS)))}")
         if value is None:
             continue
         kw[key] = value
@@ -183,18 +186,23 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         elif key == "skew":
             value = _as_float(value, w, positive=False)
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
-        elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split"):
+        elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split", "model_config"):
             _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {value!r}")
         elif key == "model":
             _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
         elif key == "faults":
             _check(isinstance(value, dict), f"{w}: expected a mapping (stragglers, jitter, seed, ...)")
         setattr(exp, key, value)
+    if exp.model_config is not None and isinstance(kw.get("model"), str):
+        raise ConfigError(f"{where}: give --model or --model-config, not both")
     if custom and any(k.replace("-", "_") == "model" and v is None for k, v in data.items()):
         exp.model = None                     # custom model from fields only
     if custom:
         for k, v in custom.items():
-            custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k == "experts" else 1)
+            if k in MODEL_FLAGS:
+                _check(isinstance(v, bool), f"{where}: {k}: expected true or false, got {v!r}")
+            else:
+                custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k == "experts" else 1)
         if isinstance(exp.model, dict):
             exp.model = {**exp.model, **custom}
         elif isinstance(exp.model, str):
@@ -226,6 +234,11 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--layers", type=int), click.option("--hidden", type=int), click.option("--ffn", type=int),
         click.option("--heads", type=int), click.option("--kv-heads", type=int), click.option("--vocab", type=int),
         click.option("--experts", type=int), click.option("--top-k", type=int),
+        click.option("--gated-mlp/--no-gated-mlp", default=None,
+                     help="SwiGLU MLP with 3 matrices (Llama) or a 2-matrix GELU MLP (GPT, the custom default)."),
+        click.option("--tied-embeddings/--untied-embeddings", default=None, help="LM head shares the embedding."),
+        click.option("--model-config", type=click.Path(dir_okay=False),
+                     help="Hugging Face config.json (Llama, Mistral, Mixtral, Qwen, DeepSeek V2/V3)."),
         click.option("--tp", type=int, help="Tensor-parallel degree."),
         click.option("--pp", type=int, help="Pipeline-parallel degree (stages)."),
         click.option("--dp", type=int, help="Data-parallel degree (default: GPUs / (tp·pp·cp))."),
@@ -261,7 +274,7 @@ def simulate_options(f: Callable) -> Callable:
     return fault_options(f)
 
 
-OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
+OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
                "calibration_scope", "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split")
@@ -279,7 +292,7 @@ def experiment_from_options(config: str | None = None, **options) -> Experiment:
         v = options.get(k)
         if v is not None:
             data[k] = v
-    if any(data.get(k) is not None for k in MODEL_FIELDS) and "model" not in data:
+    if any(data.get(k) is not None for k in MODEL_FIELDS) and "model" not in data and "model_config" not in data:
         data["model"] = None
     from clustersim.faults import FAULT_OPTION_KEYS, faults_from_options
     fault_flags = {k: options.get(k) for k in FAULT_OPTION_KEYS}
@@ -317,6 +330,7 @@ class Outcome:
             "mode": m.mode, "network": self.experiment.network, "cluster": self.experiment.cluster,
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
             "notes": list(self.notes), "calibration": self.calibration,
+            "model_params": self.model.param_count() if hasattr(self.model, "param_count") else None,
         }
         return d
 
@@ -330,6 +344,13 @@ def _plan_dict(plan) -> dict:
 def resolve_model(exp: Experiment):
     """The ModelSpec an experiment names (preset, custom mapping, YAML file, or parameter count)."""
     from schedules import models
+    if exp.model_config is not None:
+        base = models.model_from_hf_config(exp.model_config)
+        fields = {k: v for k, v in exp.model.items() if k != "base"} if isinstance(exp.model, dict) else {}
+        try:
+            return dataclasses.replace(base, **fields)
+        except TypeError as e:
+            raise ConfigError(f"model override: {e}") from None
     if exp.params is not None and exp.model in (None, "llama3-8b") and not isinstance(exp.model, dict):
         return models.model_from_params(exp.params)
     if isinstance(exp.model, dict) and "base" in exp.model:
@@ -430,6 +451,10 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
     elif plan.schedule == "interleaved" and exp.virtual_stages is None:
         notes.append(f"interleaved 1F1B with {plan.virtual_stages} virtual stages per pipeline rank (--virtual-stages)")
+    if isinstance(exp.model, dict) and "base" not in exp.model and "gated_mlp" not in exp.model \
+            and exp.model_config is None:
+        notes.append(f"custom model: {'SwiGLU' if model.gated_mlp else '2-matrix GELU (GPT-style)'} MLP, "
+                     f"{model.param_count() / 1e9:.2f} B parameters; --gated-mlp / --no-gated-mlp chooses")
     failures = None
     fault_breaks = False
     if exp.faults:

@@ -44,6 +44,14 @@ def _fmt_bytes(b: float) -> str:
     return f"{b / 1e9:,.1f} GB"
 
 
+def param_str(model) -> str:
+    """The model's parameter count for tables: "8.03 B" (MoE: "671.03 B (37.55 B active)")."""
+    n = model.param_count()
+    if getattr(model, "is_moe", False):
+        return f"{n / 1e9:,.2f} B ({model.active_param_count() / 1e9:,.2f} B active)"
+    return f"{n / 1e9:,.2f} B"
+
+
 def print_summary(outcome, console=None) -> None:
     """The human summary: a rich table of the metrics."""
     from rich.console import Console
@@ -61,6 +69,7 @@ def print_summary(outcome, console=None) -> None:
                 + f" · {p.schedule}" + (f" v{p.virtual_stages}" if getattr(p, "virtual_stages", 1) > 1 else "")
                 + f" · mb {p.micro_batch} · gb {p.global_batch} · seq {p.seq}")
     rows = [
+        ("parameters", param_str(outcome.model)),
         ("plan", plan_str),
         ("network / mode", f"{exp.network} / {m.mode}"),
         ("calibration", f"{Path(exp.calibration).name}: {outcome.calibration}" if exp.calibration else "none"),
