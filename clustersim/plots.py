@@ -694,9 +694,31 @@ def time_breakdown(result, metrics=None) -> dict[str, float]:
     return {k: v / total_w for k, v in out.items()} if total_w else out
 
 
+#: one colour per parallel axis (simulator.metrics.AXES), shades of red so that exposed communication reads as one
+#: family in the bars
+AXIS_COLOURS = {"tp": "#7B1F1F", "cp": "#A93226", "ep": "#D35400", "pp": "#E74C3C", "dp": "#F1948A",
+                "other": "#C0392B"}
+def exposed_by_axis(result, metrics=None) -> dict[str, float]:
+    """``time_breakdown``'s exposed communication split by parallel axis (seconds, mean over ranks): each
+    rank's exposed time shared in proportion to each axis's own exposed time (axes can overlap one another;
+    the split keeps the parts summing to the exposed communication)."""
+    from simulator.metrics import compute_metrics
+    m = metrics if metrics is not None and metrics.per_rank else compute_metrics(result)
+    out: dict[str, float] = {}
+    total_w = sum(rm.represents for rm in m.per_rank)
+    for rm in m.per_rank:
+        by_axis = {ax: e for ax, (_, e) in rm.comm_by_axis.items() if e > 0}
+        axis_sum = sum(by_axis.values())
+        for ax, e in (by_axis.items() if axis_sum > 0 else [("other", 1.0)]):
+            share = e / axis_sum if axis_sum > 0 else 1.0
+            out[ax] = out.get(ax, 0.0) + rm.represents * rm.exposed_comm_s * share / total_w
+    return {ax: v for ax, v in out.items() if v > 0}
+
+
 BREAKDOWN_COLOURS = {**{k: PHASE_COLOURS[k] for k in PHASE_COLOURS}, "exposed_comm": EXPOSED_STRIP_STYLE["facecolor"],
-                     "bubble": "#E8E8E8"}
-BREAKDOWN_LABELS = {**PHASE_LABELS, "exposed_comm": EXPOSED_LABEL, "bubble": BUBBLE_LABEL}
+                     **{f"exposed_{a}": c for a, c in AXIS_COLOURS.items()}, "bubble": "#E8E8E8"}
+BREAKDOWN_LABELS = {**PHASE_LABELS, "exposed_comm": EXPOSED_LABEL, "bubble": BUBBLE_LABEL,
+                    **{f"exposed_{a}": f"exposed {a.upper() if a != 'dp' else 'DP/FSDP'} comm" for a in AXIS_COLOURS}}
 
 
 def breakdown_bars(results, path=None, metrics: dict | None = None) -> Figure:
@@ -709,8 +731,14 @@ def breakdown_bars(results, path=None, metrics: dict | None = None) -> Figure:
     names = list(parts)
     y = np.arange(len(names))
     left = np.zeros(len(names))
-    for k in BREAKDOWN_ORDER:
-        vals = np.array([parts[n][k] for n in names]) * scale
+    axes = {n: exposed_by_axis(r, (metrics or {}).get(n)) for n, r in named.items()}
+    keys = [k for k in BREAKDOWN_ORDER if k != "exposed_comm"]
+    keys[keys.index("bubble"):keys.index("bubble")] = [f"exposed_{a}" for a in AXIS_COLOURS]
+    for k in keys:
+        if k.startswith("exposed_"):
+            vals = np.array([axes[n].get(k.removeprefix("exposed_"), 0.0) for n in names]) * scale
+        else:
+            vals = np.array([parts[n][k] for n in names]) * scale
         if not vals.any():
             continue
         style = {"hatch": "////", "edgecolor": "#8A8A8A"} if k == "bubble" else {"edgecolor": "white"}

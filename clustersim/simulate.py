@@ -80,6 +80,8 @@ def print_summary(outcome, console=None) -> None:
         ("pipeline bubble", f"{m.bubble_fraction:.1%}"),
         ("exposed communication", f"{m.exposed_comm_fraction:.1%}"),
         ("overlap (comm hidden by compute)", f"{m.overlap_fraction:.1%}"),
+        *[(f"  {ax.upper()} comm total / exposed / hidden", f"{d['total_fraction']:.1%} / {d['exposed_fraction']:.1%}"
+           f" / {d['overlapped_fraction']:.1%}") for ax, d in m.comm_by_axis.items()],
         ("peak memory / HBM", f"{_fmt_bytes(m.peak_memory_bytes)} / {_fmt_bytes(m.memory_capacity_bytes)}"
                               + ("" if m.fits_in_memory else "  [red]does not fit[/red]")),
         ("ops simulated (represented)", f"{m.events_simulated:,} ({m.represented_ops:,})"),
