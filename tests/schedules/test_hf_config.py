@@ -5,7 +5,7 @@ import json
 import pytest
 
 from schedules.models import get_model, model_from_hf_config
-from simulator.cli import main
+from clustersim.cli import main
 from simulator.errors import ConfigError
 
 LLAMA31_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,

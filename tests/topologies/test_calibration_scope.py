@@ -88,8 +88,8 @@ def test_backend_of_the_cluster_is_preferred_and_other_backends_ignored():
 
 
 def test_simulate_refuses_then_forces_and_reports_the_calibration(tmp_path, capsys):
-    from simulator.cli import main
-    from simulator.experiment import Experiment, run_experiment
+    from clustersim.cli import main
+    from clustersim.experiment import Experiment, run_experiment
     p = tmp_path / "calib.json"
     _cpu_gloo().save(p)
     argv = ["simulate", "--cluster", "dgx-h100", "--gpus", "8", "--model", "tiny", "--tp", "2", "--calibration", str(p)]

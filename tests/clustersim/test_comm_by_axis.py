@@ -49,9 +49,9 @@ def test_comm_by_axis_closed_form():
 def test_comm_by_axis_in_json_table_and_bars(capsys):
     import json
 
-    from simulator import plots
-    from simulator.cli import main
-    from simulator.experiment import Experiment, run_experiment
+    from clustersim import plots
+    from clustersim.cli import main
+    from clustersim.experiment import Experiment, run_experiment
     assert main(["simulate", "--cluster", "dgx-h100", "--gpus", "32", "--model", "tiny-moe", "--tp", "2",
                  "--pp", "2", "--ep", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
