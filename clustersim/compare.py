@@ -116,6 +116,14 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
     from clustersim.experiment import OPTION_KEYS
     base, variants, title = ({}, [], None) if not config else load_compare_file(config)
     given = {k: v for k, v in options.items() if k in OPTION_KEYS and v is not None}
+    from clustersim.faults import FAULT_OPTION_KEYS, faults_from_options
+    fault_flags = {k: options.get(k) for k in FAULT_OPTION_KEYS}
+    if any(v not in (None, (), []) for v in fault_flags.values()):
+        # the fault options as `simulate` reads them (validated here: bad ones are errors before any run)
+        yaml_faults = base.get("faults")
+        if yaml_faults is not None and not isinstance(yaml_faults, dict):
+            raise ConfigError(f"{config}: faults: expected a mapping (stragglers, jitter, seed, ...)")
+        given["faults"] = faults_from_options(yaml_faults, **fault_flags)
     merged_base = {**base, **given}
     if schedules:
         vs = merged_base.get("virtual_stages", merged_base.get("virtual-stages"))
@@ -155,6 +163,8 @@ def run_variants(variants: list[tuple[str, dict]], progress=None) -> list[PlanRu
                 named = ConfigError(f"variant {name!r}: {e}")
             raise named from e
         definition = out.experiment.to_dict()
+        if hasattr(out.model, "param_count"):
+            definition["model_params"] = out.model.param_count()
         plan = getattr(out, "plan", None)
         if plan is not None and hasattr(plan, "to_dict"):
             definition["resolved_plan"] = plan.to_dict()
@@ -288,11 +298,13 @@ def _command_line(ctx: click.Context) -> str:
     words = ["clustersim", ctx.info_name or "compare"]
     names = {p.name: p.opts[-1] if p.opts[-1].startswith("--") else p.opts[0] for p in ctx.command.params}
     for name, value in ctx.params.items():
-        if value is None or value is False:
+        if value is None or value is False or value == ():
             continue
-        words.append(names.get(name, "--" + name.replace("_", "-")))
-        if value is not True:
-            words.append(str(value))
+        flag = names.get(name, "--" + name.replace("_", "-"))
+        for v in (value if isinstance(value, tuple) else (value,)):      # repeatable options: once per value
+            words.append(flag)
+            if v is not True:
+                words.append(str(v))
     return " ".join(shlex.quote(w) for w in words)
 
 
