@@ -429,8 +429,11 @@ def load_cluster_for(exp: Experiment):
 
 
 def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None = None,
-                   check_budget: bool = True, validate: bool = True, timeline: bool = False) -> Outcome:
+                   check_budget: bool = True, validate: bool = True, timeline: bool = False,
+                   announce: Callable[[str], None] | None = None) -> Outcome:
     """Run one experiment end to end and return its Outcome (result, metrics, resolved model/plan/cluster).
+    ``announce(line)`` hears a wall-time and memory estimate before a full-mode run of more than
+    ``guards.ANNOUNCE_ABOVE_OPS`` ops.
 
     ``validate=False`` skips the static program checks (the search does, for generated programs that the
     schedules tests already validate); deadlocks are still detected by the engine."""
@@ -484,7 +487,10 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
             programs = build_programs(model, plan, world, symmetric=False)
     if check_budget:
         from clustersim.guards import check_budget as guard
-        guard(programs, "symmetric" if programs.symmetric else "full", timeline=timeline, network=exp.network)
+        est = guard(programs, "symmetric" if programs.symmetric else "full", timeline=timeline, network=exp.network)
+        from clustersim.guards import ANNOUNCE_ABOVE_OPS, estimate_line
+        if announce is not None and not programs.symmetric and est.ops > ANNOUNCE_ABOVE_OPS:
+            announce(estimate_line(est, exp.network, timeline))
     result = run(programs, cost, progress=progress, failures=failures, check=validate)
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0

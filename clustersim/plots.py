@@ -182,6 +182,15 @@ def representative_ranks(result, max_ranks: int) -> list[tuple[int, str]]:
     return rank_labels(result, [per_stage[s][0] for s in stages])
 
 
+def shown_ranks_note(result, picks) -> str:
+    """"" when every simulated rank is shown, else which ones are ("showing 4 of 64 simulated ranks: ...")."""
+    n = len(result.programs.ops)
+    if len(picks) >= n:
+        return ""
+    return (f"showing {len(picks)} of {n} simulated ranks: {', '.join(label for _, label in picks)}"
+            + (" (one per pipeline stage)" if _stages(result) is not None else ""))
+
+
 P2P_LANE = "send/recv"
 
 
@@ -657,6 +666,10 @@ def memory_over_time(results, path=None, ranks=None, max_ranks: int = 8) -> Figu
     handles = [Patch(facecolor=MEMORY_COLOURS.get(c, "#CCCCCC"), label=c) for c in used]
     handles.append(plt.Line2D([], [], color="#C0392B", linestyle="--", label="HBM capacity"))
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False)
+    hidden = [shown_ranks_note(res, picks) for _, res, picks in rows]
+    if any(hidden):
+        fig.text(0.5, 0.005, "; ".join(h for h in hidden if h), ha="center", va="bottom", fontsize=7,
+                 color="#666666", gid="ranks_note")
     if path is not None:
         save(fig, path)
     return fig

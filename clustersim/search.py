@@ -335,6 +335,8 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
                     progress(stats["simulated"] + stats["cached"], len(scored))
     finally:
         executor.close()
+    if progress:
+        progress(len(scored), len(scored))     # the plans the bound pruned are decided too
     ok = sorted((r for r in results if "error" not in r), key=lambda r: r["step_time_s"])
     fitting = [r for r in ok if r["fits_in_memory"]]
     stats["simulated_not_fitting"] = len(ok) - len(fitting)
@@ -496,7 +498,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k,
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
     from clustersim.simulate import DelayedProgress
     import sys
-    bar = DelayedProgress("searching", delay_s=0.5, enabled=sys.stderr.isatty())
+    bar = DelayedProgress("searching", delay_s=0.5, enabled=sys.stderr.isatty(), unit="plans")
     try:
         out = run_search(base, top_k=top_k, space=space, workers=workers, scheduler=scheduler,
                          cache_path=cache_path, progress=bar)

@@ -12,28 +12,38 @@ from clustersim.experiment import experiment_from_options, run_experiment, simul
 
 
 class DelayedProgress:
-    """A rich progress bar on stderr that appears only once a run has lasted ``delay_s`` seconds."""
+    """A rich progress bar on stderr that appears once a run has lasted ``delay_s`` seconds, counting
+    ``unit`` (ops, plans) with an ETA from the average rate since the start (known from the first update)."""
 
-    def __init__(self, description: str, delay_s: float = 1.5, enabled: bool = True):
-        self.description, self.delay_s, self.enabled = description, delay_s, enabled
+    def __init__(self, description: str, delay_s: float = 1.0, enabled: bool = True, unit: str = "ops"):
+        self.description, self.delay_s, self.enabled, self.unit = description, delay_s, enabled, unit
         self.t0 = time.perf_counter()
         self.bar = None
         self.task = None
 
+    def eta_s(self, done: int, total: int, now: float | None = None) -> float | None:
+        """Seconds left at the mean rate so far (None before anything is done)."""
+        elapsed = (time.perf_counter() if now is None else now) - self.t0
+        if done <= 0 or elapsed <= 0:
+            return None
+        return max(0.0, elapsed * (total - done) / done)
+
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
+        eta = self.eta_s(done, total)
+        eta_text = "ETA --:--" if eta is None else f"ETA {int(eta) // 60:d}:{int(eta) % 60:02d}"
         if self.bar is None:
             if time.perf_counter() - self.t0 < self.delay_s or done >= total:
                 return
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("ops"), TimeElapsedColumn(), console=Console(stderr=True),
-                                transient=True)
+                                TextColumn(self.unit), TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
+                                console=Console(stderr=True), transient=True)
             self.bar.start()
-            self.task = self.bar.add_task(self.description, total=total)
-        self.bar.update(self.task, completed=done)
+            self.task = self.bar.add_task(self.description, total=total, eta=eta_text)
+        self.bar.update(self.task, completed=done, eta=eta_text)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -42,6 +52,10 @@ class DelayedProgress:
 
 def _fmt_bytes(b: float) -> str:
     return f"{b / 1e9:,.1f} GB"
+
+
+#: panels of simulate's memory.png: one per pipeline stage up to this many (plots.representative_ranks)
+MEMORY_PLOT_RANKS = 8
 
 
 def param_str(model) -> str:
@@ -117,9 +131,13 @@ def write_report_folder(outcome, out: Path) -> list[Path]:
         fig = plots.gantt(res, path=out / "gantt.png", ranks=lanes)
         plt.close(fig)
         written.append(out / "gantt.png")
-        fig = plots.memory_over_time(res, path=out / "memory.png", ranks=lanes[:4])
+        picks = plots.representative_ranks(res, MEMORY_PLOT_RANKS)
+        fig = plots.memory_over_time(res, path=out / "memory.png", ranks=[r for r, _ in picks])
         plt.close(fig)
         written.append(out / "memory.png")
+        shown = plots.shown_ranks_note(res, picks)
+        if shown:
+            outcome.notes.append(f"memory.png: {shown}")
     return written
 
 
@@ -132,7 +150,8 @@ def simulate(out, as_json, **options):
     exp = experiment_from_options(**options)
     progress = DelayedProgress("simulating", enabled=sys.stderr.isatty())
     try:
-        outcome = run_experiment(exp, progress=progress, timeline=bool(out))
+        outcome = run_experiment(exp, progress=progress, timeline=bool(out),
+                                 announce=lambda line: click.echo(line, err=True))
     finally:
         progress.close()
     if out:
