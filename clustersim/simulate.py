@@ -109,8 +109,9 @@ def print_summary(outcome, console=None) -> None:
 
 
 def write_report_folder(outcome, out: Path) -> list[Path]:
-    """Write result.json, timeline.csv, trace.json (Perfetto), gantt.png and memory.png into ``out``."""
-    from simulator.export import lane_ranks, write_perfetto, write_timeline
+    """Write result.json, timeline.csv, trace.json (Perfetto, every rank), traces/rank-N.json (one file per
+    rank, for Holistic Trace Analysis), gantt.png and memory.png into ``out``."""
+    from simulator.export import lane_ranks, write_perfetto, write_rank_traces, write_timeline
     out.mkdir(parents=True, exist_ok=True)
     res = outcome.result
     written = []
@@ -122,6 +123,7 @@ def write_report_folder(outcome, out: Path) -> list[Path]:
     lanes = lane_ranks(res)
     written.append(write_timeline(res, out / "timeline.csv", ranks=lanes))
     written.append(write_perfetto(res, out / "trace.json", ranks=lanes))
+    written += write_rank_traces(res, out / "traces", ranks=lanes)   # one file per rank: HTA / Perfetto folder
     try:
         from clustersim import plots
     except ImportError:
