@@ -70,6 +70,8 @@ class SearchSpace:
     ep: tuple | None = None             # None: every EP degree that divides dp and the experts
     max_tp: int = 64
     max_pp: int = 16
+    tp: tuple | None = None             # fixed tensor-parallel degrees (None: powers of two up to max_tp)
+    pp: tuple | None = None             # fixed pipeline degrees (None: divisors up to max_pp)
 
 
 def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace) -> list[Experiment]:
@@ -77,10 +79,12 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
     cands = []
     gb = base.global_batch
     experts = getattr(model, "experts", 0) or 0
-    for tp in _pow2_divisors(world, space.max_tp):
+    tps = [t for t in space.tp if world % t == 0] if space.tp is not None else _pow2_divisors(world, space.max_tp)
+    for tp in tps:
         for cp in space.cp:
             for pp in _divisors(world // tp):
-                if pp > space.max_pp or (world // tp) % (pp * cp):
+                if (space.pp is not None and pp not in space.pp) or (space.pp is None and pp > space.max_pp) \
+                        or (world // tp) % (pp * cp):
                     continue
                 dp = world // (tp * pp * cp)
                 eps = [e for e in _divisors(dp) if experts and experts % e == 0] if experts else [1]
@@ -464,6 +468,9 @@ def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_byt
 @click.option("--recompute", "recompute_opts", default="none,selective,full", show_default=True)
 @click.option("--zero", "zero_opts", default="0,1,2,3", show_default=True, help="ZeRO stages (3 = FSDP).")
 @click.option("--cp", "cp_opts", default="1,2", show_default=True, help="Context-parallel degrees.")
+@click.option("--tp", "tp_opts", help="Fixed tensor-parallel degree(s), e.g. 8 or 4,8 (default: powers of two).")
+@click.option("--pp", "pp_opts", help="Fixed pipeline-parallel degree(s), e.g. 16 (default: divisors up to 16).")
+@click.option("--ep", "ep_opts", help="Fixed expert-parallel degree(s) (default: every one that fits).")
 @click.option("--workers", type=int, help="Local worker processes (default: CPU count).")
 @click.option("--scheduler", help="Dask scheduler address tcp://HOST:PORT (else a local process pool).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Result cache (default ~/.cache/clustersim).")
@@ -471,7 +478,7 @@ def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_byt
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k, micro_batches, schedules,
-           recompute_opts, zero_opts, cp_opts, workers, scheduler, cache_dir, no_cache, pareto, as_json):
+           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, workers, scheduler, cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     def ints(s, what):
         try:
@@ -486,7 +493,13 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k,
     space = SearchSpace(micro_batches=ints(micro_batches, "micro-batches"),
                         schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
                         recompute=tuple(s.strip() for s in recompute_opts.split(",") if s.strip()),
-                        zero=ints(zero_opts, "zero"), cp=ints(cp_opts, "cp"))
+                        zero=ints(zero_opts, "zero"), cp=ints(cp_opts, "cp"),
+                        tp=ints(tp_opts, "tp") if tp_opts else None, pp=ints(pp_opts, "pp") if pp_opts else None,
+                        ep=ints(ep_opts, "ep") if ep_opts else None)
+    for what, vals in (("tp", space.tp), ("pp", space.pp), ("ep", space.ep)):
+        if vals is not None and (min(vals) < 1 or (gpus and any(gpus % v for v in vals))):
+            raise ConfigError(f"--{what}: every degree must be >= 1 and divide the {gpus} GPUs, got "
+                              f"{','.join(map(str, vals))}")
     for s in space.schedules:
         if s not in ("gpipe", "1f1b", "interleaved", "zb"):
             raise ConfigError(f"--schedules: unknown schedule {s!r}")
@@ -513,7 +526,10 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, top_k,
     from rich.console import Console
     from rich.table import Table
     st = out["stats"]
-    t = Table(title=f"top {top_k} plans · {model} on {gpus} × {cluster} · global batch {global_batch} · seq {seq}")
+    from clustersim.experiment import resolve_model
+    from clustersim.simulate import param_str
+    t = Table(title=f"top {top_k} plans · {model} ({param_str(resolve_model(base))} parameters) on {gpus} × {cluster} "
+                    f"· global batch {global_batch} · seq {seq}")
     for c in ("#", "plan", "step s", "tokens/s", "MFU", "bubble", "exposed comm", "peak mem GB"):
         t.add_column(c, justify="right" if c not in ("plan",) else "left")
     for i, r in enumerate(out["top"], 1):
