@@ -163,4 +163,8 @@ def simulate(out, as_json, **options):
     else:
         print_summary(outcome)
         if out:
-            click.echo(f"wrote {', '.join(str(f) for f in files)}")
+            rank_files = [f for f in files if f.parent.name == "traces"]
+            shown = [str(f) for f in files if f not in rank_files]
+            if rank_files:
+                shown.append(f"{rank_files[0].parent}/ ({len(rank_files)} rank-N.json files)")
+            click.echo(f"wrote {', '.join(shown)}")
