@@ -432,6 +432,24 @@ def blocks(df: pd.DataFrame, tol_s: float = 0.0) -> pd.DataFrame:
     return out.drop(columns=["key", "ckey"]).reset_index(drop=True)
 
 
+def comm_axes(df: pd.DataFrame) -> dict[str, list[str]]:
+    """Palette key of each communication kind in a timeline -> the parallel axes it serves there (from the
+    ``group`` column's process-group families, simulator.metrics.AXIS_OF_FAMILY), in AXES order."""
+    from simulator.metrics import AXES, AXIS_OF_FAMILY
+    if "group" not in df.columns:
+        return {}
+    comm = df[df["kind"] != "compute"]
+    out: dict[str, set] = {}
+    for k, co, fam in zip(comm["kind"], comm.get("collective", [None] * len(comm)), comm["group"]):
+        if isinstance(fam, str):
+            out.setdefault(colour_key(k, None, co), set()).add(AXIS_OF_FAMILY.get(fam, "other"))
+    return {k: [a for a in AXES if a in v] for k, v in out.items()}
+
+
+def axis_label(axis: str) -> str:
+    return "DP/FSDP" if axis == "dp" else axis.upper()
+
+
 def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8, label_budget: int = 4000,
                 merge: bool = True):
     lanes = panel.lanes
@@ -460,6 +478,22 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
             ax.add_collection(pc)
             if (key, c) not in used:
                 used.append((key, c))
+    # communication that runs on a compute lane (TP all-reduces, EP all-to-alls inside a micro-batch block)
+    # keeps its own colour: a band through the middle of the block
+    if merge:
+        inline: dict[str, list] = {}
+        for i, ln in enumerate(lanes):
+            if not ln.compute_lane:
+                continue
+            part = df[(df["rank"] == ln.rank) & (df["stream"] == ln.stream) & (df["kind"] != "compute")]
+            for key, sub in part.groupby("_key", sort=False):
+                inline.setdefault(key, []).extend(
+                    _rects(ys[i], sub["start_s"].to_numpy(), sub["end_s"].to_numpy(), scale, hs[i] * fill * 0.45))
+        for key, verts in inline.items():
+            ax.add_collection(PolyCollection(verts, facecolors=colour_of(key), edgecolors="none", label=f"{key} inline",
+                                             zorder=2.4))
+            if (key, 0) not in used:
+                used.append((key, 0))
     # idle spans on each rank's compute lane (from the ops themselves, not the merged blocks)
     bub_verts, exp_fill, exp_strip = [], [], []
     for i, ln in enumerate(lanes):
@@ -558,7 +592,13 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
     axes[-1].set_xlabel(f"time ({unit})")
     canon = list(PHASE_COLOURS) + list(COMM_COLOURS)
     used_keys.sort(key=lambda kc: (canon.index(kc[0]), kc[1]))
-    handles = [Patch(facecolor=chunk_colour(k, c), label=legend_label(k) + (f", model chunk {c + 1}" if c else ""))
+    axes_of: dict[str, list] = {}
+    for pn in panels:
+        for k, v in comm_axes(pn.timeline).items():
+            axes_of[k] = axes_of.get(k, []) + [a for a in v if a not in axes_of.get(k, [])]
+    # communication entries name the parallel axes they serve: "all-reduce (TP, DP/FSDP)"
+    handles = [Patch(facecolor=chunk_colour(k, c), label=legend_label(k) + (f", model chunk {c + 1}" if c else "")
+                     + (f" ({', '.join(axis_label(a) for a in axes_of[k])})" if axes_of.get(k) else ""))
                for k, c in used_keys]
     if any_exposed:
         handles.append(Patch(label=EXPOSED_LABEL, facecolor=EXPOSED_STYLE["facecolor"],

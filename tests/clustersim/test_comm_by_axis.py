@@ -70,3 +70,16 @@ def test_comm_by_axis_in_json_table_and_bars(capsys):
     assert main(["simulate", "--cluster", "dgx-h100", "--gpus", "32", "--model", "tiny-moe", "--tp", "2",
                  "--pp", "2", "--ep", "2"]) == 0
     assert "EP comm total / exposed / hidden" in capsys.readouterr().out
+
+
+def test_gantt_shows_inline_tp_and_ep_communication_and_names_axes():
+    from clustersim import plots
+    from clustersim.experiment import Experiment, run_experiment
+    o = run_experiment(Experiment(cluster="dgx-h100", gpus=32, model="tiny-moe", tp=2, pp=2, ep=2), timeline=True)
+    assert plots.comm_axes(o.result.timeline) == {"all_reduce": ["tp", "dp"], "all_to_all": ["ep"], "p2p": ["pp"]}
+    fig = plots.gantt(o.result)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "all-to-all (EP)" in labels and "all-reduce (TP, DP/FSDP)" in labels
+    inline = {c.get_label() for ax in fig.axes for c in ax.collections if c.get_label().endswith(" inline")}
+    assert {"all_to_all inline", "all_reduce inline"} <= inline
+    plots.close(fig)
