@@ -30,7 +30,8 @@ def _check_output(path: Path, flag: str, suffixes: tuple[str, ...]) -> None:
 def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None, allow_mixed: bool) -> None:
     """Fit compute efficiency and collective alpha-beta from trace folders/files (TRACE_DIR ...) and
     collective benchmarks (a `clustersim collect --bench collectives` folder or its manifest.json)."""
-    from traces.calibrate import calibrate as fit, plot
+    from traces.calibrate import FIT_WARN_ERROR, fit_errors, plot
+    from traces.calibrate import calibrate as fit
 
     _check_output(output, "-o", (".json",))
     if plot_path is not None:
@@ -40,15 +41,21 @@ def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None, a
         cal.save(output)
     except OSError as e:
         raise ConfigError(f"cannot write {output}: {e.strerror}") from None
-    for c in cal.compute:
-        click.echo(f"compute  {c.device}: peak {c.peak_flops_per_s / 1e12:.4g} TFLOP/s, "
-                   f"half-saturation {c.half_saturation_flops:.3g} FLOPs ({len(c.points)} sizes)")
-    for f in cal.layers:
-        click.echo(f"layer    {f.device} {f.phase}: peak {f.peak_flops_per_s / 1e12:.4g} TFLOP/s, "
-                   f"half-saturation {f.half_saturation_flops:.3g} FLOPs ({len(f.points)} sizes)")
-    for c in cal.collectives:
-        click.echo(f"{c.kind:<15} {c.backend} n={c.group_size} {c.scope}: alpha {c.alpha_s * 1e6:.3g} us, "
-                   f"busbw {c.busbw_bytes_per_s / 1e9:.4g} GB/s ({len(c.points)} sizes)")
+    lines = [(f"compute  {c.device}", f"peak {c.peak_flops_per_s / 1e12:.4g} TFLOP/s, half-saturation "
+                                        f"{c.half_saturation_flops:.3g} FLOPs", c) for c in cal.compute]
+    lines += [(f"layer    {f.device} {f.phase}", f"peak {f.peak_flops_per_s / 1e12:.4g} TFLOP/s, half-saturation "
+                                                  f"{f.half_saturation_flops:.3g} FLOPs", f) for f in cal.layers]
+    lines += [(f"{c.kind:<15} {c.backend} n={c.group_size} {c.scope}",
+               f"alpha {c.alpha_s * 1e6:.3g} us, busbw {c.busbw_bytes_per_s / 1e9:.4g} GB/s", c)
+              for c in cal.collectives]
+    for name, figures, f in lines:
+        med, worst = fit_errors(f)
+        click.echo(f"{name}: {figures} ({len(f.points)} sizes; error vs its points median {med:.1%}, "
+                   f"max {worst:.1%})")
+        if worst > FIT_WARN_ERROR:
+            click.echo(f"warning: the {name.split()[0]} fit {' '.join(name.split()[1:])} misses one of its "
+                       f"points by {worst:.0%} (> {FIT_WARN_ERROR:.0%}): the saturating / alpha-beta curve does "
+                       f"not describe these measurements well", err=True)
     click.echo(f"wrote {output}")
     if plot_path is not None:
         try:

@@ -116,6 +116,14 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
     from clustersim.experiment import OPTION_KEYS
     base, variants, title = ({}, [], None) if not config else load_compare_file(config)
     given = {k: v for k, v in options.items() if k in OPTION_KEYS and v is not None}
+    from clustersim.faults import FAULT_OPTION_KEYS, faults_from_options
+    fault_flags = {k: options.get(k) for k in FAULT_OPTION_KEYS}
+    if any(v not in (None, (), []) for v in fault_flags.values()):
+        # the fault options as `simulate` reads them (validated here: bad ones are errors before any run)
+        yaml_faults = base.get("faults")
+        if yaml_faults is not None and not isinstance(yaml_faults, dict):
+            raise ConfigError(f"{config}: faults: expected a mapping (stragglers, jitter, seed, ...)")
+        given["faults"] = faults_from_options(yaml_faults, **fault_flags)
     merged_base = {**base, **given}
     if schedules:
         vs = merged_base.get("virtual_stages", merged_base.get("virtual-stages"))
@@ -155,6 +163,8 @@ def run_variants(variants: list[tuple[str, dict]], progress=None) -> list[PlanRu
                 named = ConfigError(f"variant {name!r}: {e}")
             raise named from e
         definition = out.experiment.to_dict()
+        if hasattr(out.model, "param_count"):
+            definition["model_params"] = out.model.param_count()
         plan = getattr(out, "plan", None)
         if plan is not None and hasattr(plan, "to_dict"):
             definition["resolved_plan"] = plan.to_dict()
@@ -288,11 +298,13 @@ def _command_line(ctx: click.Context) -> str:
     words = ["clustersim", ctx.info_name or "compare"]
     names = {p.name: p.opts[-1] if p.opts[-1].startswith("--") else p.opts[0] for p in ctx.command.params}
     for name, value in ctx.params.items():
-        if value is None or value is False:
+        if value is None or value is False or value == ():
             continue
-        words.append(names.get(name, "--" + name.replace("_", "-")))
-        if value is not True:
-            words.append(str(value))
+        flag = names.get(name, "--" + name.replace("_", "-"))
+        for v in (value if isinstance(value, tuple) else (value,)):      # repeatable options: once per value
+            words.append(flag)
+            if v is not True:
+                words.append(str(v))
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -448,7 +460,7 @@ def trace_timeline(trace, step: int | None = None) -> pd.DataFrame:
         streams = [s if (r, s) not in compute_lanes else f"{s} comm" for r, s in zip(colls["rank"], colls["stream"])]
         rows.append(pd.DataFrame({"rank": colls["rank"].to_numpy(), "stream": streams,
                                   "kind": np.where(p2p, kind, "collective"), "name": colls["name"].to_numpy(),
-                                  "start_s": colls["ts"].to_numpy(), "end_s": colls["end"].to_numpy(),
+                                  "start_s": peer_ready_starts(colls, trace), "end_s": colls["end"].to_numpy(),
                                   "collective": np.where(p2p, None, kind), "size_bytes": colls["size_bytes"].to_numpy(),
                                   "phase": None}))
     df = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["rank", "stream", "kind"])
@@ -466,6 +478,36 @@ def trace_timeline(trace, step: int | None = None) -> pd.DataFrame:
     df.attrs["step_time_s"] = max(float(np.nanmax(ends)) - t0, float(df["end_s"].max()) if len(df) else 0.0)
     df.attrs["step"] = int(step)
     return df
+
+
+def peer_ready_starts(colls: pd.DataFrame, trace) -> np.ndarray:
+    """Start of each measured communication under the simulator's rule (``simulator.metrics``): when its last
+    peer reaches it. A collective kernel that waits for late peers is not communicating, so that wait counts
+    as bubble, in a measured trace as in a simulation. Instances whose members are not all in the trace (or
+    traces without a shared clock) keep their recorded start."""
+    ts = colls["ts"].to_numpy(dtype=float).copy()
+    if not trace.shared_clock or colls.empty:
+        return ts
+    pos = pd.Series(np.arange(len(colls)), index=colls.index)
+    kind = colls["kind"].astype(str)
+    present = set(trace.ranks)
+    coll = colls[~kind.isin(["send", "recv"])]
+    if len(coll):
+        gkey = coll["pg"].fillna("").astype(str) + "|" + coll["group_ranks"].astype(str)
+        for _, g in coll.groupby([gkey, coll["seq"]], sort=False):
+            members = set(g["group_ranks"].iloc[0]) if g["group_ranks"].iloc[0] is not None else set(g["rank"])
+            if len(g) > 1 and members <= set(g["rank"]) and members <= present:
+                ts[pos[g.index].to_numpy()] = float(g["ts"].max())
+    snd = colls[kind.eq("send")].assign(src=lambda d: d["rank"], dst=lambda d: d["peer"])
+    rcv = colls[kind.eq("recv")].assign(src=lambda d: d["peer"], dst=lambda d: d["rank"])
+    if len(snd) and len(rcv):       # the k-th send src->dst meets the k-th recv at dst from src
+        snd = snd.assign(k=snd.groupby(["src", "dst"]).cumcount(), i=pos[snd.index].to_numpy())
+        rcv = rcv.assign(k=rcv.groupby(["src", "dst"]).cumcount(), i=pos[rcv.index].to_numpy())
+        m = snd.merge(rcv, on=["src", "dst", "k"], suffixes=("_s", "_r"))
+        both = np.maximum(m["ts_s"].to_numpy(float), m["ts_r"].to_numpy(float))
+        ts[m["i_s"].to_numpy()] = both
+        ts[m["i_r"].to_numpy()] = both
+    return np.minimum(ts, colls["end"].to_numpy(dtype=float))
 
 
 def timeline_metrics(df: pd.DataFrame, step_time_s: float | None = None) -> dict:

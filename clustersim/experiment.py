@@ -33,6 +33,7 @@ from typing import Any, Callable
 import click
 
 from schedules.pipeline import SCHEDULES as _SCHEDULES
+from simulator.calibration import CALIBRATION_SCOPES
 from simulator.errors import ConfigError, ProgramError
 from simulator.inputs import brief
 from simulator.yamlio import load_yaml as _load_yaml
@@ -46,6 +47,7 @@ RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
 STACKS = ("megatron", "torchtitan")
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
+MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Experiment:
     gpus: int | None = None
     model: str | dict | None = "llama3-8b"
     params: float | None = None
+    model_config: str | None = None      # a Hugging Face config.json
     tp: int = 1
     pp: int = 1
     dp: int | None = None
@@ -86,6 +89,7 @@ class Experiment:
     network: str = "analytical"
     mode: str | None = None          # None: symmetric where valid, else full
     calibration: str | None = None
+    calibration_scope: str = "matching"   # "any": apply a calibration measured on other hardware
     algorithm: str | None = None
     astra_system: str | None = None      # --network astra: ASTRA-sim system JSON (default: ring everywhere)
     dtype: str = "bf16"
@@ -157,14 +161,15 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         if not isinstance(raw_key, str):
             raise ConfigError(f"{where}: option names must be strings, got {brief(raw_key)}")
         key = raw_key.replace("-", "_")
-        if key in MODEL_FIELDS:
+        if key in MODEL_FIELDS or key in MODEL_FLAGS:
             if value is not None:
                 custom[key] = value
             continue
         if key == "bucket_bytes":
             key, value = "bucket_mb", (None if value is None else _as_float(value, f"{where}: bucket_bytes") / 1e6)
         if key not in names:
-            raise ConfigError(f"{where}: unknown option {brief(raw_key)}; known: {', '.join(sorted(names | set(MODEL_FIELDS)))}")
+            raise ConfigError(f"{where}: unknown option {brief(raw_key)}; known: "
+                              f"{', '.join(sorted(names | set(MODEL_FIELDS) | set(MODEL_FLAGS)))}")
         if value is None:
             continue
         kw[key] = value
@@ -185,6 +190,9 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             value = _as_float(value, w)
         elif key == "network":
             _check(value in NETWORKS, f"{w}: unknown network {brief(value)}; choose one of {', '.join(NETWORKS)}")
+        elif key == "calibration_scope":
+            _check(value in CALIBRATION_SCOPES, f"{w}: unknown calibration scope {brief(value)}; choose one of "
+                                                f"{', '.join(CALIBRATION_SCOPES)}")
         elif key == "mode":
             _check(value in MODES, f"{w}: unknown mode {brief(value)}; choose one of {', '.join(MODES)}")
         elif key == "schedule":
@@ -203,7 +211,8 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         elif key == "skew":
             value = _as_float(value, w, positive=False)
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
-        elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split", "astra_system"):
+        elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split", "astra_system",
+                     "model_config"):
             _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {brief(value)}")
         elif key == "model":
             _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
@@ -216,11 +225,16 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(isinstance(value, (str, int, float)) and not isinstance(value, bool),
                    f"{w}: expected micro-batches (16) or a multiple of pp (2p), got {value!r}")
         setattr(exp, key, value)
+    if exp.model_config is not None and isinstance(kw.get("model"), str):
+        raise ConfigError(f"{where}: give --model or --model-config, not both")
     if custom and any(k.replace("-", "_") == "model" and v is None for k, v in data.items()):
         exp.model = None                     # custom model from fields only
     if custom:
         for k, v in custom.items():
-            custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k == "experts" else 1)
+            if k in MODEL_FLAGS:
+                _check(isinstance(v, bool), f"{where}: {k}: expected true or false, got {v!r}")
+            else:
+                custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k == "experts" else 1)
         if isinstance(exp.model, dict):
             exp.model = {**exp.model, **custom}
         elif isinstance(exp.model, str):
@@ -252,6 +266,11 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--layers", type=int), click.option("--hidden", type=int), click.option("--ffn", type=int),
         click.option("--heads", type=int), click.option("--kv-heads", type=int), click.option("--vocab", type=int),
         click.option("--experts", type=int), click.option("--top-k", type=int),
+        click.option("--gated-mlp/--no-gated-mlp", default=None,
+                     help="SwiGLU MLP with 3 matrices (Llama) or a 2-matrix GELU MLP (GPT, the custom default)."),
+        click.option("--tied-embeddings/--untied-embeddings", default=None, help="LM head shares the embedding."),
+        click.option("--model-config", type=click.Path(dir_okay=False),
+                     help="Hugging Face config.json (Llama, Mistral, Mixtral, Qwen, DeepSeek V2/V3)."),
         click.option("--tp", type=int, help="Tensor-parallel degree."),
         click.option("--pp", type=int, help="Pipeline-parallel degree (stages)."),
         click.option("--dp", type=int, help="Data-parallel degree (default: GPUs / (tp·pp·cp))."),
@@ -287,6 +306,9 @@ def simulate_options(f: Callable) -> Callable:
                      help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
         click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
+        click.option("--calibration-scope", type=click.Choice(CALIBRATION_SCOPES),
+                     help="matching (default): use only fits of the cluster's device and backend, refuse a "
+                          "calibration that covers neither; any: apply it whatever it was measured on."),
         click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
         click.option("--dtype", type=click.Choice(DTYPES), help="GEMM precision: bf16 (default) or fp8 "
                      "(Transformer Engine FP8 GEMMs in the transformer blocks)."),
@@ -299,12 +321,13 @@ def simulate_options(f: Callable) -> Callable:
     return fault_options(f)
 
 
-OPTION_KEYS = ("cluster", "gpus", "model", "params", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
+OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
-               "attention", "fsdp_reshard_after_forward", "dtype", "stack")
+               "attention", "fsdp_reshard_after_forward", "dtype", "stack",
+               "calibration_scope")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -319,7 +342,7 @@ def experiment_from_options(config: str | None = None, **options) -> Experiment:
         v = options.get(k)
         if v is not None:
             data[k] = v
-    if any(data.get(k) is not None for k in MODEL_FIELDS) and "model" not in data:
+    if any(data.get(k) is not None for k in MODEL_FIELDS) and "model" not in data and "model_config" not in data:
         data["model"] = None
     from clustersim.faults import FAULT_OPTION_KEYS, faults_from_options
     fault_flags = {k: options.get(k) for k in FAULT_OPTION_KEYS}
@@ -343,6 +366,7 @@ class Outcome:
     notes: list = field(default_factory=list)
     cost: Any = None       # the ClusterCostModel that priced the run (before fault wrappers)
     programs: Any = None
+    calibration: str = "none"      # which calibration fits apply (cost model's calibration_summary)
 
     def summary(self) -> dict:
         """The stable ``--json`` contract (see README): metrics plus plan and provenance."""
@@ -359,6 +383,8 @@ class Outcome:
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
             "notes": list(self.notes),
             "dtype": getattr(self.plan, "dtype", "bf16"), "stack": getattr(self.plan, "stack", None),
+            "notes": list(self.notes), "calibration": self.calibration, "comm_by_axis": m.comm_by_axis,
+            "model_params": self.model.param_count() if hasattr(self.model, "param_count") else None,
         }
         if self.cost is not None and hasattr(self.cost, "pricing"):
             d["pricing"] = {"calibration_file": self.experiment.calibration, **self.cost.pricing()}
@@ -384,6 +410,13 @@ def _plan_dict(plan) -> dict:
 def resolve_model(exp: Experiment):
     """The ModelSpec an experiment names (preset, custom mapping, YAML file, or parameter count)."""
     from schedules import models
+    if exp.model_config is not None:
+        base = models.model_from_hf_config(exp.model_config)
+        fields = {k: v for k, v in exp.model.items() if k != "base"} if isinstance(exp.model, dict) else {}
+        try:
+            return dataclasses.replace(base, **fields)
+        except TypeError as e:
+            raise ConfigError(f"model override: {e}") from None
     if exp.params is not None and exp.model in (None, "llama3-8b") and not isinstance(exp.model, dict):
         return models.model_from_params(exp.params)
     if isinstance(exp.model, dict) and "base" in exp.model:
@@ -452,9 +485,11 @@ def build_cost_model(exp: Experiment, cluster):
         # per-dimension collective algorithms and chunking as ASTRA-sim's analytical backend (issue 14)
         from topologies.astra import load_system
         from topologies.multidim import ClusterMultiDimCostModel
-        base = ClusterCostModel(cluster, network="analytical", calibration=cal, algorithm=exp.algorithm)
+        base = ClusterCostModel(cluster, network="analytical", calibration=cal, algorithm=exp.algorithm,
+                            calibration_scope=exp.calibration_scope)
         return ClusterMultiDimCostModel(base, cluster, load_system(exp.astra_system))
-    return ClusterCostModel(cluster, network=exp.network, calibration=cal, algorithm=exp.algorithm)
+    return ClusterCostModel(cluster, network=exp.network, calibration=cal, algorithm=exp.algorithm,
+                            calibration_scope=exp.calibration_scope)
 
 
 def load_cluster_for(exp: Experiment):
@@ -471,8 +506,11 @@ def load_cluster_for(exp: Experiment):
 
 
 def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None = None,
-                   check_budget: bool = True, validate: bool = True, timeline: bool = False) -> Outcome:
+                   check_budget: bool = True, validate: bool = True, timeline: bool = False,
+                   announce: Callable[[str], None] | None = None) -> Outcome:
     """Run one experiment end to end and return its Outcome (result, metrics, resolved model/plan/cluster).
+    ``announce(line)`` hears a wall-time and memory estimate before a full-mode run of more than
+    ``guards.ANNOUNCE_ABOVE_OPS`` ops.
 
     ``validate=False`` skips the static program checks (the search does, for generated programs that the
     schedules tests already validate); deadlocks are still detected by the engine."""
@@ -491,11 +529,16 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
     base_cost = cost
-    notes: list[str] = []
+    cost_summary = cost.calibration_summary()
+    notes: list[str] = list(cost.calibration_notes)
     if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
         notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
     elif plan.schedule == "interleaved" and exp.virtual_stages is None:
         notes.append(f"interleaved 1F1B with {plan.virtual_stages} virtual stages per pipeline rank (--virtual-stages)")
+    if isinstance(exp.model, dict) and "base" not in exp.model and "gated_mlp" not in exp.model \
+            and exp.model_config is None:
+        notes.append(f"custom model: {'SwiGLU' if model.gated_mlp else '2-matrix GELU (GPT-style)'} MLP, "
+                     f"{model.param_count() / 1e9:.2f} B parameters; --gated-mlp / --no-gated-mlp chooses")
     failures = None
     fault_breaks = False
     if exp.faults:
@@ -535,8 +578,11 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
                 notes.append(refined.note())
     if check_budget:
         from clustersim.guards import check_budget as guard
-        guard(programs, "symmetric" if programs.symmetric else "full", timeline=timeline, network=exp.network)
+        est = guard(programs, "symmetric" if programs.symmetric else "full", timeline=timeline, network=exp.network)
+        from clustersim.guards import ANNOUNCE_ABOVE_OPS, estimate_line
+        if announce is not None and not programs.symmetric and est.ops > ANNOUNCE_ABOVE_OPS:
+            announce(estimate_line(est, exp.network, timeline))
     result = run(programs, cost, progress=progress, failures=failures, check=validate)
     metrics = compute_metrics(result)
     metrics.wall_time_s = time.perf_counter() - t0
-    return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs)
+    return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)

@@ -24,6 +24,7 @@ TIMELINE_BYTES_PER_OP = 800.0
 SECONDS_PER_OP = {"ideal": 12e-6, "analytical": 12e-6, "flow": 35e-6}
 DEFAULT_MAX_OPS = 50_000_000          # ~10 min analytical, ~30 min with the flow network
 MEMORY_FRACTION = 0.7
+ANNOUNCE_ABOVE_OPS = 1_000_000       # full-mode runs above this many ops say first what they will cost
 FALLBACK_MEMORY_BYTES = 8e9           # when the available memory cannot be read
 
 
@@ -66,6 +67,16 @@ def minimum_ops(model, plan, world: int, symmetric: bool) -> int:
     every rank (world / pp ranks per stage). Lets the guard refuse a huge run before building anything."""
     per_pass = 2 * max(int(plan.num_microbatches), 1) * max(int(model.layers), 1)
     return per_pass if symmetric else per_pass * max(world // max(plan.pp, 1), 1)
+
+
+def estimate_line(est: BudgetEstimate, network: str = "analytical", timeline: bool = False) -> str:
+    """One line announcing a long run: ops, wall time and memory, and the measured rates they come from."""
+    per_op = ENGINE_BYTES_PER_OP + (TIMELINE_BYTES_PER_OP if timeline else 0.0)
+    secs = est.seconds
+    when = f"{secs:.0f} s" if secs < 120 else f"{secs / 60:.1f} min"
+    return (f"simulating {est.ops:,} ops: about {when} and {_fmt_bytes(est.memory_bytes)} of memory "
+            f"({SECONDS_PER_OP.get(network, SECONDS_PER_OP['flow']) * 1e6:.0f} us and {per_op:.0f} B per op, "
+            f"measured; see clustersim/guards.py)")
 
 
 def _fmt_bytes(b: float) -> str:

@@ -182,6 +182,15 @@ def representative_ranks(result, max_ranks: int) -> list[tuple[int, str]]:
     return rank_labels(result, [per_stage[s][0] for s in stages])
 
 
+def shown_ranks_note(result, picks) -> str:
+    """"" when every simulated rank is shown, else which ones are ("showing 4 of 64 simulated ranks: ...")."""
+    n = len(result.programs.ops)
+    if len(picks) >= n:
+        return ""
+    return (f"showing {len(picks)} of {n} simulated ranks: {', '.join(label for _, label in picks)}"
+            + (" (one per pipeline stage)" if _stages(result) is not None else ""))
+
+
 P2P_LANE = "send/recv"
 
 
@@ -423,6 +432,24 @@ def blocks(df: pd.DataFrame, tol_s: float = 0.0) -> pd.DataFrame:
     return out.drop(columns=["key", "ckey"]).reset_index(drop=True)
 
 
+def comm_axes(df: pd.DataFrame) -> dict[str, list[str]]:
+    """Palette key of each communication kind in a timeline -> the parallel axes it serves there (from the
+    ``group`` column's process-group families, simulator.metrics.AXIS_OF_FAMILY), in AXES order."""
+    from simulator.metrics import AXES, AXIS_OF_FAMILY
+    if "group" not in df.columns:
+        return {}
+    comm = df[df["kind"] != "compute"]
+    out: dict[str, set] = {}
+    for k, co, fam in zip(comm["kind"], comm.get("collective", [None] * len(comm)), comm["group"]):
+        if isinstance(fam, str):
+            out.setdefault(colour_key(k, None, co), set()).add(AXIS_OF_FAMILY.get(fam, "other"))
+    return {k: [a for a in AXES if a in v] for k, v in out.items()}
+
+
+def axis_label(axis: str) -> str:
+    return "DP/FSDP" if axis == "dp" else axis.upper()
+
+
 def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8, label_budget: int = 4000,
                 merge: bool = True):
     lanes = panel.lanes
@@ -451,6 +478,22 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
             ax.add_collection(pc)
             if (key, c) not in used:
                 used.append((key, c))
+    # communication that runs on a compute lane (TP all-reduces, EP all-to-alls inside a micro-batch block)
+    # keeps its own colour: a band through the middle of the block
+    if merge:
+        inline: dict[str, list] = {}
+        for i, ln in enumerate(lanes):
+            if not ln.compute_lane:
+                continue
+            part = df[(df["rank"] == ln.rank) & (df["stream"] == ln.stream) & (df["kind"] != "compute")]
+            for key, sub in part.groupby("_key", sort=False):
+                inline.setdefault(key, []).extend(
+                    _rects(ys[i], sub["start_s"].to_numpy(), sub["end_s"].to_numpy(), scale, hs[i] * fill * 0.45))
+        for key, verts in inline.items():
+            ax.add_collection(PolyCollection(verts, facecolors=colour_of(key), edgecolors="none", label=f"{key} inline",
+                                             zorder=2.4))
+            if (key, 0) not in used:
+                used.append((key, 0))
     # idle spans on each rank's compute lane (from the ops themselves, not the merged blocks)
     bub_verts, exp_fill, exp_strip = [], [], []
     for i, ln in enumerate(lanes):
@@ -549,7 +592,13 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
     axes[-1].set_xlabel(f"time ({unit})")
     canon = list(PHASE_COLOURS) + list(COMM_COLOURS)
     used_keys.sort(key=lambda kc: (canon.index(kc[0]), kc[1]))
-    handles = [Patch(facecolor=chunk_colour(k, c), label=legend_label(k) + (f", model chunk {c + 1}" if c else ""))
+    axes_of: dict[str, list] = {}
+    for pn in panels:
+        for k, v in comm_axes(pn.timeline).items():
+            axes_of[k] = axes_of.get(k, []) + [a for a in v if a not in axes_of.get(k, [])]
+    # communication entries name the parallel axes they serve: "all-reduce (TP, DP/FSDP)"
+    handles = [Patch(facecolor=chunk_colour(k, c), label=legend_label(k) + (f", model chunk {c + 1}" if c else "")
+                     + (f" ({', '.join(axis_label(a) for a in axes_of[k])})" if axes_of.get(k) else ""))
                for k, c in used_keys]
     if any_exposed:
         handles.append(Patch(label=EXPOSED_LABEL, facecolor=EXPOSED_STYLE["facecolor"],
@@ -658,6 +707,10 @@ def memory_over_time(results, path=None, ranks=None, max_ranks: int = 8) -> Figu
     handles = [Patch(facecolor=MEMORY_COLOURS.get(c, "#CCCCCC"), label=c) for c in used]
     handles.append(plt.Line2D([], [], color="#C0392B", linestyle="--", label="HBM capacity"))
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False)
+    hidden = [shown_ranks_note(res, picks) for _, res, picks in rows]
+    if any(hidden):
+        fig.text(0.5, 0.005, "; ".join(h for h in hidden if h), ha="center", va="bottom", fontsize=7,
+                 color="#666666", gid="ranks_note")
     if path is not None:
         save(fig, path)
     return fig
@@ -695,9 +748,31 @@ def time_breakdown(result, metrics=None) -> dict[str, float]:
     return {k: v / total_w for k, v in out.items()} if total_w else out
 
 
+#: one colour per parallel axis (simulator.metrics.AXES), shades of red so that exposed communication reads as one
+#: family in the bars
+AXIS_COLOURS = {"tp": "#7B1F1F", "cp": "#A93226", "ep": "#D35400", "pp": "#E74C3C", "dp": "#F1948A",
+                "other": "#C0392B"}
+def exposed_by_axis(result, metrics=None) -> dict[str, float]:
+    """``time_breakdown``'s exposed communication split by parallel axis (seconds, mean over ranks): each
+    rank's exposed time shared in proportion to each axis's own exposed time (axes can overlap one another;
+    the split keeps the parts summing to the exposed communication)."""
+    from simulator.metrics import compute_metrics
+    m = metrics if metrics is not None and metrics.per_rank else compute_metrics(result)
+    out: dict[str, float] = {}
+    total_w = sum(rm.represents for rm in m.per_rank)
+    for rm in m.per_rank:
+        by_axis = {ax: e for ax, (_, e) in rm.comm_by_axis.items() if e > 0}
+        axis_sum = sum(by_axis.values())
+        for ax, e in (by_axis.items() if axis_sum > 0 else [("other", 1.0)]):
+            share = e / axis_sum if axis_sum > 0 else 1.0
+            out[ax] = out.get(ax, 0.0) + rm.represents * rm.exposed_comm_s * share / total_w
+    return {ax: v for ax, v in out.items() if v > 0}
+
+
 BREAKDOWN_COLOURS = {**{k: PHASE_COLOURS[k] for k in PHASE_COLOURS}, "exposed_comm": EXPOSED_STRIP_STYLE["facecolor"],
-                     "bubble": "#E8E8E8"}
-BREAKDOWN_LABELS = {**PHASE_LABELS, "exposed_comm": EXPOSED_LABEL, "bubble": BUBBLE_LABEL}
+                     **{f"exposed_{a}": c for a, c in AXIS_COLOURS.items()}, "bubble": "#E8E8E8"}
+BREAKDOWN_LABELS = {**PHASE_LABELS, "exposed_comm": EXPOSED_LABEL, "bubble": BUBBLE_LABEL,
+                    **{f"exposed_{a}": f"exposed {a.upper() if a != 'dp' else 'DP/FSDP'} comm" for a in AXIS_COLOURS}}
 
 
 def breakdown_bars(results, path=None, metrics: dict | None = None) -> Figure:
@@ -710,8 +785,14 @@ def breakdown_bars(results, path=None, metrics: dict | None = None) -> Figure:
     names = list(parts)
     y = np.arange(len(names))
     left = np.zeros(len(names))
-    for k in BREAKDOWN_ORDER:
-        vals = np.array([parts[n][k] for n in names]) * scale
+    axes = {n: exposed_by_axis(r, (metrics or {}).get(n)) for n, r in named.items()}
+    keys = [k for k in BREAKDOWN_ORDER if k != "exposed_comm"]
+    keys[keys.index("bubble"):keys.index("bubble")] = [f"exposed_{a}" for a in AXIS_COLOURS]
+    for k in keys:
+        if k.startswith("exposed_"):
+            vals = np.array([axes[n].get(k.removeprefix("exposed_"), 0.0) for n in names]) * scale
+        else:
+            vals = np.array([parts[n][k] for n in names]) * scale
         if not vals.any():
             continue
         style = {"hatch": "////", "edgecolor": "#8A8A8A"} if k == "bubble" else {"edgecolor": "white"}

@@ -41,10 +41,14 @@ def replay(trace_dir: Path, as_json: bool, cluster: str | None, gpus: int | None
                f"{res['steps']} step(s), {res['ops']} ops, backend {res['backend']}")
     if res.get("what_if"):
         click.echo(f"what-if: {res['what_if']}")
-    click.echo(f"{'rank':>5} {'measured (ms)':>14} {'predicted (ms)':>15} {'error':>8}")
+    for n in res.get("notes", ()):
+        click.echo(f"note: {n}")
+    # a what-if predicts another machine: the difference is a change, not an error of the model
+    col = "change" if res.get("what_if") else "error"
+    click.echo(f"{'rank':>5} {'measured (ms)':>14} {'predicted (ms)':>15} {col:>8}")
     for row in res["per_rank"]:
         click.echo(f"{row['rank']:>5} {row['measured_step_time_s'] * 1e3:>14.3f} "
                    f"{row['predicted_step_time_s'] * 1e3:>15.3f} {row['error']:>+8.1%}")
     click.echo(f"{'all':>5} {res['measured_step_time_s'] * 1e3:>14.3f} {res['predicted_step_time_s'] * 1e3:>15.3f} "
-               f"{res['error']:>+8.1%}   (median over ranks and steps; |error| median "
+               f"{res['error']:>+8.1%}   (median over ranks and steps; |{col}| median "
                f"{res['abs_error_median']:.1%})")

@@ -52,6 +52,7 @@ img{max-width:100%;height:auto;border:1px solid #eee}
 pre{background:#f8f8f8;padding:.6em;font-size:.85em;overflow-x:auto}
 .plans{display:flex;flex-wrap:wrap;gap:1em} .plan{flex:1 1 320px}
 .note{color:#8a6d00}
+.scroll{overflow-x:auto;max-width:100%}
 """
 
 
@@ -64,7 +65,7 @@ def html_table(df, index_name: str = "plan") -> str:
     for name, row in df.iterrows():
         cells = "".join(f"<td>{html.escape(str(v))}</td>" for v in row)
         body.append(f'<tr><td class="name">{html.escape(str(name))}</td>{cells}</tr>')
-    return f"<table>{head}{''.join(body)}</table>"
+    return f"<div class='scroll'><table>{head}{''.join(body)}</table></div>"      # wide tables scroll
 
 
 def render_report(runs, figures: dict, title: str | None = None, perfetto_files: dict | None = None,
@@ -80,7 +81,7 @@ def render_report(runs, figures: dict, title: str | None = None, perfetto_files:
              f"<p class='sub'>{len(runs)} plan(s): {html.escape(', '.join(r.name for r in runs))} · generated "
              f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC by clustersim</p>",
              *([f"<p class='sub'>command: <code>{html.escape(command)}</code></p>"] if command else []),
-             "<h2>Metrics</h2>", html_table(formatted_table(runs))]
+             *(["<h2>Metrics</h2>", html_table(formatted_table(runs))] if runs else [])]
     for key, fig in figures.items():
         head, cap = CAPTIONS.get(key, (key, ""))
         parts.append(f"<h2>{html.escape(head)}</h2>")
@@ -89,10 +90,17 @@ def render_report(runs, figures: dict, title: str | None = None, perfetto_files:
         parts.append(f"<img alt='{html.escape(head)}' src='{png_data_uri(fig)}'>")
     for head, body in extra_sections or []:
         parts.append(f"<h2>{html.escape(head)}</h2>{body}")
+    if not runs:                      # a measured trace alone: no plan sections to show
+        parts.append("</body></html>\n")
+        return "\n".join(parts)
     parts.append("<h2>Plans</h2><div class='plans'>")
+    first = runs[0]
     for r in runs:
-        text = yaml.safe_dump(_plain(r.definition), sort_keys=False, default_flow_style=False).strip() \
-            if r.definition else "(hand-built programs)"
+        shown = r.definition if r is first else plan_difference(first.definition, r.definition)
+        text = yaml.safe_dump(_plain(shown), sort_keys=False, default_flow_style=False).strip() \
+            if shown else ("(hand-built programs)" if not r.definition else f"(same as {first.name})")
+        if r is not first and shown:
+            text = f"# as {first.name}, except:\n{text}"
         trace = perfetto_files.get(r.name)
         parts.append(f"<div class='plan'><h3>{html.escape(r.name)}</h3><pre>{html.escape(text)}</pre>")
         if trace:
@@ -107,6 +115,21 @@ def render_report(runs, figures: dict, title: str | None = None, perfetto_files:
     parts.append(html_table(raw.map(lambda v: f"{v:.6g}" if isinstance(v, float) else v)))
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def plan_difference(base: dict, other: dict) -> dict:
+    """The entries of ``other`` that differ from ``base`` (nested mappings compared key by key; a key
+    ``base`` has and ``other`` lacks shows as None)."""
+    out = {}
+    for k in list(other) + [k for k in base if k not in other]:
+        a, b = base.get(k), other.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            d = plan_difference(a, b)
+            if d:
+                out[k] = d
+        elif a != b:
+            out[k] = b
+    return out
 
 
 def _plain(x):

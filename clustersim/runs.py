@@ -39,6 +39,9 @@ def formatted_table(runs: list[PlanRun]) -> pd.DataFrame:
     """``metrics_table`` with human units (s, %, GB) for reports and the terminal."""
     t = metrics_table(runs)
     out = pd.DataFrame(index=t.index)
+    params = [run.definition.get("model_params") for run in runs]
+    if any(n is not None for n in params):
+        out["params (B)"] = [f"{n / 1e9:,.2f}" if n is not None else "" for n in params]
     out["step time (s)"] = t["step_time_s"].map(lambda v: f"{v:.4g}")
     out["tokens/s"] = t["tokens_per_s"].map(lambda v: f"{v:,.0f}")
     out["MFU"] = t["mfu"].map(lambda v: f"{v:.1%}")

@@ -70,6 +70,8 @@ class SearchSpace:
     ep: tuple | None = None             # None: every EP degree that divides dp and the experts
     max_tp: int = 64
     max_pp: int = 16
+    tp: tuple | None = None             # fixed tensor-parallel degrees (None: powers of two up to max_tp)
+    pp: tuple | None = None             # fixed pipeline degrees (None: divisors up to max_pp)
 
 
 def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace) -> list[Experiment]:
@@ -77,10 +79,12 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
     cands = []
     gb = base.global_batch
     experts = getattr(model, "experts", 0) or 0
-    for tp in _pow2_divisors(world, space.max_tp):
+    tps = [t for t in space.tp if world % t == 0] if space.tp is not None else _pow2_divisors(world, space.max_tp)
+    for tp in tps:
         for cp in space.cp:
             for pp in _divisors(world // tp):
-                if pp > space.max_pp or (world // tp) % (pp * cp):
+                if (space.pp is not None and pp not in space.pp) or (space.pp is None and pp > space.max_pp) \
+                        or (world // tp) % (pp * cp):
                     continue
                 dp = world // (tp * pp * cp)
                 eps = [e for e in _divisors(dp) if experts and experts % e == 0] if experts else [1]
@@ -464,6 +468,8 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
                     progress(stats["simulated"] + stats["cached"], len(scored))
     finally:
         executor.close()
+    if progress:
+        progress(len(scored), len(scored))     # the plans the bound pruned are decided too
     ok = sorted((r for r in results if "error" not in r), key=lambda r: r["step_time_s"])
     fitting = [r for r in ok if r["fits_in_memory"]]
     stats["simulated_not_fitting"] = len(ok) - len(fitting)
@@ -650,6 +656,9 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--recompute", "recompute_opts", default="none,selective,full", show_default=True)
 @click.option("--zero", "zero_opts", default="0,1,2,3", show_default=True, help="ZeRO stages (3 = FSDP).")
 @click.option("--cp", "cp_opts", default="1,2", show_default=True, help="Context-parallel degrees.")
+@click.option("--tp", "tp_opts", help="Fixed tensor-parallel degree(s), e.g. 8 or 4,8 (default: powers of two).")
+@click.option("--pp", "pp_opts", help="Fixed pipeline-parallel degree(s), e.g. 16 (default: divisors up to 16).")
+@click.option("--ep", "ep_opts", help="Fixed expert-parallel degree(s) (default: every one that fits).")
 @click.option("--workers", type=int, help="Local worker processes (default: CPU count).")
 @click.option("--scheduler", help="Dask scheduler address tcp://HOST:PORT (else a local process pool).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Result cache (default ~/.cache/clustersim).")
@@ -657,7 +666,7 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, top_k, micro_batches, schedules,
-           recompute_opts, zero_opts, cp_opts, workers, scheduler, cache_dir, no_cache, pareto, as_json):
+           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, workers, scheduler, cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     from simulator.inputs import brief
 
@@ -680,7 +689,13 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     space = SearchSpace(micro_batches=ints(micro_batches, "micro-batches", 1, 1 << 20),
                         schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
                         recompute=tuple(s.strip() for s in recompute_opts.split(",") if s.strip()),
-                        zero=ints(zero_opts, "zero", 0, 3), cp=ints(cp_opts, "cp", 1, 1 << 20))
+                        zero=ints(zero_opts, "zero", 0, 3), cp=ints(cp_opts, "cp", 1, 1 << 20),
+                        tp=ints(tp_opts, "tp") if tp_opts else None, pp=ints(pp_opts, "pp") if pp_opts else None,
+                        ep=ints(ep_opts, "ep") if ep_opts else None)
+    for what, vals in (("tp", space.tp), ("pp", space.pp), ("ep", space.ep)):
+        if vals is not None and (min(vals) < 1 or (gpus and any(gpus % v for v in vals))):
+            raise ConfigError(f"--{what}: every degree must be >= 1 and divide the {gpus} GPUs, got "
+                              f"{','.join(map(str, vals))}")
     for s in space.schedules:
         if s not in ("gpipe", "1f1b", "interleaved", "zb"):
             raise ConfigError(f"--schedules: unknown schedule {s!r}")
@@ -692,7 +707,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
     from clustersim.simulate import DelayedProgress
     import sys
-    bar = DelayedProgress("searching", delay_s=0.5, enabled=sys.stderr.isatty())
+    bar = DelayedProgress("searching", delay_s=0.5, enabled=sys.stderr.isatty(), unit="plans")
     try:
         out = run_search(base, top_k=top_k, space=space, workers=workers, scheduler=scheduler,
                          cache_path=cache_path, progress=bar)
@@ -707,7 +722,10 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     from rich.console import Console
     from rich.table import Table
     st = out["stats"]
-    t = Table(title=f"top {top_k} plans · {model} on {gpus} × {cluster} · global batch {global_batch} · seq {seq}")
+    from clustersim.experiment import resolve_model
+    from clustersim.simulate import param_str
+    t = Table(title=f"top {top_k} plans · {model} ({param_str(resolve_model(base))} parameters) on {gpus} × {cluster} "
+                    f"· global batch {global_batch} · seq {seq}")
     for c in ("#", "plan", "step s", "tokens/s", "MFU", "bubble", "exposed comm", "peak mem GB", "top kernels"):
         t.add_column(c, justify="right" if c not in ("plan", "top kernels") else "left")
     for i, r in enumerate(out["top"], 1):

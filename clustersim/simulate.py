@@ -12,28 +12,38 @@ from clustersim.experiment import experiment_from_options, run_experiment, simul
 
 
 class DelayedProgress:
-    """A rich progress bar on stderr that appears only once a run has lasted ``delay_s`` seconds."""
+    """A rich progress bar on stderr that appears once a run has lasted ``delay_s`` seconds, counting
+    ``unit`` (ops, plans) with an ETA from the average rate since the start (known from the first update)."""
 
-    def __init__(self, description: str, delay_s: float = 1.5, enabled: bool = True):
-        self.description, self.delay_s, self.enabled = description, delay_s, enabled
+    def __init__(self, description: str, delay_s: float = 1.0, enabled: bool = True, unit: str = "ops"):
+        self.description, self.delay_s, self.enabled, self.unit = description, delay_s, enabled, unit
         self.t0 = time.perf_counter()
         self.bar = None
         self.task = None
 
+    def eta_s(self, done: int, total: int, now: float | None = None) -> float | None:
+        """Seconds left at the mean rate so far (None before anything is done)."""
+        elapsed = (time.perf_counter() if now is None else now) - self.t0
+        if done <= 0 or elapsed <= 0:
+            return None
+        return max(0.0, elapsed * (total - done) / done)
+
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
+        eta = self.eta_s(done, total)
+        eta_text = "ETA --:--" if eta is None else f"ETA {int(eta) // 60:d}:{int(eta) % 60:02d}"
         if self.bar is None:
             if time.perf_counter() - self.t0 < self.delay_s or done >= total:
                 return
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("ops"), TimeElapsedColumn(), console=Console(stderr=True),
-                                transient=True)
+                                TextColumn(self.unit), TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
+                                console=Console(stderr=True), transient=True)
             self.bar.start()
-            self.task = self.bar.add_task(self.description, total=total)
-        self.bar.update(self.task, completed=done)
+            self.task = self.bar.add_task(self.description, total=total, eta=eta_text)
+        self.bar.update(self.task, completed=done, eta=eta_text)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -42,6 +52,18 @@ class DelayedProgress:
 
 def _fmt_bytes(b: float) -> str:
     return f"{b / 1e9:,.1f} GB"
+
+
+#: panels of simulate's memory.png: one per pipeline stage up to this many (plots.representative_ranks)
+MEMORY_PLOT_RANKS = 8
+
+
+def param_str(model) -> str:
+    """The model's parameter count for tables: "8.03 B" (MoE: "671.03 B (37.55 B active)")."""
+    n = model.param_count()
+    if getattr(model, "is_moe", False):
+        return f"{n / 1e9:,.2f} B ({model.active_param_count() / 1e9:,.2f} B active)"
+    return f"{n / 1e9:,.2f} B"
 
 
 def print_summary(outcome, console=None) -> None:
@@ -61,8 +83,10 @@ def print_summary(outcome, console=None) -> None:
                 + f" · {p.schedule}" + (f" v{p.virtual_stages}" if getattr(p, "virtual_stages", 1) > 1 else "")
                 + f" · mb {p.micro_batch} · gb {p.global_batch} · seq {p.seq}")
     rows = [
+        ("parameters", param_str(outcome.model)),
         ("plan", plan_str),
         ("network / mode", f"{exp.network} / {m.mode}"),
+        ("calibration", f"{Path(exp.calibration).name}: {outcome.calibration}" if exp.calibration else "none"),
         ("step time", f"{m.step_time_s:.4f} s"),
         ("tokens / s", f"{m.tokens_per_s:,.0f}"),
         ("TFLOP/s per GPU (model)", f"{m.tflops_per_gpu:.1f}"),
@@ -71,6 +95,8 @@ def print_summary(outcome, console=None) -> None:
         ("pipeline bubble", f"{m.bubble_fraction:.1%}"),
         ("exposed communication", f"{m.exposed_comm_fraction:.1%}"),
         ("overlap (comm hidden by compute)", f"{m.overlap_fraction:.1%}"),
+        *[(f"  {ax.upper()} comm total / exposed / hidden", f"{d['total_fraction']:.1%} / {d['exposed_fraction']:.1%}"
+           f" / {d['overlapped_fraction']:.1%}") for ax, d in m.comm_by_axis.items()],
         ("peak memory / HBM", f"{_fmt_bytes(m.peak_memory_bytes)} / {_fmt_bytes(m.memory_capacity_bytes)}"
                               + ("" if m.fits_in_memory else "  [red]does not fit[/red]")),
         ("ops simulated (represented)", f"{m.events_simulated:,} ({m.represented_ops:,})"),
@@ -87,7 +113,7 @@ def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool
     """Write timeline.csv, trace.json (Perfetto), gantt.png, memory.png and last result.json (with the run id)
     into ``out``, each atomically; an earlier run's files are removed first (``simulator.atomic.OutputFolder``)."""
     from simulator.atomic import OutputFolder, write_text
-    from simulator.export import lane_ranks, write_perfetto, write_timeline
+    from simulator.export import lane_ranks, write_perfetto, write_rank_traces, write_timeline
     from simulator.inputs import json_safe
     folder = OutputFolder(out, force=force, command="simulate")
     res = outcome.result
@@ -100,6 +126,7 @@ def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool
     lanes = lane_ranks(res)
     written.append(write_timeline(res, folder.path("timeline.csv"), ranks=lanes))
     written.append(write_perfetto(res, folder.path("trace.json"), ranks=lanes))
+    written += write_rank_traces(res, out / "traces", ranks=lanes)   # one file per rank: HTA / Perfetto folder
     try:
         from clustersim import plots
     except ImportError:
@@ -109,9 +136,13 @@ def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool
         fig = plots.gantt(res, path=folder.path("gantt.png"), ranks=lanes)
         plt.close(fig)
         written.append(out / "gantt.png")
-        fig = plots.memory_over_time(res, path=folder.path("memory.png"), ranks=lanes[:4])
+        picks = plots.representative_ranks(res, MEMORY_PLOT_RANKS)
+        fig = plots.memory_over_time(res, path=folder.path("memory.png"), ranks=[r for r, _ in picks])
         plt.close(fig)
         written.append(out / "memory.png")
+        shown = plots.shown_ranks_note(res, picks)
+        if shown:
+            outcome.notes.append(f"memory.png: {shown}")
     written.insert(0, write_text(folder.path("result.json"), json.dumps(
         json_safe(summary), indent=1, sort_keys=True, default=str, allow_nan=False) + "\n"))
     folder.finish()
@@ -133,7 +164,8 @@ def simulate(out, as_json, breakdown, force, **options):
     exp = experiment_from_options(**options)
     progress = DelayedProgress("simulating", enabled=sys.stderr.isatty())
     try:
-        outcome = run_experiment(exp, progress=progress, timeline=bool(out))
+        outcome = run_experiment(exp, progress=progress, timeline=bool(out),
+                                 announce=lambda line: click.echo(line, err=True))
     finally:
         progress.close()
     if out:
@@ -148,7 +180,11 @@ def simulate(out, as_json, breakdown, force, **options):
         if breakdown:
             print_breakdown(outcome.breakdown())
         if out:
-            click.echo(f"wrote {', '.join(str(f) for f in files)}")
+            rank_files = [f for f in files if f.parent.name == "traces"]
+            shown = [str(f) for f in files if f not in rank_files]
+            if rank_files:
+                shown.append(f"{rank_files[0].parent}/ ({len(rank_files)} rank-N.json files)")
+            click.echo(f"wrote {', '.join(shown)}")
 
 
 def print_breakdown(bd: dict, console=None) -> None:

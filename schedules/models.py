@@ -77,6 +77,7 @@ class ModelSpec:
     gated_mlp     SwiGLU-style MLP with 3 matrices (Llama) instead of 2 (GPT)
     tied_embeddings  LM head shares the embedding matrix (GPT-3)
     head_dim      per-head width (default hidden / heads)
+    attention_bias  biases on the Q, K and V projections (Qwen2)
     q_lora_rank, kv_lora_rank, qk_rope_dim, v_head_dim: multi-head latent attention (DeepSeek-V3) when
                   kv_lora_rank > 0; then head_dim is the no-RoPE query/key width
     dtype_bytes   bytes per parameter / activation element in training (bf16 = 2)
@@ -99,6 +100,7 @@ class ModelSpec:
     gated_mlp: bool = True
     tied_embeddings: bool = False
     head_dim: int | None = None
+    attention_bias: bool = False
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_rope_dim: int = 0
@@ -129,8 +131,8 @@ class ModelSpec:
         if cf is not None and (not isinstance(cf, (int, float)) or isinstance(cf, bool) or not math.isfinite(cf)
                                or cf <= 0):
             raise ConfigError(f"model {self.name}: capacity_factor must be a positive number or unset, got {cf!r}")
-        if not isinstance(self.gated_mlp, bool) or not isinstance(self.tied_embeddings, bool):
-            raise ConfigError(f"model {self.name}: gated_mlp and tied_embeddings must be true or false")
+        if not all(isinstance(getattr(self, f), bool) for f in ("gated_mlp", "tied_embeddings", "attention_bias")):
+            raise ConfigError(f"model {self.name}: gated_mlp, tied_embeddings and attention_bias must be true or false")
         if self.head_dim is None and self.hidden % self.heads:
             raise ConfigError(f"model {self.name}: hidden {self.hidden} is not divisible by heads {self.heads}; "
                               f"set head_dim or change --heads")
@@ -178,7 +180,8 @@ class ModelSpec:
             kv_a = h * (self.kv_lora_rank + self.qk_rope_dim)
             kv_b = self.kv_lora_rank * a * (d + self.v_head_dim)
             return q + kv_a + kv_b + a * self.v_head_dim * h
-        return h * a * d * 2 + 2 * h * self.kv_heads * d
+        bias = (a * d + 2 * self.kv_heads * d) if self.attention_bias else 0
+        return h * a * d * 2 + 2 * h * self.kv_heads * d + bias
 
     def expert_params(self) -> int:
         """Parameters of one routed expert."""
@@ -373,3 +376,77 @@ def load_model_file(path: str | Path) -> ModelSpec:
         raise ConfigError(f"model file {p}: missing {', '.join(missing)} (or give `preset: NAME`)")
     data.setdefault("name", p.stem)
     return custom_model(**data)
+
+
+# ---------------------------------------------------------------------------------------------- Hugging Face
+# config.json keys of the architectures we read (transformers' LlamaConfig, MistralConfig, MixtralConfig,
+# Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig, DeepseekV2Config, DeepseekV3Config). All of them use
+# a gated (SwiGLU) MLP, and all default tie_word_embeddings to false and num_key_value_heads to the heads.
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
+                  "deepseek_v3")
+
+
+def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
+    """A ModelSpec from a Hugging Face ``config.json`` (path or parsed dict): dense Llama / Mistral / Qwen,
+    MoE Mixtral / Qwen-MoE (a wider shared expert counts as several of the routed width), DeepSeek V2/V3 (MLA,
+    shared experts, dense first layers). Unknown architectures and shapes we cannot express are errors."""
+    if isinstance(source, dict):
+        cfg, where = source, "config.json"
+    else:
+        p = Path(source)
+        where = str(p)
+        try:
+            import json
+            cfg = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"model config {p} does not exist") from None
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ConfigError(f"model config {p} is not a readable JSON file: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"model config {p}: expected a JSON object")
+        name = name or (p.parent.name if p.name == "config.json" and p.parent.name else p.stem)
+    mtype = cfg.get("model_type")
+    if mtype not in HF_MODEL_TYPES:
+        raise ConfigError(f"{where}: model_type {mtype!r} is not supported; known: {', '.join(HF_MODEL_TYPES)}")
+
+    def key(k, default=None, required=False):
+        v = cfg.get(k, default)
+        if required and v is None:
+            raise ConfigError(f"{where}: missing {k!r} (a {mtype} config.json has it)")
+        return v
+
+    heads = key("num_attention_heads", required=True)
+    kw = dict(name=name or mtype, layers=key("num_hidden_layers", required=True), hidden=key("hidden_size", required=True),
+              ffn=key("intermediate_size", required=True), heads=heads, kv_heads=key("num_key_value_heads") or heads,
+              vocab=key("vocab_size", required=True), gated_mlp=True,
+              tied_embeddings=bool(key("tie_word_embeddings", False)),
+              attention_bias=mtype in ("qwen2", "qwen2_moe") or bool(key("attention_bias", False)))
+    if key("head_dim") is not None and mtype not in ("deepseek_v2", "deepseek_v3"):
+        kw["head_dim"] = key("head_dim")
+    if mtype == "mixtral":
+        kw.update(experts=key("num_local_experts", required=True), top_k=key("num_experts_per_tok", 2))
+    elif mtype in ("qwen2_moe", "qwen3_moe"):
+        if key("decoder_sparse_step", 1) != 1 or key("mlp_only_layers"):
+            raise ConfigError(f"{where}: MoE layers interleaved with dense ones (decoder_sparse_step / "
+                              f"mlp_only_layers) are not modelled; only leading dense layers are")
+        moe = key("moe_intermediate_size", required=True)
+        shared = key("shared_expert_intermediate_size", 0) or 0
+        if shared % moe:
+            raise ConfigError(f"{where}: shared_expert_intermediate_size {shared} is not a multiple of "
+                              f"moe_intermediate_size {moe}")
+        # Qwen-MoE's one wide shared expert = shared / moe experts of the routed width (same parameters and
+        # FLOPs; its 1-wide sigmoid gate, h parameters per layer, is left out)
+        kw.update(experts=key("num_experts", required=True), top_k=key("num_experts_per_tok", required=True),
+                  moe_ffn=moe, shared_experts=shared // moe)
+    elif mtype in ("deepseek_v2", "deepseek_v3"):
+        if key("moe_layer_freq", 1) != 1:
+            raise ConfigError(f"{where}: moe_layer_freq != 1 is not modelled")
+        kw.update(experts=key("n_routed_experts", required=True), top_k=key("num_experts_per_tok", required=True),
+                  moe_ffn=key("moe_intermediate_size", required=True), shared_experts=key("n_shared_experts", 0) or 0,
+                  first_dense_layers=key("first_k_dense_replace", 0) or 0, head_dim=key("qk_nope_head_dim", required=True),
+                  q_lora_rank=key("q_lora_rank") or 0, kv_lora_rank=key("kv_lora_rank", required=True),
+                  qk_rope_dim=key("qk_rope_head_dim", required=True), v_head_dim=key("v_head_dim", required=True))
+    try:
+        return ModelSpec(**kw)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None

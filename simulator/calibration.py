@@ -42,6 +42,7 @@ import json
 import math
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from simulator.errors import ConfigError
 from simulator.inputs import brief, integer, load_json, number, text
@@ -49,6 +50,10 @@ from simulator.program import COLLECTIVE_KINDS
 
 FORMAT = "clustersim-calibration"
 VERSION = 1
+# How a calibration is matched to the simulated cluster (``--calibration-scope``): "matching" uses only the
+# compute / layer fits of the cluster's device and the collective fits of its backend, and refuses a
+# calibration that covers neither; "any" applies the fits whatever hardware they were measured on.
+CALIBRATION_SCOPES = ("matching", "any")
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -143,6 +148,55 @@ class Calibration:
         if not cands:
             return None
         return min(cands, key=lambda c: abs(math.log(max(c.group_size, 1)) - math.log(max(group_size, 1))))
+
+    def for_target(self, device: str, same_device: Callable[[str], bool], backend: str,
+                   scope: str = "matching", where: str = "calibration") -> tuple["Calibration", list[str]]:
+        """The fits that apply to a cluster of ``device`` accelerators talking over ``backend`` and one line
+        per fit group saying what is applied or left unused.
+
+        ``same_device(name)`` says whether a fit's device name is the cluster's device (the device identity
+        lives with the accelerator specs). With ``scope="matching"`` a calibration whose compute / layer fits
+        cover another device only, or whose collective fits cover another backend only, is refused with a
+        ConfigError; ``scope="any"`` applies them anyway (compute and layer fits of the first device listed,
+        collective fits of every backend, those of the cluster's backend first) and says so."""
+        if scope not in CALIBRATION_SCOPES:
+            raise ConfigError(f"unknown calibration scope {scope!r}; choose one of {', '.join(CALIBRATION_SCOPES)}")
+        notes: list[str] = []
+        compute = [c for c in self.compute if same_device(c.device)]
+        layers = [f for f in self.layers if same_device(f.device)]
+        colls = [c for c in self.collectives if c.backend == backend]
+        measured = sorted({c.device for c in self.compute + self.layers})
+        backends = sorted({c.backend for c in self.collectives})
+        wrong_device = bool(self.compute or self.layers) and not (compute or layers)
+        wrong_backend = bool(self.collectives) and not colls
+        if scope == "matching" and (wrong_device or wrong_backend):
+            parts = []
+            if wrong_device:
+                parts.append(f"its compute fits are for {', '.join(map(repr, measured))}, not {device}")
+            if wrong_backend:
+                parts.append(f"its collective fits are for {', '.join(backends)}, not {backend}")
+            raise ConfigError(f"{where} does not cover this cluster: {'; '.join(parts)} (measure on this hardware, "
+                              f"or give --calibration-scope any to apply it anyway)")
+        forced = " (forced by --calibration-scope any)"
+        if scope == "any" and wrong_device:
+            compute = [c for c in self.compute if c.device == measured[0]]
+            layers = [f for f in self.layers if f.device == measured[0]]
+        if scope == "any":
+            colls = colls + [c for c in self.collectives if c.backend != backend]
+        why = forced if wrong_device else ""
+        if compute:
+            notes.append(f"calibration: compute fit of {compute[0].device!r} applied to {device}{why}")
+        if layers:
+            notes.append(f"calibration: layer fits ({', '.join(f.phase for f in layers)}) of "
+                         f"{layers[0].device!r} applied to {device}{why}")
+        unused = sorted({c.device for c in self.compute + self.layers} - {c.device for c in compute + layers})
+        if unused:
+            notes.append(f"calibration: fits of {', '.join(map(repr, unused))} not used (cluster device {device})")
+        if colls:
+            used = sorted({c.backend for c in colls})
+            notes.append(f"calibration: {len(colls)} collective fits ({', '.join(used)}) replace the topology's "
+                         f"times on a {backend} cluster" + (forced if used != [backend] else ""))
+        return Calibration(compute, colls, self.source, layers), notes
 
     # ----------------------------------------------------------------- io
     def to_dict(self) -> dict:

@@ -9,6 +9,11 @@ Per rank r with step time T (the job's step time):
 - overlap fraction  sum_r |comm ∩ compute| / sum_r |comm busy|
 - bubble            T - |compute ∪ comm|: the rank does nothing (pipeline bubble, waiting for peers)
 Fractions of the job are means over ranks (weighted by the ranks a representative stands for).
+Communication by parallel axis (``comm_by_axis``): the same three figures per axis (``AXIS_OF_FAMILY`` maps
+process-group families to tp, cp, ep, pp, dp; dp includes FSDP / ZeRO and expert-data-parallel traffic):
+total = |union of the axis's communication|, exposed = |that minus compute busy|, overlapped = total -
+exposed; seconds are means over ranks, fractions are of the step time. Axes can overlap one another, so
+their exposed times may add up to more than the job's exposed communication.
 MFU = model FLOPs per step / (T · world size · peak FLOP/s of the device); TFLOP/s per GPU uses the same
 model FLOPs; ``hardware_tflops_per_gpu`` counts the FLOPs actually executed (recomputation included).
 Units: seconds, bytes, FLOP/s.
@@ -20,6 +25,19 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from simulator.program import COMPUTE
+
+AXES = ("tp", "cp", "ep", "pp", "dp", "other")
+# process-group family (schedules.generate, traces.replay) -> parallel axis; "embed" (tied embedding
+# gradients between the first and last pipeline stage) exists because of the pipeline
+AXIS_OF_FAMILY = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "embed": "pp", "dp": "dp", "edp": "dp",
+                  "dp_cp": "dp", "fsdp": "dp"}
+
+
+def axis_of(programs, op) -> str:
+    """The parallel axis of a communication op ("other" for groups of no known family)."""
+    if op.group is None or not (0 <= op.group < len(programs.groups)):
+        return "other"
+    return AXIS_OF_FAMILY.get(programs.groups[op.group].family, "other")
 
 
 def merge_intervals(starts, ends) -> tuple[np.ndarray, np.ndarray]:
@@ -62,6 +80,7 @@ class RankMetrics:
     executed_flops: float
     peak_memory_bytes: float
     memory_capacity_bytes: float
+    comm_by_axis: dict = field(default_factory=dict)    # axis -> (total_s, exposed_s)
 
 
 @dataclass
@@ -84,6 +103,7 @@ class Metrics:
     wall_time_s: float
     mode: str
     per_rank: list[RankMetrics] = field(default_factory=list, repr=False)
+    comm_by_axis: dict = field(default_factory=dict)   # axis -> {total_s, exposed_s, overlapped_s, *_fraction}
 
     def to_dict(self, per_rank: bool = False) -> dict:
         d = asdict(self)
@@ -104,6 +124,16 @@ def rank_metrics(result, rank: int, step_time_s: float) -> RankMetrics:
     comm = union_length(start[m], end[m])
     both = union_length(start[done], end[done])
     overlap = comp + comm - both
+    by_axis = {}
+    if m.any():
+        axes = np.array([axis_of(result.programs, op) if not ic else "" for op, ic in zip(prog, is_compute)])
+        cs, ce = merge_intervals(start[c], end[c])
+        for ax in AXES:
+            sel = m & (axes == ax)
+            if sel.any():
+                total = union_length(start[sel], end[sel])
+                with_comp = union_length(np.concatenate([start[sel], cs]), np.concatenate([end[sel], ce]))
+                by_axis[ax] = (total, with_comp - comp)
     flops = float(sum(op.flops for op, ic in zip(prog, is_compute) if ic))
     cost = result.cost_model
     return RankMetrics(
@@ -113,6 +143,7 @@ def rank_metrics(result, rank: int, step_time_s: float) -> RankMetrics:
         idle_s=max(0.0, step_time_s - both), executed_flops=flops,
         peak_memory_bytes=peak_memory(result, rank),
         memory_capacity_bytes=float(cost.memory_capacity_bytes(rank)),
+        comm_by_axis=by_axis,
     )
 
 
@@ -186,4 +217,20 @@ def compute_metrics(result, per_rank: bool = True) -> Metrics:
         wall_time_s=result.wall_time_s,
         mode=result.mode,
         per_rank=rms if per_rank else [],
+        comm_by_axis=_by_axis(rms, weights, T),
     )
+
+
+def _by_axis(rms, weights, T) -> dict:
+    """Job-level comm_by_axis: per axis the rank-weighted mean seconds and their fractions of the step."""
+    out = {}
+    W = weights.sum()
+    for ax in AXES:
+        if not any(ax in rm.comm_by_axis for rm in rms) or not W:
+            continue
+        tot = float(np.dot(weights, [rm.comm_by_axis.get(ax, (0.0, 0.0))[0] for rm in rms]) / W)
+        exp = float(np.dot(weights, [rm.comm_by_axis.get(ax, (0.0, 0.0))[1] for rm in rms]) / W)
+        d = {"total_s": tot, "exposed_s": exp, "overlapped_s": tot - exp}
+        d.update({k.replace("_s", "_fraction"): (v / T if T > 0 else 0.0) for k, v in list(d.items())})
+        out[ax] = d
+    return out

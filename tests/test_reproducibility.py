@@ -58,7 +58,8 @@ def _simulate_in_subprocess(tmp: Path, tag: str, hashseed: str, seed: int) -> tu
     proc = subprocess.run([sys.executable, "-m", "clustersim.cli", "simulate", "-c", str(cfg), "--json",
                            "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != ".clustersim-run.json"}
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()
+             and p.name != ".clustersim-run.json"}
     result = json.loads(files.pop("result.json"))
     return {"stdout": _strip(json.loads(proc.stdout)), "result": _strip(result)}, files
 

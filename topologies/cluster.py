@@ -27,6 +27,10 @@ from topologies.specs import AcceleratorSpec, get_accelerator
 
 DOMAIN_KINDS = ("nvswitch", "nvl72", "pcie", "torus", "optical")
 _STAR_KIND = {"nvswitch": "nvswitch", "nvl72": "nvswitch", "pcie": "pcie"}
+# GPU to shared NIC over the host's PCIe (nodes with fewer NICs than GPUs): PCIe 5.0 x16, 32 GT/s per lane with
+# 128b/130b encoding = 63 GB/s per direction (PCI-SIG PCIe 5.0 base specification), the link of Hopper /
+# Blackwell SXM GPUs and ConnectX-7 NICs; a PCIe domain uses its own GPU link bandwidth instead.
+NIC_HOST_LINK_BYTES_PER_S = 63e9
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,34 @@ class Cluster:
         elif f.nics_per_node == 1 and d.kind in _STAR_KIND and self.domain_size == self.gpus_per_node:
             eps = [((_STAR_KIND[d.kind], n), 0) for n in range(nodes)]
             self._endpoint_of_gpu = [(_STAR_KIND[d.kind], gpu // self.gpus_per_node) for gpu in range(self.n_gpus)]
+        elif (1 < f.nics_per_node < self.gpus_per_node and self.gpus_per_node % f.nics_per_node == 0
+              and d.kind in _STAR_KIND and self.domain_size == self.gpus_per_node):
+            eps = self._shared_nics(f.nics_per_node)
         else:
             raise ConfigError(f"cluster {self.name!r}: nics_per_node must equal gpus_per_node "
-                              f"({self.gpus_per_node}), or be 1 for a PCIe/NVSwitch box, got {f.nics_per_node}")
+                              f"({self.gpus_per_node}), divide it (GPUs sharing a NIC) in a PCIe/NVSwitch box, "
+                              f"or be 1; got {f.nics_per_node}")
         builders.fat_tree(eps, f.bandwidth, tiers=f.tiers, leaf_down=f.leaf_down, oversubscription=f.oversubscription,
                           rail_optimised=f.rail_optimised, link_type=f.link, latency=f.latency, graph=g)
         self.fat_tree = g.graph["fat_tree"]
+
+    def _shared_nics(self, nics: int) -> list:
+        """Fabric endpoints of nodes with ``nics`` NICs for more GPUs: NIC j of node n is graph node
+        ("nic", n, j) on rail j, reached by GPUs j·share .. (j+1)·share-1 of the node over the host's PCIe."""
+        g, gpn = self.graph, self.gpus_per_node
+        share = gpn // nics
+        host_bw = self.domain_spec.bandwidth if self.domain_spec.kind == "pcie" else NIC_HOST_LINK_BYTES_PER_S
+        eps = []
+        for n in range(self.n_gpus // gpn):
+            for j in range(nics):
+                g.add_node(("nic", n, j), kind="nic")
+                eps.append((("nic", n, j), j))
+        for gpu in range(self.n_gpus):
+            n, local = divmod(gpu, gpn)
+            nic = ("nic", n, local // share)
+            g.add_edge(gpu, nic, bandwidth=host_bw, latency=builders.HOP_LATENCY_S["pcie"], type="pcie")
+            self._endpoint_of_gpu[gpu] = nic
+        return eps
 
     def _build_links(self) -> None:
         """Directed link table: both directions of every non-fabric-internal edge, plus fat-tree trunks."""

@@ -12,7 +12,12 @@ bandwidth); "links" (and every cluster NCCL does not run on: TPU ICI, Ascend UB,
 algorithms of topologies.collectives on the cluster's routes, alpha-beta with the bottleneck link (cost
 ``A + S·K`` per group and algorithm, cached), the fastest chosen per call or a named one. Either way the
 route-level algorithm's link loads feed the flow network. A calibration fit for (kind, group size,
-scope intra|inter) replaces the predicted time. Networks: ``analytical`` (no contention), ``flow``
+scope intra|inter) replaces the predicted time.
+
+Calibration scope: only fits measured on the cluster's device (``topologies.specs.same_device``: "NVIDIA H100
+80GB HBM3" is H100-SXM) and collective fits of its backend (``collective_backend``) apply; a calibration
+that covers neither is refused unless ``calibration_scope="any"``. ``calibration_notes`` lists what applies.
+Networks: ``analytical`` (no contention), ``flow``
 (max-min fair sharing, topologies.flow), ``ideal`` (communication is free).
 """
 from __future__ import annotations
@@ -31,6 +36,7 @@ from topologies import nccl
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
 from topologies.kernel_cost import KernelPricer
+from topologies.specs import AcceleratorSpec, same_device
 
 NETWORKS = ("analytical", "flow", "ideal")
 COMM_MODELS = ("nccl", "links")
@@ -67,6 +73,15 @@ DEFAULT_EFFICIENCY = {"nvlink": 0.80, "ib": 0.90, "ethernet": 0.80, "pcie": 0.75
 # the lower envelope NCCL's per-size protocol choice follows. Link latencies on the path add to them.
 CALL_OVERHEAD_S = 6.6e-6
 STEP_LATENCY_S = {"nvlink": 0.6e-6, "ici": 0.6e-6, "ub": 0.6e-6, "pcie": 1.0e-6, "ib": 2.7e-6, "ethernet": 2.7e-6}
+
+# The torch.distributed backend a vendor's devices talk over (what calibration fits record as ``backend``):
+# NVIDIA GPUs use NCCL, Huawei Ascend HCCL (torch_npu), Google TPUs XLA collectives (torch_xla), CPUs gloo.
+VENDOR_BACKEND = {"NVIDIA": "nccl", "Huawei": "hccl", "Google": "xla", "cpu": "gloo"}
+
+
+def collective_backend(acc: AcceleratorSpec) -> str:
+    """The collective backend of a cluster of ``acc`` devices (nccl for an unknown vendor)."""
+    return VENDOR_BACKEND.get(acc.vendor, "nccl")
 
 
 def _device_fit(lookup, acc):
@@ -120,12 +135,14 @@ class ClusterCostModel:
     comm_model         "nccl" (default) or "links" (see the module docstring)
     compute_efficiency fraction of peak FLOP/s when no calibration fit (default DEFAULT_COMPUTE_EFFICIENCY)
     efficiency         {link type: protocol efficiency} overriding DEFAULT_EFFICIENCY
+    calibration_scope  "matching" (fits of the cluster's device and backend only) | "any" (see module doc)
     """
 
     def __init__(self, cluster: Cluster, network: str = "analytical", calibration: Calibration | None = None,
                  algorithm: str | None = None, compute_efficiency: float | None = None,
                  efficiency: dict | None = None, call_overhead_s: float = CALL_OVERHEAD_S,
-                 step_latency_s: dict | None = None, protocol: str | None = None, comm_model: str = "nccl"):
+                 step_latency_s: dict | None = None, protocol: str | None = None, comm_model: str = "nccl",
+                 calibration_scope: str = "matching"):
         if network not in NETWORKS:
             raise ConfigError(f"unknown network mode {network!r}; known: {', '.join(NETWORKS)}")
         if algorithm is not None:
@@ -148,7 +165,14 @@ class ClusterCostModel:
         self.cluster = cluster
         self.network_mode = network
         self.contention_aware = network == "flow"
-        self.calibration = calibration
+        self.calibration = calibration            # as given; self._cal holds the fits that apply
+        self.calibration_scope = calibration_scope
+        self.backend = collective_backend(cluster.accelerator)
+        self._cal, self.calibration_notes = None, []
+        if calibration is not None:
+            acc = cluster.accelerator
+            self._cal, self.calibration_notes = calibration.for_target(
+                acc.name, lambda d: same_device(d, acc), self.backend, calibration_scope)
         self.algorithm = algorithm
         self.compute_efficiency = DEFAULT_COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
         # NCCL's model carries the protocols' efficiency itself: under it the route-level loads bound
@@ -173,15 +197,9 @@ class ClusterCostModel:
         self._compute_cache: dict = {}
         self._bundle_cache: dict = {}
         acc = cluster.accelerator
-        fit = _device_fit(calibration.compute_fit, acc) if calibration is not None else None
-        self._compute_fit = fit
+        self._compute_fit = self._cal.compute[0] if self._cal is not None and self._cal.compute else None
         # per-layer fits (layer benchmark): price ops that belong to a transformer layer, by phase
-        self._layer_fits = {}
-        if calibration is not None:
-            for phase in (FORWARD, BACKWARD):
-                lf = _device_fit(lambda name: calibration.layer_fit(name, phase), acc)
-                if lf is not None:
-                    self._layer_fits[phase] = lf
+        self._layer_fits = {f.phase: f for f in (self._cal.layers if self._cal is not None else ())}
         self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
         self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
         # kernel-level model (topologies.kernel_cost) for ops that carry their kernels; an explicit
@@ -195,6 +213,18 @@ class ClusterCostModel:
                                 efficiency=self.efficiency, call_overhead_s=self.call_overhead_s,
                                 step_latency_s=self.step_latency_s, protocol=self.protocol,
                                 comm_model=self.comm_model)
+
+    def calibration_summary(self) -> str:
+        """One short line: which calibration fits price this cluster ("none" without a calibration)."""
+        if self._cal is None:
+            return "none"
+        c = self._cal
+        parts = [f"compute of {c.compute[0].device!r}"] if c.compute else []
+        parts += [f"{len(c.layers)} layer fits"] if c.layers else []
+        parts += [f"{len(c.collectives)} collective fits ({', '.join(sorted({f.backend for f in c.collectives}))})"
+                  ] if c.collectives else []
+        forced = any("forced" in n for n in self.calibration_notes)
+        return (", ".join(parts) or "no fits apply") + (" [forced]" if forced else "")
 
     def _domains_identical(self) -> bool:
         """Star domains (one switch per domain) whose every device link has the same capacity and latency."""
@@ -415,11 +445,12 @@ class ClusterCostModel:
         return best
 
     def _calibrated(self, kind: str, gpus: tuple, size: float) -> float | None:
-        if self.calibration is None:
+        if self._cal is None:
             return None
         ds = self.cluster.domain_size
         scope = "intra" if len({g // ds for g in gpus}) == 1 else "inter"
-        fit = self.calibration.collective_fit(kind, len(gpus), scope)
+        fit = (self._cal.collective_fit(kind, len(gpus), scope, self.backend)
+               or self._cal.collective_fit(kind, len(gpus), scope))
         return None if fit is None else fit.time_s(size, len(gpus))
 
     def _bound_per_byte(self, algo: _AlgoCost) -> float:

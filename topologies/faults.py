@@ -450,7 +450,8 @@ def apply_link_faults(cost_model, cluster, faults: FaultSpec):
                             algorithm=cost_model.algorithm,
                             compute_efficiency=None if cost_model.kernels is not None else cost_model.compute_efficiency,
                             efficiency=cost_model.efficiency, call_overhead_s=cost_model.call_overhead_s,
-                            step_latency_s=cost_model.step_latency_s)
+                            step_latency_s=cost_model.step_latency_s,
+                            calibration_scope=cost_model.calibration_scope)
 
 
 def _edge_of(graph, link, where: str):

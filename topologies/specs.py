@@ -161,3 +161,44 @@ def get_accelerator(name: str) -> AcceleratorSpec:
     if key is None:
         raise UnknownPresetError("accelerator", str(name), ACCELERATORS)
     return ACCELERATORS[key]
+
+
+# Device identity: the names CUDA / the collectors report (torch.cuda.get_device_name, nvidia-smi; these
+# land in calibration files) mapped to the presets above. Each entry: preset, substrings the name must
+# hold, substrings it must not hold, matched on the lower-cased name without spaces, "-" and "_".
+# Names as reported: "NVIDIA H100 80GB HBM3" (SXM5; the PCIe and NVL cards report "H100 PCIe" / "H100 NVL",
+# other boards and clocks), "NVIDIA H200" ("H200 NVL" is the PCIe card), "NVIDIA A100-SXM4-80GB"
+# ("A100 80GB PCIe" differs in HBM bandwidth and has no NVSwitch), "NVIDIA B200", "NVIDIA GB200",
+# "NVIDIA L40S"; TPU and Ascend chips by their model names.
+_DEVICE_NAMES = (
+    ("H100-SXM", ("h100",), ("pcie", "nvl")),
+    ("H200", ("h200",), ("nvl",)),
+    ("GB200", ("gb200",), ()),
+    ("B200", ("b200",), ("gb200",)),
+    ("A100-80GB", ("a100", "80g"), ("pcie",)),
+    ("L40S", ("l40s",), ()),
+    ("TPU-v5p", ("v5p",), ()),
+    ("Ascend-910C", ("910c",), ()),
+)
+
+
+def accelerator_for_device(name: str) -> AcceleratorSpec | None:
+    """The preset a reported device name (calibration ``device``, trace device) stands for, or None."""
+    if name in ACCELERATORS:
+        return ACCELERATORS[name]
+    key = str(name).lower()
+    if key in _ALIASES:
+        return ACCELERATORS[_ALIASES[key]]
+    flat = "".join(ch for ch in key if ch not in " -_")
+    for preset, must, must_not in _DEVICE_NAMES:
+        if all(m in flat for m in must) and not any(m in flat for m in must_not):
+            return ACCELERATORS[preset]
+    return None
+
+
+def same_device(name: str, spec: AcceleratorSpec) -> bool:
+    """Whether a reported device name is the accelerator ``spec`` (its own name, an alias or a known report)."""
+    if str(name).lower() == spec.name.lower():
+        return True
+    found = accelerator_for_device(name)
+    return found is not None and found.name == spec.name

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from simulator.calibration import bus_factor
+from traces import bench_format
 from traces.rank_io import UsageError, say, synchronize, write_bench_manifest
 
 BENCH_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
@@ -104,30 +104,40 @@ def run_bench(args, backend: str, device: torch.device, out: Path) -> None:
     target_s = 0.02 if device.type == "cpu" else 0.005     # timed work per repetition
     reps, warmup = 3, 2
     rows = []
+    if rank == 0:
+        say(f"# clustersim collective benchmark: {world} ranks, backend {backend}, device {device.type}")
     for kind in BENCH_KINDS:
+        if rank == 0:
+            for line in bench_format.header(kind, world, backend):
+                say(line)
+        first = len(rows)
         for size in bench_sizes(max_bytes, args.size_factor):
             op, nbytes = _collective(kind, size, world, rank, device)
             for _ in range(warmup):
                 op()
             one = time_collective(op, device, 1)
             iters = int(min(100, max(1, math.ceil(target_s / max(one, 1e-7)))))
-            t = statistics.median(time_collective(op, device, iters) for _ in range(reps))
-            algbw = nbytes / t
-            rows.append({"kind": kind, "size_bytes": nbytes, "dtype": "float32", "group_size": world,
-                         "iters": iters, "reps": reps, "time_s": t, "algbw_GBps": algbw / 1e9,
-                         "busbw_GBps": algbw * bus_factor(kind, world) / 1e9})
+            times = [time_collective(op, device, iters) for _ in range(reps)]
+            t = statistics.median(times)
+            row = {"kind": kind, "size_bytes": nbytes, "dtype": "float32", "group_size": world,
+                   "iters": iters, "reps": reps, "time_s": t, "time_min_s": min(times),
+                   "time_avg_s": statistics.fmean(times), "time_max_s": max(times)}
+            algbw, busbw = bench_format.bandwidths(row, world)
+            rows.append({**row, "algbw_GBps": algbw, "busbw_GBps": busbw})
             del op
             if rank == 0:
-                r = rows[-1]
-                say(f"{kind:>15} {nbytes:>12d} B {t * 1e6:>11.1f} us  algbw {r['algbw_GBps']:8.3f} GB/s  "
-                      f"busbw {r['busbw_GBps']:8.3f} GB/s")
+                say(bench_format.row_line(rows[-1], world))
+        if rank == 0:
+            say(bench_format.avg_bus_bandwidth(rows[first:], world))
+            say("#")
     path = write_bench_manifest(args, backend, device, out, {
         "bench": "collectives",
         "method": f"per size: {warmup} warm-up ops; then {reps} repetitions of (synchronize, barrier, time "
                   f"'iters' ops, synchronize, stop clock, barrier); time_s = median over repetitions of "
-                  f"the slowest rank's time per op. Sizes in nccl-tests' convention (all_gather: output, "
+                  f"the slowest rank's time per op (time_min_s / time_avg_s / time_max_s: over the "
+                  f"repetitions). Sizes in nccl-tests' convention (all_gather: output, "
                   f"reduce_scatter: input, all_to_all: send buffer, p2p: one message of a ring sendrecv); "
-                  f"algbw = size / time, busbw = algbw * bus factor (2(n-1)/n all_reduce, (n-1)/n "
+                  f"algbw = size / time_avg_s (nccl-tests' convention), busbw = algbw * bus factor (2(n-1)/n all_reduce, (n-1)/n "
                   f"all_gather/reduce_scatter/all_to_all, 1 broadcast/p2p).",
         "results": rows,
     })

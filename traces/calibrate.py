@@ -104,6 +104,23 @@ def fit_collective(kind: str, group_size: int, scope: str, backend: str, sizes, 
                          points=[[float(s), float(t)] for s, t in zip(med["s"], med["t"])])
 
 
+FIT_WARN_ERROR = 0.20     # calibrate warns when a fit misses one of its own points by more than this
+
+
+def fit_errors(fit) -> tuple[float, float]:
+    """(median, max) relative error of a fit against its own points: achieved FLOP/s for compute and layer
+    fits (points [flops, FLOP/s]), time for collective fits (points [bytes, seconds]); (0, 0) without points."""
+    errs = []
+    for x, y in fit.points:
+        if not y:
+            continue
+        pred = fit.time_s(x) if isinstance(fit, CollectiveFit) else fit.achieved_flops_per_s(x)
+        errs.append(abs(pred - y) / abs(y))
+    if not errs:
+        return 0.0, 0.0
+    return float(np.median(errs)), float(np.max(errs))
+
+
 # --------------------------------------------------------------------------------------------- samples
 def gemm_samples(trace: Trace) -> pd.DataFrame:
     """device, flops, seconds of every GEMM op of the trace."""

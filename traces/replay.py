@@ -461,6 +461,23 @@ class CalibratedCommModel(SimpleCostModel):
         return fit.time_s(request.size_bytes, n)
 
 
+def _peer_notes(plan: ReplayPlan, trace: Trace, comm_what_if: bool) -> list[str]:
+    """What a communication what-if cannot change: collectives and transfers whose peers are not in the
+    trace replay as their measured times (they are compute ops named "... absent)")."""
+    ops = [op for prog in plan.programs.ops.values() for op in prog]
+    peerless = sum(1 for op in ops if op.kind == COMPUTE and op.name.endswith("absent)"))
+    linked = sum(1 for op in ops if op.kind != COMPUTE)
+    notes = []
+    if peerless:
+        notes.append(f"{peerless} communication op(s) have no peers in the trace ({len(trace.ranks)} of "
+                     f"{trace.world_size} ranks recorded): replayed with their measured times"
+                     + ("; the communication what-if does not change them" if comm_what_if else ""))
+    if comm_what_if and not linked:
+        notes.append("the communication what-if changes nothing: no collective or transfer of the trace has its "
+                     "peers in it (record every rank)")
+    return notes
+
+
 # --------------------------------------------------------------------------------------------- replay
 def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, scale_bandwidth: float = 1.0,
            scale_compute: float = 1.0, network: str = "analytical", calibration=None,
@@ -504,6 +521,8 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
                           backend_kinds=cluster is None and calibration is not None)
     if (cluster is not None or calibration is not None) and scale_bandwidth != 1.0:
         cost = ScaledCostModel(cost, comm_scale=1.0 / scale_bandwidth)
+    notes = _peer_notes(plan, trace, what_if and (scale_bandwidth != 1.0 or cluster is not None
+                                                  or calibration is not None))
     result = run(plan.programs, cost)
     rows = []
     inv = {v: k for k, v in plan.rank_map.items()}
@@ -531,6 +550,6 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
         "measured_step_time_s": float(df["measured"].median()),
         "predicted_step_time_s": float(df["predicted"].median()),
         "error": float(df["error"].median()), "abs_error_median": float(df["error"].abs().median()),
-        "per_rank": per_rank, "per_step": per_step, "what_if": "; ".join(what_if) or None,
+        "per_rank": per_rank, "per_step": per_step, "what_if": "; ".join(what_if) or None, "notes": notes,
         "simulated_wall_s": float(result.wall_time_s),
     }

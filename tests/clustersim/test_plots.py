@@ -160,7 +160,7 @@ def test_bubble_and_exposed_spans_equal_the_engine_metrics():
     assert sorted(widths(cols["exposed_fill"])) == pytest.approx(sorted(widths(cols["exposed"])))
     assert to_rgba(cols["all_reduce"].get_facecolor()[0]) == to_rgba(plots.COMM_COLOURS["all_reduce"])
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert plots.BUBBLE_LABEL in legend and plots.EXPOSED_LABEL in legend and "all-reduce" in legend
+    assert plots.BUBBLE_LABEL in legend and plots.EXPOSED_LABEL in legend and "all-reduce (DP/FSDP)" in legend
 
 
 def test_symmetric_run_is_labelled_by_stage_representatives():

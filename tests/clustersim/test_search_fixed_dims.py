@@ -1,0 +1,23 @@
+"""Issue 18 item 10: search accepts fixed dimensions (--tp 8, --pp 16)."""
+from clustersim.cli import main
+from clustersim.experiment import Experiment, resolve_model
+from clustersim.search import SearchSpace, enumerate_candidates
+
+
+def test_fixed_tp_and_pp_restrict_the_candidates():
+    base = Experiment(cluster="dgx-h100", gpus=256, model="llama3-70b", global_batch=256, seq=4096)
+    model = resolve_model(base)
+    free = enumerate_candidates(base, model, 256, SearchSpace())
+    fixed = enumerate_candidates(base, model, 256, SearchSpace(tp=(8,), pp=(16,)))
+    assert fixed and {(e.tp, e.pp) for e in fixed} == {(8, 16)}
+    assert {e.tp for e in free} > {8} and set(map(id, fixed)).isdisjoint(map(id, free))
+    assert len(fixed) == sum(1 for e in free if (e.tp, e.pp) == (8, 16))
+    odd = enumerate_candidates(base, model, 256, SearchSpace(tp=(8,), pp=(32,)))   # above the default max_pp
+    assert odd and {e.pp for e in odd} == {32}
+
+
+def test_cli_rejects_fixed_degrees_that_do_not_divide(capsys):
+    assert main(["search", "--cluster", "dgx-h100", "--gpus", "64", "--model", "llama3-8b", "--global-batch", "64",
+                 "--tp", "7", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tp:") and "Traceback" not in err

@@ -1,0 +1,31 @@
+"""Issue 18 item 4: a communication what-if on a trace whose collectives have no peers says it changes
+nothing, and what-if output calls the difference a change, not an error."""
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from clustersim.replay import replay as replay_cmd
+from traces.replay import replay
+
+DDP = Path(__file__).resolve().parents[2] / "traces" / "samples" / "cpu-gloo-ddp"
+
+
+def test_peerless_what_if_says_it_changes_nothing():
+    one = replay(DDP / "rank0.json.gz", scale_bandwidth=2.0)
+    assert one["predicted_step_time_s"] == one["measured_step_time_s"]
+    assert any("no peers in the trace (1 of 2 ranks recorded)" in n for n in one["notes"])
+    assert any("changes nothing" in n for n in one["notes"])
+    both = replay(DDP, scale_bandwidth=2.0)
+    assert both["predicted_step_time_s"] < both["measured_step_time_s"] and both["notes"] == []
+    plain = replay(DDP / "rank0.json.gz")          # no what-if: the measured times are the point
+    assert not any("changes nothing" in n for n in plain["notes"])
+
+
+def test_cli_column_is_change_in_what_if_mode_and_error_otherwise():
+    r = CliRunner().invoke(replay_cmd, [str(DDP / "rank0.json.gz"), "--scale-bandwidth", "2"])
+    assert r.exit_code == 0, r.output
+    header = next(line for line in r.output.splitlines() if "measured (ms)" in line)
+    assert header.split()[-1] == "change" and "note: the communication what-if changes nothing" in r.output
+    r = CliRunner().invoke(replay_cmd, [str(DDP)])
+    header = next(line for line in r.output.splitlines() if "measured (ms)" in line)
+    assert header.split()[-1] == "error"
