@@ -381,7 +381,6 @@ class Outcome:
             "memory_capacity_bytes": m.memory_capacity_bytes, "represented_ops": m.represented_ops,
             "mode": m.mode, "network": self.experiment.network, "cluster": self.experiment.cluster,
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
-            "notes": list(self.notes),
             "dtype": getattr(self.plan, "dtype", "bf16"), "stack": getattr(self.plan, "stack", None),
             "notes": list(self.notes), "calibration": self.calibration, "comm_by_axis": m.comm_by_axis,
             "model_params": self.model.param_count() if hasattr(self.model, "param_count") else None,

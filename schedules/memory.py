@@ -371,7 +371,7 @@ def fsdp_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float
         for n, d, e in units:
             size[(c, n)] = (d if dd > 1 else 0.0) + (e if de > 1 else 0.0)
     uses = []
-    for a in stage_order(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages, stage):
+    for a in plan.stage_order(stage, model):
         if a.phase == "F":
             uses += [(k, "F") for k in chunks[a.chunk]]
         elif a.phase in ("B", "Bi"):

@@ -204,7 +204,7 @@ class ClusterCostModel:
         self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
         # kernel-level model (topologies.kernel_cost) for ops that carry their kernels; an explicit
         # compute_efficiency keeps the flat roofline (what-if studies)
-        self.kernels = KernelPricer(acc, fit) if compute_efficiency is None else None
+        self.kernels = KernelPricer(acc, self._compute_fit) if compute_efficiency is None else None
 
     def with_cluster(self, cluster: Cluster) -> "ClusterCostModel":
         """The same model (every setting) on another cluster (e.g. one with failed or degraded links)."""
@@ -212,7 +212,7 @@ class ClusterCostModel:
                                 algorithm=self.algorithm, compute_efficiency=self.compute_efficiency,
                                 efficiency=self.efficiency, call_overhead_s=self.call_overhead_s,
                                 step_latency_s=self.step_latency_s, protocol=self.protocol,
-                                comm_model=self.comm_model)
+                                comm_model=self.comm_model, calibration_scope=self.calibration_scope)
 
     def calibration_summary(self) -> str:
         """One short line: which calibration fits price this cluster ("none" without a calibration)."""
