@@ -177,9 +177,13 @@ class ParallelPlan:
 
     def memory_limit_microbatches(self, model) -> float:
         """``memory_limit_bytes`` as micro-batches of the busiest stage's activations (rounded down to 1/100)."""
-        from schedules.memory import layer_activation_bytes, stage_chunks
-        per = max(sum(layer_activation_bytes(model, self, l) for ls in stage_chunks(model, self, s) for l in ls)
-                  for s in range(self.pp))
+        from schedules.memory import head_activation_bytes, layer_activation_bytes, stage_chunks
+
+        def stage_bytes(s: int) -> float:
+            layers = sum(layer_activation_bytes(model, self, l) for ls in stage_chunks(model, self, s) for l in ls)
+            has_head = any(self.piece(s, c) == self.pieces - 1 for c in range(self.chunks))
+            return layers + (head_activation_bytes(model, self)[0] if has_head else 0.0)
+        per = max(stage_bytes(s) for s in range(self.pp))
         lim = math.floor(100 * self.memory_limit_bytes / per) / 100 if per else float("inf")
         if lim < 1:
             raise PlanError(f"--memory-limit {self.memory_limit_bytes / 1e9:g} GB holds less than one "

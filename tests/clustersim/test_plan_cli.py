@@ -87,10 +87,10 @@ def test_zb_auto_memory_limit_forms(capsys):
     base = ["--layers", "8", "--hidden", "256", "--heads", "8", "--pp", "4", "--schedule", "zb-auto",
             "--global-batch", "16", "--seq", "128"]
     act = {}
-    for lim in ("1p", "2p", "6", "0.01GB"):
+    for lim in ("1p", "2p", "6", "0.05GB"):
         act[lim] = max(r["activations"] for r in _json(capsys, *base, "--memory-limit", lim)["memory_bytes"].values())
     assert act["1p"] <= act["6"] <= act["2p"]
-    assert act["0.01GB"] <= 0.01e9
+    assert act["0.05GB"] <= 0.05e9          # the LM head's fp32 logits count too (~28 MB here)
 
 
 @pytest.mark.parametrize("args, match", [
