@@ -690,8 +690,9 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
                         schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
                         recompute=tuple(s.strip() for s in recompute_opts.split(",") if s.strip()),
                         zero=ints(zero_opts, "zero", 0, 3), cp=ints(cp_opts, "cp", 1, 1 << 20),
-                        tp=ints(tp_opts, "tp") if tp_opts else None, pp=ints(pp_opts, "pp") if pp_opts else None,
-                        ep=ints(ep_opts, "ep") if ep_opts else None)
+                        tp=ints(tp_opts, "tp", 1, 1 << 20) if tp_opts else None,
+                        pp=ints(pp_opts, "pp", 1, 1 << 20) if pp_opts else None,
+                        ep=ints(ep_opts, "ep", 1, 1 << 20) if ep_opts else None)
     for what, vals in (("tp", space.tp), ("pp", space.pp), ("ep", space.ep)):
         if vals is not None and (min(vals) < 1 or (gpus and any(gpus % v for v in vals))):
             raise ConfigError(f"--{what}: every degree must be >= 1 and divide the {gpus} GPUs, got "
