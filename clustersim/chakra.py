@@ -115,6 +115,7 @@ def _make_export():
         exp = experiment_from_options(**options)
         outcome = run_experiment(exp)
         programs = outcome.result.programs
+        _price_kernel_ops(programs, outcome.cost)
         paths = write_workload(programs, out, prefix)
         from topologies.multidim import network_of_cluster
         net = network_of_cluster(outcome.cluster)
@@ -131,6 +132,21 @@ def _make_export():
                    f"--network-configuration={o}/network.yml --system-configuration={o}/system.json")
 
     return export
+
+
+def _price_kernel_ops(programs, cost) -> None:
+    """Compute ops priced kernel by kernel (``op.kernels``) carry no FLOP count a Chakra roofline could
+    reproduce: give them the duration our cost model priced, so an ET consumer (ASTRA-sim, or our reader) runs
+    the same compute time."""
+    if cost is None:
+        return
+    done: set[int] = set()
+    for rank, prog in programs.ops.items():
+        for op in prog:
+            if op.kind == "compute" and getattr(op, "kernels", None) is not None and op.duration_s is None \
+                    and id(op) not in done:
+                op.duration_s = cost.compute_time_s(rank, op)
+                done.add(id(op))
 
 
 chakra.add_command(_make_export())

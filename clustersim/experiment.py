@@ -528,8 +528,9 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
     base_cost = cost
-    cost_summary = cost.calibration_summary()
-    notes: list[str] = list(cost.calibration_notes)
+    priced_by = getattr(cost, "base", cost)       # --network astra wraps the cluster's cost model
+    cost_summary = priced_by.calibration_summary() if hasattr(priced_by, "calibration_summary") else "none"
+    notes: list[str] = list(getattr(priced_by, "calibration_notes", ()))
     if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
         notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
     elif plan.schedule == "interleaved" and exp.virtual_stages is None:

@@ -126,7 +126,7 @@ def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool
     lanes = lane_ranks(res)
     written.append(write_timeline(res, folder.path("timeline.csv"), ranks=lanes))
     written.append(write_perfetto(res, folder.path("trace.json"), ranks=lanes))
-    written += write_rank_traces(res, out / "traces", ranks=lanes)   # one file per rank: HTA / Perfetto folder
+    written += write_rank_traces(res, folder.subfolder("traces"), ranks=lanes)   # one file per rank: HTA / Perfetto folder
     try:
         from clustersim import plots
     except ImportError:

@@ -425,6 +425,8 @@ def _dualpipe(p: int, m: int, s: int, v_shape: bool) -> tuple[list[Action], froz
 def _check_dualpipe(name: str, p: int, m: int, v: int) -> None:
     if v not in (1, 2):
         raise PlanError(f"{name} holds two chunks per stage by itself; leave --virtual-stages at 1 or 2")
+    if p < 2:
+        raise PlanError(f"{name} is a bidirectional pipeline: it needs pp >= 2 (with pp 1 use 1f1b)")
     if name == "dualpipe":
         if p % 2 or m % 2 or m < 2 * p:
             raise PlanError(f"dualpipe needs an even pp and an even number of micro-batches >= 2·pp "

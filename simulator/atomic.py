@@ -9,6 +9,7 @@ temporary file.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import os
 import tempfile
 from pathlib import Path
@@ -120,7 +121,11 @@ class OutputFolder:
         leftovers = [p.name for p in self.out.iterdir() if p.name.startswith(TMP_PREFIX)]  # a killed run's
         for name in old + leftovers:
             with contextlib.suppress(OSError):
-                (self.out / name).unlink()           # unlink removes a planted link, never its target
+                stale = self.out / name
+                if stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale)             # a sub-folder this tool wrote (e.g. traces/)
+                else:
+                    stale.unlink()                   # unlink removes a planted link, never its target
         self._json = json
         self._write_marker(False)
 
@@ -172,6 +177,18 @@ class OutputFolder:
             self.files.append(name)
             self._write_marker(False)
         return self.out / name
+
+    def subfolder(self, name: str) -> Path:
+        """A sub-folder ``name`` of this run (recorded like a file; a link planted there is removed, so
+        writes never go through it)."""
+        path = self.path(name)
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError as e:
+            raise _fail(path, e) from None
+        return path
 
     def finish(self) -> None:
         """Mark the run complete."""

@@ -31,7 +31,9 @@ def test_gpus_share_their_nic_and_its_link(tmp_path):
     assert c.link_type[first] == "pcie" and c.link_capacity[first] == NIC_HOST_LINK_BYTES_PER_S
     assert c.link_capacity[up[0]] == 5.0e10
     # a cross-node transfer is limited by the NIC (50 GB/s < 63 GB/s PCIe): closed form S / 50e9 + alpha
-    m = ClusterCostModel(c, efficiency={"ib": 1.0, "pcie": 1.0, "nvlink": 1.0}, call_overhead_s=0.0)
+    # (the route-level model: NCCL's own p2p model adds its per-message protocol cost)
+    m = ClusterCostModel(c, efficiency={"ib": 1.0, "pcie": 1.0, "nvlink": 1.0}, call_overhead_s=0.0,
+                         comm_model="links")
     t = m.comm_time_s(CommRequest("p2p", (0, 8), 1e9))
     assert t == pytest.approx(1e9 / 5.0e10, rel=1e-3)
 
