@@ -207,7 +207,7 @@ def test_params_only_model_cannot_build_programs():
 def plans(draw):
     schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb", "zb-h2", "zb-v", "zb-auto", "dualpipe",
                                      "dualpipev"]))
-    pp = draw(st.sampled_from([1, 2, 4])) if schedule not in ("interleaved", "dualpipe") else \
+    pp = draw(st.sampled_from([1, 2, 4])) if schedule not in ("interleaved", "dualpipe", "dualpipev") else \
         draw(st.sampled_from([2, 4]))
     v = 2 if schedule == "interleaved" and pp == 2 else 1
     moe = draw(st.booleans())

@@ -183,6 +183,7 @@ def _grid_case(name, p, m, v):
         p, m = 2 * ((p + 1) // 2), 2 * max(m, p)
         m = max(m, 2 * p)
     if name == "dualpipev":
+        p = max(p, 2)                          # a bidirectional pipeline needs two stages
         m = max(m, 2 * p)
     if name not in ("interleaved",):
         v = 1
