@@ -46,6 +46,9 @@ ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
 STACKS = ("megatron", "torchtitan")
+#: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
+CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
+           "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
@@ -188,23 +191,10 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(isinstance(value, bool), f"{w}: expected true or false, got {brief(value)}")
         elif key in ("bucket_mb", "params"):
             value = _as_float(value, w)
-        elif key == "network":
-            _check(value in NETWORKS, f"{w}: unknown network {brief(value)}; choose one of {', '.join(NETWORKS)}")
-        elif key == "calibration_scope":
-            _check(value in CALIBRATION_SCOPES, f"{w}: unknown calibration scope {brief(value)}; choose one of "
-                                                f"{', '.join(CALIBRATION_SCOPES)}")
-        elif key == "mode":
-            _check(value in MODES, f"{w}: unknown mode {brief(value)}; choose one of {', '.join(MODES)}")
-        elif key == "schedule":
-            _check(value in SCHEDULES, f"{w}: unknown schedule {brief(value)}; choose one of {', '.join(SCHEDULES)}")
-        elif key == "dtype":
-            _check(value in DTYPES, f"{w}: unknown dtype {brief(value)}; choose one of {', '.join(DTYPES)}")
-        elif key == "stack":
-            _check(value in STACKS, f"{w}: unknown stack {brief(value)}; choose one of {', '.join(STACKS)}")
-        elif key == "recompute":
-            _check(value in RECOMPUTE, f"{w}: unknown recompute {brief(value)}; choose one of {', '.join(RECOMPUTE)}")
-        elif key == "attention":
-            _check(value in ATTENTION, f"{w}: unknown attention {brief(value)}; choose one of {', '.join(ATTENTION)}")
+        elif key in CHOICES:
+            known = CHOICES[key]
+            _check(value in known, f"{w}: unknown {key.replace('_', ' ')} {brief(value)}; choose one of "
+                                   f"{', '.join(known)}")
         elif key == "fsdp_reshard_after_forward":
             value = {True: "true", False: "false"}.get(value, value) if isinstance(value, bool) else value
             _check(value in RESHARD, f"{w}: expected one of {', '.join(RESHARD)}, got {brief(value)}")
