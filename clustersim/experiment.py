@@ -45,7 +45,7 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
-STACKS = ("megatron", "torchtitan")
+STACKS = ("megatron", "torchtitan", "llm-foundry")
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION}
@@ -303,7 +303,8 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--dtype", type=click.Choice(DTYPES), help="GEMM precision: bf16 (default) or fp8 "
                      "(Transformer Engine FP8 GEMMs in the transformer blocks)."),
         click.option("--stack", type=click.Choice(STACKS), help="Training stack whose kernels are priced: "
-                     "megatron (Megatron-Core + TE, fused; default on NVIDIA) or torchtitan (eager)."),
+                     "megatron (Megatron-Core + TE, fused; default on NVIDIA), torchtitan (eager) or llm-foundry "
+                     "(eager, Triton FlashAttention, as MosaicML's MPT benchmarks ran)."),
     ]
     for o in reversed(opts):
         f = o(f)

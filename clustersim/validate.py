@@ -92,6 +92,8 @@ def precision_class(precision: str) -> str | None:
 def stack_of(framework: str) -> str | None:
     if any(k in framework for k in MEGATRON):
         return "megatron"
+    if "llm-foundry" in framework:
+        return "llm-foundry"
     if any(k in framework for k in TORCH_FSDP):
         return "torchtitan"
     return None
@@ -103,6 +105,8 @@ def group_of(row: dict) -> str:
     from schedules.models import get_model
     moe = bool(model) and get_model(model).is_moe
     hw = (hardware_class(row["hardware"]) or "?").replace("-40GB", "")
+    if hw == "H100" and "HBM2e" in row["hardware"]:
+        hw = "H100-500W"      # a different SKU (96 GB HBM2e, 500 W limit) priced with H100 SXM datasheet rates
     return f"{hw} {(precision_class(row['precision']) or row['precision']).upper()} {'MoE' if moe else 'dense'}"
 
 
@@ -170,7 +174,8 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
         raise NotExpressible(f"precision {row['precision']!r} is not BF16 or FP8")
     kw: dict = {"cluster": cluster}
     if hw == "H100" and "HBM2e" in row["hardware"]:
-        notes.append("H100 HBM2e (lower TDP) simulated as H100 SXM")
+        notes.append("H100 HBM2e (500 W limit) simulated as H100 SXM (700 W): no published sustained rate for "
+                     "that SKU; reported in its own group")
     if "dtype" in fields:
         kw["dtype"] = prec
     elif prec != "bf16":
@@ -234,6 +239,30 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
     return kw, notes
 
 
+RECOMPUTE_LADDER = ("selective", "full")
+
+
+def _fit_unstated_recompute(row: dict, kw: dict, notes: list[str], out, network: str, rid: str):
+    """A run that was published did fit in its GPUs' memory. When the source does not state activation
+    checkpointing and the plan without it does not fit, use the least recomputation that fits
+    (selective, then full), and say so in the row's notes. Never looks at throughput."""
+    from clustersim.experiment import experiment_from_dict, run_experiment
+
+    stated = (row.get("activation_checkpointing") or "").strip()
+    m = out.metrics
+    if stated or "recompute" in kw or m.peak_memory_bytes <= m.memory_capacity_bytes:
+        return out, kw
+    need = m.peak_memory_bytes / GIB
+    for level in RECOMPUTE_LADDER:
+        trial = {**kw, "recompute": level}
+        res = run_experiment(experiment_from_dict({**trial, "network": network}, where=f"row {rid}"))
+        if res.metrics.peak_memory_bytes <= res.metrics.memory_capacity_bytes or level == RECOMPUTE_LADDER[-1]:
+            notes.append(f"activation checkpointing not stated: {need:.0f} GiB without it exceeds "
+                         f"{m.memory_capacity_bytes / GIB:.0f} GiB, simulated with --recompute {level}")
+            return res, trial
+    return out, kw
+
+
 def _experiment_fields() -> set[str]:
     from clustersim.experiment import Experiment
     return {f.name for f in dataclasses.fields(Experiment)}
@@ -256,6 +285,7 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None) 
                 raise NotExpressible("no throughput figure")
             kw, notes = row_experiment(row, fields)
             out = run_experiment(experiment_from_dict({**kw, "network": network}, where=f"row {rid}"))
+            out, kw = _fit_unstated_recompute(row, kw, notes, out, network, rid)
         except ClusterSimError as e:
             skipped.append({**ident, "reason": str(e)})
             continue

@@ -11,7 +11,11 @@ Stacks (``plan.stack``)
     torchtitan   PyTorch eager (torchtitan without torch.compile): separate norm, RoPE as cast + complex
                  multiply + cast back, separate w1 / w3 GEMMs, SiLU and multiply as two kernels, plain
                  residual adds, cross-entropy as float cast + log_softmax + its backward.
-Attention is FlashAttention-2 in both (Megatron/TE's default backend on A100/H100 and torch SDPA's).
+    llm-foundry  MosaicML llm-foundry / Composer as its published MPT benchmarks ran (torch 1.13 eager,
+                 scripts/train/benchmarking/submit_benchmarks.py): the eager kernels of torchtitan, with
+                 the attention core in the Triton FlashAttention kernel (``attn_impl: triton``).
+Attention is FlashAttention-2 in megatron and torchtitan (Megatron/TE's default backend on A100/H100 and
+torch SDPA's); the pricer picks each stack's attention curve (``ATTENTION_IMPL``).
 
 Precision (``plan.dtype``): bf16, or fp8 where the transformer-block GEMMs (QKV, projection, MLP,
 experts) run in FP8 (Transformer Engine delayed scaling; torchao float8 under torchtitan) while the
@@ -37,7 +41,9 @@ from simulator.errors import PlanError
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
 from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 
-STACKS = ("megatron", "torchtitan")
+STACKS = ("megatron", "torchtitan", "llm-foundry")
+# the attention kernel each stack runs (topologies.kernel_curves prices it from its own measured curve)
+ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "triton"}
 DTYPES = ("bf16", "fp8")
 PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
 BF16, FP32 = 2, 4
@@ -61,6 +67,7 @@ class _Writer:
     def __init__(self, stack: str, dtype: str, act_bytes: int = BF16):
         self.a = act_bytes                      # bytes per activation element (the model's dtype_bytes)
         self.fused = stack == "megatron"
+        self.attention_impl = ATTENTION_IMPL[stack]
         self.fp8 = dtype == "fp8"
         self.out: list[Kernel] = []
 
@@ -88,7 +95,8 @@ class _Writer:
         flops = fwd if pass_ == "fwd" else 2.5 * fwd
         io = self.a * b * heads * (sq * d_qk + skv * d_qk + skv * d_v + sq * d_v)   # Q, K, V, O
         self.out.append(Kernel(name, ATTENTION, flops, io * (1 if pass_ == "fwd" else 2.5), 0, 0, 0, int(b), "bf16",
-                               pass_, int(sq), int(skv), int(round((d_qk + d_v) / 2)), int(heads), causal))
+                               pass_, int(sq), int(skv), int(round((d_qk + d_v) / 2)), int(heads), causal,
+                               self.attention_impl))
 
 
 # ---------------------------------------------------------------------------------------------- pieces
@@ -168,9 +176,14 @@ class _Shape:
         self.d = m.d_head
 
 
+def _has_dropout(m: ModelSpec) -> bool:
+    """GPT-style models (2-matrix MLP) train with hidden dropout, Llama-style do not, unless the model says."""
+    return (not m.gated_mlp) if m.dropout is None else m.dropout
+
+
 def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str) -> None:
     T, h, tp = sh.T, sh.h, sh.tp
-    dropout = not m.gated_mlp          # GPT-style models train with hidden dropout; Llama-style do not
+    dropout = _has_dropout(m)
     if phase == BACKWARD_WEIGHT:       # only the weight gradients
         _attention_linears(w, m, sh, phase)
         return
@@ -178,7 +191,8 @@ def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phas
     if not back:
         _norm(w, "input norm", sh.rows, h, False, True)
         _attention_linears(w, m, sh, FORWARD, part="in")
-        _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
+        if m.position_embedding == "rope":
+            _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
         _core(w, m, p, sh, "fwd")
         w.cast("proj input fp8 cast", T * sh.heads * (m.v_head_dim if m.is_mla else sh.d))
         _attention_linears(w, m, sh, FORWARD, part="out")
@@ -187,7 +201,8 @@ def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phas
         _residual(w, "attention residual", sh.rows, h, dropout, True)
         _attention_linears(w, m, sh, phase, part="out")
         _core(w, m, p, sh, "bwd")
-        _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
+        if m.position_embedding == "rope":
+            _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
         _attention_linears(w, m, sh, phase, part="in")
         _norm(w, "input norm", sh.rows, h, True, True)
 
@@ -245,7 +260,7 @@ def _mlp(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, width: float, rows: f
 def _mlp_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, moe: bool) -> None:
     """Norm, dense MLP (or router + shared experts of an MoE layer), residual."""
     h, T = sh.h, sh.T
-    dropout = not m.gated_mlp
+    dropout = _has_dropout(m)
     back = phase != FORWARD
     if not back:
         _norm(w, "post-attention norm", sh.rows, h, False, not moe)
@@ -300,9 +315,11 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
         _norm(w, "final norm", sh.rows, h, True, False)
 
 
-def _embedding(w: _Writer, sh: _Shape, vocab: int, phase: str) -> None:
+def _embedding(w: _Writer, sh: _Shape, vocab: int, phase: str, learned_positions: bool = False) -> None:
     if phase == FORWARD:
         w.ew("embedding gather", sh.T * sh.h * 2 * w.a)
+        if learned_positions:
+            w.ew("position embedding add", sh.T * sh.h * 3 * w.a)
     elif phase != BACKWARD_INPUT:
         # dense fp32 gradient zeroed, then scatter-added (read + write) per token
         w.ew("embedding grad", vocab / sh.tp * sh.h * FP32 + sh.T * sh.h * (w.a + 2 * FP32))
@@ -350,7 +367,7 @@ def _cached(model, plan, moe, phase, part, load, recompute, stack, dtype) -> Ker
     elif part == "head":
         _head(w, model, sh, phase)
     elif part == "embedding":
-        _embedding(w, sh, model.vocab, phase)
+        _embedding(w, sh, model.vocab, phase, model.position_embedding == "learned")
     if w.fp8 and part in ("layer", "attention", "experts") and phase == FORWARD:
         # FP8 weights: cast (row + column-wise) once per step, amortised over the micro-batches
         params = (model.attention_params() + (0 if moe else model._mlp_params(model.ffn))) / plan.tp

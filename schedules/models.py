@@ -56,6 +56,9 @@ class LayerFlops:
         return self.forward + self.backward_input + self.backward_weight
 
 
+POSITION_EMBEDDINGS = ("rope", "alibi", "learned")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A dense or MoE decoder-only transformer.
@@ -82,6 +85,10 @@ class ModelSpec:
                   kv_lora_rank > 0; then head_dim is the no-RoPE query/key width
     dtype_bytes   bytes per parameter / activation element in training (bf16 = 2)
     total_params  a model known only by its parameter count (memory questions only)
+    position_embedding  rope (rotary on Q and K), alibi (a bias the attention kernel adds) or learned
+                  (absolute position table added to the token embedding)
+    dropout       hidden dropout on the residual branches (None = GPT-style models with a 2-matrix MLP
+                  have it, gated Llama-style ones do not)
     """
 
     name: str
@@ -107,6 +114,8 @@ class ModelSpec:
     v_head_dim: int = 0
     dtype_bytes: int = 2
     total_params: float | None = None
+    position_embedding: str = "rope"
+    dropout: bool | None = None
 
     def __post_init__(self):
         if self.total_params is not None:
@@ -133,6 +142,11 @@ class ModelSpec:
             raise ConfigError(f"model {self.name}: capacity_factor must be a positive number or unset, got {cf!r}")
         if not all(isinstance(getattr(self, f), bool) for f in ("gated_mlp", "tied_embeddings", "attention_bias")):
             raise ConfigError(f"model {self.name}: gated_mlp, tied_embeddings and attention_bias must be true or false")
+        if self.position_embedding not in POSITION_EMBEDDINGS:
+            raise ConfigError(f"model {self.name}: position_embedding must be one of {', '.join(POSITION_EMBEDDINGS)},"
+                              f" got {self.position_embedding!r}")
+        if self.dropout is not None and not isinstance(self.dropout, bool):
+            raise ConfigError(f"model {self.name}: dropout must be true, false or unset, got {self.dropout!r}")
         if self.head_dim is None and self.hidden % self.heads:
             raise ConfigError(f"model {self.name}: hidden {self.hidden} is not divisible by heads {self.heads}; "
                               f"set head_dim or change --heads")
@@ -286,7 +300,7 @@ def layer_flops_backward_weight(model: ModelSpec, layer: int, seq: int, micro_ba
 #   256 routed experts, top-8, first 3 layers dense). The multi-token-prediction module is not modelled.
 _PRESETS: dict[str, ModelSpec] = {
     "gpt3-175b": ModelSpec("gpt3-175b", layers=96, hidden=12288, ffn=4 * 12288, heads=96, kv_heads=96,
-                           vocab=50257, gated_mlp=False, tied_embeddings=True),
+                           vocab=50257, gated_mlp=False, tied_embeddings=True, position_embedding="learned"),
     "llama3-8b": ModelSpec("llama3-8b", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256),
     "llama3-70b": ModelSpec("llama3-70b", layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=128256),
     "llama3-405b": ModelSpec("llama3-405b", layers=126, hidden=16384, ffn=53248, heads=128, kv_heads=8,
@@ -312,9 +326,10 @@ _PRESETS: dict[str, ModelSpec] = {
     "grok1-314b": ModelSpec("grok1-314b", layers=64, hidden=6144, ffn=32768, heads=48, kv_heads=8, vocab=131072,
                             experts=8, top_k=2),
     # MPT (mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): GELU MLP with expansion 4, MHA,
-    # vocab 50,368, tied embeddings (the benchmark table's models).
+    # vocab 50,368, tied embeddings, learned positions (MPTConfig's default; the benchmark table's NumParams
+    # include the seq_len x d table), no dropout (MPTConfig's pdrops default to 0) (the benchmark table's models).
     **{f"mpt-{n}": ModelSpec(f"mpt-{n}", layers=L, hidden=d, ffn=4 * d, heads=a, kv_heads=a, vocab=50368,
-                             gated_mlp=False, tied_embeddings=True)
+                             gated_mlp=False, tied_embeddings=True, position_embedding="learned", dropout=False)
        for n, L, d, a in (("125m", 12, 768, 12), ("350m", 24, 1024, 16), ("760m", 24, 1536, 12),
                           ("1b", 24, 2048, 16), ("3b", 32, 2560, 20), ("7b", 32, 4096, 32), ("13b", 40, 5120, 40),
                           ("30b", 48, 7168, 64), ("70b", 80, 8192, 64))},

@@ -72,7 +72,7 @@ class ParallelPlan:
     fsdp_reshard_after_forward  ZeRO-3/FSDP: free gathered parameters after each forward: auto (only without
                          PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
     dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
-    stack                training stack whose kernels are priced: megatron | torchtitan (schedules.kernels)
+    stack                training stack whose kernels are priced: megatron | torchtitan | llm-foundry (schedules.kernels)
     """
 
     dp: int = 1

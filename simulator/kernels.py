@@ -10,7 +10,9 @@ Kinds
     gemm         C[M,N] = A[M,K]·B[K,N], ``batch`` independent products (grouped GEMMs of MoE experts);
                  ``dtype`` bf16 | fp8 (Transformer Engine FP8 GEMM)
     attention    fused attention core (FlashAttention); ``pass_`` fwd | bwd; ``seq_q``, ``seq_kv``,
-                 ``head_dim``, ``heads`` (query heads on this rank), ``batch`` (sequences), ``causal``
+                 ``head_dim``, ``heads`` (query heads on this rank), ``batch`` (sequences), ``causal``,
+                 ``impl`` the kernel implementation (flash2 = FlashAttention-2, triton = the Triton
+                 FlashAttention of 2023-era stacks)
     elementwise  memory-bound kernel (norm, rotary, activation, residual add, cast/amax, cross-entropy,
                  optimizer step); priced by ``bytes``
 """
@@ -42,6 +44,7 @@ class Kernel:
     head_dim: int = 0
     heads: int = 0
     causal: bool = False
+    impl: str = ""
 
 
 class KernelList:

@@ -15,7 +15,10 @@ that finish first::
 
 ``eta`` (sustained fraction of the datasheet peak under the power limit), ``k_half`` (per-tile prologue /
 epilogue cost in K), ``t0`` (launch and tail) and ``beta`` (achieved HBM fraction of small-K GEMMs) are
-fitted by least squares on log time over a fixed grid. Devices without their own sweep borrow the
+fitted by least squares on log time over a fixed grid, with ``eta`` capped by the device's published
+maximum achievable matmul FLOP/s (ml-engineering's MAMF: the best of a brute-force search over shapes)
+where there is one: the model's fastest shape runs at ``eta · peak``, so no shape may beat the measured
+best one. (The XLA table's few points above MAMF, +2 % at most, are single un-throttled timings.) Devices without their own sweep borrow the
 parameters of the nearest architecture that has one and keep their own peak, SM count and HBM bandwidth;
 one best-shape (MAMF) point, where published, sets their ``eta``.
 
@@ -114,22 +117,25 @@ class GemmCurve:
 
 
 def fit_gemm(shapes: np.ndarray, times_s: np.ndarray, peak: float, sm_count: int, hbm: float,
-             dtype_bytes: float = 2.0, source: str = "") -> GemmParams:
-    """Least-squares fit (log time) of eta, k_half, t0, beta on the grids above."""
+             dtype_bytes: float = 2.0, source: str = "", eta_max: float = 1.0) -> GemmParams:
+    """Least-squares fit (log time) of eta (<= eta_max), k_half, t0, beta on the grids above."""
     b, m, n, k = (shapes[:, i].astype(float) for i in range(4))
     mem = gemm_bytes(b, m, n, k, dtype_bytes) / hbm
     logt = np.log(times_s)
+    etas = ETA_GRID[ETA_GRID <= eta_max + 1e-12]
+    if not len(etas):
+        etas = np.array([round(eta_max, 3)])
     best = None
     for kh in K_HALF_GRID:
         work = _effective_flops(shapes, sm_count, kh) / peak            # seconds at eta = 1
-        comp = work[None, :] / ETA_GRID[:, None]                              # eta x shapes
+        comp = work[None, :] / etas[:, None]                                  # eta x shapes
         memb = mem[None, :] / BETA_GRID[:, None]                              # beta x shapes
         base = np.maximum(comp[:, None, :], memb[None, :, :])                 # eta x beta x shapes
         pred = T0_GRID_S[:, None, None, None] + base[None]                    # t0 x eta x beta x shapes
         err = ((np.log(pred) - logt) ** 2).mean(axis=-1)
         i = np.unravel_index(np.argmin(err), err.shape)
         if best is None or err[i] < best[0]:
-            best = (err[i], GemmParams(float(ETA_GRID[i[1]]), float(kh), float(T0_GRID_S[i[0]]),
+            best = (err[i], GemmParams(float(etas[i[1]]), float(kh), float(T0_GRID_S[i[0]]),
                                        float(BETA_GRID[i[2]]), source))
     return best[1]
 
@@ -149,6 +155,11 @@ GEMM_SWEEPS = {
     ("hopper", "fp8"): (("H100 80GB HBM3", "NVIDIA H100 SXM"), ("FP8",), "H100-SXM"),
     ("hopper-h200", "fp8"): (("H200 141GB", "NVIDIA H200 SXM"), ("FP8",), "H200"),
     ("ampere", "bf16"): (("A100-SXM4-80GB", "NVIDIA A100 SXM"), ("FP16", "BF16"), "A100-80GB"),
+}
+# the best-shape point (ml-engineering MAMF) that caps each sweep's eta: (hardware in gemm.csv, dtype prefix)
+SWEEP_MAMF = {
+    ("hopper", "bf16"): ("NVIDIA H100 SXM", "BF16"), ("hopper", "fp8"): ("NVIDIA H100 SXM", "FP8"),
+    ("hopper-h200", "fp8"): ("NVIDIA H200 SXM", "FP8"), ("ampere", "bf16"): ("NVIDIA A100 SXM", "BF16"),
 }
 # one best-shape point (ml-engineering MAMF) per device without a sweep: (hardware in gemm.csv, dtype prefix)
 MAMF_POINTS = {
@@ -181,7 +192,22 @@ def fit_gemm_sweep(family: str, dtype: str) -> GemmParams:
     acc = get_accelerator(ref)
     peak = acc.peak_fp8_flops if dtype == "fp8" else acc.peak_bf16_flops
     src = f"fit to {len(times)} points of gemm.csv ({', '.join(hardware)}; {'/'.join(dtypes)})"
-    return fit_gemm(shapes, times, peak, acc.sm_count, acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0, src)
+    eta_max = 1.0
+    cap = SWEEP_MAMF.get((family, dtype))
+    if cap is not None:
+        rate = mamf_flops_per_s(*cap)
+        if rate:
+            eta_max = rate / peak
+            src += f"; eta <= MAMF {rate / 1e12:.1f} TFLOP/s ({cap[0]} {cap[1]})"
+    return fit_gemm(shapes, times, peak, acc.sm_count, acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0, src,
+                    eta_max)
+
+
+def mamf_flops_per_s(hardware: str, dtype_prefix: str) -> float | None:
+    """The published maximum achievable matmul FLOP/s (best shape) of a device and dtype in gemm.csv."""
+    rows = [r for r in read_rows(GEMM_CSV) if r["hardware"] == hardware and r["dtype"].startswith(dtype_prefix)
+            and "MAMF" in r.get("notes", "")]
+    return max(float(r["tflops_per_s"]) for r in rows) * 1e12 if rows else None
 
 
 def _spec(device):
@@ -241,16 +267,29 @@ def fit_rate_curve(seqs, rates) -> RateCurve:
 
 ATTENTION_DATA = {"hopper": "H100 80GB SXM5", "ampere": "A100 80GB SXM4"}
 ATTENTION_KERNEL = "FlashAttention-2"
+# The chart series that prices each attention implementation (Kernel.impl) per family. triton = the
+# Triton FlashAttention of 2023 stacks (flash_attn_triton, llm-foundry's attn_impl: triton): measured on
+# A100 ("FlashAttention Triton"); the H100 charts have no forward+backward series of it, so its closest
+# measured relative, FlashAttention v1 (within 15 % of it on A100's chart), stands in.
+ATTENTION_SERIES = {
+    ("hopper", "flash2"): "FlashAttention-2", ("ampere", "flash2"): "FlashAttention-2",
+    ("hopper", "triton"): "FlashAttention", ("ampere", "triton"): "FlashAttention Triton",
+}
 FWD_BWD_FLOPS = 3.5          # FlashAttention benchmark: backward 2.5x forward FLOPs
 
 
+def attention_series(family: str, impl: str) -> str:
+    return ATTENTION_SERIES.get((family, impl or "flash2"), ATTENTION_KERNEL)
+
+
 @lru_cache(maxsize=None)
-def attention_fits(family: str) -> dict:
-    """{(pass, causal, head_dim): RateCurve} for FlashAttention-2 on a family's chart."""
+def attention_fits(family: str, impl: str = "flash2") -> dict:
+    """{(pass, causal, head_dim): RateCurve} for an attention implementation on a family's chart."""
     hw = ATTENTION_DATA[family]
+    series = attention_series(family, impl)
     groups: dict = {}
     for r in read_rows(ATTENTION_CSV):
-        if r["hardware"] != hw or r["kernel"] != ATTENTION_KERNEL:
+        if r["hardware"] != hw or r["kernel"] != series:
             continue
         key = (r["pass"], r["causal"].startswith("true"), int(r["head_dim"]))
         groups.setdefault(key, []).append((int(r["seq_len"]), float(r["tflops_per_s"]) * 1e12))
@@ -281,7 +320,7 @@ class AttentionCurve:
     def time_s(self, kern: Kernel) -> float:
         if kern.flops <= 0:
             return 0.0
-        fits = attention_fits(self.family)
+        fits = attention_fits(self.family, kern.impl or "flash2")
         seq = max(kern.seq_kv, 1)
         fb = _by_head_dim(fits, "fwd+bwd", kern.causal, kern.head_dim, seq)
         fw = _by_head_dim(fits, "fwd", kern.causal, kern.head_dim, seq)
@@ -295,7 +334,8 @@ class AttentionCurve:
 
     @property
     def source(self) -> str:
-        return (f"{ATTENTION_KERNEL} fit to attention_kernels.csv ({ATTENTION_DATA[self.family]})"
+        return (f"{ATTENTION_KERNEL} (Triton stacks: {attention_series(self.family, 'triton')}) fit to "
+                f"attention_kernels.csv ({ATTENTION_DATA[self.family]})"
                 + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else ""))
 
 

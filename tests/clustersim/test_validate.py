@@ -145,3 +145,21 @@ def test_mpt_presets_match_published_parameter_counts():
         assert int(m.group(1)) == expected, r["model"]
         checked.add(r["model"])
     assert len(checked) == 9
+
+
+def test_unstated_checkpointing_takes_the_least_recompute_that_fits():
+    """A published run fit in memory: with activation checkpointing unstated and a plan that does not fit
+    without it, validate simulates the least recomputation that fits and says so; a stated choice is kept."""
+    from clustersim.validate import validate_rows
+    row = _row(framework="MaxText (JAX)", gpus="128", tp="", pp="", vp="", cp="", fsdp="128", gbs="256", mbs="2",
+               model="Llama 3 70B", id="x")
+    (res,), skipped = validate_rows([row])
+    assert not skipped
+    assert res["experiment"]["recompute"] in ("selective", "full")
+    assert any("not stated" in n for n in res["notes"])
+    assert res["predicted_peak_memory_gib"] * GIB <= 80e9
+    (stated,), _ = validate_rows([{**row, "activation_checkpointing": "False"}])
+    assert "recompute" not in stated["experiment"] and stated["predicted_peak_memory_gib"] * GIB > 80e9
+
+
+GIB = 2 ** 30

@@ -97,3 +97,37 @@ def test_lists_are_shared_and_bad_choices_rejected():
         ParallelPlan(stack="jax").validate()
     with pytest.raises(PlanError, match="dtype"):
         ParallelPlan(dtype="fp4").validate()
+
+
+def test_position_embedding_and_dropout_follow_the_model():
+    """Rotary kernels only for RoPE models; a learned table adds one add at the embedding; MPT has no dropout."""
+    plan = ParallelPlan(seq=2048, stack="torchtitan")
+    names = lambda kl: {k.name for k in kl}                              # noqa: E731
+    llama = names(phase_kernels(get_model("llama3-8b"), plan, 0, "forward"))
+    mpt = phase_kernels(get_model("mpt-7b"), plan, 0, "forward")
+    gpt = names(phase_kernels(get_model("gpt3-175b"), plan, 0, "forward"))
+    assert any("rotary" in n for n in llama)
+    assert not any("rotary" in n for n in names(mpt)) and not any("rotary" in n for n in gpt)
+    assert not any("dropout" in n for n in names(mpt)) and any("dropout" in n for n in gpt)
+    assert "position embedding add" in names(phase_kernels(get_model("gpt3-175b"), plan, None, "forward",
+                                                           part="embedding"))
+    with pytest.raises(Exception, match="position_embedding"):
+        get_model("llama3-8b").__class__(**{**get_model("llama3-8b").to_dict(), "position_embedding": "sinus"})
+
+
+def test_llm_foundry_stack_runs_triton_attention():
+    """llm-foundry = the eager kernels of torchtitan with the Triton FlashAttention core (attn_impl: triton)."""
+    from topologies.kernel_cost import KernelPricer
+    from topologies.specs import get_accelerator
+
+    m = get_model("mpt-7b")
+    lf = phase_kernels(m, ParallelPlan(seq=8192, stack="llm-foundry"), 0, "backward")
+    tt = phase_kernels(m, ParallelPlan(seq=8192, stack="torchtitan"), 0, "backward")
+    assert [k.name for k in lf] == [k.name for k in tt]
+    att_lf = next(k for k in lf if k.kind == ATTENTION)
+    att_tt = next(k for k in tt if k.kind == ATTENTION)
+    assert (att_lf.impl, att_tt.impl) == ("triton", "flash2") and att_lf.flops == att_tt.flops
+    pricer = KernelPricer(get_accelerator("A100-80GB"))
+    # A100 chart, hdim 128 causal, fwd+bwd at 8k: Triton FlashAttention 78, FlashAttention-2 182 TFLOP/s
+    ratio = pricer.kernel_time_s(att_lf) / pricer.kernel_time_s(att_tt)
+    assert ratio == pytest.approx(182 / 78, rel=0.15)

@@ -90,3 +90,15 @@ def test_attention_backward_is_slower_per_flop_than_forward():
     assert 1e12 / c.time_s(f) == pytest.approx(333e12, rel=0.05)
     # devices without a chart scale Hopper's curve by their BF16 peak
     assert kc.attention_curve("B200").scale == pytest.approx(2250 / 989.4, rel=1e-3)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.sampled_from(sorted(kc.SWEEP_MAMF)), st.integers(64, 65536), st.integers(64, 65536),
+       st.integers(64, 65536))
+def test_no_shape_beats_the_published_best_shape(sweep, m, n, k):
+    """MAMF is the best of a brute-force shape search on the device: the fitted curve stays below it."""
+    fam, dtype = sweep
+    device = {"hopper": "H100-SXM", "hopper-h200": "H200", "ampere": "A100-80GB"}[fam]
+    c = kc.gemm_curve(device, dtype)
+    best = kc.mamf_flops_per_s(*kc.SWEEP_MAMF[sweep])
+    assert 2.0 * m * n * k / c.time_s(m, n, k) <= best * (1 + 1e-9)
