@@ -6,7 +6,10 @@ The engine knows nothing about hardware. It asks a ``CostModel``:
 - ``comm_time_s(request)``        seconds a collective / transfer takes without contention;
 - ``network()``                   for contention-aware models, a fresh ``FlowNetwork`` (see below);
 - ``device_key(rank)``            hashable identity of a rank's hardware (symmetry needs it);
-- ``peak_flops(rank)``, ``memory_capacity_bytes(rank)``  for MFU and "fits in memory".
+- ``peak_flops(rank)``, ``memory_capacity_bytes(rank)``  for MFU and "fits in memory";
+- optionally ``comm_sm_fraction(request)``: the share of a member GPU's compute units the communication's
+  kernels hold while it runs (NCCL's channels); compute that overlaps it is slowed by that share of the
+  overlap (see simulator.engine). Models without it (the simple ones here) have no such interference.
 
 A ``FlowNetwork`` is an event-driven fluid model the engine drives: it starts a communication (``start``),
 tells when the next one finishes (``next_completion``), and forgets finished ones (``finish``); rates are
@@ -142,6 +145,10 @@ class ScaledCostModel:
 
     def network(self) -> FlowNetwork:
         return self.base.network()
+
+    def comm_sm_fraction(self, request: CommRequest) -> float:
+        f = getattr(self.base, "comm_sm_fraction", None)
+        return f(request) if f is not None else 0.0
 
     def device_key(self, rank: int) -> Hashable:
         return (self.base.device_key(rank), self._cscale(rank))

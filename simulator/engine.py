@@ -11,6 +11,12 @@ cross-stream ``deps``, then:
 Communication time comes from ``cost.comm_time_s`` (analytical) or, for contention-aware cost models, from
 a ``FlowNetwork`` the engine drives: it is told when communications start and asked when the next ends.
 
+Communication kernels hold compute units: when the cost model says which share f of a GPU's SMs a
+communication holds (``comm_sm_fraction``; NCCL: one SM per channel), a compute op of that rank that
+overlaps it for o seconds takes f·o longer (the work the held SMs would have done runs after). A compute op
+starting during a communication is lengthened at its start; the overlap of a communication that starts
+while a compute op already runs is added to the rank's next compute op.
+
 Symmetric mode (``Programs.classes`` set): only representatives are simulated; a group whose members are
 all represented by one rank synchronises with that rank alone, and the images of each communication
 (the same collective run by the other ranks of the class at the same instant) are passed to the flow
@@ -135,6 +141,13 @@ class Engine:
         self.fail_at = dict(failures or {})
         self._comm_cache: dict = {}
         self.failed: set[int] = set()
+        # communication kernels holding SMs (see the module doc); None: the cost model has no such notion
+        self.sm_share = getattr(cost_model, "comm_sm_fraction", None)
+        if self.sm_share is not None:
+            self.comm_busy: dict[int, list[tuple[float, float]]] = {r: [] for r in programs.ops}  # (end, share)
+            self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
+            self.compute_end = dict.fromkeys(programs.ops, 0.0)   # end of the rank's latest compute op
+            self._share_cache: dict = {}
 
     # ------------------------------------------------------------------ helpers
     def _rendezvous_keys(self) -> dict[int, list]:
@@ -219,6 +232,45 @@ class Engine:
             self._images[key] = tuple(imgs)
         return self._images[key]
 
+    # ------------------------------------------------------------------ SMs held by communication
+    def _share(self, op, real: tuple[int, int] | None = None) -> float:
+        """Share of SMs the communication of ``op`` holds (cached per group or pair, kind and size)."""
+        if op.kind == COLLECTIVE:
+            key = (op.group, op.collective, op.size_bytes)
+        else:
+            key = (real, op.size_bytes)
+        f = self._share_cache.get(key)
+        if f is None:
+            req = (CommRequest(op.collective, self.p.groups[op.group].ranks, op.size_bytes) if op.kind == COLLECTIVE
+                   else CommRequest("p2p", real, op.size_bytes))
+            f = self._share_cache[key] = float(self.sm_share(req))
+        return f
+
+    def _comm_started(self, ranks, now: float, dur: float, share: float) -> None:
+        """Communication on ``ranks`` holds ``share`` of their SMs over [now, now + dur]."""
+        if share <= 0.0 or dur <= 0.0:
+            return
+        end = now + dur
+        for r in ranks:
+            self.comm_busy[r].append((end, share))
+            ce = self.compute_end[r]
+            if ce > now:                    # a compute op already running loses the overlap
+                self.sm_debt[r] += share * (min(ce, end) - now)
+
+    def _slowdown(self, rank: int, t: float, dur: float) -> float:
+        """Extra seconds of a compute op of ``rank`` starting at ``t`` for ``dur`` seconds."""
+        extra = self.sm_debt[rank]
+        self.sm_debt[rank] = 0.0
+        busy = self.comm_busy[rank]
+        if busy:
+            live = [(end, f) for end, f in busy if end > t]
+            for end, f in live:
+                extra += f * (min(end, t + dur) - t)
+            if len(live) != len(busy):
+                self.comm_busy[rank] = live
+        self.compute_end[rank] = t + dur + extra
+        return extra
+
     # ------------------------------------------------------------------ communication
     def _solo_time(self, op) -> float:
         """Contention-free time of a collective, cached per (group, kind, size): the analytical cost of a
@@ -238,16 +290,27 @@ class Engine:
         elif not self.contention:
             dur = self.cost.comm_time_s(request)
         else:
+            if self.sm_share is not None:       # the contention-free time stands in for the SMs' hold
+                self._hold_sms(rv, now, self.cost.comm_time_s(request))
             self._net_key += 1
             rv.start_s = now
             self._net_events[self._net_key] = rv
             self.net.start(now, self._net_key, request)
             self._reschedule_network()
             return
+        if self.sm_share is not None:
+            self._hold_sms(rv, now, dur)
         if dur > 0:
             self._trigger_in(rv.event, dur, now)
         else:
             rv.event.succeed(now)
+
+    def _hold_sms(self, rv: _Rendezvous, now: float, dur: float) -> None:
+        op = rv.op
+        real = None
+        if op.kind != COLLECTIVE:
+            real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
+        self._comm_started([r for r, _ in rv.arrived], now, dur, self._share(op, real))
 
     def _reschedule_network(self) -> None:
         self._net_gen += 1
@@ -292,6 +355,8 @@ class Engine:
         needed = self.needed
         targeted = self.targeted[rank]
         progress = self.progress
+        held = self.sm_share is not None
+        slowdown = self._slowdown
         n = len(idxs)
         pos = 0
         while pos < n:
@@ -313,6 +378,8 @@ class Engine:
                 dur = op.duration_s
                 if dur is None:
                     dur = compute_time(rank, op)
+                if held:
+                    dur += slowdown(rank, now, dur)
                 start[i] = now
                 t = now + dur
                 # Coalesce the following compute ops of this stream into one timeout when nobody else
@@ -329,7 +396,11 @@ class Engine:
                     pos += 1
                     ready[i] = start[i] = t
                     d2 = nxt.duration_s
-                    t += d2 if d2 is not None else compute_time(rank, nxt)
+                    if d2 is None:
+                        d2 = compute_time(rank, nxt)
+                    if held:
+                        d2 += slowdown(rank, t, d2)
+                    t += d2
                     op = nxt
                 if t > now:
                     if t > fail_t:
@@ -342,6 +413,8 @@ class Engine:
                 if dur is None:
                     dur = self._solo_time(op)
                 start[i] = now
+                if held:
+                    self._comm_started((rank,), now, dur, self._share(op))
                 if dur > 0:
                     yield timeout(dur)
             else:

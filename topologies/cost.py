@@ -194,6 +194,7 @@ class ClusterCostModel:
         self._image_cache: dict = {}
         self._paths: dict = {}
         self._time_cache: dict = {}
+        self._sm_cache: dict = {}
         self._compute_cache: dict = {}
         self._bundle_cache: dict = {}
         acc = cluster.accelerator
@@ -538,6 +539,35 @@ class ClusterCostModel:
                 self._time_cache.clear()
             self._time_cache[key] = t
         return t
+
+    def comm_sm_fraction(self, request: CommRequest) -> float:
+        """Share of each member GPU's SMs the communication's kernels hold while it runs. NCCL launches one
+        thread block per channel (src/enqueue.cc), each on its own SM, so compute overlapped with it runs on
+        the other SMs: collectives hold the channels NCCL launches at that size (topologies.nccl), an
+        all-to-all the communicator's channels, a send/recv 2 (NCCL_NCHANNELS_PER_NET_PEER's default).
+        0 where no NCCL model applies (ideal network, calibrated times, CPUs, route-level algorithms)."""
+        sms = getattr(self.cluster.accelerator, "sm_count", 0)
+        if not sms or self.network_mode == "ideal" or len(request.ranks) < 2:
+            return 0.0
+        key = (request.kind, request.ranks, request.size_bytes)
+        f = self._sm_cache.get(key)
+        if f is None:
+            gpus = self._gpus(request)
+            ch = 0
+            if self._calibrated(request.kind, gpus, request.size_bytes) is None:
+                if request.kind == "p2p":
+                    ch = 2 if self._nccl_comm(gpus) is not None else 0
+                elif request.kind == "all_to_all":
+                    comm = self._nccl_comm(gpus)
+                    ch = 0 if comm is None else nccl.comm_channels(comm, nccl.graphs(comm))
+                else:
+                    c = self.nccl_choice(request.kind, gpus, request.size_bytes)
+                    ch = 0 if c is None else c.channels
+            f = min(1.0, ch / sms)
+            if len(self._sm_cache) > 200_000:
+                self._sm_cache.clear()
+            self._sm_cache[key] = f
+        return f
 
     def algorithm_for(self, request: CommRequest) -> str:
         """Name of the algorithm the model uses for ``request`` ("none" when nothing moves)."""
