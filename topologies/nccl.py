@@ -397,6 +397,11 @@ def table(comm: Comm, kind: str, size: float) -> list[Choice]:
             log_size = _log2i(int(size) >> 6) if size >= 64 else -1
             if algo == "tree" and kind == "all_reduce" and 0 <= log_size < 23:
                 bw *= C.TREE_CORRECTION[proto][log_size]
+            # NCCL >= 2.28 applies the tree correction to NVLS-tree on Blackwell with x86 hosts (tuning.cc
+            # ncclTopoGetAlgoTime)
+            if (algo == "nvls_tree" and kind == "all_reduce" and 0 <= log_size < 24 and comm.arch == "blackwell"
+                    and comm.cpu in ("intel", "amd") and not _older(comm, C.VERSION_NVLS_EFFICIENCY)):
+                bw *= C.TREE_CORRECTION[proto][log_size]
             if (algo == "ring" and proto == "simple" and comm.n_nodes > 1 and kind == "all_reduce"
                     and size / (nc_full * comm.n_ranks) >= 64):
                 lat *= C.RING_PLATEAU_LAT_FACTOR

@@ -212,3 +212,22 @@ def test_release_changes_the_pick_where_the_tuners_differ():
     assert ClusterCostModel(c).algorithm_for(req) == "ring"
     assert ClusterCostModel(c, nccl_version="2.27.7").algorithm_for(req) == "nvls"
     assert ClusterCostModel(c, nccl_version="2.27.7").with_cluster(c).nccl_version == "2.27.7"
+
+
+def test_nvls_tree_correction_on_blackwell_x86_only():
+    """tuning.cc (>= 2.28): NVLS-tree bandwidth x treeCorrectionFactor[Simple][log2(size/64)] on Blackwell with
+    x86 hosts; 1 MiB -> index 14 -> 0.5. Not on Hopper, not in 2.27."""
+    import dataclasses
+    b200 = _comm("dgx-b200", 32)
+    S = 2**20
+    est = {(c.algorithm, c.protocol): c for c in nccl.table(b200, "all_reduce", S)}[("nvls_tree", "simple")]
+    old = {(c.algorithm, c.protocol): c
+           for c in nccl.table(dataclasses.replace(b200, version=22707), "all_reduce", S)}[("nvls_tree", "simple")]
+    raw = nccl._bandwidth(b200, "all_reduce", "nvls_tree", "simple", nccl.graphs(b200)) * 1e9
+    assert est.bandwidth_Bps == pytest.approx(raw * 0.5)
+    assert old.bandwidth_Bps == pytest.approx(nccl._bandwidth(dataclasses.replace(b200, version=22707), "all_reduce",
+                                                              "nvls_tree", "simple", nccl.graphs(b200)) * 1e9)
+    h100 = _comm("dgx-h100", 32)
+    c = {(c.algorithm, c.protocol): c for c in nccl.table(h100, "all_reduce", S)}[("nvls_tree", "simple")]
+    assert c.bandwidth_Bps == pytest.approx(nccl._bandwidth(h100, "all_reduce", "nvls_tree", "simple",
+                                                            nccl.graphs(h100)) * 1e9)
