@@ -64,7 +64,8 @@ def test_cli_text_json_plot_and_errors(tmp_path, capsys):
     assert "H100" in out and "not expressible" in out and "MI300X" in out and png.stat().st_size > 10_000
     assert main(["validate", "collectives", "--data", str(d), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert {"summary", "rows", "not_expressed"} <= set(doc)
+    assert {"summary", "bands", "bands_without_net_plugins", "rows", "not_expressed"} <= set(doc)
+    assert {b["band"]: b["rows"] for b in doc["bands"]} == {"< 64 KiB": 1, ">= 1 MiB": 4}   # no 64 KiB - 1 MiB row
     assert all({"predicted_busbw_GBps", "published_busbw_GBps", "error", "predicted_time_s"} <= set(r)
                for r in doc["rows"])
     assert main(["validate", "collectives", "--data", str(tmp_path / "nowhere")]) == 2
