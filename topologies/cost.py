@@ -162,6 +162,8 @@ class ClusterCostModel:
         self.comm_model = comm_model
         self.nccl_version = nccl_version
         self._nccl_release = nccl.parse_version(nccl_version)
+        if nccl_version is not None and not nccl.C.OLDEST_RELEASE <= self._nccl_release:
+            raise ConfigError(f"NCCL version {nccl_version!r}: give a release from 2.18 on, e.g. 2.18.5 or 2.27.7")
         self._nccl_comms: dict = {}
         self._nccl_choices: dict = {}
         if compute_efficiency is not None and not (0 < compute_efficiency <= 1):

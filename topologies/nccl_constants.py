@@ -124,6 +124,7 @@ LEGACY_RING_LL128_PPN1_FACTOR_BEFORE_2_23 = 0.7
 # reduce-scatter min(bwIntra (ppn-1)/ppn, 0.9 bwInter)), NVLS-tree min(bwIntra, bwInter, or bwInter/2 beyond
 # 2 nodes); all-reduce bus -> algorithm bandwidth x 5/6 for both (no nvlsEfficiency, no 2x pipelining).
 LEGACY_NVLS_RATIO_BEFORE_2_28 = 5.0 / 6.0
+OLDEST_RELEASE = 21800                 # the oldest tuning model written here (v2.18.x)
 VERSION_NVLS_EFFICIENCY = 22800        # first release with nvlsEfficiency (v2.28.3-1)
 VERSION_LL_HALF = 22100                # first release with ring LL at 1/2 and Hopper's own LL cap (v2.21.5-1)
 VERSION_LL128_PPN1 = 22300             # ring LL128 0.92 also with one rank per node from v2.23.4-1
