@@ -216,12 +216,15 @@ def predict(rows: list[Row]) -> list[Row]:
     import topologies
     from simulator.calibration import bus_factor
     from simulator.costs import CommRequest
+    from topologies import nccl
     from topologies.cost import ClusterCostModel
 
     models: dict = {}
     for row in rows:
         if row.preset is None:
             continue
+        if nccl.parse_version(row.nccl_version) < nccl.C.OLDEST_RELEASE:
+            row.nccl_version = None            # a release before the oldest tuning model here: the newest
         key = (row.preset, row.gpus, tuple(sorted(row.overrides.items())), row.algorithm, row.nccl_version)
         if key not in models:
             cluster = topologies.load_cluster(row.preset, row.gpus, **row.overrides)
