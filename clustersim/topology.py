@@ -201,6 +201,8 @@ def _describe_text(d: dict) -> str:
                                                  "hierarchical, rings, direct, torus (route-level model).")
 @click.option("--protocol", default=None, type=click.Choice(["ll", "ll128", "simple"], case_sensitive=False),
               help="Force NCCL's protocol, as NCCL_PROTO does (default: NCCL's choice per size).")
+@click.option("--nccl-version", default=None, metavar="X.Y.Z",
+              help="NCCL release whose tuner picks algorithm and protocol (2.18 on; default: the newest model).")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None, help="Calibration JSON.")
 @click.option("--min-bytes", type=int, default=KIB, show_default=True)
 @click.option("--max-bytes", type=int, default=4 * GIB, show_default=True)
@@ -209,8 +211,8 @@ def _describe_text(d: dict) -> str:
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a preset setting, e.g. --set oversubscription=2 --set rail_optimised=false.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorithm, protocol, calibration, min_bytes,
-             max_bytes, factor, draw_path, settings, as_json):
+def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorithm, protocol, nccl_version, calibration,
+             min_bytes, max_bytes, factor, draw_path, settings, as_json):
     """Describe cluster PRESET (or a cluster YAML file); optionally draw it and tabulate a collective."""
     import topologies
     from topologies.cost import ClusterCostModel
@@ -254,7 +256,8 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     if len(group) < 2:
         raise ConfigError("a collective needs at least two ranks")
     cal = Calibration.load(calibration) if calibration else None
-    model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm, protocol=protocol)
+    model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm, protocol=protocol,
+                             nccl_version=nccl_version)
     rows = bandwidth_table(model, kind, group, sizes(min_bytes, max_bytes, factor), network, concurrent)
     if as_json:
         click.echo(json.dumps(rows, indent=1))

@@ -6,7 +6,9 @@
 ``collective_rows`` reads ../shared/validation/collectives.csv (nccl-tests / all_reduce_bench busbw per
 size), ``moe_rows`` moe_alltoall.csv (DeepEP dispatch/combine); each row is mapped onto a bundled preset
 (``express``) or listed with the reason it cannot be. Predictions come from the cluster cost model with no
-calibration (NCCL's model, topologies.nccl), errors are (predicted - published) / published busbw.
+calibration (NCCL's model, topologies.nccl, in the tuning model of the NCCL release the row states; the
+newest where it states none), errors are (predicted - published) / published busbw. A row runs the
+algorithm its source forced (``forced_algorithm``).
 
 Mapping of platforms onto presets, each from the platform's published specification:
 - Azure ND H100 v5 / ND H200 v5 / ND A100 v4, DGX and "8x" nodes: dgx-h100 / dgx-h200 / dgx-a100.
@@ -59,6 +61,8 @@ class Row:
     group: tuple = ()
     overrides: dict = field(default_factory=dict)
     algorithm: str | None = None      # forced NCCL algorithm the row states
+    nccl_version: str | None = None   # NCCL release the row states (its tuner picks the algorithm)
+    net_plugin: str | None = None     # third-party network plugin the multi-node run went through
     label: str = ""                   # hardware label for grouping
     predicted_busbw: float | None = None
     predicted_time_s: float | None = None
@@ -143,12 +147,48 @@ def express(r: dict) -> dict:
     out["group"] = tuple(n * 8 + i for n in range(nodes) for i in range(gpn))
     if nodes > 1 and "label" in out and "A3" not in out["label"]:
         out["label"] += f" ({nodes} nodes)"
-    alg = r["algorithm"].lower()
-    if "nvls_enable=0" in alg or "forced nccl_algo=allreduce:ring" in alg:
-        out["algorithm"] = "ring"
-    elif "nvlstree" in alg and "forced" in alg:
-        out["algorithm"] = "nvls_tree"
+    forced = forced_algorithm(r)
+    if forced:
+        out["algorithm"] = forced
     return out
+
+
+def net_plugin(r: dict) -> str | None:
+    """The third-party NCCL network plugin of a multi-node row, None for one node: GCP A3 Mega runs NCCL over
+    GPUDirect-TCPXO (the FasTrak plugin: create-a3mega-ztan-fork README, NCCL_NET=FasTrak), AWS p5en / p6 over
+    EFA through aws-ofi-nccl (with its tuner plugin, per the rows). NCCL's tuning model has InfiniBand-class
+    NET latencies; these transports are not what it describes."""
+    plat = r["platform"]
+    if not re.match(r"\d+", r["nodes"]) or int(re.match(r"\d+", r["nodes"]).group(0)) < 2:
+        return None
+    if "A3 Mega" in plat:
+        return "GPUDirect-TCPXO (FasTrak)"
+    if "AWS" in plat or "EFA" in r["hardware"]:
+        return "AWS EFA (aws-ofi-nccl)"
+    return None
+
+
+def forced_algorithm(r: dict) -> str | None:
+    """The NCCL algorithm a row's source says it ran with, where it forced one (NCCL_ALGO, NCCL_NVLS_ENABLE=0,
+    or a benchmark that sets NCCL_ALGO itself); None where NCCL's tuner chose.
+
+    Azure's runner (AI-benchmarking-guide@8fd0c6e1 Benchmarks/NCCLBandwidth.py) runs
+    ``NCCL_ALGO=<Tree|Ring|NVLS|NVLSTree> all_reduce_perf -g 8`` and its H100 / H200 pages publish the NVLS run
+    ("NCCL AllReduce (NVLS algorithm)"): NVLS is forced at every size, also where the tuner would pick ring/LL.
+    The A100 page repeats that sentence, but NCCL cannot run NVLS on Ampere (with NCCL_ALGO=NVLS alone NCCL
+    2.18 stops with "no algorithm/protocol available", enqueue.cc getAlgoInfo), so the A100 table is another of
+    the runner's columns: left to the tuner. A row that names the algorithm NCCL ran ("Ring" for the 16 GiB
+    all-gather / reduce-scatter) is forced to it, as "NCCL default choice" rows are left to the tuner."""
+    alg, text = r["algorithm"].lower(), f"{r['hardware']} {r['platform']}"
+    if "nvls_enable=0" in alg or "nccl_algo=allreduce:ring" in alg:
+        return "ring"
+    if "nvlstree" in alg and "forced" in alg:
+        return "nvls_tree"
+    if alg.startswith("nvls (as stated in source text)") and "Azure" in text and "A100" not in text:
+        return "nvls"
+    if alg == "ring":
+        return "ring"
+    return None
 
 
 def collective_rows(path: Path) -> list[Row]:
@@ -164,6 +204,8 @@ def collective_rows(path: Path) -> list[Row]:
             row.preset, row.gpus, row.group = mapped["preset"], mapped["gpus"], mapped["group"]
             row.overrides, row.label = mapped["overrides"], mapped["label"]
             row.algorithm = mapped.get("algorithm")
+            row.nccl_version = r["nccl_version"] or None
+            row.net_plugin = net_plugin(r)
             row.extra = {"platform": r["platform"], "placement": r["placement"], "algorithm": r["algorithm"]}
         rows.append(row)
     return rows
@@ -174,16 +216,19 @@ def predict(rows: list[Row]) -> list[Row]:
     import topologies
     from simulator.calibration import bus_factor
     from simulator.costs import CommRequest
+    from topologies import nccl
     from topologies.cost import ClusterCostModel
 
     models: dict = {}
     for row in rows:
         if row.preset is None:
             continue
-        key = (row.preset, row.gpus, tuple(sorted(row.overrides.items())), row.algorithm)
+        if nccl.parse_version(row.nccl_version) < nccl.C.OLDEST_RELEASE:
+            row.nccl_version = None            # a release before the oldest tuning model here: the newest
+        key = (row.preset, row.gpus, tuple(sorted(row.overrides.items())), row.algorithm, row.nccl_version)
         if key not in models:
             cluster = topologies.load_cluster(row.preset, row.gpus, **row.overrides)
-            models[key] = ClusterCostModel(cluster, algorithm=row.algorithm)
+            models[key] = ClusterCostModel(cluster, algorithm=row.algorithm, nccl_version=row.nccl_version)
         model = models[key]
         req = CommRequest(row.collective, row.group, row.size_bytes)
         t = model.comm_time_s(req)
@@ -208,6 +253,22 @@ def summary(rows: list[Row]) -> list[dict]:
         ratios = sorted(r.time_ratio for r in rs if r.time_ratio is not None)
         out.append({"hardware": label, "collective": coll, "band": band, "rows": len(rs),
                     "median_abs_error": _median(a), "median_error": _median(s), "max_abs_error": a[-1],
+                    "median_time_ratio": _median(ratios) if ratios else None})
+    return out
+
+
+def band_totals(rows: list[Row], without_plugins: bool = False) -> list[dict]:
+    """The acceptance figures: over every compared collective row (all hardware), per size band, the median
+    |busbw error| and the median predicted / published time; ``without_plugins`` leaves out the multi-node
+    runs over third-party network plugins (``net_plugin``)."""
+    out = []
+    for name, _, _ in BANDS:
+        rs = [r for r in rows if r.error is not None and not r.collective.startswith("moe_") and r.band == name
+              and not (without_plugins and r.net_plugin)]
+        if not rs:
+            continue
+        ratios = sorted(r.time_ratio for r in rs if r.time_ratio is not None)
+        out.append({"band": name, "rows": len(rs), "median_abs_error": _median(sorted(abs(r.error) for r in rs)),
                     "median_time_ratio": _median(ratios) if ratios else None})
     return out
 
@@ -301,26 +362,30 @@ def plot(rows: list[Row], path: Path, labels=None) -> None:
     for r in rows:
         if r.predicted_busbw is None or r.collective != "all_reduce" or (labels and r.label not in labels):
             continue
-        sweeps.setdefault(r.label, []).append(r)
-    sweeps = {k: v for k, v in sweeps.items() if len({r.size_bytes for r in v if r.algorithm is None}) >= 4}
+        src = (r.extra.get("platform", ""), r.extra.get("algorithm", ""))
+        sweeps.setdefault(r.label, {}).setdefault(src, []).append(r)
+    # a source's sweep (>= 4 sizes): its published points and the prediction as it ran (forced algorithm,
+    # stated NCCL release), in one colour
+    sweeps = {k: {s: v for s, v in srcs.items() if len({r.size_bytes for r in v}) >= 4} for k, srcs in sweeps.items()}
+    sweeps = {k: v for k, v in sweeps.items() if v}
     if not sweeps:
         raise ConfigError("--plot: no all_reduce size sweep among the expressible rows")
     n = len(sweeps)
     cols = min(n, 3)
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(5.2 * cols, 3.8 * ((n + cols - 1) // cols)),
                              squeeze=False)
-    for ax, (label, rs) in zip(axes.flat, sorted(sweeps.items())):
-        srcs = sorted({(r.extra.get("platform", ""), r.extra.get("algorithm", "")) for r in rs})
-        for i, src in enumerate(srcs):
-            pts = sorted((r for r in rs if (r.extra.get("platform", ""), r.extra.get("algorithm", "")) == src),
-                         key=lambda r: r.size_bytes)
-            ax.scatter([r.size_bytes for r in pts], [r.published_busbw for r in pts], s=14, zorder=3,
-                       label=f"published: {src[0][:34]}")
-        line = sorted({r.size_bytes: r for r in rs if r.algorithm is None}.values(), key=lambda r: r.size_bytes)
-        ax.plot([r.size_bytes for r in line], [r.predicted_busbw for r in line], color="black", lw=1.5,
-                label="predicted (NCCL model)")
+    for ax, (label, srcs) in zip(axes.flat, sorted(sweeps.items())):
+        for i, (src, rs) in enumerate(sorted(srcs.items())):
+            pts = sorted(rs, key=lambda r: r.size_bytes)
+            color = f"C{i}"
+            ax.scatter([r.size_bytes for r in pts], [r.published_busbw for r in pts], s=14, zorder=3, color=color,
+                       label=f"published: {src[0][:30]}")
+            line = sorted({r.size_bytes: r for r in pts}.values(), key=lambda r: r.size_bytes)
+            forced = f", {line[0].algorithm} forced" if line[0].algorithm else ""
+            ax.plot([r.size_bytes for r in line], [r.predicted_busbw for r in line], color=color, lw=1.5,
+                    label=f"predicted (NCCL model{forced})")
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{label}: all_reduce, {line[0].ranks} GPUs", fontsize=10)
+        ax.set_title(f"{label}: all_reduce, {pts[0].ranks} GPUs", fontsize=10)
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
         ax.grid(alpha=0.3)
@@ -335,7 +400,8 @@ def plot(rows: list[Row], path: Path, labels=None) -> None:
 def _row_dict(r: Row) -> dict:
     return {"hardware": r.hardware, "label": r.label, "collective": r.collective, "ranks": r.ranks,
             "size_bytes": r.size_bytes, "band": r.band, "preset": r.preset, "overrides": r.overrides,
-            "forced_algorithm": r.algorithm, "chosen": r.chosen,
+            "forced_algorithm": r.algorithm, "nccl_version": r.nccl_version, "net_plugin": r.net_plugin,
+            "chosen": r.chosen,
             "published_busbw_GBps": r.published_busbw, "predicted_busbw_GBps": r.predicted_busbw,
             "published_time_s": r.published_time_s, "predicted_time_s": r.predicted_time_s,
             "error": r.error, "time_ratio": r.time_ratio, "source": r.source}
@@ -359,7 +425,9 @@ def collectives(data, show_rows, plot_path, as_json):
     skipped = [r for r in rows if r.preset is None]
     summ = summary(rows)
     if as_json:
-        click.echo(json.dumps({"summary": summ, "rows": [_row_dict(r) for r in done],
+        click.echo(json.dumps({"summary": summ, "bands": band_totals(rows),
+                               "bands_without_net_plugins": band_totals(rows, without_plugins=True),
+                               "rows": [_row_dict(r) for r in done],
                                "not_expressed": [{"hardware": r.hardware, "collective": r.collective,
                                                   "size_bytes": r.size_bytes, "reason": r.reason,
                                                   "source": r.source} for r in skipped]}, indent=1))
@@ -382,6 +450,13 @@ def collectives(data, show_rows, plot_path, as_json):
         click.echo(f"{s['hardware']:26s} {s['collective']:14s} {s['band']:20s} {s['rows']:>5} "
                    f"{s['median_abs_error'] * 100:>12.1f}% {s['median_error'] * 100:>+10.1f}% "
                    f"{s['max_abs_error'] * 100:>9.1f}% {ratio}")
+    for title, without in (("all collective rows, per size band (the acceptance figures)", False),
+                           ("without the multi-node runs over third-party network plugins (TCPXO, EFA)", True)):
+        click.echo(f"\n{title}:")
+        for b in band_totals(rows, without_plugins=without):
+            ratio = f"{b['median_time_ratio']:.2f}" if b["median_time_ratio"] is not None else "-"
+            click.echo(f"  {b['band']:20s} {b['rows']:>4} rows   median |busbw err| "
+                       f"{b['median_abs_error'] * 100:6.1f}%   median time pred/pub {ratio}")
     reasons: dict = {}
     for r in skipped:
         reasons.setdefault((r.hardware, r.reason), 0)

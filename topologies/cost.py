@@ -22,6 +22,7 @@ Networks: ``analytical`` (no contention), ``flow``
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Hashable
 
@@ -136,13 +137,14 @@ class ClusterCostModel:
     compute_efficiency fraction of peak FLOP/s when no calibration fit (default DEFAULT_COMPUTE_EFFICIENCY)
     efficiency         {link type: protocol efficiency} overriding DEFAULT_EFFICIENCY
     calibration_scope  "matching" (fits of the cluster's device and backend only) | "any" (see module doc)
+    nccl_version       NCCL release whose tuning model prices collectives ("2.18.5"); None = the newest
     """
 
     def __init__(self, cluster: Cluster, network: str = "analytical", calibration: Calibration | None = None,
                  algorithm: str | None = None, compute_efficiency: float | None = None,
                  efficiency: dict | None = None, call_overhead_s: float = CALL_OVERHEAD_S,
                  step_latency_s: dict | None = None, protocol: str | None = None, comm_model: str = "nccl",
-                 calibration_scope: str = "matching"):
+                 calibration_scope: str = "matching", nccl_version: str | None = None):
         if network not in NETWORKS:
             raise ConfigError(f"unknown network mode {network!r}; known: {', '.join(NETWORKS)}")
         if algorithm is not None:
@@ -158,6 +160,10 @@ class ClusterCostModel:
             raise ConfigError(f"unknown communication model {comm_model!r}; known: {', '.join(COMM_MODELS)}")
         self.protocol = protocol
         self.comm_model = comm_model
+        self.nccl_version = nccl_version
+        self._nccl_release = nccl.parse_version(nccl_version)
+        if nccl_version is not None and not nccl.C.OLDEST_RELEASE <= self._nccl_release:
+            raise ConfigError(f"NCCL version {nccl_version!r}: give a release from 2.18 on, e.g. 2.18.5 or 2.27.7")
         self._nccl_comms: dict = {}
         self._nccl_choices: dict = {}
         if compute_efficiency is not None and not (0 < compute_efficiency <= 1):
@@ -213,7 +219,8 @@ class ClusterCostModel:
                                 algorithm=self.algorithm, compute_efficiency=self.compute_efficiency,
                                 efficiency=self.efficiency, call_overhead_s=self.call_overhead_s,
                                 step_latency_s=self.step_latency_s, protocol=self.protocol,
-                                comm_model=self.comm_model, calibration_scope=self.calibration_scope)
+                                comm_model=self.comm_model, calibration_scope=self.calibration_scope,
+                                nccl_version=self.nccl_version)
 
     def calibration_summary(self) -> str:
         """One short line: which calibration fits price this cluster ("none" without a calibration)."""
@@ -471,7 +478,10 @@ class ClusterCostModel:
         shape = nccl.group_shape(self.cluster, gpus)
         comm = self._nccl_comms.get(shape, False)
         if comm is False:
-            comm = self._nccl_comms[shape] = nccl.comm_for_shape(self.cluster, *shape)
+            comm = nccl.comm_for_shape(self.cluster, *shape)
+            if comm is not None and self._nccl_release:
+                comm = dataclasses.replace(comm, version=self._nccl_release)
+            self._nccl_comms[shape] = comm
         return comm
 
     def nccl_choice(self, kind: str, gpus: tuple, size: float):

@@ -17,7 +17,8 @@ Sizes follow nccl-tests: all-gather / reduce-scatter sizes are the full (gathere
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from topologies import nccl_constants as C
@@ -53,6 +54,22 @@ class Comm:
     nics: int                # NICs the group's ranks on one node can use
     nvls: bool               # NVLink SHARP in the node's switch (Hopper+)
     collnet: bool = False    # in-network reduction in the scale-out fabric (SHARP)
+    version: int = 0         # NCCL release whose tuning model applies (21805 = 2.18.5); 0 = the newest
+
+
+def parse_version(text: str | None) -> int:
+    """NCCL release code of a version string ("2.18.5", "2.27.7 (stated ...)" -> 21805, 22707); 0 (the newest
+    model) when none is given or it cannot be read."""
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    if not m:
+        return 0
+    major, minor, patch = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    return major * 10000 + minor * 100 + patch if major == 2 else 0
+
+
+def _older(comm: "Comm", release: int) -> bool:
+    """Whether ``comm`` runs an NCCL release before ``release`` (an unstated version is the newest)."""
+    return 0 < comm.version < release
 
 
 @dataclass(frozen=True)
@@ -228,6 +245,8 @@ def _enabled(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> bool:
         return False
     if kind in ("all_gather", "reduce_scatter") and algo not in ("pat", "ring", "nvls", "collnet_direct"):
         return False
+    if kind in ("all_gather", "reduce_scatter") and algo == "nvls" and _older(comm, C.VERSION_NVLS_AG_RS):
+        return False
     if kind == "all_reduce" and algo == "pat":
         return False
     if algo in ("nvls", "nvls_tree") and (proto != "simple" or "nvls" not in g or g["nvls"].channels < 2):
@@ -256,7 +275,14 @@ def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
               else "tree" if algo in ("tree", "collnet_chain") else "ring"]
     collnet = algo.startswith("collnet")
     bw = graph.bw_intra if comm.n_nodes <= 2 or collnet else graph.bw_inter
-    if algo in ("nvls", "nvls_tree"):
+    if algo in ("nvls", "nvls_tree") and _older(comm, C.VERSION_NVLS_EFFICIENCY):
+        if algo == "nvls_tree":
+            bw = min(graph.bw_intra, graph.bw_inter if comm.n_nodes <= 2 else graph.bw_inter / 2)
+        elif kind == "all_reduce":
+            bw = min(graph.bw_intra, graph.bw_inter)
+        else:
+            bw = min(graph.bw_intra * (comm.ppn - 1) / comm.ppn, graph.bw_inter * 0.9)
+    elif algo in ("nvls", "nvls_tree"):
         intra = graph.bw_intra * C.NVLS_EFFICIENCY[arch] * (graph.channels - 1) / graph.channels
         intra *= 2.0 if kind == "all_reduce" else (comm.ppn - 1) / comm.ppn
         inter = graph.bw_inter * (2 if comm.n_nodes <= 2 and algo == "nvls_tree" else 1) if comm.n_nodes > 1 \
@@ -266,10 +292,20 @@ def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
     bus = graph.channels * bw
     ll_row = arch if comm.n_nodes == 1 else C.LL_MAX_BW_CPU_ROW[comm.cpu]
     ll_max = C.LL_MAX_BW[ll_row][i2]
+    old_ll = _older(comm, C.VERSION_LL_HALF)
+    if old_ll and ll_row == "hopper":
+        ll_max = C.LEGACY_LL_MAX_BW_HOPPER_BEFORE_2_21[i2]
     if algo == "ring" and proto == "ll":
-        bus = min(ll_max, bus * C.LL_BW_FACTOR)
+        f = C.LL_BW_FACTOR
+        if old_ll:
+            ar = comm.n_nodes > 1 or kind in ("all_reduce", "reduce")
+            f = C.LEGACY_RING_LL_FACTOR_BEFORE_2_21[0 if ar else 1]
+        bus = min(ll_max, bus * f)
     if algo == "ring" and proto == "ll128":
-        bus = min(bus * C.LL128_BW_FACTOR, graph.channels * C.PER_CH_MAX_RING_LL128_BW[arch][i2])
+        f = C.LL128_BW_FACTOR
+        if _older(comm, C.VERSION_LL128_PPN1) and comm.ppn < 2:
+            f = C.LEGACY_RING_LL128_PPN1_FACTOR_BEFORE_2_23
+        bus = min(bus * f, graph.channels * C.PER_CH_MAX_RING_LL128_BW[arch][i2])
     if algo == "tree" and kind == "all_reduce":
         bus = min(bus * C.TREE_BW_FACTOR, graph.channels * C.PER_CH_MAX_TREE_BW[arch][i2])
     if algo == "tree" and proto == "ll":
@@ -288,7 +324,9 @@ def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
             if arch in ("hopper", "blackwell"):
                 bus *= C.COLLNET_HOPPER_FACTOR
     if not (algo != "ring" and kind in ("all_gather", "reduce_scatter")):
-        if algo in ("ring", "nvls", "nvls_tree"):
+        if algo in ("nvls", "nvls_tree") and _older(comm, C.VERSION_NVLS_EFFICIENCY):
+            bus *= C.LEGACY_NVLS_RATIO_BEFORE_2_28
+        elif algo in ("ring", "nvls", "nvls_tree"):
             bus *= comm.n_ranks / _nsteps(kind, comm.n_ranks)
         else:
             bus *= 0.5
@@ -303,6 +341,10 @@ def _latency_us(comm: Comm, kind: str, algo: str, proto: str) -> float:
     lat = C.BASE_LAT_US[algo][pi]
     intra = C.HW_LAT_US[hw_intra][algo][pi]
     inter = C.HW_LAT_US["net"]["tree" if comm.ppn == 1 else algo][pi]
+    if algo in ("nvls", "nvls_tree") and _older(comm, C.VERSION_LL_HALF):
+        intra = C.LEGACY_NVLS_LAT_US_BEFORE_2_21
+    if algo == "nvls_tree" and comm.ppn > 1 and _older(comm, C.VERSION_NVLS_EFFICIENCY):
+        inter = C.LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28
     if algo == "ring":
         if kind in ("broadcast", "reduce"):
             return lat + C.HW_LAT_US[hw_intra if nodes == 1 else "net"]["ring"][pi]
@@ -355,6 +397,11 @@ def table(comm: Comm, kind: str, size: float) -> list[Choice]:
             log_size = _log2i(int(size) >> 6) if size >= 64 else -1
             if algo == "tree" and kind == "all_reduce" and 0 <= log_size < 23:
                 bw *= C.TREE_CORRECTION[proto][log_size]
+            # NCCL >= 2.28 applies the tree correction to NVLS-tree on Blackwell with x86 hosts (tuning.cc
+            # ncclTopoGetAlgoTime)
+            if (algo == "nvls_tree" and kind == "all_reduce" and 0 <= log_size < 24 and comm.arch == "blackwell"
+                    and comm.cpu in ("intel", "amd") and not _older(comm, C.VERSION_NVLS_EFFICIENCY)):
+                bw *= C.TREE_CORRECTION[proto][log_size]
             if (algo == "ring" and proto == "simple" and comm.n_nodes > 1 and kind == "all_reduce"
                     and size / (nc_full * comm.n_ranks) >= 64):
                 lat *= C.RING_PLATEAU_LAT_FACTOR
@@ -372,13 +419,22 @@ def choose(comm: Comm, kind: str, size: float, algorithm: str | None = None,
            protocol: str | None = None) -> Choice | None:
     """NCCL's pick for ``kind`` of ``size`` bytes: the lowest estimate among the enabled (algorithm,
     protocol) pairs, restricted to ``algorithm`` / ``protocol`` when forced (as NCCL_ALGO / NCCL_PROTO do).
+    With ``comm.version`` set, that release's tuning model makes the pick and the newest model prices it.
     None when nothing is left (e.g. NVLS forced where the switch cannot reduce)."""
     rows = table(comm, kind, size)
     if algorithm is not None:
         rows = [r for r in rows if r.algorithm == algorithm]
     if protocol is not None:
         rows = [r for r in rows if r.protocol == protocol]
-    return min(rows, key=lambda r: r.estimate_s) if rows else None
+    if not rows:
+        return None
+    pick = min(rows, key=lambda r: r.estimate_s)
+    if comm.version:
+        # an older release's tuner decides what NCCL ran; the newest model (NVIDIA's latest figures for the
+        # same hardware) prices it
+        newest = {(r.algorithm, r.protocol): r for r in table(replace(comm, version=0), kind, size)}
+        pick = newest.get((pick.algorithm, pick.protocol), pick)
+    return pick
 
 
 # ------------------------------------------------------------------------------------------ all-to-all, p2p

@@ -5,7 +5,7 @@ Sources (all in https://github.com/NVIDIA/nccl):
   LL / LL128 / tree / NVLS-tree per-channel bandwidth caps), ``nvlsEfficiency``, the protocol and algorithm
   factors of ``ncclTopoTuneModel`` (LL 0.5, LL128 0.92, tree 0.92, PAT 0.75, CollNet 0.85 ...) and
   ``treeCorrectionFactor``.
-- src/include/graph.h: per-link NVLink bandwidth as NCCL's topology sees it (SM80 20.0, SM90 20.6,
+- src/graph/topo.h: per-link NVLink bandwidth as NCCL's topology sees it (SM80 20.0, SM90 20.6,
   SM100 40.1 GB/s), PCI_BW 12 GB/s for a PCIe Gen3 x16 link.
 - src/graph/search.cc: the per-channel speeds its graph search tries (speedArrayIntra / Inter, sm90 and
   sm100 variants) and ``ncclTopoDupChannels``.
@@ -13,6 +13,8 @@ Sources (all in https://github.com/NVIDIA/nccl):
   bytes per thread), maximum threads per protocol (Simple 512, LL 512, LL128 640), MAXCHANNELS 64.
 - src/transport/nvls.cc: NVLS channel counts (16 on Hopper, 24 on Blackwell NVL, 32 multi-node Blackwell).
 - src/enqueue.cc: NCCL_P2P_LL_THRESHOLD 16384 (point-to-point uses LL up to 16 KiB, Simple above).
+- Older releases (tags v2.18.5-1, v2.20.5-1, v2.21.5-1, v2.27.7-1 of the same repository, src/graph/tuning.cc):
+  the ``LEGACY_*`` constants below, used for a communicator that says which NCCL it runs (``Comm.version``).
 Units: latencies in microseconds, bandwidths in GB/s (1e9 B/s) as NCCL writes them; topologies.nccl
 converts to seconds and bytes/s.
 """
@@ -79,12 +81,12 @@ TREE_CORRECTION = {
     "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
 }
 
-# graph.h: NVLink bandwidth per link as NCCL's topology records it (GB/s per direction)
+# topo.h: NVLink bandwidth per link as NCCL's topology records it (GB/s per direction)
 NVLINK_BW_PER_LINK = {"volta": 20.0, "ampere": 20.0, "hopper": 20.6, "blackwell": 40.1}
 # raw per-link NVLink rate per direction (NVIDIA NVLink generations: NVLink 3 and 4 = 25 GB/s, NVLink 5 =
 # 50 GB/s per link per direction); NCCL's figure over it converts a datasheet bandwidth to NCCL's units
 NVLINK_RAW_PER_LINK = {"volta": 25.0, "ampere": 25.0, "hopper": 25.0, "blackwell": 50.0}
-# graph.h PCI_BW 12 GB/s for PCIe Gen3 x16 (15.75 GB/s raw): the same fraction for other PCIe links
+# topo.h PCI_BW 12 GB/s for PCIe Gen3 x16 (15.75 GB/s raw): the same fraction for other PCIe links
 PCI_FRACTION = 12.0 / 15.75
 
 # search.cc speed arrays (GB/s per channel)
@@ -108,3 +110,23 @@ NVLS_CHANNELS_BLACKWELL_MULTINODE = 32
 THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}   # bytes per thread before adding a channel
 MAX_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
 P2P_LL_THRESHOLD_BYTES = 16384
+
+# ------------------------------------------------------------------------------------------ older releases
+# NCCL versions as integers: 2.18.5 -> 21805 (NCCL_VERSION_CODE); 0 = the newest (the tables above).
+# Before 2.21 (v2.18.5-1, v2.20.5-1 tuning.cc): NVLS and NVLS-tree latency 23 us (2.18 in baseLat, 2.19-2.20 in
+# hwLat NVLink); ring LL at 1/4 of the line for all-reduce / reduce or across nodes, else 1/3; Hopper's LL cap
+# {87.7, 22.5, 19.0} (the Ampere row); ring LL128 at 0.7 with one rank per node (until 2.23).
+LEGACY_NVLS_LAT_US_BEFORE_2_21 = 23.0
+LEGACY_RING_LL_FACTOR_BEFORE_2_21 = (1.0 / 4.0, 1.0 / 3.0)    # (all-reduce, reduce or > 1 node; others)
+LEGACY_LL_MAX_BW_HOPPER_BEFORE_2_21 = (87.7, 22.5, 19.0)
+LEGACY_RING_LL128_PPN1_FACTOR_BEFORE_2_23 = 0.7
+# Before 2.28 (v2.21.5-1 .. v2.27.7-1): NVLS per channel min(bwIntra, bwInter) (all-reduce; all-gather /
+# reduce-scatter min(bwIntra (ppn-1)/ppn, 0.9 bwInter)), NVLS-tree min(bwIntra, bwInter, or bwInter/2 beyond
+# 2 nodes); all-reduce bus -> algorithm bandwidth x 5/6 for both (no nvlsEfficiency, no 2x pipelining).
+LEGACY_NVLS_RATIO_BEFORE_2_28 = 5.0 / 6.0
+OLDEST_RELEASE = 21800                 # the oldest tuning model written here (v2.18.x)
+VERSION_NVLS_EFFICIENCY = 22800        # first release with nvlsEfficiency (v2.28.3-1)
+VERSION_LL_HALF = 22100                # first release with ring LL at 1/2 and Hopper's own LL cap (v2.21.5-1)
+VERSION_LL128_PPN1 = 22300             # ring LL128 0.92 also with one rank per node from v2.23.4-1
+VERSION_NVLS_AG_RS = 21900             # NVLS all-gather / reduce-scatter exist from 2.19 (2.18: ring only)
+LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5-1 .. v2.27.7-1 (20.9 after)

@@ -36,6 +36,16 @@ def test_bandwidth_table_json_follows_nccl_tests(capsys):
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 7 / 8)
 
 
+def test_nccl_version_lets_that_release_pick(capsys):
+    """6 of 8 B200 at 4 GiB: NCCL 2.27.7's tuner picks NVLS (as the published GPU-count sweep says it did); the
+    newest model picks the ring."""
+    args = ["topology", "dgx-b200", "--gpus", "8", "--collective", "all_reduce", "--ranks", "0-5", "--json",
+            "--min-bytes", str(4 * 2**30), "--max-bytes", str(4 * 2**30)]
+    _, newest, _ = run(capsys, *args)
+    _, old, _ = run(capsys, *args, "--nccl-version", "2.27.7")
+    assert json.loads(newest)[0]["algorithm"] == "ring" and json.loads(old)[0]["algorithm"] == "nvls"
+
+
 def test_flow_concurrent_oversubscribed(capsys):
     args = ["topology", "dgx-h100", "--gpus", "64", "--collective", "all_reduce", "--ranks", "0-63:8", "--json",
             "--network", "flow", "--min-bytes", str(2**30), "--max-bytes", str(2**30), "--set", "tiers=2",
@@ -64,6 +74,8 @@ def test_draw(capsys, tmp_path):
     (["topology", "dgx-h100", "--set", "rail_optimised=maybe"], "true or false"),
     (["topology", "tpu-v5p", "--set", "dims=[4, x]"], "torus dims"),
     (["topology", "dgx-h100", "--set", "tiers=4"], "tiers must be 2 or 3"),
+    (["topology", "dgx-h100", "--collective", "all_reduce", "--nccl-version", "2.9.1"], "from 2.18 on"),
+    (["topology", "dgx-h100", "--collective", "all_reduce", "--nccl-version", "latest"], "from 2.18 on"),
 ])
 def test_errors(capsys, args, msg):
     code, _, err = run(capsys, *args)

@@ -180,3 +180,54 @@ def test_collnet_only_where_the_fabric_reduces():
     cd = nccl.choose(sharp, "all_reduce", 64 * MIB, "collnet_direct")
     assert cd.latency_s == pytest.approx((31 + 2 * (3.7 + 7 * 0.4)) * 1e-6)
     assert nccl.choose(_comm("dgx-h100", 8, fabric_sharp=True), "all_reduce", MIB, "collnet_direct") is None
+
+
+def test_older_releases_tune_as_their_tuning_cc():
+    """Closed forms from tuning.cc at tags v2.18.5-1 / v2.20.5-1 / v2.27.7-1 (the releases of published rows)."""
+    import dataclasses
+    h100 = _comm("dgx-h100", 8)
+    assert nccl.parse_version("2.18.5") == 21805 and nccl.parse_version("2.27.7 (stated elsewhere)") == 22707
+    assert nccl.parse_version("") == 0 and nccl.parse_version("unknown") == 0
+    v2185, v2277 = (dataclasses.replace(h100, version=v) for v in (21805, 22707))
+    rows = {(c.algorithm, c.protocol): c for c in nccl.table(v2185, "all_reduce", GIB)}
+    # 2.18: NVLS 23 us; ring LL at 1/4 of 12 x 30 GB/s, capped by the Ampere-row LL cap 87.7 -> x 8/14
+    assert rows[("nvls", "simple")].latency_s == pytest.approx(23e-6)
+    assert rows[("ring", "ll")].bandwidth_Bps == pytest.approx(87.7e9 * 8 / 14)
+    # 2.21-2.27: NVLS 25 us, 8 channels x min(bwIntra, bwInter) = 40 GB/s, x 5/6 (no nvlsEfficiency, no 2x)
+    nv = nccl.choose(dataclasses.replace(h100, version=22707), "all_reduce", GIB, "nvls")
+    old = {(c.algorithm, c.protocol): c for c in nccl.table(v2277, "all_reduce", GIB)}[("nvls", "simple")]
+    assert old.latency_s == pytest.approx(25e-6) and old.bandwidth_Bps == pytest.approx(8 * 40e9 * 5 / 6)
+    # the release picks, the newest model prices: a forced NVLS costs what the newest model says
+    assert nv.time_s == pytest.approx(nccl.choose(h100, "all_reduce", GIB, "nvls").time_s)
+    # 2.18 has no NVLS all-gather (ring only for all-gather / reduce-scatter)
+    assert "nvls" not in {c.algorithm for c in nccl.table(v2185, "all_gather", GIB)}
+    assert "nvls" in {c.algorithm for c in nccl.table(h100, "all_gather", GIB)}
+
+
+def test_release_changes_the_pick_where_the_tuners_differ():
+    """6 of 8 B200: 2.27's NVLS model (x 5/6, no nvlsEfficiency) rates NVLS above its ring; the newest model
+    (nvlsEfficiency 0.74 on Blackwell) rates it below. The version is carried by the cost model."""
+    c = load_cluster("dgx-b200", 8)
+    req = CommRequest("all_reduce", tuple(range(6)), 8 * GIB)
+    assert ClusterCostModel(c).algorithm_for(req) == "ring"
+    assert ClusterCostModel(c, nccl_version="2.27.7").algorithm_for(req) == "nvls"
+    assert ClusterCostModel(c, nccl_version="2.27.7").with_cluster(c).nccl_version == "2.27.7"
+
+
+def test_nvls_tree_correction_on_blackwell_x86_only():
+    """tuning.cc (>= 2.28): NVLS-tree bandwidth x treeCorrectionFactor[Simple][log2(size/64)] on Blackwell with
+    x86 hosts; 1 MiB -> index 14 -> 0.5. Not on Hopper, not in 2.27."""
+    import dataclasses
+    b200 = _comm("dgx-b200", 32)
+    S = 2**20
+    est = {(c.algorithm, c.protocol): c for c in nccl.table(b200, "all_reduce", S)}[("nvls_tree", "simple")]
+    old = {(c.algorithm, c.protocol): c
+           for c in nccl.table(dataclasses.replace(b200, version=22707), "all_reduce", S)}[("nvls_tree", "simple")]
+    raw = nccl._bandwidth(b200, "all_reduce", "nvls_tree", "simple", nccl.graphs(b200)) * 1e9
+    assert est.bandwidth_Bps == pytest.approx(raw * 0.5)
+    assert old.bandwidth_Bps == pytest.approx(nccl._bandwidth(dataclasses.replace(b200, version=22707), "all_reduce",
+                                                              "nvls_tree", "simple", nccl.graphs(b200)) * 1e9)
+    h100 = _comm("dgx-h100", 32)
+    c = {(c.algorithm, c.protocol): c for c in nccl.table(h100, "all_reduce", S)}[("nvls_tree", "simple")]
+    assert c.bandwidth_Bps == pytest.approx(nccl._bandwidth(h100, "all_reduce", "nvls_tree", "simple",
+                                                            nccl.graphs(h100)) * 1e9)
