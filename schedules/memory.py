@@ -107,15 +107,34 @@ def shard_degrees(plan: ParallelPlan) -> tuple[int, int]:
     return plan.dp * plan.cp, plan.dp * plan.cp // plan.ep
 
 
+FP8_WEIGHT_COPY_BYTES = 2    # Transformer Engine keeps row- and column-wise FP8 copies of each FP8 GEMM weight
+
+
+def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """FP8 recipes (Transformer Engine): the row- and column-wise FP8 copies of the transformer-block GEMM
+    weights a rank keeps across a step's micro-batches (``is_first_microbatch`` caching), 2 bytes per block
+    parameter next to the BF16 weight. Not under ZeRO-3 / FSDP, where a unit's weights exist only while
+    gathered (counted with the gathered buffer's dtype)."""
+    if getattr(plan, "dtype", "bf16") != "fp8" or plan.zero_stage >= 3 or model.params_only:
+        return 0.0
+    blocks = 0.0
+    for layers in stage_chunks(model, plan, stage):
+        for layer in layers:
+            d, e = layer_param_split(model, plan, layer)
+            blocks += d + e
+    return FP8_WEIGHT_COPY_BYTES * blocks
+
+
 def model_state_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[str, float]:
-    """Resident parameters, gradients and optimizer state (bytes) of one rank of ``stage``."""
+    """Resident parameters (with FP8 recipes' weight copies), gradients and optimizer state (bytes) of one rank
+    of ``stage``."""
     dense, expert = rank_params(model, plan, stage)
     dd, de = shard_degrees(plan)
     z = plan.zero_stage
     sharded = dense / dd + expert / de
     full = dense + expert
     return {
-        "parameters": model.dtype_bytes * (sharded if z >= 3 else full),
+        "parameters": model.dtype_bytes * (sharded if z >= 3 else full) + fp8_weight_copy_bytes(model, plan, stage),
         "gradients": plan.grad_bytes_per_param * (sharded if z >= 2 else full),
         "optimizer": plan.optimizer_bytes_per_param * (sharded if z >= 1 else full),
     }
@@ -145,7 +164,10 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     else:
         dqk = dv = model.d_head
         kvh = model.kv_heads
-    out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", e * tok * h, "sp", "W")]
+    # FP8 recipes save the inputs of the FP8 GEMMs in FP8 (1 byte) for the weight gradients; FlashAttention's
+    # backward still reads its output in BF16, so the projection keeps an FP8 copy beside it
+    f = 1 if getattr(plan, "dtype", "bf16") == "fp8" else e
+    out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
     if model.is_mla:          # latent projections: the latent norm's input (B) and output (up-projection input, W)
         for lat in ((model.q_lora_rank,) if model.q_lora_rank else ()) + (model.kv_lora_rank + model.qk_rope_dim,):
             out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
@@ -155,19 +177,21 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
             Saved("attention output (projection input)", e * tok * a * dv, "tp", "W"),
             Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", core=True),
             Saved("norm2 input", e * tok * h, "sp", "B"),
-            Saved("norm2 output (MLP input)", e * tok * h, "sp", "W")]
+            Saved("norm2 output (MLP input)", f * tok * h, "sp", "W")]
+    if f != e:
+        out.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
     if model.is_moe_layer(layer):
         routed = model.top_k * _load(model)
         width = routed * model.expert_ffn + model.shared_experts * model.expert_ffn
         out += [Saved("router probabilities", STATS_BYTES * tok * model.experts, "sp", "B"),
-                Saved("permuted tokens (expert input)", e * tok * routed * h, "tp", "W"),
+                Saved("permuted tokens (expert input)", f * tok * routed * h, "tp", "W"),
                 Saved("expert fc1 output", e * tok * fc1 * width, "tp", "B"),
-                Saved("expert activation output (fc2 input)", e * tok * width, "tp", "W"),
+                Saved("expert activation output (fc2 input)", f * tok * width, "tp", "W"),
                 Saved("expert outputs (combine input)", e * tok * routed * h, "tp", "B")]
     else:
         out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B"),
-                Saved("activation output (fc2 input)", e * tok * model.ffn, "tp", "W")]
+                Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W")]
     return out
 
 

@@ -150,3 +150,23 @@ def test_fsdp_residency_rules():
     assert fsdp_residency(nopp, uses) == [(True, True), (True, True), (True, True), (True, True)]
     keep = dataclasses.replace(nopp, fsdp_reshard_after_forward="false")
     assert fsdp_residency(keep, uses) == [(True, False), (False, False), (False, True), (True, True)]
+
+
+def test_fp8_recipe_memory_closed_form():
+    """FP8 (Transformer Engine): the four block-GEMM inputs saved for wgrad are FP8 (1 byte) and the projection
+    input gets an FP8 copy beside FlashAttention's BF16 output; the weights gain 2 bytes per block parameter
+    (row- and column-wise FP8 copies) except under FSDP."""
+    from schedules.memory import layer_activation_bytes, model_state_bytes
+    m = get_model("llama3-8b")
+    kw = dict(tp=2, sp=True, seq=4096, micro_batch=1, zero=1, dp=4)
+    bf, f8 = ParallelPlan(**kw), ParallelPlan(**kw, dtype="fp8")
+    tok, h, ffn, t = 4096, m.hidden, m.ffn, 2
+    saved_less = (2 * tok * h) / t + (tok * ffn) / t              # norm outputs (sp) + fc2 input, 1 byte less
+    proj_copy = tok * m.heads * m.d_head / t                       # + 1 byte
+    assert layer_activation_bytes(m, f8, 0) == pytest.approx(layer_activation_bytes(m, bf, 0) - saved_less
+                                                              + proj_copy)
+    blocks = m.layers * (m.layer_params(0)) / t
+    extra = model_state_bytes(m, f8, 0)["parameters"] - model_state_bytes(m, bf, 0)["parameters"]
+    assert extra == pytest.approx(2 * blocks)
+    fs = dict(kw, zero=3)
+    assert model_state_bytes(m, ParallelPlan(**fs, dtype="fp8"), 0) == model_state_bytes(m, ParallelPlan(**fs), 0)
