@@ -177,11 +177,16 @@ def fat_tree(endpoints, nic_bandwidth: float = 50e9, *, tiers: int = 2, leaf_dow
     ``("host", i)``) or a list of ``(node, rail)`` pairs (the node that owns the NIC and its rail).
 
     Leaves have ``leaf_down`` host ports and ``leaf_down / oversubscription`` uplinks, one to each spine of
-    their pod (oversubscription is applied at the leaf tier only). Rail-optimised: NIC i of every host
-    lands on a rail-i leaf (leaves are filled rail by rail, so a pod holds leaves of one rail); otherwise
-    NICs fill leaves in host order. 2 tiers: one pod (all leaves under the same spines, at most
-    2·leaf_down leaves). 3 tiers: pods of ``leaf_down`` leaves; spine j of every pod links to the
-    ``leaf_down`` cores of plane j (non-blocking above the leaves). Links are 400 Gb/s by default."""
+    their pod (oversubscription is applied at the leaf tier only). Rail-optimised (the NVIDIA DGX SuperPOD
+    reference architecture, RA-11126 for DGX A100 and RA-11333 for DGX H100): a scalable unit is
+    ``leaf_down`` consecutive hosts, and its rail-i leaf holds NIC i of each of them ("each group of 32
+    nodes is rail-aligned", RA-11333 compute fabric); the spine tier is split into one spine group per rail
+    (RA-11126: 8 spine groups above 7 scalable units, cores above them), so a pod holds leaves of one rail
+    only, ``leaf_down`` of them at most, and every rail has the same structure. Otherwise NICs fill leaves
+    in host order and pods are ``leaf_down`` consecutive leaves. 2 tiers, or leaves that fit under one
+    pod's spines: one pod (all leaves under the same spines, at most 2·leaf_down leaves). 3 tiers: spine j
+    of every pod links to the ``leaf_down`` cores of plane j (non-blocking above the leaves). Links are
+    400 Gb/s by default."""
     g = _graph(graph)
     bw = _check_bw("fat tree link", nic_bandwidth)
     lat = HOP_LATENCY_S[link_type] if latency is None else latency
@@ -206,16 +211,19 @@ def fat_tree(endpoints, nic_bandwidth: float = 50e9, *, tiers: int = 2, leaf_dow
     if rail_optimised:
         rails = sorted({r for _, r in eps})
         order = [e for r in rails for e in eps if e[1] == r]
-        leaf_of, n_leaves = {}, 0
+        leaf_of, n_leaves, rail_pods = {}, 0, []
         for r in rails:
             members = [n for n, rr in eps if rr == r]
             for k, n in enumerate(members):
                 leaf_of[n] = n_leaves + k // leaf_down
-            n_leaves += -(-len(members) // leaf_down)
+            count = -(-len(members) // leaf_down)
+            rail_pods += [(r, k // leaf_down) for k in range(count)]   # (rail, pod within the rail) per leaf
+            n_leaves += count
     else:
         order = eps
         leaf_of = {n: k // leaf_down for k, (n, _) in enumerate(eps)}
         n_leaves = -(-len(eps) // leaf_down)
+        rail_pods = [(0, leaf // leaf_down) for leaf in range(n_leaves)]
     radix = 2 * leaf_down
     if tiers == 2 or n_leaves <= leaf_down:
         if n_leaves > radix:
@@ -224,11 +232,15 @@ def fat_tree(endpoints, nic_bandwidth: float = 50e9, *, tiers: int = 2, leaf_dow
         pod_of_leaf = [0] * n_leaves
         cores = 0
     else:
-        n_pods = -(-n_leaves // leaf_down)
+        pod_of_leaf, base = [], 0          # number the pods: a new one where the (rail, chunk) changes
+        for leaf, p in enumerate(rail_pods):
+            if leaf and p != rail_pods[leaf - 1]:
+                base += 1
+            pod_of_leaf.append(base)
+        n_pods = base + 1
         if n_pods > radix:
             raise TopologyError(f"fat_tree: {len(eps)} NICs need {n_pods} pods, more than a 3-tier tree of "
                                 f"radix-{radix} switches holds ({radix} pods = {radix * leaf_down * leaf_down} NICs)")
-        pod_of_leaf = [leaf // leaf_down for leaf in range(n_leaves)]
         cores = leaf_down
     for leaf in range(n_leaves):
         g.add_node(("leaf", leaf), kind="leaf", pod=pod_of_leaf[leaf])

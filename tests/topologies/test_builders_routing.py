@@ -131,3 +131,40 @@ def test_rail_optimised_fewer_hops():
     # GPU 0 of node 0 and GPU 0 of node 31: same rail leaf when rail-optimised, different leaves otherwise
     assert rail.hops(0, 248) == 1
     assert flat.hops(0, 248) == 3
+
+
+def test_rail_optimised_superpod_layout_every_rail_alike():
+    """DGX SuperPOD rail-optimised fabric (the 530B plan's 315 DGX A100 nodes, scalable units of 20): NIC r of
+    the 20 nodes of a scalable unit share one leaf, a pod (spine group) holds leaves of one rail only, and
+    so every rail has the same structure: the issue-15 DP groups on rails 0 and 6 cost the same."""
+    from simulator.costs import CommRequest
+    from topologies.cost import ClusterCostModel
+    c = load_cluster("dgx-a100", 2520)
+    ft = c.fat_tree
+    nodes = 2520 // 8
+    for n in range(nodes):
+        for r in range(8):
+            leaf = ft.leaf_of[8 * n + r]
+            assert leaf == ft.leaf_of[8 * (n // 20 * 20) + r]             # one leaf per (unit, rail)
+            assert ft.pod_of_leaf[leaf] == ft.pod_of_leaf[ft.leaf_of[r]]   # 16 leaves of a rail: one pod
+    pods_of_rail = [{ft.pod_of_leaf[ft.leaf_of[8 * n + r]] for n in range(nodes)} for r in range(8)]
+    assert all(len(p) == 1 for p in pods_of_rail) and len(set().union(*pods_of_rail)) == 8
+    for a in range(0, nodes, 7):                 # hops between nodes depend on the nodes, not the rail
+        for b in range(0, nodes, 11):
+            assert len({c.hops(8 * a + r, 8 * b + r) for r in range(8)}) == 1
+    cost = ClusterCostModel(c, network="flow")
+    t = [cost.comm_time_s(CommRequest("all_reduce", tuple(first + 8 * k for k in range(9)), 1e8))
+         for first in (576, 582)]
+    assert t[0] == t[1]
+
+
+def test_rail_optimised_pods_split_within_a_rail():
+    """More leaves per rail than a pod holds: pods are chunks of one rail's leaves, never mixing rails."""
+    eps = [((n, r), r) for n in range(40) for r in range(2)]
+    ft = builders.fat_tree(eps, 50e9, tiers=3, leaf_down=4, rail_optimised=True).graph["fat_tree"]
+    assert ft.n_leaves == 20 and ft.n_pods == 6                 # 10 leaves per rail -> pods of 4, 4, 2
+    for r in range(2):
+        pods = [ft.pod_of_leaf[ft.leaf_of[(n, r)]] for n in range(40)]
+        assert pods == [pods[0] + n // 16 for n in range(40)]
+    assert not {ft.pod_of_leaf[ft.leaf_of[(n, 0)]] for n in range(40)} & {ft.pod_of_leaf[ft.leaf_of[(n, 1)]]
+                                                                         for n in range(40)}
