@@ -32,21 +32,28 @@ COMMANDS = [
 _DEBUG = {"on": False}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class _LazyGroup(click.Group):
+    """Imports a command's module only when that command runs (or help lists it): a run pays for its own
+    imports (pandas, matplotlib ... where it needs them), not for every command's."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(set(self.commands) | {attr for _, attr in COMMANDS})
+
+    def get_command(self, ctx, name: str):
+        if name not in self.commands:
+            for module, attr in COMMANDS:
+                if attr == name:
+                    self.add_command(getattr(importlib.import_module(module), attr))
+        return self.commands.get(name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="clustersim")
 @click.option("--debug", is_flag=True, envvar="CLUSTERSIM_DEBUG",
               help="Print Python tracebacks of errors (also CLUSTERSIM_DEBUG=1).")
 def cli(debug: bool) -> None:
     """clustersim: discrete-event simulator of LLM training clusters."""
     _DEBUG["on"] = debug
-
-
-def _register() -> None:
-    for module, attr in COMMANDS:
-        cli.add_command(getattr(importlib.import_module(module), attr))
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> int:
