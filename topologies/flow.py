@@ -67,10 +67,10 @@ class BundleSpec:
 
 
 class _Bundle:
-    __slots__ = ("key", "T", "links", "link_list", "demand", "ref", "progress", "rate", "t_last", "version")
+    __slots__ = ("key", "T", "links", "link_list", "demand", "ref", "progress", "rate", "t_last", "version", "spec")
 
     def __init__(self, key, T, links, demand, now):
-        self.key, self.T, self.links, self.demand = key, T, links, demand
+        self.key, self.T, self.links, self.demand, self.spec = key, T, links, demand, None
         self.progress, self.rate, self.t_last, self.version = 0.0, 1.0, now, 0
 
     def completion(self) -> float:
@@ -90,7 +90,15 @@ class FlowNetwork:
         self._bundle_of = bundle_of
         self.lazy = lazy
         self.active: dict[Hashable, _Bundle] = {}
-        self.on_link: dict[int, set] = {}
+        # Who shares links, kept per *spec* (a cost model hands out one BundleSpec per distinct
+        # communication, reused by every start of it): a spec's links are indexed once, not at every start
+        # and finish, so a communication with thousands of links (symmetric images) costs O(1) to start.
+        self._spec_id: dict[int, int] = {}       # id(spec) -> spec id
+        self._specs: list = []                   # spec id -> the spec (kept alive: its id() stays unique)
+        self._spec_keys: list[set] = []          # spec id -> keys of its active bundles
+        self._spec_nbrs: list[set] = []          # spec id -> spec ids sharing a link with it
+        self._link_specs: dict[int, set] = {}    # link -> spec ids using it
+        self._owned: set = set()                 # spec ids built here from tuples: forgotten when idle
         self._heap: list = []
         self._seq = 0
         self.now = 0.0
@@ -105,20 +113,16 @@ class FlowNetwork:
             raise TopologyError(f"flow network: communication {key!r} started twice")
         self._clock(now_s)
         spec = self._bundle_of(request)
-        if not isinstance(spec, BundleSpec):
+        owned = not isinstance(spec, BundleSpec)
+        if owned:
             spec = BundleSpec(*spec)
         b = _Bundle(key, spec.T, spec.links, spec.demand, now_s)
         b.ref = spec.ref
         b.link_list = spec.link_list
         self.active[key] = b
-        on_link = self.on_link
-        for l in spec.link_list:
-            s = on_link.get(l)
-            if s is None:
-                on_link[l] = {key}
-            else:
-                s.add(key)
         if spec.link_list:
+            b.spec = self._register(spec, owned)
+            self._spec_keys[b.spec].add(key)
             self._dirty.add(key)
             if not self.lazy:
                 self._flush()
@@ -151,14 +155,17 @@ class FlowNetwork:
         if b is None:
             raise TopologyError(f"flow network: finish of unknown communication {key!r}")
         self._dirty.discard(key)
-        for l in b.link_list:
-            s = self.on_link.get(l)
-            if s is not None:
-                s.discard(key)
-                if s:
-                    self._dirty.update(s)
-                else:
-                    del self.on_link[l]
+        if b.spec is not None:
+            sid = b.spec
+            keys = self._spec_keys
+            keys[sid].discard(key)
+            dirty = self._dirty
+            dirty.update(keys[sid])
+            for t in self._spec_nbrs[sid]:
+                if keys[t]:
+                    dirty.update(keys[t])
+            if not keys[sid] and sid in self._owned:
+                self._forget(sid)
         if not self.lazy:
             self._flush()
 
@@ -195,21 +202,70 @@ class FlowNetwork:
         self._seq += 1
         heapq.heappush(self._heap, (b.completion(), self._seq, b.key, b.version))
 
+    def _register(self, spec: BundleSpec, owned: bool) -> int:
+        """The spec id of ``spec``, indexing its links (and the specs it shares them with) on first use."""
+        sid = self._spec_id.get(id(spec))
+        if sid is not None:
+            return sid
+        if len(self._spec_id) > 200_000:
+            self._compact()
+        sid = self._spec_id[id(spec)] = len(self._specs)
+        self._specs.append(spec)
+        self._spec_keys.append(set())
+        nbrs = set()
+        self._spec_nbrs.append(nbrs)
+        link_specs = self._link_specs
+        for l in spec.link_list:
+            on = link_specs.get(l)
+            if on is None:
+                link_specs[l] = {sid}
+            elif sid not in on:
+                nbrs.update(on)
+                on.add(sid)
+        for t in nbrs:
+            self._spec_nbrs[t].add(sid)
+        if owned:
+            self._owned.add(sid)
+        return sid
+
+    def _forget(self, sid: int) -> None:
+        """Drop an idle spec's link index (specs built here from tuples are not reused)."""
+        spec = self._specs[sid]
+        for l in spec.link_list:
+            on = self._link_specs.get(l)
+            if on is not None:
+                on.discard(sid)
+                if not on:
+                    del self._link_specs[l]
+        for t in self._spec_nbrs[sid]:
+            self._spec_nbrs[t].discard(sid)
+        self._spec_nbrs[sid] = self._spec_keys[sid] = None
+        del self._spec_id[id(spec)]
+        self._specs[sid] = None
+        self._owned.discard(sid)
+
+    def _compact(self) -> None:
+        """Forget every idle spec (bounds the index when a run meets very many distinct communications)."""
+        for sid, spec in enumerate(self._specs):
+            if spec is not None and not self._spec_keys[sid]:
+                self._owned.add(sid)
+                self._forget(sid)
+
     def _component(self, seeds) -> list:
-        """Keys of the bundles connected to ``seeds`` through shared links."""
+        """Keys of the bundles connected to ``seeds`` through shared links (of bundles still active)."""
         seen = set(seeds)
-        stack = list(seeds)
-        seen_links = set()
+        active = self.active
+        keys = self._spec_keys
+        nbrs = self._spec_nbrs
+        stack = list({active[k].spec for k in seeds if active[k].spec is not None})
+        seen_specs = set(stack)
         while stack:
-            b = self.active[stack.pop()]
-            for l in b.link_list:
-                if l in seen_links:
-                    continue
-                seen_links.add(l)
-                for k in self.on_link.get(l, ()):
-                    if k not in seen:
-                        seen.add(k)
-                        stack.append(k)
+            sid = stack.pop()
+            seen.update(keys[sid])
+            for t in nbrs[sid]:
+                if t not in seen_specs and keys[t]:
+                    seen_specs.add(t)
+                    stack.append(t)
         return list(seen)
 
     def _resolve(self, keys, now_s: float) -> None:
