@@ -253,6 +253,58 @@ class Cluster:
         sw = self.domain_switch(domain)
         return sw is not None and bool(self.graph.nodes[sw].get("sharp"))
 
+    # ------------------------------------------------------------------ symmetry
+    def comm_shape(self, gpus) -> tuple | None:
+        """A key equal for two GPU tuples that an automorphism of this cluster maps onto each other (so any
+        communication on them costs the same), or None where no such key is known.
+
+        Known for a pristine fat tree of one-NIC-per-GPU star nodes (``builders.fat_tree``'s layout, checked
+        once): each member becomes (its local index, and the order ranks, among the group's, of its node,
+        its scalable unit / leaf and its pod). Renumbering nodes, units and pods in an order-preserving way
+        maps routes to routes of the same links' kinds; rail-optimised, every rail has the same structure
+        (a pod per rail, PXN within a node), so local indices are ranked too."""
+        lay = self.__dict__.get("_shape_layout", False)
+        if lay is False:
+            lay = self._shape_layout = self._layout_for_shapes()
+        if lay is None or getattr(self, "faults", None) is not None:
+            return None
+        gpn, rail_opt, leaf_of, pod_of = lay
+        if len(gpus) == 2:                  # point-to-point: the common case, kept cheap
+            a, b = gpus
+            (na, la), (nb, lb) = divmod(a, gpn), divmod(b, gpn)
+            return (_pair(na, nb), _pair(leaf_of[a], leaf_of[b]), _pair(pod_of[a], pod_of[b]),
+                    _pair(la, lb) if rail_opt else (la, lb))
+        nodes, units, pods, locs = [], [], [], []
+        for g in gpus:
+            n, loc = divmod(g, gpn)
+            nodes.append(n)
+            units.append(leaf_of[g])
+            pods.append(pod_of[g])
+            locs.append(loc)
+        cols = [_ranks(nodes), _ranks(units), _ranks(pods), _ranks(locs) if rail_opt else locs]
+        return tuple(zip(*cols))
+
+    def _layout_for_shapes(self):
+        """(gpus per node, rail-optimised, unit of each GPU, pod of each GPU) when ``comm_shape`` applies,
+        else None. Rail-optimised, a GPU's unit is its leaf's index within its rail (the leaves of a node's
+        NICs are one unit) and its pod is the pod's index within its rail."""
+        ft, f = self.fat_tree, self.fabric_spec
+        gpn = self.gpus_per_node
+        if (ft is None or f is None or self.domain_spec.kind not in _STAR_KIND or self.domain_size != gpn
+                or f.nics_per_node != gpn or self._endpoint_of_gpu != list(range(self.n_gpus))):
+            return None
+        leaf, pod_of_leaf = ft.leaf_of, ft.pod_of_leaf
+        if not ft.rail_optimised:
+            return gpn, False, [leaf[g] for g in range(self.n_gpus)], [pod_of_leaf[leaf[g]] for g in range(self.n_gpus)]
+        first_leaf = [leaf[r] for r in range(gpn)]
+        first_pod = [pod_of_leaf[leaf[r]] for r in range(gpn)]
+        units = [leaf[g] - first_leaf[g % gpn] for g in range(self.n_gpus)]
+        pods = [pod_of_leaf[leaf[g]] - first_pod[g % gpn] for g in range(self.n_gpus)]
+        for g in range(self.n_gpus):        # every rail alike: unit and pod depend on the node only
+            if units[g] != units[g - g % gpn] or pods[g] != pods[g - g % gpn]:
+                return None
+        return gpn, True, units, pods
+
     # ------------------------------------------------------------------ routing
     def route(self, src, dst) -> tuple[int, ...]:
         """Directed link ids from graph node ``src`` to ``dst`` (GPU indices or a domain switch). Cached."""
@@ -429,3 +481,14 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"<Cluster {self.name} {self.n_gpus}x{self.accelerator.name}>"
+
+
+def _ranks(values: list) -> list:
+    """Each value's rank among the distinct values (order-preserving renumbering)."""
+    order = {v: i for i, v in enumerate(sorted(set(values)))}
+    return [order[v] for v in values]
+
+
+def _pair(a, b) -> tuple[int, int]:
+    """_ranks of two values."""
+    return (0, 0) if a == b else ((0, 1) if a < b else (1, 0))

@@ -201,6 +201,7 @@ class ClusterCostModel:
         self._paths: dict = {}
         self._time_cache: dict = {}
         self._sm_cache: dict = {}
+        self._shape_time_cache: dict = {}
         self._compute_cache: dict = {}
         self._bundle_cache: dict = {}
         acc = cluster.accelerator
@@ -544,7 +545,19 @@ class ClusterCostModel:
         t = self._time_cache.get(key)
         if t is None:
             gpus = self._gpus(request)
-            t = 0.0 if self.network_mode == "ideal" else self._time(request, gpus)[0]
+            if self.network_mode == "ideal":
+                t = 0.0
+            else:
+                # groups the cluster maps onto each other cost the same: price one of each shape
+                shape = self.cluster.comm_shape(gpus) if self._uniform_domains else None
+                skey = None if shape is None else (request.kind, shape, request.size_bytes)
+                t = None if skey is None else self._shape_time_cache.get(skey)
+                if t is None:
+                    t = self._time(request, gpus)[0]
+                    if skey is not None:
+                        if len(self._shape_time_cache) > 200_000:
+                            self._shape_time_cache.clear()
+                        self._shape_time_cache[skey] = t
             if len(self._time_cache) > 200_000:
                 self._time_cache.clear()
             self._time_cache[key] = t
