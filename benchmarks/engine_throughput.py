@@ -1,9 +1,10 @@
 """Engine throughput: simulated ops per second on ~1,000 ranks x 1,000 mixed ops (full mode), printed as a
 ratio to bare SimPy timeouts per second measured in the same run (same number of processes and events).
 Both are timed in CPU seconds of this process (time.process_time), so other jobs on the machine do not skew
-the ratio.
+the ratio, and each is the best of ``--repeat`` runs (as timeit does: on a shared machine the slower runs
+measure the neighbours' load on caches and clocks, not the code).
 
-    python benchmarks/engine_throughput.py [--ranks 1024] [--ops 1000]
+    python benchmarks/engine_throughput.py [--ranks 1024] [--ops 1000] [--repeat 3]
 
 Mixed ops per rank: compute (60%), tensor-parallel collectives on groups of 8 (20%), pipeline send/recv
 pairs between neighbouring groups (10%), data-parallel all-reduces on a second stream (10%).
@@ -11,6 +12,7 @@ pairs between neighbouring groups (10%), data-parallel all-reduces on a second s
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import sys
@@ -74,22 +76,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--ops", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     t = time.perf_counter()
     progs = build(a.ranks, a.ops)
     build_s = time.perf_counter() - t
     cost = SimpleCostModel(flops_per_s=400e12, link_bytes_per_s=100e9, alpha_s=5e-6)
-    t = time.process_time()
-    res = run(progs, cost, check=False)
-    sim_s = time.process_time() - t
+    sim_s, base = math.inf, 0.0
+    for _ in range(max(1, a.repeat)):
+        t = time.process_time()
+        res = run(progs, cost, check=False)
+        sim_s = min(sim_s, time.process_time() - t)
+        base = max(base, bare_simpy(a.ranks, a.ops))
     ops = progs.op_count
-    base = bare_simpy(a.ranks, a.ops)
     rate = ops / sim_s
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"ranks={a.ranks} ops/rank={a.ops} total ops={ops:,} (program build {build_s:.2f} s)")
     print(f"engine:     {sim_s:.2f} s CPU, {rate:,.0f} simulated ops/s, step {res.step_time_s * 1e3:.3f} ms simulated")
     print(f"bare simpy: {base:,.0f} timeouts/s ({a.ranks} processes x {a.ops} timeouts)")
-    print(f"ratio engine/bare = {rate / base:.2f}  (target >= 0.3)   peak RSS {rss_mb:,.0f} MB")
+    print(f"ratio engine/bare = {rate / base:.2f}  (target >= 0.5; best of {a.repeat} runs each)   "
+          f"peak RSS {rss_mb:,.0f} MB")
 
 
 if __name__ == "__main__":

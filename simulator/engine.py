@@ -384,15 +384,19 @@ class Engine:
                 t = now + dur
                 # Coalesce the following compute ops of this stream into one timeout when nobody else
                 # depends on the ops in between and their own deps are done: same times, fewer events.
-                while coalesce and pos < n and not targeted[i]:
-                    nxt = prog[idxs[pos]]
-                    if nxt.kind != COMPUTE or not all(finished[d] for d in nxt.deps):
+                while pos < n and coalesce and not targeted[i]:
+                    j = idxs[pos]
+                    nxt = prog[j]
+                    if nxt.kind != COMPUTE:
+                        break
+                    nd = nxt.deps
+                    if nd and not all(finished[d] for d in nd):
                         break
                     end[i] = t
                     finished[i] = 1
                     if progress is not None:
                         self.done_ops += 1
-                    i = idxs[pos]
+                    i = j
                     pos += 1
                     ready[i] = start[i] = t
                     d2 = nxt.duration_s
@@ -478,7 +482,11 @@ class Engine:
         for rank, prog in self.p.ops.items():
             streams: dict[str, list[int]] = {}
             for i, op in enumerate(prog):
-                streams.setdefault(op.stream, []).append(i)
+                idxs = streams.get(op.stream)
+                if idxs is None:
+                    streams[op.stream] = [i]
+                else:
+                    idxs.append(i)
             for stream, idxs in streams.items():
                 self.stream_ops[(rank, stream)] = idxs
                 self.env.process(self._stream(rank, idxs))
