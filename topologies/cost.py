@@ -416,7 +416,7 @@ class ClusterCostModel:
         if hit is None:
             links = self.cluster.route(src, dst)
             lat, slat = self.cluster.link_latency, self._step_lat
-            a = (sum(lat[l] for l in links) + max(slat[l] for l in links)) if links else 0.0
+            a = (sum(map(lat.__getitem__, links)) + max(map(slat.__getitem__, links))) if links else 0.0
             hit = self._paths[key] = (links, a)
         return hit
 
