@@ -664,7 +664,13 @@ class ClusterCostModel:
         if hit is not None and hit[0] is request.images:
             return hit[1], hit[2]
         parts_l, parts_c = [algo.links], [algo.coef]
-        for img in request.images:
+        if request.kind == "p2p":       # a pair's route carries each of its bytes once: no algorithm to price
+            gpu_of, path, flat = self.cluster.gpu_of, self._path, []
+            for src, dst in request.images:
+                flat.extend(path(gpu_of(src), gpu_of(dst))[0])
+            parts_l.append(np.array(flat, dtype=np.int64))
+            parts_c.append(np.ones(len(flat)))
+        for img in (() if request.kind == "p2p" else request.images):
             g = self._gpus(request, img)
             a = self._algo_cost(request.kind, g, algo.name) if len(g) > 1 else None
             if a is None:
