@@ -218,3 +218,31 @@ def test_contention_only_slows_and_lazy_equals_eager(items):
     for t, i, r in starts:
         assert lazy[i] >= t + m.comm_time_s(r) * (1 - 1e-9) - 1e-12
         assert lazy[i] == pytest.approx(eager[i], rel=1e-9, abs=2e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_spec_index_equals_whole_network_reference(data):
+    """The link-sharing index kept per BundleSpec (reused specs, and specs built from tuples and forgotten
+    when idle) gives the finish times of a reference that recomputes every active bundle together at each
+    event (max-min allocations decompose over components, so only rounding may differ)."""
+    from topologies.flow import BundleSpec, FlowNetwork
+    n_links = data.draw(st.integers(2, 6))
+    cap = np.array(data.draw(st.lists(st.floats(1.0, 10.0), min_size=n_links, max_size=n_links)))
+    shapes = data.draw(st.lists(st.tuples(st.floats(0.1, 5.0), st.lists(st.integers(0, n_links - 1), min_size=1,
+                                                                              max_size=3, unique=True)),
+                                min_size=1, max_size=4))
+    specs = [BundleSpec(T, links, [1.0] * len(links)) for T, links in shapes]
+    starts = [(data.draw(st.floats(0.0, 3.0)), k, data.draw(st.integers(0, len(shapes) - 1)))
+              for k in range(data.draw(st.integers(1, 12)))]
+
+    class WholeNetwork(FlowNetwork):
+        def _component(self, seeds):
+            return list(self.active)
+
+    cached = drive(FlowNetwork(cap, lambda i: specs[i]), starts)
+    owned = drive(FlowNetwork(cap, lambda i: tuple(specs[i])), starts)
+    whole = drive(WholeNetwork(cap, lambda i: specs[i]), starts)
+    assert cached == owned
+    for k, t in whole.items():
+        assert cached[k] == pytest.approx(t, rel=1e-9, abs=1e-12)
