@@ -293,8 +293,10 @@ def _columns(floats: tuple, ints: tuple, objects: tuple) -> dict:
 
 
 def _frame(cols: dict) -> pd.DataFrame:
+    """The columns as a frame of one block per column: numbers stay in their buffers (no copy into a
+    consolidated 2-D block, which held the trace's numbers twice at once)."""
     return pd.DataFrame({k: np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64)
-                         if isinstance(v, array) else v for k, v in cols.items()})
+                         if isinstance(v, array) else v for k, v in cols.items()}, copy=False)
 
 
 class _RankParser:
@@ -445,6 +447,9 @@ def _rank_info(path: Path, meta: dict, rp: _RankParser, fallback_rank: int) -> R
 
 
 # --------------------------------------------------------------------------------------------- nesting
+_NEST_BLOCK = 1 << 16       # rows per block of _nest
+
+
 def _nest(ts: np.ndarray, end: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """parent (row, -1) and depth of every interval, nesting within equal ``keys`` (thread)."""
     n = len(ts)
@@ -454,21 +459,23 @@ def _nest(ts: np.ndarray, end: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray
         return parent, depth
     order = np.lexsort((-(end - ts), ts, keys))
     eps = 1e-3  # us: rounding in exported timestamps
-    stack: list[int] = []
+    stack: list[tuple] = []         # (row, start, end) of the enclosing intervals
     prev_key = None
-    ts_l, end_l, key_l = ts.tolist(), end.tolist(), keys.tolist()
-    for i in order.tolist():
-        if key_l[i] != prev_key:
-            stack.clear()
-            prev_key = key_l[i]
-        t0, t1 = ts_l[i], end_l[i]
-        while stack and not (t0 >= ts_l[stack[-1]] - eps and t1 <= end_l[stack[-1]] + eps
-                             and t0 < end_l[stack[-1]] + (eps if t1 > t0 else 0.0)):
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-            depth[i] = len(stack)
-        stack.append(i)
+    # rows in sorted order, converted to Python numbers a block at a time (whole-column lists of millions
+    # of floats were the largest transient of parsing)
+    for lo in range(0, n, _NEST_BLOCK):
+        rows = order[lo:lo + _NEST_BLOCK]
+        for i, t0, t1, key in zip(rows.tolist(), ts[rows].tolist(), end[rows].tolist(), keys[rows].tolist()):
+            if key != prev_key:
+                stack.clear()
+                prev_key = key
+            while stack and not (t0 >= stack[-1][1] - eps and t1 <= stack[-1][2] + eps
+                                 and t0 < stack[-1][2] + (eps if t1 > t0 else 0.0)):
+                stack.pop()
+            if stack:
+                parent[i] = stack[-1][0]
+                depth[i] = len(stack)
+            stack.append((i, t0, t1))
     return parent, depth
 
 
@@ -487,12 +494,15 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     # nesting per thread
     # gloo:<op> annotations are asynchronous spans (post -> completion) that overlap the thread's other
     # work (isend/irecv on the main thread): nest them apart so they do not adopt unrelated ops
-    lane = np.where(cpu["name"].str.startswith("gloo:").to_numpy(), "/gloo", "")
-    tid_codes = pd.factorize(cpu["pid"].astype(str) + "/" + cpu["tid"].astype(str) + lane)[0]
+    gloo = _name_test(cpu["name"], lambda n: n.startswith("gloo:"))
+    pid_c, n_pid = _str_codes(cpu["pid"])
+    tid_c, n_tid = _str_codes(cpu["tid"])
+    tid_codes = (tid_c * n_pid + pid_c) * 2 + gloo       # one key per (pid, tid, lane) as strings
     parent, depth = _nest(cpu["ts"].to_numpy(float), cpu["end"].to_numpy(float), tid_codes)
     cpu["parent"], cpu["depth"] = parent, depth
     # steps
-    is_step = cpu["name"].str.startswith("ProfilerStep") & cpu["cat"].isin(["user_annotation", "cpu_op"])
+    is_step = _name_test(cpu["name"], lambda n: n.startswith("ProfilerStep")) & \
+        cpu["cat"].isin(["user_annotation", "cpu_op"]).to_numpy()
     steps = cpu.loc[is_step, ["ts", "dur", "end", "name", "pid", "tid"]].copy()
     digits = steps["name"].str.extract(_STEP_RE, expand=False).fillna("-1")
     huge = digits.str.len() > 15
@@ -528,8 +538,9 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     op = np.full(len(gpu), -1, dtype=np.int64)
     op[has] = cpu["parent"].to_numpy()[launch[has]]
     gpu["op"] = op
-    names = cpu["name"].to_numpy(object)
-    gpu["op_name"] = [names[o] if o >= 0 else None for o in op]
+    op_name = np.full(len(op), None, dtype=object)
+    op_name[op >= 0] = take(cpu["name"], op[op >= 0])
+    gpu["op_name"] = op_name.tolist()
     gstep = np.full(len(gpu), -1, dtype=np.int64)
     gstep[has] = cpu["step"].to_numpy()[launch[has]]
     gpu["step"] = gstep
@@ -545,6 +556,22 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     return {"steps": steps, "cpu_ops": cpu, "kernels": gpu, "collectives": colls, "memory": mem}
 
 
+def _str_codes(col: pd.Series) -> tuple[np.ndarray, int]:
+    """Codes of ``str(value)`` for an object column (equal codes for equal strings) and their count,
+    without making one string per row (millions of rows hold a few distinct pids / tids)."""
+    codes, uniq = pd.factorize(col)                      # None -> -1
+    strs = ["None"] + [str(u) for u in uniq]
+    same, inv = np.unique(strs, return_inverse=True)
+    return inv[codes + 1].astype(np.int64), len(same)
+
+
+def _name_test(col: pd.Series, test) -> np.ndarray:
+    """``test(name)`` for every row of a name column, evaluated once per distinct name."""
+    codes, uniq = pd.factorize(col)                      # per distinct value (no string per row)
+    hit = np.array([isinstance(u, str) and bool(test(u)) for u in uniq] + [False], dtype=bool)
+    return hit[codes]                                    # code -1 (missing name) -> the last entry, False
+
+
 def _most_common(col: pd.Series):
     """The most frequent value of ``col`` (None counts too), None for an empty column."""
     counts = col.value_counts(dropna=False)
@@ -556,15 +583,18 @@ def _link_fwd(cpu: pd.DataFrame) -> np.ndarray:
     seq = cpu["seq_nr"].to_numpy()
     if not (seq >= 0).any():
         return out
-    names = cpu["name"]
-    is_bwd = names.str.contains(_BACKWARD_RE) | names.str.startswith("autograd::engine::evaluate_function")
-    fwd = cpu[(seq >= 0) & ~is_bwd.to_numpy()]
-    # prefer the GEMM (it carries FLOPs), else the outermost op with that number
-    fwd = fwd.assign(_g=fwd["flops"].notna()).sort_values(["_g", "depth"], ascending=[False, True])
-    first = fwd[~fwd["seq_nr"].duplicated()]
-    m = pd.Series(first.index.to_numpy(), index=first["seq_nr"].to_numpy())
-    bwd_rows = np.flatnonzero(is_bwd.to_numpy() & (seq >= 0))
-    out[bwd_rows] = pd.Series(seq[bwd_rows]).map(m).fillna(-1).astype(np.int64).to_numpy()
+    is_bwd = _name_test(cpu["name"], lambda n: _BACKWARD_RE.search(n) or
+                        n.startswith("autograd::engine::evaluate_function"))
+    fwd = np.flatnonzero((seq >= 0) & ~is_bwd)
+    # prefer the GEMM (it carries FLOPs), else the outermost op with that number (stable: then the first row)
+    gemm = ~np.isnan(cpu["flops"].to_numpy(float)[fwd])
+    fwd = fwd[np.lexsort((cpu["depth"].to_numpy()[fwd], ~gemm))]
+    fseq, first = np.unique(seq[fwd], return_index=True)       # first occurrence of each sequence number
+    label = cpu.index.to_numpy()[fwd[first]]
+    bwd_rows = np.flatnonzero(is_bwd & (seq >= 0))
+    at = np.searchsorted(fseq, seq[bwd_rows]).clip(0, max(len(fseq) - 1, 0))
+    found = (fseq[at] == seq[bwd_rows]) if len(fseq) else np.zeros(len(bwd_rows), dtype=bool)
+    out[bwd_rows] = np.where(found, label[at] if len(fseq) else -1, -1)
     return out
 
 
@@ -675,10 +705,22 @@ class _CommInfo:
             self.peer = _peer(extra) if name.startswith("c10d::") else -1
 
 
+def take(col: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """``col``'s values at positions ``rows`` as an object array, converting only those (a string column
+    held by Arrow would otherwise make a Python string for every row)."""
+    return np.asarray(col.array[np.asarray(rows, dtype=np.int64)], dtype=object)
+
+
+def _names_at(cpu: pd.DataFrame, rows) -> dict:
+    """Row -> name for a few rows (not a Python string for each of millions of rows)."""
+    rows = np.fromiter(rows, dtype=np.int64)
+    return dict(zip(rows.tolist(), take(cpu["name"], rows).tolist()))
+
+
 def _comm_roots(cpu: pd.DataFrame, extra: dict) -> dict[int, list[int]]:
     """Comm-ish CPU events grouped by their outermost comm-ish ancestor on the same thread."""
     parent = cpu["parent"].to_numpy()
-    names = cpu["name"].to_numpy(object)
+    names = _names_at(cpu, extra)
     is_comm = {r for r in extra if not names[r].startswith("gloo:")}
     roots: dict[int, list[int]] = {r: [r] for r in extra if names[r].startswith("gloo:")}
     for r in sorted(is_comm):
@@ -751,7 +793,7 @@ def _gloo_thread_groups(tids: set, info: RankInfo) -> dict:
 def _collectives(cpu: pd.DataFrame, gpu: pd.DataFrame, rp: _RankParser, info: RankInfo) -> pd.DataFrame:
     extra = rp.cpu_extra
     roots = _comm_roots(cpu, extra)
-    names = cpu["name"].to_numpy(object)
+    names = _names_at(cpu, extra)
     ts, end, tid = cpu["ts"].to_numpy(float), cpu["end"].to_numpy(float), cpu["tid"].to_numpy(object)
     parent = cpu["parent"].to_numpy()
     world = info.world_size

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,7 @@ import pandas as pd
 from simulator.costs import ScaledCostModel, SimpleCostModel
 from simulator.errors import ConfigError, TraceError
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Op, Programs
-from traces.parse import Trace, check_one_run, load_trace
+from traces.parse import Trace, check_one_run, load_trace, take
 
 SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                         "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"})
@@ -52,17 +53,7 @@ MIN_WAIT_GAP_S = 2e-5  # a CPU gap outside synchronising calls shorter than this
 P2P = ("send", "recv")
 
 
-@dataclass
-class _Rec:
-    """An op under construction: ``key`` orders the program, ``deps`` are record ids."""
-
-    key: float
-    op: Op
-    deps: list = field(default_factory=list)
-    rid: int = -1
-
-
-@dataclass
+@dataclass(slots=True)
 class _Item:
     """Something the CPU issues: a kernel, a collective, a p2p transfer (times in seconds)."""
 
@@ -89,37 +80,51 @@ class ReplayPlan:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-def _merge(intervals: list[tuple[float, float]]) -> list[list[float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
+def _merge(s: np.ndarray, e: np.ndarray) -> tuple[list[float], list[float]]:
+    """Union of the intervals [s, e) (empty ones dropped): sorted, disjoint (starts, ends). Vectorised: the
+    traces' millions of CPU ops would take ~100 bytes each as a list of [start, end] lists."""
+    s, e = np.asarray(s, dtype=float), np.asarray(e, dtype=float)
+    keep = ~(e <= s)
+    s, e = s[keep], e[keep]
+    if not len(s):
+        return [], []
+    order = np.lexsort((e, s))
+    s, e = s[order], e[order]
+    # sorted by start, an interval opens a new group when it starts after every earlier one ended
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
+    first = np.flatnonzero(new)
+    return s[first].tolist(), np.maximum.reduceat(e, first).tolist()
 
 
-def _subtract(busy: list[list[float]], holes: list[list[float]]) -> list[list[float]]:
-    if not holes:
-        return busy
-    out = []
-    hs = _merge([tuple(h) for h in holes])
+def _subtract(bs: list[float], be: list[float], hs: list[float], he: list[float]) -> tuple[list, list]:
+    """Sorted disjoint intervals (bs, be) minus the sorted disjoint holes (hs, he), as (starts, ends)."""
+    if not hs:
+        return bs, be
+    out_s, out_e = [], []
     j = 0
-    for s, e in busy:
+    for s, e in zip(bs, be):
         cur = s
-        while j < len(hs) and hs[j][1] <= cur:
+        while j < len(hs) and he[j] <= cur:
             j += 1
         k = j
-        while k < len(hs) and hs[k][0] < e:
-            if hs[k][0] > cur:
-                out.append([cur, hs[k][0]])
-            cur = max(cur, hs[k][1])
+        while k < len(hs) and hs[k] < e:
+            if hs[k] > cur:
+                out_s.append(cur)
+                out_e.append(hs[k])
+            cur = max(cur, he[k])
             k += 1
         if cur < e:
-            out.append([cur, e])
-    return out
+            out_s.append(cur)
+            out_e.append(e)
+    return out_s, out_e
+
+
+def _pairs(points: np.ndarray, block: int = 1 << 16):
+    """Consecutive pairs (a, b) of ``points`` as Python floats, converted a block at a time."""
+    for lo in range(0, len(points) - 1, block):
+        chunk = points[lo:lo + block + 1].tolist()
+        yield from zip(chunk[:-1], chunk[1:])
 
 
 def _instances(trace: Trace, windows: dict) -> tuple[dict, dict]:
@@ -231,32 +236,53 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
     markers = {}
     gpu_trace = trace.has_gpu
     c_all = trace.collectives
+    cpu_ops, kernels = trace.cpu_ops, trace.kernels
+    # columns as arrays, sliced per rank below: a boolean-mask copy of the whole frame per rank (object
+    # columns included) was the largest transient of a replay
+    cpu_rank, cpu_end = cpu_ops["rank"].to_numpy(), cpu_ops["end"].to_numpy(float)
+    k_rank = kernels["rank"].to_numpy() if len(kernels) else np.array([], dtype=np.int64)
+    # names and categories as codes of their few distinct values (no Python string per row)
+    name_code, names = pd.factorize(cpu_ops["name"], use_na_sentinel=False)
+    skip_name = np.array([str(n).startswith(("ProfilerStep", "gloo:")) for n in names], dtype=bool)
+    sync_name = np.array([n in SYNC_CALLS for n in names], dtype=bool)
+    runtime = (cpu_ops["cat"] == "cuda_runtime").to_numpy(dtype=bool, na_value=False)
+    texts: dict = {}            # one string object per distinct stream / op name of the programs
+
+    def text(s: str) -> str:
+        return texts.setdefault(s, s)
+
     for r in ranks:
-        recs: list[_Rec] = []
+        # the program under construction, one entry per op: sort key, Op, dependencies (record ids)
+        rec_key = array("d")
+        rec_op: list[Op] = []
+        rec_deps: list = []
 
         def add(key, op, deps=()):
-            rec = _Rec(key, op, list(deps), len(recs))
-            recs.append(rec)
-            return rec.rid
+            rec_key.append(key)
+            rec_op.append(op)
+            rec_deps.append(tuple(deps))
+            return len(rec_op) - 1
 
         w0, w1 = windows[r]
-        ops = trace.cpu_ops[trace.cpu_ops["rank"] == r]
-        kern = trace.kernels[trace.kernels["rank"] == r] if len(trace.kernels) else trace.kernels
         coll = c_all[c_all["rank"] == r]
         worker_tids = {s.split(":", 1)[1] for s in coll["stream"] if s.startswith("gloo:")}
         # ---------------------------------------------------------------- issued items
         items: list[_Item] = []
         nccl_kernels = set(coll["kernel"][coll["kernel"] >= 0])
-        cpu_end = trace.cpu_ops["end"].to_numpy(float)
-        for kr in kern.itertuples():
-            if kr.Index in nccl_kernels:
+        krows = np.flatnonzero(k_rank == r)
+        kcols = [kernels.index.to_numpy()[krows].tolist()] + \
+            [kernels[c].to_numpy()[krows].tolist() for c in ("launch", "ts", "end", "dur", "cat", "stream", "name")] \
+            if len(krows) else []
+        for k_index, k_launch, k_ts, k_end, k_dur, k_cat, k_stream, k_name in zip(*kcols):
+            if k_index in nccl_kernels:
                 continue
-            t_issue = cpu_end[kr.launch] if kr.launch >= 0 else kr.ts
+            t_issue = cpu_end[k_launch] if k_launch >= 0 else k_ts
             if not (w0 <= t_issue <= w1):
                 continue
-            dur = kr.dur / (scale_compute if kr.cat == "kernel" else 1.0)
-            stream = f"cuda:{kr.stream}"
-            items.append(_Item(t_issue, kr.ts, kr.end, stream, Op(COMPUTE, kr.name[:80], stream, duration_s=dur)))
+            dur = k_dur / (scale_compute if k_cat == "kernel" else 1.0)
+            stream = text(f"cuda:{k_stream}")
+            items.append(_Item(t_issue, k_ts, k_end, stream, Op(COMPUTE, text(k_name[:80]), stream, duration_s=dur)))
+        del kcols
         for idx, cr in zip(coll.index, coll.to_dict("records")):
             t_issue = issue[idx]
             if not (w0 - TOL_S <= t_issue <= w1 + TOL_S):
@@ -291,27 +317,34 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
             if op.kind != COMPUTE and op.duration_s is not None:
                 items[-1].tail = (pair[2] if kind in P2P else tail) / scale_bandwidth
         # ---------------------------------------------------------------- the CPU timeline
-        in_win = (ops["ts"] < w1) & (ops["end"] > w0)
-        is_step = ops["name"].str.startswith("ProfilerStep")
+        rows = np.flatnonzero(cpu_rank == r)
+        o_ts, o_end = cpu_ops["ts"].to_numpy(float)[rows], cpu_end[rows]
+        in_win = (o_ts < w1) & (o_end > w0)
+        rows, o_ts, o_end = rows[in_win], o_ts[in_win], o_end[in_win]
+        o_code = name_code[rows]
+        mine = ~skip_name[o_code]
+        if worker_tids and len(rows):
+            tids = take(cpu_ops["tid"], rows)
+            mine &= ~np.fromiter((str(t) in worker_tids for t in tids), dtype=bool, count=len(tids))
         # busy = covered by the innermost ops (leaves); time inside a parent between its children is either
         # framework overhead (CPU time) or a wait (an item of this rank ended in it), decided per gap below
-        mine = ops[in_win & ~is_step & ~ops["name"].str.startswith("gloo:")
-                   & ~ops["tid"].astype(str).isin(worker_tids)]
-        leaves = mine[~mine.index.isin(set(mine["parent"]))]
-        busy = _merge([(max(s, w0), min(e, w1)) for s, e in zip(leaves["ts"], leaves["end"])])
-        syncs = ops[in_win & (ops["cat"] == "cuda_runtime") & ops["name"].isin(SYNC_CALLS)]
-        sync_iv = _merge([(s, e) for s, e in zip(syncs["ts"], syncs["end"])])
-        sync_starts = [iv[0] for iv in sync_iv]
-        busy = _subtract(busy, [list(iv) for iv in sync_iv])
+        labels = cpu_ops.index.to_numpy()[rows]
+        leaf = mine & ~np.isin(labels, cpu_ops["parent"].to_numpy()[rows[mine]])
+        bs, be = _merge(np.maximum(o_ts[leaf], w0), np.minimum(o_end[leaf], w1))
+        syncs = sync_name[o_code] & runtime[rows]
+        sync_starts, sync_ends = _merge(o_ts[syncs], o_end[syncs])
+        bs, be = _subtract(bs, be, sync_starts, sync_ends)
+        del rows, o_ts, o_end, o_code, mine, labels, leaf, syncs
         st = steps[steps["rank"] == r].sort_values("ts")
         step_starts = {float(t): int(n) for t, n in zip(st["ts"], st["step"])}
         step_ends = {float(t): int(n) for t, n in zip(st["end"], st["step"])}
         cuts = sorted({it.issue for it in items if w0 <= it.issue <= w1})
-        points = sorted(set([w0, w1] + [p for iv in busy for p in iv] + cuts + list(step_starts) + list(step_ends)))
-        busy_starts = [b[0] for b in busy]
+        points = np.unique(np.concatenate([[w0, w1], bs, be, cuts, list(step_starts), list(step_ends)]))
         cpu_scale = 1.0 if gpu_trace else scale_compute
-        ends_sorted = sorted((it.end, j) for j, it in enumerate(items))
-        end_times = [e for e, _ in ends_sorted]
+        item_ends = np.array([it.end for it in items], dtype=float)
+        end_order = np.argsort(item_ends, kind="stable").tolist()      # items by end, then by index
+        end_times = item_ends[end_order].tolist()
+        del item_ends
         mk: list = []
         mk_end: dict = {}
         last_cpu = None
@@ -330,7 +363,7 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                 pending_deps = []
             piece_start, piece_len = None, 0.0
 
-        for a, b in zip(points[:-1], points[1:]):
+        for a, b in _pairs(points):
             if a in step_ends and a != w1:
                 close_piece(a)
                 last_cpu = add(a, Op(COMPUTE, f"end of ProfilerStep#{step_ends[a]}", "cpu", duration_s=0.0),
@@ -348,8 +381,8 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                     last_cpu = add(a, Op(COMPUTE, "cpu", "cpu", duration_s=0.0))
                 cut_rid[a] = last_cpu
             mid = 0.5 * (a + b)
-            i = bisect.bisect_right(busy_starts, mid) - 1
-            if i >= 0 and busy[i][0] <= mid < busy[i][1]:
+            i = bisect.bisect_right(bs, mid) - 1
+            if i >= 0 and bs[i] <= mid < be[i]:
                 if piece_start is None:
                     piece_start = a
                 piece_len += b - a
@@ -358,19 +391,19 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
             # CUDA call, for anything; elsewhere only for work the CPU waits on directly (gloo, p2p), and only
             # in gaps long enough to be a wait rather than interpreter overhead between two ops
             k = bisect.bisect_right(sync_starts, mid) - 1
-            in_sync = k >= 0 and sync_iv[k][0] <= mid < sync_iv[k][1]
+            in_sync = k >= 0 and sync_starts[k] <= mid < sync_ends[k]
             cand = []
             if in_sync or b - a >= MIN_WAIT_GAP_S:
                 # issued before the gap and ended inside it: the item cannot depend on CPU work after it
                 lo = bisect.bisect_left(end_times, a - TOL_S)
                 hi = bisect.bisect_right(end_times, b)
-                cand = [j for _, j in ends_sorted[lo:hi] if items[j].issue <= a
+                cand = [j for j in end_order[lo:hi] if items[j].issue <= a
                         and (in_sync or not items[j].stream.startswith("cuda:"))]
             if cand:
                 close_piece(a)
                 j = max(cand, key=lambda j: items[j].end)
                 rest = b - max(a, items[j].end)
-                last_cpu = add(a, Op(COMPUTE, f"after wait ({items[j].op.name[:40]})", "cpu",
+                last_cpu = add(a, Op(COMPUTE, text(f"after wait ({items[j].op.name[:40]})"), "cpu",
                                      duration_s=max(rest, 0.0) / cpu_scale), pending_deps + [("item", j)])
                 pending_deps = []
             else:
@@ -403,7 +436,7 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
                 if lag > TOL_S:
                     lo = bisect.bisect_left(end_times, ready - TOL_S)
                     hi = bisect.bisect_right(end_times, it.start + TOL_S)
-                    cand = [k for _, k in ends_sorted[lo:hi] if items[k].stream != stream and
+                    cand = [k for k in end_order[lo:hi] if items[k].stream != stream and
                             items[k].start < it.start]
                     if cand:
                         x = max(cand, key=lambda k: items[k].end)
@@ -420,17 +453,20 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
         # ---------------------------------------------------------------- resolve and order
         def resolve(d):
             return items[d[1]].done_rid if isinstance(d, tuple) else d
-        for rec in recs:
-            rec.deps = sorted({resolve(d) for d in rec.deps if resolve(d) != rec.rid})
-        order = sorted(range(len(recs)), key=lambda i: (recs[i].key, i))
-        pos = {rid: p for p, rid in enumerate(order)}
+        # program order: by key, then by record id (a stable sort)
+        order = np.argsort(np.frombuffer(rec_key, dtype=float), kind="stable")
+        del rec_key
+        pos = np.empty(len(order), dtype=np.int64)
+        pos[order] = np.arange(len(order))
+        pos = pos.tolist()
         prog = []
-        for rid in order:
-            rec = recs[rid]
-            rec.op.deps = tuple(pos[d] for d in rec.deps)
-            prog.append(rec.op)
+        for rid in order.tolist():
+            op, deps = rec_op[rid], rec_deps[rid]
+            op.deps = tuple(pos[d] for d in sorted({resolve(d) for d in deps} - {rid})) if deps else ()
+            prog.append(op)
         programs.ops[rank_map[r]] = prog
         markers[rank_map[r]] = [(s, pos[i], pos[mk_end[s]]) for s, i in mk if s in mk_end]
+        del rec_op, rec_deps, items, pos, order, end_order, end_times, points
     programs.meta.update({"source": "trace replay", "trace": str(trace.path)})
     measured = steps[steps["rank"].isin(ranks)][["rank", "step", "dur"]].copy()
     return ReplayPlan(programs, markers, measured, rank_map, trace)
