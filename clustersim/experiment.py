@@ -443,6 +443,11 @@ def virtual_stages(exp: Experiment, model) -> int:
 def resolve_plan(exp: Experiment, model, world_size: int):
     """The validated ParallelPlan of an experiment (dp defaults to GPUs / (tp·pp·cp))."""
     from schedules.plan import ParallelPlan, parse_memory_limit, parse_stage_layers
+
+    from clustersim.guards import check_budget
+    # every layer runs at least a forward and a backward op: a model the resource guard refuses on that
+    # alone (a config.json of 10^15 layers) is refused before validation walks its layers one by one
+    check_budget(2 * max(int(model.layers), 1), "symmetric")
     dp = exp.dp
     if dp is None:
         denom = exp.tp * exp.pp * exp.cp

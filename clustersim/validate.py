@@ -29,6 +29,7 @@ from simulator.errors import ClusterSimError, ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "validation" / "published_runs.csv"
+RUN_COLUMNS = ("model", "hardware", "precision", "framework", "gpus")     # read without a default
 CLUSTER_FILES = ROOT / "validation" / "clusters"
 GIB = 2**30
 
@@ -58,14 +59,12 @@ class NotExpressible(ClusterSimError):
 # ---------------------------------------------------------------------------------------------- loading
 def load_runs(path: str | Path = PUBLISHED) -> list[dict]:
     """Rows of a published-runs CSV (``#`` comment lines skipped), values as strings ('' when empty)."""
-    import csv
+    from simulator.inputs import load_csv
 
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"published runs file {p} not found")
-    with p.open(newline="") as f:
-        lines = [ln for ln in f if not ln.startswith("#")]
-    return [dict(r) for r in csv.DictReader(lines)]
+    return load_csv(p, "published runs file", required=RUN_COLUMNS)
 
 
 def hardware_class(hardware: str) -> str | None:

@@ -22,7 +22,6 @@ Mapping of platforms onto presets, each from the platform's published specificat
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -96,10 +95,30 @@ class Row:
         return BANDS[-1][0]
 
 
+COLUMNS = {
+    "collectives.csv": ("source", "hardware", "platform", "collective", "size_bytes", "nodes", "gpus_per_node",
+                        "total_gpus", "busbw_GBps", "time_s", "placement", "algorithm", "nccl_version"),
+    "moe_alltoall.csv": ("source", "hardware", "op", "ep_size", "bottleneck_bandwidth_GBps", "latency_s",
+                         "kernel_mode", "library_version", "tokens_per_batch", "hidden", "dispatch_dtype",
+                         "combine_dtype", "link"),
+}
+
+
 def _read(path: Path) -> list[dict]:
-    with open(path, newline="") as fh:
-        lines = [ln for ln in fh if not ln.startswith("#")]
-    return list(csv.DictReader(lines))
+    from simulator.inputs import load_csv
+    return load_csv(path, "published data file", required=COLUMNS.get(path.name, ()))
+
+
+def _rows(path: Path, make) -> list[Row]:
+    """``make(row)`` for every row of ``path``; a value that does not parse is an error naming the row."""
+    from simulator.inputs import brief
+    out = []
+    for i, r in enumerate(_read(path), 1):
+        try:
+            out.append(make(r))
+        except (ValueError, TypeError, AttributeError, OverflowError, ZeroDivisionError) as e:
+            raise ConfigError(f"{path}: data row {i}: cannot read it ({brief(str(e), 100)})") from None
+    return out
 
 
 def _num(x):
@@ -192,23 +211,24 @@ def forced_algorithm(r: dict) -> str | None:
 
 
 def collective_rows(path: Path) -> list[Row]:
-    rows = []
-    for r in _read(path):
-        mapped = express(r)
-        row = Row(source=r["source"], hardware=r["hardware"], collective=r["collective"],
-                  size_bytes=float(r["size_bytes"]), ranks=int(r["total_gpus"]),
-                  published_busbw=_num(r["busbw_GBps"]), published_time_s=_num(r["time_s"]))
-        if "reason" in mapped:
-            row.reason = mapped["reason"]
-        else:
-            row.preset, row.gpus, row.group = mapped["preset"], mapped["gpus"], mapped["group"]
-            row.overrides, row.label = mapped["overrides"], mapped["label"]
-            row.algorithm = mapped.get("algorithm")
-            row.nccl_version = r["nccl_version"] or None
-            row.net_plugin = net_plugin(r)
-            row.extra = {"platform": r["platform"], "placement": r["placement"], "algorithm": r["algorithm"]}
-        rows.append(row)
-    return rows
+    return _rows(path, _collective_row)
+
+
+def _collective_row(r: dict) -> Row:
+    mapped = express(r)
+    row = Row(source=r["source"], hardware=r["hardware"], collective=r["collective"],
+              size_bytes=float(r["size_bytes"]), ranks=int(r["total_gpus"]),
+              published_busbw=_num(r["busbw_GBps"]), published_time_s=_num(r["time_s"]))
+    if "reason" in mapped:
+        row.reason = mapped["reason"]
+    else:
+        row.preset, row.gpus, row.group = mapped["preset"], mapped["gpus"], mapped["group"]
+        row.overrides, row.label = mapped["overrides"], mapped["label"]
+        row.algorithm = mapped.get("algorithm")
+        row.nccl_version = r["nccl_version"] or None
+        row.net_plugin = net_plugin(r)
+        row.extra = {"platform": r["platform"], "placement": r["placement"], "algorithm": r["algorithm"]}
+    return row
 
 
 def predict(rows: list[Row]) -> list[Row]:
@@ -282,34 +302,35 @@ def _median(xs):
 def moe_rows(path: Path) -> list[Row]:
     """moe_alltoall.csv rows; DeepEP V1 normal kernels on H800 are expressed (dgx-h100 with the H800's
     NVLink), the others listed with the reason."""
-    rows = []
-    for r in _read(path):
-        ep = int(r["ep_size"])
-        row = Row(source=r["source"], hardware=r["hardware"], collective=f"moe_{r['op']}", size_bytes=0.0,
-                  ranks=ep, published_busbw=_num(r["bottleneck_bandwidth_GBps"]),
-                  published_time_s=_num(r["latency_s"]))
-        mode, lib = r["kernel_mode"].lower(), r["library_version"]
-        if "V2" in lib:
-            row.reason = "DeepEP V2 reports a 'logical bandwidth' that includes local-rank traffic, not a link rate"
-        elif "low-latency" in mode:
-            row.reason = ("low-latency kernels (per-token IBGDA messages, pure RDMA also inside a node): "
-                          "no per-message RDMA model")
-        elif "H800" not in r["hardware"]:
-            row.reason = f"no preset for {r['hardware']}"
-        else:
-            tokens, hidden, topk = int(r["tokens_per_batch"]), int(r["hidden"]), 8
-            dtype = r["dispatch_dtype"] if r["op"] == "dispatch" else r["combine_dtype"]
-            token_bytes = hidden + hidden / FP8_SCALE_GROUP * 4 if dtype.upper() == "FP8" else 2 * hidden
-            row.preset, row.gpus = "dgx-h100", max(8, ep)
-            row.group = tuple(range(ep))
-            row.overrides = {"scale_up_bandwidth": H800_SCALE_UP_BYTES_PER_S}
-            row.label = "H800 (DeepEP)"
-            row.size_bytes = tokens * token_bytes
-            # DeepSeek-V3 routing: 256 routed experts, top-8 (DeepEP's benchmark setting)
-            row.extra = {"tokens": tokens, "token_bytes": token_bytes, "topk": topk, "experts": 256,
-                         "link": r["link"], "kernel_mode": r["kernel_mode"]}
-        rows.append(row)
-    return rows
+    return _rows(path, _moe_row)
+
+
+def _moe_row(r: dict) -> Row:
+    ep = int(r["ep_size"])
+    row = Row(source=r["source"], hardware=r["hardware"], collective=f"moe_{r['op']}", size_bytes=0.0,
+              ranks=ep, published_busbw=_num(r["bottleneck_bandwidth_GBps"]),
+              published_time_s=_num(r["latency_s"]))
+    mode, lib = r["kernel_mode"].lower(), r["library_version"]
+    if "V2" in lib:
+        row.reason = "DeepEP V2 reports a 'logical bandwidth' that includes local-rank traffic, not a link rate"
+    elif "low-latency" in mode:
+        row.reason = ("low-latency kernels (per-token IBGDA messages, pure RDMA also inside a node): "
+                      "no per-message RDMA model")
+    elif "H800" not in r["hardware"]:
+        row.reason = f"no preset for {r['hardware']}"
+    else:
+        tokens, hidden, topk = int(r["tokens_per_batch"]), int(r["hidden"]), 8
+        dtype = r["dispatch_dtype"] if r["op"] == "dispatch" else r["combine_dtype"]
+        token_bytes = hidden + hidden / FP8_SCALE_GROUP * 4 if dtype.upper() == "FP8" else 2 * hidden
+        row.preset, row.gpus = "dgx-h100", max(8, ep)
+        row.group = tuple(range(ep))
+        row.overrides = {"scale_up_bandwidth": H800_SCALE_UP_BYTES_PER_S}
+        row.label = "H800 (DeepEP)"
+        row.size_bytes = tokens * token_bytes
+        # DeepSeek-V3 routing: 256 routed experts, top-8 (DeepEP's benchmark setting)
+        row.extra = {"tokens": tokens, "token_bytes": token_bytes, "topk": topk, "experts": 256,
+                     "link": r["link"], "kernel_mode": r["kernel_mode"]}
+    return row
 
 
 def predict_moe(rows: list[Row]) -> list[Row]:

@@ -408,15 +408,11 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
     if isinstance(source, dict):
         cfg, where = source, "config.json"
     else:
+        from simulator.inputs import load_json
+
         p = Path(source)
         where = str(p)
-        try:
-            import json
-            cfg = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"model config {p} does not exist") from None
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise ConfigError(f"model config {p} is not a readable JSON file: {e}") from None
+        cfg = load_json(p, "model config")       # bounded read (not /dev/zero), deep nesting, huge numbers
         if not isinstance(cfg, dict):
             raise ConfigError(f"model config {p}: expected a JSON object")
         name = name or (p.parent.name if p.name == "config.json" and p.parent.name else p.stem)
@@ -430,12 +426,22 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
             raise ConfigError(f"{where}: missing {k!r} (a {mtype} config.json has it)")
         return v
 
+    def flag(k):
+        v = key(k, False)
+        if v is not None and not isinstance(v, bool):
+            raise ConfigError(f"{where}: {k} must be true or false, got {v!r:.40}")
+        return bool(v)
+
+    def count(k, default=None, required=False, lo=0):
+        from simulator.inputs import integer
+        return integer(key(k, default, required), f"{where}: {k}", lo=lo)
+
     heads = key("num_attention_heads", required=True)
     kw = dict(name=name or mtype, layers=key("num_hidden_layers", required=True), hidden=key("hidden_size", required=True),
               ffn=key("intermediate_size", required=True), heads=heads, kv_heads=key("num_key_value_heads") or heads,
               vocab=key("vocab_size", required=True), gated_mlp=True,
-              tied_embeddings=bool(key("tie_word_embeddings", False)),
-              attention_bias=mtype in ("qwen2", "qwen2_moe") or bool(key("attention_bias", False)))
+              tied_embeddings=flag("tie_word_embeddings"),
+              attention_bias=mtype in ("qwen2", "qwen2_moe") or flag("attention_bias"))
     if key("head_dim") is not None and mtype not in ("deepseek_v2", "deepseek_v3"):
         kw["head_dim"] = key("head_dim")
     if mtype == "mixtral":
@@ -444,8 +450,8 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
         if key("decoder_sparse_step", 1) != 1 or key("mlp_only_layers"):
             raise ConfigError(f"{where}: MoE layers interleaved with dense ones (decoder_sparse_step / "
                               f"mlp_only_layers) are not modelled; only leading dense layers are")
-        moe = key("moe_intermediate_size", required=True)
-        shared = key("shared_expert_intermediate_size", 0) or 0
+        moe = count("moe_intermediate_size", required=True, lo=1)
+        shared = count("shared_expert_intermediate_size", 0) if key("shared_expert_intermediate_size") is not None else 0
         if shared % moe:
             raise ConfigError(f"{where}: shared_expert_intermediate_size {shared} is not a multiple of "
                               f"moe_intermediate_size {moe}")

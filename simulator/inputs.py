@@ -27,6 +27,7 @@ from simulator.errors import ClusterSimError, ConfigError
 MiB = 1 << 20
 JSON_LIMIT_BYTES = 16 * MiB        # calibration / manifest JSON (the shipped calibrations are ~10 kB each)
 YAML_LIMIT_BYTES = 4 * MiB         # experiment, cluster and model files are a few kB
+CSV_LIMIT_BYTES = 64 * MiB         # published-data CSVs (validation/, shared/validation) are < 1 MB
 MAX_NODES = 1_000_000              # containers + scalars of one parsed document, aliases expanded
 
 
@@ -145,6 +146,26 @@ def parse_json(text: str | bytes, where: str, err=ConfigError) -> Any:
 def load_json(path: str | Path, what: str, limit: int = JSON_LIMIT_BYTES, err=ConfigError) -> Any:
     """Read (at most ``limit`` bytes) and parse a JSON file; every problem is ``err`` naming the file."""
     return parse_json(read_bytes(path, what, limit, err), f"{what} {path}", err)
+
+
+def load_csv(path: str | Path, what: str, required=(), limit: int = CSV_LIMIT_BYTES, err=ConfigError) -> list[dict]:
+    """Rows of a CSV file (``#`` comment lines skipped) as dicts of strings ('' for missing fields). The read
+    is size-limited, the text must be UTF-8 and CSV, and the header must name every ``required`` column;
+    every problem is ``err`` naming the file."""
+    import csv
+    import io
+
+    text = read_text(path, what, limit, err)
+    lines = [ln for ln in io.StringIO(text, newline="") if not ln.startswith("#")]
+    try:
+        reader = csv.DictReader(lines, restval="")
+        rows = [dict(r) for r in reader]
+    except csv.Error as e:
+        raise err(f"{what} {path}: not a valid CSV file: {brief(str(e), 120)}") from None
+    missing = [c for c in required if c not in (reader.fieldnames or [])]
+    if missing:
+        raise err(f"{what} {path}: missing column(s) {', '.join(missing)}; is it the right file?")
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------- values

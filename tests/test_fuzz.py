@@ -1061,3 +1061,118 @@ def test_ranks_sharing_no_step_are_different_runs():
     assert one_run_problems(T(), None) == []
     T.steps = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [3, 4, 8, 9]})
     assert "share no profiled step" in one_run_problems(T(), None)[0]
+
+
+# ---------------------------------------------------------------------------------------------- recent commands
+_HF = {"model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "hidden_size": 4096,
+       "intermediate_size": 11008, "vocab_size": 32000}
+_QWEN = {**_HF, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2,
+         "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    (json.dumps({**_QWEN, "moe_intermediate_size": 0}), "moe_intermediate_size"),
+    (json.dumps({**_QWEN, "moe_intermediate_size": "1408"}), "moe_intermediate_size"),
+    (json.dumps({**_QWEN, "shared_expert_intermediate_size": [1]}), "shared_expert_intermediate_size"),
+    (json.dumps({**_HF, "tie_word_embeddings": "false"}), "tie_word_embeddings"),
+    (json.dumps({**_HF, "num_hidden_layers": 10 ** 15}), "ops"),       # refused before walking the layers
+    (json.dumps(_HF)[:-1] + ', "hidden_size": 8}', "duplicate key"),
+])
+def test_hostile_model_configs_end_in_one_line(tmp_path, text, needle):
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    rc, _, err = run_cli(["simulate", "--gpus", "8", "--tp", "8", "--global-batch", "8", "--model-config", p])
+    assert needle in assert_one_line_error(rc, err)
+
+
+def test_model_config_reads_are_bounded():
+    rc, _, err = run_cli(["simulate", "--gpus", "8", "--tp", "8", "--model-config", "/dev/zero"])
+    assert "larger than" in assert_one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)) * 20, b"a,b,c\n1,2,3\n", b'id,model\n"' + b"a" * 200_000])
+def test_bad_published_runs_csv_end_in_one_line(tmp_path, content):
+    p = tmp_path / "runs.csv"
+    p.write_bytes(content)
+    rc, _, err = run_cli(["validate", "--runs", p])
+    assert_one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("which,content", [("collectives.csv", b"x,y\n1,2\n"), ("collectives.csv", b"\xff\xfe" * 50),
+                                           ("moe_alltoall.csv", b"x,y\n1,2\n")])
+def test_bad_collective_data_end_in_one_line(tmp_path, which, content):
+    from clustersim.validate_collectives import COLUMNS
+    for name, cols in COLUMNS.items():                  # the other file: a header without rows
+        (tmp_path / name).write_text(",".join(cols) + "\n")
+    (tmp_path / which).write_bytes(content)
+    rc, _, err = run_cli(["validate", "collectives", "--data", tmp_path])
+    assert_one_line_error(rc, err)
+
+
+def test_collective_data_rows_that_do_not_parse_are_named(tmp_path):
+    from clustersim.validate_collectives import COLUMNS, collective_rows
+    p = tmp_path / "collectives.csv"
+    cols = COLUMNS["collectives.csv"]
+    row = {c: "x" for c in cols} | {"hardware": "H100", "nodes": "1", "gpus_per_node": "8", "total_gpus": "eight"}
+    p.write_text(",".join(cols) + "\n" + ",".join(row[c] for c in cols) + "\n")
+    with pytest.raises(ConfigError, match="data row 1"):
+        collective_rows(p)
+
+
+def _chakra_net(tmp_path):
+    net = tmp_path / "net.yaml"
+    net.write_text("topology: [ Ring ]\nnpus_count: [ 2 ]\nbandwidth: [ 50 ]\nlatency: [ 500 ]\n")
+    return net
+
+
+def test_chakra_et_of_zeros_is_refused_without_a_node_per_byte(tmp_path):
+    (tmp_path / "w.0.et").write_bytes(bytes(4 << 20))           # 4 Mi empty messages
+    rc, _, err = run_cli(["chakra", "run", tmp_path / "w", "--network", _chakra_net(tmp_path), "--replicate"])
+    assert "empty" in assert_one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("option", ["--comm-group", "--system"])
+def test_chakra_json_options_are_bounded(tmp_path, option):
+    from simulator.program import Programs
+    from traces.chakra.writer import write_workload
+    from simulator.program import COMPUTE, Op
+    progs = Programs(world_size=2, ops={r: [Op(COMPUTE, "gemm", "compute", duration_s=1e-3)] for r in range(2)})
+    write_workload(progs, tmp_path, "w")
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    for bad, needle in ((deep, "nested too deeply"), ("/dev/zero", "larger than")):
+        rc, _, err = run_cli(["chakra", "run", tmp_path / "w", "--network", _chakra_net(tmp_path), option, bad])
+        assert needle in assert_one_line_error(rc, err)
+
+
+# ---------------------------------------------------------------------------------------------- replay intervals
+def _merge_reference(intervals):
+    out = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=30),
+       st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=6))
+def test_vectorised_interval_union_and_difference_match_the_plain_loop(ivs, holes):
+    import numpy as np
+    from traces.replay import _merge, _subtract
+    s = np.array([a for a, _ in ivs], dtype=float)
+    e = np.array([b for _, b in ivs], dtype=float)
+    bs, be = _merge(s, e)
+    ref = _merge_reference([(float(a), float(b)) for a, b in ivs])
+    assert [[a, b] for a, b in zip(bs, be)] == ref
+    hs, he = _merge(np.array([a for a, _ in holes], dtype=float), np.array([b for _, b in holes], dtype=float))
+    ds, de = _subtract(bs, be, hs, he)
+    covered = {t for a, b in ref for t in range(int(a), int(b))} - \
+        {t for a, b in zip(hs, he) for t in range(int(a), int(b))}
+    assert {t for a, b in zip(ds, de) for t in range(int(a), int(b))} == covered
+    assert all(a < b for a, b in zip(ds, de)) and all(b1 <= a2 for b1, a2 in zip(de, ds[1:]))

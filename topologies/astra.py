@@ -146,12 +146,8 @@ def load_system(path: str | Path | None) -> AstraSystem:
     if path is None:
         return sysc
     where = str(path)
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"system file {where} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"system file {where}: cannot parse JSON: {e}") from None
+    from simulator.inputs import load_json
+    data = load_json(path, "system file")         # bounded read, deep nesting, huge numbers
     if not isinstance(data, dict):
         raise ConfigError(f"system file {where}: expected a JSON object")
     for kind, key in COLLECTIVE_KEYS.items():

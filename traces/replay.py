@@ -455,7 +455,6 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
             return items[d[1]].done_rid if isinstance(d, tuple) else d
         # program order: by key, then by record id (a stable sort)
         order = np.argsort(np.frombuffer(rec_key, dtype=float), kind="stable")
-        del rec_key
         pos = np.empty(len(order), dtype=np.int64)
         pos[order] = np.arange(len(order))
         pos = pos.tolist()
@@ -466,7 +465,7 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
             prog.append(op)
         programs.ops[rank_map[r]] = prog
         markers[rank_map[r]] = [(s, pos[i], pos[mk_end[s]]) for s, i in mk if s in mk_end]
-        del rec_op, rec_deps, items, pos, order, end_order, end_times, points
+        del pos, order, end_order, end_times, points
     programs.meta.update({"source": "trace replay", "trace": str(trace.path)})
     measured = steps[steps["rank"].isin(ranks)][["rank", "step", "dur"]].copy()
     return ReplayPlan(programs, markers, measured, rank_map, trace)

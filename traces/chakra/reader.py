@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.errors import TraceError
+from simulator.inputs import read_bytes
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Op, Programs
 from traces.chakra import schema as S
 from traces.chakra.wire import WireError, decode, iter_delimited
@@ -47,6 +48,10 @@ PROVENANCE_ATTRS = {"tid", "fw_parent", "fw_tid", "op_schema", "seq_id", "rf_id"
 
 # tensor metadata strings of PyTorch-converted traces: framed and checked, not decoded (no effect on timing)
 _UNUSED_NODE_FIELDS = frozenset({"inputs", "outputs"})
+# One rank's ET file: a node holds at least a type, an id, a name and a duration (tens of bytes), so 1 GiB is
+# tens of millions of nodes, the order of the engine's whole op budget (clustersim/guards.py DEFAULT_MAX_OPS);
+# a bigger file is refused before it is read, a device (/dev/zero) after 1 GiB.
+ET_LIMIT_BYTES = 1 << 30
 
 
 @dataclass
@@ -118,6 +123,9 @@ def parse_et(data: bytes, where: str) -> tuple[dict, list[dict], Counter]:
         unknown[f"GlobalMetadata.{f}"] += 1
     nodes = []
     for i, (s, e) in enumerate(spans[1:]):
+        if s == e:
+            # a node has at least a type; zero bytes (a file of zeros) would make one empty node per byte
+            raise TraceError(f"{where}: node #{i} (message at byte {s}) is empty; not a Chakra ET")
         try:
             node = decode(data, S.SCHEMA, "Node", s, e, skip=_UNUSED_NODE_FIELDS)
         except (WireError, RecursionError) as err:
@@ -335,8 +343,7 @@ def load_programs(prefix: str | Path, dims: tuple[int, ...] | None = None,
     blobs: dict = {}
     last: bytes | None = None
     for r, p in enumerate(files):
-        with open(p, "rb") as f:
-            data = f.read()
+        data = read_bytes(p, "Chakra ET", ET_LIMIT_BYTES, TraceError)     # not /dev/zero behind a link
         if not symmetric:
             key = r
         elif data == last:                       # the common case: a memcmp, no hashing

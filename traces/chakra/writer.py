@@ -144,12 +144,8 @@ def write_workload(programs: Programs, out_dir: str | Path, prefix: str = "workl
 def load_comm_groups(path: str | Path) -> dict[str, tuple[int, ...]]:
     """ASTRA-sim's communicator-group JSON ({name: [ranks]}) -> {name: ranks}."""
     from simulator.errors import ConfigError
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"communicator-group file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"communicator-group file {path}: cannot parse JSON: {e}") from None
+    from simulator.inputs import load_json
+    data = load_json(path, "communicator-group file")       # bounded read, deep nesting, huge numbers
     if not isinstance(data, dict) or not all(isinstance(v, list) and v and all(
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v) for v in data.values()):
         raise ConfigError(f"communicator-group file {path}: expected {{name: [rank, ...]}}")
