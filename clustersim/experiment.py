@@ -402,6 +402,10 @@ def resolve_model(exp: Experiment):
     from schedules import models
     if exp.model_config is not None:
         base = models.model_from_hf_config(exp.model_config)
+        for f in dataclasses.fields(base):          # the same bound as the command-line shape options
+            v = getattr(base, f.name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                _as_int(v, f"{exp.model_config}: {f.name}", minimum=None)
         fields = {k: v for k, v in exp.model.items() if k != "base"} if isinstance(exp.model, dict) else {}
         try:
             return dataclasses.replace(base, **fields)

@@ -1076,7 +1076,8 @@ _QWEN = {**_HF, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_to
     (json.dumps({**_QWEN, "moe_intermediate_size": "1408"}), "moe_intermediate_size"),
     (json.dumps({**_QWEN, "shared_expert_intermediate_size": [1]}), "shared_expert_intermediate_size"),
     (json.dumps({**_HF, "tie_word_embeddings": "false"}), "tie_word_embeddings"),
-    (json.dumps({**_HF, "num_hidden_layers": 10 ** 15}), "ops"),       # refused before walking the layers
+    (json.dumps({**_HF, "num_hidden_layers": 10 ** 8}), "ops"),        # refused before walking the layers
+    (json.dumps({**_HF, "hidden_size": 2 ** 62, "num_attention_heads": 2 ** 31}), "unreasonably large"),
     (json.dumps(_HF)[:-1] + ', "hidden_size": 8}', "duplicate key"),
 ])
 def test_hostile_model_configs_end_in_one_line(tmp_path, text, needle):
