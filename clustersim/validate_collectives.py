@@ -214,10 +214,18 @@ def collective_rows(path: Path) -> list[Row]:
     return _rows(path, _collective_row)
 
 
+def _size(x) -> float:
+    """A message size: a finite number of bytes >= 0 (ValueError otherwise, named by the row reader)."""
+    v = float(x)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"size_bytes must be a finite number >= 0, got {x!r}")
+    return v
+
+
 def _collective_row(r: dict) -> Row:
     mapped = express(r)
     row = Row(source=r["source"], hardware=r["hardware"], collective=r["collective"],
-              size_bytes=float(r["size_bytes"]), ranks=int(r["total_gpus"]),
+              size_bytes=_size(r["size_bytes"]), ranks=int(r["total_gpus"]),
               published_busbw=_num(r["busbw_GBps"]), published_time_s=_num(r["time_s"]))
     if "reason" in mapped:
         row.reason = mapped["reason"]

@@ -1121,6 +1121,17 @@ def test_collective_data_rows_that_do_not_parse_are_named(tmp_path):
         collective_rows(p)
 
 
+@pytest.mark.parametrize("size", ["inf", "nan", "-5"])
+def test_collective_data_sizes_must_be_finite(tmp_path, size):
+    from clustersim.validate_collectives import COLUMNS, collective_rows
+    p = tmp_path / "collectives.csv"
+    cols = COLUMNS["collectives.csv"]
+    row = {c: "1" for c in cols} | {"hardware": "H100", "size_bytes": size, "total_gpus": "8"}
+    p.write_text(",".join(cols) + "\n" + ",".join(row[c] for c in cols) + "\n")
+    with pytest.raises(ConfigError, match="data row 1.*size_bytes"):
+        collective_rows(p)
+
+
 def _chakra_net(tmp_path):
     net = tmp_path / "net.yaml"
     net.write_text("topology: [ Ring ]\nnpus_count: [ 2 ]\nbandwidth: [ 50 ]\nlatency: [ 500 ]\n")
