@@ -83,16 +83,22 @@ def layer_param_split(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple
     return dense / plan.tp, expert / (plan.tp * plan.ep)
 
 
-def rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
-    """(dense, expert) parameters one rank of pipeline stage ``stage`` holds before ZeRO sharding."""
-    if model.params_only:
-        return model.param_count() / plan.tp, 0.0
+def stage_layer_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters of the transformer layers one rank of ``stage`` holds (no embedding / head)."""
     dense = expert = 0.0
     for layers in stage_chunks(model, plan, stage):
         for layer in layers:
             d, e = layer_param_split(model, plan, layer)
             dense += d
             expert += e
+    return dense, expert
+
+
+def rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters one rank of pipeline stage ``stage`` holds before ZeRO sharding."""
+    if model.params_only:
+        return model.param_count() / plan.tp, 0.0
+    dense, expert = stage_layer_params(model, plan, stage)
     if holds_embedding(plan, stage):
         dense += model.embedding_params() / plan.tp
     if holds_head(model, plan, stage):
@@ -117,12 +123,7 @@ def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
     gathered (counted with the gathered buffer's dtype)."""
     if getattr(plan, "dtype", "bf16") != "fp8" or plan.zero_stage >= 3 or model.params_only:
         return 0.0
-    blocks = 0.0
-    for layers in stage_chunks(model, plan, stage):
-        for layer in layers:
-            d, e = layer_param_split(model, plan, layer)
-            blocks += d + e
-    return FP8_WEIGHT_COPY_BYTES * blocks
+    return FP8_WEIGHT_COPY_BYTES * sum(stage_layer_params(model, plan, stage))
 
 
 def model_state_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[str, float]:

@@ -263,11 +263,14 @@ class Engine:
         self.sm_debt[rank] = 0.0
         busy = self.comm_busy[rank]
         if busy:
-            live = [(end, f) for end, f in busy if end > t]
-            for end, f in live:
-                extra += f * (min(end, t + dur) - t)
-            if len(live) != len(busy):
-                self.comm_busy[rank] = live
+            stop, ended = t + dur, False
+            for end, f in busy:
+                if end > t:
+                    extra += f * ((end if end < stop else stop) - t)
+                else:
+                    ended = True
+            if ended:                       # forget finished communications (rare: no list per op)
+                self.comm_busy[rank] = [x for x in busy if x[0] > t]
         self.compute_end[rank] = t + dur + extra
         return extra
 
@@ -291,7 +294,9 @@ class Engine:
             dur = self.cost.comm_time_s(request)
         else:
             if self.sm_share is not None:       # the contention-free time stands in for the SMs' hold
-                self._hold_sms(rv, now, self.cost.comm_time_s(request))
+                op = rv.op
+                self._hold_sms(rv, now, self._solo_time(op) if op.kind == COLLECTIVE
+                               else self.cost.comm_time_s(request))
             self._net_key += 1
             rv.start_s = now
             self._net_events[self._net_key] = rv
@@ -310,7 +315,7 @@ class Engine:
         real = None
         if op.kind != COLLECTIVE:
             real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
-        self._comm_started([r for r, _ in rv.arrived], now, dur, self._share(op, real))
+        self._comm_started((r for r, _ in rv.arrived), now, dur, self._share(op, real))
 
     def _reschedule_network(self) -> None:
         self._net_gen += 1

@@ -203,6 +203,7 @@ def fit_gemm_sweep(family: str, dtype: str) -> GemmParams:
                     eta_max)
 
 
+@lru_cache(maxsize=None)
 def mamf_flops_per_s(hardware: str, dtype_prefix: str) -> float | None:
     """The published maximum achievable matmul FLOP/s (best shape) of a device and dtype in gemm.csv."""
     rows = [r for r in read_rows(GEMM_CSV) if r["hardware"] == hardware and r["dtype"].startswith(dtype_prefix)
