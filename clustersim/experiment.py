@@ -45,7 +45,7 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
-STACKS = ("megatron", "torchtitan", "llm-foundry")
+STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile")
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION}
@@ -97,6 +97,7 @@ class Experiment:
     astra_system: str | None = None      # --network astra: ASTRA-sim system JSON (default: ring everywhere)
     dtype: str = "bf16"
     stack: str | None = None         # None: the cluster's default (schedules.kernels.default_stack)
+    gpu_variation: float | None = None   # relative std of GPU speed (None: topologies.variation's default)
     faults: dict = field(default_factory=dict)
     name: str | None = None
 
@@ -201,6 +202,9 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         elif key == "skew":
             value = _as_float(value, w, positive=False)
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
+        elif key == "gpu_variation":
+            value = _as_float(value, w, positive=False)
+            _check(value < 0.2, f"{w}: relative std of GPU speed must be below 0.2, got {value}")
         elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split", "astra_system",
                      "model_config"):
             _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {brief(value)}")
@@ -302,9 +306,13 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
         click.option("--dtype", type=click.Choice(DTYPES), help="GEMM precision: bf16 (default) or fp8 "
                      "(Transformer Engine FP8 GEMMs in the transformer blocks)."),
+        click.option("--gpu-variation", type=float, help="Relative std of one GPU's sustained speed; compute runs at "
+                     "the slowest of the job's GPUs (default 0.0176 on GPUs, from a 5% spread on an 8-GPU node; "
+                     "0 turns it off)."),
         click.option("--stack", type=click.Choice(STACKS), help="Training stack whose kernels are priced: "
-                     "megatron (Megatron-Core + TE, fused; default on NVIDIA), torchtitan (eager) or llm-foundry "
-                     "(eager, Triton FlashAttention, as MosaicML's MPT benchmarks ran)."),
+                     "megatron (Megatron-Core + TE, fused; default on NVIDIA), torchtitan (eager), llm-foundry "
+                     "(eager, Triton FlashAttention, as MosaicML's MPT benchmarks ran) or torchtitan-compile "
+                     "(torch.compile: one kernel per pointwise chain)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -318,7 +326,7 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp"
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
                "attention", "fsdp_reshard_after_forward", "dtype", "stack",
-               "calibration_scope")
+               "calibration_scope", "gpu_variation")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -485,10 +493,10 @@ def build_cost_model(exp: Experiment, cluster):
         from topologies.astra import load_system
         from topologies.multidim import ClusterMultiDimCostModel
         base = ClusterCostModel(cluster, network="analytical", calibration=cal, algorithm=exp.algorithm,
-                            calibration_scope=exp.calibration_scope)
+                            calibration_scope=exp.calibration_scope, gpu_variation=exp.gpu_variation)
         return ClusterMultiDimCostModel(base, cluster, load_system(exp.astra_system))
     return ClusterCostModel(cluster, network=exp.network, calibration=cal, algorithm=exp.algorithm,
-                            calibration_scope=exp.calibration_scope)
+                            calibration_scope=exp.calibration_scope, gpu_variation=exp.gpu_variation)
 
 
 def load_cluster_for(exp: Experiment):

@@ -187,15 +187,16 @@ def kernel_chunk_times(model, plan, cost) -> list[list[float]]:
         return [[0.0] * len(ch) for ch in chunks]
     phases = ("forward", "backward_input", "backward_weight") if plan.splits_backward else ("forward", "backward")
     overhead = cost._compute_fit.op_overhead_s if getattr(cost, "_compute_fit", None) is not None else 0.0
+    pace = getattr(cost, "slowest_gpu_factor", 1.0)      # the job's slowest GPU (topologies.variation)
 
     def layer_s(layer: int) -> float:
         t = 0.0
         for ph in phases:
             parts = ("attention", "experts") if model.is_moe_layer(layer) else ("layer",)
             for part in parts:
-                t += pricer.time_s(phase_kernels(model, plan, layer, ph, part=part)) + overhead
+                t += pricer.time_s(phase_kernels(model, plan, layer, ph, part=part)) * pace + overhead
             if plan.cp > 1 and ph != "backward_weight":
-                t += (plan.cp - 1) * pricer.time_s(phase_kernels(model, plan, layer, ph, part="ring"))
+                t += (plan.cp - 1) * pricer.time_s(phase_kernels(model, plan, layer, ph, part="ring")) * pace
         return t
 
     per_kind: dict[bool, float] = {}

@@ -206,3 +206,7 @@ def print_breakdown(bd: dict, console=None) -> None:
                       f"{k['time_s'] * 1e6:,.1f}", f"{k['tflops_per_s']:.0f}" if k["flops"] else "",
                       f"{k['time_s'] / ph['time_s']:.1%}" if ph["time_s"] else "")
         console.print(t)
+    f = bd.get("slowest_gpu_factor", 1.0)
+    if f != 1.0:
+        console.print(f"kernel times of a typical GPU; the job runs at its slowest GPU's pace: every compute op "
+                      f"takes x{f:.4f} (--gpu-variation)")

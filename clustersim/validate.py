@@ -94,7 +94,7 @@ def stack_of(framework: str) -> str | None:
     if "llm-foundry" in framework:
         return "llm-foundry"
     if any(k in framework for k in TORCH_FSDP):
-        return "torchtitan"
+        return "torchtitan-compile" if "torch.compile" in framework else "torchtitan"
     return None
 
 

@@ -8,9 +8,14 @@ Stacks (``plan.stack``)
     megatron     Megatron-Core with Transformer Engine: norm fused into the following GEMM's input
                  (LayerNormLinear), QKV and gate/up as single GEMMs, fused RoPE, fused bias-SwiGLU /
                  bias-GeLU, fused bias-dropout-add, vocab-parallel fused cross-entropy, FP8 GEMMs via TE.
-    torchtitan   PyTorch eager (torchtitan without torch.compile): separate norm, RoPE as cast + complex
-                 multiply + cast back, separate w1 / w3 GEMMs, SiLU and multiply as two kernels, plain
-                 residual adds, cross-entropy as float cast + log_softmax + its backward.
+    torchtitan   PyTorch eager (torchtitan without torch.compile): RMSNorm as the chain of eager ops its
+                 norms.py writes (x.float(), pow, mean, +eps, rsqrt, multiply, type_as, * weight; autograd
+                 runs the chain backward), RoPE as cast + complex multiply + cast back, separate w1 / w3
+                 GEMMs, SiLU and multiply as two kernels, plain residual adds, cross-entropy as float cast +
+                 log_softmax + its backward.
+    torchtitan-compile
+                 torchtitan under torch.compile: the same GEMMs and cross-entropy; Inductor fuses each
+                 pointwise chain into one kernel (the RMSNorm, RoPE, SiLU x multiply).
     llm-foundry  MosaicML llm-foundry / Composer as its published MPT benchmarks ran (torch 1.13 eager,
                  scripts/train/benchmarking/submit_benchmarks.py): the eager kernels of torchtitan, with
                  the attention core in the Triton FlashAttention kernel (``attn_impl: triton``).
@@ -41,9 +46,11 @@ from simulator.errors import PlanError
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
 from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 
-STACKS = ("megatron", "torchtitan", "llm-foundry")
+STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile")
 # the attention kernel each stack runs (topologies.kernel_curves prices it from its own measured curve)
-ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "triton"}
+ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "triton", "torchtitan-compile": "flash2"}
+#: stacks whose RMSNorm is torchtitan's eager chain of ops (llm-foundry's MPT runs one F.layer_norm kernel)
+EAGER_NORM = ("torchtitan",)
 DTYPES = ("bf16", "fp8")
 PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
 BF16, FP32 = 2, 4
@@ -67,6 +74,8 @@ class _Writer:
     def __init__(self, stack: str, dtype: str, act_bytes: int = BF16):
         self.a = act_bytes                      # bytes per activation element (the model's dtype_bytes)
         self.fused = stack == "megatron"
+        self.eager_norm = stack in EAGER_NORM
+        self.compiled = stack == "torchtitan-compile"      # Inductor: one kernel per pointwise chain
         self.attention_impl = ATTENTION_IMPL[stack]
         self.fp8 = dtype == "fp8"
         self.out: list[Kernel] = []
@@ -101,6 +110,11 @@ class _Writer:
 
 # ---------------------------------------------------------------------------------------------- pieces
 def _norm(w: _Writer, name: str, rows: float, h: int, back: bool, into_fp8_gemm: bool) -> None:
+    if w.eager_norm:
+        _eager_rmsnorm(w, name, rows, h, back)
+        if not back and w.fp8 and into_fp8_gemm:
+            w.cast(f"{name} fp8 cast", rows * h)
+        return
     if back:
         w.ew(f"{name} bwd", rows * h * 3 * w.a)
         return
@@ -110,8 +124,36 @@ def _norm(w: _Writer, name: str, rows: float, h: int, back: bool, into_fp8_gemm:
         w.cast(f"{name} fp8 cast", rows * h)
 
 
+def _eager_rmsnorm(w: _Writer, name: str, rows: float, h: int, back: bool) -> None:
+    """torchtitan's eager RMSNorm (torchtitan/models/norms.py, norm_type = "rmsnorm"):
+    ``(x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight``, one kernel per
+    op; the row statistics (mean, +eps, rsqrt) touch rows·4 bytes. Backward: autograd's kernels for each op
+    (the weight gradient a multiply and a row reduction, the fp32 cast of the gradient, the x·r and pow
+    products and their sum, the cast back). Bytes per element: 28 + 4a forward, 60 + 8a backward."""
+    n, a, f = rows * h, w.a, FP32
+    if not back:
+        w.ew(f"{name}: x.float()", n * (a + f))
+        w.ew(f"{name}: pow(2)", n * 2 * f)
+        w.ew(f"{name}: mean", n * f + rows * f)
+        w.ew(f"{name}: + eps", rows * 2 * f)
+        w.ew(f"{name}: rsqrt", rows * 2 * f)
+        w.ew(f"{name}: x * r", n * 2 * f + rows * f)
+        w.ew(f"{name}: type_as", n * (f + a))
+        w.ew(f"{name}: * weight", n * 2 * a)
+        return
+    w.ew(f"{name} bwd: grad * weight", n * 2 * a)
+    w.ew(f"{name} bwd: weight grad (mul + row sum)", n * 4 * a)
+    w.ew(f"{name} bwd: grad.float()", n * (a + f))
+    w.ew(f"{name} bwd: grad * r", n * 2 * f + rows * f)
+    w.ew(f"{name} bwd: r grad (mul + row sum)", n * 4 * f)
+    w.ew(f"{name} bwd: mean grad (expand)", n * f)
+    w.ew(f"{name} bwd: pow grad", n * 3 * f)
+    w.ew(f"{name} bwd: sum of x grads", n * 3 * f)
+    w.ew(f"{name} bwd: cast to input dtype", n * (f + a))
+
+
 def _rotary(w: _Writer, tokens: float, width: float) -> None:
-    if w.fused:
+    if w.fused or w.compiled:
         w.ew("rotary (fused)", tokens * width * 2 * w.a)
     else:   # torchtitan: x.float() -> complex multiply -> type_as(x)
         w.ew("rotary cast fp32", tokens * width * (w.a + FP32))
@@ -135,7 +177,7 @@ def _activation(w: _Writer, rows: float, width: float, gated: bool, back: bool, 
     if gated:
         if back:
             w.ew("swiglu bwd", rows * width * 5 * w.a)
-        elif w.fused:
+        elif w.fused or w.compiled:
             w.ew("swiglu (fused)", rows * width * 3 * w.a)
         else:
             w.ew("silu", rows * width * 2 * w.a)

@@ -16,7 +16,9 @@ flash (default): the tensors a layer's kernels save for backward, one entry each
     the permuted tokens and the experts' outputs the combine reads. The LM head keeps the final norm's
     input/output and the fp32 softmax of the vocabulary-parallel cross-entropy. The attention output is
     also the output projection's input (one tensor, counted once); rotary and residual adds save nothing.
-    Norm tensors are sharded over TP only with SP; the rest always are.
+    Norm tensors are sharded over TP only with SP; the rest always are. torchtitan's eager stack (its
+    RMSNorm a chain of eager ops, SwiGLU silu then multiply) saves each norm's fp32 input copy and unweighted
+    output, and SiLU's output, where fused kernels keep the bf16 input only.
 eager: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4,
     with the s×s scores, in bytes with 2-byte activations and 1-byte dropout masks, s = seq/cp:
     none:   s·b·h·(34 + 5·a·s/h)          no tensor parallelism
@@ -168,7 +170,14 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     # FP8 recipes save the inputs of the FP8 GEMMs in FP8 (1 byte) for the weight gradients; FlashAttention's
     # backward still reads its output in BF16, so the projection keeps an FP8 copy beside it
     f = 1 if getattr(plan, "dtype", "bf16") == "fp8" else e
-    out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
+    # torchtitan's eager RMSNorm (schedules.kernels) saves its fp32 input copy (pow and the x·r product) and
+    # its unweighted output (the weight gradient) instead of the bf16 input a fused norm keeps
+    eager = getattr(plan, "stack", "megatron") == "torchtitan"
+    norm_in = 4 if eager else e
+    out = [Saved("norm1 input" + (" (fp32 copy, eager RMSNorm)" if eager else ""), norm_in * tok * h, "sp", "B"),
+           Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
+    if eager:
+        out.append(Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B"))
     if model.is_mla:          # latent projections: the latent norm's input (B) and output (up-projection input, W)
         for lat in ((model.q_lora_rank,) if model.q_lora_rank else ()) + (model.kv_lora_rank + model.qk_rope_dim,):
             out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
@@ -177,8 +186,10 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
             Saved("k, v", e * tok * kvh * (dqk + dv), "tp", "B"),
             Saved("attention output (projection input)", e * tok * a * dv, "tp", "W"),
             Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", core=True),
-            Saved("norm2 input", e * tok * h, "sp", "B"),
+            Saved("norm2 input" + (" (fp32 copy, eager RMSNorm)" if eager else ""), norm_in * tok * h, "sp", "B"),
             Saved("norm2 output (MLP input)", f * tok * h, "sp", "W")]
+    if eager:
+        out.append(Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B"))
     if f != e:
         out.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
@@ -193,6 +204,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     else:
         out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B"),
                 Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W")]
+        if eager and model.gated_mlp:     # eager SwiGLU: silu(w1 x) * w3 x, the multiply saves silu's output
+            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B"))
     return out
 
 

@@ -37,6 +37,7 @@ from topologies import nccl
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
 from topologies.kernel_cost import KernelPricer
+from topologies.variation import GPU_SPEED_SIGMA, slowest_gpu_factor
 from topologies.specs import AcceleratorSpec, same_device
 
 NETWORKS = ("analytical", "flow", "ideal")
@@ -138,13 +139,17 @@ class ClusterCostModel:
     efficiency         {link type: protocol efficiency} overriding DEFAULT_EFFICIENCY
     calibration_scope  "matching" (fits of the cluster's device and backend only) | "any" (see module doc)
     nccl_version       NCCL release whose tuning model prices collectives ("2.18.5"); None = the newest
+    gpu_variation      relative std of one GPU's sustained speed; the job's compute runs at its slowest GPU's
+                       pace (topologies.variation). None = GPU_SPEED_SIGMA on GPUs (SM architectures), 0
+                       elsewhere; 0 turns it off. Not applied with an explicit compute_efficiency (what-if).
     """
 
     def __init__(self, cluster: Cluster, network: str = "analytical", calibration: Calibration | None = None,
                  algorithm: str | None = None, compute_efficiency: float | None = None,
                  efficiency: dict | None = None, call_overhead_s: float = CALL_OVERHEAD_S,
                  step_latency_s: dict | None = None, protocol: str | None = None, comm_model: str = "nccl",
-                 calibration_scope: str = "matching", nccl_version: str | None = None):
+                 calibration_scope: str = "matching", nccl_version: str | None = None,
+                 gpu_variation: float | None = None):
         if network not in NETWORKS:
             raise ConfigError(f"unknown network mode {network!r}; known: {', '.join(NETWORKS)}")
         if algorithm is not None:
@@ -213,6 +218,14 @@ class ClusterCostModel:
         # kernel-level model (topologies.kernel_cost) for ops that carry their kernels; an explicit
         # compute_efficiency keeps the flat roofline (what-if studies)
         self.kernels = KernelPricer(acc, self._compute_fit) if compute_efficiency is None else None
+        if gpu_variation is not None and not (isinstance(gpu_variation, (int, float)) and 0 <= gpu_variation < 0.2):
+            raise ConfigError(f"gpu_variation (relative std of GPU speed) must be in [0, 0.2), got {gpu_variation!r}")
+        self.gpu_variation = gpu_variation
+        sigma = (GPU_SPEED_SIGMA if acc.sm_count > 0 else 0.0) if gpu_variation is None else float(gpu_variation)
+        #: compute-time multiplier: the slowest of the job's GPUs sets the pace (1.0 under a flat what-if model)
+        self.slowest_gpu_factor = (slowest_gpu_factor(cluster.world_size, sigma)
+                                   if compute_efficiency is None else 1.0)
+        self._sigma = sigma
 
     def with_cluster(self, cluster: Cluster) -> "ClusterCostModel":
         """The same model (every setting) on another cluster (e.g. one with failed or degraded links)."""
@@ -221,7 +234,7 @@ class ClusterCostModel:
                                 efficiency=self.efficiency, call_overhead_s=self.call_overhead_s,
                                 step_latency_s=self.step_latency_s, protocol=self.protocol,
                                 comm_model=self.comm_model, calibration_scope=self.calibration_scope,
-                                nccl_version=self.nccl_version)
+                                nccl_version=self.nccl_version, gpu_variation=self.gpu_variation)
 
     def calibration_summary(self) -> str:
         """One short line: which calibration fits price this cluster ("none" without a calibration)."""
@@ -258,7 +271,7 @@ class ClusterCostModel:
             self.cluster.gpu_of(rank)           # raises the unplaced-rank error
         layer_fit = self._layer_fit_for(op)
         if layer_fit is None and op.kernels is not None and self.kernels is not None:
-            t = self.kernels.time_s(op.kernels)
+            t = self.kernels.time_s(op.kernels) * self.slowest_gpu_factor
             if self._compute_fit is not None:
                 t += self._compute_fit.op_overhead_s     # calibrated framework time per program op
             return t
@@ -275,6 +288,7 @@ class ClusterCostModel:
                     rate = self._flops_per_s
                 t = max(op.flops / rate if op.flops else 0.0,
                         op.mem_bytes / self._mem_per_s if op.mem_bytes else 0.0)
+            t *= self.slowest_gpu_factor
             if self._compute_fit is not None:
                 t += self._compute_fit.op_overhead_s     # calibrated framework time per program op
             if len(self._compute_cache) > 100_000:
@@ -302,6 +316,9 @@ class ClusterCostModel:
             d["kernels"] = self.kernels.describe()
         else:
             d["flat_compute_efficiency"] = self.compute_efficiency
+        d["gpu_variation"] = {"sigma": self._sigma, "gpus": self.cluster.world_size,
+                              "slowest_gpu_factor": self.slowest_gpu_factor,
+                              "source": "topologies.variation (ml-engineering: 5% MAMF spread on an 8-GPU node)"}
         return d
 
     def best_kernel_flops_per_s(self, dtype: str = "bf16") -> float:

@@ -141,4 +141,6 @@ def layer_breakdown(programs, cost, rank: int | None = None) -> dict:
         phases.append({"label": kl.label, "stack": kl.stack, "dtype": kl.dtype, "ops": n,
                        "time_s": pricer.time_s(kl), "kernels": pricer.breakdown(kl)})
     phases.sort(key=lambda p: -p["time_s"] * p["ops"])
-    return {"rank": r, "phases": phases}
+    # kernel times are one typical GPU's; the job's ops take slowest_gpu_factor times as long (its slowest GPU
+    # sets the pace, topologies.variation)
+    return {"rank": r, "phases": phases, "slowest_gpu_factor": getattr(cost, "slowest_gpu_factor", 1.0)}

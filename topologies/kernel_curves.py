@@ -269,12 +269,16 @@ def fit_rate_curve(seqs, rates) -> RateCurve:
 ATTENTION_DATA = {"hopper": "H100 80GB SXM5", "ampere": "A100 80GB SXM4"}
 ATTENTION_KERNEL = "FlashAttention-2"
 # The chart series that prices each attention implementation (Kernel.impl) per family. triton = the
-# Triton FlashAttention of 2023 stacks (flash_attn_triton, llm-foundry's attn_impl: triton): measured on
-# A100 ("FlashAttention Triton"); the H100 charts have no forward+backward series of it, so its closest
-# measured relative, FlashAttention v1 (within 15 % of it on A100's chart), stands in.
+# Triton FlashAttention of 2023 stacks (flash_attn_triton.py, llm-foundry's attn_impl: triton). The FA2 charts'
+# "FlashAttention Triton" series is a different kernel: OpenAI's triton.ops.flash_attention (the benchmark
+# script imports `from triton.ops.flash_attention import attention as attention_triton`). The kernel
+# llm-foundry vendored (Tri Dao's, llmfoundry/models/layers/flash_attn_triton.py) documents its speed against
+# the CUDA FlashAttention (v1): "Triton forward is generally faster than CUDA forward, while Triton backward is
+# generally slower ... Overall Triton forward + backward is slightly slower than CUDA forward + backward." So
+# FlashAttention v1's measured series prices it on both families (slightly optimistic, by that statement).
 ATTENTION_SERIES = {
     ("hopper", "flash2"): "FlashAttention-2", ("ampere", "flash2"): "FlashAttention-2",
-    ("hopper", "triton"): "FlashAttention", ("ampere", "triton"): "FlashAttention Triton",
+    ("hopper", "triton"): "FlashAttention", ("ampere", "triton"): "FlashAttention",
 }
 FWD_BWD_FLOPS = 3.5          # FlashAttention benchmark: backward 2.5x forward FLOPs
 

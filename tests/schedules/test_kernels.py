@@ -116,18 +116,49 @@ def test_position_embedding_and_dropout_follow_the_model():
 
 
 def test_llm_foundry_stack_runs_triton_attention():
-    """llm-foundry = the eager kernels of torchtitan with the Triton FlashAttention core (attn_impl: triton)."""
+    """llm-foundry = the eager kernels of torchtitan with the Triton FlashAttention core (attn_impl: triton); its
+    norm is one F.layer_norm kernel where torchtitan runs its eager RMSNorm chain."""
     from topologies.kernel_cost import KernelPricer
     from topologies.specs import get_accelerator
 
     m = get_model("mpt-7b")
     lf = phase_kernels(m, ParallelPlan(seq=8192, stack="llm-foundry"), 0, "backward")
     tt = phase_kernels(m, ParallelPlan(seq=8192, stack="torchtitan"), 0, "backward")
-    assert [k.name for k in lf] == [k.name for k in tt]
+    assert [k.name for k in lf if "norm" not in k.name] == [k.name for k in tt if "norm" not in k.name]
     att_lf = next(k for k in lf if k.kind == ATTENTION)
     att_tt = next(k for k in tt if k.kind == ATTENTION)
     assert (att_lf.impl, att_tt.impl) == ("triton", "flash2") and att_lf.flops == att_tt.flops
     pricer = KernelPricer(get_accelerator("A100-80GB"))
-    # A100 chart, hdim 128 causal, fwd+bwd at 8k: Triton FlashAttention 78, FlashAttention-2 182 TFLOP/s
+    # llm-foundry's Triton kernel runs at FlashAttention v1's rate (its docstring: "slightly slower" than the
+    # CUDA v1 overall). A100 chart, hdim 128 causal, fwd+bwd at 8k: FlashAttention 80, FlashAttention-2 182 TFLOP/s
     ratio = pricer.kernel_time_s(att_lf) / pricer.kernel_time_s(att_tt)
-    assert ratio == pytest.approx(182 / 78, rel=0.15)
+    assert ratio == pytest.approx(182 / 80, rel=0.15)
+
+
+def test_torchtitan_eager_rmsnorm_is_its_chain_of_ops():
+    """torchtitan's norms.py RMSNorm runs one kernel per eager op: 28 + 4a bytes per element forward (x.float(),
+    pow, mean, x*r, type_as, *weight; the row statistics are negligible), 60 + 8a backward; under
+    torch.compile (and in llm-foundry, Megatron) the norm is one kernel."""
+    m = get_model("llama3-8b")
+    plan = ParallelPlan(seq=4096, stack="torchtitan")
+    n = 4096 * m.hidden
+    for phase, per_elt in (("forward", 28 + 4 * 2), ("backward", 60 + 8 * 2)):
+        ks = [k for k in phase_kernels(m, plan, 0, phase) if k.name.startswith("input norm")]
+        assert len(ks) == (8 if phase == "forward" else 9)
+        assert sum(k.bytes for k in ks) == pytest.approx(n * per_elt, rel=1e-3)
+    compiled = [k for k in phase_kernels(m, ParallelPlan(seq=4096, stack="torchtitan-compile"), 0, "forward")
+                if "norm" in k.name or "rotary" in k.name or "swiglu" in k.name or k.name in ("silu", "mul")]
+    assert [k.name for k in compiled] == ["input norm", "rotary (fused)", "post-attention norm", "swiglu (fused)"]
+
+
+def test_eager_stack_saves_what_its_eager_ops_keep():
+    """Memory follows the kernels: torchtitan's eager RMSNorm keeps an fp32 copy of its input and its unweighted
+    output, eager SwiGLU keeps SiLU's output; fused stacks keep the bf16 norm input only."""
+    from schedules.memory import saved_tensors
+    m = get_model("llama3-8b")
+    tok = 4096
+    fused = sum(t.nbytes for t in saved_tensors(m, ParallelPlan(seq=4096, stack="megatron"), 0))
+    eager = sum(t.nbytes for t in saved_tensors(m, ParallelPlan(seq=4096, stack="torchtitan"), 0))
+    compiled = sum(t.nbytes for t in saved_tensors(m, ParallelPlan(seq=4096, stack="torchtitan-compile"), 0))
+    assert eager - fused == pytest.approx(2 * tok * m.hidden * (4 - 2 + 2) + tok * m.ffn * 2)
+    assert compiled == fused

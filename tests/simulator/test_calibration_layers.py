@@ -43,7 +43,7 @@ def test_layer_fit_prices_layer_ops_by_phase_and_the_gemm_fit_the_rest():
     import topologies
     from topologies.cost import ClusterCostModel
     cluster = topologies.load_cluster("dgx-h100", 8)
-    m = ClusterCostModel(cluster, calibration=_cal(cluster.device(0).name))
+    m = ClusterCostModel(cluster, calibration=_cal(cluster.device(0).name), gpu_variation=0)
     F = 1e12
     fwd, bwd = (F + 2e9) / 4e14, (F + 3e9) / 5e14                       # (F + F_half) / peak
     assert m.compute_time_s(0, Op("compute", "F L3", flops=F, layer=3, phase=FORWARD)) == pytest.approx(fwd)

@@ -13,8 +13,8 @@ def test_op_overhead_adds_to_every_compute_op():
     device = cluster.device(0).name
     base = Calibration([ComputeFit(device, peak_flops_per_s=5e14, half_saturation_flops=0.0)])
     ovh = Calibration([ComputeFit(device, peak_flops_per_s=5e14, half_saturation_flops=0.0, op_overhead_s=2e-5)])
-    a = ClusterCostModel(cluster, calibration=base)
-    b = ClusterCostModel(cluster, calibration=ovh)
+    a = ClusterCostModel(cluster, calibration=base, gpu_variation=0)
+    b = ClusterCostModel(cluster, calibration=ovh, gpu_variation=0)
     for flops in (1e9, 1e12):
         op = compute("gemm", flops)
         assert a.compute_time_s(0, op) == pytest.approx(flops / 5e14)

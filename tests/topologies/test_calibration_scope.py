@@ -42,7 +42,7 @@ def test_shipped_h100_calibration_prices_dgx_h100_compute():
     must price the H100-SXM preset (on main it silently fell back to the default efficiency)."""
     cal = Calibration.load(H100_JSON)
     cluster = load_cluster("dgx-h100", 8)
-    m = ClusterCostModel(cluster, calibration=cal)
+    m = ClusterCostModel(cluster, calibration=cal, gpu_variation=0)
     fit = cal.compute[0]
     op = compute("gemm", flops=1e12)
     assert m.compute_time_s(0, op) == pytest.approx(1e12 / fit.achieved_flops_per_s(1e12), rel=1e-12)

@@ -149,7 +149,7 @@ def test_ideal_and_bad_requests():
 
 def test_compute_roofline_default_and_calibrated():
     c = load_cluster("dgx-h100", 8)
-    m = ClusterCostModel(c)
+    m = ClusterCostModel(c, gpu_variation=0)
     op = compute("gemm", flops=1e15, mem_bytes=1e9)
     assert m.compute_time_s(0, op) == pytest.approx(1e15 / (989.4e12 * DEFAULT_COMPUTE_EFFICIENCY))
     mem = compute("norm", flops=1e6, mem_bytes=1e10)
@@ -157,7 +157,7 @@ def test_compute_roofline_default_and_calibrated():
     assert ClusterCostModel(c, compute_efficiency=0.5).compute_time_s(0, op) == pytest.approx(1e15 / (989.4e12 * 0.5))
     cal = Calibration(compute=[ComputeFit("H100", 8e14, 1e9)],
                       collectives=[CollectiveFit("all_reduce", 8, "intra", 2e-5, 3e11)])
-    mc = ClusterCostModel(c, calibration=cal)
+    mc = ClusterCostModel(c, calibration=cal, gpu_variation=0)
     assert mc.compute_time_s(0, op) == pytest.approx(1e15 / (8e14 * 1e15 / (1e15 + 1e9)))
     S = 2**30
     assert mc.comm_time_s(CommRequest("all_reduce", tuple(range(8)), S)) == pytest.approx(2e-5 + S * 1.75 / 3e11)

@@ -30,7 +30,8 @@ def test_op_time_is_the_sum_of_its_kernels(cluster):
     op = Op("compute", "x", flops=1.0, kernels=kl)
     t_e = m.kernels.t0_s + 1e9 / (3.35e12 * MEMORY_EFFICIENCY)
     assert m.kernels.kernel_time_s(e) == pytest.approx(t_e)
-    assert m.compute_time_s(0, op) == pytest.approx(m.kernels.kernel_time_s(g) + t_e)
+    # the job's slowest GPU sets the pace (topologies.variation)
+    assert m.compute_time_s(0, op) == pytest.approx((m.kernels.kernel_time_s(g) + t_e) * m.slowest_gpu_factor)
     # an explicit compute efficiency keeps the flat roofline (what-if studies)
     flat = ClusterCostModel(cluster, compute_efficiency=0.5)
     assert flat.compute_time_s(0, op) == pytest.approx(1.0 / (989.4e12 * 0.5))
@@ -47,7 +48,7 @@ def test_calibration_overrides_kernel_by_kernel(cluster):
     assert m.kernels.kernel_time_s(g) == pytest.approx(1e12 / fit.achieved_flops_per_s(1e12))
     assert m.kernels.kernel_time_s(e) == ClusterCostModel(cluster).kernels.kernel_time_s(e)
     lf = LayerFit("H100-SXM", "forward", 4e14, 0.0)
-    ml = ClusterCostModel(cluster, calibration=Calibration(compute=[fit], layers=[lf]))
+    ml = ClusterCostModel(cluster, calibration=Calibration(compute=[fit], layers=[lf]), gpu_variation=0)
     op = Op("compute", "F L0", flops=4e11, layer=0, phase=FORWARD, kernels=KernelList("x", [g]))
     assert ml.compute_time_s(0, op) == pytest.approx(4e11 / 4e14) and not ml.prices_by_kernels(op)
     assert ml.pricing()["calibration_layer_fits"] == ["forward"]
