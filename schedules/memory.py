@@ -18,7 +18,9 @@ flash (default): the tensors a layer's kernels save for backward, one entry each
     also the output projection's input (one tensor, counted once); rotary and residual adds save nothing.
     Norm tensors are sharded over TP only with SP; the rest always are. torchtitan's eager stack (its
     RMSNorm a chain of eager ops, SwiGLU silu then multiply) saves each norm's fp32 input copy and unweighted
-    output, and SiLU's output, where fused kernels keep the bf16 input only.
+    output, and SiLU's output, where fused kernels keep the bf16 input only; selective recomputation drops
+    these as torchtitan's op-level selective checkpointing does (it keeps matmul and attention outputs and
+    recomputes the pointwise ops).
 eager: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4,
     with the s×s scores, in bytes with 2-byte activations and 1-byte dropout masks, s = seq/cp:
     none:   s·b·h·(34 + 5·a·s/h)          no tensor parallelism
@@ -154,7 +156,7 @@ class Saved(NamedTuple):
     nbytes: float
     shard: str          # "tp": sharded over TP always; "sp": only with sequence parallelism
     reader: str         # "B": freed by the input-gradient pass; "W": read by the weight-gradient pass
-    core: bool = False  # internal to the attention core (dropped by selective recompute)
+    core: bool = False  # dropped by selective recompute (attention-core internals; eager pointwise saves)
 
 
 def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Saved]:
@@ -173,11 +175,10 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     # torchtitan's eager RMSNorm (schedules.kernels) saves its fp32 input copy (pow and the x·r product) and
     # its unweighted output (the weight gradient) instead of the bf16 input a fused norm keeps
     eager = getattr(plan, "stack", "megatron") == "torchtitan"
-    norm_in = 4 if eager else e
-    out = [Saved("norm1 input" + (" (fp32 copy, eager RMSNorm)" if eager else ""), norm_in * tok * h, "sp", "B"),
-           Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
+    out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
     if eager:
-        out.append(Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B"))
+        out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", core=True),
+                Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", core=True)]
     if model.is_mla:          # latent projections: the latent norm's input (B) and output (up-projection input, W)
         for lat in ((model.q_lora_rank,) if model.q_lora_rank else ()) + (model.kv_lora_rank + model.qk_rope_dim,):
             out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
@@ -186,10 +187,11 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
             Saved("k, v", e * tok * kvh * (dqk + dv), "tp", "B"),
             Saved("attention output (projection input)", e * tok * a * dv, "tp", "W"),
             Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", core=True),
-            Saved("norm2 input" + (" (fp32 copy, eager RMSNorm)" if eager else ""), norm_in * tok * h, "sp", "B"),
+            Saved("norm2 input", e * tok * h, "sp", "B"),
             Saved("norm2 output (MLP input)", f * tok * h, "sp", "W")]
     if eager:
-        out.append(Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B"))
+        out += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", core=True),
+                Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", core=True)]
     if f != e:
         out.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
@@ -205,7 +207,7 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
         out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B"),
                 Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W")]
         if eager and model.gated_mlp:     # eager SwiGLU: silu(w1 x) * w3 x, the multiply saves silu's output
-            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B"))
+            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B", core=True))
     return out
 
 
