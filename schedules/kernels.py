@@ -17,8 +17,10 @@ Stacks (``plan.stack``)
                  torchtitan under torch.compile: the same GEMMs and cross-entropy; Inductor fuses each
                  pointwise chain into one kernel (the RMSNorm, RoPE, SiLU x multiply).
     llm-foundry  MosaicML llm-foundry / Composer as its published MPT benchmarks ran (torch 1.13 eager,
-                 scripts/train/benchmarking/submit_benchmarks.py): the eager kernels of torchtitan, with
-                 the attention core in the Triton FlashAttention kernel (``attn_impl: triton``).
+                 scripts/train/benchmarking/submit_benchmarks.py): eager kernels, the norm one
+                 F.layer_norm kernel (low_precision_layernorm), the attention core in the Triton
+                 FlashAttention kernel (``attn_impl: triton``), flash-attn's fused cross-entropy (the
+                 default ``loss_fn: fused_crossentropy``).
 Attention is FlashAttention-2 in megatron and torchtitan (Megatron/TE's default backend on A100/H100 and
 torch SDPA's); the pricer picks each stack's attention curve (``ATTENTION_IMPL``).
 
@@ -76,6 +78,9 @@ class _Writer:
         self.fused = stack == "megatron"
         self.eager_norm = stack in EAGER_NORM
         self.compiled = stack == "torchtitan-compile"      # Inductor: one kernel per pointwise chain
+        # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
+        # (flash-attn's xentropy CUDA kernel, modeling_mpt.py) reads bf16 logits and writes their gradient
+        self.fused_ce = stack in ("megatron", "llm-foundry")
         self.attention_impl = ATTENTION_IMPL[stack]
         self.fp8 = dtype == "fp8"
         self.out: list[Kernel] = []
@@ -340,14 +345,14 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
     if phase == FORWARD:
         _norm(w, "final norm", sh.rows, h, False, False)
         _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
-        if w.fused:     # Megatron vocab-parallel fused cross-entropy: one read of the logits
+        if w.fused_ce:  # fused cross-entropy (Megatron vocab-parallel, flash-attn xentropy): one read of the logits
             w.ew("cross-entropy (fused)", T * v * w.a)
         else:
             w.ew("logits float cast", T * v * (w.a + FP32))
             w.ew("log_softmax", T * v * 2 * FP32)
         return
     if phase != BACKWARD_WEIGHT:
-        if w.fused:
+        if w.fused_ce:
             w.ew("cross-entropy bwd (fused)", T * v * 2 * w.a)
         else:
             w.ew("log_softmax bwd", T * v * 3 * FP32)

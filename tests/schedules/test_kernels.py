@@ -128,6 +128,10 @@ def test_llm_foundry_stack_runs_triton_attention():
     att_lf = next(k for k in lf if k.kind == ATTENTION)
     att_tt = next(k for k in tt if k.kind == ATTENTION)
     assert (att_lf.impl, att_tt.impl) == ("triton", "flash2") and att_lf.flops == att_tt.flops
+    # llm-foundry's default loss_fn is flash-attn's fused cross-entropy: one read of the bf16 logits
+    head = lambda stack: [k.name for k in phase_kernels(m, ParallelPlan(seq=8192, stack=stack), None, "forward",
+                                                          part="head")]
+    assert "cross-entropy (fused)" in head("llm-foundry") and "log_softmax" in head("torchtitan")
     pricer = KernelPricer(get_accelerator("A100-80GB"))
     # llm-foundry's Triton kernel runs at FlashAttention v1's rate (its docstring: "slightly slower" than the
     # CUDA v1 overall). A100 chart, hdim 128 causal, fwd+bwd at 8k: FlashAttention 80, FlashAttention-2 182 TFLOP/s
