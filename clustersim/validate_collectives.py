@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import click
@@ -39,6 +39,15 @@ H800_SCALE_UP_BYTES_PER_S = 200e9
 # DeepEP FP8 dispatch: 1 byte per element plus one fp32 scale per 128 channels (DeepEP README: FP8 with
 # per-128-channel scales); BF16 combine: 2 bytes per element.
 FP8_SCALE_GROUP = 128
+
+# The GCP A3 Mega run (create-a3mega-ztan-fork@02dd8f45: startup_script.sh installs the GPUDirect-TCPXO plugin
+# image nccl-plugin-gpudirecttcpx-dev:v1.0.3, README runs nccl-tests after `source nccl-env-profile.sh`) ran
+# with that release's NCCL profile, as GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo/
+# README.md lists it (release of Jun 27, 2024, v1.0.3): NCCL_ALGO=Ring,Tree, NCCL_PROTO=Simple,
+# NCCL_NVLS_ENABLE=0, with NCCL 2.21.5 (the image's libnccl.so.2.21.5; the script also builds 2.22.3, the
+# same tuning model here).
+A3_MEGA_TCPXO_PROFILE = {"env": {"algorithms": ("ring", "tree"), "protocols": ("simple",)},
+                         "nccl_version": "2.21.5"}
 
 BANDS = (("< 64 KiB", 0, 64 * 1024), ("64 KiB - 1 MiB", 64 * 1024, 1024**2), (">= 1 MiB", 1024**2, math.inf))
 
@@ -62,6 +71,9 @@ class Row:
     algorithm: str | None = None      # forced NCCL algorithm the row states
     nccl_version: str | None = None   # NCCL release the row states (its tuner picks the algorithm)
     net_plugin: str | None = None     # third-party network plugin the multi-node run went through
+    env: dict = field(default_factory=dict)   # NCCL_ALGO / NCCL_PROTO sets the run's environment fixed
+    gpus_per_thread: int = 1          # GPUs one host thread drove (nccl-tests -g N)
+    blocking: bool = False            # each call timed on its own, synchronised (nccl-tests -z, torch bench)
     label: str = ""                   # hardware label for grouping
     predicted_busbw: float | None = None
     predicted_time_s: float | None = None
@@ -153,6 +165,7 @@ def express(r: dict) -> dict:
         if "A3 Mega" in plat:
             out["overrides"] = {"nic_bandwidth": 25e9, "fabric_link": "ethernet"}
             out["label"] = "H100 (A3 Mega, 2 nodes)"
+            out.update(A3_MEGA_TCPXO_PROFILE)
     elif "A100" in text:
         out.update(preset="dgx-a100", label="A100")
     else:
@@ -210,6 +223,18 @@ def forced_algorithm(r: dict) -> str | None:
     return None
 
 
+def harness(r: dict) -> tuple[int, bool]:
+    """(GPUs one host thread drove, blocking) of a row's benchmark, read from its command line:
+    nccl-tests ``-g N`` (default 1: one GPU per process under mpirun) and ``-z 1`` (blocking); ml-engineering's
+    all_reduce_bench.py times each call between CUDA events after a barrier and synchronises (blocking, one GPU
+    per process). A tool the row does not name adds nothing (1, False)."""
+    tool = r.get("benchmark_tool") or ""
+    m = re.search(r"-g\s*(\d+)", tool)
+    g = int(m.group(1)) if m else 1
+    blocking = "all_reduce_bench" in tool or bool(re.search(r"-z\s*1", tool))
+    return g, blocking
+
+
 def collective_rows(path: Path) -> list[Row]:
     return _rows(path, _collective_row)
 
@@ -233,7 +258,9 @@ def _collective_row(r: dict) -> Row:
         row.preset, row.gpus, row.group = mapped["preset"], mapped["gpus"], mapped["group"]
         row.overrides, row.label = mapped["overrides"], mapped["label"]
         row.algorithm = mapped.get("algorithm")
-        row.nccl_version = r["nccl_version"] or None
+        row.nccl_version = r["nccl_version"] or mapped.get("nccl_version") or None
+        row.env = mapped.get("env", {})
+        row.gpus_per_thread, row.blocking = harness(r)
         row.net_plugin = net_plugin(r)
         row.extra = {"platform": r["platform"], "placement": r["placement"], "algorithm": r["algorithm"]}
     return row
@@ -253,13 +280,23 @@ def predict(rows: list[Row]) -> list[Row]:
             continue
         if nccl.parse_version(row.nccl_version) < nccl.C.OLDEST_RELEASE:
             row.nccl_version = None            # a release before the oldest tuning model here: the newest
-        key = (row.preset, row.gpus, tuple(sorted(row.overrides.items())), row.algorithm, row.nccl_version)
+        algorithm, protocol = row.algorithm, None
+        if row.env:                            # NCCL_ALGO / NCCL_PROTO sets: that release's tuner picks in them
+            cluster = topologies.load_cluster(row.preset, row.gpus, **row.overrides)
+            comm = nccl.comm_of(cluster, row.group)
+            comm = replace(comm, version=nccl.parse_version(row.nccl_version))
+            pick = nccl.choose(comm, row.collective, row.size_bytes, row.env.get("algorithms"),
+                               row.env.get("protocols"))
+            if pick is not None:
+                algorithm, protocol = pick.algorithm, pick.protocol
+        key = (row.preset, row.gpus, tuple(sorted(row.overrides.items())), algorithm, protocol, row.nccl_version)
         if key not in models:
             cluster = topologies.load_cluster(row.preset, row.gpus, **row.overrides)
-            models[key] = ClusterCostModel(cluster, algorithm=row.algorithm, nccl_version=row.nccl_version)
+            models[key] = ClusterCostModel(cluster, algorithm=algorithm, protocol=protocol,
+                                           nccl_version=row.nccl_version)
         model = models[key]
         req = CommRequest(row.collective, row.group, row.size_bytes)
-        t = model.comm_time_s(req)
+        t = nccl.harness_time_s(model.comm_time_s(req), row.gpus_per_thread, row.blocking)
         row.predicted_time_s = t
         row.predicted_busbw = row.size_bytes / t / 1e9 * bus_factor(row.collective, len(row.group))
         row.chosen = model.algorithm_for(req)

@@ -130,3 +130,15 @@ VERSION_LL_HALF = 22100                # first release with ring LL at 1/2 and H
 VERSION_LL128_PPN1 = 22300             # ring LL128 0.92 also with one rank per node from v2.23.4-1
 VERSION_NVLS_AG_RS = 21900             # NVLS all-gather / reduce-scatter exist from 2.19 (2.18: ring only)
 LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5-1 .. v2.27.7-1 (20.9 after)
+
+# ------------------------------------------------------------------------------------------ benchmark harness
+# What a benchmark adds to the collective it times (topologies.nccl.harness_time_s). nccl-tests
+# (NVIDIA/nccl-tests src/common.cu, startColl / BenchTime) runs -g N GPUs from one thread: each iteration
+# enqueues the N ranks' collectives in one ncclGroupStart/End, so the thread launches N kernels one after the
+# other, and it reports the wall time of `iters` back-to-back iterations divided by iters (-z 1: it syncs the
+# streams after every iteration instead). Host seconds per GPU launched that way: the published sweep of
+# NVIDIA/nccl-tests issue #123 (DGX-A100, NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=1, all_reduce_perf -g 2..8, 8-128 B:
+# 10.0, 13.76, 16.88, 20.8, 25.2, 29.5, 33.7 us) grows with the GPUs one thread drives, 4.2 us x N within 2% for
+# N = 4..8, where NCCL's model of that ring (6.6 + 2 (N-1) x 0.6 us) is 8-15 us: the period is the thread's
+# launches. 33.7 us / 8 GPUs.
+HOST_LAUNCH_PER_GPU_S = 33.7e-6 / 8
