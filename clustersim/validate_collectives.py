@@ -31,6 +31,7 @@ from pathlib import Path
 import click
 
 from simulator.errors import ConfigError
+from topologies import nccl_constants as NCCL_C
 
 DATA_FILES = ("collectives.csv", "moe_alltoall.csv")
 # H800: the H100 die with 8 NVLinks = 400 GB/s bidirectional -> 200 GB/s per direction (NVIDIA H800 SXM
@@ -72,6 +73,7 @@ class Row:
     nccl_version: str | None = None   # NCCL release the row states (its tuner picks the algorithm)
     net_plugin: str | None = None     # third-party network plugin the multi-node run went through
     env: dict = field(default_factory=dict)   # NCCL_ALGO / NCCL_PROTO sets the run's environment fixed
+    net_latency_us: float = 0.0       # latency the run's network plugin reports to NCCL
     gpus_per_thread: int = 1          # GPUs one host thread drove (nccl-tests -g N)
     blocking: bool = False            # each call timed on its own, synchronised (nccl-tests -z, torch bench)
     label: str = ""                   # hardware label for grouping
@@ -182,6 +184,8 @@ def express(r: dict) -> dict:
     forced = forced_algorithm(r)
     if forced:
         out["algorithm"] = forced
+    if nodes > 1 and re.search(r"p5en|p6-b200", plat):
+        out["net_latency_us"] = NCCL_C.NET_PLUGIN_LATENCY_US["aws-ofi-nccl p5en/p6-b200"]
     return out
 
 
@@ -260,6 +264,7 @@ def _collective_row(r: dict) -> Row:
         row.algorithm = mapped.get("algorithm")
         row.nccl_version = r["nccl_version"] or mapped.get("nccl_version") or None
         row.env = mapped.get("env", {})
+        row.net_latency_us = mapped.get("net_latency_us", 0.0)
         row.gpus_per_thread, row.blocking = harness(r)
         row.net_plugin = net_plugin(r)
         row.extra = {"platform": r["platform"], "placement": r["placement"], "algorithm": r["algorithm"]}
@@ -280,15 +285,17 @@ def predict(rows: list[Row]) -> list[Row]:
             continue
         if nccl.parse_version(row.nccl_version) < nccl.C.OLDEST_RELEASE:
             row.nccl_version = None            # a release before the oldest tuning model here: the newest
-        algorithm, protocol = row.algorithm, None
-        if row.env:                            # NCCL_ALGO / NCCL_PROTO sets: that release's tuner picks in them
+        algorithm, protocol, plugin_time = row.algorithm, None, 0.0
+        if row.env or row.net_latency_us:
+            # NCCL_ALGO / NCCL_PROTO sets: that release's tuner picks in them; a plugin's reported latency
+            # enters NCCL's model (tuning.cc latencyInter), which the cost model's communicator does not hold
             cluster = topologies.load_cluster(row.preset, row.gpus, **row.overrides)
-            comm = nccl.comm_of(cluster, row.group)
-            comm = replace(comm, version=nccl.parse_version(row.nccl_version))
-            pick = nccl.choose(comm, row.collective, row.size_bytes, row.env.get("algorithms"),
+            comm = replace(nccl.comm_of(cluster, row.group), version=nccl.parse_version(row.nccl_version),
+                           net_latency_us=row.net_latency_us)
+            pick = nccl.choose(comm, row.collective, row.size_bytes, row.env.get("algorithms", row.algorithm),
                                row.env.get("protocols"))
             if pick is not None:
-                algorithm, protocol = pick.algorithm, pick.protocol
+                algorithm, protocol, plugin_time = pick.algorithm, pick.protocol, pick.time_s
         key = (row.preset, row.gpus, tuple(sorted(row.overrides.items())), algorithm, protocol, row.nccl_version)
         if key not in models:
             cluster = topologies.load_cluster(row.preset, row.gpus, **row.overrides)
@@ -296,7 +303,8 @@ def predict(rows: list[Row]) -> list[Row]:
                                            nccl_version=row.nccl_version)
         model = models[key]
         req = CommRequest(row.collective, row.group, row.size_bytes)
-        t = nccl.harness_time_s(model.comm_time_s(req), row.gpus_per_thread, row.blocking)
+        # the model's time for that pick keeps the route-level bound at line rate
+        t = nccl.harness_time_s(max(model.comm_time_s(req), plugin_time), row.gpus_per_thread, row.blocking)
         row.predicted_time_s = t
         row.predicted_busbw = row.size_bytes / t / 1e9 * bus_factor(row.collective, len(row.group))
         row.chosen = model.algorithm_for(req)

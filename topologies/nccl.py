@@ -55,6 +55,7 @@ class Comm:
     nvls: bool               # NVLink SHARP in the node's switch (Hopper+)
     collnet: bool = False    # in-network reduction in the scale-out fabric (SHARP)
     version: int = 0         # NCCL release whose tuning model applies (21805 = 2.18.5); 0 = the newest
+    net_latency_us: float = 0.0   # latency the network plugin reports (ncclNetProperties.latency; 0 for IB)
 
 
 def parse_version(text: str | None) -> int:
@@ -345,6 +346,8 @@ def _latency_us(comm: Comm, kind: str, algo: str, proto: str) -> float:
         intra = C.LEGACY_NVLS_LAT_US_BEFORE_2_21
     if algo == "nvls_tree" and comm.ppn > 1 and _older(comm, C.VERSION_NVLS_EFFICIENCY):
         inter = C.LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28
+    # the network plugin's own latency (graph latencyInter), once more for Simple's flush (tuning.cc)
+    inter += comm.net_latency_us * (C.NET_LATENCY_SIMPLE_FACTOR if proto == "simple" else 1.0)
     if algo == "ring":
         if kind in ("broadcast", "reduce"):
             return lat + C.HW_LAT_US[hw_intra if nodes == 1 else "net"]["ring"][pi]

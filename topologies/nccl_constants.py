@@ -70,6 +70,10 @@ COLLNET_ARITY_LAT_US = 0.4       # CollNet direct: arity serialisation latency p
 RING_PLATEAU_LAT_FACTOR = 1.4    # multi-node ring Simple all-reduce, compute capability >= 80
 PAT_LINEAR_LAT_US = 2.8          # PAT: per-rank latency term
 PAT_LOG_LAT_DIVISOR = 3.5
+# tuning.cc adds the latency the network plugin reports (ncclNetProperties.latency -> graph latencyInter, us)
+# to every inter-node step, twice for Simple ("also add the flush extra latency"); NCCL's own IB transport
+# reports 0 (topo.cc). Present in every release from v2.18.5-1 on.
+NET_LATENCY_SIMPLE_FACTOR = 2.0
 # network post overhead (us) by CPU vendor (getNetOverhead), x3 for Simple
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}
 NET_OVERHEAD_SIMPLE_FACTOR = 3.0
@@ -142,3 +146,9 @@ LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5
 # N = 4..8, where NCCL's model of that ring (6.6 + 2 (N-1) x 0.6 us) is 8-15 us: the period is the thread's
 # launches. 33.7 us / 8 GPUs.
 HOST_LAUNCH_PER_GPU_S = 33.7e-6 / 8
+
+# Latency (us) network plugins report to NCCL (ncclNetProperties.latency, added as above):
+# - aws-ofi-nccl (AWS EFA): src/platform-aws.cpp sets 35.0 for the "p5en/p6-b200" platform (since commit
+#   2496e7de, 2025-05-23, "Updating latency value for p5en and p6 based on empirical search"), 75.0 for p5/p5e.
+# - GPUDirect-TCPXO (google/nccl-plugin-gpudirect-tcpxo, nccl_shim.cc GetProperties): 0.
+NET_PLUGIN_LATENCY_US = {"aws-ofi-nccl p5en/p6-b200": 35.0, "aws-ofi-nccl p5/p5e": 75.0, "gpudirect-tcpxo": 0.0}

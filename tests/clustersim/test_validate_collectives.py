@@ -133,3 +133,12 @@ def test_rows_run_as_their_harness_and_environment_ran_them(tmp_path):
     assert a3.env == {"algorithms": ("ring", "tree"), "protocols": ("simple",)} and a3.nccl_version == "2.21.5"
     assert a3.chosen == "tree"
     assert a3.predicted_time_s == pytest.approx((8.4 + 2 * (7 * 4.0 + 14.0)) * 1e-6, rel=1e-3)
+
+
+def test_efa_rows_carry_the_latency_aws_ofi_nccl_reports():
+    base = {"hardware": "B200 (NVLink 5 intra-node; EFA v4)", "platform": "AWS p6-b200.48xlarge", "nodes": "4",
+            "gpus_per_node": "8", "total_gpus": "32", "algorithm": "default (AWS ofi tuner plugin)"}
+    assert express(base)["net_latency_us"] == 35.0          # platform-aws.cpp, p5en/p6-b200
+    assert "net_latency_us" not in express({**base, "nodes": "1", "total_gpus": "8"})
+    a3 = {**base, "hardware": "H100 80GB HBM3", "platform": "GCP A3 Mega", "nodes": "2", "total_gpus": "16"}
+    assert "net_latency_us" not in express(a3)                # TCPXO reports 0

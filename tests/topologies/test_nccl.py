@@ -255,3 +255,17 @@ def test_algorithm_and_protocol_sets_pick_the_lowest_estimate_among_them(size):
     assert (got.algorithm, got.protocol) == (best.algorithm, best.protocol)
     assert nccl.choose(comm, "all_reduce", size, ("ring",), ("ll",)) == nccl.choose(comm, "all_reduce", size,
                                                                                      "ring", "ll")
+
+
+def test_plugin_latency_enters_every_inter_node_step():
+    """tuning.cc: interLat += latencyInter (the plugin's reported latency), twice for Simple. 4 nodes of 8:
+    tree 2 log2(4) = 4 inter steps, ring all-reduce 2 (4 - 1) = 6, NVLS-tree 2 log2(4) = 4; one node: none."""
+    from dataclasses import replace
+    base = _comm("dgx-b200", 32, fabric_link="ethernet")
+    efa = replace(base, net_latency_us=35.0)
+    lat = lambda c, a, p: {(r.algorithm, r.protocol): r.latency_s for r in nccl.table(c, "all_reduce", 8)}[(a, p)]
+    for algo, proto, steps, factor in (("tree", "ll", 4, 1), ("tree", "simple", 4, 2), ("ring", "ll128", 6, 1),
+                                       ("ring", "simple", 6, 2), ("nvls_tree", "simple", 4, 2)):
+        assert lat(efa, algo, proto) - lat(base, algo, proto) == pytest.approx(steps * factor * 35e-6, rel=1e-9)
+    one = _comm("dgx-b200", 8)
+    assert nccl.table(replace(one, net_latency_us=35.0), "all_reduce", 8) == nccl.table(one, "all_reduce", 8)
