@@ -7,8 +7,10 @@
 size), ``moe_rows`` moe_alltoall.csv (DeepEP dispatch/combine); each row is mapped onto a bundled preset
 (``express``) or listed with the reason it cannot be. Predictions come from the cluster cost model with no
 calibration (NCCL's model, topologies.nccl, in the tuning model of the NCCL release the row states; the
-newest where it states none), errors are (predicted - published) / published busbw. A row runs the
-algorithm its source forced (``forced_algorithm``).
+newest where it states none), errors are (predicted - published) / published busbw. A row runs as its source
+ran it: the algorithm it forced (``forced_algorithm``), the NCCL environment of its platform profile
+(``A3_MEGA_TCPXO_PROFILE``), the latency its network plugin reports (``net_latency_us``), and the benchmark's
+host launches (``harness``; topologies.nccl.harness_time_s).
 
 Mapping of platforms onto presets, each from the platform's published specification:
 - Azure ND H100 v5 / ND H200 v5 / ND A100 v4, DGX and "8x" nodes: dgx-h100 / dgx-h200 / dgx-a100.
@@ -475,7 +477,8 @@ def _row_dict(r: Row) -> dict:
     return {"hardware": r.hardware, "label": r.label, "collective": r.collective, "ranks": r.ranks,
             "size_bytes": r.size_bytes, "band": r.band, "preset": r.preset, "overrides": r.overrides,
             "forced_algorithm": r.algorithm, "nccl_version": r.nccl_version, "net_plugin": r.net_plugin,
-            "chosen": r.chosen,
+            "nccl_env": {k: list(v) for k, v in r.env.items()}, "net_latency_us": r.net_latency_us,
+            "gpus_per_thread": r.gpus_per_thread, "blocking": r.blocking, "chosen": r.chosen,
             "published_busbw_GBps": r.published_busbw, "predicted_busbw_GBps": r.predicted_busbw,
             "published_time_s": r.published_time_s, "predicted_time_s": r.predicted_time_s,
             "error": r.error, "time_ratio": r.time_ratio, "source": r.source}
