@@ -7,8 +7,10 @@
 size), ``moe_rows`` moe_alltoall.csv (DeepEP dispatch/combine); each row is mapped onto a bundled preset
 (``express``) or listed with the reason it cannot be. Predictions come from the cluster cost model with no
 calibration (NCCL's model, topologies.nccl, in the tuning model of the NCCL release the row states; the
-newest where it states none), errors are (predicted - published) / published busbw. A row runs the
-algorithm its source forced (``forced_algorithm``).
+newest where it states none), errors are (predicted - published) / published busbw. A row runs as its source
+ran it: the algorithm it forced (``forced_algorithm``), the NCCL environment of its platform profile
+(``A3_MEGA_TCPXO_PROFILE``), the latency its network plugin reports (``net_latency_us``), and the benchmark's
+host launches (``harness``; topologies.nccl.harness_time_s).
 
 Mapping of platforms onto presets, each from the platform's published specification:
 - Azure ND H100 v5 / ND H200 v5 / ND A100 v4, DGX and "8x" nodes: dgx-h100 / dgx-h200 / dgx-a100.
@@ -25,12 +27,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import click
 
 from simulator.errors import ConfigError
+from topologies import nccl_constants as NCCL_C
 
 DATA_FILES = ("collectives.csv", "moe_alltoall.csv")
 # H800: the H100 die with 8 NVLinks = 400 GB/s bidirectional -> 200 GB/s per direction (NVIDIA H800 SXM
@@ -39,6 +42,15 @@ H800_SCALE_UP_BYTES_PER_S = 200e9
 # DeepEP FP8 dispatch: 1 byte per element plus one fp32 scale per 128 channels (DeepEP README: FP8 with
 # per-128-channel scales); BF16 combine: 2 bytes per element.
 FP8_SCALE_GROUP = 128
+
+# The GCP A3 Mega run (create-a3mega-ztan-fork@02dd8f45: startup_script.sh installs the GPUDirect-TCPXO plugin
+# image nccl-plugin-gpudirecttcpx-dev:v1.0.3, README runs nccl-tests after `source nccl-env-profile.sh`) ran
+# with that release's NCCL profile, as GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo/
+# README.md lists it (release of Jun 27, 2024, v1.0.3): NCCL_ALGO=Ring,Tree, NCCL_PROTO=Simple,
+# NCCL_NVLS_ENABLE=0, with NCCL 2.21.5 (the image's libnccl.so.2.21.5; the script also builds 2.22.3, the
+# same tuning model here).
+A3_MEGA_TCPXO_PROFILE = {"env": {"algorithms": ("ring", "tree"), "protocols": ("simple",)},
+                         "nccl_version": "2.21.5"}
 
 BANDS = (("< 64 KiB", 0, 64 * 1024), ("64 KiB - 1 MiB", 64 * 1024, 1024**2), (">= 1 MiB", 1024**2, math.inf))
 
@@ -62,6 +74,10 @@ class Row:
     algorithm: str | None = None      # forced NCCL algorithm the row states
     nccl_version: str | None = None   # NCCL release the row states (its tuner picks the algorithm)
     net_plugin: str | None = None     # third-party network plugin the multi-node run went through
+    env: dict = field(default_factory=dict)   # NCCL_ALGO / NCCL_PROTO sets the run's environment fixed
+    net_latency_us: float = 0.0       # latency the run's network plugin reports to NCCL
+    gpus_per_thread: int = 1          # GPUs one host thread drove (nccl-tests -g N)
+    blocking: bool = False            # each call timed on its own, synchronised (nccl-tests -z, torch bench)
     label: str = ""                   # hardware label for grouping
     predicted_busbw: float | None = None
     predicted_time_s: float | None = None
@@ -153,6 +169,7 @@ def express(r: dict) -> dict:
         if "A3 Mega" in plat:
             out["overrides"] = {"nic_bandwidth": 25e9, "fabric_link": "ethernet"}
             out["label"] = "H100 (A3 Mega, 2 nodes)"
+            out.update(A3_MEGA_TCPXO_PROFILE)
     elif "A100" in text:
         out.update(preset="dgx-a100", label="A100")
     else:
@@ -169,6 +186,8 @@ def express(r: dict) -> dict:
     forced = forced_algorithm(r)
     if forced:
         out["algorithm"] = forced
+    if nodes > 1 and re.search(r"p5en|p6-b200", plat):
+        out["net_latency_us"] = NCCL_C.NET_PLUGIN_LATENCY_US["aws-ofi-nccl p5en/p6-b200"]
     return out
 
 
@@ -210,6 +229,18 @@ def forced_algorithm(r: dict) -> str | None:
     return None
 
 
+def harness(r: dict) -> tuple[int, bool]:
+    """(GPUs one host thread drove, blocking) of a row's benchmark, read from its command line:
+    nccl-tests ``-g N`` (default 1: one GPU per process under mpirun) and ``-z 1`` (blocking); ml-engineering's
+    all_reduce_bench.py times each call between CUDA events after a barrier and synchronises (blocking, one GPU
+    per process). A tool the row does not name adds nothing (1, False)."""
+    tool = r.get("benchmark_tool") or ""
+    m = re.search(r"-g\s*(\d+)", tool)
+    g = int(m.group(1)) if m else 1
+    blocking = "all_reduce_bench" in tool or bool(re.search(r"-z\s*1", tool))
+    return g, blocking
+
+
 def collective_rows(path: Path) -> list[Row]:
     return _rows(path, _collective_row)
 
@@ -233,7 +264,10 @@ def _collective_row(r: dict) -> Row:
         row.preset, row.gpus, row.group = mapped["preset"], mapped["gpus"], mapped["group"]
         row.overrides, row.label = mapped["overrides"], mapped["label"]
         row.algorithm = mapped.get("algorithm")
-        row.nccl_version = r["nccl_version"] or None
+        row.nccl_version = r["nccl_version"] or mapped.get("nccl_version") or None
+        row.env = mapped.get("env", {})
+        row.net_latency_us = mapped.get("net_latency_us", 0.0)
+        row.gpus_per_thread, row.blocking = harness(r)
         row.net_plugin = net_plugin(r)
         row.extra = {"platform": r["platform"], "placement": r["placement"], "algorithm": r["algorithm"]}
     return row
@@ -253,13 +287,26 @@ def predict(rows: list[Row]) -> list[Row]:
             continue
         if nccl.parse_version(row.nccl_version) < nccl.C.OLDEST_RELEASE:
             row.nccl_version = None            # a release before the oldest tuning model here: the newest
-        key = (row.preset, row.gpus, tuple(sorted(row.overrides.items())), row.algorithm, row.nccl_version)
+        algorithm, protocol, plugin_time = row.algorithm, None, 0.0
+        if row.env or row.net_latency_us:
+            # NCCL_ALGO / NCCL_PROTO sets: that release's tuner picks in them; a plugin's reported latency
+            # enters NCCL's model (tuning.cc latencyInter), which the cost model's communicator does not hold
+            cluster = topologies.load_cluster(row.preset, row.gpus, **row.overrides)
+            comm = replace(nccl.comm_of(cluster, row.group), version=nccl.parse_version(row.nccl_version),
+                           net_latency_us=row.net_latency_us)
+            pick = nccl.choose(comm, row.collective, row.size_bytes, row.env.get("algorithms", row.algorithm),
+                               row.env.get("protocols"))
+            if pick is not None:
+                algorithm, protocol, plugin_time = pick.algorithm, pick.protocol, pick.time_s
+        key = (row.preset, row.gpus, tuple(sorted(row.overrides.items())), algorithm, protocol, row.nccl_version)
         if key not in models:
             cluster = topologies.load_cluster(row.preset, row.gpus, **row.overrides)
-            models[key] = ClusterCostModel(cluster, algorithm=row.algorithm, nccl_version=row.nccl_version)
+            models[key] = ClusterCostModel(cluster, algorithm=algorithm, protocol=protocol,
+                                           nccl_version=row.nccl_version)
         model = models[key]
         req = CommRequest(row.collective, row.group, row.size_bytes)
-        t = model.comm_time_s(req)
+        # the model's time for that pick keeps the route-level bound at line rate
+        t = nccl.harness_time_s(max(model.comm_time_s(req), plugin_time), row.gpus_per_thread, row.blocking)
         row.predicted_time_s = t
         row.predicted_busbw = row.size_bytes / t / 1e9 * bus_factor(row.collective, len(row.group))
         row.chosen = model.algorithm_for(req)
@@ -430,7 +477,8 @@ def _row_dict(r: Row) -> dict:
     return {"hardware": r.hardware, "label": r.label, "collective": r.collective, "ranks": r.ranks,
             "size_bytes": r.size_bytes, "band": r.band, "preset": r.preset, "overrides": r.overrides,
             "forced_algorithm": r.algorithm, "nccl_version": r.nccl_version, "net_plugin": r.net_plugin,
-            "chosen": r.chosen,
+            "nccl_env": {k: list(v) for k, v in r.env.items()}, "net_latency_us": r.net_latency_us,
+            "gpus_per_thread": r.gpus_per_thread, "blocking": r.blocking, "chosen": r.chosen,
             "published_busbw_GBps": r.published_busbw, "predicted_busbw_GBps": r.predicted_busbw,
             "published_time_s": r.published_time_s, "predicted_time_s": r.predicted_time_s,
             "error": r.error, "time_ratio": r.time_ratio, "source": r.source}

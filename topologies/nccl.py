@@ -55,6 +55,7 @@ class Comm:
     nvls: bool               # NVLink SHARP in the node's switch (Hopper+)
     collnet: bool = False    # in-network reduction in the scale-out fabric (SHARP)
     version: int = 0         # NCCL release whose tuning model applies (21805 = 2.18.5); 0 = the newest
+    net_latency_us: float = 0.0   # latency the network plugin reports (ncclNetProperties.latency; 0 for IB)
 
 
 def parse_version(text: str | None) -> int:
@@ -345,6 +346,8 @@ def _latency_us(comm: Comm, kind: str, algo: str, proto: str) -> float:
         intra = C.LEGACY_NVLS_LAT_US_BEFORE_2_21
     if algo == "nvls_tree" and comm.ppn > 1 and _older(comm, C.VERSION_NVLS_EFFICIENCY):
         inter = C.LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28
+    # the network plugin's own latency (graph latencyInter), once more for Simple's flush (tuning.cc)
+    inter += comm.net_latency_us * (C.NET_LATENCY_SIMPLE_FACTOR if proto == "simple" else 1.0)
     if algo == "ring":
         if kind in ("broadcast", "reduce"):
             return lat + C.HW_LAT_US[hw_intra if nodes == 1 else "net"]["ring"][pi]
@@ -418,14 +421,17 @@ def table(comm: Comm, kind: str, size: float) -> list[Choice]:
 def choose(comm: Comm, kind: str, size: float, algorithm: str | None = None,
            protocol: str | None = None) -> Choice | None:
     """NCCL's pick for ``kind`` of ``size`` bytes: the lowest estimate among the enabled (algorithm,
-    protocol) pairs, restricted to ``algorithm`` / ``protocol`` when forced (as NCCL_ALGO / NCCL_PROTO do).
+    protocol) pairs, restricted to ``algorithm`` / ``protocol`` when forced (as NCCL_ALGO / NCCL_PROTO do;
+    each a name or a tuple of names, as in ``NCCL_ALGO=Ring,Tree``).
     With ``comm.version`` set, that release's tuning model makes the pick and the newest model prices it.
     None when nothing is left (e.g. NVLS forced where the switch cannot reduce)."""
     rows = table(comm, kind, size)
     if algorithm is not None:
-        rows = [r for r in rows if r.algorithm == algorithm]
+        allowed = (algorithm,) if isinstance(algorithm, str) else tuple(algorithm)
+        rows = [r for r in rows if r.algorithm in allowed]
     if protocol is not None:
-        rows = [r for r in rows if r.protocol == protocol]
+        allowed = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+        rows = [r for r in rows if r.protocol in allowed]
     if not rows:
         return None
     pick = min(rows, key=lambda r: r.estimate_s)
@@ -483,3 +489,15 @@ def moe_time_s(comm: Comm, tokens: int, token_bytes: float, topk: int, experts: 
         nbytes = tokens * dest * token_bytes
         bw = comm.intra_bw * 1e9
     return p2p_time_s(comm, 0.0, inter_node) + nbytes / bw, nbytes
+
+
+# ------------------------------------------------------------------------------------------ benchmark harness
+def harness_time_s(t_s: float, gpus_per_thread: int = 1, blocking: bool = False) -> float:
+    """Time per iteration a benchmark reports for a collective NCCL runs in ``t_s`` seconds, when one host
+    thread launches it on ``gpus_per_thread`` GPUs (nccl-tests -g N) at ``C.HOST_LAUNCH_PER_GPU_S`` each.
+    Back-to-back iterations (nccl-tests' default): the slower of the GPUs and the launching thread,
+    max(t, N x launch). ``blocking`` (nccl-tests -z, or a benchmark that times one call between CUDA events
+    and synchronises after it, as ml-engineering's all_reduce_bench.py does): the launches come first,
+    t + N x launch."""
+    host = max(int(gpus_per_thread), 1) * C.HOST_LAUNCH_PER_GPU_S
+    return t_s + host if blocking else max(t_s, host)

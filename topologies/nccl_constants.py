@@ -70,6 +70,10 @@ COLLNET_ARITY_LAT_US = 0.4       # CollNet direct: arity serialisation latency p
 RING_PLATEAU_LAT_FACTOR = 1.4    # multi-node ring Simple all-reduce, compute capability >= 80
 PAT_LINEAR_LAT_US = 2.8          # PAT: per-rank latency term
 PAT_LOG_LAT_DIVISOR = 3.5
+# tuning.cc adds the latency the network plugin reports (ncclNetProperties.latency -> graph latencyInter, us)
+# to every inter-node step, twice for Simple ("also add the flush extra latency"); NCCL's own IB transport
+# reports 0 (topo.cc). Present in every release from v2.18.5-1 on.
+NET_LATENCY_SIMPLE_FACTOR = 2.0
 # network post overhead (us) by CPU vendor (getNetOverhead), x3 for Simple
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}
 NET_OVERHEAD_SIMPLE_FACTOR = 3.0
@@ -130,3 +134,21 @@ VERSION_LL_HALF = 22100                # first release with ring LL at 1/2 and H
 VERSION_LL128_PPN1 = 22300             # ring LL128 0.92 also with one rank per node from v2.23.4-1
 VERSION_NVLS_AG_RS = 21900             # NVLS all-gather / reduce-scatter exist from 2.19 (2.18: ring only)
 LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5-1 .. v2.27.7-1 (20.9 after)
+
+# ------------------------------------------------------------------------------------------ benchmark harness
+# What a benchmark adds to the collective it times (topologies.nccl.harness_time_s). nccl-tests
+# (NVIDIA/nccl-tests src/common.cu, startColl / BenchTime) runs -g N GPUs from one thread: each iteration
+# enqueues the N ranks' collectives in one ncclGroupStart/End, so the thread launches N kernels one after the
+# other, and it reports the wall time of `iters` back-to-back iterations divided by iters (-z 1: it syncs the
+# streams after every iteration instead). Host seconds per GPU launched that way: the published sweep of
+# NVIDIA/nccl-tests issue #123 (DGX-A100, NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=1, all_reduce_perf -g 2..8, 8-128 B:
+# 10.0, 13.76, 16.88, 20.8, 25.2, 29.5, 33.7 us) grows with the GPUs one thread drives, 4.2 us x N within 2% for
+# N = 4..8, where NCCL's model of that ring (6.6 + 2 (N-1) x 0.6 us) is 8-15 us: the period is the thread's
+# launches. 33.7 us / 8 GPUs.
+HOST_LAUNCH_PER_GPU_S = 33.7e-6 / 8
+
+# Latency (us) network plugins report to NCCL (ncclNetProperties.latency, added as above):
+# - aws-ofi-nccl (AWS EFA): src/platform-aws.cpp sets 35.0 for the "p5en/p6-b200" platform (since commit
+#   2496e7de, 2025-05-23, "Updating latency value for p5en and p6 based on empirical search"), 75.0 for p5/p5e.
+# - GPUDirect-TCPXO (google/nccl-plugin-gpudirect-tcpxo, nccl_shim.cc GetProperties): 0.
+NET_PLUGIN_LATENCY_US = {"aws-ofi-nccl p5en/p6-b200": 35.0, "aws-ofi-nccl p5/p5e": 75.0, "gpudirect-tcpxo": 0.0}

@@ -108,3 +108,37 @@ def test_tuner_of_the_stated_release_picks_what_the_sources_say_nccl_picked():
         assert r.chosen == stated, (r.label, r.size_bytes, text, r.chosen)
         checked += 1
     assert checked >= 25
+
+
+def test_harness_read_from_the_command_line():
+    from clustersim.validate_collectives import harness
+    assert harness({"benchmark_tool": "nccl-tests all_reduce_perf (-g 8, float sum)"}) == (8, False)
+    assert harness({"benchmark_tool": "nccl-tests all_reduce_perf -b 8 -e 8G -f 2 -g 1 (mpirun -np 16)"}) == (1, False)
+    assert harness({"benchmark_tool": "nccl-tests *_perf -b 16G -e 16G -g 8 -z 1"}) == (8, True)
+    assert harness({"benchmark_tool": "ml-engineering all_reduce_bench.py (torch 2.9.1)"}) == (1, True)
+    assert harness({"benchmark_tool": "not named in sentence (busbw reported)"}) == (1, False)
+
+
+def test_rows_run_as_their_harness_and_environment_ran_them(tmp_path):
+    """A -g 8 row at 1 KiB takes 8 host launches (33.7 us > NCCL's 15 us ring); the A3 Mega row runs GCP's
+    TCPXO profile (Ring,Tree x Simple, NCCL 2.21.5): tree Simple, latency 8.4 + 2 x (7 x 4.0 + 1 x 14.0) us
+    (tuning.cc baseLat + hwLat NVLink / NET, 2 nodes of 8)."""
+    rows = ['A100-SXM4-80GB,"Azure ND A100 v4",1,8,8,all_reduce,NVLS (as stated in source text),,2.18.5,'
+            '"nccl-tests all_reduce_perf (-g 8, float sum)",in-place,1024,1K,,,0.04,,src',
+            'H100 80GB HBM3,"GCP A3 Mega (per repo name)",2,8,16,all_reduce,default (not stated),,,'
+            '"nccl-tests all_reduce_perf -b 8 -e 8G -f 2 -g 1",in-place,8,8,0.0001235,0.00,0.00,,src']
+    (tmp_path / "collectives.csv").write_text(COLL_HEADER + "\n" + "\n".join(rows) + "\n")
+    a100, a3 = predict(collective_rows(tmp_path / "collectives.csv"))
+    assert a100.gpus_per_thread == 8 and a100.predicted_time_s == pytest.approx(33.7e-6)
+    assert a3.env == {"algorithms": ("ring", "tree"), "protocols": ("simple",)} and a3.nccl_version == "2.21.5"
+    assert a3.chosen == "tree"
+    assert a3.predicted_time_s == pytest.approx((8.4 + 2 * (7 * 4.0 + 14.0)) * 1e-6, rel=1e-3)
+
+
+def test_efa_rows_carry_the_latency_aws_ofi_nccl_reports():
+    base = {"hardware": "B200 (NVLink 5 intra-node; EFA v4)", "platform": "AWS p6-b200.48xlarge", "nodes": "4",
+            "gpus_per_node": "8", "total_gpus": "32", "algorithm": "default (AWS ofi tuner plugin)"}
+    assert express(base)["net_latency_us"] == 35.0          # platform-aws.cpp, p5en/p6-b200
+    assert "net_latency_us" not in express({**base, "nodes": "1", "total_gpus": "8"})
+    a3 = {**base, "hardware": "H100 80GB HBM3", "platform": "GCP A3 Mega", "nodes": "2", "total_gpus": "16"}
+    assert "net_latency_us" not in express(a3)                # TCPXO reports 0

@@ -231,3 +231,41 @@ def test_nvls_tree_correction_on_blackwell_x86_only():
     c = {(c.algorithm, c.protocol): c for c in nccl.table(h100, "all_reduce", S)}[("nvls_tree", "simple")]
     assert c.bandwidth_Bps == pytest.approx(nccl._bandwidth(h100, "all_reduce", "nvls_tree", "simple",
                                                             nccl.graphs(h100)) * 1e9)
+
+
+def test_harness_closed_form():
+    """nccl-tests -g N: the period is the slower of the GPUs and N launches by one thread (issue #123: 33.7 us
+    for 8 GPUs); blocking benchmarks add the launches to the collective."""
+    per = 33.7e-6 / 8
+    assert nccl.harness_time_s(10e-6, 8) == pytest.approx(33.7e-6)
+    assert nccl.harness_time_s(50e-6, 8) == pytest.approx(50e-6)
+    assert nccl.harness_time_s(10e-6, 1) == pytest.approx(10e-6)
+    assert nccl.harness_time_s(10e-6, 1, blocking=True) == pytest.approx(10e-6 + per)
+    assert nccl.harness_time_s(1e-3, 8, blocking=True) == pytest.approx(1e-3 + 33.7e-6)
+
+
+@pytest.mark.parametrize("size", [8, 4096, 2**20, 2**26, 2**33])
+def test_algorithm_and_protocol_sets_pick_the_lowest_estimate_among_them(size):
+    """NCCL_ALGO=Ring,Tree NCCL_PROTO=Simple: the pick is the brute-force minimum estimate over that subset."""
+    comm = _comm("dgx-h100", 16, nic_bandwidth=25e9, fabric_link="ethernet")
+    rows = [r for r in nccl.table(comm, "all_reduce", size) if r.algorithm in ("ring", "tree")
+            and r.protocol == "simple"]
+    best = min(rows, key=lambda r: r.estimate_s)
+    got = nccl.choose(comm, "all_reduce", size, ("ring", "tree"), ("simple",))
+    assert (got.algorithm, got.protocol) == (best.algorithm, best.protocol)
+    assert nccl.choose(comm, "all_reduce", size, ("ring",), ("ll",)) == nccl.choose(comm, "all_reduce", size,
+                                                                                     "ring", "ll")
+
+
+def test_plugin_latency_enters_every_inter_node_step():
+    """tuning.cc: interLat += latencyInter (the plugin's reported latency), twice for Simple. 4 nodes of 8:
+    tree 2 log2(4) = 4 inter steps, ring all-reduce 2 (4 - 1) = 6, NVLS-tree 2 log2(4) = 4; one node: none."""
+    from dataclasses import replace
+    base = _comm("dgx-b200", 32, fabric_link="ethernet")
+    efa = replace(base, net_latency_us=35.0)
+    lat = lambda c, a, p: {(r.algorithm, r.protocol): r.latency_s for r in nccl.table(c, "all_reduce", 8)}[(a, p)]
+    for algo, proto, steps, factor in (("tree", "ll", 4, 1), ("tree", "simple", 4, 2), ("ring", "ll128", 6, 1),
+                                       ("ring", "simple", 6, 2), ("nvls_tree", "simple", 4, 2)):
+        assert lat(efa, algo, proto) - lat(base, algo, proto) == pytest.approx(steps * factor * 35e-6, rel=1e-9)
+    one = _comm("dgx-b200", 8)
+    assert nccl.table(replace(one, net_latency_us=35.0), "all_reduce", 8) == nccl.table(one, "all_reduce", 8)
