@@ -10,8 +10,8 @@ Stacks (``plan.stack``)
                  bias-GeLU, fused bias-dropout-add, vocab-parallel fused cross-entropy, FP8 GEMMs via TE.
     torchtitan   PyTorch eager (torchtitan without torch.compile): RMSNorm as the chain of eager ops its
                  norms.py writes (x.float(), pow, mean, +eps, rsqrt, multiply, type_as, * weight; autograd
-                 runs the chain backward), RoPE as cast + complex multiply + cast back, separate w1 / w3
-                 GEMMs, SiLU and multiply as two kernels, plain residual adds, cross-entropy as float cast +
+                 runs the chain backward), RoPE as cast + complex multiply + cast back, separate wq / wk /
+                 wv and w1 / w3 GEMMs, SiLU and multiply as two kernels, plain residual adds, cross-entropy as float cast +
                  log_softmax + its backward.
     torchtitan-compile
                  torchtitan under torch.compile: the same GEMMs and cross-entropy; Inductor fuses each

@@ -18,9 +18,9 @@ flash (default): the tensors a layer's kernels save for backward, one entry each
     also the output projection's input (one tensor, counted once); rotary and residual adds save nothing.
     Norm tensors are sharded over TP only with SP; the rest always are. torchtitan's eager stack (its
     RMSNorm a chain of eager ops, SwiGLU silu then multiply) saves each norm's fp32 input copy and unweighted
-    output, and SiLU's output, where fused kernels keep the bf16 input only; selective recomputation drops
-    these as torchtitan's op-level selective checkpointing does (it keeps matmul and attention outputs and
-    recomputes the pointwise ops).
+    output, and SiLU's output, where fused kernels keep the bf16 input only; Megatron's selective
+    recomputation keeps them (it re-runs only the attention core); torchtitan's own per-op checkpointing
+    (recompute op, below) recomputes the pointwise ops and keeps none of them.
 eager: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4,
     with the s×s scores, in bytes with 2-byte activations and 1-byte dropout masks, s = seq/cp:
     none:   s·b·h·(34 + 5·a·s/h)          no tensor parallelism
@@ -161,7 +161,7 @@ class Saved(NamedTuple):
     nbytes: float
     shard: str          # "tp": sharded over TP always; "sp": only with sequence parallelism; "none": per rank
     reader: str         # "B": freed by the input-gradient pass; "W": read by the weight-gradient pass
-    core: bool = False  # dropped by selective recompute (attention-core internals; eager pointwise saves)
+    core: bool = False  # dropped by selective recompute (attention-core internals)
 
 
 def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Saved]:
@@ -182,8 +182,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     eager = getattr(plan, "stack", "megatron") == "torchtitan"
     out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
     if eager:
-        out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", core=True),
-                Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", core=True)]
+        out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B"),
+                Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B")]
     if model.is_mla:          # latent projections: the latent norm's input (B) and output (up-projection input, W)
         for lat in ((model.q_lora_rank,) if model.q_lora_rank else ()) + (model.kv_lora_rank + model.qk_rope_dim,):
             out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
@@ -195,8 +195,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
             Saved("norm2 input", e * tok * h, "sp", "B"),
             Saved("norm2 output (MLP input)", f * tok * h, "sp", "W")]
     if eager:
-        out += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", core=True),
-                Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", core=True)]
+        out += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B"),
+                Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B")]
     if f != e:
         out.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
@@ -212,7 +212,7 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
         out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B"),
                 Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W")]
         if eager and model.gated_mlp:     # eager SwiGLU: silu(w1 x) * w3 x, the multiply saves silu's output
-            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B", core=True))
+            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B"))
     return out
 
 
