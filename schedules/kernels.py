@@ -417,7 +417,9 @@ def op_policy(model: ModelSpec, kernels) -> tuple[list[Kernel], list[Kernel]]:
     pointwise op (norms, rotary, SiLU, multiply, residual add, casts). Float8 linears reach the policy as
     aten.mm on Float8Tensor arguments, so FP8 GEMMs count alike. Non-reentrant checkpointing stops
     recomputing once every tensor backward needs is rebuilt (``set_checkpoint_early_stop``, on by default),
-    so the block's last residual add (after the last mm; an add saves nothing) is not re-run."""
+    so the block's last residual add (after the last mm; an add saves nothing) is not re-run. As for full
+    recomputation, the TP collectives of recomputed ops are not issued again (torchtitan's policy saves
+    reduce_scatter outputs, so with SP only the all-gathers would repeat)."""
     saved, rec = [], []
     mm = 0
     for k in kernels:
