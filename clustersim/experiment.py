@@ -41,7 +41,7 @@ from simulator.yamlio import load_yaml as _load_yaml
 NETWORKS = ("ideal", "analytical", "flow", "astra")
 MODES = ("symmetric", "full")
 SCHEDULES = tuple(_SCHEDULES)
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
@@ -76,6 +76,7 @@ class Experiment:
     global_batch: int | None = None
     seq: int = 4096
     recompute: str = "none"
+    recompute_every: int = 1             # recompute full: checkpoint only every N-th layer (torchtitan's "2")
     bucket_mb: float = 25.0
     fsdp_prefetch: int = 1
     overlap_grad_reduce: bool = True
@@ -181,7 +182,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     for key, value in kw.items():
         w = f"{where}: {key}"
         if key in ("gpus", "tp", "pp", "dp", "ep", "cp", "virtual_stages", "micro_batch", "global_batch", "seq",
-                   "first_stage_layers", "last_stage_layers"):
+                   "first_stage_layers", "last_stage_layers", "recompute_every"):
             value = _as_int(value, w)
         elif key == "zero":
             value = _as_int(value, w, minimum=0)
@@ -278,7 +279,10 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--micro-batch", type=int, help="Micro-batch size (sequences)."),
         click.option("--global-batch", type=int, help="Global batch size (sequences per step)."),
         click.option("--seq", type=int, help="Sequence length (tokens)."),
-        click.option("--recompute", type=click.Choice(RECOMPUTE), help="Activation recomputation."),
+        click.option("--recompute", type=click.Choice(RECOMPUTE), help="Activation recomputation: none | selective "
+                     "(Megatron: attention core) | full | op (torchtitan's per-op selective checkpointing)."),
+        click.option("--recompute-every", type=int, help="With --recompute full: checkpoint only every N-th layer "
+                     "(torchtitan's selective_ac_option N, 'selective layer'); default 1 = every layer."),
         click.option("--bucket-mb", type=float, help="DDP / ZeRO gradient bucket size in MB (1e6 bytes)."),
         click.option("--fsdp-prefetch", type=int, help="FSDP / ZeRO-3: layers all-gathered ahead (0 = none)."),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=None,
@@ -322,7 +326,7 @@ def simulate_options(f: Callable) -> Callable:
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
-               "micro_batch", "global_batch", "seq", "recompute", "bucket_mb", "network", "mode", "calibration",
+               "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
                "attention", "fsdp_reshard_after_forward", "dtype", "stack",
@@ -472,6 +476,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
     kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
+              recompute_every=exp.recompute_every,
               seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch, overlap_grad_reduce=exp.overlap_grad_reduce,
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),

@@ -75,7 +75,10 @@ def plan_options(f):
         click.option("--global-batch", type=int, default=None, help="Sequences per step (default dp·mb·4·pp)."),
         click.option("--seq", type=int, default=2048, show_default=True, help="Sequence length (tokens)."),
         click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
-                     help="Activation recomputation."),
+                     help="Activation recomputation: none | selective (Megatron: attention core) | full | op "
+                          "(torchtitan's per-op selective checkpointing)."),
+        click.option("--recompute-every", type=int, default=1, show_default=True,
+                     help="With --recompute full: checkpoint only every N-th layer (torchtitan 'selective layer')."),
         click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="Gradient bucket (MB)."),
         click.option("--fsdp-prefetch", type=int, default=1, show_default=True,
                      help="ZeRO-3/FSDP: layers gathered ahead."),
@@ -119,7 +122,7 @@ def model_from_options(model: str | None = None, params: float | None = None, **
 def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1,
                       cp: int = 1, zero: int = 0, fsdp: bool = False, sp: bool = False, schedule: str = "1f1b",
                       virtual_stages: int = 1, micro_batch: int = 1, global_batch: int | None = None,
-                      seq: int = 2048, recompute: str = "none", bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
+                      seq: int = 2048, recompute: str = "none", recompute_every: int = 1, bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
                       axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, stage_layers=None,
                       first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                       memory_limit=None, attention: str = "flash",
@@ -139,7 +142,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
             dp = gpus // denom
     return ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, fsdp=fsdp, micro_batch=micro_batch,
                         global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
-                        bucket_bytes=bucket_mb * 1e6, recompute=recompute, seq=seq, fsdp_prefetch=fsdp_prefetch,
+                        bucket_bytes=bucket_mb * 1e6, recompute=recompute, recompute_every=recompute_every, seq=seq, fsdp_prefetch=fsdp_prefetch,
                         axis_order=axis_order, skew=skew, stage_layers=parse_stage_layers(stage_layers),
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                         attention=attention, fsdp_reshard_after_forward=fsdp_reshard_after_forward,
@@ -288,7 +291,8 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
     con = Console()
     degrees = " ".join(f"{k}{getattr(p, k)}" for k in ("tp", "pp", "dp", "ep", "cp") if getattr(p, k) > 1) or "1 GPU"
     extras = [x for x, on in [("sp", p.sp), (f"zero{p.zero_stage}", p.zero_stage), ("fsdp", p.fsdp),
-                              (f"recompute {p.recompute}", p.recompute != "none")] if on]
+                              (f"recompute {p.recompute}" + (f" every {p.recompute_every}" if p.recompute_every > 1 else ""),
+                               p.recompute != "none")] if on]
     con.print(f"[bold]{model.name}[/bold] ({model.param_count() / 1e9:,.2f} B parameters) on {rep['world_size']:,} GPUs: "
               f"{degrees} {' '.join(extras)}")
     if p.pp > 1:

@@ -138,9 +138,10 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
             for layer in layers:
                 lf = model.layer_flops(layer, plan.seq, plan.micro_batch)
                 f += lf.total
-                if plan.recompute == "full":
+                rc = plan.layer_recompute(layer)
+                if rc == "full":
                     f += lf.forward
-                elif plan.recompute == "selective":
+                elif rc == "selective":
                     f += lf.attn_core
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
                 f += 3.0 * model.head_flops(plan.seq, plan.micro_batch)

@@ -232,10 +232,28 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
     if ac in ("full", "true"):
         kw["recompute"] = "full"
     elif ac.startswith("selective"):
-        kw["recompute"] = "selective"
+        kw.update(recompute_of_selective(fw, ac))
     kw.update(gpus=gpus, seq=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, sp=tp > 1, micro_batch=mbs,
               global_batch=gbs)
     return kw, notes
+
+
+#: torchtitan's "selective layer" frequency: config_manager.py's default ``selective_ac_option = "2"`` (2847ccce,
+#: e7c0cae: "2 = checkpoint every other layer"); the published pages do not restate it
+TORCHTITAN_LAYER_SAC_EVERY = 2
+
+
+def recompute_of_selective(framework: str, ac: str) -> dict:
+    """Experiment fields for a row's selective activation checkpointing. torchtitan's "selective" is one of
+    two options of its own (``_apply_ac_to_transformer_block``): "selective layer" (an integer
+    selective_ac_option: full checkpointing of every N-th block) and per-op SAC ("selective op", "per-op
+    SAC"; also a bare "selective", as its Llama train_configs at 2847ccce, 9dec370 and e7c0cae set
+    ``selective_ac_option = 'op'``). Other frameworks' selective is Megatron's (the attention core)."""
+    if "torchtitan" not in framework:
+        return {"recompute": "selective"}
+    if "layer" in ac:
+        return {"recompute": "full", "recompute_every": TORCHTITAN_LAYER_SAC_EVERY}
+    return {"recompute": "op"}
 
 
 RECOMPUTE_LADDER = ("selective", "full")

@@ -33,7 +33,7 @@ from schedules import memory as mem
 from schedules.kernels import phase_kernels
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
-from schedules.plan import ParallelPlan
+from schedules.plan import ParallelPlan, recompute_flops
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 from simulator.kernels import KernelList
@@ -58,9 +58,11 @@ class Unit:
     f_exp: float                     # routed experts forward FLOPs
     act: float                       # activation bytes kept from forward to backward
     w_frac: float = 0.0              # part of ``act`` only W needs
-    transient: float = 0.0           # full recompute: activations rebuilt during backward
+    transient: float = 0.0           # full / op recompute: activations rebuilt during backward
     moe: bool = False
     kind: str = "layer"              # layer | embedding | head
+    recompute: str = "none"          # this layer's recomputation (``ParallelPlan.layer_recompute``)
+    f_rec: float = 0.0               # op recompute: FLOPs of the GEMMs recomputed before backward
 
 
 @dataclass
@@ -109,17 +111,19 @@ class _StageBuilder:
                                   kind="embedding"))
             for l in layers:
                 moe = m.is_moe_layer(l)
-                key = moe
+                rc = p.layer_recompute(l)
+                key = (moe, rc)
                 u = cache.get(key)
                 if u is None:
                     lf = m.layer_flops(l, p.seq, p.micro_batch)
                     d, e = mem.layer_param_split(m, p, l)
                     u = Unit("", l, d, e, (lf.forward - lf.experts) / div, lf.attn_core / div,
                              lf.experts * self.load / div, mem.layer_activation_bytes(m, p, l),
-                             mem.weight_grad_fraction(m, p, l), mem.recompute_transient_bytes(m, p, l), moe)
+                             mem.weight_grad_fraction(m, p, l), mem.recompute_transient_bytes(m, p, l), moe,
+                             recompute=rc, f_rec=recompute_flops(m, p, l) if rc == "op" else 0.0)
                     cache[key] = u
                 units.append(Unit(f"L{l}", l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
-                                  u.w_frac, u.transient, u.moe))
+                                  u.w_frac, u.transient, u.moe, recompute=u.recompute, f_rec=u.f_rec))
             if vs == self.nv - 1:
                 head = (m.head_params() / p.tp if mem.holds_head(m, p, self.s) else 0.0) + m.hidden  # + final norm
                 act, act_w = mem.head_activation_bytes(m, p)
@@ -403,10 +407,12 @@ class _StageBuilder:
             exp = u.f_exp * (2 if a.phase == "B" else 1)
             if u.kind != "layer":
                 pass                # recomputation applies to transformer layers only
-            elif p.recompute == "full":
+            elif u.recompute == "full":
                 main, exp = main + u.f_main, exp + u.f_exp
-            elif p.recompute == "selective":
+            elif u.recompute == "selective":
                 main += u.f_core
+            elif u.recompute == "op":
+                main += u.f_rec
         if u.kind == "embedding":
             main = 0.0
         # memory events on the first / last op of the unit
@@ -450,7 +456,7 @@ class _StageBuilder:
             core_step = 0.0
             if ring:     # attention-core FLOPs of this phase, spread over the cp ring steps
                 core = u.f_core if a.phase == "F" else (
-                    2 * u.f_core + (u.f_core if p.recompute in ("selective", "full") else 0.0))
+                    2 * u.f_core + (u.f_core if u.recompute in ("selective", "full") else 0.0))
                 core_step = core / p.cp
             attn = [("attn", main - core_step * (p.cp - 1), memb, core_step, p.cp - 1 if ring else 0)]
             if tp:
@@ -504,7 +510,7 @@ class _StageBuilder:
 
     def _kernels(self, u: Unit, phase: str, item: str):
         """The shared KernelList of a compute op of unit ``u`` (schedules.kernels), cached per shape."""
-        key = (u.kind, u.moe, phase, item)
+        key = (u.kind, u.moe, u.recompute, phase, item)
         kl = self.kernel_lists.get(key)
         if kl is None:
             m, p, ph = self.m, self.p, PHASE[phase]

@@ -10,8 +10,8 @@ Stacks (``plan.stack``)
                  bias-GeLU, fused bias-dropout-add, vocab-parallel fused cross-entropy, FP8 GEMMs via TE.
     torchtitan   PyTorch eager (torchtitan without torch.compile): RMSNorm as the chain of eager ops its
                  norms.py writes (x.float(), pow, mean, +eps, rsqrt, multiply, type_as, * weight; autograd
-                 runs the chain backward), RoPE as cast + complex multiply + cast back, separate w1 / w3
-                 GEMMs, SiLU and multiply as two kernels, plain residual adds, cross-entropy as float cast +
+                 runs the chain backward), RoPE as cast + complex multiply + cast back, separate wq / wk /
+                 wv and w1 / w3 GEMMs, SiLU and multiply as two kernels, plain residual adds, cross-entropy as float cast +
                  log_softmax + its backward.
     torchtitan-compile
                  torchtitan under torch.compile: the same GEMMs and cross-entropy; Inductor fuses each
@@ -32,8 +32,9 @@ write 2 per element), the gradient of each GEMM output in backward, and the weig
 (Megatron's ``is_first_microbatch`` caching; amortised here over the step's micro-batches).
 
 Phases: forward; backward (input and weight gradients); backward_input; backward_weight; recomputation
-(plan.recompute: full re-runs the forward kernels, selective the attention core) is prepended to backward
-and backward_input. Parts: ``layer`` (a dense layer: everything), ``attention`` (an MoE layer without its
+is prepended to backward and backward_input (``recompute_kernels``), per layer (``plan.layer_recompute``):
+full re-runs the forward kernels; selective (Megatron) the attention core; op (torchtitan's per-op
+selective checkpointing) the forward kernels its policy does not save. Parts: ``layer`` (a dense layer: everything), ``attention`` (an MoE layer without its
 routed experts), ``experts`` (permute, grouped GEMMs, activation, unpermute), ``ring`` (one context-parallel
 KV block of attention), ``head`` (final norm, LM head, cross-entropy), ``embedding``.
 Units: FLOPs, bytes (activations 2 bytes, fp32 4 bytes).
@@ -78,6 +79,7 @@ class _Writer:
         self.fused = stack == "megatron"
         self.eager_norm = stack in EAGER_NORM
         self.compiled = stack == "torchtitan-compile"      # Inductor: one kernel per pointwise chain
+        self.separate_qkv = stack in ("torchtitan", "torchtitan-compile")   # wq, wk, wv linears
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
         # (flash-attn's xentropy CUDA kernel, modeling_mpt.py) reads bf16 logits and writes their gradient
         self.fused_ce = stack in ("megatron", "llm-foundry")
@@ -270,6 +272,9 @@ def _attention_linears(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, part: s
             if phase == FORWARD:
                 w.ew("kv norm", T * m.kv_lora_rank * 2 * w.a)
             _linear(w, "kv up", phase, T, heads * (m.d_head + m.v_head_dim), m.kv_lora_rank)
+        elif w.separate_qkv:     # torchtitan's Attention: wq, wk, wv (models/llama/model.py)
+            for nm, n in (("wq", heads), ("wk", sh.kv), ("wv", sh.kv)):
+                _linear(w, nm, phase, T, n * sh.d, h)
         else:
             _linear(w, "qkv", phase, T, (heads + 2 * sh.kv) * sh.d, h)
     if part in ("out", "both"):
@@ -385,18 +390,68 @@ def phase_kernels(model: ModelSpec, plan: ParallelPlan, layer: int | None, phase
     if part not in PARTS:
         raise PlanError(f"unknown kernel part {part!r}; known: {', '.join(PARTS)}")
     moe = layer is not None and model.is_moe_layer(layer)
-    return _cached(model, plan, moe, phase, part, round(load, 9), recompute, stack, dtype)
+    rc = plan.layer_recompute(layer) if recompute else "none"
+    return _cached(model, plan, moe, phase, part, round(load, 9), rc, stack, dtype)
+
+
+def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: str = "layer",
+                      load: float = 1.0) -> KernelList:
+    """The kernels layer ``layer``'s recomputation runs before its backward (``plan.layer_recompute``)."""
+    stack = getattr(plan, "stack", None) or "megatron"
+    dtype = getattr(plan, "dtype", None) or "bf16"
+    check_choice(stack, dtype)
+    moe = model.is_moe_layer(layer)
+    rc = plan.layer_recompute(layer)
+    w = _Writer(stack, dtype, model.dtype_bytes)
+    if part in ("layer", "attention", "experts"):
+        _recompute(w, model, plan, moe, part, round(load, 9), rc, stack, dtype)
+    return KernelList(f"{part} recompute ({rc})", w.out, stack, dtype)
+
+
+def op_policy(model: ModelSpec, kernels) -> tuple[list[Kernel], list[Kernel]]:
+    """torchtitan's per-op selective checkpointing (``_apply_ac_to_transformer_block`` with
+    ``selective_ac_option = "op"``, parallelisms/parallelize_llama.py at 2847ccce) applied to a block's
+    forward kernels: (saved, recomputed). Its policy keeps the outputs of ``_save_list`` ops (aten.mm, the SDPA
+    flash / efficient attention ops, reduce_scatter_tensor; later commits add aten.max) "except every second
+    mm": the 2nd, 4th, ... aten.mm of the block (wk, wo, w3 in torchtitan's Llama) are recomputed with every
+    pointwise op (norms, rotary, SiLU, multiply, residual add, casts). Float8 linears reach the policy as
+    aten.mm on Float8Tensor arguments, so FP8 GEMMs count alike. Non-reentrant checkpointing stops
+    recomputing once every tensor backward needs is rebuilt (``set_checkpoint_early_stop``, on by default),
+    so the block's last residual add (after the last mm; an add saves nothing) is not re-run. As for full
+    recomputation, the TP collectives of recomputed ops are not issued again (torchtitan's policy saves
+    reduce_scatter outputs, so with SP only the all-gathers would repeat)."""
+    saved, rec = [], []
+    mm = 0
+    for k in kernels:
+        if k.kind == GEMM:
+            mm += 1
+            (saved if mm % 2 else rec).append(k)
+        elif k.kind == ATTENTION:
+            saved.append(k)
+        else:
+            rec.append(k)
+    last_gemm = max((i for i, k in enumerate(rec) if k.kind == GEMM), default=-1)
+    if not _has_dropout(model):
+        rec = [k for i, k in enumerate(rec) if i < last_gemm or not k.name.startswith("mlp residual")]
+    return saved, rec
+
+
+def _recompute(w: _Writer, model, plan, moe, part, load, rc, stack, dtype) -> None:
+    """Append the recomputation of one layer part (mode ``rc``) to ``w``."""
+    if rc == "full":
+        w.out.extend(_cached(model, plan, moe, FORWARD, part, load, "none", stack, dtype).kernels)
+    elif rc == "selective" and part in ("layer", "attention"):
+        _core(w, model, plan, _Shape(model, plan), "fwd")
+    elif rc == "op":
+        w.out.extend(op_policy(model, _cached(model, plan, moe, FORWARD, part, load, "none", stack, dtype))[1])
 
 
 @lru_cache(maxsize=4096)
-def _cached(model, plan, moe, phase, part, load, recompute, stack, dtype) -> KernelList:
+def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList:
     w = _Writer(stack, dtype, model.dtype_bytes)
     sh = _Shape(model, plan)
-    if phase in (BACKWARD, BACKWARD_INPUT) and recompute and part in ("layer", "attention", "experts"):
-        if plan.recompute == "full":
-            w.out.extend(_cached(model, plan, moe, FORWARD, part, load, False, stack, dtype).kernels)
-        elif plan.recompute == "selective" and part in ("layer", "attention"):
-            _core(w, model, plan, sh, "fwd")
+    if phase in (BACKWARD, BACKWARD_INPUT) and part in ("layer", "attention", "experts"):
+        _recompute(w, model, plan, moe, part, load, rc, stack, dtype)
     if part in ("layer", "attention"):
         _attention_block(w, model, plan, sh, phase)
         _mlp_block(w, model, sh, phase, moe)
@@ -406,7 +461,7 @@ def _cached(model, plan, moe, phase, part, load, recompute, stack, dtype) -> Ker
         d_qk = model.d_head + model.qk_rope_dim if model.is_mla else sh.d
         d_v = model.v_head_dim if model.is_mla else sh.d
         passes = ["fwd"] if phase == FORWARD else (
-            ["fwd", "bwd"] if plan.recompute in ("selective", "full") and recompute else ["bwd"])
+            ["fwd", "bwd"] if rc in ("selective", "full") else ["bwd"])
         for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
             w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
         if phase == BACKWARD_WEIGHT:

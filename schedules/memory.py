@@ -18,9 +18,9 @@ flash (default): the tensors a layer's kernels save for backward, one entry each
     also the output projection's input (one tensor, counted once); rotary and residual adds save nothing.
     Norm tensors are sharded over TP only with SP; the rest always are. torchtitan's eager stack (its
     RMSNorm a chain of eager ops, SwiGLU silu then multiply) saves each norm's fp32 input copy and unweighted
-    output, and SiLU's output, where fused kernels keep the bf16 input only; selective recomputation drops
-    these as torchtitan's op-level selective checkpointing does (it keeps matmul and attention outputs and
-    recomputes the pointwise ops).
+    output, and SiLU's output, where fused kernels keep the bf16 input only; Megatron's selective
+    recomputation keeps them (it re-runs only the attention core); torchtitan's own per-op checkpointing
+    (recompute op, below) recomputes the pointwise ops and keeps none of them.
 eager: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4,
     with the s×s scores, in bytes with 2-byte activations and 1-byte dropout masks, s = seq/cp:
     none:   s·b·h·(34 + 5·a·s/h)          no tensor parallelism
@@ -32,7 +32,12 @@ eager: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Tran
     tokens. The LM head's logits are not counted.
 Selective recompute drops the attention core's internals (eager: the 5·a·s²·b scores; flash: the
 log-sum-exp); full recompute keeps only each layer's input, 2·s·b·h (/t with SP), and rebuilds one layer's
-activations during its backward.
+activations during its backward; with ``recompute_every`` N only every N-th layer is checkpointed
+(``plan.layer_recompute``), the others keep everything. Op recompute (torchtitan's per-op policy,
+``schedules.kernels.op_policy``) keeps the block's input (the checkpoint input) and the outputs of the ops
+the policy saves, read off the forward kernels: the odd-numbered GEMMs' outputs (wq, wv, w1, w2 per rank:
+w2's is the unreduced m×h partial sum under TP), the attention output and its fp32 log-sum-exp, and with
+SP the two reduce-scatter outputs; the rest is rebuilt during the layer's backward.
 
 FSDP / ZeRO-3 residency (``fsdp_residency``): a unit's parameters are all-gathered when a forward or
 backward needs them and are not resident; ``reshard_after_forward`` frees them after each forward. Without
@@ -154,9 +159,9 @@ class Saved(NamedTuple):
 
     name: str
     nbytes: float
-    shard: str          # "tp": sharded over TP always; "sp": only with sequence parallelism
+    shard: str          # "tp": sharded over TP always; "sp": only with sequence parallelism; "none": per rank
     reader: str         # "B": freed by the input-gradient pass; "W": read by the weight-gradient pass
-    core: bool = False  # dropped by selective recompute (attention-core internals; eager pointwise saves)
+    core: bool = False  # dropped by selective recompute (attention-core internals)
 
 
 def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Saved]:
@@ -177,8 +182,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     eager = getattr(plan, "stack", "megatron") == "torchtitan"
     out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
     if eager:
-        out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", core=True),
-                Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", core=True)]
+        out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B"),
+                Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B")]
     if model.is_mla:          # latent projections: the latent norm's input (B) and output (up-projection input, W)
         for lat in ((model.q_lora_rank,) if model.q_lora_rank else ()) + (model.kv_lora_rank + model.qk_rope_dim,):
             out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
@@ -190,8 +195,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
             Saved("norm2 input", e * tok * h, "sp", "B"),
             Saved("norm2 output (MLP input)", f * tok * h, "sp", "W")]
     if eager:
-        out += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", core=True),
-                Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", core=True)]
+        out += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B"),
+                Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B")]
     if f != e:
         out.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
@@ -207,7 +212,7 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
         out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B"),
                 Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W")]
         if eager and model.gated_mlp:     # eager SwiGLU: silu(w1 x) * w3 x, the multiply saves silu's output
-            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B", core=True))
+            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B"))
     return out
 
 
@@ -220,7 +225,28 @@ def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
 
 
 def _per_rank(t: Saved, plan: ParallelPlan) -> float:
-    return t.nbytes / (plan.tp if (t.shard == "tp" or plan.sp) else 1)
+    return t.nbytes / (plan.tp if (t.shard == "tp" or (t.shard == "sp" and plan.sp)) else 1)
+
+
+def op_saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Saved]:
+    """What torchtitan's per-op checkpointing keeps of one layer per micro-batch (see module doc), bytes per
+    rank (shard "none"): the outputs of the forward kernels ``op_policy`` saves, the block input, and the
+    reduce-scatter outputs under SP (``_save_list`` names reduce_scatter_tensor)."""
+    from schedules.kernels import op_policy, phase_kernels
+
+    e = model.dtype_bytes
+    rows = plan.seq / plan.cp * plan.micro_batch / (plan.tp if plan.sp else 1)
+    out = [Saved("layer input (checkpoint input)", e * rows * model.hidden, "none", "B")]
+    for k in op_policy(model, phase_kernels(model, plan, layer, "forward"))[0]:
+        if k.kind == "attention":
+            out += [Saved(f"{k.name} output", e * k.batch * k.seq_q * k.heads * k.head_dim, "none", "W"),
+                    Saved(f"{k.name} log-sum-exp", STATS_BYTES * k.batch * k.seq_q * k.heads, "none", "B")]
+        else:
+            out.append(Saved(f"{k.name} output", e * k.batch * k.m * k.n, "none", "B"))
+    if plan.sp and plan.tp > 1:
+        out += [Saved(f"{n} reduce-scatter output", e * rows * model.hidden, "none", "B")
+                for n in ("attention", "mlp")]
+    return out
 
 
 def _eager_terms(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float, float, float]:
@@ -253,12 +279,15 @@ def _layer_split_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, recompu
     """(activation bytes one rank keeps per micro-batch, of which the W pass reads) without full recompute."""
     if plan.attention == "eager":
         rep, split, core, w_in = _eager_terms(model, plan, layer)
-        core = 0.0 if recompute == "selective" else core
+        core = 0.0 if recompute in ("selective", "op") else core
         t = plan.tp
         total = (rep + split + core) / t if plan.sp else rep + (split + core) / t
         total_unsharded = rep + split + core
         return total, total * min(1.0, w_in / total_unsharded)
-    kept = [x for x in saved_tensors(model, plan, layer) if not (x.core and recompute == "selective")]
+    if recompute == "op":
+        kept = op_saved_tensors(model, plan, layer)
+    else:
+        kept = [x for x in saved_tensors(model, plan, layer) if not (x.core and recompute == "selective")]
     return sum(_per_rank(x, plan) for x in kept), sum(_per_rank(x, plan) for x in kept if x.reader == "W")
 
 
@@ -267,7 +296,7 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, rec
     """Activation bytes one rank keeps per layer and micro-batch until its backward."""
     if model.params_only:
         return 0.0
-    recompute = plan.recompute if recompute is None else recompute
+    recompute = plan.layer_recompute(layer) if recompute is None else recompute
     if recompute == "full":
         s = plan.seq / plan.cp
         return model.dtype_bytes * s * plan.micro_batch * model.hidden / (plan.tp if plan.sp else 1)
@@ -285,9 +314,10 @@ def head_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[float, 
 
 def weight_grad_fraction(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
     """Fraction of a layer's stored activations the W pass needs (freed at W, the rest at B)."""
-    if plan.recompute == "full" or model.params_only:
+    rc = plan.layer_recompute(layer)
+    if rc == "full" or model.params_only:
         return 0.0
-    total, w = _layer_split_bytes(model, plan, layer, plan.recompute)
+    total, w = _layer_split_bytes(model, plan, layer, rc)
     return w / total if total else 0.0
 
 
@@ -303,10 +333,15 @@ def weight_pass_share(model: ModelSpec, plan: ParallelPlan) -> float | None:
 
 
 def recompute_transient_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
-    """Activations rebuilt while one layer's backward runs (full recompute only)."""
-    if plan.recompute != "full":
-        return 0.0
-    return layer_activation_bytes(model, plan, layer, recompute="none")
+    """Activations rebuilt while one layer's backward runs (full and op recompute): what the layer would keep
+    without recomputation beyond what it keeps."""
+    rc = plan.layer_recompute(layer)
+    if rc == "full":
+        return layer_activation_bytes(model, plan, layer, recompute="none")
+    if rc == "op":
+        return max(0.0, layer_activation_bytes(model, plan, layer, recompute="none")
+                   - layer_activation_bytes(model, plan, layer))
+    return 0.0
 
 
 def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:

@@ -26,7 +26,7 @@ from schedules import pipeline as pl
 from simulator.errors import PlanError
 
 SCHEDULE_NAMES = tuple(pl.SCHEDULES)
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -54,7 +54,12 @@ class ParallelPlan:
     first_stage_layers, last_stage_layers: layers of the first and last model piece (Megatron's
                          decoder_first/last_pipeline_num_layers); the rest are balanced
     bucket_bytes         gradient bucket size (PyTorch DDP's default 25 MB)
-    recompute            activation recomputation: none | selective (attention core) | full (whole layer)
+    recompute            activation recomputation: none | selective (Megatron: the attention core) | full
+                         (whole layer) | op (torchtitan's per-op selective checkpointing: matmul and
+                         attention outputs kept, every other matmul and the pointwise ops recomputed)
+    recompute_every      with recompute full: only every N-th layer is checkpointed (layers l with
+                         (l + 1) % N == 0), the others keep all activations; torchtitan's
+                         ``selective_ac_option = N`` ("selective layer"); 1 = every layer
     seq                  sequence length (tokens)
     overlap_grad_reduce  launch gradient reductions during backward (else after it)
     overlap_param_gather ZeRO-1/2: gather updated parameters on the comm stream (else blocking the step end)
@@ -89,6 +94,7 @@ class ParallelPlan:
     virtual_stages: int = 1
     bucket_bytes: float = 25e6
     recompute: str = "none"
+    recompute_every: int = 1
     seq: int = 2048
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
@@ -139,6 +145,18 @@ class ParallelPlan:
         if self.fsdp_reshard_after_forward == "auto":
             return self.pp == 1
         return self.fsdp_reshard_after_forward == "true"
+
+    def layer_recompute(self, layer: int | None) -> str:
+        """The recomputation of transformer layer ``layer``: ``recompute``, except that with recompute full and
+        ``recompute_every`` N only layers l with (l + 1) % N == 0 are checkpointed ("none" for the others), as
+        torchtitan counts its blocks (``_apply_ac_to_transformer_block``: ``_count % ac_freq == 0``, the count
+        starting at 1; under PP torchtitan counts per process, the same when a stage's first layer is a
+        multiple of N). The embedding and the LM head (layer None) are never recomputed."""
+        if layer is None:
+            return "none"
+        if self.recompute == "full" and self.recompute_every > 1:
+            return "full" if (layer + 1) % self.recompute_every == 0 else "none"
+        return self.recompute
 
     @property
     def splits_backward(self) -> bool:
@@ -214,6 +232,9 @@ class ParallelPlan:
             raise PlanError(f"unknown pipeline schedule {self.schedule!r}; known: {', '.join(SCHEDULE_NAMES)}")
         if self.recompute not in RECOMPUTE:
             raise PlanError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.recompute_every > 1 and self.recompute != "full":
+            raise PlanError(f"recompute_every {self.recompute_every} checkpoints every N-th layer fully: it needs "
+                            f"--recompute full (recompute is {self.recompute})")
         if self.attention not in ATTENTION:
             raise PlanError(f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.fsdp_reshard_after_forward not in RESHARD:
@@ -275,7 +296,7 @@ class ParallelPlan:
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
 
-        for f in ("dp", "tp", "pp", "ep", "cp", "micro_batch", "virtual_stages", "seq"):
+        for f in ("dp", "tp", "pp", "ep", "cp", "micro_batch", "virtual_stages", "seq", "recompute_every"):
             v = getattr(self, f)
             if not is_int(v) or v < 1:
                 raise PlanError(f"{f} must be a positive integer, got {v!r}")
@@ -328,6 +349,10 @@ class ParallelPlan:
                             f"use layer_split='balanced'")
         if self.ep > 1 and not model.is_moe:
             raise PlanError(f"ep({self.ep}) > 1 but {model.name} is a dense model (no experts); use --ep 1")
+        if self.recompute == "op" and (model.is_moe or model.is_mla or self.attention != "flash"):
+            raise PlanError(f"recompute op is torchtitan's per-op checkpointing of a dense block with SDPA flash "
+                            f"attention; {model.name} with attention {self.attention} is not one: use --recompute "
+                            f"selective or full")
         if model.is_moe and model.experts % self.ep:
             raise PlanError(f"ep({self.ep}) must divide the {model.experts} experts of {model.name}")
 
@@ -520,6 +545,13 @@ def parse_memory_limit(value, pp: int) -> dict:
     return {"memory_limit": lim}
 
 
+def recompute_flops(model, plan: "ParallelPlan", layer: int) -> float:
+    """FLOPs one rank spends recomputing layer ``layer`` per micro-batch under recompute op (the GEMMs the
+    policy does not save, ``schedules.kernels.recompute_kernels``)."""
+    from schedules.kernels import recompute_kernels
+    return recompute_kernels(model, plan, layer).flops
+
+
 def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
     """Relative times of a layer's forward (T_F), backward-input (T_B) and backward-weight (T_W) passes
     from their FLOPs (``LayerFlops``; recomputation adds a forward to B), mean over the layers, rounded so
@@ -528,8 +560,9 @@ def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
     for l in range(model.layers):
         lf = model.layer_flops(l, plan.seq, plan.micro_batch)
         f += lf.forward
-        b += lf.backward_input + (lf.forward if plan.recompute == "full" else
-                                  lf.attn_core if plan.recompute == "selective" else 0.0)
+        rc = plan.layer_recompute(l)
+        b += lf.backward_input + (lf.forward if rc == "full" else lf.attn_core if rc == "selective" else
+                                  recompute_flops(model, plan, l) * plan.tp * plan.cp if rc == "op" else 0.0)
         w += lf.backward_weight
     return (1.0, round(b / f, 2), round(w / f, 2))
 

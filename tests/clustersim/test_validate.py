@@ -53,8 +53,8 @@ def test_fsdp_framework_row_takes_local_batch_and_proxy_layers():
                gpus="8", notes="Table 1; local batch size 2", activation_checkpointing="selective",
                hardware="H100 (Grand Teton; 96GB HBM2e, 500W power limit)", model="Llama 3.1 8B")
     kw, notes = row_experiment(row, FIELDS)
-    assert (kw["fsdp"], kw["dp"], kw["micro_batch"], kw["global_batch"], kw["recompute"]) == (True, 8, 2, 16,
-                                                                                              "selective")
+    # torchtitan's bare "selective" is its train_configs' selective_ac_option = 'op' (per-op checkpointing)
+    assert (kw["fsdp"], kw["dp"], kw["micro_batch"], kw["global_batch"], kw["recompute"]) == (True, 8, 2, 16, "op")
     assert any("HBM2e" in n for n in notes)
     proxy, notes = row_experiment(_row(model="Llama 3.1 405B", num_layers="7", framework="NeMo (Megatron-Core)"),
                                   FIELDS)
@@ -163,3 +163,16 @@ def test_unstated_checkpointing_takes_the_least_recompute_that_fits():
 
 
 GIB = 2 ** 30
+
+
+def test_torchtitan_selective_rows_map_to_its_own_options():
+    """torchtitan's "selective layer" is full checkpointing of every 2nd block (config_manager's default
+    selective_ac_option "2"), "selective op" its per-op policy; Megatron's selective stays the attention core."""
+    tt = dict(framework="torchtitan (FSDP2 1D)", gbs="128", mbs="2", tp="", pp="", vp="", fsdp="64", gpus="64",
+              notes="", hardware="A100 80GB", model="Llama 2 13B")
+    layer, _ = row_experiment(_row(**tt, activation_checkpointing="selective layer"), FIELDS)
+    op, _ = row_experiment(_row(**tt, activation_checkpointing="selective op"), FIELDS)
+    assert (layer["recompute"], layer["recompute_every"]) == ("full", 2)
+    assert op["recompute"] == "op" and "recompute_every" not in op
+    mg, _ = row_experiment(_row(activation_checkpointing="selective"), FIELDS)
+    assert mg["recompute"] == "selective" and "recompute_every" not in mg
