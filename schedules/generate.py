@@ -58,7 +58,7 @@ class Unit:
     f_exp: float                     # routed experts forward FLOPs
     act: float                       # activation bytes kept from forward to backward
     w_frac: float = 0.0              # part of ``act`` only W needs
-    transient: float = 0.0           # full / op recompute: activations rebuilt during backward
+    transient: float = 0.0           # full / op recompute: activations rebuilt during backward; head: logits
     moe: bool = False
     kind: str = "layer"              # layer | embedding | head
     recompute: str = "none"          # this layer's recomputation (``ParallelPlan.layer_recompute``)
@@ -128,7 +128,7 @@ class _StageBuilder:
                 head = (m.head_params() / p.tp if mem.holds_head(m, p, self.s) else 0.0) + m.hidden  # + final norm
                 act, act_w = mem.head_activation_bytes(m, p)
                 units.append(Unit("lm_head", None, head, 0.0, m.head_flops(p.seq, p.micro_batch) / div, 0.0, 0.0,
-                                  act, act_w / act if act else 0.0, kind="head"))
+                                  act, act_w / act if act else 0.0, mem.head_transient_bytes(m, p), kind="head"))
             out.append(units)
         return out
 
@@ -419,6 +419,8 @@ class _StageBuilder:
         alloc, free = [], []
         if a.phase == "F" and u.act:
             alloc.append(("activations", u.act))
+            if u.kind == "head" and u.transient:     # the logits while the loss runs
+                alloc.append(("activations", u.transient)); free.append(("activations", u.transient))
         elif a.phase == "B":
             if u.act:
                 free.append(("activations", u.act))

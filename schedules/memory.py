@@ -224,6 +224,18 @@ def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
             Saved("cross-entropy softmax (fp32)", STATS_BYTES * tok * model.vocab, "tp", "B")]
 
 
+def head_transient_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes per rank live beside the head's saved tensors while the loss runs, forward and backward: the LM
+    head's logits in the activation dtype, plus their fp32 copy under torchtitan's eager cross-entropy
+    (``F.cross_entropy(pred.float(), ...)``; the fused cross-entropies of Megatron and flash-attn upcast in
+    registers). Backward mirrors it: the fp32 gradient of log_softmax and its cast back."""
+    if model.params_only or plan.attention == "eager":
+        return 0.0
+    tok = plan.seq / plan.cp * plan.micro_batch
+    per = model.dtype_bytes + (4 if getattr(plan, "stack", "megatron") == "torchtitan" else 0)
+    return per * tok * model.vocab / plan.tp
+
+
 def _per_rank(t: Saved, plan: ParallelPlan) -> float:
     return t.nbytes / (plan.tp if (t.shard == "tp" or (t.shard == "sp" and plan.sp)) else 1)
 
@@ -352,19 +364,22 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     held = [sum(layer_activation_bytes(model, plan, l) for l in ls) for ls in chunks]
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
+    transient = [max((recompute_transient_bytes(model, plan, l) for l in ls), default=0.0) for ls in chunks]
+    head_t = [0.0] * plan.chunks
     for c in range(plan.chunks):        # the chunk holding the last model piece runs the LM head
         if plan.piece(stage, c) == plan.pieces - 1:
             head, head_w = head_activation_bytes(model, plan)
             held[c] += head
             wfrac[c] += head_w
-    transient = [max((recompute_transient_bytes(model, plan, l) for l in ls), default=0.0) for ls in chunks]
+            head_t[c] = head_transient_bytes(model, plan)
+            transient[c] = max(transient[c], head_t[c])
     order = plan.stage_order(stage, model)
     cur = peak = 0.0
     for a in order:
         c = a.chunk
         if a.phase == "F":
             cur += held[c]
-            peak = max(peak, cur)
+            peak = max(peak, cur + head_t[c])
         elif a.phase == "B":
             peak = max(peak, cur + transient[c])
             cur -= held[c]

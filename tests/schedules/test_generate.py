@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedules import build_programs, comm_volume, custom_model, get_model, memory_per_rank
-from schedules.memory import head_activation_bytes
+from schedules.memory import head_activation_bytes, head_transient_bytes
 from schedules.plan import ParallelPlan
 from simulator.costs import IdealCostModel, SimpleCostModel
 from simulator.engine import run
@@ -84,9 +84,10 @@ def test_1f1b_holds_p_microbatches_on_stage0():
     peak = peak_memory(res, 0) - sum(progs.static_memory[0].values())
     assert peak == pytest.approx(p * per_mb)
     # and the engine's peak agrees with memory_per_rank on every stage
-    # (LayersOnly runs the LM head in zero time: its activations are allocated and freed at one instant)
+    # (LayersOnly runs the LM head in zero time: its activations and the logits beside them are allocated and
+    # freed at one instant)
     mem = memory_per_rank(model, plan)
-    head = head_activation_bytes(model, plan)[0]
+    head = head_activation_bytes(model, plan)[0] + head_transient_bytes(model, plan)
     assert head > 0
     for rep in progs.ops:
         s = plan.stage_of(rep)
@@ -445,3 +446,16 @@ def test_fsdp_without_pp_reduce_scatters_every_microbatch():
     assert len(_fsdp_ops(progs, 0, "all_gather")) == 2 * 4 * units
     keep = build_programs(model, dataclasses.replace(plan, fsdp_reshard_after_forward="false"))
     assert len(_fsdp_ops(keep, 0, "all_gather")) == 4 * units
+
+
+def test_logits_are_live_beside_the_head_while_the_loss_runs():
+    """The LM head's logits (activation dtype) and, under torchtitan's eager cross-entropy, their fp32 copy are
+    live beside the saved fp32 softmax: closed form, and the engine's memory timeline reaches it."""
+    model = custom_model(layers=2, hidden=256, heads=8, vocab=50_000)
+    tok = SEQ
+    for stack, per in (("megatron", 2), ("torchtitan", 6)):
+        plan = ParallelPlan(seq=SEQ, stack=stack)
+        assert head_transient_bytes(model, plan) == pytest.approx(per * tok * model.vocab)
+        progs, res = _step(model, plan, cost=SimpleCostModel())
+        mem = memory_per_rank(model, plan)["stage0"]["total"]
+        assert peak_memory(res, 0) == pytest.approx(mem)

@@ -62,7 +62,8 @@ def test_1f1b_holds_p_microbatches_on_stage0_and_gpipe_m():
     assert _act("1f1b", p, m) == pytest.approx(p * stage_layers * per_layer)
     head = head_activation_bytes(GPT, ParallelPlan(seq=S))[0]     # final norm + fp32 cross-entropy softmax
     assert head == pytest.approx(2 * 2 * S * H + 4 * S * GPT.vocab)
-    assert _act("1f1b", p, m, stage=p - 1) == pytest.approx(1 * stage_layers * per_layer + head)
+    logits = 2 * S * GPT.vocab       # the bf16 logits live beside them while the (fused) loss runs
+    assert _act("1f1b", p, m, stage=p - 1) == pytest.approx(1 * stage_layers * per_layer + head + logits)
     assert _act("gpipe", p, m) == pytest.approx(m * stage_layers * per_layer)
     assert _act("zb", p, m) == pytest.approx(_act("1f1b", p, m))
     # interleaved: p·(1 + (p-1)/(p·v)) stage-equivalents
