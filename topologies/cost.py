@@ -681,13 +681,22 @@ class ClusterCostModel:
         if hit is not None and hit[0] is request.images:
             return hit[1], hit[2]
         parts_l, parts_c = [algo.links], [algo.coef]
+        images = request.images
         if request.kind == "p2p":       # a pair's route carries each of its bytes once: no algorithm to price
-            gpu_of, path, flat = self.cluster.gpu_of, self._path, []
-            for src, dst in request.images:
-                flat.extend(path(gpu_of(src), gpu_of(dst))[0])
-            parts_l.append(np.array(flat, dtype=np.int64))
+            flat = self._image_routes(images)
+            parts_l.append(flat)
             parts_c.append(np.ones(len(flat)))
-        for img in (() if request.kind == "p2p" else request.images):
+            images = ()
+        elif len({len(img) for img in images}) == 1:
+            # images that an automorphism of the cluster maps the group onto (whole domains, rails) use
+            # the mapped links with the same bytes (Cluster.translate_links); the others are priced below
+            gpus = self._gpus(request)
+            moved = self.cluster.translate_links(algo.links, gpus, [self._gpus(request, img) for img in images])
+            if moved is not None:
+                parts_l.append(moved.ravel())
+                parts_c.append(np.tile(algo.coef, len(images)))
+                images = ()
+        for img in images:
             g = self._gpus(request, img)
             a = self._algo_cost(request.kind, g, algo.name) if len(g) > 1 else None
             if a is None:
@@ -705,6 +714,19 @@ class ClusterCostModel:
             self._image_cache.clear()
         self._image_cache[key] = (request.images, *out)
         return out
+
+    def _image_routes(self, pairs) -> np.ndarray:
+        """Link ids of the routes of the rank pairs ``pairs`` (src, dst), all together (a multiset)."""
+        gpu_of = self.cluster.gpu_of
+        src = [gpu_of(a) for a, _ in pairs]
+        dst = [gpu_of(b) for _, b in pairs]
+        flat = self.cluster.route_many(src, dst)
+        if flat is None:
+            path, out = self._path, []
+            for a, b in zip(src, dst):
+                out.extend(path(a, b)[0])
+            flat = np.array(out, dtype=np.int64)
+        return flat
 
     def network(self):
         """A fresh FlowNetwork: max-min fair in "flow" mode, contention-free otherwise."""
