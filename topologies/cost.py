@@ -580,6 +580,42 @@ class ClusterCostModel:
             self._time_cache[key] = t
         return t
 
+    def comm_times_s(self, kind: str, groups, size_bytes: float) -> list[float]:
+        """``comm_time_s`` of the same communication on each of ``groups`` (rank tuples, or an array with a
+        row per group), pricing one group per shape (``Cluster.comm_shape``, found for all pairs at once)
+        where the cluster has shapes: what symmetry refinement asks of every member's transfers."""
+        c = self.cluster
+        arrays = self._shape_arrays()
+        ranks = np.asarray(groups, dtype=np.int64)
+        if (kind != "p2p" or self.network_mode == "ideal" or arrays is None or ranks.ndim != 2
+                or ranks.shape[1] != 2 or not len(ranks) or ranks.min() < 0 or ranks.max() >= c.world_size):
+            rows = groups.tolist() if isinstance(groups, np.ndarray) else groups
+            return [self.comm_time_s(CommRequest(kind, tuple(g), size_bytes)) for g in rows]
+        gpn, rail_opt, placement, leaf_of, pod_of = arrays
+        gpus = placement[ranks]
+        node, loc = gpus // gpn, gpus % gpn
+        order = lambda v: np.sign(v[:, 1] - v[:, 0]) + 1      # noqa: E731  (comm_shape's _pair of a pair)
+        last = order(loc) if rail_opt else loc[:, 0] * gpn + loc[:, 1]
+        key = ((order(node) * 3 + order(leaf_of[gpus])) * 3 + order(pod_of[gpus])) * gpn * gpn + last
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        times = [self.comm_time_s(CommRequest(kind, tuple(ranks[i].tolist()), size_bytes)) for i in first.tolist()]
+        return np.asarray(times)[inv.reshape(-1)].tolist()
+
+    def _shape_arrays(self):
+        """(GPUs per node, rail-optimised, placement, unit and pod of each GPU) as arrays where
+        ``comm_time_s`` prices by ``Cluster.comm_shape``; else None."""
+        c = self.cluster
+        if not self._uniform_domains or getattr(c, "faults", None) is not None:
+            return None
+        hit = self.__dict__.get("_shape_arr")
+        if hit is None or hit[0] is not c.placement:
+            c.comm_shape((0,))
+            lay = c.__dict__.get("_shape_layout")
+            arr = None if lay is None else (lay[0], lay[1], np.asarray(c.placement, dtype=np.int64),
+                                            np.asarray(lay[2], dtype=np.int64), np.asarray(lay[3], dtype=np.int64))
+            hit = self._shape_arr = (c.placement, arr)
+        return hit[1]
+
     def comm_sm_fraction(self, request: CommRequest) -> float:
         """Share of each member GPU's SMs the communication's kernels hold while it runs. NCCL launches one
         thread block per channel (src/enqueue.cc), each on its own SM, so compute overlapped with it runs on
