@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
 from simulator.errors import ConfigError, TopologyError
 from topologies import builders
 from topologies.builders import FatTreeInfo
 from topologies.specs import AcceleratorSpec, get_accelerator
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 DOMAIN_KINDS = ("nvswitch", "nvl72", "pcie", "torus", "optical")
 _STAR_KIND = {"nvswitch": "nvswitch", "nvl72": "nvswitch", "pcie": "pcie"}
@@ -96,12 +99,93 @@ class Cluster:
         if self.n_domains > 1 and fabric is None:
             raise TopologyError(f"cluster {name!r}: {self.n_domains} scale-up domains but no scale-out fabric; "
                                 f"add a 'fabric' section or use at most {self.domain_size} GPUs")
-        self.graph = nx.Graph(name=name)
-        self._build()
-        builders.validate_graph(self.graph, where=f"cluster {name!r}")
-        self._build_links()
+        self._graph = None
+        if not (self.LAZY_GRAPH and self._build_table()):
+            import networkx as nx      # (imported only where a graph is built: ~0.2 s)
+            self.graph = nx.Graph(name=name)
+            self._build()
+            builders.validate_graph(self.graph, where=f"cluster {name!r}")
+            self._build_links()
         self.set_placement(placement)
         self._routes: dict = {}
+
+    # star domains with a fat tree of one NIC per GPU (or none) get their link table from the specs and
+    # their networkx graph only when something asks for it (``graph``): set-up that does not grow with
+    # the graph's Python objects (tests compare both ways)
+    LAZY_GRAPH = True
+
+    @property
+    def graph(self) -> nx.Graph:
+        """The cluster as a networkx graph (nodes: GPUs and switches; edges: bandwidth, latency, type)."""
+        if self._graph is None:
+            import networkx as nx
+            self._graph = nx.Graph(name=self.name)
+            keep = (self.fat_tree, self._endpoint_of_gpu, self._torus)
+            self._build()
+            self.fat_tree, self._endpoint_of_gpu, self._torus = keep
+        return self._graph
+
+    @graph.setter
+    def graph(self, g) -> None:
+        self._graph = g
+
+    def _build_table(self) -> bool:
+        """The link table (``_build_links``'s, in the same order) and fat-tree layout of star domains with
+        a fat tree of one NIC per GPU or none, straight from the specs; False for other clusters."""
+        d, f = self.domain_spec, self.fabric_spec
+        if d.kind not in _STAR_KIND or (f is not None and f.nics_per_node != self.gpus_per_node):
+            return False
+        link = "pcie" if d.kind == "pcie" else "nvlink"
+        bw = builders._check_bw(f"{_STAR_KIND[d.kind]} domain", d.bandwidth)
+        lat = builders.HOP_LATENCY_S[link] if d.latency is None else d.latency
+        ft = None
+        if f is not None:
+            ft, _ = builders.fat_tree_layout([(g, g % self.gpus_per_node) for g in range(self.n_gpus)],
+                                             f.bandwidth, tiers=f.tiers, leaf_down=f.leaf_down,
+                                             oversubscription=f.oversubscription, rail_optimised=f.rail_optimised,
+                                             link_type=f.link, latency=f.latency)
+            if not ft.latency >= 0:
+                return False                    # the graph's validation names the bad link
+        if not lat >= 0:
+            return False
+        self._torus = None
+        self.fat_tree = ft
+        self._endpoint_of_gpu = list(range(self.n_gpus))
+        names: list = []
+        cap: list = []
+        lats: list = []
+        typ: list = []
+        ds = self.domain_size
+        for k in range(self.n_domains):         # the graph's edge order: each switch's GPUs, then theirs
+            sw = (_STAR_KIND[d.kind], k)
+            gpus = range(k * ds, (k + 1) * ds)
+            for g in gpus:
+                names += [(sw, g), (g, sw)]
+            cap += [bw] * (2 * ds)
+            lats += [lat] * (2 * ds)
+            typ += [link] * (2 * ds)
+            if ft is not None:
+                for g in gpus:
+                    leaf = ("leaf", ft.leaf_of[g])
+                    names += [(g, leaf), (leaf, g)]
+                cap += [ft.bandwidth] * (2 * ds)
+                lats += [ft.latency] * (2 * ds)
+                typ += [ft.link_type] * (2 * ds)
+        if ft is not None and ft.uplinks:
+            for leaf in range(ft.n_leaves):
+                names += [("up", leaf), ("down", leaf)]
+            cap += [ft.uplinks * ft.bandwidth] * (2 * ft.n_leaves)
+            lats += [ft.latency] * (2 * ft.n_leaves)
+            typ += [ft.link_type] * (2 * ft.n_leaves)
+            if ft.cores_per_plane:
+                for pod in range(ft.n_pods):
+                    names += [("podup", pod), ("poddown", pod)]
+                cap += [ft.uplinks * ft.cores_per_plane * ft.bandwidth] * (2 * ft.n_pods)
+                lats += [ft.latency] * (2 * ft.n_pods)
+                typ += [ft.link_type] * (2 * ft.n_pods)
+        self.link_id = {nm: i for i, nm in enumerate(names)}
+        self.link_capacity, self.link_latency, self.link_type, self.link_name = cap, lats, typ, names
+        return True
 
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
@@ -252,6 +336,8 @@ class Cluster:
 
     def has_sharp(self, domain: int) -> bool:
         sw = self.domain_switch(domain)
+        if sw is not None and self._graph is None and self.domain_spec.kind in _STAR_KIND:
+            return self.domain_spec.kind != "pcie" and bool(self.domain_spec.sharp)     # as _build makes it
         return sw is not None and bool(self.graph.nodes[sw].get("sharp"))
 
     # ------------------------------------------------------------------ symmetry

@@ -141,3 +141,27 @@ def test_step_time_with_mapped_images_equals_explicit_images(plan, over):
         programs = refine_classes(build_programs(model, plan, plan.world_size, symmetric=True), cost).programs
         times.append(run(programs, cost).step_time_s)
     assert times[0] == times[1]
+
+
+@pytest.mark.parametrize("preset,gpus,over", CLUSTERS + [
+    ("dgx-h100", 8, {}), ("dgx-h100", 16384, {}), ("dgx-b200", 64, dict(tiers=2, oversubscription=2)),
+    ("pcie-ethernet-lab", None, {}), ("tpu-v5p", None, {}), ("cloudmatrix-384", None, {}),
+    ("dgx-h100", 64, dict(fabric=dict(latency=2e-6), domain=dict(latency=1e-7))),
+])
+def test_lazy_graph_cluster_equals_the_graph_built_one(preset, gpus, over, monkeypatch):
+    """Link table, fat tree and (built on demand) graph of the lazy cluster equal the eager build's."""
+    from topologies.cluster import Cluster
+    lazy = load_cluster(preset, gpus, **over)
+    monkeypatch.setattr(Cluster, "LAZY_GRAPH", False)
+    eager = load_cluster(preset, gpus, **over)
+    for attr in ("link_name", "link_capacity", "link_latency", "link_type", "link_id", "_endpoint_of_gpu",
+                 "_torus"):
+        assert getattr(lazy, attr) == getattr(eager, attr), attr
+    assert (lazy.fat_tree is None) == (eager.fat_tree is None)
+    if lazy.fat_tree is not None:
+        assert vars(lazy.fat_tree) == vars(eager.fat_tree)
+    assert [lazy.has_sharp(d) for d in range(lazy.n_domains)] == [eager.has_sharp(d) for d in range(eager.n_domains)]
+    g, h = lazy.graph, eager.graph
+    assert list(g.nodes(data=True)) == list(h.nodes(data=True))
+    assert list(g.edges(data=True)) == list(h.edges(data=True))
+    assert g.graph.keys() == h.graph.keys() and lazy.describe() == eager.describe()
