@@ -185,6 +185,30 @@ class Cluster:
                 typ += [ft.link_type] * (2 * ft.n_pods)
         self.link_id = {nm: i for i, nm in enumerate(names)}
         self.link_capacity, self.link_latency, self.link_type, self.link_name = cap, lats, typ, names
+        # _link_codes' table, in the same order: per domain (switch->GPU, GPU->switch) per GPU, then
+        # (GPU->leaf, leaf->GPU) per GPU; then the leaf trunks (up, down) and the pod trunks
+        gpu = np.arange(self.n_gpus, dtype=np.int64).reshape(self.n_domains, ds).repeat(2, axis=1)
+        blocks_c = [np.tile(np.array([1, 0]), (self.n_domains, ds))]
+        blocks_i = [gpu]
+        if ft is not None:
+            blocks_c.append(np.tile(np.array([2, 3]), (self.n_domains, ds)))
+            blocks_i.append(gpu)
+        code = [np.concatenate(blocks_c, axis=1).ravel()]
+        index = [np.concatenate(blocks_i, axis=1).ravel()]
+        sizes = [self.n_gpus] * 4 + [0] * 4
+        if ft is not None:
+            sizes[4:] = [ft.n_leaves] * 2 + [ft.n_pods] * 2
+            if ft.uplinks:
+                code.append(np.tile(np.array([4, 5]), ft.n_leaves))
+                index.append(np.arange(ft.n_leaves, dtype=np.int64).repeat(2))
+                if ft.cores_per_plane:
+                    code.append(np.tile(np.array([6, 7]), ft.n_pods))
+                    index.append(np.arange(ft.n_pods, dtype=np.int64).repeat(2))
+        code, index = np.concatenate(code).astype(np.int64), np.concatenate(index)
+        offsets = np.concatenate(([0], np.cumsum(sizes)))
+        inverse = np.full(int(offsets[-1]), -1, dtype=np.int64)
+        inverse[offsets[code] + index] = np.arange(len(code))
+        self._codes = (code, index, inverse, offsets)
         return True
 
     # ------------------------------------------------------------------ construction

@@ -253,6 +253,11 @@ class ClusterCostModel:
         c = self.cluster
         if c.domain_switch(0) is None:
             return False
+        codes = c._link_codes()
+        if codes is not None:             # the device links are codes 0 and 1 (GPU <-> its domain switch)
+            on = codes[0] <= 1
+            cap, lat = self.capacity[on], np.asarray(c.link_latency, dtype=float)[on]
+            return bool((cap == cap[0]).all() and (lat == lat[0]).all()) if len(cap) else True
         seen = set()
         cap, lat = self.capacity, c.link_latency
         for i, nm in enumerate(c.link_name):

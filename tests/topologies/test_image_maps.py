@@ -165,3 +165,10 @@ def test_lazy_graph_cluster_equals_the_graph_built_one(preset, gpus, over, monke
     assert list(g.nodes(data=True)) == list(h.nodes(data=True))
     assert list(g.edges(data=True)) == list(h.edges(data=True))
     assert g.graph.keys() == h.graph.keys() and lazy.describe() == eager.describe()
+    a, b = lazy._link_codes(), eager._link_codes()             # the table's codes, vs the loop over names
+    assert (a is None) == (b is None)
+    if a is not None:
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    uniform = ClusterCostModel(lazy)._uniform_domains
+    eager._link_codes = lambda: None                          # the loop over link names
+    assert ClusterCostModel(eager)._uniform_domains == uniform
