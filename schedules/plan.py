@@ -509,7 +509,7 @@ class ParallelPlan:
         on = np.ones(self.world_size, dtype=bool)
         for a in vary:
             on &= (base // self._strides[a]) % self.axis_sizes[a] == 0
-        return [tuple(r + o for o in offsets) for r in base[on].tolist()]
+        return list(map(tuple, (base[on][:, None] + np.array(offsets, dtype=np.int64)[None, :]).tolist()))
 
 
 def parse_stage_layers(value) -> tuple[int, ...] | None:
