@@ -732,7 +732,7 @@ class ClusterCostModel:
             # images that an automorphism of the cluster maps the group onto (whole domains, rails) use
             # the mapped links with the same bytes (Cluster.translate_links); the others are priced below
             gpus = self._gpus(request)
-            moved = self.cluster.translate_links(algo.links, gpus, [self._gpus(request, img) for img in images])
+            moved = self.cluster.translate_links(algo.links, gpus, self._gpus_of_images(request, images))
             if moved is not None:
                 parts_l.append(moved.ravel())
                 parts_c.append(np.tile(algo.coef, len(images)))
@@ -756,15 +756,33 @@ class ClusterCostModel:
         self._image_cache[key] = (request.images, *out)
         return out
 
+    def _gpus_of_images(self, request: CommRequest, images) -> np.ndarray:
+        """The GPUs of equal-sized rank groups ``images`` as an array (a row each), checked as ``_gpus``
+        checks one group (the same errors)."""
+        ranks = np.asarray(images, dtype=np.int64)
+        placement = self.__dict__.get("_placement")
+        if placement is None or placement[0] is not self.cluster.placement:
+            placement = self._placement = (self.cluster.placement, np.asarray(self.cluster.placement, dtype=np.int64))
+        if ranks.ndim != 2 or not ranks.size or ranks.min() < 0 or ranks.max() >= len(placement[1]):
+            return np.array([self._gpus(request, img) for img in images], dtype=np.int64)
+        gpus = placement[1][ranks]
+        if request.kind != "p2p" and gpus.shape[1] > 1:
+            s = np.sort(gpus, axis=1)
+            bad = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1))
+            if len(bad):
+                self._gpus(request, images[int(bad[0])])            # raises: a rank named twice
+        return gpus
+
     def _image_routes(self, pairs) -> np.ndarray:
         """Link ids of the routes of the rank pairs ``pairs`` (src, dst), all together (a multiset)."""
-        gpu_of = self.cluster.gpu_of
-        src = [gpu_of(a) for a, _ in pairs]
-        dst = [gpu_of(b) for _, b in pairs]
+        if not len(pairs):
+            return np.zeros(0, dtype=np.int64)
+        gpus = self._gpus_of_images(CommRequest("p2p", pairs[0], 0.0), pairs)
+        src, dst = gpus[:, 0], gpus[:, 1]
         flat = self.cluster.route_many(src, dst)
         if flat is None:
             path, out = self._path, []
-            for a, b in zip(src, dst):
+            for a, b in zip(src.tolist(), dst.tolist()):
                 out.extend(path(a, b)[0])
             flat = np.array(out, dtype=np.int64)
         return flat

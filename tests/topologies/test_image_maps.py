@@ -172,3 +172,13 @@ def test_lazy_graph_cluster_equals_the_graph_built_one(preset, gpus, over, monke
     uniform = ClusterCostModel(lazy)._uniform_domains
     eager._link_codes = lambda: None                          # the loop over link names
     assert ClusterCostModel(eager)._uniform_domains == uniform
+
+
+def test_bad_images_give_the_one_group_errors():
+    from simulator.errors import ClusterSimError
+    m = ClusterCostModel(load_cluster("dgx-h100", 64), network="flow")
+    for images in (((8, 8, 9, 10),), ((8, 9, 10, 640),)):
+        with pytest.raises(ClusterSimError, match="twice|not placed"):
+            m.bundle(CommRequest("all_reduce", (0, 1, 2, 3), 1e6, images=images))
+    with pytest.raises(ClusterSimError, match="not placed"):
+        m.bundle(CommRequest("p2p", (0, 8), 1e6, images=((1, 999),)))
