@@ -29,6 +29,8 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from schedules import memory as mem
 from schedules.kernels import phase_kernels
 from schedules.models import ModelSpec, model_flops_per_step
@@ -762,12 +764,8 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
     gc.disable()
     try:
         if symmetric:
-            members: dict[tuple, list[int]] = {}
-            for r in range(world_size):
-                c = plan.coords(r)
-                members.setdefault((c["pp"], c["cp"], c["ep"] if skewed else 0), []).append(r)
             progs.classes = {}
-            for (s, cpc, e), ranks in sorted(members.items()):
+            for (s, cpc, e), ranks in _stage_classes(plan, world_size, skewed):
                 rep = plan.rank_of(cp=cpc, dp=e, pp=s)
                 assert rep in ranks
                 progs.ops[rep] = instantiate(template(s, e), rep)
@@ -787,6 +785,22 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                   "stage_layers": [[l for c in mem.stage_chunks(model, plan, s) for l in c] for s in range(plan.pp)],
                   "generator": "schedules.build_programs"}
     return progs
+
+
+def _stage_classes(plan: ParallelPlan, world_size: int, skewed: bool) -> list:
+    """[((stage, CP rank, EP rank or 0), ranks in order)] sorted by key: the ranks that run one template."""
+    r = np.arange(world_size, dtype=np.int64)
+    axis = {a: (r // plan._strides[a]) % plan.axis_sizes[a] for a in ("pp", "cp", "ep")}
+    e = axis["ep"] if skewed else np.zeros_like(r)
+    key = (axis["pp"] * plan.axis_sizes["cp"] + axis["cp"]) * plan.axis_sizes["ep"] + e
+    order = np.argsort(key, kind="stable")
+    cut = np.flatnonzero(np.diff(key[order])) + 1
+    out = []
+    for ranks in np.split(order, cut):
+        first = int(ranks[0])
+        k = (int(axis["pp"][first]), int(axis["cp"][first]), int(e[first]))
+        out.append((k, tuple(ranks.tolist())))
+    return out
 
 
 def _clone(op: Op, *, group=None, peer=None) -> Op:

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from schedules import pipeline as pl
 from simulator.errors import PlanError
 
@@ -502,11 +504,12 @@ class ParallelPlan:
         offsets = [0]
         for a in sorted(vary, key=lambda a: self.axes.index(a)):
             offsets = [o + k * self._strides[a] for k in range(self.axis_sizes[a]) for o in offsets]
-        out = []
-        for r in range(self.world_size):
-            if all((r // self._strides[a]) % self.axis_sizes[a] == 0 for a in vary):
-                out.append(tuple(sorted(r + o for o in offsets)))
-        return out
+        offsets = sorted(offsets)
+        base = np.arange(self.world_size)
+        on = np.ones(self.world_size, dtype=bool)
+        for a in vary:
+            on &= (base // self._strides[a]) % self.axis_sizes[a] == 0
+        return list(map(tuple, (base[on][:, None] + np.array(offsets, dtype=np.int64)[None, :]).tolist()))
 
 
 def parse_stage_layers(value) -> tuple[int, ...] | None:

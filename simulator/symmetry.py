@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from simulator.costs import CommRequest
 from simulator.errors import ProgramError
 from simulator.program import COLLECTIVE, RECV, SEND, Op, Programs
@@ -173,11 +175,61 @@ class _Signatures:
                 _round(self.cost.comm_time_s(CommRequest("p2p", (src, dst), s))) for s in sizes))
         return c
 
+    def _p2p_ids(self, src: np.ndarray, dst: np.ndarray, sizes: tuple) -> np.ndarray:
+        """``p2p_cost`` of the transfers src[i] -> dst[i] at ``sizes``, priced in one call per size where
+        the cost model can (an optional ``comm_times_s(kind, groups, size)``: what ``comm_time_s`` gives,
+        for many groups at once)."""
+        batch = getattr(self.cost, "comm_times_s", None)
+        if batch is None or not len(src):
+            return np.array([self.p2p_cost(a, b, SEND, sizes) for a, b in zip(src.tolist(), dst.tolist())],
+                            dtype=np.int64)
+        pairs = np.stack((src, dst), axis=1)
+        cols = []
+        for size in sizes:
+            t = np.asarray(batch("p2p", pairs, size), dtype=float)
+            u, inv = np.unique(t, return_inverse=True)
+            cols.append(np.array([_round(x) for x in u.tolist()])[inv.reshape(-1)])
+        T = np.stack(cols, axis=1)
+        rows = _row_ids(T.view(np.int64))           # rows of equal rounded times (bit patterns)
+        _, first = np.unique(rows, return_index=True)
+        ids = np.zeros(len(first), dtype=np.int64)
+        for k, i in enumerate(first.tolist()):
+            ids[k] = self._id(tuple(T[i].tolist()))
+        return ids[rows]
+
+    def _ranks_table(self, family: str) -> tuple[np.ndarray, np.ndarray]:
+        """(the ranks of each group of ``family`` as rows padded with -1, group id -> its row)."""
+        cache = self.__dict__.setdefault("_rank_rows", {})
+        hit = cache.get(family)
+        if hit is None:
+            gids = [i for i, g in enumerate(self.p.groups) if g.family == family]
+            width = max((len(self.p.groups[i].ranks) for i in gids), default=0)
+            rows = np.full((max(len(gids), 1), max(width, 1)), -1, dtype=np.int64)
+            row = np.zeros(len(self.p.groups), dtype=np.int64)
+            for k, i in enumerate(gids):
+                rk = self.p.groups[i].ranks
+                rows[k, :len(rk)] = rk
+                row[i] = k
+            hit = cache[family] = (rows, row)
+        return hit
+
+    def _group_table(self, families) -> dict[str, np.ndarray]:
+        """family -> each rank's group id (-1: none), as ``Programs.group_of`` finds them (first group)."""
+        n = self.p.world_size
+        table = {f: np.full(n, -1, dtype=np.int64) for f in families}
+        for gid in range(len(self.p.groups) - 1, -1, -1):
+            g = self.p.groups[gid]
+            if g.family in table:
+                table[g.family][list(g.ranks)] = gid
+        self._gof = table
+        return table
+
     def peer_of(self, m: int, use) -> tuple[int | None, int | None]:
         """(the member's own rank in the use's group position, its peer) for p2p use of member m."""
         fam, a, b, _, _ = use
-        g = self.p.group_of(m, fam)
-        if g is None:
+        gof = self.__dict__.get("_gof")
+        g = self.p.group_of(m, fam) if gof is None or fam not in gof else int(gof[fam][m])
+        if g is None or g < 0:
             return None, None
         ranks = self.p.groups[g].ranks
         if a >= len(ranks) or b >= len(ranks) or ranks[a] != m:
@@ -191,31 +243,69 @@ class _Signatures:
         colour = [self._id(("init", self.coarse[m], dev(m))) for m in range(n)]
         count = len(set(colour))
         fam_groups = {f for r in p.ops for f, _ in self.coll_uses[r]}
-        gof = {f: [p.group_of(m, f) for m in range(n)] for f in fam_groups}
+        gof = self._group_table(fam_groups | {u[0] for r in p.ops for u in self.p2p_uses[r]})
+        # what no round changes, per member (whole classes at once): its groups (a column per family, -1:
+        # none), the costs of what it runs on them (-2: a family its template does not use), its peers (a
+        # column per transfer, -1: none) and their costs
+        fams = sorted(fam_groups, key=str)
+        col = {f: i for i, f in enumerate(fams)}
+        width = max((len(u) for u in self.p2p_uses.values()), default=0)
+        G = np.stack([gof[f] for f in fams], axis=1) if fams else np.zeros((n, 0), dtype=np.int64)
+        CC = np.full((n, len(fams)), -2, dtype=np.int64)
+        P = np.full((n, width), -1, dtype=np.int64)
+        PC = np.full((n, width), -2, dtype=np.int64)
+        for r, members in p.classes.items():
+            mem = np.asarray(members, dtype=np.int64)
+            for f, uses in self.coll_uses[r]:
+                ug, inv = np.unique(gof[f][mem], return_inverse=True)
+                ids = np.array([self.group_cost(None if g < 0 else g, uses) for g in ug.tolist()], dtype=np.int64)
+                CC[mem, col[f]] = ids[inv.reshape(-1)]
+            for j, (fam, a, b, kind, sizes) in enumerate(self.p2p_uses[r]):
+                rows, row = self._ranks_table(fam)
+                gids = gof[fam][mem]
+                ok = gids >= 0
+                peer = np.full(len(mem), -1, dtype=np.int64)
+                if a < rows.shape[1] and b < rows.shape[1]:
+                    rr = row[np.maximum(gids, 0)]
+                    ok &= (rows[rr, a] == mem) & (rows[rr, b] >= 0)
+                    peer[ok] = rows[rr[ok], b]
+                else:
+                    ok[:] = False
+                P[mem, j] = peer
+                PC[mem, j] = -1
+                if ok.any():
+                    src, dst = (mem[ok], peer[ok]) if kind == SEND else (peer[ok], mem[ok])
+                    PC[mem[ok], j] = self._p2p_ids(src, dst, sizes)
+        self._cc, self._pc, self._col = CC, PC, col      # for reason()
+        static = _row_ids(np.column_stack((CC, PC)))
+        used = CC != -2
+        colour = np.array(colour, dtype=np.int64)
         for rounds in range(1, max_rounds + 1):
-            # the classes each group's members are in (interned), for the families in use
-            reach: dict[int, int] = {}
-            for f in fam_groups:
-                for gid in set(gof[f]):
-                    if gid is not None and gid not in reach:
-                        reach[gid] = self._id(frozenset(colour[m] for m in p.groups[gid].ranks))
-            new = [0] * n
-            for m in range(n):
-                r = self.coarse[m]
-                parts = [colour[m]]
-                for f, uses in self.coll_uses[r]:
-                    g = gof[f][m]
-                    parts.append((self.group_cost(g, uses), reach.get(g, -1)))
-                for use in self.p2p_uses[r]:
-                    a, b = self.peer_of(m, use)
-                    parts.append(-1 if b is None else (self.p2p_cost(a, b, use[3], use[4]), colour[b]))
-                new[m] = self._id(tuple(parts))
-            c = len(set(new))
+            # the classes each group's members are in (a group's set of colours, interned), per family
+            R = np.full_like(G, -1)
+            for i in range(len(fams)):
+                gids = G[:, i]
+                on = gids >= 0
+                if not on.any():
+                    continue
+                k = int(colour.max()) + 1
+                both = np.unique(gids[on] * k + colour[on])         # (group, colour) pairs, sorted
+                g_of, c_of = both // k, both % k
+                starts = np.flatnonzero(np.r_[True, g_of[1:] != g_of[:-1]])
+                sets = np.split(c_of, starts[1:])
+                ids = np.array([self._id(("reach", tuple(cs.tolist()))) for cs in sets], dtype=np.int64)
+                R[on, i] = ids[np.searchsorted(g_of[starts], gids[on])]
+            # a member's new colour: its colour, costs, the classes its groups reach and its peers' classes
+            R[~used] = -1
+            peers = np.where(P >= 0, colour[np.maximum(P, 0)], -1)
+            key = np.column_stack((colour, static, R, peers))
+            new = _row_ids(key)
+            c = int(new.max()) + 1
             colour = new
             if c == count:
-                return colour, rounds
+                return colour.tolist(), rounds
             count = c
-        return colour, max_rounds
+        return colour.tolist(), max_rounds
 
     def reason(self, r: int, colour: list[int]) -> str:
         """Why the members of coarse class ``r`` differ (the first difference against the representative)."""
@@ -223,21 +313,21 @@ class _Signatures:
         for m in p.classes[r]:
             if dev(m) != dev(r):
                 return f"rank {m} runs on different hardware than rank {r}"
+        CC, PC = self._cc, self._pc                # per member, from refine
         for f, uses in self.coll_uses[r]:
-            g0 = p.group_of(r, f)
+            i = self._col[f]
             for m in p.classes[r]:
-                g = p.group_of(m, f)
-                if self.group_cost(g, uses) != self.group_cost(g0, uses):
+                if CC[m, i] != CC[r, i]:
+                    g0, g = p.group_of(r, f), p.group_of(m, f)
                     k, s = uses[-1]
                     t0 = self.cost.comm_time_s(CommRequest(k, p.groups[g0].ranks, s))
                     t = self.cost.comm_time_s(CommRequest(k, p.groups[g].ranks, s)) if g is not None else 0.0
                     return (f"{k} on {f} group {list(p.groups[g0].ranks[:8])} costs {t0:.3g}s but the same on "
                             f"{list(p.groups[g].ranks[:8]) if g is not None else 'none'} costs {t:.3g}s")
-        for use in self.p2p_uses[r]:
-            a0, b0 = self.peer_of(r, use)
+        for j, use in enumerate(self.p2p_uses[r]):
             for m in p.classes[r]:
-                a, b = self.peer_of(m, use)
-                if b is None or self.p2p_cost(a, b, use[3], use[4]) != self.p2p_cost(a0, b0, use[3], use[4]):
+                if PC[m, j] == -1 or PC[m, j] != PC[r, j]:
+                    (a0, b0), (a, b) = self.peer_of(r, use), self.peer_of(m, use)
                     return f"point-to-point {a0}<->{b0} and its image {a}<->{b} cost differently"
         return f"{_PROPAGATED} (rank {r}'s class)"
 
@@ -270,6 +360,16 @@ class _Signatures:
                 i_peer = self._positions(gid)[op.peer]
                 out.append(op.copy(group=ng, peer=p.groups[ng].ranks[i_peer]))
         return out
+
+
+def _row_ids(M: np.ndarray) -> np.ndarray:
+    """Dense ids of the rows of an integer matrix: equal rows, equal ids (one column at a time)."""
+    ids = np.zeros(len(M), dtype=np.int64)
+    for column in M.T:
+        _, c = np.unique(column, return_inverse=True)
+        _, ids = np.unique(ids * (int(c.max()) + 1) + c.reshape(-1), return_inverse=True)
+        ids = ids.reshape(-1)
+    return ids
 
 
 def _round(t: float) -> float:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from simulator.errors import TopologyError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 # Per-hop link latencies (s). Order-of-magnitude wire+switch figures: NVSwitch and InfiniBand switch
 # port-to-port latencies are a few hundred ns (NVIDIA quotes < 1 us for both); commodity Ethernet
@@ -33,7 +35,10 @@ def _check_bw(what: str, bw: float) -> float:
 
 
 def _graph(graph):
-    return nx.Graph() if graph is None else graph
+    if graph is None:
+        import networkx as nx
+        return nx.Graph()
+    return graph
 
 
 def _add_gpu(g: nx.Graph, gpu: int, **attrs) -> None:
@@ -188,12 +193,43 @@ def fat_tree(endpoints, nic_bandwidth: float = 50e9, *, tiers: int = 2, leaf_dow
     of every pod links to the ``leaf_down`` cores of plane j (non-blocking above the leaves). Links are
     400 Gb/s by default."""
     g = _graph(graph)
+    if isinstance(endpoints, int):
+        for n in range(endpoints):
+            g.add_node(("host", n), kind="host")
+    info, order = fat_tree_layout(endpoints, nic_bandwidth, tiers=tiers, leaf_down=leaf_down,
+                                  oversubscription=oversubscription, rail_optimised=rail_optimised,
+                                  link_type=link_type, latency=latency)
+    leaf_of, pod_of_leaf, n_leaves = info.leaf_of, info.pod_of_leaf, info.n_leaves
+    bw, lat, uplinks, cores = info.bandwidth, info.latency, info.uplinks, info.cores_per_plane
+    for leaf in range(n_leaves):
+        g.add_node(("leaf", leaf), kind="leaf", pod=pod_of_leaf[leaf])
+    for n, _ in order:
+        g.add_edge(n, ("leaf", leaf_of[n]), bandwidth=bw, latency=lat, type=link_type)
+    n_pods = (max(pod_of_leaf) + 1) if pod_of_leaf else 0
+    if n_leaves > 1:
+        for leaf in range(n_leaves):
+            p = pod_of_leaf[leaf]
+            for j in range(uplinks):
+                g.add_node(("spine", p, j), kind="spine", pod=p)
+                g.add_edge(("leaf", leaf), ("spine", p, j), bandwidth=bw, latency=lat, type=link_type)
+        for p in range(n_pods if cores else 0):
+            for j in range(uplinks):
+                for c in range(cores):
+                    g.add_node(("core", j, c), kind="core")
+                    g.add_edge(("spine", p, j), ("core", j, c), bandwidth=bw, latency=lat, type=link_type)
+    g.graph["fat_tree"] = info
+    return g
+
+
+def fat_tree_layout(endpoints, nic_bandwidth: float = 50e9, *, tiers: int = 2, leaf_down: int = 32,
+                    oversubscription: float = 1.0, rail_optimised: bool = False, link_type: str = "ib",
+                    latency: float | None = None) -> tuple[FatTreeInfo, list]:
+    """What ``fat_tree`` builds, without a graph: (its FatTreeInfo, the endpoints in the order their leaf
+    links are added). Raises the same errors."""
     bw = _check_bw("fat tree link", nic_bandwidth)
     lat = HOP_LATENCY_S[link_type] if latency is None else latency
     if isinstance(endpoints, int):
         eps = [(("host", i), 0) for i in range(endpoints)]
-        for n, _ in eps:
-            g.add_node(n, kind="host")
     else:
         eps = list(endpoints)
     if tiers not in (2, 3):
@@ -242,31 +278,16 @@ def fat_tree(endpoints, nic_bandwidth: float = 50e9, *, tiers: int = 2, leaf_dow
             raise TopologyError(f"fat_tree: {len(eps)} NICs need {n_pods} pods, more than a 3-tier tree of "
                                 f"radix-{radix} switches holds ({radix} pods = {radix * leaf_down * leaf_down} NICs)")
         cores = leaf_down
-    for leaf in range(n_leaves):
-        g.add_node(("leaf", leaf), kind="leaf", pod=pod_of_leaf[leaf])
-    for n, _ in order:
-        g.add_edge(n, ("leaf", leaf_of[n]), bandwidth=bw, latency=lat, type=link_type)
     n_pods = (max(pod_of_leaf) + 1) if pod_of_leaf else 0
-    if n_leaves > 1:
-        for leaf in range(n_leaves):
-            p = pod_of_leaf[leaf]
-            for j in range(uplinks):
-                g.add_node(("spine", p, j), kind="spine", pod=p)
-                g.add_edge(("leaf", leaf), ("spine", p, j), bandwidth=bw, latency=lat, type=link_type)
-        for p in range(n_pods if cores else 0):
-            for j in range(uplinks):
-                for c in range(cores):
-                    g.add_node(("core", j, c), kind="core")
-                    g.add_edge(("spine", p, j), ("core", j, c), bandwidth=bw, latency=lat, type=link_type)
     info = FatTreeInfo(leaf_of, pod_of_leaf, uplinks if n_leaves > 1 else 0, cores if n_pods > 1 else 0,
                        link_type, bw, lat, bool(rail_optimised), float(oversubscription), tiers, leaf_down,
                        [n for n, _ in eps])
-    g.graph["fat_tree"] = info
-    return g
+    return info, order
 
 
 def validate_graph(g: nx.Graph, where: str = "topology") -> None:
     """Every edge has a positive bandwidth and non-negative latency; the graph is connected."""
+    import networkx as nx
     for u, v, d in g.edges(data=True):
         bw = d.get("bandwidth")
         if not (isinstance(bw, (int, float)) and bw > 0 and math.isfinite(bw)):

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import networkx as nx
+import numpy as np
 
 from simulator.errors import ConfigError, TopologyError
 from topologies import builders
 from topologies.builders import FatTreeInfo
 from topologies.specs import AcceleratorSpec, get_accelerator
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 DOMAIN_KINDS = ("nvswitch", "nvl72", "pcie", "torus", "optical")
 _STAR_KIND = {"nvswitch": "nvswitch", "nvl72": "nvswitch", "pcie": "pcie"}
@@ -95,12 +99,117 @@ class Cluster:
         if self.n_domains > 1 and fabric is None:
             raise TopologyError(f"cluster {name!r}: {self.n_domains} scale-up domains but no scale-out fabric; "
                                 f"add a 'fabric' section or use at most {self.domain_size} GPUs")
-        self.graph = nx.Graph(name=name)
-        self._build()
-        builders.validate_graph(self.graph, where=f"cluster {name!r}")
-        self._build_links()
+        self._graph = None
+        if not (self.LAZY_GRAPH and self._build_table()):
+            import networkx as nx      # (imported only where a graph is built: ~0.2 s)
+            self.graph = nx.Graph(name=name)
+            self._build()
+            builders.validate_graph(self.graph, where=f"cluster {name!r}")
+            self._build_links()
         self.set_placement(placement)
         self._routes: dict = {}
+
+    # star domains with a fat tree of one NIC per GPU (or none) get their link table from the specs and
+    # their networkx graph only when something asks for it (``graph``): set-up that does not grow with
+    # the graph's Python objects (tests compare both ways)
+    LAZY_GRAPH = True
+
+    @property
+    def graph(self) -> nx.Graph:
+        """The cluster as a networkx graph (nodes: GPUs and switches; edges: bandwidth, latency, type)."""
+        if self._graph is None:
+            import networkx as nx
+            self._graph = nx.Graph(name=self.name)
+            keep = (self.fat_tree, self._endpoint_of_gpu, self._torus)
+            self._build()
+            self.fat_tree, self._endpoint_of_gpu, self._torus = keep
+        return self._graph
+
+    @graph.setter
+    def graph(self, g) -> None:
+        self._graph = g
+
+    def _build_table(self) -> bool:
+        """The link table (``_build_links``'s, in the same order) and fat-tree layout of star domains with
+        a fat tree of one NIC per GPU or none, straight from the specs; False for other clusters."""
+        d, f = self.domain_spec, self.fabric_spec
+        if d.kind not in _STAR_KIND or (f is not None and f.nics_per_node != self.gpus_per_node):
+            return False
+        link = "pcie" if d.kind == "pcie" else "nvlink"
+        bw = builders._check_bw(f"{_STAR_KIND[d.kind]} domain", d.bandwidth)
+        lat = builders.HOP_LATENCY_S[link] if d.latency is None else d.latency
+        ft = None
+        if f is not None:
+            ft, _ = builders.fat_tree_layout([(g, g % self.gpus_per_node) for g in range(self.n_gpus)],
+                                             f.bandwidth, tiers=f.tiers, leaf_down=f.leaf_down,
+                                             oversubscription=f.oversubscription, rail_optimised=f.rail_optimised,
+                                             link_type=f.link, latency=f.latency)
+            if not ft.latency >= 0:
+                return False                    # the graph's validation names the bad link
+        if not lat >= 0:
+            return False
+        self._torus = None
+        self.fat_tree = ft
+        self._endpoint_of_gpu = list(range(self.n_gpus))
+        names: list = []
+        cap: list = []
+        lats: list = []
+        typ: list = []
+        ds = self.domain_size
+        for k in range(self.n_domains):         # the graph's edge order: each switch's GPUs, then theirs
+            sw = (_STAR_KIND[d.kind], k)
+            gpus = range(k * ds, (k + 1) * ds)
+            for g in gpus:
+                names += [(sw, g), (g, sw)]
+            cap += [bw] * (2 * ds)
+            lats += [lat] * (2 * ds)
+            typ += [link] * (2 * ds)
+            if ft is not None:
+                for g in gpus:
+                    leaf = ("leaf", ft.leaf_of[g])
+                    names += [(g, leaf), (leaf, g)]
+                cap += [ft.bandwidth] * (2 * ds)
+                lats += [ft.latency] * (2 * ds)
+                typ += [ft.link_type] * (2 * ds)
+        if ft is not None and ft.uplinks:
+            for leaf in range(ft.n_leaves):
+                names += [("up", leaf), ("down", leaf)]
+            cap += [ft.uplinks * ft.bandwidth] * (2 * ft.n_leaves)
+            lats += [ft.latency] * (2 * ft.n_leaves)
+            typ += [ft.link_type] * (2 * ft.n_leaves)
+            if ft.cores_per_plane:
+                for pod in range(ft.n_pods):
+                    names += [("podup", pod), ("poddown", pod)]
+                cap += [ft.uplinks * ft.cores_per_plane * ft.bandwidth] * (2 * ft.n_pods)
+                lats += [ft.latency] * (2 * ft.n_pods)
+                typ += [ft.link_type] * (2 * ft.n_pods)
+        self.link_id = {nm: i for i, nm in enumerate(names)}
+        self.link_capacity, self.link_latency, self.link_type, self.link_name = cap, lats, typ, names
+        # _link_codes' table, in the same order: per domain (switch->GPU, GPU->switch) per GPU, then
+        # (GPU->leaf, leaf->GPU) per GPU; then the leaf trunks (up, down) and the pod trunks
+        gpu = np.arange(self.n_gpus, dtype=np.int64).reshape(self.n_domains, ds).repeat(2, axis=1)
+        blocks_c = [np.tile(np.array([1, 0]), (self.n_domains, ds))]
+        blocks_i = [gpu]
+        if ft is not None:
+            blocks_c.append(np.tile(np.array([2, 3]), (self.n_domains, ds)))
+            blocks_i.append(gpu)
+        code = [np.concatenate(blocks_c, axis=1).ravel()]
+        index = [np.concatenate(blocks_i, axis=1).ravel()]
+        sizes = [self.n_gpus] * 4 + [0] * 4
+        if ft is not None:
+            sizes[4:] = [ft.n_leaves] * 2 + [ft.n_pods] * 2
+            if ft.uplinks:
+                code.append(np.tile(np.array([4, 5]), ft.n_leaves))
+                index.append(np.arange(ft.n_leaves, dtype=np.int64).repeat(2))
+                if ft.cores_per_plane:
+                    code.append(np.tile(np.array([6, 7]), ft.n_pods))
+                    index.append(np.arange(ft.n_pods, dtype=np.int64).repeat(2))
+        code, index = np.concatenate(code).astype(np.int64), np.concatenate(index)
+        offsets = np.concatenate(([0], np.cumsum(sizes)))
+        inverse = np.full(int(offsets[-1]), -1, dtype=np.int64)
+        inverse[offsets[code] + index] = np.arange(len(code))
+        self._codes = (code, index, inverse, offsets)
+        return True
 
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
@@ -251,6 +360,8 @@ class Cluster:
 
     def has_sharp(self, domain: int) -> bool:
         sw = self.domain_switch(domain)
+        if sw is not None and self._graph is None and self.domain_spec.kind in _STAR_KIND:
+            return self.domain_spec.kind != "pcie" and bool(self.domain_spec.sharp)     # as _build makes it
         return sw is not None and bool(self.graph.nodes[sw].get("sharp"))
 
     # ------------------------------------------------------------------ symmetry
@@ -304,6 +415,140 @@ class Cluster:
             if units[g] != units[g - g % gpn] or pods[g] != pods[g - g % gpn]:
                 return None
         return gpn, True, units, pods
+
+    # ------------------------------------------------------------------ link maps (symmetric images)
+    def _link_codes(self):
+        """(code, index, inverse, offsets) of every directed link where the cluster is star domains, with
+        or without a fat tree of one NIC per GPU, else None. Codes: 0 GPU->its domain switch, 1 switch->GPU,
+        2 GPU->leaf, 3 leaf->GPU (index: the GPU), 4/5 leaf trunk up/down (the leaf), 6/7 pod trunk up/down
+        (the pod); ``inverse[offsets[code] + index]`` is the link id (-1 where none)."""
+        t = self.__dict__.get("_codes", False)
+        if t is not False:
+            return t
+        t = None
+        kind = self.domain_spec.kind
+        ft = self.fat_tree
+        if kind in _STAR_KIND and self._endpoint_of_gpu == list(range(self.n_gpus)):
+            n_leaves, n_pods = (ft.n_leaves, ft.n_pods) if ft is not None else (0, 0)
+            sizes = [self.n_gpus] * 4 + [n_leaves] * 2 + [n_pods] * 2
+            offsets = np.concatenate(([0], np.cumsum(sizes)))
+            inverse = np.full(int(offsets[-1]), -1, dtype=np.int64)
+            code = np.empty(len(self.link_name), dtype=np.int64)
+            index = np.empty(len(self.link_name), dtype=np.int64)
+            trunk = {"up": 4, "down": 5, "podup": 6, "poddown": 7}
+            for i, (a, b) in enumerate(self.link_name):
+                if isinstance(a, int) and isinstance(b, tuple):
+                    c, k = (0 if b[0] == _STAR_KIND[kind] else 2 if b[0] == "leaf" else -1), a
+                elif isinstance(b, int) and isinstance(a, tuple):
+                    c, k = (1 if a[0] == _STAR_KIND[kind] else 3 if a[0] == "leaf" else -1), b
+                else:
+                    c, k = trunk.get(a, -1), b
+                if c < 0:
+                    break
+                code[i], index[i] = c, k
+                inverse[offsets[c] + k] = i
+            else:
+                t = (code, index, inverse, offsets)
+        self._codes = t
+        return t
+
+    def _pristine(self) -> bool:
+        return getattr(self, "faults", None) is None and type(self)._route is Cluster._route
+
+    def translate_links(self, links, gpus, images):
+        """The links ``images`` (an m x n array of GPU groups) use where group ``gpus`` uses ``links``, as an
+        m x len(links) array, when each image is the group moved by an automorphism of the cluster that
+        routes map onto routes: whole scale-up domains (a group inside one domain, moved to another of the
+        same structure), or a swap of two rails on every node (a group on one rail of a rail-optimised fat
+        tree, moved to another rail). None where neither applies (the caller prices the images itself)."""
+        t = self._link_codes()
+        if t is None or not self._pristine() or not len(links):
+            return None
+        code, index, inverse, offsets = t
+        a = np.asarray(gpus, dtype=np.int64)
+        B = np.asarray(images, dtype=np.int64)
+        if B.ndim != 2 or B.shape[1] != len(a) or not len(B):
+            return None
+        links = np.asarray(links, dtype=np.int64)
+        c, idx = code[links], index[links]
+        ds, gpn = self.domain_size, self.gpus_per_node
+        if (a // ds == a[0] // ds).all() and (c <= 1).all() and (idx // ds == a[0] // ds).all():
+            shift = (B[:, 0] // ds - a[0] // ds) * ds            # whole domains
+            if not (B - a == shift[:, None]).all():
+                return None
+            new = idx[None, :] + shift[:, None]
+        else:
+            lay = self.__dict__.get("_shape_layout", False)
+            if lay is False:
+                lay = self._shape_layout = self._layout_for_shapes()
+            x = int(a[0] % gpn)
+            if lay is None or not lay[1] or not self.fabric_spec.pxn or not (a % gpn == x).all():
+                return None
+            y = B[:, 0] % gpn                                     # rail x <-> rail y on every node
+            if not (B - a == (y - x)[:, None]).all():
+                return None
+            leaf_gpu, leaf_of, pod_leaf, pod_of_leaf = self._fabric_arrays()
+
+            def swap(g):
+                r = g % gpn
+                return g - r + np.where(r == x, y[:, None], np.where(r == y[:, None], x, r))
+
+            new = np.empty((len(B), len(links)), dtype=np.int64)
+            gpu_l, leaf_l, pod_l = c <= 3, (c == 4) | (c == 5), c >= 6
+            new[:, gpu_l] = swap(idx[gpu_l][None, :])
+            new[:, leaf_l] = leaf_of[swap(leaf_gpu[idx[leaf_l]][None, :])]
+            new[:, pod_l] = pod_of_leaf[leaf_of[swap(leaf_gpu[pod_leaf[idx[pod_l]]][None, :])]]
+        out = inverse[offsets[c][None, :] + new]
+        return None if (out < 0).any() else out
+
+    def _fabric_arrays(self):
+        """(a GPU on each leaf, leaf of each GPU, a leaf of each pod, pod of each leaf) as arrays."""
+        arr = self.__dict__.get("_fab_arrays")
+        if arr is None:
+            ft = self.fat_tree
+            leaf_of = np.array([ft.leaf_of[g] for g in range(self.n_gpus)], dtype=np.int64)
+            pod_of_leaf = np.array(ft.pod_of_leaf, dtype=np.int64)
+            leaf_gpu = np.zeros(ft.n_leaves, dtype=np.int64)
+            leaf_gpu[leaf_of[::-1]] = np.arange(self.n_gpus - 1, -1, -1)
+            pod_leaf = np.zeros(max(ft.n_pods, 1), dtype=np.int64)
+            pod_leaf[pod_of_leaf[::-1]] = np.arange(len(pod_of_leaf) - 1, -1, -1)
+            arr = self._fab_arrays = (leaf_gpu, leaf_of, pod_leaf, pod_of_leaf)
+        return arr
+
+    def route_many(self, src, dst) -> np.ndarray | None:
+        """The links of the routes from GPUs ``src[i]`` to ``dst[i]``, all together (a multiset: each
+        route's links once, in no particular order), as ``route`` finds them; None where this cluster has no
+        vectorised router (then call ``route`` per pair)."""
+        t = self._link_codes()
+        if t is None or not self._pristine():
+            return None
+        _, _, inverse, offsets = t
+        s = np.asarray(src, dtype=np.int64)
+        d = np.asarray(dst, dtype=np.int64)
+        ds, gpn = self.domain_size, self.gpus_per_node
+        link = lambda code, i: inverse[offsets[code] + i]      # noqa: E731
+        keep = s != d
+        s, d = s[keep], d[keep]
+        inside = s // ds == d // ds
+        parts = [link(0, s[inside]), link(1, d[inside])]
+        s, d = s[~inside], d[~inside]
+        if len(s):
+            ft = self.fat_tree
+            if ft.rail_optimised and self.fabric_spec.pxn:        # PXN: over NVLink to dst's rail first
+                rs, rd = s % gpn, d % gpn
+                px = rs != rd
+                proxy = s - rs + rd
+                parts += [link(0, s[px]), link(1, proxy[px])]
+                s = np.where(px, proxy, s)
+            _, leaf_of, _, pod_of_leaf = self._fabric_arrays()
+            la, lb = leaf_of[s], leaf_of[d]
+            up = la != lb
+            pa, pb = pod_of_leaf[la], pod_of_leaf[lb]
+            core = up & (pa != pb)
+            parts += [link(2, s), link(4, la[up]), link(6, pa[core]), link(7, pb[core]), link(5, lb[up]),
+                      link(3, d)]
+        out = np.concatenate(parts)
+        return None if (out < 0).any() else out
 
     # ------------------------------------------------------------------ routing
     def route(self, src, dst) -> tuple[int, ...]:

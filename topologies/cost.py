@@ -253,6 +253,11 @@ class ClusterCostModel:
         c = self.cluster
         if c.domain_switch(0) is None:
             return False
+        codes = c._link_codes()
+        if codes is not None:             # the device links are codes 0 and 1 (GPU <-> its domain switch)
+            on = codes[0] <= 1
+            cap, lat = self.capacity[on], np.asarray(c.link_latency, dtype=float)[on]
+            return bool((cap == cap[0]).all() and (lat == lat[0]).all()) if len(cap) else True
         seen = set()
         cap, lat = self.capacity, c.link_latency
         for i, nm in enumerate(c.link_name):
@@ -580,6 +585,42 @@ class ClusterCostModel:
             self._time_cache[key] = t
         return t
 
+    def comm_times_s(self, kind: str, groups, size_bytes: float) -> list[float]:
+        """``comm_time_s`` of the same communication on each of ``groups`` (rank tuples, or an array with a
+        row per group), pricing one group per shape (``Cluster.comm_shape``, found for all pairs at once)
+        where the cluster has shapes: what symmetry refinement asks of every member's transfers."""
+        c = self.cluster
+        arrays = self._shape_arrays()
+        ranks = np.asarray(groups, dtype=np.int64)
+        if (kind != "p2p" or self.network_mode == "ideal" or arrays is None or ranks.ndim != 2
+                or ranks.shape[1] != 2 or not len(ranks) or ranks.min() < 0 or ranks.max() >= c.world_size):
+            rows = groups.tolist() if isinstance(groups, np.ndarray) else groups
+            return [self.comm_time_s(CommRequest(kind, tuple(g), size_bytes)) for g in rows]
+        gpn, rail_opt, placement, leaf_of, pod_of = arrays
+        gpus = placement[ranks]
+        node, loc = gpus // gpn, gpus % gpn
+        order = lambda v: np.sign(v[:, 1] - v[:, 0]) + 1      # noqa: E731  (comm_shape's _pair of a pair)
+        last = order(loc) if rail_opt else loc[:, 0] * gpn + loc[:, 1]
+        key = ((order(node) * 3 + order(leaf_of[gpus])) * 3 + order(pod_of[gpus])) * gpn * gpn + last
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        times = [self.comm_time_s(CommRequest(kind, tuple(ranks[i].tolist()), size_bytes)) for i in first.tolist()]
+        return np.asarray(times)[inv.reshape(-1)].tolist()
+
+    def _shape_arrays(self):
+        """(GPUs per node, rail-optimised, placement, unit and pod of each GPU) as arrays where
+        ``comm_time_s`` prices by ``Cluster.comm_shape``; else None."""
+        c = self.cluster
+        if not self._uniform_domains or getattr(c, "faults", None) is not None:
+            return None
+        hit = self.__dict__.get("_shape_arr")
+        if hit is None or hit[0] is not c.placement:
+            c.comm_shape((0,))
+            lay = c.__dict__.get("_shape_layout")
+            arr = None if lay is None else (lay[0], lay[1], np.asarray(c.placement, dtype=np.int64),
+                                            np.asarray(lay[2], dtype=np.int64), np.asarray(lay[3], dtype=np.int64))
+            hit = self._shape_arr = (c.placement, arr)
+        return hit[1]
+
     def comm_sm_fraction(self, request: CommRequest) -> float:
         """Share of each member GPU's SMs the communication's kernels hold while it runs. NCCL launches one
         thread block per channel (src/enqueue.cc), each on its own SM, so compute overlapped with it runs on
@@ -681,13 +722,22 @@ class ClusterCostModel:
         if hit is not None and hit[0] is request.images:
             return hit[1], hit[2]
         parts_l, parts_c = [algo.links], [algo.coef]
+        images = request.images
         if request.kind == "p2p":       # a pair's route carries each of its bytes once: no algorithm to price
-            gpu_of, path, flat = self.cluster.gpu_of, self._path, []
-            for src, dst in request.images:
-                flat.extend(path(gpu_of(src), gpu_of(dst))[0])
-            parts_l.append(np.array(flat, dtype=np.int64))
+            flat = self._image_routes(images)
+            parts_l.append(flat)
             parts_c.append(np.ones(len(flat)))
-        for img in (() if request.kind == "p2p" else request.images):
+            images = ()
+        elif len({len(img) for img in images}) == 1:
+            # images that an automorphism of the cluster maps the group onto (whole domains, rails) use
+            # the mapped links with the same bytes (Cluster.translate_links); the others are priced below
+            gpus = self._gpus(request)
+            moved = self.cluster.translate_links(algo.links, gpus, self._gpus_of_images(request, images))
+            if moved is not None:
+                parts_l.append(moved.ravel())
+                parts_c.append(np.tile(algo.coef, len(images)))
+                images = ()
+        for img in images:
             g = self._gpus(request, img)
             a = self._algo_cost(request.kind, g, algo.name) if len(g) > 1 else None
             if a is None:
@@ -705,6 +755,37 @@ class ClusterCostModel:
             self._image_cache.clear()
         self._image_cache[key] = (request.images, *out)
         return out
+
+    def _gpus_of_images(self, request: CommRequest, images) -> np.ndarray:
+        """The GPUs of equal-sized rank groups ``images`` as an array (a row each), checked as ``_gpus``
+        checks one group (the same errors)."""
+        ranks = np.asarray(images, dtype=np.int64)
+        placement = self.__dict__.get("_placement")
+        if placement is None or placement[0] is not self.cluster.placement:
+            placement = self._placement = (self.cluster.placement, np.asarray(self.cluster.placement, dtype=np.int64))
+        if ranks.ndim != 2 or not ranks.size or ranks.min() < 0 or ranks.max() >= len(placement[1]):
+            return np.array([self._gpus(request, img) for img in images], dtype=np.int64)
+        gpus = placement[1][ranks]
+        if request.kind != "p2p" and gpus.shape[1] > 1:
+            s = np.sort(gpus, axis=1)
+            bad = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1))
+            if len(bad):
+                self._gpus(request, images[int(bad[0])])            # raises: a rank named twice
+        return gpus
+
+    def _image_routes(self, pairs) -> np.ndarray:
+        """Link ids of the routes of the rank pairs ``pairs`` (src, dst), all together (a multiset)."""
+        if not len(pairs):
+            return np.zeros(0, dtype=np.int64)
+        gpus = self._gpus_of_images(CommRequest("p2p", pairs[0], 0.0), pairs)
+        src, dst = gpus[:, 0], gpus[:, 1]
+        flat = self.cluster.route_many(src, dst)
+        if flat is None:
+            path, out = self._path, []
+            for a, b in zip(src.tolist(), dst.tolist()):
+                out.extend(path(a, b)[0])
+            flat = np.array(out, dtype=np.int64)
+        return flat
 
     def network(self):
         """A fresh FlowNetwork: max-min fair in "flow" mode, contention-free otherwise."""

@@ -45,8 +45,6 @@ from typing import Any, Hashable, Iterable
 
 import numpy as np
 
-import networkx as nx
-
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ConfigError, ResourceLimitError, TopologyError
 from simulator.program import Op
@@ -494,6 +492,7 @@ def faulted_cluster(cluster, faults: FaultSpec):
     shortest remaining path of the graph (e.g. a GPU whose NIC link died reaches the fabric through a
     peer's NIC over NVLink, as NCCL's PXN does). Raises TopologyError naming the cut if some placed GPUs
     can no longer reach the others."""
+    import networkx as nx
     if cluster is None or not isinstance(getattr(cluster, "graph", None), nx.Graph):
         raise ConfigError("faults: link failures and degradation need a cluster with a network graph "
                           "(topologies.load_cluster)")
@@ -560,6 +559,7 @@ class FaultedCluster(Cluster):
         return self._graph_route(src, dst)
 
     def _graph_route(self, src, dst) -> list[int]:
+        import networkx as nx
         try:
             path = nx.shortest_path(self.graph, src, dst)
         except (nx.NetworkXNoPath, nx.NodeNotFound):

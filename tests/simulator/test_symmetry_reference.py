@@ -1,0 +1,97 @@
+"""refine_classes (vectorised over whole classes, transfers priced in batches) finds exactly the classes of
+a plain per-rank colour refinement written from the module docstring, on even and uneven placements; and the
+cost model's batch pricing equals pricing each transfer on its own."""
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from schedules import build_programs
+from simulator.costs import CommRequest
+from simulator.errors import TopologyError
+from simulator.program import COLLECTIVE, RECV, SEND
+from simulator.symmetry import _round, refine_classes
+from tests.simulator.test_symmetry import uneven_plans
+from topologies import load_cluster
+from topologies.cost import ClusterCostModel
+from topologies.faults import FaultSpec, faulted_cluster
+
+
+def reference_classes(programs, cost) -> set:
+    """Colour refinement, one rank at a time: signature = (colour, device, per collective op: its time and
+    the colours its group reaches, per transfer: its time and the peer's colour), to a fixed point."""
+    n = programs.world_size
+    rep_of = {m: r for r, ms in programs.classes.items() for m in ms}
+    colour = [(rep_of[m], cost.device_key(m)) for m in range(n)]
+    while True:
+        sig = []
+        for m in range(n):
+            parts = [colour[m]]
+            for op in programs.ops[rep_of[m]]:
+                if op.kind == COLLECTIVE:
+                    g = programs.group_of(m, programs.groups[op.group].family)
+                    ranks = programs.groups[g].ranks
+                    t = cost.comm_time_s(CommRequest(op.collective, ranks, op.size_bytes))
+                    parts.append((_round(t), frozenset(colour[x] for x in ranks)))
+                elif op.kind in (SEND, RECV):
+                    fam = programs.groups[op.group].family
+                    pos = programs.groups[op.group].ranks
+                    g = programs.groups[programs.group_of(m, fam)].ranks
+                    peer = g[pos.index(op.peer)]
+                    pair = (m, peer) if op.kind == SEND else (peer, m)
+                    parts.append((_round(cost.comm_time_s(CommRequest("p2p", pair, op.size_bytes))),
+                                  colour[peer]))
+            sig.append(tuple(parts))
+        ids = {s: i for i, s in enumerate(dict.fromkeys(sig))}
+        new = [ids[s] for s in sig]
+        if len(ids) == len(set(colour)):
+            break
+        colour = new
+    out: dict = {}
+    for m in range(n):
+        out.setdefault(colour[m], []).append(m)
+    return {tuple(ms) for ms in out.values()}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(uneven_plans(), st.sampled_from(["analytical", "flow"]))
+def test_classes_equal_a_per_rank_reference(case, network):
+    model, plan, over = case
+    try:
+        cluster = load_cluster("dgx-h100", plan.world_size, **over)
+    except TopologyError:
+        assume(False)
+    cost = ClusterCostModel(cluster, network=network)
+    programs = build_programs(model, plan, plan.world_size, symmetric=True)
+    got = {tuple(ms) for ms in refine_classes(programs, cost).programs.classes.values()}
+    assert got == reference_classes(programs, cost)
+
+
+@pytest.mark.parametrize("preset,gpus,over", [
+    ("dgx-a100", 2520, {}),
+    ("dgx-h100", 512, dict(rail_optimised=False, leaf_down=12, tiers=3, oversubscription=2)),
+    ("dgx-h100", 1024, dict(leaf_down=8, tiers=3)),
+])
+def test_batch_transfer_times_equal_one_at_a_time(preset, gpus, over):
+    c = load_cluster(preset, gpus, **over)
+    rng = random.Random(2)
+    pairs = [(rng.randrange(gpus), rng.randrange(gpus)) for _ in range(2000)] + [(5, 5)]
+    for size in (1e3, 3e7):
+        batch = ClusterCostModel(c, network="flow").comm_times_s("p2p", np.array(pairs), size)
+        alone = ClusterCostModel(c, network="flow")
+        assert batch == [alone.comm_time_s(CommRequest("p2p", p, size)) for p in pairs]
+    # shuffled placement, faults (no shapes) and collectives: the one-at-a-time answers
+    shuffled = load_cluster(preset, gpus, **over)
+    perm = list(range(gpus))
+    rng.shuffle(perm)
+    shuffled.set_placement(perm)
+    broken = faulted_cluster(load_cluster(preset, gpus, **over), FaultSpec(link_degradation={(0, ("leaf", 0)): 0.5}))
+    for cl in (shuffled, broken):
+        m = ClusterCostModel(cl, network="flow")
+        assert m.comm_times_s("p2p", pairs[:300], 1e6) == [
+            ClusterCostModel(cl, network="flow").comm_time_s(CommRequest("p2p", p, 1e6)) for p in pairs[:300]]
+    groups = [(0, 8, 16, 24), (1, 9, 17, 25)]
+    assert ClusterCostModel(c).comm_times_s("all_reduce", groups, 1e6) == [
+        ClusterCostModel(c).comm_time_s(CommRequest("all_reduce", g, 1e6)) for g in groups]
