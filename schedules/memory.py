@@ -14,7 +14,8 @@ flash (default): the tensors a layer's kernels save for backward, one entry each
     log-sum-exp (Dao 2023, "FlashAttention-2", alg. 2: no s×s matrix is stored), the MLP's fc1 output (gate
     and up for SwiGLU) and the activation output fc2 reads; MoE layers add the router's fp32 probabilities,
     the permuted tokens and the experts' outputs the combine reads. The LM head keeps the final norm's
-    input/output and the fp32 softmax of the vocabulary-parallel cross-entropy. The attention output is
+    input/output and the fp32 softmax of the vocabulary-parallel cross-entropy, with the logits (and their fp32
+    copy under an eager cross-entropy) live beside them while the loss runs. The attention output is
     also the output projection's input (one tensor, counted once); rotary and residual adds save nothing.
     Norm tensors are sharded over TP only with SP; the rest always are. torchtitan's eager stack (its
     RMSNorm a chain of eager ops, SwiGLU silu then multiply) saves each norm's fp32 input copy and unweighted
