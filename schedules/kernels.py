@@ -20,7 +20,8 @@ Stacks (``plan.stack``)
                  scripts/train/benchmarking/submit_benchmarks.py): eager kernels, the norm one
                  F.layer_norm kernel (low_precision_layernorm), the attention core in the Triton
                  FlashAttention kernel (``attn_impl: triton``), flash-attn's fused cross-entropy (the
-                 default ``loss_fn: fused_crossentropy``).
+                 default ``loss_fn: fused_crossentropy``), and Composer's per-micro-batch train metrics
+                 (two eager cross-entropies over the logits, no gradient).
 Attention is FlashAttention-2 in megatron and torchtitan (Megatron/TE's default backend on A100/H100 and
 torch SDPA's); the pricer picks each stack's attention curve (``ATTENTION_IMPL``).
 
@@ -83,6 +84,10 @@ class _Writer:
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
         # (flash-attn's xentropy CUDA kernel, modeling_mpt.py) reads bf16 logits and writes their gradient
         self.fused_ce = stack in ("megatron", "llm-foundry")
+        # Composer evaluates the model's train metrics on every micro-batch (trainer._train_microbatch ->
+        # _eval_train_metrics, Composer 0.14-0.17); llm-foundry's MPT registers LanguageCrossEntropy and
+        # LanguagePerplexity, each a torch.nn.CrossEntropyLoss over the logits under autocast (fp32 math)
+        self.train_metrics = 2 if stack == "llm-foundry" else 0
         self.attention_impl = ATTENTION_IMPL[stack]
         self.fp8 = dtype == "fp8"
         self.out: list[Kernel] = []
@@ -352,6 +357,9 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
         _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
         if w.fused_ce:  # fused cross-entropy (Megatron vocab-parallel, flash-attn xentropy): one read of the logits
             w.ew("cross-entropy (fused)", T * v * w.a)
+        for i in range(w.train_metrics):    # no-grad eager cross-entropies of the train metrics
+            w.ew(f"train metric {i + 1} logits float cast", T * v * (w.a + FP32))
+            w.ew(f"train metric {i + 1} log_softmax", T * v * 2 * FP32)
         else:
             w.ew("logits float cast", T * v * (w.a + FP32))
             w.ew("log_softmax", T * v * 2 * FP32)

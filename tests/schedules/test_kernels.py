@@ -138,6 +138,9 @@ def test_llm_foundry_stack_runs_triton_attention():
     head = lambda stack: [k.name for k in phase_kernels(m, ParallelPlan(seq=8192, stack=stack), None, "forward",
                                                           part="head")]
     assert "cross-entropy (fused)" in head("llm-foundry") and "log_softmax" in head("torchtitan")
+    # Composer computes MPT's two train metrics (LanguageCrossEntropy, LanguagePerplexity) on every micro-batch
+    assert sum("train metric" in n for n in head("llm-foundry")) == 4 and not any("train metric" in n for n in
+                                                                                 head("torchtitan"))
     pricer = KernelPricer(get_accelerator("A100-80GB"))
     # llm-foundry's Triton kernel runs at FlashAttention v1's rate (its docstring: "slightly slower" than the
     # CUDA v1 overall). A100 chart, hdim 128 causal, fwd+bwd at 8k: FlashAttention 80, FlashAttention-2 182 TFLOP/s
