@@ -35,6 +35,8 @@ from typing import Callable
 import simpy
 from simpy.core import NORMAL
 
+_LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
+
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, validate
@@ -136,6 +138,8 @@ class Engine:
         self.net = cost_model.network() if self.contention else None
         self._net_events: dict[int, _Rendezvous] = {}
         self._net_gen = 0
+        self._settle_due = False
+        self._net_settle = getattr(self.net, "settle", None)
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
@@ -301,7 +305,7 @@ class Engine:
             rv.start_s = now
             self._net_events[self._net_key] = rv
             self.net.start(now, self._net_key, request)
-            self._reschedule_network()
+            self._network_changed()
             return
         if self.sm_share is not None:
             self._hold_sms(rv, now, dur)
@@ -317,8 +321,22 @@ class Engine:
             real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
         self._comm_started((r for r, _ in rv.arrived), now, dur, self._share(op, real))
 
-    def _reschedule_network(self) -> None:
+    def _network_changed(self) -> None:
+        """A communication started or ended now: once every other event of this instant has run (so
+        every start and end at one instant costs one rate update), ask the network when the next ends."""
+        if not self._settle_due:
+            self._settle_due = True
+            ev = simpy.Event(self.env)
+            ev.callbacks.append(self._reschedule_network)
+            ev._ok = True
+            ev._value = None
+            self.env.schedule(ev, _LAST, 0)
+
+    def _reschedule_network(self, _event=None) -> None:
+        self._settle_due = False
         self._net_gen += 1
+        if self._net_settle is not None:
+            self._net_settle()
         nxt = self.net.next_completion()
         if nxt is None:
             return
@@ -342,7 +360,7 @@ class Engine:
             self.net.finish(now, key)
             rv = self._net_events.pop(key)
             rv.event.succeed(rv.start_s)
-        self._reschedule_network()
+        self._network_changed()
 
     # ------------------------------------------------------------------ processes
     def _stream(self, rank: int, idxs: list[int]):

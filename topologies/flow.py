@@ -9,7 +9,8 @@ capacity_l``. Rates are max-min fair per flow: with ``ref_b`` the bytes/s of one
 together for all bundles (progressive filling) until a link saturates or a bundle reaches y = 1; frozen
 bundles keep their rate and the rest go on. A bundle finishes when ``integral of y dt = T``. Rates are
 recomputed when bundles start or end, only over the connected components of bundles sharing links with
-them (max-min allocations decompose over components).
+them (max-min allocations decompose over components). A bundle that starts while nothing else is active on
+any of its links is a component of its own: it gets its solo rate at once (no re-solve, nothing else changes).
 
 Two bundles that want all of one link therefore get half of it each; a bundle alone finishes in exactly
 its analytical time T. Approximation: a bundle's phases and latency are smeared into one average demand
@@ -85,6 +86,8 @@ class FlowNetwork:
     """Max-min fair fluid network over a cost model's link table (``capacity``: effective bytes/s per
     directed link). ``bundle_of(request) -> (T, link ids, bytes per link)`` comes from the cost model."""
 
+    solo_shortcut = True      # a bundle starting alone on its links takes its solo rate without a re-solve
+
     def __init__(self, capacity, bundle_of, lazy: bool = True):
         self.capacity = np.asarray(capacity, dtype=float)
         self._bundle_of = bundle_of
@@ -97,6 +100,8 @@ class FlowNetwork:
         self._specs: list = []                   # spec id -> the spec (kept alive: its id() stays unique)
         self._spec_keys: list[set] = []          # spec id -> keys of its active bundles
         self._spec_nbrs: list[set] = []          # spec id -> spec ids sharing a link with it
+        self._busy_nbrs: list[int] = []          # spec id -> how many of those have active bundles
+        self._solo: list = []                    # spec id -> its rate when alone (computed on first use)
         self._link_specs: dict[int, set] = {}    # link -> spec ids using it
         self._owned: set = set()                 # spec ids built here from tuples: forgotten when idle
         self._heap: list = []
@@ -121,13 +126,28 @@ class FlowNetwork:
         b.link_list = spec.link_list
         self.active[key] = b
         if spec.link_list:
-            b.spec = self._register(spec, owned)
-            self._spec_keys[b.spec].add(key)
+            sid = b.spec = self._register(spec, owned)
+            keys = self._spec_keys[sid]
+            if not keys:
+                self._activate(sid, 1)
+                if not self._busy_nbrs[sid] and self.solo_shortcut:
+                    # alone on all its links: a component of its own, whose max-min rate is its solo rate
+                    keys.add(key)
+                    b.rate = self._solo_rate(sid)
+                    self._push(b)
+                    return
+            keys.add(key)
             self._dirty.add(key)
             if not self.lazy:
                 self._flush()
         else:
             self._push(b)
+
+    def settle(self) -> None:
+        """Recompute now the rates left pending by starts and finishes at the current instant (lazy mode),
+        so that ``next_completion`` answers exactly."""
+        self._asked = False
+        self._flush()
 
     def next_completion(self) -> tuple[float, Hashable] | None:
         """(time, key) of the communication that finishes next if nothing else starts, or None.
@@ -158,13 +178,18 @@ class FlowNetwork:
         if b.spec is not None:
             sid = b.spec
             keys = self._spec_keys
-            keys[sid].discard(key)
+            mine = keys[sid]
+            mine.discard(key)
             dirty = self._dirty
-            dirty.update(keys[sid])
-            for t in self._spec_nbrs[sid]:
-                if keys[t]:
-                    dirty.update(keys[t])
-            if not keys[sid] and sid in self._owned:
+            if mine:
+                dirty.update(mine)
+            else:
+                self._activate(sid, -1)
+            if self._busy_nbrs[sid]:
+                for t in self._spec_nbrs[sid]:
+                    if keys[t]:
+                        dirty.update(keys[t])
+            if not mine and sid in self._owned:
                 self._forget(sid)
         if not self.lazy:
             self._flush()
@@ -202,6 +227,20 @@ class FlowNetwork:
         self._seq += 1
         heapq.heappush(self._heap, (b.completion(), self._seq, b.key, b.version))
 
+    def _activate(self, sid: int, step: int) -> None:
+        """Spec ``sid`` got its first active bundle (step 1) or lost its last (-1): tell its neighbours."""
+        busy = self._busy_nbrs
+        for t in self._spec_nbrs[sid]:
+            busy[t] += step
+
+    def _solo_rate(self, sid: int) -> float:
+        """Rate of spec ``sid``'s bundle alone on its links (what ``max_min_rates`` gives one bundle)."""
+        y = self._solo[sid]
+        if y is None:
+            spec = self._specs[sid]
+            y = self._solo[sid] = max_min_rates([spec.links], [spec.demand], self.capacity, [spec.ref])[0].item()
+        return y
+
     def _register(self, spec: BundleSpec, owned: bool) -> int:
         """The spec id of ``spec``, indexing its links (and the specs it shares them with) on first use."""
         sid = self._spec_id.get(id(spec))
@@ -214,6 +253,7 @@ class FlowNetwork:
         self._spec_keys.append(set())
         nbrs = set()
         self._spec_nbrs.append(nbrs)
+        self._solo.append(None)
         link_specs = self._link_specs
         for l in spec.link_list:
             on = link_specs.get(l)
@@ -222,8 +262,10 @@ class FlowNetwork:
             elif sid not in on:
                 nbrs.update(on)
                 on.add(sid)
+        keys = self._spec_keys
         for t in nbrs:
             self._spec_nbrs[t].add(sid)
+        self._busy_nbrs.append(sum(1 for t in nbrs if keys[t]))
         if owned:
             self._owned.add(sid)
         return sid
@@ -239,7 +281,7 @@ class FlowNetwork:
                     del self._link_specs[l]
         for t in self._spec_nbrs[sid]:
             self._spec_nbrs[t].discard(sid)
-        self._spec_nbrs[sid] = self._spec_keys[sid] = None
+        self._spec_nbrs[sid] = self._spec_keys[sid] = self._solo[sid] = None
         del self._spec_id[id(spec)]
         self._specs[sid] = None
         self._owned.discard(sid)

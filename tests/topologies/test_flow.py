@@ -237,6 +237,8 @@ def test_spec_index_equals_whole_network_reference(data):
               for k in range(data.draw(st.integers(1, 12)))]
 
     class WholeNetwork(FlowNetwork):
+        solo_shortcut = False
+
         def _component(self, seeds):
             return list(self.active)
 
@@ -246,3 +248,35 @@ def test_spec_index_equals_whole_network_reference(data):
     assert cached == owned
     for k, t in whole.items():
         assert cached[k] == pytest.approx(t, rel=1e-9, abs=1e-12)
+
+
+def test_engine_ends_communications_on_time_when_others_start_just_before():
+    """A transfer that ends 0.5 ns after two others start (sharing a link: their rates need solving) ends at
+    its own time, not one rate update later (the engine settles the network once every event of an instant
+    has run, with no provisional wake-up)."""
+    from simulator.costs import SimpleCostModel
+    from simulator.engine import run
+    from simulator.program import Programs, collective, compute
+    from topologies.flow import BundleSpec, FlowNetwork
+
+    class TwoLinks(SimpleCostModel):
+        contention_aware = True
+
+        def comm_time_s(self, request):
+            return 1.0
+
+        def network(self):
+            specs = {(0, 1): BundleSpec(1.0, [0], [1.0]), (2, 3): BundleSpec(1.0, [1], [1.0]),
+                     (4, 5): BundleSpec(1.0, [1], [1.0])}
+            return FlowNetwork(np.array([1.0, 1.0]), lambda req: specs[req.ranks])
+
+    for lead_s in (0.5e-9, 0.0, 2e-9):
+        progs = Programs(world_size=6, ops={})
+        groups = [progs.add_group([2 * g, 2 * g + 1], f"g{g}") for g in range(3)]
+        for r in range(6):
+            late = [compute("wait", (1.0 - lead_s) * 1e12)] if r >= 2 else []
+            progs.ops[r] = late + [collective("c", "all_reduce", groups[r // 2], 1.0, deps=(0,) if late else ())]
+        res = run(progs, TwoLinks(flops_per_s=1e12))
+        assert res.end_s[0][0] == 1.0
+        for r in (2, 4):        # two bundles sharing a link: 2 s each
+            assert res.end_s[r][1] == pytest.approx(3.0 - lead_s, rel=1e-15)
