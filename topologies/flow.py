@@ -33,6 +33,7 @@ from simulator.errors import TopologyError
 
 _EPS = 1e-12
 _PROVISIONAL_S = 1e-9     # how far past "now" a provisional next_completion answer lies
+_SMALL_EDGES = 400        # up to this many (bundle, link) pairs, _max_min_small (plain Python) beats numpy
 
 
 class BundleSpec:
@@ -40,7 +41,7 @@ class BundleSpec:
     ``nbytes`` moved on each, and ``ref_bytes`` (the bytes of one of its flows, for per-flow fairness).
     Derived once: ``link_list`` (Python ints), ``demand`` (bytes/s at full speed), ``ref`` (bytes/s)."""
 
-    __slots__ = ("T", "links", "nbytes", "ref_bytes", "link_list", "demand", "ref")
+    __slots__ = ("T", "links", "nbytes", "ref_bytes", "link_list", "demand", "ref", "demand_list")
 
     def __init__(self, T, links, nbytes, ref_bytes=None):
         self.T = float(T)
@@ -56,6 +57,7 @@ class BundleSpec:
         else:
             self.links, self.nbytes, self.demand, self.ref = links[:0], nbytes[:0], nbytes[:0], 1.0
         self.link_list = self.links.tolist()
+        self.demand_list = self.demand.tolist()
 
     def __iter__(self):               # (T, links, nbytes, ref_bytes), for callers that unpack it
         return iter((self.T, self.links, self.nbytes, self.ref_bytes))
@@ -68,7 +70,8 @@ class BundleSpec:
 
 
 class _Bundle:
-    __slots__ = ("key", "T", "links", "link_list", "demand", "ref", "progress", "rate", "t_last", "version", "spec")
+    __slots__ = ("key", "T", "links", "link_list", "demand", "demand_list", "ref", "progress", "rate", "t_last",
+                 "version", "spec")
 
     def __init__(self, key, T, links, demand, now):
         self.key, self.T, self.links, self.demand, self.spec = key, T, links, demand, None
@@ -90,6 +93,7 @@ class FlowNetwork:
 
     def __init__(self, capacity, bundle_of, lazy: bool = True):
         self.capacity = np.asarray(capacity, dtype=float)
+        self._cap_list = self.capacity.tolist()
         self._bundle_of = bundle_of
         self.lazy = lazy
         self.active: dict[Hashable, _Bundle] = {}
@@ -124,6 +128,7 @@ class FlowNetwork:
         b = _Bundle(key, spec.T, spec.links, spec.demand, now_s)
         b.ref = spec.ref
         b.link_list = spec.link_list
+        b.demand_list = spec.demand_list
         self.active[key] = b
         if spec.link_list:
             sid = b.spec = self._register(spec, owned)
@@ -318,8 +323,12 @@ class FlowNetwork:
             if b.T > 0:
                 b.progress = min(1.0, b.progress + b.rate * (now_s - b.t_last) / b.T)
             b.t_last = now_s
-        rates = max_min_rates([b.links for b in bundles], [b.demand for b in bundles], self.capacity,
-                              [b.ref for b in bundles])
+        if sum(len(b.link_list) for b in bundles) <= _SMALL_EDGES:
+            rates = _max_min_small([b.link_list for b in bundles], [b.demand_list for b in bundles], self._cap_list,
+                                   [b.ref for b in bundles])
+        else:
+            rates = max_min_rates([b.links for b in bundles], [b.demand for b in bundles], self.capacity,
+                                  [b.ref for b in bundles])
         for b, y in zip(bundles, rates):
             b.rate = float(y)
             self._push(b)
@@ -382,6 +391,64 @@ def max_min_rates(links_list, demand_list, capacity, ref=None) -> np.ndarray:
         if frozen.all():
             break
     return np.minimum(1.0, x / ref)
+
+
+def _max_min_small(links_list, demand_list, capacity, ref) -> list[float]:
+    """``max_min_rates`` for small components in plain Python (numpy's per-call overhead dominates below a few
+    hundred (bundle, link) pairs): the same progressive filling, the same operations in the same order, so
+    the same rates to the last bit (tests/topologies/test_flow.py checks it). Lists in, list out."""
+    nb = len(links_list)
+    if nb == 1:
+        if not links_list[0]:
+            return [1.0]
+        return [min(1.0, min(capacity[l] / (d if d > _EPS else _EPS) for l, d in zip(links_list[0], demand_list[0])))]
+    ref = [r if r > _EPS else _EPS for r in ref]
+    slot: dict = {}
+    cap0: list = []
+    edges = []                     # bundle -> [(link slot, link bytes/s per unit of x)]
+    for b in range(nb):
+        rb = ref[b]
+        e = []
+        for l, d in zip(links_list[b], demand_list[b]):
+            j = slot.get(l)
+            if j is None:
+                j = slot[l] = len(cap0)
+                cap0.append(float(capacity[l]))
+            e.append((j, d / rb))
+        edges.append(e)
+    nl = len(cap0)
+    resid = cap0[:]
+    x = [0.0] * nb
+    live = list(range(nb))
+    level = 0.0
+    for _ in range(2 * nb + 1):
+        D = [0.0] * nl
+        for b in live:
+            for j, a in edges[b]:
+                D[j] += a
+        step = min(ref[b] for b in live) - level
+        for j in range(nl):
+            if D[j] > _EPS:
+                q = resid[j] / D[j]
+                if q < step:
+                    step = q
+        if step < 0.0:
+            step = 0.0
+        level += step
+        for j in range(nl):
+            resid[j] -= step * D[j]
+        sat = [D[j] > _EPS and resid[j] <= 1e-9 * cap0[j] for j in range(nl)]
+        lim = level * (1 + 1e-12)
+        newly = [b for b in live if ref[b] <= lim or any(sat[j] for j, _ in edges[b])]
+        if not newly:              # numerical corner: freeze everyone at the current level
+            newly = live
+        for b in newly:
+            x[b] = level if level < ref[b] else ref[b]
+        if len(newly) == len(live):
+            break
+        gone = set(newly)
+        live = [b for b in live if b not in gone]
+    return [min(1.0, x[b] / ref[b]) for b in range(nb)]
 
 
 def drive(net, starts, tol: float = 1e-15) -> dict:
