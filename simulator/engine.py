@@ -144,6 +144,7 @@ class Engine:
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
         self._comm_cache: dict = {}
+        self._requests: dict = {}         # flow network: one CommRequest per distinct communication
         self.failed: set[int] = set()
         # communication kernels holding SMs (see the module doc); None: the cost model has no such notion
         self.sm_share = getattr(cost_model, "comm_sm_fraction", None)
@@ -319,7 +320,7 @@ class Engine:
         real = None
         if op.kind != COLLECTIVE:
             real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
-        self._comm_started((r for r, _ in rv.arrived), now, dur, self._share(op, real))
+        self._comm_started([r for r, _ in rv.arrived], now, dur, self._share(op, real))
 
     def _network_changed(self) -> None:
         """A communication started or ended now: once every other event of this instant has run (so
@@ -480,14 +481,23 @@ class Engine:
             if rv.duration is None and not self.contention:
                 rv.duration = self._solo_time(op)      # cached per (group, kind, size)
             elif rv.duration is None:
-                g = self.p.groups[op.group]
-                imgs = self._group_images(op.group) if self.p.classes is not None else ()
-                req = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
+                rkey = (op.group, op.collective, op.size_bytes)
+                req = self._requests.get(rkey)
+                if req is None:
+                    g = self.p.groups[op.group]
+                    imgs = self._group_images(op.group) if self.p.classes is not None else ()
+                    req = self._requests[rkey] = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
         elif rv.duration is None:
             sop, srank = rv.op, rv.rank     # the send side (real ranks)
             real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
-            imgs = self._p2p_images(srank, sop) if (self.p.classes is not None and self.contention) else ()
-            req = CommRequest("p2p", real, op.size_bytes, imgs)
+            if self.contention:
+                rkey = (real, sop.group, op.size_bytes)
+                req = self._requests.get(rkey)
+                if req is None:
+                    imgs = self._p2p_images(srank, sop) if self.p.classes is not None else ()
+                    req = self._requests[rkey] = CommRequest("p2p", real, op.size_bytes, imgs)
+            else:
+                req = CommRequest("p2p", real, op.size_bytes)
         self._communicate(rv, req)
         return rv
 
