@@ -140,6 +140,7 @@ class Engine:
         self._net_gen = 0
         self._settle_due = False
         self._net_settle = getattr(self.net, "settle", None)
+        self._wake_t = None                 # time of the pending network wake-up (None: none pending)
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
@@ -324,8 +325,17 @@ class Engine:
 
     def _network_changed(self) -> None:
         """A communication started or ended now: once every other event of this instant has run (so
-        every start and end at one instant costs one rate update), ask the network when the next ends."""
-        if not self._settle_due:
+        every start and end at one instant costs one rate update), ask the network when the next ends.
+        When the network has no rates to update (the communication started or ended alone on its links),
+        its next completion is known now: keep the pending wake-up if it is still the right one."""
+        if self._settle_due:
+            return
+        if self._net_settle is not None and self.net.settled:
+            nxt = self.net.next_completion()
+            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env._now) == self._wake_t:
+                return
+            self._reschedule_network()
+        else:
             self._settle_due = True
             ev = simpy.Event(self.env)
             ev.callbacks.append(self._reschedule_network)
@@ -336,6 +346,7 @@ class Engine:
     def _reschedule_network(self, _event=None) -> None:
         self._settle_due = False
         self._net_gen += 1
+        self._wake_t = None
         if self._net_settle is not None:
             self._net_settle()
         nxt = self.net.next_completion()
@@ -344,6 +355,7 @@ class Engine:
         t = max(nxt[0], self.env.now)
         if not math.isfinite(t):
             return
+        self._wake_t = t
         wake = self.env.event()
         gen = self._net_gen
         wake.callbacks.append(lambda _e, gen=gen: self._on_network_wake(gen))
@@ -352,6 +364,7 @@ class Engine:
     def _on_network_wake(self, gen: int) -> None:
         if gen != self._net_gen:
             return          # superseded by a later start/finish
+        self._wake_t = None
         now = self.env.now
         while True:
             nxt = self.net.next_completion()

@@ -148,6 +148,11 @@ class FlowNetwork:
         else:
             self._push(b)
 
+    @property
+    def settled(self) -> bool:
+        """No rates wait to be recomputed: ``next_completion`` answers exactly."""
+        return not self._dirty
+
     def settle(self) -> None:
         """Recompute now the rates left pending by starts and finishes at the current instant (lazy mode),
         so that ``next_completion`` answers exactly."""
