@@ -120,13 +120,8 @@ class Engine:
         self.end = {r: nan * k for r, k in n.items()}
         self.ready = {r: nan * k for r, k in n.items()}
         self.finished = {r: bytearray(k) for r, k in n.items()}
-        self.targeted = {}                                    # rank -> 1 where another op depends on it
-        for r, prog in programs.ops.items():
-            t = bytearray(n[r])
-            for op in prog:
-                for d in op.deps:
-                    t[d] = 1
-            self.targeted[r] = t
+        self.targeted: dict[int, bytearray] = {}   # rank -> 1 where another op depends on it (_rendezvous_keys)
+        self._streams: dict[int, dict[str, list[int]]] = {}   # rank -> stream -> op indices (_rendezvous_keys)
         self.waiters: dict[int, dict[int, simpy.Event]] = {r: {} for r in programs.ops}
         self.stream_ops: dict[tuple[int, str], list[int]] = {}
         self.rendezvous: dict[tuple, _Rendezvous] = {}
@@ -163,7 +158,7 @@ class Engine:
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
         recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
         p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
-        ranks and 16k-rank programs stay lean."""
+        ranks and 16k-rank programs stay lean. The same pass fills ``targeted`` and ``_streams``."""
         cache: dict = {}
         pair_id: dict[tuple[int, int], int] = {}
         sid_of: dict[int, int] = {}
@@ -174,7 +169,16 @@ class Engine:
         for rank, prog in self.p.ops.items():
             keys = [None] * len(prog)
             counters: dict = {}
+            targeted = self.targeted[rank] = bytearray(len(prog))
+            streams = self._streams[rank] = {}
             for i, op in enumerate(prog):
+                for d in op.deps:
+                    targeted[d] = 1
+                idxs = streams.get(op.stream)
+                if idxs is None:
+                    streams[op.stream] = [i]
+                else:
+                    idxs.append(i)
                 kind = op.kind
                 if kind == COLLECTIVE:
                     g = op.group
@@ -525,15 +529,8 @@ class Engine:
                 raise ClusterSimError(f"failure injected on rank {rank}, which is not simulated "
                                       f"(ranks 0..{self.p.world_size - 1}; use full mode for per-rank faults)")
             self.env.process(self._fail(rank, t))
-        for rank, prog in self.p.ops.items():
-            streams: dict[str, list[int]] = {}
-            for i, op in enumerate(prog):
-                idxs = streams.get(op.stream)
-                if idxs is None:
-                    streams[op.stream] = [i]
-                else:
-                    idxs.append(i)
-            for stream, idxs in streams.items():
+        for rank in self.p.ops:
+            for stream, idxs in self._streams[rank].items():
                 self.stream_ops[(rank, stream)] = idxs
                 self.env.process(self._stream(rank, idxs))
         if self.until_s is not None:
