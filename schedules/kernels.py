@@ -357,12 +357,12 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
         _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
         if w.fused_ce:  # fused cross-entropy (Megatron vocab-parallel, flash-attn xentropy): one read of the logits
             w.ew("cross-entropy (fused)", T * v * w.a)
-        for i in range(w.train_metrics):    # no-grad eager cross-entropies of the train metrics
-            w.ew(f"train metric {i + 1} logits float cast", T * v * (w.a + FP32))
-            w.ew(f"train metric {i + 1} log_softmax", T * v * 2 * FP32)
         else:
             w.ew("logits float cast", T * v * (w.a + FP32))
             w.ew("log_softmax", T * v * 2 * FP32)
+        for i in range(w.train_metrics):    # no-grad eager cross-entropies of the train metrics
+            w.ew(f"train metric {i + 1} logits float cast", T * v * (w.a + FP32))
+            w.ew(f"train metric {i + 1} log_softmax", T * v * 2 * FP32)
         return
     if phase != BACKWARD_WEIGHT:
         if w.fused_ce:

@@ -141,6 +141,10 @@ def test_llm_foundry_stack_runs_triton_attention():
     # Composer computes MPT's two train metrics (LanguageCrossEntropy, LanguagePerplexity) on every micro-batch
     assert sum("train metric" in n for n in head("llm-foundry")) == 4 and not any("train metric" in n for n in
                                                                                  head("torchtitan"))
+    # one loss per stack: fused (megatron, llm-foundry) or eager (torchtitan), never both
+    for stack in ("megatron", "llm-foundry", "torchtitan"):
+        names = head(stack)
+        assert ("cross-entropy (fused)" in names) != ("log_softmax" in names), stack
     pricer = KernelPricer(get_accelerator("A100-80GB"))
     # llm-foundry's Triton kernel runs at FlashAttention v1's rate (its docstring: "slightly slower" than the
     # CUDA v1 overall). A100 chart, hdim 128 causal, fwd+bwd at 8k: FlashAttention 80, FlashAttention-2 182 TFLOP/s
