@@ -64,7 +64,7 @@ class SearchSpace:
     micro_batches: tuple = (1, 2, 4)
     schedules: tuple = ("1f1b", "interleaved", "zb", "gpipe")
     virtual_stages: tuple = (2, 4)
-    recompute: tuple = ("none", "selective", "full")
+    recompute: tuple = ("none", "selective", "full")   # "op" (torchtitan per-op checkpointing) on request
     zero: tuple = (0, 1, 2, 3)          # 3 = FSDP
     cp: tuple = (1, 2)
     ep: tuple | None = None             # None: every EP degree that divides dp and the experts
@@ -129,6 +129,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
     """FLOPs one rank of each pipeline stage executes per micro-batch, per model chunk: forward, both
     backward halves and recomputation of its layers, split over tp·cp, plus the LM head on the last stage."""
     from schedules.memory import holds_head, stage_chunks
+    from schedules.plan import recompute_flops
     split = plan.tp * plan.cp
     out = []
     for s in range(plan.pp):
@@ -143,6 +144,8 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
                     f += lf.forward
                 elif rc == "selective":
                     f += lf.attn_core
+                elif rc == "op":        # torchtitan's per-op checkpointing: the GEMMs it does not save
+                    f += recompute_flops(model, plan, layer) * split
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
                 f += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
             chunks.append(f / split)
@@ -703,8 +706,8 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         if s not in ("gpipe", "1f1b", "interleaved", "zb"):
             raise ConfigError(f"--schedules: unknown schedule {s!r}")
     for r in space.recompute:
-        if r not in ("none", "selective", "full"):
-            raise ConfigError(f"--recompute: unknown value {r!r}")
+        if r not in ("none", "selective", "full", "op"):
+            raise ConfigError(f"--recompute: unknown value {r!r}; choose from none, selective, full, op")
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
                       network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack)
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"

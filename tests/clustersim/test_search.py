@@ -129,3 +129,16 @@ def test_cache_key_follows_the_calibration_files_content(tmp_path):
     k1 = search.plan_key(exp)
     Calibration([ComputeFit("H100", 6e14)]).save(path)          # same name, new content
     assert search.plan_key(exp) != k1
+
+
+def test_search_prices_torchtitan_per_op_checkpointing():
+    """`--recompute op` (torchtitan's per-op checkpointing) is a search choice; its bound counts the GEMMs the
+    policy recomputes and never exceeds the simulated step."""
+    base = Experiment(cluster="dgx-h100", gpus=16, model="llama3-8b", global_batch=32, seq=2048,
+                      network="analytical", mode="symmetric", stack="torchtitan")
+    space = SearchSpace(micro_batches=(1,), schedules=("1f1b",), virtual_stages=(2,), recompute=("op", "none"),
+                        zero=(3,), cp=(1,), pp=(1,))
+    out = run_search(base, top_k=4, space=space, workers=1)
+    assert {r["plan"]["recompute"] for r in out["evaluated"]} >= {"op"}
+    for r in out["evaluated"]:
+        assert r["lower_bound_s"] <= r["step_time_s"] * (1 + 1e-9), describe(r)
