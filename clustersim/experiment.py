@@ -205,7 +205,8 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value <= 1.0, f"{w}: must be between 0 and 1, got {value}")
         elif key == "gpu_variation":
             value = _as_float(value, w, positive=False)
-            _check(value < 0.2, f"{w}: relative std of GPU speed must be below 0.2, got {value}")
+            from topologies.variation import MAX_SIGMA
+            _check(value < MAX_SIGMA, f"{w}: relative std of GPU speed must be below {MAX_SIGMA}, got {value}")
         elif key in ("cluster", "calibration", "algorithm", "name", "axis_order", "layer_split", "astra_system",
                      "model_config"):
             _check(isinstance(value, str) and value != "", f"{w}: expected a non-empty string, got {brief(value)}")

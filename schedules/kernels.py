@@ -53,8 +53,10 @@ from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile")
 # the attention kernel each stack runs (topologies.kernel_curves prices it from its own measured curve)
 ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "triton", "torchtitan-compile": "flash2"}
-#: stacks whose RMSNorm is torchtitan's eager chain of ops (llm-foundry's MPT runs one F.layer_norm kernel)
-EAGER_NORM = ("torchtitan",)
+#: stacks that run each pointwise op as its own kernel (torchtitan without torch.compile): the RMSNorm as its
+#: chain of eager ops, the cross-entropy's fp32 copy of the logits (llm-foundry's MPT runs one F.layer_norm
+#: kernel and a fused cross-entropy); schedules.memory keeps what those ops save
+EAGER_POINTWISE = ("torchtitan",)
 DTYPES = ("bf16", "fp8")
 PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
 BF16, FP32 = 2, 4
@@ -78,7 +80,7 @@ class _Writer:
     def __init__(self, stack: str, dtype: str, act_bytes: int = BF16):
         self.a = act_bytes                      # bytes per activation element (the model's dtype_bytes)
         self.fused = stack == "megatron"
-        self.eager_norm = stack in EAGER_NORM
+        self.eager_norm = stack in EAGER_POINTWISE
         self.compiled = stack == "torchtitan-compile"      # Inductor: one kernel per pointwise chain
         self.separate_qkv = stack in ("torchtitan", "torchtitan-compile")   # wq, wk, wv linears
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy

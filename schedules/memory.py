@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from schedules.kernels import EAGER_POINTWISE
 from schedules.models import ModelSpec
 from schedules.plan import ParallelPlan
 
@@ -180,7 +181,7 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     f = 1 if getattr(plan, "dtype", "bf16") == "fp8" else e
     # torchtitan's eager RMSNorm (schedules.kernels) saves its fp32 input copy (pow and the x·r product) and
     # its unweighted output (the weight gradient) instead of the bf16 input a fused norm keeps
-    eager = getattr(plan, "stack", "megatron") == "torchtitan"
+    eager = plan.stack in EAGER_POINTWISE
     out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
     if eager:
         out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B"),
@@ -233,7 +234,7 @@ def head_transient_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     if model.params_only or plan.attention == "eager":
         return 0.0
     tok = plan.seq / plan.cp * plan.micro_batch
-    per = model.dtype_bytes + (4 if getattr(plan, "stack", "megatron") == "torchtitan" else 0)
+    per = model.dtype_bytes + (4 if plan.stack in EAGER_POINTWISE else 0)
     return per * tok * model.vocab / plan.tp
 
 

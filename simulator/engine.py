@@ -35,11 +35,11 @@ from typing import Callable
 import simpy
 from simpy.core import NORMAL
 
-_LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
-
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, validate
+
+_LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
 
 
 class SimResult:
@@ -336,7 +336,7 @@ class Engine:
             return
         if self._net_settle is not None and self.net.settled:
             nxt = self.net.next_completion()
-            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env._now) == self._wake_t:
+            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env.now) == self._wake_t:
                 return
             self._reschedule_network()
         else:

@@ -37,7 +37,7 @@ from topologies import nccl
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
 from topologies.kernel_cost import KernelPricer
-from topologies.variation import GPU_SPEED_SIGMA, slowest_gpu_factor
+from topologies.variation import GPU_SPEED_SIGMA, MAX_SIGMA, slowest_gpu_factor
 from topologies.specs import AcceleratorSpec, same_device
 
 NETWORKS = ("analytical", "flow", "ideal")
@@ -218,8 +218,10 @@ class ClusterCostModel:
         # kernel-level model (topologies.kernel_cost) for ops that carry their kernels; an explicit
         # compute_efficiency keeps the flat roofline (what-if studies)
         self.kernels = KernelPricer(acc, self._compute_fit) if compute_efficiency is None else None
-        if gpu_variation is not None and not (isinstance(gpu_variation, (int, float)) and 0 <= gpu_variation < 0.2):
-            raise ConfigError(f"gpu_variation (relative std of GPU speed) must be in [0, 0.2), got {gpu_variation!r}")
+        if gpu_variation is not None and not (isinstance(gpu_variation, (int, float))
+                                              and 0 <= gpu_variation < MAX_SIGMA):
+            raise ConfigError(f"gpu_variation (relative std of GPU speed) must be in [0, {MAX_SIGMA}), "
+                              f"got {gpu_variation!r}")
         self.gpu_variation = gpu_variation
         sigma = (GPU_SPEED_SIGMA if acc.sm_count > 0 else 0.0) if gpu_variation is None else float(gpu_variation)
         #: compute-time multiplier: the slowest of the job's GPUs sets the pace (1.0 under a flat what-if model)

@@ -29,6 +29,8 @@ import numpy as np
 #: Spread of sustained matmul speed across the 8 GPUs of one node (ml-engineering; see the module doc).
 NODE_SPREAD = 0.05
 NODE_GPUS = 8
+#: Largest relative std accepted (a spread this wide is a fault, not variation: use --straggler)
+MAX_SIGMA = 0.2
 
 
 @lru_cache(maxsize=1)
@@ -58,8 +60,8 @@ GPU_SPEED_SIGMA = NODE_SPREAD / (2 * expected_max_std_normal(NODE_GPUS))
 
 def slowest_gpu_factor(n: int, sigma: float = GPU_SPEED_SIGMA) -> float:
     """Multiplier on compute time of a synchronous job on ``n`` GPUs whose speeds vary with ``sigma``."""
-    if not (0.0 <= sigma < 0.2):
-        raise ValueError(f"GPU speed variation must be in [0, 0.2), got {sigma}")
+    if not (0.0 <= sigma < MAX_SIGMA):
+        raise ValueError(f"GPU speed variation must be in [0, {MAX_SIGMA}), got {sigma}")
     if sigma == 0.0 or n <= 1:
         return 1.0
     return 1.0 / (1.0 - sigma * expected_max_std_normal(int(n)))
