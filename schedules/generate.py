@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedules import memory as mem
-from schedules.kernels import phase_kernels
+from schedules.kernels import optimizer_step_bytes, phase_kernels
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops
@@ -617,7 +617,7 @@ class _StageBuilder:
             n_upd = dense / max(1, self.dp_size) + expert / max(1, self.edp_size)
         else:
             n_upd = dense + expert
-        states = n_upd * (self.dt + p.grad_bytes_per_param + 2 * p.optimizer_bytes_per_param)
+        states = optimizer_step_bytes(p.stack, n_upd, self.dt, p.grad_bytes_per_param, p.optimizer_bytes_per_param)
         if p.schedule == "dualpipe" and p.pp > 1:
             # DualPipe keeps two copies of every piece (on stages s and pp-1-s): their gradients are summed
             # before the optimizer step (after the data-parallel reduction, on what this rank updates)

@@ -67,6 +67,32 @@ def default_stack(vendor: str) -> str:
     return "megatron" if vendor == "NVIDIA" else "torchtitan"
 
 
+#: the optimizer step as each stack runs it, in passes over one fp32 state tensor (master weights, Adam's m,
+#: v; ``optimizer_bytes_per_param / 3`` bytes per element each), read or written, per parameter it updates.
+#: Eager (torch.optim.AdamW foreach, torchtitan's default ``fused = False``, weight decay 0.1; Composer's
+#: DecoupledAdamW, a per-tensor loop, llm-foundry's MPT yamls with weight decay 0): every op is its own pass:
+#: decay p.mul_ 2, m update 3 (lerp; Composer mul_ + add_ 2 + 3), v.mul_ 2 + addcmul_ 3, sqrt 2, / sqrt(bc2)
+#: 2, + eps 2, p.addcdiv_(m, denom) 4 = 20 (Composer without decay: 5 + 5 + 6 + 4 = 20); gradient clipping
+#: (torch clip_grad_norm_ and FSDP's: the norm reads each gradient, then every gradient is scaled in place
+#: by the clamped coefficient) 3. Fused (Megatron-Core: Apex/TE FusedAdam, one pass reading g, p, m, v and
+#: writing p, m, v, then the master-to-model copy; clip_grad_norm_fp32's norm is one more read of the
+#: gradients, its scale runs only when the norm exceeds the threshold): the single-pass formula in
+#: ``optimizer_step_bytes`` plus one gradient read.
+EAGER_OPTIMIZER_STATE_PASSES = 20 + 3
+
+
+def optimizer_step_bytes(stack: str, params: float, param_bytes: float, grad_bytes: float,
+                         optimizer_bytes: float) -> float:
+    """HBM bytes one rank moves in its optimizer step (Adam with gradient clipping) over ``params`` it
+    updates; ``param_bytes`` / ``grad_bytes`` / ``optimizer_bytes``: bytes per parameter of the model
+    weights, the gradients and the optimizer states (master weights, m, v)."""
+    fused = params * (param_bytes + grad_bytes + 2 * optimizer_bytes) + params * grad_bytes
+    if stack == "megatron":
+        return fused
+    # eager: the fp32 master weights are the parameters (FSDP casts its all-gather input, not the step)
+    return params * EAGER_OPTIMIZER_STATE_PASSES * optimizer_bytes / 3
+
+
 def check_choice(stack: str, dtype: str) -> None:
     if stack not in STACKS:
         raise PlanError(f"unknown stack {stack!r}; choose one of {', '.join(STACKS)}")

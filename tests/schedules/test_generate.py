@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedules import build_programs, comm_volume, custom_model, get_model, memory_per_rank
-from schedules.memory import head_activation_bytes, head_transient_bytes
+from schedules.memory import head_activation_bytes, head_transient_bytes, rank_params
 from schedules.plan import ParallelPlan
 from simulator.costs import IdealCostModel, SimpleCostModel
 from simulator.engine import run
@@ -459,3 +459,19 @@ def test_logits_are_live_beside_the_head_while_the_loss_runs():
         progs, res = _step(model, plan, cost=SimpleCostModel())
         mem = memory_per_rank(model, plan)["stage0"]["total"]
         assert peak_memory(res, 0) == pytest.approx(mem)
+
+
+@pytest.mark.parametrize("stack, passes", [("megatron", None), ("torchtitan", 23), ("llm-foundry", 23)])
+def test_optimizer_step_moves_the_bytes_its_stack_moves(stack, passes):
+    """Adam over this rank's shard (ZeRO-1, dp 4): the fused single pass (read g, p, m, v; write p, m, v; the
+    model-weight copy; the clip norm's gradient read) or the eager per-op passes over fp32 states
+    (AdamW 20 + clip_grad_norm_ 3), counted by hand."""
+    plan = ParallelPlan(dp=4, zero=1, seq=SEQ, stack=stack)
+    progs = build_programs(TINY, plan)
+    (opt,) = [op for op in progs.ops[0] if op.name == "optimizer step"]
+    n = sum(rank_params(TINY, plan, 0)) / 4
+    if passes is None:
+        expected = n * (2 + 2 + 2 * 12) + n * 2      # bf16 weights / gradients, 12-byte states
+    else:
+        expected = n * passes * 4.0                   # fp32 master weights, m and v
+    assert opt.mem_bytes == pytest.approx(expected, rel=1e-9)
