@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedules import memory as mem
-from schedules.kernels import optimizer_step_bytes, phase_kernels
+from schedules.kernels import FSDP1_STACKS, optimizer_step_bytes, phase_kernels
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops
@@ -352,7 +352,8 @@ class _StageBuilder:
                 usage = self.usage_pos_of(i, u)
                 self._ensure_gathers(usage + p.fsdp_prefetch)
                 if usage in self.ag_idx:
-                    udeps.append(self._fsdp_copy_out(u, a, self.ag_idx[usage]) if p.fsdp else self.ag_idx[usage])
+                    copy_out = p.fsdp and p.stack not in FSDP1_STACKS
+                    udeps.append(self._fsdp_copy_out(u, a, self.ag_idx[usage]) if copy_out else self.ag_idx[usage])
             if a.phase == "F" and (a.chunk, u.name) in self.param_ag and (a.chunk, u.name) not in self.first_fwd_done:
                 udeps.append(self.param_ag[(a.chunk, u.name)])
                 self.first_fwd_done.add((a.chunk, u.name))
@@ -558,10 +559,12 @@ class _StageBuilder:
             return
         if self.p.fsdp:
             # FSDP2 copies the unit's unsharded gradients into the reduce-scatter input on the compute stream
-            # (``foreach_reduce_scatter_copy_in``): read + write of the gradient bytes
+            # (``foreach_reduce_scatter_copy_in``), FSDP1 divides its flat gradient in place (pre-divide):
+            # read + write of the gradient bytes either way
             gbytes = sum(n for _, n in self._gather_sizes(u)) * self.p.grad_bytes_per_param
+            what = "grad pre-divide" if self.p.stack in FSDP1_STACKS else "copy-in"
             if gbytes:
-                last = self.comp(f"fsdp copy-in {u.name}", 0.0, 2 * gbytes, (last,), layer=u.layer,
+                last = self.comp(f"fsdp {what} {u.name}", 0.0, 2 * gbytes, (last,), layer=u.layer,
                                  microbatch=a.mb, phase=PHASE[a.phase], strategy="fsdp")
         for role, n in self._gather_sizes(u):
             gb = n * self.p.grad_bytes_per_param

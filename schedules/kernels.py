@@ -67,6 +67,12 @@ def default_stack(vendor: str) -> str:
     return "megatron" if vendor == "NVIDIA" else "torchtitan"
 
 
+#: stacks whose FSDP is FSDP1 (FlatParameter; Composer wraps torch's FullyShardedDataParallel with
+#: use_orig_params False): a unit all-gathers into its flat parameter, whose views the modules use (no
+#: copy-out), and its gradients accumulate into the flat gradient, divided in place before the reduce-scatter
+#: (the gradient pre-divide: read + write, as FSDP2's copy-in). torchtitan runs FSDP2 (fully_shard).
+FSDP1_STACKS = ("llm-foundry",)
+
 #: the optimizer step as each stack runs it, in passes over one fp32 state tensor (master weights, Adam's m,
 #: v; ``optimizer_bytes_per_param / 3`` bytes per element each), read or written, per parameter it updates.
 #: Eager (torch.optim.AdamW foreach, torchtitan's default ``fused = False``, weight decay 0.1; Composer's

@@ -317,6 +317,21 @@ def test_fsdp2_copies_gathered_parameters_and_gradients_that_zero3_does_not():
     assert tf == pytest.approx(t3 + copies, rel=1e-9)
 
 
+def test_fsdp1_stack_has_no_copy_out_but_divides_its_flat_gradient():
+    """llm-foundry's FSDP1 (flat parameters): the all-gather lands in the flat parameter the modules view (no
+    copy-out); the flat gradient is divided in place before each reduce-scatter (read + write, FSDP2's copy-in
+    bytes). Same collectives as FSDP2."""
+    f2 = build_programs(TINY, ParallelPlan(dp=4, fsdp=True, seq=SEQ, stack="torchtitan"), symmetric=False).ops[0]
+    f1 = build_programs(TINY, ParallelPlan(dp=4, fsdp=True, seq=SEQ, stack="llm-foundry"), symmetric=False).ops[0]
+    coll = lambda prog: [(o.collective, o.size_bytes) for o in prog if o.kind == "collective"]
+    assert coll(f1) == coll(f2)
+    assert not any(o.name.startswith("fsdp copy") for o in f1)
+    div = [o for o in f1 if o.name.startswith("fsdp grad pre-divide")]
+    rss = [o for o in f1 if o.collective == "reduce_scatter"]
+    assert len(div) == len(rss) > 0
+    assert sorted(o.mem_bytes for o in div) == pytest.approx(sorted(2 * o.size_bytes for o in rss))
+
+
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_engine_memory_peak_vs_memory_per_rank(zero):
     """Without transient buffers (DDP, ZeRO-1) the engine's peak equals memory_per_rank; with them
