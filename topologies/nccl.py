@@ -492,12 +492,14 @@ def moe_time_s(comm: Comm, tokens: int, token_bytes: float, topk: int, experts: 
 
 
 # ------------------------------------------------------------------------------------------ benchmark harness
-def harness_time_s(t_s: float, gpus_per_thread: int = 1, blocking: bool = False) -> float:
+def harness_time_s(t_s: float, gpus_per_thread: int = 1, blocking: bool = False,
+                   host_s: float | None = None) -> float:
     """Time per iteration a benchmark reports for a collective NCCL runs in ``t_s`` seconds, when one host
-    thread launches it on ``gpus_per_thread`` GPUs (nccl-tests -g N) at ``C.HOST_LAUNCH_PER_GPU_S`` each.
-    Back-to-back iterations (nccl-tests' default): the slower of the GPUs and the launching thread,
-    max(t, N x launch). ``blocking`` (nccl-tests -z, or a benchmark that times one call between CUDA events
-    and synchronises after it, as ml-engineering's all_reduce_bench.py does): the launches come first,
-    t + N x launch."""
-    host = max(int(gpus_per_thread), 1) * C.HOST_LAUNCH_PER_GPU_S
+    thread launches it on ``gpus_per_thread`` GPUs (nccl-tests -g N) at ``C.HOST_LAUNCH_PER_GPU_S`` each, or
+    spends ``host_s`` seconds per call where given (a framework's per-call cost, e.g.
+    ``C.TORCH_CALL_OVERHEAD_S`` for torch.distributed). Back-to-back iterations (nccl-tests' default): the
+    slower of the GPUs and the launching thread, max(t, host). ``blocking`` (nccl-tests -z, or a benchmark that
+    times one call between CUDA events and synchronises after it, as ml-engineering's all_reduce_bench.py did):
+    the host's part comes first, t + host."""
+    host = host_s if host_s is not None else max(int(gpus_per_thread), 1) * C.HOST_LAUNCH_PER_GPU_S
     return t_s + host if blocking else max(t_s, host)

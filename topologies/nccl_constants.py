@@ -147,6 +147,18 @@ LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5
 # launches. 33.7 us / 8 GPUs.
 HOST_LAUNCH_PER_GPU_S = 33.7e-6 / 8
 
+# PyTorch's per-call host overhead of one torch.distributed collective timed on its own (CUDA events around one
+# call after a barrier, then a synchronize): ml-engineering's all_reduce_bench.py before its queued-calls timing
+# (the rows' version, stas00/ml-engineering@744d01e1 timed_allreduce), the later `--with-host-overhead` mode.
+# Measured as the difference of the two modes on one 8x H200 node (torch 2.14.0+cu130, NCCL 2.30.7), median
+# latency per call, stas00/ml-engineering network/benchmarks/README.md section "How the latency is measured"
+# (stored version with torch-dist-bench.py, not a row of the validation set): with host overhead minus default
+# = 36.6-15.2, 38.0-17.9, 39.1-18.8, 41.7-20.9, 43.5-21.4, 50.9-27.7 us at 8 B, 64 B, 1 KiB, 32 KiB, 256 KiB,
+# 1 MiB = 21.4, 20.1, 20.3, 20.8, 22.1, 23.2 us; the median of the six, (20.8 + 21.4) / 2 = 21.1 us. It holds
+# the call's Python / c10d work, NCCL's launch, and the ranks reaching the call at different times after the
+# barrier (the README: "its median adds the ~20us of PyTorch's per-call overhead").
+TORCH_CALL_OVERHEAD_S = 21.1e-6
+
 # Latency (us) network plugins report to NCCL (ncclNetProperties.latency, added as above):
 # - aws-ofi-nccl (AWS EFA): src/platform-aws.cpp sets 35.0 for the "p5en/p6-b200" platform (since commit
 #   2496e7de, 2025-05-23, "Updating latency value for p5en and p6 based on empirical search"), 75.0 for p5/p5e.

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from simulator.calibration import Calibration, CollectiveFit
 from simulator.costs import CommRequest
 from topologies import load_cluster, nccl
+from topologies import nccl_constants as C
 from topologies.cost import ClusterCostModel
 
 GIB, MIB = 2**30, 2**20
@@ -242,6 +243,21 @@ def test_harness_closed_form():
     assert nccl.harness_time_s(10e-6, 1) == pytest.approx(10e-6)
     assert nccl.harness_time_s(10e-6, 1, blocking=True) == pytest.approx(10e-6 + per)
     assert nccl.harness_time_s(1e-3, 8, blocking=True) == pytest.approx(1e-3 + 33.7e-6)
+
+
+def test_torch_call_overhead_is_the_published_difference_of_the_two_timings():
+    """PyTorch's per-call host time: median over 8 B..1 MiB of (--with-host-overhead - default) median latency on
+    8x H200 (ml-engineering network/benchmarks/README.md); a blocking call pays it before the collective, a
+    queued one overlaps it."""
+    import statistics
+    with_host = (36.6, 38.0, 39.1, 41.7, 43.5, 50.9)
+    default = (15.2, 17.9, 18.8, 20.9, 21.4, 27.7)
+    diff = statistics.median(a - b for a, b in zip(with_host, default))
+    assert C.TORCH_CALL_OVERHEAD_S == pytest.approx(diff * 1e-6, abs=1e-9)
+    h = C.TORCH_CALL_OVERHEAD_S
+    assert nccl.harness_time_s(10e-6, 1, blocking=True, host_s=h) == pytest.approx(10e-6 + h)
+    assert nccl.harness_time_s(10e-6, 8, blocking=False, host_s=h) == pytest.approx(max(10e-6, h))
+    assert nccl.harness_time_s(1e-3, 1, blocking=False, host_s=h) == pytest.approx(1e-3)
 
 
 @pytest.mark.parametrize("size", [8, 4096, 2**20, 2**26, 2**33])
