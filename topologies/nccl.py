@@ -334,14 +334,34 @@ def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
     return bus
 
 
+def _legacy_tree_simple(comm: Comm):
+    """(base, {hw: latency}) of tree Simple in the release ``comm`` runs, None where the newest applies."""
+    for before, base, hw in C.LEGACY_TREE_SIMPLE_LAT_US:
+        if _older(comm, before):
+            return base, hw
+    return None
+
+
+def _base_lat_us(comm: Comm, algo: str, proto: str) -> float:
+    """tuning.cc baseLat of (algo, proto) in the release ``comm`` runs."""
+    old = _legacy_tree_simple(comm) if (algo, proto) == ("tree", "simple") else None
+    return old[0] if old else C.BASE_LAT_US[algo][PROTO_INDEX[proto]]
+
+
+def _hw_lat_us(comm: Comm, hw: str, algo: str, proto: str) -> float:
+    """tuning.cc hwLat[hw] of (algo, proto) in the release ``comm`` runs."""
+    old = _legacy_tree_simple(comm) if (algo, proto) == ("tree", "simple") else None
+    return old[1][hw] if old else C.HW_LAT_US[hw][algo][PROTO_INDEX[proto]]
+
+
 def _latency_us(comm: Comm, kind: str, algo: str, proto: str) -> float:
     """NCCL's latency (us) of (algo, proto) for ``kind`` (tuning.cc)."""
     pi = PROTO_INDEX[proto]
     n, nodes = comm.n_ranks, comm.n_nodes
     hw_intra = comm.intra_hw
-    lat = C.BASE_LAT_US[algo][pi]
-    intra = C.HW_LAT_US[hw_intra][algo][pi]
-    inter = C.HW_LAT_US["net"]["tree" if comm.ppn == 1 else algo][pi]
+    lat, intra = _base_lat_us(comm, algo, proto), _hw_lat_us(comm, hw_intra, algo, proto)
+    ppn1 = comm.ppn == 1 and not _older(comm, C.VERSION_PPN1_TREE_NET_LAT)
+    inter = _hw_lat_us(comm, "net", "tree" if ppn1 else algo, proto)
     if algo in ("nvls", "nvls_tree") and _older(comm, C.VERSION_LL_HALF):
         intra = C.LEGACY_NVLS_LAT_US_BEFORE_2_21
     if algo == "nvls_tree" and comm.ppn > 1 and _older(comm, C.VERSION_NVLS_EFFICIENCY):

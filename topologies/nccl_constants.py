@@ -13,7 +13,8 @@ Sources (all in https://github.com/NVIDIA/nccl):
   bytes per thread), maximum threads per protocol (Simple 512, LL 512, LL128 640), MAXCHANNELS 64.
 - src/transport/nvls.cc: NVLS channel counts (16 on Hopper, 24 on Blackwell NVL, 32 multi-node Blackwell).
 - src/enqueue.cc: NCCL_P2P_LL_THRESHOLD 16384 (point-to-point uses LL up to 16 KiB, Simple above).
-- Older releases (tags v2.18.5-1, v2.20.5-1, v2.21.5-1, v2.27.7-1 of the same repository, src/graph/tuning.cc):
+- Older releases (tags v2.18.1-1 .. v2.27.7-1 of the same repository, src/graph/tuning.cc; tree Simple latencies
+  read in every tag from v2.18.1-1 to v2.23.4-1):
   the ``LEGACY_*`` constants below, used for a communicator that says which NCCL it runs (``Comm.version``).
 Units: latencies in microseconds, bandwidths in GB/s (1e9 B/s) as NCCL writes them; topologies.nccl
 converts to seconds and bytes/s.
@@ -134,6 +135,15 @@ VERSION_LL_HALF = 22100                # first release with ring LL at 1/2 and H
 VERSION_LL128_PPN1 = 22300             # ring LL128 0.92 also with one rank per node from v2.23.4-1
 VERSION_NVLS_AG_RS = 21900             # NVLS all-gather / reduce-scatter exist from 2.19 (2.18: ring only)
 LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5-1 .. v2.27.7-1 (20.9 after)
+# Tree Simple latency before 2.23 (tuning.cc baseLat[Tree][Simple], hwLat[NVLink, PCI, NET][Tree][Simple], us), by
+# the first release that no longer has it: v2.18.1-1 (0; 28, 28, 28), v2.18.3-1 .. v2.18.6-1 (0; 4, 6, 14),
+# v2.19.1-1 .. v2.22.3-1 (0; 28, 28, 28); from v2.23.4-1 on the newest (8.4; 4.0, 4.0, 14).
+LEGACY_TREE_SIMPLE_LAT_US = ((21803, 0.0, {"nvlink": 28.0, "pci": 28.0, "net": 28.0}),
+                             (21900, 0.0, {"nvlink": 4.0, "pci": 6.0, "net": 14.0}),
+                             (22300, 0.0, {"nvlink": 28.0, "pci": 28.0, "net": 28.0}))
+# From v2.23.4-1 a ring with one rank per node takes the tree's NET latency (interLat = ppn == 1 ?
+# hwLat[NET][Tree] : hwLat[NET][algo]); before, every algorithm its own.
+VERSION_PPN1_TREE_NET_LAT = 22300
 
 # ------------------------------------------------------------------------------------------ benchmark harness
 # What a benchmark adds to the collective it times (topologies.nccl.harness_time_s). nccl-tests

@@ -245,6 +245,29 @@ def test_harness_closed_form():
     assert nccl.harness_time_s(1e-3, 8, blocking=True) == pytest.approx(1e-3 + 33.7e-6)
 
 
+def test_tree_simple_latency_is_the_stated_releases():
+    """tuning.cc tree Simple (baseLat; hwLat NVLink, NET) by release: v2.19-v2.22 (0; 28, 28), v2.18.3-v2.18.6
+    (0; 4, 14), v2.23.4 on (8.4; 4.0, 14); tree latency = base + 2 ((ppn - 1) intra + log2(nodes) inter)."""
+    import dataclasses
+    comm = _comm("dgx-h100", 16)                                     # 2 nodes x 8
+    for version, us in ((22105, 2 * (7 * 28 + 28)), (21805, 2 * (7 * 4 + 14)), (22707, 8.4 + 2 * (7 * 4 + 14)),
+                        (0, 8.4 + 2 * (7 * 4 + 14))):
+        c = dataclasses.replace(comm, version=version)
+        assert nccl._latency_us(c, "all_reduce", "tree", "simple") == pytest.approx(us)
+        assert nccl._latency_us(c, "all_reduce", "tree", "ll") == pytest.approx(6.8 + 2 * (7 * 0.6 + 5.0))
+
+
+def test_one_rank_per_node_ring_takes_the_tree_net_latency_from_2_23():
+    """interLat = ppn == 1 ? hwLat[NET][Tree] : hwLat[NET][algo] from v2.23.4; 2 ranks on 2 nodes, ring LL:
+    6.6 + 2 x NET latency (tree 5.0 now, ring 2.7 before)."""
+    import dataclasses
+    comm = nccl.comm_of(load_cluster("dgx-h100", 16), (0, 8))
+    assert comm.ppn == 1 and comm.n_nodes == 2
+    assert nccl._latency_us(comm, "all_reduce", "ring", "ll") == pytest.approx(6.6 + 2 * 5.0)
+    old = dataclasses.replace(comm, version=22105)
+    assert nccl._latency_us(old, "all_reduce", "ring", "ll") == pytest.approx(6.6 + 2 * 2.7)
+
+
 def test_torch_call_overhead_is_the_published_difference_of_the_two_timings():
     """PyTorch's per-call host time: median over 8 B..1 MiB of (--with-host-overhead - default) median latency on
     8x H200 (ml-engineering network/benchmarks/README.md); a blocking call pays it before the collective, a
