@@ -269,6 +269,17 @@ def _enabled(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> bool:
     return True
 
 
+_CAPS = {"ring_ll128": C.PER_CH_MAX_RING_LL128_BW, "tree_ll128": C.PER_CH_MAX_TREE_LL128_BW,
+         "tree": C.PER_CH_MAX_TREE_BW}
+
+
+def _cap(comm: Comm, table: str, i2: int) -> float:
+    """Per-channel bandwidth cap (GB/s) of ``table`` in the release ``comm`` runs (tuning.cc perChMax*Bws)."""
+    if comm.arch == "blackwell" and _older(comm, C.VERSION_NVLS_EFFICIENCY):
+        return C.LEGACY_BLACKWELL_CAPS_BEFORE_2_28[table][i2]
+    return _CAPS[table][comm.arch][i2]
+
+
 def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
     """NCCL's algorithm bandwidth (GB/s) of (algo, proto) for ``kind`` (tuning.cc ncclTopoTuneModel)."""
     arch, i2, pi = comm.arch, _idx2(comm), PROTO_INDEX[proto]
@@ -306,14 +317,14 @@ def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
         f = C.LL128_BW_FACTOR
         if _older(comm, C.VERSION_LL128_PPN1) and comm.ppn < 2:
             f = C.LEGACY_RING_LL128_PPN1_FACTOR_BEFORE_2_23
-        bus = min(bus * f, graph.channels * C.PER_CH_MAX_RING_LL128_BW[arch][i2])
+        bus = min(bus * f, graph.channels * _cap(comm, "ring_ll128", i2))
     if algo == "tree" and kind == "all_reduce":
-        bus = min(bus * C.TREE_BW_FACTOR, graph.channels * C.PER_CH_MAX_TREE_BW[arch][i2])
+        bus = min(bus * C.TREE_BW_FACTOR, graph.channels * _cap(comm, "tree", i2))
     if algo == "tree" and proto == "ll":
         bus = min(bus * C.TREE_LL_BW_FACTOR, ll_max)
     if algo == "tree" and proto == "ll128":
         f = C.TREE_LL128_FACTOR_1NODE if comm.n_nodes == 1 else C.TREE_LL128_FACTOR_MULTI
-        bus = min(bus * f, graph.channels * C.PER_CH_MAX_TREE_LL128_BW[arch][i2])
+        bus = min(bus * f, graph.channels * _cap(comm, "tree_ll128", i2))
     if algo == "pat":
         bus *= C.PAT_BW_FACTOR
     if algo == "collnet_direct":

@@ -141,6 +141,11 @@ LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5
 LEGACY_TREE_SIMPLE_LAT_US = ((21803, 0.0, {"nvlink": 28.0, "pci": 28.0, "net": 28.0}),
                              (21900, 0.0, {"nvlink": 4.0, "pci": 6.0, "net": 14.0}),
                              (22300, 0.0, {"nvlink": 28.0, "pci": 28.0, "net": 28.0}))
+# Blackwell's per-channel caps in v2.25.1-1 .. v2.27.7-1 (tuning.cc: twice Hopper's rows, "2*36.7" ...); from
+# v2.28.3-1 the tables above (ring LL128 40.0, tree LL128 55.6 / 31.67 / 20.0, tree 70.0 / 42.8 / 24.0).
+LEGACY_BLACKWELL_CAPS_BEFORE_2_28 = {"ring_ll128": (2 * 36.7, 2 * 36.7, 2 * 36.7),
+                                     "tree_ll128": (2 * 36.7, 2 * 36.7, 2 * 29.0),
+                                     "tree": (2 * 38.7, 2 * 41.4, 2 * 36.0)}
 # From v2.23.4-1 a ring with one rank per node takes the tree's NET latency (interLat = ppn == 1 ?
 # hwLat[NET][Tree] : hwLat[NET][algo]); before, every algorithm its own.
 VERSION_PPN1_TREE_NET_LAT = 22300

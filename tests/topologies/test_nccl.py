@@ -257,6 +257,23 @@ def test_tree_simple_latency_is_the_stated_releases():
         assert nccl._latency_us(c, "all_reduce", "tree", "ll") == pytest.approx(6.8 + 2 * (7 * 0.6 + 5.0))
 
 
+def test_blackwell_caps_are_the_stated_releases():
+    """tuning.cc per-channel caps on Blackwell: twice Hopper's in v2.25-v2.27 (ring LL128 73.4, tree 2 x 36.0
+    beyond 2 nodes), the newest tables from v2.28 (40.0, 24.0); bus = min(channels x bw x factor, channels x cap)."""
+    import dataclasses
+    comm = _comm("dgx-b200", 32)                                     # 4 nodes x 8
+    g = nccl.graphs(comm)
+    for version, tree_cap in ((22707, 72.0), (0, 24.0)):
+        c = dataclasses.replace(comm, version=version)
+        tree = g["tree"]
+        want = min(tree.channels * tree.bw_inter * 0.92, tree.channels * tree_cap) * 0.5
+        assert nccl._bandwidth(c, "all_reduce", "tree", "simple", g) == pytest.approx(want)
+    assert nccl._cap(dataclasses.replace(comm, version=22707), "ring_ll128", 0) == pytest.approx(73.4)
+    assert nccl._cap(comm, "ring_ll128", 0) == 40.0
+    h100 = dataclasses.replace(_comm("dgx-h100", 32), version=22707)
+    assert nccl._cap(h100, "tree", 2) == 36.0                        # Hopper: the same in every release
+
+
 def test_one_rank_per_node_ring_takes_the_tree_net_latency_from_2_23():
     """interLat = ppn == 1 ? hwLat[NET][Tree] : hwLat[NET][algo] from v2.23.4; 2 ranks on 2 nodes, ring LL:
     6.6 + 2 x NET latency (tree 5.0 now, ring 2.7 before)."""
