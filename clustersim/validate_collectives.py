@@ -10,7 +10,7 @@ calibration (NCCL's model, topologies.nccl, in the tuning model of the NCCL rele
 newest where it states none), errors are (predicted - published) / published busbw. A row runs as its source
 ran it: the algorithm it forced (``forced_algorithm``), the NCCL environment of its platform profile
 (``A3_MEGA_TCPXO_PROFILE``), the latency its network plugin reports (``net_latency_us``), and the benchmark's
-host launches (``harness``; topologies.nccl.harness_time_s).
+host launches (``harness``) or a framework's per-call host time (``host_overhead_s``; topologies.nccl.harness_time_s).
 
 Mapping of platforms onto presets, each from the platform's published specification:
 - Azure ND H100 v5 / ND H200 v5 / ND A100 v4, DGX and "8x" nodes: dgx-h100 / dgx-h200 / dgx-a100.
@@ -78,6 +78,7 @@ class Row:
     net_latency_us: float = 0.0       # latency the run's network plugin reports to NCCL
     gpus_per_thread: int = 1          # GPUs one host thread drove (nccl-tests -g N)
     blocking: bool = False            # each call timed on its own, synchronised (nccl-tests -z, torch bench)
+    host_s: float | None = None       # a framework's host seconds per call (torch.distributed), else launches
     label: str = ""                   # hardware label for grouping
     predicted_busbw: float | None = None
     predicted_time_s: float | None = None
@@ -241,6 +242,13 @@ def harness(r: dict) -> tuple[int, bool]:
     return g, blocking
 
 
+def host_overhead_s(r: dict) -> float | None:
+    """Host seconds per call a row's benchmark spends outside NCCL's launches: PyTorch's per-call overhead for
+    ml-engineering's all_reduce_bench.py (torch.distributed, one call timed between CUDA events after a barrier:
+    ``NCCL_C.TORCH_CALL_OVERHEAD_S``); None for nccl-tests, which calls NCCL's C API (its launches count)."""
+    return NCCL_C.TORCH_CALL_OVERHEAD_S if "all_reduce_bench" in (r.get("benchmark_tool") or "") else None
+
+
 def collective_rows(path: Path) -> list[Row]:
     return _rows(path, _collective_row)
 
@@ -268,6 +276,7 @@ def _collective_row(r: dict) -> Row:
         row.env = mapped.get("env", {})
         row.net_latency_us = mapped.get("net_latency_us", 0.0)
         row.gpus_per_thread, row.blocking = harness(r)
+        row.host_s = host_overhead_s(r)
         row.net_plugin = net_plugin(r)
         row.extra = {"platform": r["platform"], "placement": r["placement"], "algorithm": r["algorithm"]}
     return row
@@ -306,7 +315,8 @@ def predict(rows: list[Row]) -> list[Row]:
         model = models[key]
         req = CommRequest(row.collective, row.group, row.size_bytes)
         # the model's time for that pick keeps the route-level bound at line rate
-        t = nccl.harness_time_s(max(model.comm_time_s(req), plugin_time), row.gpus_per_thread, row.blocking)
+        t = nccl.harness_time_s(max(model.comm_time_s(req), plugin_time), row.gpus_per_thread, row.blocking,
+                                row.host_s)
         row.predicted_time_s = t
         row.predicted_busbw = row.size_bytes / t / 1e9 * bus_factor(row.collective, len(row.group))
         row.chosen = model.algorithm_for(req)
@@ -478,7 +488,8 @@ def _row_dict(r: Row) -> dict:
             "size_bytes": r.size_bytes, "band": r.band, "preset": r.preset, "overrides": r.overrides,
             "forced_algorithm": r.algorithm, "nccl_version": r.nccl_version, "net_plugin": r.net_plugin,
             "nccl_env": {k: list(v) for k, v in r.env.items()}, "net_latency_us": r.net_latency_us,
-            "gpus_per_thread": r.gpus_per_thread, "blocking": r.blocking, "chosen": r.chosen,
+            "gpus_per_thread": r.gpus_per_thread, "blocking": r.blocking, "host_overhead_s": r.host_s,
+            "chosen": r.chosen,
             "published_busbw_GBps": r.published_busbw, "predicted_busbw_GBps": r.predicted_busbw,
             "published_time_s": r.published_time_s, "predicted_time_s": r.predicted_time_s,
             "error": r.error, "time_ratio": r.time_ratio, "source": r.source}

@@ -269,6 +269,17 @@ def _enabled(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> bool:
     return True
 
 
+_CAPS = {"ring_ll128": C.PER_CH_MAX_RING_LL128_BW, "tree_ll128": C.PER_CH_MAX_TREE_LL128_BW,
+         "tree": C.PER_CH_MAX_TREE_BW}
+
+
+def _cap(comm: Comm, table: str, i2: int) -> float:
+    """Per-channel bandwidth cap (GB/s) of ``table`` in the release ``comm`` runs (tuning.cc perChMax*Bws)."""
+    if comm.arch == "blackwell" and _older(comm, C.VERSION_NVLS_EFFICIENCY):
+        return C.LEGACY_BLACKWELL_CAPS_BEFORE_2_28[table][i2]
+    return _CAPS[table][comm.arch][i2]
+
+
 def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
     """NCCL's algorithm bandwidth (GB/s) of (algo, proto) for ``kind`` (tuning.cc ncclTopoTuneModel)."""
     arch, i2, pi = comm.arch, _idx2(comm), PROTO_INDEX[proto]
@@ -306,14 +317,14 @@ def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
         f = C.LL128_BW_FACTOR
         if _older(comm, C.VERSION_LL128_PPN1) and comm.ppn < 2:
             f = C.LEGACY_RING_LL128_PPN1_FACTOR_BEFORE_2_23
-        bus = min(bus * f, graph.channels * C.PER_CH_MAX_RING_LL128_BW[arch][i2])
+        bus = min(bus * f, graph.channels * _cap(comm, "ring_ll128", i2))
     if algo == "tree" and kind == "all_reduce":
-        bus = min(bus * C.TREE_BW_FACTOR, graph.channels * C.PER_CH_MAX_TREE_BW[arch][i2])
+        bus = min(bus * C.TREE_BW_FACTOR, graph.channels * _cap(comm, "tree", i2))
     if algo == "tree" and proto == "ll":
         bus = min(bus * C.TREE_LL_BW_FACTOR, ll_max)
     if algo == "tree" and proto == "ll128":
         f = C.TREE_LL128_FACTOR_1NODE if comm.n_nodes == 1 else C.TREE_LL128_FACTOR_MULTI
-        bus = min(bus * f, graph.channels * C.PER_CH_MAX_TREE_LL128_BW[arch][i2])
+        bus = min(bus * f, graph.channels * _cap(comm, "tree_ll128", i2))
     if algo == "pat":
         bus *= C.PAT_BW_FACTOR
     if algo == "collnet_direct":
@@ -334,14 +345,34 @@ def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
     return bus
 
 
+def _legacy_tree_simple(comm: Comm):
+    """(base, {hw: latency}) of tree Simple in the release ``comm`` runs, None where the newest applies."""
+    for before, base, hw in C.LEGACY_TREE_SIMPLE_LAT_US:
+        if _older(comm, before):
+            return base, hw
+    return None
+
+
+def _base_lat_us(comm: Comm, algo: str, proto: str) -> float:
+    """tuning.cc baseLat of (algo, proto) in the release ``comm`` runs."""
+    old = _legacy_tree_simple(comm) if (algo, proto) == ("tree", "simple") else None
+    return old[0] if old else C.BASE_LAT_US[algo][PROTO_INDEX[proto]]
+
+
+def _hw_lat_us(comm: Comm, hw: str, algo: str, proto: str) -> float:
+    """tuning.cc hwLat[hw] of (algo, proto) in the release ``comm`` runs."""
+    old = _legacy_tree_simple(comm) if (algo, proto) == ("tree", "simple") else None
+    return old[1][hw] if old else C.HW_LAT_US[hw][algo][PROTO_INDEX[proto]]
+
+
 def _latency_us(comm: Comm, kind: str, algo: str, proto: str) -> float:
     """NCCL's latency (us) of (algo, proto) for ``kind`` (tuning.cc)."""
     pi = PROTO_INDEX[proto]
     n, nodes = comm.n_ranks, comm.n_nodes
     hw_intra = comm.intra_hw
-    lat = C.BASE_LAT_US[algo][pi]
-    intra = C.HW_LAT_US[hw_intra][algo][pi]
-    inter = C.HW_LAT_US["net"]["tree" if comm.ppn == 1 else algo][pi]
+    lat, intra = _base_lat_us(comm, algo, proto), _hw_lat_us(comm, hw_intra, algo, proto)
+    ppn1 = comm.ppn == 1 and not _older(comm, C.VERSION_PPN1_TREE_NET_LAT)
+    inter = _hw_lat_us(comm, "net", "tree" if ppn1 else algo, proto)
     if algo in ("nvls", "nvls_tree") and _older(comm, C.VERSION_LL_HALF):
         intra = C.LEGACY_NVLS_LAT_US_BEFORE_2_21
     if algo == "nvls_tree" and comm.ppn > 1 and _older(comm, C.VERSION_NVLS_EFFICIENCY):
@@ -492,12 +523,14 @@ def moe_time_s(comm: Comm, tokens: int, token_bytes: float, topk: int, experts: 
 
 
 # ------------------------------------------------------------------------------------------ benchmark harness
-def harness_time_s(t_s: float, gpus_per_thread: int = 1, blocking: bool = False) -> float:
+def harness_time_s(t_s: float, gpus_per_thread: int = 1, blocking: bool = False,
+                   host_s: float | None = None) -> float:
     """Time per iteration a benchmark reports for a collective NCCL runs in ``t_s`` seconds, when one host
-    thread launches it on ``gpus_per_thread`` GPUs (nccl-tests -g N) at ``C.HOST_LAUNCH_PER_GPU_S`` each.
-    Back-to-back iterations (nccl-tests' default): the slower of the GPUs and the launching thread,
-    max(t, N x launch). ``blocking`` (nccl-tests -z, or a benchmark that times one call between CUDA events
-    and synchronises after it, as ml-engineering's all_reduce_bench.py does): the launches come first,
-    t + N x launch."""
-    host = max(int(gpus_per_thread), 1) * C.HOST_LAUNCH_PER_GPU_S
+    thread launches it on ``gpus_per_thread`` GPUs (nccl-tests -g N) at ``C.HOST_LAUNCH_PER_GPU_S`` each, or
+    spends ``host_s`` seconds per call where given (a framework's per-call cost, e.g.
+    ``C.TORCH_CALL_OVERHEAD_S`` for torch.distributed). Back-to-back iterations (nccl-tests' default): the
+    slower of the GPUs and the launching thread, max(t, host). ``blocking`` (nccl-tests -z, or a benchmark that
+    times one call between CUDA events and synchronises after it, as ml-engineering's all_reduce_bench.py did):
+    the host's part comes first, t + host."""
+    host = host_s if host_s is not None else max(int(gpus_per_thread), 1) * C.HOST_LAUNCH_PER_GPU_S
     return t_s + host if blocking else max(t_s, host)

@@ -13,7 +13,8 @@ Sources (all in https://github.com/NVIDIA/nccl):
   bytes per thread), maximum threads per protocol (Simple 512, LL 512, LL128 640), MAXCHANNELS 64.
 - src/transport/nvls.cc: NVLS channel counts (16 on Hopper, 24 on Blackwell NVL, 32 multi-node Blackwell).
 - src/enqueue.cc: NCCL_P2P_LL_THRESHOLD 16384 (point-to-point uses LL up to 16 KiB, Simple above).
-- Older releases (tags v2.18.5-1, v2.20.5-1, v2.21.5-1, v2.27.7-1 of the same repository, src/graph/tuning.cc):
+- Older releases (tags v2.18.1-1 .. v2.27.7-1 of the same repository, src/graph/tuning.cc; tree Simple latencies
+  read in every tag from v2.18.1-1 to v2.23.4-1):
   the ``LEGACY_*`` constants below, used for a communicator that says which NCCL it runs (``Comm.version``).
 Units: latencies in microseconds, bandwidths in GB/s (1e9 B/s) as NCCL writes them; topologies.nccl
 converts to seconds and bytes/s.
@@ -134,6 +135,20 @@ VERSION_LL_HALF = 22100                # first release with ring LL at 1/2 and H
 VERSION_LL128_PPN1 = 22300             # ring LL128 0.92 also with one rank per node from v2.23.4-1
 VERSION_NVLS_AG_RS = 21900             # NVLS all-gather / reduce-scatter exist from 2.19 (2.18: ring only)
 LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5-1 .. v2.27.7-1 (20.9 after)
+# Tree Simple latency before 2.23 (tuning.cc baseLat[Tree][Simple], hwLat[NVLink, PCI, NET][Tree][Simple], us), by
+# the first release that no longer has it: v2.18.1-1 (0; 28, 28, 28), v2.18.3-1 .. v2.18.6-1 (0; 4, 6, 14),
+# v2.19.1-1 .. v2.22.3-1 (0; 28, 28, 28); from v2.23.4-1 on the newest (8.4; 4.0, 4.0, 14).
+LEGACY_TREE_SIMPLE_LAT_US = ((21803, 0.0, {"nvlink": 28.0, "pci": 28.0, "net": 28.0}),
+                             (21900, 0.0, {"nvlink": 4.0, "pci": 6.0, "net": 14.0}),
+                             (22300, 0.0, {"nvlink": 28.0, "pci": 28.0, "net": 28.0}))
+# Blackwell's per-channel caps in v2.25.1-1 .. v2.27.7-1 (tuning.cc: twice Hopper's rows, "2*36.7" ...); from
+# v2.28.3-1 the tables above (ring LL128 40.0, tree LL128 55.6 / 31.67 / 20.0, tree 70.0 / 42.8 / 24.0).
+LEGACY_BLACKWELL_CAPS_BEFORE_2_28 = {"ring_ll128": (2 * 36.7, 2 * 36.7, 2 * 36.7),
+                                     "tree_ll128": (2 * 36.7, 2 * 36.7, 2 * 29.0),
+                                     "tree": (2 * 38.7, 2 * 41.4, 2 * 36.0)}
+# From v2.23.4-1 a ring with one rank per node takes the tree's NET latency (interLat = ppn == 1 ?
+# hwLat[NET][Tree] : hwLat[NET][algo]); before, every algorithm its own.
+VERSION_PPN1_TREE_NET_LAT = 22300
 
 # ------------------------------------------------------------------------------------------ benchmark harness
 # What a benchmark adds to the collective it times (topologies.nccl.harness_time_s). nccl-tests
@@ -146,6 +161,18 @@ LEGACY_NET_NVLS_TREE_LAT_US_BEFORE_2_28 = 14.0   # hwLat NET NVLSTree in v2.20.5
 # N = 4..8, where NCCL's model of that ring (6.6 + 2 (N-1) x 0.6 us) is 8-15 us: the period is the thread's
 # launches. 33.7 us / 8 GPUs.
 HOST_LAUNCH_PER_GPU_S = 33.7e-6 / 8
+
+# PyTorch's per-call host overhead of one torch.distributed collective timed on its own (CUDA events around one
+# call after a barrier, then a synchronize): ml-engineering's all_reduce_bench.py before its queued-calls timing
+# (the rows' version, stas00/ml-engineering@744d01e1 timed_allreduce), the later `--with-host-overhead` mode.
+# Measured as the difference of the two modes on one 8x H200 node (torch 2.14.0+cu130, NCCL 2.30.7), median
+# latency per call, stas00/ml-engineering network/benchmarks/README.md section "How the latency is measured"
+# (stored version with torch-dist-bench.py, not a row of the validation set): with host overhead minus default
+# = 36.6-15.2, 38.0-17.9, 39.1-18.8, 41.7-20.9, 43.5-21.4, 50.9-27.7 us at 8 B, 64 B, 1 KiB, 32 KiB, 256 KiB,
+# 1 MiB = 21.4, 20.1, 20.3, 20.8, 22.1, 23.2 us; the median of the six, (20.8 + 21.4) / 2 = 21.1 us. It holds
+# the call's Python / c10d work, NCCL's launch, and the ranks reaching the call at different times after the
+# barrier (the README: "its median adds the ~20us of PyTorch's per-call overhead").
+TORCH_CALL_OVERHEAD_S = 21.1e-6
 
 # Latency (us) network plugins report to NCCL (ncclNetProperties.latency, added as above):
 # - aws-ofi-nccl (AWS EFA): src/platform-aws.cpp sets 35.0 for the "p5en/p6-b200" platform (since commit

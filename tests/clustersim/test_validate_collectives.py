@@ -119,10 +119,32 @@ def test_harness_read_from_the_command_line():
     assert harness({"benchmark_tool": "not named in sentence (busbw reported)"}) == (1, False)
 
 
+def test_torch_benchmark_rows_pay_pytorchs_per_call_host_time(tmp_path):
+    """all_reduce_bench.py (torch.distributed, one call timed after a barrier): NCCL's time + PyTorch's per-call
+    host time; nccl-tests rows have none."""
+    from clustersim.validate_collectives import host_overhead_s
+    from topologies import nccl_constants as C
+    assert host_overhead_s({"benchmark_tool": "ml-engineering all_reduce_bench.py (torch 2.9.1)"}) == \
+        C.TORCH_CALL_OVERHEAD_S
+    assert host_overhead_s({"benchmark_tool": "nccl-tests all_reduce_perf (-g 8, float sum)"}) is None
+    row = ('"H200 (single node, NVLink 4 / NVSwitch)","8x H200 node",1,8,8,all_reduce,default,,2.27.7,'
+           '"ml-engineering all_reduce_bench.py (torch 2.9.1+cu130, cuda 13.0)",,65536,64KiB,,,2.93,,src')
+    (tmp_path / "collectives.csv").write_text(COLL_HEADER + "\n" + row + "\n")
+    (r,) = predict(collective_rows(tmp_path / "collectives.csv"))
+    import topologies
+    from simulator.costs import CommRequest
+    from topologies.cost import ClusterCostModel
+    model = ClusterCostModel(topologies.load_cluster("dgx-h200", 8), nccl_version="2.27.7")
+    t = model.comm_time_s(CommRequest("all_reduce", tuple(range(8)), 65536))
+    assert r.host_s == C.TORCH_CALL_OVERHEAD_S and r.blocking
+    assert r.predicted_time_s == pytest.approx(t + C.TORCH_CALL_OVERHEAD_S)
+
+
 def test_rows_run_as_their_harness_and_environment_ran_them(tmp_path):
     """A -g 8 row at 1 KiB takes 8 host launches (33.7 us > NCCL's 15 us ring); the A3 Mega row runs GCP's
-    TCPXO profile (Ring,Tree x Simple, NCCL 2.21.5): tree Simple, latency 8.4 + 2 x (7 x 4.0 + 1 x 14.0) us
-    (tuning.cc baseLat + hwLat NVLink / NET, 2 nodes of 8)."""
+    TCPXO profile (Ring,Tree x Simple, NCCL 2.21.5): 2.21.5's tuner prices tree Simple at 2 x (7 x 28 + 28) =
+    448 us and ring Simple at 8.4 + 28 x 3.4 + 2 x 14 = 131.6 us (tuning.cc baseLat + hwLat NVLink / NET,
+    2 nodes of 8, 30 steps of which 2 cross nodes), so it runs ring: 131.6 us."""
     rows = ['A100-SXM4-80GB,"Azure ND A100 v4",1,8,8,all_reduce,NVLS (as stated in source text),,2.18.5,'
             '"nccl-tests all_reduce_perf (-g 8, float sum)",in-place,1024,1K,,,0.04,,src',
             'H100 80GB HBM3,"GCP A3 Mega (per repo name)",2,8,16,all_reduce,default (not stated),,,'
@@ -131,8 +153,8 @@ def test_rows_run_as_their_harness_and_environment_ran_them(tmp_path):
     a100, a3 = predict(collective_rows(tmp_path / "collectives.csv"))
     assert a100.gpus_per_thread == 8 and a100.predicted_time_s == pytest.approx(33.7e-6)
     assert a3.env == {"algorithms": ("ring", "tree"), "protocols": ("simple",)} and a3.nccl_version == "2.21.5"
-    assert a3.chosen == "tree"
-    assert a3.predicted_time_s == pytest.approx((8.4 + 2 * (7 * 4.0 + 14.0)) * 1e-6, rel=1e-3)
+    assert a3.chosen == "ring"
+    assert a3.predicted_time_s == pytest.approx((8.4 + 28 * 3.4 + 2 * 14.0) * 1e-6, rel=1e-3)
 
 
 def test_efa_rows_carry_the_latency_aws_ofi_nccl_reports():

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from simulator.calibration import Calibration, CollectiveFit
 from simulator.costs import CommRequest
 from topologies import load_cluster, nccl
+from topologies import nccl_constants as C
 from topologies.cost import ClusterCostModel
 
 GIB, MIB = 2**30, 2**20
@@ -242,6 +243,61 @@ def test_harness_closed_form():
     assert nccl.harness_time_s(10e-6, 1) == pytest.approx(10e-6)
     assert nccl.harness_time_s(10e-6, 1, blocking=True) == pytest.approx(10e-6 + per)
     assert nccl.harness_time_s(1e-3, 8, blocking=True) == pytest.approx(1e-3 + 33.7e-6)
+
+
+def test_tree_simple_latency_is_the_stated_releases():
+    """tuning.cc tree Simple (baseLat; hwLat NVLink, NET) by release: v2.19-v2.22 (0; 28, 28), v2.18.3-v2.18.6
+    (0; 4, 14), v2.23.4 on (8.4; 4.0, 14); tree latency = base + 2 ((ppn - 1) intra + log2(nodes) inter)."""
+    import dataclasses
+    comm = _comm("dgx-h100", 16)                                     # 2 nodes x 8
+    for version, us in ((22105, 2 * (7 * 28 + 28)), (21805, 2 * (7 * 4 + 14)), (22707, 8.4 + 2 * (7 * 4 + 14)),
+                        (0, 8.4 + 2 * (7 * 4 + 14))):
+        c = dataclasses.replace(comm, version=version)
+        assert nccl._latency_us(c, "all_reduce", "tree", "simple") == pytest.approx(us)
+        assert nccl._latency_us(c, "all_reduce", "tree", "ll") == pytest.approx(6.8 + 2 * (7 * 0.6 + 5.0))
+
+
+def test_blackwell_caps_are_the_stated_releases():
+    """tuning.cc per-channel caps on Blackwell: twice Hopper's in v2.25-v2.27 (ring LL128 73.4, tree 2 x 36.0
+    beyond 2 nodes), the newest tables from v2.28 (40.0, 24.0); bus = min(channels x bw x factor, channels x cap)."""
+    import dataclasses
+    comm = _comm("dgx-b200", 32)                                     # 4 nodes x 8
+    g = nccl.graphs(comm)
+    for version, tree_cap in ((22707, 72.0), (0, 24.0)):
+        c = dataclasses.replace(comm, version=version)
+        tree = g["tree"]
+        want = min(tree.channels * tree.bw_inter * 0.92, tree.channels * tree_cap) * 0.5
+        assert nccl._bandwidth(c, "all_reduce", "tree", "simple", g) == pytest.approx(want)
+    assert nccl._cap(dataclasses.replace(comm, version=22707), "ring_ll128", 0) == pytest.approx(73.4)
+    assert nccl._cap(comm, "ring_ll128", 0) == 40.0
+    h100 = dataclasses.replace(_comm("dgx-h100", 32), version=22707)
+    assert nccl._cap(h100, "tree", 2) == 36.0                        # Hopper: the same in every release
+
+
+def test_one_rank_per_node_ring_takes_the_tree_net_latency_from_2_23():
+    """interLat = ppn == 1 ? hwLat[NET][Tree] : hwLat[NET][algo] from v2.23.4; 2 ranks on 2 nodes, ring LL:
+    6.6 + 2 x NET latency (tree 5.0 now, ring 2.7 before)."""
+    import dataclasses
+    comm = nccl.comm_of(load_cluster("dgx-h100", 16), (0, 8))
+    assert comm.ppn == 1 and comm.n_nodes == 2
+    assert nccl._latency_us(comm, "all_reduce", "ring", "ll") == pytest.approx(6.6 + 2 * 5.0)
+    old = dataclasses.replace(comm, version=22105)
+    assert nccl._latency_us(old, "all_reduce", "ring", "ll") == pytest.approx(6.6 + 2 * 2.7)
+
+
+def test_torch_call_overhead_is_the_published_difference_of_the_two_timings():
+    """PyTorch's per-call host time: median over 8 B..1 MiB of (--with-host-overhead - default) median latency on
+    8x H200 (ml-engineering network/benchmarks/README.md); a blocking call pays it before the collective, a
+    queued one overlaps it."""
+    import statistics
+    with_host = (36.6, 38.0, 39.1, 41.7, 43.5, 50.9)
+    default = (15.2, 17.9, 18.8, 20.9, 21.4, 27.7)
+    diff = statistics.median(a - b for a, b in zip(with_host, default))
+    assert C.TORCH_CALL_OVERHEAD_S == pytest.approx(diff * 1e-6, abs=1e-9)
+    h = C.TORCH_CALL_OVERHEAD_S
+    assert nccl.harness_time_s(10e-6, 1, blocking=True, host_s=h) == pytest.approx(10e-6 + h)
+    assert nccl.harness_time_s(10e-6, 8, blocking=False, host_s=h) == pytest.approx(max(10e-6, h))
+    assert nccl.harness_time_s(1e-3, 1, blocking=False, host_s=h) == pytest.approx(1e-3)
 
 
 @pytest.mark.parametrize("size", [8, 4096, 2**20, 2**26, 2**33])
