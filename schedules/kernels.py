@@ -57,6 +57,11 @@ ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "
 #: chain of eager ops, the cross-entropy's fp32 copy of the logits (llm-foundry's MPT runs one F.layer_norm
 #: kernel and a fused cross-entropy); schedules.memory keeps what those ops save
 EAGER_POINTWISE = ("torchtitan",)
+#: stacks with a fused cross-entropy (Megatron's vocab-parallel one; flash-attn's xentropy kernel, llm-foundry's
+#: default loss_fn): one read of the logits, upcast in registers. The others run the loss eagerly on a fp32
+#: copy of the logits (torchtitan's ``cross_entropy(pred.float(), ...)``; under torch.compile too, as
+#: torchtitan compiles each TransformerBlock, not the output layer and loss: parallelize_llama.apply_compile)
+FUSED_CE_STACKS = ("megatron", "llm-foundry")
 DTYPES = ("bf16", "fp8")
 PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
 BF16, FP32 = 2, 4
@@ -117,7 +122,7 @@ class _Writer:
         self.separate_qkv = stack in ("torchtitan", "torchtitan-compile")   # wq, wk, wv linears
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
         # (flash-attn's xentropy CUDA kernel, modeling_mpt.py) reads bf16 logits and writes their gradient
-        self.fused_ce = stack in ("megatron", "llm-foundry")
+        self.fused_ce = stack in FUSED_CE_STACKS
         # Composer evaluates the model's train metrics on every micro-batch (trainer._train_microbatch ->
         # _eval_train_metrics, Composer 0.14-0.17); llm-foundry's MPT registers LanguageCrossEntropy and
         # LanguagePerplexity, each a torch.nn.CrossEntropyLoss over the logits under autocast (fp32 math)

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from schedules.kernels import EAGER_POINTWISE
+from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS
 from schedules.models import ModelSpec
 from schedules.plan import ParallelPlan
 
@@ -229,12 +229,12 @@ def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
 def head_transient_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     """Bytes per rank live beside the head's saved tensors while the loss runs, forward and backward: the LM
     head's logits in the activation dtype, plus their fp32 copy under torchtitan's eager cross-entropy
-    (``F.cross_entropy(pred.float(), ...)``; the fused cross-entropies of Megatron and flash-attn upcast in
-    registers). Backward mirrors it: the fp32 gradient of log_softmax and its cast back."""
+    (``F.cross_entropy(pred.float(), ...)``, compiled or not: torch.compile wraps the blocks only; the fused
+    cross-entropies of Megatron and flash-attn upcast in registers, ``FUSED_CE_STACKS``). Backward mirrors it: the fp32 gradient of log_softmax and its cast back."""
     if model.params_only or plan.attention == "eager":
         return 0.0
     tok = plan.seq / plan.cp * plan.micro_batch
-    per = model.dtype_bytes + (4 if plan.stack in EAGER_POINTWISE else 0)
+    per = model.dtype_bytes + (4 if plan.stack not in FUSED_CE_STACKS else 0)
     return per * tok * model.vocab / plan.tp
 
 

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedules import build_programs, comm_volume, custom_model, get_model, memory_per_rank
+from schedules.kernels import phase_kernels
 from schedules.memory import head_activation_bytes, head_transient_bytes, rank_params
 from schedules.plan import ParallelPlan
 from simulator.costs import IdealCostModel, SimpleCostModel
@@ -468,8 +469,11 @@ def test_logits_are_live_beside_the_head_while_the_loss_runs():
     live beside the saved fp32 softmax: closed form, and the engine's memory timeline reaches it."""
     model = custom_model(layers=2, hidden=256, heads=8, vocab=50_000)
     tok = SEQ
-    for stack, per in (("megatron", 2), ("torchtitan", 6)):
+    for stack, per in (("megatron", 2), ("llm-foundry", 2), ("torchtitan", 6), ("torchtitan-compile", 6)):
         plan = ParallelPlan(seq=SEQ, stack=stack)
+        # the memory and the kernels agree on which stacks copy the logits to fp32 for the loss
+        cast = [k for k in phase_kernels(model, plan, None, "forward", part="head") if k.name == "logits float cast"]
+        assert bool(cast) == (per == 6)
         assert head_transient_bytes(model, plan) == pytest.approx(per * tok * model.vocab)
         progs, res = _step(model, plan, cost=SimpleCostModel())
         mem = memory_per_rank(model, plan)["stage0"]["total"]
