@@ -45,7 +45,7 @@ RECOMPUTE = ("none", "selective", "full", "op")
 ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
-STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile")
+STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torchtitan-compile-loss")
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION}
@@ -316,8 +316,9 @@ def simulate_options(f: Callable) -> Callable:
                      "0 turns it off)."),
         click.option("--stack", type=click.Choice(STACKS), help="Training stack whose kernels are priced: "
                      "megatron (Megatron-Core + TE, fused; default on NVIDIA), torchtitan (eager), llm-foundry "
-                     "(eager, Triton FlashAttention, as MosaicML's MPT benchmarks ran) or torchtitan-compile "
-                     "(torch.compile: one kernel per pointwise chain)."),
+                     "(eager, Triton FlashAttention, as MosaicML's MPT benchmarks ran), torchtitan-compile "
+                     "(torch.compile: one kernel per pointwise chain; loss eager, torchtitan before 2025-04) or "
+                     "torchtitan-compile-loss (the loss compiled too, torchtitan from 2025-04)."),
     ]
     for o in reversed(opts):
         f = o(f)

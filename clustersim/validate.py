@@ -88,13 +88,22 @@ def precision_class(precision: str) -> str | None:
     return None
 
 
-def stack_of(framework: str) -> str | None:
+#: torchtitan compiles the loss with the model from 2025-04-02 (bbb1b616e, build_cross_entropy_loss); its
+#: benchmark documents name the month they ran in (benchmarks/llama3_h100_202412_torchtitan.md, ..._202506_...)
+TORCHTITAN_LOSS_COMPILED_FROM = 202504
+
+
+def stack_of(framework: str, source: str = "") -> str | None:
     if any(k in framework for k in MEGATRON):
         return "megatron"
     if "llm-foundry" in framework:
         return "llm-foundry"
     if any(k in framework for k in TORCH_FSDP):
-        return "torchtitan-compile" if "torch.compile" in framework else "torchtitan"
+        if "torch.compile" not in framework:
+            return "torchtitan"
+        month = re.search(r"_(20\d{4})_", source)
+        late = month is not None and int(month.group(1)) >= TORCHTITAN_LOSS_COMPILED_FROM
+        return "torchtitan-compile-loss" if late else "torchtitan-compile"
     return None
 
 
@@ -179,7 +188,7 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
         kw["dtype"] = prec
     elif prec != "bf16":
         raise NotExpressible("FP8 run: this build has no --dtype (BF16 only)")
-    stack = stack_of(row["framework"])
+    stack = stack_of(row["framework"], row.get("source", ""))
     if stack and "stack" in fields:
         kw["stack"] = stack
     gpus = _int(row, "gpus")

@@ -15,7 +15,11 @@ Stacks (``plan.stack``)
                  log_softmax + its backward.
     torchtitan-compile
                  torchtitan under torch.compile: the same GEMMs and cross-entropy; Inductor fuses each
-                 pointwise chain into one kernel (the RMSNorm, RoPE, SiLU x multiply).
+                 pointwise chain into one kernel (the RMSNorm, RoPE, SiLU x multiply). The loss stays eager
+                 (torchtitan before 2025-04).
+    torchtitan-compile-loss
+                 the same with the loss compiled too (torchtitan from 2025-04-02): one cross-entropy kernel
+                 reading the bf16 logits, no fp32 copy.
     llm-foundry  MosaicML llm-foundry / Composer as its published MPT benchmarks ran (torch 1.13 eager,
                  scripts/train/benchmarking/submit_benchmarks.py): eager kernels, the norm one
                  F.layer_norm kernel (low_precision_layernorm), the attention core in the Triton
@@ -50,18 +54,23 @@ from simulator.errors import PlanError
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
 from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 
-STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile")
+STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torchtitan-compile-loss")
+#: torchtitan under torch.compile: each TransformerBlock compiled (parallelize_llama.apply_compile); from
+#: 2025-04-02 (bbb1b616e, build_cross_entropy_loss) the loss too, before that left eager ("compiling loss
+#: function causes CUDA errors")
+COMPILED_STACKS = ("torchtitan-compile", "torchtitan-compile-loss")
 # the attention kernel each stack runs (topologies.kernel_curves prices it from its own measured curve)
-ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "triton", "torchtitan-compile": "flash2"}
+ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "triton", "torchtitan-compile": "flash2",
+                  "torchtitan-compile-loss": "flash2"}
 #: stacks that run each pointwise op as its own kernel (torchtitan without torch.compile): the RMSNorm as its
 #: chain of eager ops, the cross-entropy's fp32 copy of the logits (llm-foundry's MPT runs one F.layer_norm
 #: kernel and a fused cross-entropy); schedules.memory keeps what those ops save
 EAGER_POINTWISE = ("torchtitan",)
 #: stacks with a fused cross-entropy (Megatron's vocab-parallel one; flash-attn's xentropy kernel, llm-foundry's
 #: default loss_fn): one read of the logits, upcast in registers. The others run the loss eagerly on a fp32
-#: copy of the logits (torchtitan's ``cross_entropy(pred.float(), ...)``; under torch.compile too, as
-#: torchtitan compiles each TransformerBlock, not the output layer and loss: parallelize_llama.apply_compile)
-FUSED_CE_STACKS = ("megatron", "llm-foundry")
+#: copy of the logits (torchtitan's ``cross_entropy(pred.float(), ...)``; under torch.compile too while
+#: torchtitan compiled the blocks only; a compiled loss is one Inductor kernel reading the bf16 logits)
+FUSED_CE_STACKS = ("megatron", "llm-foundry", "torchtitan-compile-loss")
 DTYPES = ("bf16", "fp8")
 PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
 BF16, FP32 = 2, 4
@@ -118,8 +127,8 @@ class _Writer:
         self.a = act_bytes                      # bytes per activation element (the model's dtype_bytes)
         self.fused = stack == "megatron"
         self.eager_norm = stack in EAGER_POINTWISE
-        self.compiled = stack == "torchtitan-compile"      # Inductor: one kernel per pointwise chain
-        self.separate_qkv = stack in ("torchtitan", "torchtitan-compile")   # wq, wk, wv linears
+        self.compiled = stack in COMPILED_STACKS      # Inductor: one kernel per pointwise chain
+        self.separate_qkv = stack == "torchtitan" or stack in COMPILED_STACKS   # wq, wk, wv linears
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
         # (flash-attn's xentropy CUDA kernel, modeling_mpt.py) reads bf16 logits and writes their gradient
         self.fused_ce = stack in FUSED_CE_STACKS

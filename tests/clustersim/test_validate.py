@@ -176,3 +176,17 @@ def test_torchtitan_selective_rows_map_to_its_own_options():
     assert op["recompute"] == "op" and "recompute_every" not in op
     mg, _ = row_experiment(_row(activation_checkpointing="selective"), FIELDS)
     assert mg["recompute"] == "selective" and "recompute_every" not in mg
+
+
+def test_torchtitan_compiled_rows_compile_the_loss_from_april_2025():
+    """torchtitan compiles the loss with the model from 2025-04-02 (bbb1b616e); its benchmark documents carry
+    the month they ran in."""
+    base = "https://github.com/pytorch/torchtitan/blob/b5bcd76c66d0acb1a08b176d9639425bc55e0b2a/benchmarks/"
+    tt = dict(framework="torchtitan (FSDP + torch.compile)", gbs="128", mbs="2", tp="", pp="", vp="", fsdp="64",
+              gpus="64", notes="", hardware="H100-SXM (DGX-H100)", model="Llama 3 8B")
+    stack = lambda src, fw=tt["framework"]: row_experiment(_row(**{**tt, "framework": fw}, source=src),
+                                                            FIELDS | {"stack"})[0]["stack"]
+    assert stack(base + "llama3_h100_202412_torchtitan.md") == "torchtitan-compile"
+    assert stack(base + "llama3-8b_h200_202506_trainy-whitefiber.md") == "torchtitan-compile-loss"
+    assert stack(base + "llama3-8b_h200_202506_trainy-whitefiber.md", "torchtitan (FSDP)") == "torchtitan"
+    assert stack("https://example.org/no-date.md") == "torchtitan-compile"

@@ -469,7 +469,8 @@ def test_logits_are_live_beside_the_head_while_the_loss_runs():
     live beside the saved fp32 softmax: closed form, and the engine's memory timeline reaches it."""
     model = custom_model(layers=2, hidden=256, heads=8, vocab=50_000)
     tok = SEQ
-    for stack, per in (("megatron", 2), ("llm-foundry", 2), ("torchtitan", 6), ("torchtitan-compile", 6)):
+    for stack, per in (("megatron", 2), ("llm-foundry", 2), ("torchtitan", 6), ("torchtitan-compile", 6),
+                       ("torchtitan-compile-loss", 2)):
         plan = ParallelPlan(seq=SEQ, stack=stack)
         # the memory and the kernels agree on which stacks copy the logits to fp32 for the loss
         cast = [k for k in phase_kernels(model, plan, None, "forward", part="head") if k.name == "logits float cast"]

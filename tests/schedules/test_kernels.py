@@ -168,6 +168,19 @@ def test_torchtitan_eager_rmsnorm_is_its_chain_of_ops():
     assert [k.name for k in compiled] == ["input norm", "rotary (fused)", "post-attention norm", "swiglu (fused)"]
 
 
+def test_compiled_loss_is_one_kernel_over_the_bf16_logits():
+    """torchtitan from 2025-04 compiles the loss: the head's forward and backward are torchtitan-compile's but
+    for the cross-entropy, one kernel reading the bf16 logits (no fp32 cast / log_softmax passes)."""
+    m = get_model("llama3-8b")
+    names = lambda stack, ph: [k.name for k in phase_kernels(m, ParallelPlan(seq=4096, stack=stack), None, ph,
+                                                              part="head")]
+    assert "logits float cast" in names("torchtitan-compile", "forward")
+    assert "logits float cast" not in names("torchtitan-compile-loss", "forward")
+    assert names("torchtitan-compile-loss", "forward") == names("megatron", "forward")
+    layer = lambda stack: [(k.name, k.bytes) for k in phase_kernels(m, ParallelPlan(seq=4096, stack=stack), 0, "forward")]
+    assert layer("torchtitan-compile-loss") == layer("torchtitan-compile")
+
+
 def test_eager_stack_saves_what_its_eager_ops_keep():
     """Memory follows the kernels: torchtitan's eager RMSNorm keeps an fp32 copy of its input and its unweighted
     output, eager SwiGLU keeps SiLU's output; fused stacks keep the bf16 norm input only."""
