@@ -8,7 +8,9 @@ ring, tree and NVLS graphs: search.cc), ``table`` the latency and bandwidth of e
 of ncclTopoTuneModel (tuning.cc), ``choose`` the tuner's pick (lowest estimated time) or a forced one.
 The time we predict is NCCL's estimate ``latency + bytes / bandwidth`` with the bandwidth scaled by the
 channels NCCL actually launches for that size (enqueue.cc: fewer channels below ``channels × threads ×
-bytes-per-thread``). All constants: topologies.nccl_constants (NCCL source, cited there).
+bytes-per-thread``), plus what that estimate leaves out where the kernel is a pipeline NCCL's model does not
+see: one-node NVLS all-reduce's fill and drain (``pipeline_fill_s``; the tuner still ranks by NCCL's own
+estimate). All constants: topologies.nccl_constants (NCCL source, cited there).
 
 All-to-all is NCCL's grouped send/recv (every peer pair concurrently; inter-node bytes through the NICs,
 with PXN every local GPU reaches every rail), point-to-point one send/recv (LL up to 16 KiB, Simple above).
@@ -431,8 +433,10 @@ def pipeline_fill_s(comm: Comm, kind: str, algo: str, size: float, bw_Bps: float
     all-reduce runs its iterations (launched channels x heads x chunk bytes) through three stages at once
     (scatter, multimem reduce, gather; all_reduce.h), each moving an iteration at the algorithm rate: a flow
     shop of equal stages takes sum(items) + (stages - 1) x largest item, so (stages - 1) x min(iteration,
-    size) / bandwidth on top of size / bandwidth. 0 for every other algorithm (ring and tree ranks all start
-    on their own data: no fill)."""
+    size) / bandwidth on top of size / bandwidth. 0 elsewhere: ring ranks all start on their own data (no fill);
+    the tree's mid-size loss is already in NCCL's estimate (tuning.cc treeCorrectionFactor), so a fill there
+    would count it twice; NVLS reduce-scatter / all-gather and multi-node NVLS are not modelled (no published
+    sweep to check them against)."""
     if algo != "nvls" or kind != "all_reduce" or comm.n_nodes != 1 or "nvls" not in g:
         return 0.0
     heads = g["nvls"].channels
