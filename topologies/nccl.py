@@ -8,7 +8,9 @@ ring, tree and NVLS graphs: search.cc), ``table`` the latency and bandwidth of e
 of ncclTopoTuneModel (tuning.cc), ``choose`` the tuner's pick (lowest estimated time) or a forced one.
 The time we predict is NCCL's estimate ``latency + bytes / bandwidth`` with the bandwidth scaled by the
 channels NCCL actually launches for that size (enqueue.cc: fewer channels below ``channels × threads ×
-bytes-per-thread``). All constants: topologies.nccl_constants (NCCL source, cited there).
+bytes-per-thread``), plus what that estimate leaves out where the kernel is a pipeline NCCL's model does not
+see: one-node NVLS all-reduce's fill and drain (``pipeline_fill_s``; the tuner still ranks by NCCL's own
+estimate). All constants: topologies.nccl_constants (NCCL source, cited there).
 
 All-to-all is NCCL's grouped send/recv (every peer pair concurrently; inter-node bytes through the NICs,
 with PXN every local GPU reaches every rail), point-to-point one send/recv (LL up to 16 KiB, Simple above).
@@ -415,6 +417,33 @@ def _launched_channels(comm: Comm, algo: str, proto: str, size: float, nc: int, 
     return nc
 
 
+def nvls_chunk_bytes(comm: Comm, size: float, heads: int) -> int:
+    """NVLS chunk NCCL uses for ``size`` bytes (enqueue.cc): 128 KiB, cut to 64 / 32 / 16 KiB below 64 / 8 / 2
+    x concurrentOps x chunk, concurrentOps = launched NVLS channels x heads."""
+    ops = C.NVLS_CHANNELS[comm.arch] * heads
+    chunk = C.NVLS_CHUNK_BYTES
+    for factor, smaller in C.NVLS_CHUNK_SHRINK:
+        if size < factor * ops * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def pipeline_fill_s(comm: Comm, kind: str, algo: str, size: float, bw_Bps: float, g: dict) -> float:
+    """Time NCCL's ``latency + size / bandwidth`` leaves out: the pipeline's fill and drain. One-node NVLS
+    all-reduce runs its iterations (launched channels x heads x chunk bytes) through three stages at once
+    (scatter, multimem reduce, gather; all_reduce.h), each moving an iteration at the algorithm rate: a flow
+    shop of equal stages takes sum(items) + (stages - 1) x largest item, so (stages - 1) x min(iteration,
+    size) / bandwidth on top of size / bandwidth. 0 elsewhere: ring ranks all start on their own data (no fill);
+    the tree's mid-size loss is already in NCCL's estimate (tuning.cc treeCorrectionFactor), so a fill there
+    would count it twice; NVLS reduce-scatter / all-gather and multi-node NVLS are not modelled (no published
+    sweep to check them against)."""
+    if algo != "nvls" or kind != "all_reduce" or comm.n_nodes != 1 or "nvls" not in g:
+        return 0.0
+    heads = g["nvls"].channels
+    iteration = C.NVLS_CHANNELS[comm.arch] * heads * nvls_chunk_bytes(comm, size, heads)
+    return (C.NVLS_PIPELINE_STAGES - 1) * min(iteration, size) / bw_Bps
+
+
 def table(comm: Comm, kind: str, size: float) -> list[Choice]:
     """Every enabled (algorithm, protocol) for ``kind`` of ``size`` bytes, in NCCL's order."""
     g = graphs(comm)
@@ -443,7 +472,7 @@ def table(comm: Comm, kind: str, size: float) -> list[Choice]:
             # channels launched: ring/tree bandwidth scales with the share of the communicator's channels
             nc = _launched_channels(comm, algo, proto, size, nc_full, g)
             share = 1.0 if algo in ("nvls", "nvls_tree", "pat", "collnet_direct") else nc / nc_full
-            t = lat * 1e-6 + size / (bw * 1e9 * share)
+            t = lat * 1e-6 + size / (bw * 1e9 * share) + pipeline_fill_s(comm, kind, algo, size, bw * 1e9, g)
             out.append(Choice(algo, proto, lat * 1e-6, bw * 1e9, nc, est, t))
     return out
 

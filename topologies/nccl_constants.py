@@ -179,3 +179,17 @@ TORCH_CALL_OVERHEAD_S = 21.1e-6
 #   2496e7de, 2025-05-23, "Updating latency value for p5en and p6 based on empirical search"), 75.0 for p5/p5e.
 # - GPUDirect-TCPXO (google/nccl-plugin-gpudirect-tcpxo, nccl_shim.cc GetProperties): 0.
 NET_PLUGIN_LATENCY_US = {"aws-ofi-nccl p5en/p6-b200": 35.0, "aws-ofi-nccl p5/p5e": 75.0, "gpudirect-tcpxo": 0.0}
+
+# ------------------------------------------------------------------------------------------ NVLS pipeline (one node)
+# The time NCCL's tuning model leaves out: NVLS all-reduce on one node is a pipeline. src/device/all_reduce.h
+# RunWorkColl<ncclFuncAllReduce, NVLS, SIMPLE> (v2.30.7-1; src/collectives/device/all_reduce.h RunWorkElement in
+# v2.18.5-1), work->oneNode: each channel runs three warp groups at once, scatter (user buffer -> every head's
+# unicast buffer), reduce (multimem ld_reduce / st on the multicast buffer: directRecvDirectSend) and gather (the
+# heads' buffers -> user buffer); one iteration moves nHeads chunks per channel through the three in turn.
+NVLS_PIPELINE_STAGES = 3
+# src/enqueue.cc (the NVLS branch of the chunk computation, identical in v2.18.5-1 .. v2.30.7-1): chunk =
+# NCCL_NVLS_CHUNKSIZE (128 KiB, transport/nvls.cc; the literal 131072 before 2.21), cut to 64 KiB when
+# nBytes < 64 x concurrentOps x chunk, then 32 KiB when < 8 x, then 16 KiB when < 2 x, with concurrentOps =
+# channels launched (comm->nvlsChannels) x nvls.nHeads.
+NVLS_CHUNK_BYTES = 128 * 1024
+NVLS_CHUNK_SHRINK = ((64, 65536), (8, 32768), (2, 16384))    # (factor, chunk bytes), applied in order

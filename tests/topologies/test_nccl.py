@@ -325,3 +325,42 @@ def test_plugin_latency_enters_every_inter_node_step():
         assert lat(efa, algo, proto) - lat(base, algo, proto) == pytest.approx(steps * factor * 35e-6, rel=1e-9)
     one = _comm("dgx-b200", 8)
     assert nccl.table(replace(one, net_latency_us=35.0), "all_reduce", 8) == nccl.table(one, "all_reduce", 8)
+
+
+def test_nvls_chunk_is_enqueue_cc_s_by_hand():
+    """8x H100: 16 NVLS channels x 8 heads = 128 concurrent ops; 128 KiB, 64 KiB below 64 x 128 x 128 KiB = 1 GiB,
+    32 KiB below 8 x 128 x 64 KiB = 64 MiB, 16 KiB below 2 x 128 x 32 KiB = 8 MiB."""
+    h100 = _comm("dgx-h100", 8)
+    want = {MIB: 16384, 8 * MIB - 1: 16384, 8 * MIB: 32768, 64 * MIB - 1: 32768, 64 * MIB: 65536,
+            GIB - 1: 65536, GIB: 131072, 8 * GIB: 131072}
+    assert {s: nccl.nvls_chunk_bytes(h100, s, 8) for s in want} == want
+    # 8x B200: 24 channels x 8 heads = 192: 16 KiB below 2 x 192 x 32 KiB = 12 MiB
+    assert nccl.nvls_chunk_bytes(_comm("dgx-b200", 8), 12 * MIB - 1, 8) == 16384
+
+
+def test_nvls_all_reduce_pays_the_three_stage_pipeline_fill():
+    """One-node NVLS all-reduce: latency + S / bw + 2 x min(iteration, S) / bw, iteration = 128 x chunk bytes;
+    the tuner's estimate (what picks the algorithm) keeps NCCL's latency + S / bw."""
+    h100 = _comm("dgx-h100", 8)
+    for S, iteration in ((MIB, 128 * 16384), (8 * MIB, 128 * 32768), (100 * MIB, 128 * 65536),
+                         (4 * GIB, 128 * 131072)):
+        c = nccl.choose(h100, "all_reduce", S, "nvls")
+        bw = c.bandwidth_Bps
+        assert c.time_s == pytest.approx(c.latency_s + S / bw + 2 * min(iteration, S) / bw, rel=1e-12)
+        assert c.estimate_s == pytest.approx(c.latency_s + S / bw, rel=1e-12)
+    # 8 MiB by hand: bus 8 x 40 x 0.85 x 7/8 x 2 = 476 GB/s -> algbw 476 x 8/14 = 272 GB/s; 25 us; 4 MiB iteration
+    c = nccl.choose(h100, "all_reduce", 8 * MIB, "nvls")
+    assert c.time_s == pytest.approx(25e-6 + 8 * MIB / 272e9 + 2 * 4 * MIB / 272e9, rel=1e-9)
+
+
+def test_no_pipeline_fill_outside_one_node_nvls_all_reduce():
+    """Ring and tree ranks all start on their own data (no fill); multi-node NVLS-tree and NVLS all-gather keep
+    NCCL's latency + size / bandwidth."""
+    for comm, kind in ((_comm("dgx-h100", 8), "all_gather"), (_comm("dgx-h100", 8), "all_reduce"),
+                       (_comm("dgx-h100", 16), "all_reduce"), (_comm("dgx-a100", 8), "all_reduce")):
+        for c in nccl.table(comm, kind, 64 * MIB):
+            if (c.algorithm, kind, comm.n_nodes) == ("nvls", "all_reduce", 1):
+                continue
+            share = 1.0 if c.algorithm in ("nvls", "nvls_tree", "pat", "collnet_direct") else \
+                c.channels / nccl.comm_channels(comm, nccl.graphs(comm))
+            assert c.time_s == pytest.approx(c.latency_s + 64 * MIB / (c.bandwidth_Bps * share), rel=1e-12)
