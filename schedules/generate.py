@@ -807,12 +807,7 @@ def _stage_classes(plan: ParallelPlan, world_size: int, skewed: bool) -> list:
 
 
 def _clone(op: Op, *, group=None, peer=None) -> Op:
-    new = Op(op.kind, op.name, op.stream, op.deps, flops=op.flops, mem_bytes=op.mem_bytes, size_bytes=op.size_bytes,
-             collective=op.collective, group=group if group is not None else op.group,
-             peer=peer if peer is not None else op.peer, duration_s=op.duration_s, alloc=op.alloc, free=op.free,
-             layer=op.layer, microbatch=op.microbatch, phase=op.phase, strategy=op.strategy,
-             kernels=op.kernels)
-    return new
+    return op.copy(group=op.group if group is None else group, peer=op.peer if peer is None else peer)
 
 
 # ---------------------------------------------------------------------------------------------- volume

@@ -53,6 +53,10 @@ PHASES = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, BACKWARD, OPTIMIZER)
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
 
 
+_new_op = object.__new__
+_KEEP = object()        # Op.copy: keep this field
+
+
 class Op:
     """One operation of one rank's program. Plain slotted class: millions of them must be cheap."""
 
@@ -110,14 +114,20 @@ class Op:
             extra = f" peer={self.peer} {self.size_bytes:.0f}B"
         return f"<{self.kind} {self.name!r} stream={self.stream}{extra}>"
 
-    def copy(self, **changes) -> "Op":
-        """A new op with the same fields except ``changes`` (e.g. ``group=``, ``peer=``)."""
-        new = Op(self.kind, self.name, self.stream, self.deps, flops=self.flops, mem_bytes=self.mem_bytes,
-                 size_bytes=self.size_bytes, collective=self.collective, group=self.group, peer=self.peer,
-                 duration_s=self.duration_s, alloc=self.alloc, free=self.free, layer=self.layer,
-                 microbatch=self.microbatch, phase=self.phase, strategy=self.strategy)
-        for k, v in changes.items():
-            setattr(new, k, v)
+    def copy(self, group=_KEEP, peer=_KEEP, **changes) -> "Op":
+        """A new op with the same fields except ``changes`` (e.g. ``group=``, ``peer=``). Fields are copied
+        slot by slot, without ``__init__``: symmetry refinement copies millions of ops."""
+        new = _new_op(Op)
+        new.kind, new.name, new.stream, new.deps = self.kind, self.name, self.stream, self.deps
+        new.flops, new.mem_bytes, new.size_bytes = self.flops, self.mem_bytes, self.size_bytes
+        new.collective, new.duration_s = self.collective, self.duration_s
+        new.group = self.group if group is _KEEP else group
+        new.peer = self.peer if peer is _KEEP else peer
+        new.alloc, new.free, new.layer, new.microbatch = self.alloc, self.free, self.layer, self.microbatch
+        new.phase, new.strategy, new.kernels = self.phase, self.strategy, self.kernels
+        if changes:
+            for k, v in changes.items():
+                setattr(new, k, v)
         return new
 
     def signature(self) -> tuple:
@@ -271,20 +281,27 @@ def _validate(programs: Programs) -> None:
             raise ProgramError(f"process group {gid} ({g.family}) has invalid ranks {g.ranks[:16]}")
 
     sync = SyncTable(programs, rep)
-    coll_seq: dict[tuple[int, int], list[tuple[int, Op]]] = {}  # (sync id, rank) -> ops
-    p2p: dict[tuple[int, int, str], list[tuple[int, Op]]] = defaultdict(list)
+    coll_seq: dict[tuple[int, int], list[Op]] = {}          # (sync id, rank) -> its ops on it, in order
+    p2p: dict[tuple[int, int, str], list[Op]] = defaultdict(list)    # (src, dst, kind) -> ops, in order
     if not isinstance(programs.ops, dict) or (programs.classes is not None and not isinstance(programs.classes, dict)):
         raise ProgramError("Programs.ops and Programs.classes must be dicts keyed by rank")
     member_sets: dict[int, frozenset] = {}      # group id -> its ranks as a set (built once per group)
-    checked: set[int] = set()                   # ids of ops whose own fields passed (ops are shared)
+    # ops are shared between programs (a template's ops): an op that is the very object at the same index of
+    # a program checked before (found by its last op or its length) passed already; no set of every op
+    seen_last: dict[int, list] = {}
+    seen_len: dict[int, list] = {}
     for rank, prog in programs.ops.items():
         if not isinstance(prog, list):
             raise ProgramError(f"rank {rank}: a program must be a list of Op objects")
         _check_rank_graph(rank, prog)
+        n_ops = len(prog)
+        before = (seen_last.get(id(prog[-1])) or seen_len.get(n_ops)) if n_ops else None
+        if before is not None and len(before) != n_ops:
+            before = seen_len.get(n_ops)
         sid_of: dict[int, int] = {}             # this rank's groups (membership checked) -> sync id
-        mine: dict[int, list] = {}               # sync id -> this rank's (index, op) on it
+        mine: dict[int, list] = {}               # sync id -> this rank's ops on it
         for i, op in enumerate(prog):
-            if id(op) not in checked:
+            if before is None or before[i] is not op:
                 # fast path for the usual op (plain numbers, no measured duration, no memory events)
                 if not (type(op) is Op and op.duration_s is None and not op.alloc and not op.free
                         and type(op.stream) is str
@@ -292,7 +309,6 @@ def _validate(programs: Programs) -> None:
                         and 0.0 <= op.flops < _INF and 0.0 <= op.mem_bytes < _INF and 0.0 <= op.size_bytes < _INF
                         and (op.kind in _SIMPLE_KINDS or (op.kind == COLLECTIVE and op.collective in _COLLECTIVE_SET))):
                     _check_op(rank, i, op)
-                checked.add(id(op))
             kind = op.kind
             if kind == COLLECTIVE:
                 gid = op.group
@@ -310,14 +326,21 @@ def _validate(programs: Programs) -> None:
                 seq = mine.get(sid)
                 if seq is None:
                     seq = mine[sid] = []
-                seq.append((i, op))
+                seq.append(op)
             elif kind == SEND or kind == RECV:
-                if not isinstance(op.peer, int) or isinstance(op.peer, bool) or not (0 <= op.peer < n) or op.peer == rank:
-                    raise ProgramError(f"rank {rank} op {i} {op!r}: invalid peer {op.peer}")
-                src, dst = (rank, rep[op.peer]) if kind == SEND else (rep[op.peer], rank)
-                p2p[(src, dst, kind)].append((i, op))
+                peer = op.peer
+                if type(peer) is not int or not (0 <= peer < n) or peer == rank:
+                    if not isinstance(peer, int) or isinstance(peer, bool) or not (0 <= peer < n) or peer == rank:
+                        raise ProgramError(f"rank {rank} op {i} {op!r}: invalid peer {op.peer}")
+                p2p[(rank, rep[peer], SEND) if kind == SEND else (rep[peer], rank, RECV)].append(op)
+        if n_ops:
+            seen_last[id(prog[-1])] = seen_len[n_ops] = prog
         for sid, seq in mine.items():
             coll_seq[(sid, rank)] = seq
+
+    def at(rank: int, op: Op) -> int:
+        """The index of ``op`` in ``rank``'s program (for messages)."""
+        return next(i for i, x in enumerate(programs.ops[rank]) if x is op)
 
     # collectives: members agree on k-th kind/size and count (compared against one reference sequence)
     by_key: dict[int, list[int]] = defaultdict(list)
@@ -329,47 +352,47 @@ def _validate(programs: Programs) -> None:
             present = set(ranks)
             absent = [m for m in members if m not in present]
             r0 = ranks[0]
-            i, op = coll_seq[(sid, r0)][0]
+            op = coll_seq[(sid, r0)][0]
             raise ProgramError(
                 f"group {_short(members)}: rank {r0} runs {len(coll_seq[(sid, r0)])} collective(s) on it "
-                f"(first: op {i} {op!r}) but rank(s) {_short(absent)} run none")
+                f"(first: op {at(r0, op)} {op!r}) but rank(s) {_short(absent)} run none")
         ref_rank = ranks[0]
         ref = coll_seq[(sid, ref_rank)]
-        ref_sig = [(a.collective, a.size_bytes) for _, a in ref]
         for r in ranks[1:]:
             seq = coll_seq[(sid, r)]
-            if len(seq) == len(ref) and all(b is a for (_, a), (_, b) in zip(ref, seq)):
+            if len(seq) == len(ref) and all(b is a for a, b in zip(ref, seq)):
                 continue                     # the same shared op objects: nothing to compare
-            for k, ((i0, a), (i1, b)) in enumerate(zip(ref, seq)):
-                if a is not b and (b.collective != ref_sig[k][0] or (
-                        b.size_bytes != ref_sig[k][1] and not _close(ref_sig[k][1], b.size_bytes))):
+            for k, (a, b) in enumerate(zip(ref, seq)):
+                if a is not b and (b.collective != a.collective or (
+                        b.size_bytes != a.size_bytes and not _close(a.size_bytes, b.size_bytes))):
                     raise ProgramError(
-                        f"group {_short(members)}: collective #{k} disagrees: rank {ref_rank} op {i0} {a!r} "
-                        f"vs rank {r} op {i1} {b!r}")
+                        f"group {_short(members)}: collective #{k} disagrees: rank {ref_rank} op {at(ref_rank, a)} "
+                        f"{a!r} vs rank {r} op {at(r, b)} {b!r}")
             if len(seq) != len(ref):
                 longer, shorter = (ref_rank, r) if len(ref) > len(seq) else (r, ref_rank)
                 k = min(len(seq), len(ref))
-                i, op = coll_seq[(sid, longer)][k]
+                op = coll_seq[(sid, longer)][k]
                 raise ProgramError(
                     f"group {_short(members)}: rank {longer} runs {max(len(seq), len(ref))} collectives on it but "
-                    f"rank {shorter} runs {k}; rank {shorter} misses collective #{k} (rank {longer} op {i} {op!r})")
+                    f"rank {shorter} runs {k}; rank {shorter} misses collective #{k} (rank {longer} op "
+                    f"{at(longer, op)} {op!r})")
 
     # point-to-point: matched in order per (src, dst)
     for (src, dst, kind), sends in list(p2p.items()):
         if kind != SEND:
             continue
         recvs = p2p.get((src, dst, RECV), [])
-        for k, ((i0, s), (i1, r)) in enumerate(zip(sends, recvs)):
-            if not _close(s.size_bytes, r.size_bytes):
-                raise ProgramError(f"send #{k} {src}->{dst} (rank {src} op {i0} {s!r}) does not match the size of "
-                                   f"recv #{k} (rank {dst} op {i1} {r!r})")
+        for k, (s, r) in enumerate(zip(sends, recvs)):
+            if s.size_bytes != r.size_bytes and not _close(s.size_bytes, r.size_bytes):
+                raise ProgramError(f"send #{k} {src}->{dst} (rank {src} op {at(src, s)} {s!r}) does not match the "
+                                   f"size of recv #{k} (rank {dst} op {at(dst, r)} {r!r})")
         if len(recvs) != len(sends):
             raise ProgramError(f"rank {src} sends {len(sends)} message(s) to rank {dst} but rank {dst} posts "
                                f"{len(recvs)} matching recv(s)")
     for (src, dst, kind), recvs in p2p.items():
         if kind == RECV and (src, dst, SEND) not in p2p:
-            i, op = recvs[0]
-            raise ProgramError(f"rank {dst} op {i} {op!r} waits for a message from rank {src}, "
+            op = recvs[0]
+            raise ProgramError(f"rank {dst} op {at(dst, op)} {op!r} waits for a message from rank {src}, "
                                f"which sends none to it")
 
 

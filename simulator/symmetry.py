@@ -335,31 +335,48 @@ class _Signatures:
     def reinstantiate(self, old: int, rep: int, clones: dict) -> list[Op]:
         """Representative ``old``'s program as rank ``rep`` runs it: groups and peers resolved for ``rep``."""
         p = self.p
-        out = []
+        prog = p.ops[old]
+        uses = self._uses_of(old)
+        out = list(prog)
         new_group: dict[int, int] = {}          # the representative's group -> the new one's
-        for op in p.ops[old]:
-            gid = op.group
+        groups = p.groups
+        for i, op, gid, pos in uses:
             if gid is None:
-                if op.kind in (SEND, RECV):
-                    raise ProgramError(f"rank {old} op {op!r} names no group, so rank {rep} of its class "
-                                       f"cannot find its peer")
-                out.append(op)
-                continue
+                raise ProgramError(f"rank {old} op {op!r} names no group, so rank {rep} of its class "
+                                   f"cannot find its peer")
             ng = new_group.get(gid)
             if ng is None:
-                ng = new_group[gid] = p.group_of(rep, p.groups[gid].family)
+                ng = new_group[gid] = p.group_of(rep, groups[gid].family)
                 if ng is None:
-                    raise ProgramError(f"rank {rep} has no {p.groups[gid].family} group for {op!r}")
-            if op.kind == COLLECTIVE:
+                    raise ProgramError(f"rank {rep} has no {groups[gid].family} group for {op!r}")
+            if pos is None:                     # a collective: shared by the new representatives of a group
                 key = (id(op), ng)
                 c = clones.get(key)
                 if c is None:
                     c = clones[key] = op.copy(group=ng)
-                out.append(c)
+                out[i] = c
+            elif pos < 0:
+                raise ProgramError(f"rank {old} op {op!r}: peer {op.peer} is not in its group {gid}, so rank "
+                                   f"{rep} of its class cannot find its peer")
             else:
-                i_peer = self._positions(gid)[op.peer]
-                out.append(op.copy(group=ng, peer=p.groups[ng].ranks[i_peer]))
+                out[i] = op.copy(group=ng, peer=groups[ng].ranks[pos])
         return out
+
+    def _uses_of(self, old: int) -> list[tuple]:
+        """(index, op, group, peer position or None) of every op of ``old``'s program that names a group or
+        is point-to-point: what a new representative re-resolves (found once per coarse class)."""
+        cache = self.__dict__.setdefault("_uses", {})
+        hit = cache.get(old)
+        if hit is None:
+            hit = cache[old] = []
+            for i, op in enumerate(self.p.ops[old]):
+                gid = op.group
+                if gid is None:
+                    if op.kind in (SEND, RECV):
+                        hit.append((i, op, None, None))
+                    continue
+                hit.append((i, op, gid, None if op.kind == COLLECTIVE else self._positions(gid).get(op.peer, -1)))
+        return hit
 
 
 def _row_ids(M: np.ndarray) -> np.ndarray:

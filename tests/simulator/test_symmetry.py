@@ -118,3 +118,24 @@ def test_512_ranks_uneven_class_mode_equals_full_mode():
                                     "analytical")
     assert 8 < ref.classes < 512
     assert t_class == pytest.approx(t_full, rel=1e-9)
+
+
+def test_a_new_representative_that_cannot_find_its_peer_is_a_program_error():
+    """A class splits (rank 3 runs on other hardware), so rank 3 re-resolves the representative's send,
+    whose peer is outside the group it names: a ProgramError, not a KeyError."""
+    from simulator.errors import ProgramError
+    from simulator.program import send
+
+    class OneSlow(SimpleCostModel):
+        def device_key(self, rank):
+            return "slow" if rank == 3 else "fast"
+
+    p = Programs(world_size=4, ops={})
+    g = p.add_group((0, 3), "pp")
+    p.add_group((1, 2), "pp")
+    p.ops[0] = [compute("c", flops=1e9), send("tx", 2, 1e6, deps=(0,))]
+    p.ops[0][1].group = g
+    p.classes = {0: (0, 3), 1: (1, 2)}
+    p.ops[1] = [compute("c", flops=1e9)]
+    with pytest.raises(ProgramError, match="peer 2 is not in its group"):
+        refine_classes(p, OneSlow())
