@@ -377,7 +377,14 @@ class ParallelPlan:
     # ------------------------------------------------------------------ layers
     def piece_layer_counts(self, model) -> list[int]:
         """Layers of each model piece (piece order). User counts (``stage_layers``, first/last) are checked
-        against the model; the rest are balanced by estimated time (``balanced_layer_counts``)."""
+        against the model; the rest are balanced by estimated time (``balanced_layer_counts``). Cached per
+        (plan, model): program generation asks once per stage and memory model."""
+        try:
+            return list(_piece_layer_counts(self, model))
+        except TypeError:                       # unhashable fields (a stage_layers list): not cached
+            return self._piece_layer_counts(model)
+
+    def _piece_layer_counts(self, model) -> list[int]:
         n, k, p = model.layers, self.pieces, self.pp
         sl = self.stage_layers
         if sl is not None:
@@ -568,6 +575,11 @@ def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
                                   recompute_flops(model, plan, l) * plan.tp * plan.cp if rc == "op" else 0.0)
         w += lf.backward_weight
     return (1.0, round(b / f, 2), round(w / f, 2))
+
+
+@functools.lru_cache(maxsize=256)
+def _piece_layer_counts(plan: ParallelPlan, model) -> tuple[int, ...]:
+    return tuple(plan._piece_layer_counts(model))
 
 
 def _extra_cost(model, seq: int) -> tuple[float, float]:

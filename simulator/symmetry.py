@@ -166,6 +166,24 @@ class _Signatures:
             self._gcost[key] = c
         return c
 
+    def _group_ids(self, family: str, gids: list[int], uses: tuple) -> np.ndarray:
+        """``group_cost`` of many groups of ``family`` (-1: none), priced in one call per use where the cost
+        model has ``comm_times_s`` and the groups are of one size."""
+        batch = getattr(self.cost, "comm_times_s", None)
+        todo = [g for g in gids if g >= 0 and (g, uses) not in self._gcost]
+        if batch is not None and len(todo) > 1 and uses:
+            rows, row = self._ranks_table(family)
+            R = rows[row[np.asarray(todo, dtype=np.int64)]]
+            if (R >= 0).all():
+                cols = []
+                for kind, size in uses:
+                    t = np.asarray(batch(kind, R, size), dtype=float)
+                    u, inv = np.unique(t, return_inverse=True)
+                    cols.append(np.array([_round(x) for x in u.tolist()])[inv.reshape(-1)])
+                for g, times in zip(todo, np.stack(cols, axis=1).tolist()):
+                    self._gcost[(g, uses)] = self._id(tuple(times))
+        return np.array([self.group_cost(None if g < 0 else g, uses) for g in gids], dtype=np.int64)
+
     def p2p_cost(self, a: int, b: int, kind: str, sizes: tuple) -> int:
         src, dst = (a, b) if kind == SEND else (b, a)
         key = (src, dst, sizes)
@@ -258,7 +276,7 @@ class _Signatures:
             mem = np.asarray(members, dtype=np.int64)
             for f, uses in self.coll_uses[r]:
                 ug, inv = np.unique(gof[f][mem], return_inverse=True)
-                ids = np.array([self.group_cost(None if g < 0 else g, uses) for g in ug.tolist()], dtype=np.int64)
+                ids = self._group_ids(f, ug.tolist(), uses)
                 CC[mem, col[f]] = ids[inv.reshape(-1)]
             for j, (fam, a, b, kind, sizes) in enumerate(self.p2p_uses[r]):
                 rows, row = self._ranks_table(fam)
@@ -289,7 +307,8 @@ class _Signatures:
                 if not on.any():
                     continue
                 k = int(colour.max()) + 1
-                both = np.unique(gids[on] * k + colour[on])         # (group, colour) pairs, sorted
+                both = np.sort(gids[on] * k + colour[on])
+                both = both[np.r_[True, both[1:] != both[:-1]]]     # (group, colour) pairs, sorted, distinct
                 g_of, c_of = both // k, both % k
                 starts = np.flatnonzero(np.r_[True, g_of[1:] != g_of[:-1]])
                 sets = np.split(c_of, starts[1:])

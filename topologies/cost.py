@@ -589,22 +589,33 @@ class ClusterCostModel:
 
     def comm_times_s(self, kind: str, groups, size_bytes: float) -> list[float]:
         """``comm_time_s`` of the same communication on each of ``groups`` (rank tuples, or an array with a
-        row per group), pricing one group per shape (``Cluster.comm_shape``, found for all pairs at once)
-        where the cluster has shapes: what symmetry refinement asks of every member's transfers."""
+        row per group), pricing one group per shape (``Cluster.comm_shape``, found for all groups at once)
+        where the cluster has shapes: what symmetry refinement asks of every member's transfers and groups."""
         c = self.cluster
         arrays = self._shape_arrays()
-        ranks = np.asarray(groups, dtype=np.int64)
-        if (kind != "p2p" or self.network_mode == "ideal" or arrays is None or ranks.ndim != 2
-                or ranks.shape[1] != 2 or not len(ranks) or ranks.min() < 0 or ranks.max() >= c.world_size):
+        try:
+            ranks = np.asarray(groups, dtype=np.int64)
+        except ValueError:                      # groups of different sizes
+            ranks = np.zeros(0, dtype=np.int64)
+        if (self.network_mode == "ideal" or arrays is None or ranks.ndim != 2 or ranks.shape[1] < 2
+                or (kind == "p2p" and ranks.shape[1] != 2) or not len(ranks) or ranks.min() < 0
+                or ranks.max() >= c.world_size):
             rows = groups.tolist() if isinstance(groups, np.ndarray) else groups
             return [self.comm_time_s(CommRequest(kind, tuple(g), size_bytes)) for g in rows]
         gpn, rail_opt, placement, leaf_of, pod_of = arrays
         gpus = placement[ranks]
         node, loc = gpus // gpn, gpus % gpn
-        order = lambda v: np.sign(v[:, 1] - v[:, 0]) + 1      # noqa: E731  (comm_shape's _pair of a pair)
-        last = order(loc) if rail_opt else loc[:, 0] * gpn + loc[:, 1]
-        key = ((order(node) * 3 + order(leaf_of[gpus])) * 3 + order(pod_of[gpus])) * gpn * gpn + last
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        if kind == "p2p":
+            order = lambda v: np.sign(v[:, 1] - v[:, 0]) + 1      # noqa: E731  (comm_shape's _pair of a pair)
+            last = order(loc) if rail_opt else loc[:, 0] * gpn + loc[:, 1]
+            key = ((order(node) * 3 + order(leaf_of[gpus])) * 3 + order(pod_of[gpus])) * gpn * gpn + last
+            _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        else:       # comm_shape of every group: each member's (node, unit, pod, local index) ranked in its row
+            cols = [_row_ranks(node), _row_ranks(leaf_of[gpus]), _row_ranks(pod_of[gpus]),
+                    _row_ranks(loc) if rail_opt else loc]
+            M = np.ascontiguousarray(np.concatenate(cols, axis=1))
+            rows = M.view(np.dtype((np.void, M.dtype.itemsize * M.shape[1]))).reshape(-1)    # a row as bytes
+            _, first, inv = np.unique(rows, return_index=True, return_inverse=True)
         times = [self.comm_time_s(CommRequest(kind, tuple(ranks[i].tolist()), size_bytes)) for i in first.tolist()]
         return np.asarray(times)[inv.reshape(-1)].tolist()
 
@@ -794,3 +805,13 @@ class ClusterCostModel:
         if self.network_mode == "flow":
             return FlowNetwork(self.capacity, self.bundle)
         return UncontendedNetwork(self.comm_time_s)
+
+
+def _row_ranks(M: np.ndarray) -> np.ndarray:
+    """Each entry's rank among the distinct values of its row (``cluster._ranks`` of every row at once)."""
+    order = np.argsort(M, axis=1, kind="stable")
+    S = np.take_along_axis(M, order, axis=1)
+    step = np.concatenate((np.zeros((len(M), 1), dtype=np.int64), (S[:, 1:] != S[:, :-1]).astype(np.int64)), axis=1)
+    out = np.empty_like(M)
+    np.put_along_axis(out, order, np.cumsum(step, axis=1), axis=1)
+    return out

@@ -95,3 +95,21 @@ def test_batch_transfer_times_equal_one_at_a_time(preset, gpus, over):
     groups = [(0, 8, 16, 24), (1, 9, 17, 25)]
     assert ClusterCostModel(c).comm_times_s("all_reduce", groups, 1e6) == [
         ClusterCostModel(c).comm_time_s(CommRequest("all_reduce", g, 1e6)) for g in groups]
+
+
+@pytest.mark.parametrize("preset,gpus,over", [
+    ("dgx-a100", 2520, {}),
+    ("dgx-h100", 512, dict(rail_optimised=False, leaf_down=12, tiers=3, oversubscription=2)),
+    ("dgx-h100", 1024, dict(leaf_down=8, tiers=3)),
+])
+def test_batch_collective_times_equal_one_at_a_time(preset, gpus, over):
+    """comm_times_s of collectives (group shapes found for all groups at once) = comm_time_s per group."""
+    c = load_cluster(preset, gpus, **over)
+    rng = random.Random(3)
+    for k in (2, 3, 8, 16):
+        groups = [tuple(rng.sample(range(gpus), k)) for _ in range(200)] + \
+                 [tuple(range(i * 8, i * 8 + k)) for i in range(20)] + [tuple(range(i, i + 8 * k, 8)) for i in range(8)]
+        for kind in ("all_reduce", "all_gather", "all_to_all"):
+            batch = ClusterCostModel(c, network="flow").comm_times_s(kind, np.array(groups), 3e7)
+            alone = ClusterCostModel(c, network="flow")
+            assert batch == [alone.comm_time_s(CommRequest(kind, g, 3e7)) for g in groups]
