@@ -69,11 +69,15 @@ def test_classes_equal_a_per_rank_reference(case, network):
     assert got == reference_classes(programs, cost)
 
 
-@pytest.mark.parametrize("preset,gpus,over", [
+#: fabrics of the batch-pricing tests: the 530B plan's A100 SuperPOD, a non-rail 3-tier tapered tree, a 3-tier tree
+FABRICS = [
     ("dgx-a100", 2520, {}),
     ("dgx-h100", 512, dict(rail_optimised=False, leaf_down=12, tiers=3, oversubscription=2)),
     ("dgx-h100", 1024, dict(leaf_down=8, tiers=3)),
-])
+]
+
+
+@pytest.mark.parametrize("preset,gpus,over", FABRICS)
 def test_batch_transfer_times_equal_one_at_a_time(preset, gpus, over):
     c = load_cluster(preset, gpus, **over)
     rng = random.Random(2)
@@ -97,11 +101,7 @@ def test_batch_transfer_times_equal_one_at_a_time(preset, gpus, over):
         ClusterCostModel(c).comm_time_s(CommRequest("all_reduce", g, 1e6)) for g in groups]
 
 
-@pytest.mark.parametrize("preset,gpus,over", [
-    ("dgx-a100", 2520, {}),
-    ("dgx-h100", 512, dict(rail_optimised=False, leaf_down=12, tiers=3, oversubscription=2)),
-    ("dgx-h100", 1024, dict(leaf_down=8, tiers=3)),
-])
+@pytest.mark.parametrize("preset,gpus,over", FABRICS)
 def test_batch_collective_times_equal_one_at_a_time(preset, gpus, over):
     """comm_times_s of collectives (group shapes found for all groups at once) = comm_time_s per group."""
     c = load_cluster(preset, gpus, **over)
