@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import traceback
 
 import click
 
@@ -131,6 +130,7 @@ def _one_line(msg: str, limit: int = 400) -> str:
 
 def _user_error(msg: str) -> int:
     if _DEBUG["on"]:
+        import traceback
         traceback.print_exc()
     click.echo(f"error: {_one_line(msg)}", err=True)
     return 2
@@ -138,6 +138,7 @@ def _user_error(msg: str) -> int:
 
 def _internal_error(argv: list[str], what: str) -> int:
     """Write the traceback to a crash file and say where in one line; exit code 3."""
+    import traceback
     tb = traceback.format_exc()
     if _DEBUG["on"]:
         sys.stderr.write(tb)

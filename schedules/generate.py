@@ -701,18 +701,19 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                           f"(--model PRESET or --layers/--hidden/--heads)")
     progs = Programs(world_size=world_size, ops={})
     fams = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "embed", "mirror"]
-    gid_of: dict[str, list] = {}
+    gid_of: dict[str, list] = {}                # family -> each rank's group id (-1: none)
     for fam in fams:
-        table = [None] * world_size
-        if fam == "embed" and not model.tied_embeddings:
-            gid_of[fam] = table
-            continue
-        for g in plan.groups(fam):
-            if len(g) > 1:
-                gid = progs.add_group(g, fam)
-                for r in g:
-                    table[r] = gid
-        gid_of[fam] = table
+        groups = [] if fam == "embed" and not model.tied_embeddings else \
+            [g for g in plan.groups(fam) if len(g) > 1]
+        table = np.full(world_size, -1, dtype=np.int64)
+        if groups:
+            ids = [progs.add_group(g, fam) for g in groups]
+            if len({len(g) for g in groups}) == 1:      # a family's groups are of one size (a mesh axis)
+                table[np.array(groups, dtype=np.int64)] = np.array(ids, dtype=np.int64)[:, None]
+            else:
+                for gid, g in zip(ids, groups):
+                    table[list(g)] = gid
+        gid_of[fam] = table.tolist()
     orders = [list(plan.stage_order(s, model)) for s in range(plan.pp)]
     families = _families(plan)
     skewed = plan.skew > 0 and plan.ep > 1
@@ -744,7 +745,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
         out = list(t.ops)
         for fam, idxs in t.by_family.items():
             gid = gid_of[fam][r]
-            if gid is None:
+            if gid < 0:
                 raise AssertionError(f"rank {r} has no {fam} group for {t.ops[idxs[0]]!r}")
             shared = cache.get((t.key, fam, gid))
             if shared is None:
@@ -753,7 +754,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                 out[i] = op
         if t.p2p:
             cpc = plan.coords(r)["cp"]
-            gpp, gcp = gid_of["pp"][r], gid_of["cp"][r]
+            gpp, gcp = (None if g < 0 else g for g in (gid_of["pp"][r], gid_of["cp"][r]))
             for i, (axis, v) in t.p2p:
                 if axis == "pp":
                     out[i] = _clone(t.ops[i], peer=plan.peer(r, "pp", v), group=gpp)

@@ -387,7 +387,7 @@ def max_min_rates(links_list, demand_list, capacity, ref=None) -> np.ndarray:
         done = live_b & (ref <= level * (1 + 1e-12))
         sat = used & (resid <= 1e-9 * cap0)
         hit = np.zeros(nb, dtype=bool)
-        hit[np.unique(eb[live & sat[el]])] = True
+        hit[eb[live & sat[el]]] = True
         newly = done | hit
         if not newly.any():          # numerical corner: freeze everyone at the current level
             newly = live_b

@@ -37,7 +37,7 @@ MAX_SIGMA = 0.2
 def _grid() -> tuple:
     x = np.linspace(-12.0, 12.0, 24_001)
     pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2)) for v in x]))
+    cdf = 0.5 * (1.0 + np.fromiter(map(math.erf, (x / math.sqrt(2)).tolist()), dtype=float, count=len(x)))
     return x, pdf, cdf
 
 
