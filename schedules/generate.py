@@ -98,6 +98,7 @@ class _StageBuilder:
         self.dp_size = plan.dp * plan.cp
         self.edp_size = self.dp_size // plan.ep
         self.kernel_lists: dict = {}
+        self.unit_recipes: dict = {}               # _unit_ops: a unit's ops per cost signature, to replay
 
     # ------------------------------------------------------------------ units
     def _units(self) -> list[list[Unit]]:
@@ -390,7 +391,50 @@ class _StageBuilder:
     # one unit ------------------------------------------------------------------------------------
     def _unit_ops(self, u: Unit, a: Action, deps: list[int], released: bool) -> tuple[int, int]:
         """Emit the ops of unit ``u`` for action ``a``; return (first, last) op indices. ``released``: FSDP
-        frees the unit's gathered parameters after this use."""
+        frees the unit's gathered parameters after this use.
+
+        Units of equal numbers (the layers of a stage) run the same ops in every micro-batch of a phase:
+        the first time, ``_write_unit_ops`` writes them and they are kept as a recipe; later units copy the
+        recipe's ops with their own names, labels and dependencies (the same ops, written faster)."""
+        back_grads = a.phase in ("B", "W") and self.zero >= 2 and (
+            self.zero == 2 or self.p.pp == 1 or self.first_grad_action[a.chunk] == self.cur_action)
+        key = (u.kind, u.moe, u.recompute, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
+               u.w_frac, u.transient, u.f_rec, a.phase, released, back_grads)
+        ops, refs = self.t.ops, self.t.refs
+        start = len(ops)
+        recipe = self.unit_recipes.get(key)
+        if recipe is None:
+            first, last = self._write_unit_ops(u, a, deps, released)
+            name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
+            rows = []
+            for j in range(start, len(ops)):
+                op = ops[j]
+                inner = op.deps if j > start else ()
+                if any(d < start for d in inner):       # not self-contained: never replayed
+                    self.unit_recipes[key] = False
+                    return first, last
+                rows.append((op.copy(), refs.get(j), tuple(d - start for d in inner),      # (later edits stay)
+                             1 if op.name == name else 2 if op.name == f"{name} ring" else 0))
+            self.unit_recipes[key] = (rows, first - start, last - start)
+            return first, last
+        if recipe is False:
+            return self._write_unit_ops(u, a, deps, released)
+        rows, first, last = recipe
+        name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
+        layer, mb = u.layer, a.mb
+        for k, (op, ref, inner, named) in enumerate(rows):
+            new = op.copy()
+            new.deps = tuple(deps) if k == 0 else tuple(d + start for d in inner) if inner else ()
+            new.layer, new.microbatch = layer, mb
+            if named:
+                new.name = name if named == 1 else f"{name} ring"
+            ops.append(new)
+            if ref is not None:
+                refs[start + k] = ref
+        return start + first, start + last
+
+    def _write_unit_ops(self, u: Unit, a: Action, deps: list[int], released: bool) -> tuple[int, int]:
+        """``_unit_ops`` written out op by op."""
         p, m = self.p, self.m
         ph = PHASE[a.phase]
         mb = a.mb

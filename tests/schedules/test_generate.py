@@ -495,3 +495,33 @@ def test_optimizer_step_moves_the_bytes_its_stack_moves(stack, passes):
     else:
         expected = n * passes * 4.0                   # fp32 master weights, m and v
     assert opt.mem_bytes == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("plan,model", [
+    (ParallelPlan(tp=2, pp=2, dp=2, sp=True, global_batch=8, seq=SEQ, schedule="interleaved", virtual_stages=2,
+                  recompute="selective"), TINY),
+    (ParallelPlan(tp=2, pp=2, dp=2, zero=2, global_batch=8, seq=SEQ, schedule="zb-h1"), TINY),
+    (ParallelPlan(dp=2, pp=2, fsdp=True, zero=3, global_batch=8, seq=SEQ, recompute="full"), TINY),
+    (ParallelPlan(tp=2, cp=2, pp=2, global_batch=4, seq=SEQ, recompute="full"), TINY),
+    (ParallelPlan(pp=2, dp=4, ep=4, global_batch=16, seq=SEQ, skew=0.3, zero=1), MOE),
+    (ParallelPlan(pp=4, dp=2, ep=2, global_batch=16, seq=SEQ, schedule="dualpipe"), MOE),
+    (ParallelPlan(tp=2, pp=2, dp=2, global_batch=8, seq=SEQ, recompute="op"), TINY),
+])
+def test_replayed_unit_ops_equal_written_ones(plan, model, monkeypatch):
+    """Layers copied from a recipe (_StageBuilder._unit_ops) are the ops written out one by one."""
+    from schedules import generate
+
+    def fields(progs):
+        out = {}
+        for r, prog in progs.ops.items():
+            out[r] = [tuple((f, getattr(op, f)) for f in op.__slots__ if f != "kernels")
+                      + ((op.kernels.label, tuple(op.kernels.kernels)) if op.kernels is not None else None,)
+                      for op in prog]
+        return out
+
+    replayed = build_programs(model, plan, symmetric=False)
+    monkeypatch.setattr(generate._StageBuilder, "_unit_ops",
+                        lambda self, u, a, deps, released: self._write_unit_ops(u, a, deps, released))
+    written = build_programs(model, plan, symmetric=False)
+    got, want = fields(replayed), fields(written)
+    assert got == want
