@@ -26,7 +26,6 @@ part W still needs under ZB-H1); gathered FSDP weights and unsharded gradients a
 """
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +39,7 @@ from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 from simulator.kernels import KernelList
 from simulator.program import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, FORWARD, OPTIMIZER, RECV, SEND,
-                               Op, Programs)
+                               Op, Programs, no_gc)
 
 PHASE = {"F": FORWARD, "B": BACKWARD, "Bi": BACKWARD_INPUT, "W": BACKWARD_WEIGHT}
 ADAM_FLOPS_PER_PARAM = 12.0   # moment updates, bias correction, update: ~a dozen FLOPs per parameter
@@ -807,10 +806,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
         return out
 
     static = {s: mem.model_state_bytes(model, plan, s) for s in range(plan.pp)}
-    # millions of new objects and no cycles: the cyclic GC would only rescan them over and over
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with no_gc():           # millions of new objects and no cycles
         if symmetric:
             progs.classes = {}
             for (s, cpc, e), ranks in _stage_classes(plan, world_size, skewed):
@@ -824,9 +820,6 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                 c = plan.coords(r)
                 progs.ops[r] = instantiate(template(c["pp"], c["ep"]), r)
                 progs.static_memory[r] = static[c["pp"]]
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     progs.tokens_per_step = float(plan.tokens_per_step)
     progs.model_flops_per_step = model_flops_per_step(model, plan.seq, plan.effective_global_batch)
     progs.meta = {"model": model.name, "plan": plan.to_dict(), "schedule": plan.schedule,

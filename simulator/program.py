@@ -26,7 +26,9 @@ Units: seconds, bytes, FLOPs.
 """
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -240,13 +242,27 @@ class Programs:
         return sum(len(p) * self.multiplicity(r) for r, p in self.ops.items())
 
 
+@contextmanager
+def no_gc():
+    """Pause the cyclic garbage collector while millions of ops (no reference cycles) are made: it would
+    only rescan them over and over (each full collection walks every object alive)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 # ---------------------------------------------------------------------------------------------- validation
 def validate(programs: Programs) -> None:
     """Static checks (see ``_validate``); malformed input of any type becomes a ProgramError."""
     if not isinstance(programs, Programs):
         raise ProgramError(f"expected a Programs object, got {type(programs).__name__}")
     try:
-        _validate(programs)
+        with no_gc():
+            _validate(programs)
     except ProgramError:
         raise
     except (TypeError, AttributeError, ValueError, KeyError, IndexError) as e:

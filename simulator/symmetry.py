@@ -27,7 +27,7 @@ import numpy as np
 
 from simulator.costs import CommRequest
 from simulator.errors import ProgramError
-from simulator.program import COLLECTIVE, RECV, SEND, Op, Programs
+from simulator.program import COLLECTIVE, RECV, SEND, Op, Programs, no_gc
 
 _PROPAGATED = "members reach groups whose members differ in turn"
 SIG_DIGITS = 12          # costs equal to 12 significant digits are equal (float sums in another order)
@@ -97,13 +97,14 @@ def refine_classes(programs: Programs, cost, max_rounds: int = 64) -> Refinement
     if "_group_index" in programs.__dict__:
         new.__dict__["_group_index"] = programs.__dict__["_group_index"]
     clones: dict = {}
-    for members in sorted(by_colour.values()):
-        old = coarse_of[members[0]]
-        rep = old if old in members else members[0]
-        new.ops[rep] = programs.ops[old] if rep == old else sig.reinstantiate(old, rep, clones)
-        new.classes[rep] = tuple(members)
-        if old in programs.static_memory:
-            new.static_memory[rep] = dict(programs.static_memory[old])
+    with no_gc():           # millions of new ops, no cycles
+        for members in sorted(by_colour.values()):
+            old = coarse_of[members[0]]
+            rep = old if old in members else members[0]
+            new.ops[rep] = programs.ops[old] if rep == old else sig.reinstantiate(old, rep, clones)
+            new.classes[rep] = tuple(members)
+            if old in programs.static_memory:
+                new.static_memory[rep] = dict(programs.static_memory[old])
     new.meta["classes_from"] = len(programs.classes)
     return Refinement(new, splits, reasons, rounds)
 
@@ -352,50 +353,67 @@ class _Signatures:
 
     # ------------------------------------------------------------------ new representatives
     def reinstantiate(self, old: int, rep: int, clones: dict) -> list[Op]:
-        """Representative ``old``'s program as rank ``rep`` runs it: groups and peers resolved for ``rep``."""
+        """Representative ``old``'s program as rank ``rep`` runs it: groups and peers resolved for ``rep``.
+        The copies of a group's collectives are shared by the new representatives on one group (``clones``:
+        (old group, new group, first op) -> (the ops copied, their copies))."""
         p = self.p
         prog = p.ops[old]
-        uses = self._uses_of(old)
-        out = list(prog)
-        new_group: dict[int, int] = {}          # the representative's group -> the new one's
+        coll, p2p, orphan = self._uses_of(old)
         groups = p.groups
-        for i, op, gid, pos in uses:
-            if gid is None:
-                raise ProgramError(f"rank {old} op {op!r} names no group, so rank {rep} of its class "
-                                   f"cannot find its peer")
-            ng = new_group.get(gid)
-            if ng is None:
-                ng = new_group[gid] = p.group_of(rep, groups[gid].family)
-                if ng is None:
-                    raise ProgramError(f"rank {rep} has no {groups[gid].family} group for {op!r}")
-            if pos is None:                     # a collective: shared by the new representatives of a group
-                key = (id(op), ng)
-                c = clones.get(key)
-                if c is None:
-                    c = clones[key] = op.copy(group=ng)
+        new_group = {gid: p.group_of(rep, groups[gid].family) for gid in list(coll) + [u[2] for u in p2p]}
+        if orphan or None in new_group.values() or any(pos < 0 for _, _, _, pos in p2p):
+            self._explain(old, rep)                 # raises the first problem in program order
+        out = list(prog)
+        for gid, idxs in coll.items():
+            ng = new_group[gid]
+            src = [prog[i] for i in idxs]
+            key = (gid, ng, id(src[0]))
+            hit = clones.get(key)
+            if hit is None or len(hit[0]) != len(src) or any(a is not b for a, b in zip(hit[0], src)):
+                hit = (src, [op.copy(group=ng) for op in src])
+                clones.setdefault(key, hit)
+            for i, c in zip(idxs, hit[1]):
                 out[i] = c
-            elif pos < 0:
-                raise ProgramError(f"rank {old} op {op!r}: peer {op.peer} is not in its group {gid}, so rank "
-                                   f"{rep} of its class cannot find its peer")
-            else:
-                out[i] = op.copy(group=ng, peer=groups[ng].ranks[pos])
+        for i, op, gid, pos in p2p:
+            ng = new_group[gid]
+            out[i] = op.copy(group=ng, peer=groups[ng].ranks[pos])
         return out
 
-    def _uses_of(self, old: int) -> list[tuple]:
-        """(index, op, group, peer position or None) of every op of ``old``'s program that names a group or
-        is point-to-point: what a new representative re-resolves (found once per coarse class)."""
+    def _uses_of(self, old: int) -> tuple[dict[int, list[int]], list[tuple], bool]:
+        """What a new representative of ``old``'s class re-resolves, found once per coarse class: (group ->
+        indices of its collectives, (index, op, group, peer position or -1) of every other op naming a group,
+        whether a point-to-point op names no group)."""
         cache = self.__dict__.setdefault("_uses", {})
         hit = cache.get(old)
         if hit is None:
-            hit = cache[old] = []
+            coll: dict[int, list[int]] = {}
+            p2p, orphan = [], False
             for i, op in enumerate(self.p.ops[old]):
                 gid = op.group
                 if gid is None:
-                    if op.kind in (SEND, RECV):
-                        hit.append((i, op, None, None))
-                    continue
-                hit.append((i, op, gid, None if op.kind == COLLECTIVE else self._positions(gid).get(op.peer, -1)))
+                    orphan = orphan or op.kind in (SEND, RECV)
+                elif op.kind == COLLECTIVE:
+                    coll.setdefault(gid, []).append(i)
+                else:
+                    p2p.append((i, op, gid, self._positions(gid).get(op.peer, -1)))
+            hit = cache[old] = (coll, p2p, orphan)
         return hit
+
+    def _explain(self, old: int, rep: int) -> None:
+        """Raise the ProgramError of the first op of ``old``'s program that ``rep`` cannot re-resolve."""
+        p = self.p
+        for op in p.ops[old]:
+            gid = op.group
+            if gid is None:
+                if op.kind in (SEND, RECV):
+                    raise ProgramError(f"rank {old} op {op!r} names no group, so rank {rep} of its class "
+                                       f"cannot find its peer")
+                continue
+            if p.group_of(rep, p.groups[gid].family) is None:
+                raise ProgramError(f"rank {rep} has no {p.groups[gid].family} group for {op!r}")
+            if op.kind != COLLECTIVE and op.peer not in self._positions(gid):
+                raise ProgramError(f"rank {old} op {op!r}: peer {op.peer} is not in its group {gid}, so rank "
+                                   f"{rep} of its class cannot find its peer")
 
 
 def _row_ids(M: np.ndarray) -> np.ndarray:

@@ -66,3 +66,22 @@ def test_p2p_messages_name_op_indices():
     p.ops[0] = [compute("c", 1.0)]
     with pytest.raises(ProgramError, match=r"rank 1 op 2 .* waits for a message from rank 0"):
         validate(p)
+
+
+def test_no_gc_pauses_and_restores_the_collector():
+    import gc
+
+    from simulator.program import no_gc
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with no_gc():
+            assert not gc.isenabled()
+            raise RuntimeError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_gc():
+            pass
+        assert not gc.isenabled()           # a caller's choice stays
+    finally:
+        gc.enable()
