@@ -112,11 +112,17 @@ class Metrics:
         return d
 
 
-def rank_metrics(result, rank: int, step_time_s: float) -> RankMetrics:
+def _axis_codes(programs) -> np.ndarray:
+    """Index into AXES of every process group's axis, with one more entry (the last) for "other"."""
+    return np.array([AXES.index(AXIS_OF_FAMILY.get(g.family, "other")) for g in programs.groups]
+                    + [AXES.index("other")], dtype=np.int64)
+
+
+def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray | None = None) -> RankMetrics:
     prog = result.programs.ops[rank]
     start = np.asarray(result.start_s[rank], dtype=float)
     end = np.asarray(result.end_s[rank], dtype=float)
-    is_compute = np.fromiter((op.kind == COMPUTE for op in prog), dtype=bool, count=len(prog))
+    is_compute = np.array([op.kind == COMPUTE for op in prog], dtype=bool)
     done = ~np.isnan(end)
     c = is_compute & done
     m = ~is_compute & done
@@ -126,15 +132,18 @@ def rank_metrics(result, rank: int, step_time_s: float) -> RankMetrics:
     overlap = comp + comm - both
     by_axis = {}
     if m.any():
-        axes = np.array([axis_of(result.programs, op) if not ic else "" for op, ic in zip(prog, is_compute)])
+        codes = _axis_codes(result.programs) if axis_codes is None else axis_codes
+        other = len(codes) - 1                  # axis_of: "other" for no group or an unknown one
+        g = np.array([-1 if op.group is None else op.group for op in prog], dtype=np.int64)
+        axes = codes[np.where((g >= 0) & (g < other), g, other)]
         cs, ce = merge_intervals(start[c], end[c])
-        for ax in AXES:
-            sel = m & (axes == ax)
+        for k, ax in enumerate(AXES):
+            sel = m & (axes == k)
             if sel.any():
                 total = union_length(start[sel], end[sel])
                 with_comp = union_length(np.concatenate([start[sel], cs]), np.concatenate([end[sel], ce]))
                 by_axis[ax] = (total, with_comp - comp)
-    flops = float(sum(op.flops for op, ic in zip(prog, is_compute) if ic))
+    flops = float(sum([op.flops for op in prog if op.kind == COMPUTE]))
     cost = result.cost_model
     return RankMetrics(
         rank=rank, represents=result.programs.multiplicity(rank),
@@ -151,19 +160,28 @@ def memory_events(result, rank: int):
     """(times_s, deltas_bytes, categories) of one rank's alloc (at op start) and free (at op end) events,
     sorted by time with frees before allocs at the same instant."""
     prog = result.programs.ops[rank]
-    times, deltas, cats, order = [], [], [], []
-    st, en = result.start_s[rank], result.end_s[rank]
+    ai, ab, ac, fi, fb, fc = [], [], [], [], [], []       # op index, bytes, category of allocs / frees
     for i, op in enumerate(prog):
-        for cat, b in op.alloc:
-            if not np.isnan(st[i]):
-                times.append(st[i]); deltas.append(b); cats.append(cat); order.append(1)
-        for cat, b in op.free:
-            if not np.isnan(en[i]):
-                times.append(en[i]); deltas.append(-b); cats.append(cat); order.append(0)
-    if not times:
+        if op.alloc:
+            for cat, b in op.alloc:
+                ai.append(i); ab.append(b); ac.append(cat)
+        if op.free:
+            for cat, b in op.free:
+                fi.append(i); fb.append(-b); fc.append(cat)
+    if not ai and not fi:
         return np.zeros(0), np.zeros(0), []
-    idx = np.lexsort((np.asarray(order), np.asarray(times)))
-    return np.asarray(times)[idx], np.asarray(deltas, dtype=float)[idx], [cats[i] for i in idx]
+    st = np.asarray(result.start_s[rank], dtype=float)[np.asarray(ai, dtype=np.int64)]
+    en = np.asarray(result.end_s[rank], dtype=float)[np.asarray(fi, dtype=np.int64)]
+    ok_a, ok_f = ~np.isnan(st), ~np.isnan(en)              # ops that started / ended
+    times = np.concatenate((st[ok_a], en[ok_f]))
+    if not len(times):
+        return np.zeros(0), np.zeros(0), []
+    deltas = np.concatenate((np.asarray(ab, dtype=float)[ok_a], np.asarray(fb, dtype=float)[ok_f]))
+    cats = [c for c, k in zip(ac, ok_a.tolist()) if k] + [c for c, k in zip(fc, ok_f.tolist()) if k]
+    order = np.concatenate((np.ones(int(ok_a.sum()), dtype=np.int64), np.zeros(int(ok_f.sum()), dtype=np.int64)))
+    # stable: events of one kind at one instant keep program order, as when they were listed op by op
+    idx = np.lexsort((order, times))
+    return times[idx], deltas[idx], [cats[i] for i in idx]
 
 
 def peak_memory(result, rank: int) -> float:
@@ -180,7 +198,8 @@ def compute_metrics(result, per_rank: bool = True) -> Metrics:
     p = result.programs
     T = result.step_time_s
     ranks = sorted(p.ops)
-    rms = [rank_metrics(result, r, T) for r in ranks]
+    codes = _axis_codes(p)
+    rms = [rank_metrics(result, r, T, codes) for r in ranks]
     weights = np.array([rm.represents for rm in rms], dtype=float)
     W = weights.sum()
     cost = result.cost_model

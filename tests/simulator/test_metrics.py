@@ -1,0 +1,65 @@
+"""Metrics helpers against plain per-op references."""
+import math
+import random
+from types import SimpleNamespace
+
+import numpy as np
+
+from simulator.metrics import AXES, axis_of, memory_events, rank_metrics
+from simulator.program import Op, Programs
+
+
+def _reference_memory_events(prog, st, en):
+    """The events listed op by op (alloc at start, free at end, skipped where the time is NaN), sorted by
+    time with frees first at one instant, ties in program order."""
+    rows = []
+    for i, op in enumerate(prog):
+        for cat, b in op.alloc:
+            if not math.isnan(st[i]):
+                rows.append((st[i], 1, len(rows), b, cat))
+        for cat, b in op.free:
+            if not math.isnan(en[i]):
+                rows.append((en[i], 0, len(rows), -b, cat))
+    rows.sort()
+    return [r[0] for r in rows], [float(r[3]) for r in rows], [r[4] for r in rows]
+
+
+def _random_result(seed: int):
+    rng = random.Random(seed)
+    p = Programs(world_size=1, ops={})
+    fams = ["tp", "dp", "pp", "embed", "weird"]
+    for f in fams:
+        p.add_group((0, 1 + len(p.groups)), f)
+    prog, st, en = [], [], []
+    for i in range(60):
+        kind = rng.choice(["compute", "collective", "send"])
+        mem = lambda: tuple((rng.choice(["activations", "buffers"]), float(rng.randrange(1, 5))) for _ in range(rng.randrange(3)))  # noqa: E731
+        group = rng.choice([None, 0, 1, 2, 3, 4, 99]) if kind != "compute" else None
+        prog.append(Op(kind, f"op{i}", alloc=mem(), free=mem(), group=group, flops=float(rng.randrange(10)),
+                       collective="all_reduce" if kind == "collective" else None))
+        s = float(rng.randrange(8))            # few distinct times: ties at one instant
+        st.append(math.nan if rng.random() < 0.1 else s)
+        en.append(math.nan if rng.random() < 0.2 or math.isnan(st[-1]) else s + rng.randrange(3))
+    p.ops[0] = prog
+    return SimpleNamespace(programs=p, start_s={0: np.array(st)}, end_s={0: np.array(en)}, cost_model=None), prog, st, en
+
+
+def test_memory_events_equal_the_op_by_op_listing():
+    for seed in range(30):
+        res, prog, st, en = _random_result(seed)
+        t, d, c = memory_events(res, 0)
+        rt, rd, rc = _reference_memory_events(prog, st, en)
+        assert t.tolist() == rt and d.tolist() == rd and c == rc
+
+
+def test_comm_by_axis_uses_each_op_groups_axis():
+    class Cost:
+        def memory_capacity_bytes(self, rank):
+            return 1.0
+
+    for seed in range(10):
+        res, prog, st, en = _random_result(seed)
+        res.cost_model = Cost()
+        got = rank_metrics(res, 0, 10.0).comm_by_axis
+        axes = {axis_of(res.programs, op) for op, e in zip(prog, en) if op.kind != "compute" and not math.isnan(e)}
+        assert set(got) <= set(AXES) and set(got) == {a for a in axes if a in AXES}
