@@ -245,11 +245,14 @@ def fat_tree_layout(endpoints, nic_bandwidth: float = 50e9, *, tiers: int = 2, l
     uplinks = int(round(uplinks))
     # assign endpoints to leaves
     if rail_optimised:
-        rails = sorted({r for _, r in eps})
-        order = [e for r in rails for e in eps if e[1] == r]
+        by_rail: dict = {}
+        for e in eps:
+            by_rail.setdefault(e[1], []).append(e)
+        rails = sorted(by_rail)
+        order = [e for r in rails for e in by_rail[r]]
         leaf_of, n_leaves, rail_pods = {}, 0, []
         for r in rails:
-            members = [n for n, rr in eps if rr == r]
+            members = [n for n, _ in by_rail[r]]
             for k, n in enumerate(members):
                 leaf_of[n] = n_leaves + k // leaf_down
             count = -(-len(members) // leaf_down)

@@ -152,25 +152,20 @@ class Cluster:
         self.fat_tree = ft
         self._endpoint_of_gpu = list(range(self.n_gpus))
         names: list = []
-        cap: list = []
-        lats: list = []
-        typ: list = []
-        ds = self.domain_size
-        for k in range(self.n_domains):         # the graph's edge order: each switch's GPUs, then theirs
-            sw = (_STAR_KIND[d.kind], k)
+        ds, nd, kind = self.domain_size, self.n_domains, _STAR_KIND[d.kind]
+        leaves = None if ft is None else [("leaf", ft.leaf_of[g]) for g in range(self.n_gpus)]
+        for k in range(nd):                     # the graph's edge order: each switch's GPUs, then theirs
+            sw = (kind, k)
             gpus = range(k * ds, (k + 1) * ds)
-            for g in gpus:
-                names += [(sw, g), (g, sw)]
-            cap += [bw] * (2 * ds)
-            lats += [lat] * (2 * ds)
-            typ += [link] * (2 * ds)
-            if ft is not None:
-                for g in gpus:
-                    leaf = ("leaf", ft.leaf_of[g])
-                    names += [(g, leaf), (leaf, g)]
-                cap += [ft.bandwidth] * (2 * ds)
-                lats += [ft.latency] * (2 * ds)
-                typ += [ft.link_type] * (2 * ds)
+            names += [e for g in gpus for e in ((sw, g), (g, sw))]
+            if leaves is not None:
+                names += [e for g in gpus for e in ((g, leaves[g]), (leaves[g], g))]
+        if ft is None:
+            cap, lats, typ = [bw] * (2 * ds * nd), [lat] * (2 * ds * nd), [link] * (2 * ds * nd)
+        else:
+            cap = ([bw] * (2 * ds) + [ft.bandwidth] * (2 * ds)) * nd
+            lats = ([lat] * (2 * ds) + [ft.latency] * (2 * ds)) * nd
+            typ = ([link] * (2 * ds) + [ft.link_type] * (2 * ds)) * nd
         if ft is not None and ft.uplinks:
             for leaf in range(ft.n_leaves):
                 names += [("up", leaf), ("down", leaf)]
