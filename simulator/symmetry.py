@@ -236,10 +236,19 @@ class _Signatures:
         """family -> each rank's group id (-1: none), as ``Programs.group_of`` finds them (first group)."""
         n = self.p.world_size
         table = {f: np.full(n, -1, dtype=np.int64) for f in families}
-        for gid in range(len(self.p.groups) - 1, -1, -1):
-            g = self.p.groups[gid]
-            if g.family in table:
-                table[g.family][list(g.ranks)] = gid
+        for f in table:
+            rows, row = self._ranks_table(f)
+            gids = np.flatnonzero([g.family == f for g in self.p.groups])
+            if not len(gids):
+                continue
+            R = rows[row[gids]]
+            on = R >= 0
+            members = R[on]
+            if len(np.unique(members)) == len(members):     # each rank in one group of the family
+                table[f][members] = np.broadcast_to(gids[:, None], R.shape)[on]
+            else:                                           # the first group holding a rank, as group_of
+                for gid in gids[::-1].tolist():
+                    table[f][list(self.p.groups[gid].ranks)] = gid
         self._gof = table
         return table
 
@@ -258,9 +267,10 @@ class _Signatures:
     # ------------------------------------------------------------------ refinement
     def refine(self, max_rounds: int) -> tuple[list[int], int]:
         p, n = self.p, self.p.world_size
-        dev = self.cost.device_key
-        colour = [self._id(("init", self.coarse[m], dev(m))) for m in range(n)]
-        count = len(set(colour))
+        dev, devs = self.cost.device_key, {}
+        device = np.fromiter((devs.setdefault(dev(m), len(devs)) for m in range(n)), dtype=np.int64, count=n)
+        colour = _row_ids(np.column_stack((np.asarray(self.coarse, dtype=np.int64), device)))  # (class, device)
+        count = int(colour.max()) + 1 if n else 0
         fam_groups = {f for r in p.ops for f, _ in self.coll_uses[r]}
         gof = self._group_table(fam_groups | {u[0] for r in p.ops for u in self.p2p_uses[r]})
         # what no round changes, per member (whole classes at once): its groups (a column per family, -1:
@@ -298,7 +308,6 @@ class _Signatures:
         self._cc, self._pc, self._col = CC, PC, col      # for reason()
         static = _row_ids(np.column_stack((CC, PC)))
         used = CC != -2
-        colour = np.array(colour, dtype=np.int64)
         for rounds in range(1, max_rounds + 1):
             # the classes each group's members are in (a group's set of colours, interned), per family
             R = np.full_like(G, -1)

@@ -139,3 +139,20 @@ def test_a_new_representative_that_cannot_find_its_peer_is_a_program_error():
     p.ops[1] = [compute("c", flops=1e9)]
     with pytest.raises(ProgramError, match="peer 2 is not in its group"):
         refine_classes(p, OneSlow())
+
+
+def test_group_table_is_group_of_for_every_rank():
+    """The family -> rank -> group table (whole families at once) answers as Programs.group_of, also when a
+    rank is in two groups of one family (the first one)."""
+    from simulator.symmetry import _Signatures
+
+    p = Programs(world_size=6, ops={})
+    for ranks, fam in [((0, 1), "dp"), ((2, 3), "dp"), ((0, 2, 4), "tp"), ((1, 3, 5), "tp"), ((3, 4), "tp"),
+                       ((5,), "pp")]:
+        p.add_group(ranks, fam)
+    p.ops[0] = [compute("c", flops=1.0)]
+    p.classes = {0: tuple(range(6))}
+    table = _Signatures(p, SimpleCostModel())._group_table({"dp", "tp", "pp", "cp"})
+    for fam, col in table.items():
+        want = [p.group_of(r, fam) for r in range(6)]
+        assert col.tolist() == [-1 if g is None else g for g in want]
