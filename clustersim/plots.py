@@ -341,9 +341,31 @@ def _time_unit(t_max: float) -> tuple[float, str]:
     return 1.0, "s"
 
 
-def _rects(y, starts, ends, scale, h):
+def _col(df: pd.DataFrame, name: str) -> list:
+    """A column's values as a list (None where the frame has no such column): iterating a pandas column
+    of strings element by element is slow."""
+    return df[name].tolist() if name in df else [None] * len(df)
+
+
+def _rects(y, starts, ends, scale, h) -> list:
+    """Rectangles [start, end] x [y - h/2, y + h/2] (times scaled) as one (n, 4, 2) array in a list: callers
+    add lists up and ``_polys`` joins them (matplotlib builds the paths of one array at once)."""
     y0, y1 = y - h / 2, y + h / 2
-    return [((s * scale, y0), (s * scale, y1), (e * scale, y1), (e * scale, y0)) for s, e in zip(starts, ends)]
+    x0 = np.asarray(starts, dtype=float) * scale
+    x1 = np.asarray(ends, dtype=float) * scale
+    if not len(x0):
+        return []
+    out = np.empty((len(x0), 4, 2))
+    out[:, 0, 0] = out[:, 1, 0] = x0
+    out[:, 2, 0] = out[:, 3, 0] = x1
+    out[:, 0, 1] = out[:, 3, 1] = y0
+    out[:, 1, 1] = out[:, 2, 1] = y1
+    return [out]
+
+
+def _polys(parts: list, **kw) -> PolyCollection:
+    """One PolyCollection of the rectangles of ``_rects`` results added up."""
+    return PolyCollection(np.concatenate(parts) if parts else np.zeros((0, 4, 2)), **kw)
 
 
 def lane_positions(lanes: list[Lane]) -> tuple[np.ndarray, np.ndarray]:
@@ -440,7 +462,7 @@ def comm_axes(df: pd.DataFrame) -> dict[str, list[str]]:
         return {}
     comm = df[df["kind"] != "compute"]
     out: dict[str, set] = {}
-    for k, co, fam in zip(comm["kind"], comm.get("collective", [None] * len(comm)), comm["group"]):
+    for k, co, fam in zip(_col(comm, "kind"), _col(comm, "collective"), _col(comm, "group")):
         if isinstance(fam, str):
             out.setdefault(colour_key(k, None, co), set()).add(AXIS_OF_FAMILY.get(fam, "other"))
     return {k: [a for a in AXES if a in v] for k, v in out.items()}
@@ -457,8 +479,7 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
     y_of = {(ln.rank, ln.stream): i for i, ln in enumerate(lanes)}
     df = panel.timeline
     df = df[(df["end_s"] > df["start_s"]) & df["start_s"].notna() & df["end_s"].notna()]
-    keys = [colour_key(k, ph, co) for k, ph, co in zip(df["kind"], df.get("phase", [None] * len(df)),
-                                                         df.get("collective", [None] * len(df)))]
+    keys = [colour_key(k, ph, co) for k, ph, co in zip(_col(df, "kind"), _col(df, "phase"), _col(df, "collective"))]
     df = df.assign(_key=keys, _chunk=model_chunks(df))
     fig_w_px = ax.figure.get_figwidth() * ax.figure.dpi * ax.get_position().width
     s_per_px = x_max / scale / max(fig_w_px, 1.0)
@@ -473,7 +494,7 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
             if i is not None:
                 verts += _rects(ys[i], part["start_s"].to_numpy(), part["end_s"].to_numpy(), scale, hs[i] * fill)
         if verts:
-            pc = PolyCollection(verts, facecolors=chunk_colour(key, c), edgecolors="white", linewidths=0.3,
+            pc = _polys(verts, facecolors=chunk_colour(key, c), edgecolors="white", linewidths=0.3,
                                 label=key if c == 0 else f"{key} chunk {c}", zorder=2)
             ax.add_collection(pc)
             if (key, c) not in used:
@@ -490,7 +511,7 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
                 inline.setdefault(key, []).extend(
                     _rects(ys[i], sub["start_s"].to_numpy(), sub["end_s"].to_numpy(), scale, hs[i] * fill * 0.45))
         for key, verts in inline.items():
-            ax.add_collection(PolyCollection(verts, facecolors=colour_of(key), edgecolors="none", label=f"{key} inline",
+            ax.add_collection(_polys(verts, facecolors=colour_of(key), edgecolors="none", label=f"{key} inline",
                                              zorder=2.4))
             if (key, 0) not in used:
                 used.append((key, 0))
@@ -505,16 +526,16 @@ def _draw_panel(ax, panel: Panel, scale: float, x_max: float, fill: float = 0.8,
         exp_fill += _rects(ys[i], *spans["exposed"], scale, h)
         exp_strip += _rects(ys[i] + h * 0.36, *spans["exposed"], scale, h * 0.28)     # lower edge of the bar
     if exp_fill:
-        ax.add_collection(PolyCollection(exp_fill, label="exposed_fill", zorder=1,
+        ax.add_collection(_polys(exp_fill, label="exposed_fill", zorder=1,
                                          **EXPOSED_STYLE))
-        ax.add_collection(PolyCollection(exp_strip, label="exposed", zorder=2.6, **EXPOSED_STRIP_STYLE))
+        ax.add_collection(_polys(exp_strip, label="exposed", zorder=2.6, **EXPOSED_STRIP_STYLE))
     if bub_verts:
-        ax.add_collection(PolyCollection(bub_verts, label="bubble", zorder=1, **BUBBLE_STYLE))
+        ax.add_collection(_polys(bub_verts, label="bubble", zorder=1, **BUBBLE_STYLE))
     # micro-batch numbers on bars wide enough to hold them
     if bars["microbatch"].notna().any():
         comp = bars[bars["compute"] & bars["microbatch"].notna()]
         n = 0
-        for r, s, st, en, mb in zip(comp["rank"], comp["stream"], comp["start_s"], comp["end_s"], comp["microbatch"]):
+        for r, s, st, en, mb in zip(*(_col(comp, c) for c in ("rank", "stream", "start_s", "end_s", "microbatch"))):
             i = y_of.get((int(r), s))
             text = str(int(mb))
             if i is None or (en - st) / s_per_px < 6.0 * len(text) + 1.5:

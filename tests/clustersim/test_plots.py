@@ -415,3 +415,14 @@ def test_interleaved_chunks_are_drawn_lighter():
 
 def plt_legend_texts(fig):
     return [t for lg in fig.legends for t in lg.get_texts()]
+
+
+def test_rectangles_are_the_bars_corners():
+    from clustersim.plots import _polys, _rects
+    r = _rects(1.0, [0.0, 2.0], [1.0, 3.5], 2.0, 0.5)
+    assert len(r) == 1 and r[0].tolist() == [[[0.0, 0.75], [0.0, 1.25], [2.0, 1.25], [2.0, 0.75]],
+                                            [[4.0, 0.75], [4.0, 1.25], [7.0, 1.25], [7.0, 0.75]]]
+    assert _rects(1.0, [], [], 2.0, 0.5) == []
+    pc = _polys(r + r)
+    assert len(pc.get_paths()) == 4 and pc.get_paths()[1].vertices.tolist()[:4] == r[0][1].tolist()
+    assert len(_polys([]).get_paths()) == 0
