@@ -201,16 +201,20 @@ class Programs:
         return index[key]
 
     def group_of(self, rank: int, family: str) -> int | None:
-        """Id of the group of ``family`` that holds ``rank`` (None if none)."""
-        table = self.__dict__.get("_rank_family")
-        if table is None or self.__dict__.get("_rank_family_n") != len(self.groups):
-            table = {}
+        """Id of the group of ``family`` that holds ``rank`` (None if none; the first such group)."""
+        d = self.__dict__
+        tables = d.get("_family_rank")
+        if tables is None or d.get("_family_rank_n") != len(self.groups):
+            tables = {}                         # family -> rank -> group id, built once
             for gid, g in enumerate(self.groups):
+                t = tables.get(g.family)
+                if t is None:
+                    t = tables[g.family] = {}
                 for r in g.ranks:
-                    table.setdefault((r, g.family), gid)
-            self.__dict__["_rank_family"] = table
-            self.__dict__["_rank_family_n"] = len(self.groups)
-        return table.get((rank, family))
+                    t.setdefault(r, gid)
+            d["_family_rank"], d["_family_rank_n"] = tables, len(self.groups)
+        t = tables.get(family)
+        return None if t is None else t.get(rank)
 
     # ------------------------------------------------------------------ symmetry
     @property
