@@ -244,7 +244,8 @@ class _Signatures:
             R = rows[row[gids]]
             on = R >= 0
             members = R[on]
-            if len(np.unique(members)) == len(members):     # each rank in one group of the family
+            ordered = np.sort(members)
+            if not (ordered[1:] == ordered[:-1]).any():     # each rank in one group of the family
                 table[f][members] = np.broadcast_to(gids[:, None], R.shape)[on]
             else:                                           # the first group holding a rank, as group_of
                 for gid in gids[::-1].tolist():
