@@ -506,6 +506,8 @@ def test_optimizer_step_moves_the_bytes_its_stack_moves(stack, passes):
     (ParallelPlan(pp=2, dp=4, ep=4, global_batch=16, seq=SEQ, skew=0.3, zero=1), MOE),
     (ParallelPlan(pp=4, dp=2, ep=2, global_batch=16, seq=SEQ, schedule="dualpipe"), MOE),
     (ParallelPlan(tp=2, pp=2, dp=2, global_batch=8, seq=SEQ, recompute="op"), TINY),
+    (ParallelPlan(dp=4, fsdp=True, zero=3, global_batch=8, seq=SEQ, stack="torchtitan", recompute="op"), TINY),
+    (ParallelPlan(dp=4, fsdp=True, zero=3, global_batch=8, seq=SEQ, stack="llm-foundry"), TINY),
 ])
 def test_replayed_unit_ops_equal_written_ones(plan, model, monkeypatch):
     """Layers copied from a recipe (_StageBuilder._unit_ops) are the ops written out one by one."""
