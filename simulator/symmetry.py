@@ -424,6 +424,7 @@ class _Signatures:
             if op.kind != COLLECTIVE and op.peer not in self._positions(gid):
                 raise ProgramError(f"rank {old} op {op!r}: peer {op.peer} is not in its group {gid}, so rank "
                                    f"{rep} of its class cannot find its peer")
+        raise ProgramError(f"rank {rep} cannot run rank {old}'s program")
 
 
 def _row_ids(M: np.ndarray) -> np.ndarray:
