@@ -157,9 +157,8 @@ def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool
 @click.option("--force", is_flag=True, help="Write into a non-empty --out that no clustersim run wrote.")
 def simulate(out, as_json, breakdown, force, **options):
     """Simulate one training step of a model and parallel plan on a cluster."""
-    from simulator.atomic import OutputFolder
-    from simulator.inputs import json_safe
     if out:
+        from simulator.atomic import OutputFolder
         OutputFolder.check(out, force)          # before the simulation, not after it
     exp = experiment_from_options(**options)
     progress = DelayedProgress("simulating", enabled=sys.stderr.isatty())
@@ -174,6 +173,7 @@ def simulate(out, as_json, breakdown, force, **options):
         summary = outcome.summary()
         if breakdown:
             summary["breakdown"] = outcome.breakdown()
+        from simulator.inputs import json_safe
         click.echo(json.dumps(json_safe(summary), sort_keys=True, default=str, allow_nan=False))
     else:
         print_summary(outcome)
