@@ -542,15 +542,22 @@ def ideal_times(orders: list[list[Action]], durations: Callable[[int, Action], f
     pos = [0] * p
     clock = [0.0] * p
     remaining = sum(len(o) for o in orders)
+    blocked: dict[int, tuple] = {}          # stage -> (position, group, deps) where it waits: not rebuilt per sweep
     while remaining:
         progressed = False
         for s in range(p):
             while pos[s] < len(orders[s]):
                 i = pos[s]
-                a = orders[s][i]
-                group = [a, orders[s][i + 1]] if i in pairs.get(s, ()) else [a]
-                deps = [d for x in group for d in deps_of(s, x) if d[0] != s or d[1] not in group]
+                hit = blocked.get(s)
+                if hit is not None and hit[0] == i:
+                    _, group, deps = hit
+                else:
+                    a = orders[s][i]
+                    group = [a, orders[s][i + 1]] if i in pairs.get(s, ()) else [a]
+                    deps = [d for x in group for d in deps_of(s, x) if d[0] != s or d[1] not in group]
+                a = group[0]
                 if any(d not in times for d in deps):
+                    blocked[s] = (i, group, deps)
                     break
                 start = max([clock[s]] + [times[d][1] for d in deps])
                 if len(group) == 2:
