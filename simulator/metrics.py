@@ -61,6 +61,21 @@ def merge_intervals(starts, ends) -> tuple[np.ndarray, np.ndarray]:
     return s[new], out_e
 
 
+def _sorted_union(s: np.ndarray, e: np.ndarray) -> float:
+    """``union_length`` of intervals already in start order (stable), none empty or NaN: the same segments,
+    summed in the same order (a segment ends at the running maximum of its last interval)."""
+    if not len(s):
+        return 0.0
+    run_max = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_max[:-1]
+    last = np.empty(len(s), dtype=bool)
+    last[:-1] = new[1:]
+    last[-1] = True
+    return float(np.sum(run_max[last] - s[new]))
+
+
 def union_length(starts, ends) -> float:
     """Total length covered by intervals [starts[i], ends[i]] (seconds)."""
     s, e = merge_intervals(starts, ends)
@@ -124,24 +139,30 @@ def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray |
     end = np.asarray(result.end_s[rank], dtype=float)
     is_compute = np.array([op.kind == COMPUTE for op in prog], dtype=bool)
     done = ~np.isnan(end)
-    c = is_compute & done
     m = ~is_compute & done
-    comp = union_length(start[c], end[c])
-    comm = union_length(start[m], end[m])
-    both = union_length(start[done], end[done])
+    # every union below is of intervals in start order: sort once (stable), then select with masks
+    with np.errstate(invalid="ignore"):
+        ok = done & ~np.isnan(start) & (end > start)
+    order = np.argsort(start, kind="stable")
+    S, E = start[order], end[order]
+    cS, mS = (is_compute & ok)[order], (m & ok)[order]
+    comp = _sorted_union(S[cS], E[cS])
+    comm = _sorted_union(S[mS], E[mS])
+    both = _sorted_union(S[ok[order]], E[ok[order]])
     overlap = comp + comm - both
     by_axis = {}
     if m.any():
         codes = _axis_codes(result.programs) if axis_codes is None else axis_codes
         other = len(codes) - 1                  # axis_of: "other" for no group or an unknown one
         g = np.array([-1 if op.group is None else op.group for op in prog], dtype=np.int64)
-        axes = codes[np.where((g >= 0) & (g < other), g, other)]
-        cs, ce = merge_intervals(start[c], end[c])
+        axes = codes[np.where((g >= 0) & (g < other), g, other)][order]
+        m_sorted = m[order]
         for k, ax in enumerate(AXES):
-            sel = m & (axes == k)
+            sel = m_sorted & (axes == k)
             if sel.any():
-                total = union_length(start[sel], end[sel])
-                with_comp = union_length(np.concatenate([start[sel], cs]), np.concatenate([end[sel], ce]))
+                sel &= mS
+                total = _sorted_union(S[sel], E[sel])
+                with_comp = _sorted_union(S[sel | cS], E[sel | cS])     # the axis's communication or compute
                 by_axis[ax] = (total, with_comp - comp)
     flops = float(sum([op.flops for op in prog if op.kind == COMPUTE]))
     cost = result.cost_model

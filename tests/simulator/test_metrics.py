@@ -63,3 +63,37 @@ def test_comm_by_axis_uses_each_op_groups_axis():
         got = rank_metrics(res, 0, 10.0).comm_by_axis
         axes = {axis_of(res.programs, op) for op, e in zip(prog, en) if op.kind != "compute" and not math.isnan(e)}
         assert set(got) <= set(AXES) and set(got) == {a for a in axes if a in AXES}
+
+
+def _reference_unions(prog, st, en):
+    """compute, comm, both and per-axis (total, with compute) unions, each subset merged on its own."""
+    from simulator.metrics import merge_intervals, union_length
+    st, en = np.asarray(st), np.asarray(en)
+    comp_mask = np.array([op.kind == "compute" for op in prog]) & ~np.isnan(en)
+    comm_mask = np.array([op.kind != "compute" for op in prog]) & ~np.isnan(en)
+    done = ~np.isnan(en)
+    comp = union_length(st[comp_mask], en[comp_mask])
+    out = {"compute": comp, "comm": union_length(st[comm_mask], en[comm_mask]),
+           "both": union_length(st[done], en[done])}
+    cs, ce = merge_intervals(st[comp_mask], en[comp_mask])
+    return out, cs, ce
+
+
+def test_rank_unions_equal_each_subset_merged_alone():
+    class Cost:
+        def memory_capacity_bytes(self, rank):
+            return 1.0
+
+    for seed in range(40):
+        res, prog, st, en = _random_result(seed)
+        res.cost_model = Cost()
+        rm = rank_metrics(res, 0, 20.0)
+        ref, cs, ce = _reference_unions(prog, st, en)
+        assert rm.compute_s == ref["compute"] and rm.comm_s == ref["comm"]
+        assert rm.overlap_s == ref["compute"] + ref["comm"] - ref["both"]
+        from simulator.metrics import union_length
+        s, e = np.asarray(st), np.asarray(en)
+        for ax, (total, exposed) in rm.comm_by_axis.items():
+            sel = np.array([op.kind != "compute" and axis_of(res.programs, op) == ax for op in prog]) & ~np.isnan(e)
+            assert total == union_length(s[sel], e[sel])
+            assert exposed == union_length(np.concatenate([s[sel], cs]), np.concatenate([e[sel], ce])) - ref["compute"]
