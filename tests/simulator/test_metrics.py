@@ -41,7 +41,8 @@ def _random_result(seed: int):
         st.append(math.nan if rng.random() < 0.1 else s)
         en.append(math.nan if rng.random() < 0.2 or math.isnan(st[-1]) else s + rng.randrange(3))
     p.ops[0] = prog
-    return SimpleNamespace(programs=p, start_s={0: np.array(st)}, end_s={0: np.array(en)}, cost_model=None), prog, st, en
+    cost = SimpleNamespace(memory_capacity_bytes=lambda rank: 1.0)
+    return SimpleNamespace(programs=p, start_s={0: np.array(st)}, end_s={0: np.array(en)}, cost_model=cost), prog, st, en
 
 
 def test_memory_events_equal_the_op_by_op_listing():
@@ -53,13 +54,8 @@ def test_memory_events_equal_the_op_by_op_listing():
 
 
 def test_comm_by_axis_uses_each_op_groups_axis():
-    class Cost:
-        def memory_capacity_bytes(self, rank):
-            return 1.0
-
     for seed in range(10):
         res, prog, st, en = _random_result(seed)
-        res.cost_model = Cost()
         got = rank_metrics(res, 0, 10.0).comm_by_axis
         axes = {axis_of(res.programs, op) for op, e in zip(prog, en) if op.kind != "compute" and not math.isnan(e)}
         assert set(got) <= set(AXES) and set(got) == {a for a in axes if a in AXES}
@@ -80,13 +76,8 @@ def _reference_unions(prog, st, en):
 
 
 def test_rank_unions_equal_each_subset_merged_alone():
-    class Cost:
-        def memory_capacity_bytes(self, rank):
-            return 1.0
-
     for seed in range(40):
         res, prog, st, en = _random_result(seed)
-        res.cost_model = Cost()
         rm = rank_metrics(res, 0, 20.0)
         ref, cs, ce = _reference_unions(prog, st, en)
         assert rm.compute_s == ref["compute"] and rm.comm_s == ref["comm"]
