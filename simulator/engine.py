@@ -1,7 +1,9 @@
 """The SimPy engine: executes per-rank programs against a cost model and records when every op ran.
 
-One SimPy process per (rank, stream). Ops of a stream run in program order; an op first waits for its
-cross-stream ``deps``, then:
+SimPy's Environment is the clock and event queue; each (rank, stream) is a callback on it, not a SimPy
+process: when the event a stream waits for is processed (a dependency done, its own op ended, its peers
+arrived), the stream runs its next ops until one must wait again. Ops of a stream run in program order; an op
+first waits for its cross-stream ``deps``, then:
 
 - compute: lasts ``op.duration_s`` or ``cost.compute_time_s(rank, op)``;
 - collective: waits until every member of its group has reached its k-th collective on that group
@@ -87,18 +89,32 @@ class SimResult:
         return self._timeline
 
 
-class _Rendezvous:
-    __slots__ = ("needed", "arrived", "event", "duration", "op", "rank", "start_s", "key")
+class _Signal:
+    """A bare event for SimPy's queue: what ``Environment.step`` reads (``callbacks``, ``_ok``) and a value.
+    Streams wait on these (dependency done, own op ended) instead of simpy Events and Timeouts."""
+    __slots__ = ("callbacks", "_ok", "_value")
 
-    def __init__(self, needed: int, event: simpy.Event, key):
+    def __init__(self, callbacks=None):
+        self.callbacks = [] if callbacks is None else callbacks
+        self._ok = True
+        self._value = None
+
+
+class _Rendezvous:
+    """One collective or p2p meeting; also the event its participants wait on (value: the start time)."""
+    __slots__ = ("needed", "arrived", "duration", "op", "rank", "start_s", "key", "callbacks", "_ok", "_value")
+
+    def __init__(self, needed: int, key):
         self.needed = needed          # how many simulated participants must arrive
         self.arrived: list[tuple[int, int]] = []   # (rank, op index)
-        self.event = event
         self.duration = None          # max of members' fixed durations
         self.op = None
         self.rank = None
         self.start_s = 0.0            # when the communication started (all participants arrived)
         self.key = key
+        self.callbacks: list = []     # the participants' streams, resumed in arrival order at the end
+        self._ok = True
+        self._value = None
 
 
 class Engine:
@@ -122,7 +138,7 @@ class Engine:
         self.finished = {r: bytearray(k) for r, k in n.items()}
         self.targeted: dict[int, bytearray] = {}   # rank -> 1 where another op depends on it (_rendezvous_keys)
         self._streams: dict[int, dict[str, list[int]]] = {}   # rank -> stream -> op indices (_rendezvous_keys)
-        self.waiters: dict[int, dict[int, simpy.Event]] = {r: {} for r in programs.ops}
+        self.waiters: dict[int, dict[int, _Signal]] = {r: {} for r in programs.ops}
         self.stream_ops: dict[tuple[int, str], list[int]] = {}
         self.rendezvous: dict[tuple, _Rendezvous] = {}
         self.sync = SyncTable(programs, self.rep)     # collectives: integer rendezvous ids
@@ -136,6 +152,7 @@ class Engine:
         self._settle_due = False
         self._net_settle = getattr(self.net, "settle", None)
         self._wake_t = None                 # time of the pending network wake-up (None: none pending)
+        self._wake_callbacks = [self._on_network_wake]     # shared by every wake-up event (never changed)
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
@@ -202,7 +219,7 @@ class Engine:
         self.needed = [len(m) for m in self.sync.members]
         return out
 
-    def _trigger_in(self, event: simpy.Event, delay: float, value=None) -> None:
+    def _trigger_in(self, event, delay: float, value=None) -> None:
         """Succeed ``event`` ``delay`` seconds from now (what simpy.Timeout does, without a second event)."""
         event._ok = True
         event._value = value
@@ -296,7 +313,7 @@ class Engine:
         return t
 
     def _communicate(self, rv: _Rendezvous, request: CommRequest | None) -> None:
-        """All participants arrived: start the communication; rv.event fires at its end."""
+        """All participants arrived: start the communication; rv fires at its end (value: its start)."""
         now = self.env.now
         if rv.duration is not None:
             dur = rv.duration
@@ -315,10 +332,7 @@ class Engine:
             return
         if self.sm_share is not None:
             self._hold_sms(rv, now, dur)
-        if dur > 0:
-            self._trigger_in(rv.event, dur, now)
-        else:
-            rv.event.succeed(now)
+        self._trigger_in(rv, dur if dur > 0 else 0, now)
 
     def _hold_sms(self, rv: _Rendezvous, now: float, dur: float) -> None:
         op = rv.op
@@ -336,55 +350,62 @@ class Engine:
             return
         if self._net_settle is not None and self.net.settled:
             nxt = self.net.next_completion()
-            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env.now) == self._wake_t:
+            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env._now) == self._wake_t:
                 return
-            self._reschedule_network()
+            self._wake_at(nxt)
         else:
             self._settle_due = True
-            ev = simpy.Event(self.env)
-            ev.callbacks.append(self._reschedule_network)
-            ev._ok = True
-            ev._value = None
-            self.env.schedule(ev, _LAST, 0)
+            self.env.schedule(_Signal([self._settle_network]), _LAST, 0)
 
-    def _reschedule_network(self, _event=None) -> None:
+    def _settle_network(self, _event=None) -> None:
+        """Last event of an instant with starts or ends: settle the network, wake up at its next end."""
         self._settle_due = False
-        self._net_gen += 1
-        self._wake_t = None
         if self._net_settle is not None:
             self._net_settle()
-        nxt = self.net.next_completion()
+        self._wake_at(self.net.next_completion())
+
+    def _wake_at(self, nxt) -> None:
+        """Wake up when ``nxt`` = (time, key) from ``next_completion`` is due; earlier wake-ups go stale."""
+        self._net_gen += 1
+        self._wake_t = None
         if nxt is None:
             return
-        t = max(nxt[0], self.env.now)
+        now = self.env._now
+        t = max(nxt[0], now)
         if not math.isfinite(t):
             return
         self._wake_t = t
-        wake = self.env.event()
-        gen = self._net_gen
-        wake.callbacks.append(lambda _e, gen=gen: self._on_network_wake(gen))
-        self._trigger_in(wake, t - self.env.now)
+        wake = _Signal(self._wake_callbacks)
+        wake._value = self._net_gen
+        self.env.schedule(wake, NORMAL, t - now)
 
-    def _on_network_wake(self, gen: int) -> None:
-        if gen != self._net_gen:
+    def _on_network_wake(self, event) -> None:
+        if event._value != self._net_gen:
             return          # superseded by a later start/finish
         self._wake_t = None
-        now = self.env.now
+        now = self.env._now
+        net = self.net
         while True:
-            nxt = self.net.next_completion()
+            nxt = net.next_completion()
             if nxt is None or nxt[0] > now + 1e-15 * max(1.0, now):
                 break
             key = nxt[1]
-            self.net.finish(now, key)
+            net.finish(now, key)
             rv = self._net_events.pop(key)
-            rv.event.succeed(rv.start_s)
+            self._trigger_in(rv, 0, rv.start_s)
         self._network_changed()
 
-    # ------------------------------------------------------------------ processes
-    def _stream(self, rank: int, idxs: list[int]):
-        """The process of one (rank, stream): its ops in program order. This is the engine's hot loop."""
+    # ------------------------------------------------------------------ streams
+    def _stream(self, rank: int, idxs: list[int]) -> Callable:
+        """The stream (rank, ``idxs``) as a callback: ``resume(event)`` runs its ops in program order until
+        one must wait (for a dependency, its own end, or peers), registers itself on that event and returns;
+        SimPy's queue calls it again when the event is processed. This is the engine's hot loop.
+
+        It performs the steps of a SimPy process yielding those events (the engine before issue 15's second
+        round), in the same order and scheduling the same events at the same times and priorities, without
+        a generator, a Process or a Timeout object per op."""
         env = self.env
-        timeout = env.timeout
+        schedule = env.schedule
         prog = self.p.ops[rank]
         start, end, ready, finished = self.start[rank], self.end[rank], self.ready[rank], self.finished[rank]
         compute_time = self.cost.compute_time_s
@@ -395,93 +416,125 @@ class Engine:
         solo_ok = coalesce and not self.contention
         needed = self.needed
         targeted = self.targeted[rank]
-        progress = self.progress
         held = self.sm_share is not None
         slowdown = self._slowdown
+        join = self._join
+        progress = self.progress
         n = len(idxs)
-        pos = 0
-        while pos < n:
-            i = idxs[pos]
-            pos += 1
-            op = prog[i]
-            for d in op.deps:
-                if not finished[d]:
-                    ev = waiters.get(d)
-                    if ev is None:
-                        ev = waiters[d] = env.event()
-                    yield ev
-            now = env._now
-            if now >= fail_t:
-                return
-            ready[i] = now
-            kind = op.kind
-            if kind == COMPUTE:
-                dur = op.duration_s
-                if dur is None:
-                    dur = compute_time(rank, op)
-                if held:
-                    dur += slowdown(rank, now, dur)
-                start[i] = now
-                t = now + dur
-                # Coalesce the following compute ops of this stream into one timeout when nobody else
-                # depends on the ops in between and their own deps are done: same times, fewer events.
-                while pos < n and coalesce and not targeted[i]:
-                    j = idxs[pos]
-                    nxt = prog[j]
-                    if nxt.kind != COMPUTE:
-                        break
-                    nd = nxt.deps
-                    if nd and not all(finished[d] for d in nd):
-                        break
-                    end[i] = t
-                    finished[i] = 1
-                    if progress is not None:
-                        self.done_ops += 1
-                    i = j
-                    pos += 1
-                    ready[i] = start[i] = t
-                    d2 = nxt.duration_s
-                    if d2 is None:
-                        d2 = compute_time(rank, nxt)
-                    if held:
-                        d2 += slowdown(rank, t, d2)
-                    t += d2
-                    op = nxt
-                if t > now:
-                    if t > fail_t:
-                        yield timeout(fail_t - now)
-                        return
-                    yield timeout(t - now)
-            elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
-                # nobody to wait for (every member is represented by this rank): no rendezvous needed
-                dur = op.duration_s
-                if dur is None:
-                    dur = self._solo_time(op)
-                start[i] = now
-                if held:
-                    self._comm_started((rank,), now, dur, self._share(op))
-                if dur > 0:
-                    yield timeout(dur)
-            else:
-                rv = self._join(rank, i, op, rv_keys[i])
-                start[i] = yield rv.event
+        pos = 0             # next op of the stream to reach
+        cur = -1            # op whose end (or start, for communication) the stream waits for; -1: none
+        joined = False      # cur is a communication: the event's value is its start time
+        own = []            # the one callback of ``wake`` (filled below)
+        wake = _Signal(own)  # the end of the stream's own compute op / solo collective (reused)
+
+        def finish(i: int) -> None:
             end[i] = env._now
             finished[i] = 1
             if targeted[i]:                 # only ops another op depends on can have waiters
                 w = waiters.pop(i, None)
                 if w is not None:
-                    w.succeed()
+                    schedule(w)
             if progress is not None:
                 self.done_ops += 1
                 if self.done_ops % 20000 == 0:
                     progress(self.done_ops, self.total_ops)
+
+        def resume(event) -> None:
+            nonlocal pos, cur, joined
+            if cur >= 0:
+                if joined:
+                    start[cur] = event._value
+                finish(cur)
+                cur = -1
+            while pos < n:
+                i = idxs[pos]
+                op = prog[i]
+                for d in op.deps:
+                    if not finished[d]:
+                        ev = waiters.get(d)
+                        if ev is None:
+                            ev = waiters[d] = _Signal()
+                        ev.callbacks.append(resume)
+                        return
+                pos += 1
+                now = env._now
+                if now >= fail_t:
+                    pos = n
+                    return
+                ready[i] = now
+                kind = op.kind
+                if kind == COMPUTE:
+                    dur = op.duration_s
+                    if dur is None:
+                        dur = compute_time(rank, op)
+                    if held:
+                        dur += slowdown(rank, now, dur)
+                    start[i] = now
+                    t = now + dur
+                    # Coalesce the following compute ops of this stream into one wait when nobody else
+                    # depends on the ops in between and their own deps are done: same times, fewer events.
+                    while pos < n and coalesce and not targeted[i]:
+                        j = idxs[pos]
+                        nxt = prog[j]
+                        if nxt.kind != COMPUTE:
+                            break
+                        nd = nxt.deps
+                        if nd and not all(finished[d] for d in nd):
+                            break
+                        end[i] = t
+                        finished[i] = 1
+                        if progress is not None:
+                            self.done_ops += 1
+                        i = j
+                        pos += 1
+                        ready[i] = start[i] = t
+                        d2 = nxt.duration_s
+                        if d2 is None:
+                            d2 = compute_time(rank, nxt)
+                        if held:
+                            d2 += slowdown(rank, t, d2)
+                        t += d2
+                    if t > now:
+                        wake.callbacks = own
+                        if t > fail_t:          # the device dies before the op ends: the stream stops
+                            pos = n
+                            schedule(wake, NORMAL, fail_t - now)
+                            return
+                        cur, joined = i, False
+                        schedule(wake, NORMAL, t - now)
+                        return
+                elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
+                    # nobody to wait for (every member is represented by this rank): no rendezvous needed
+                    dur = op.duration_s
+                    if dur is None:
+                        dur = self._solo_time(op)
+                    start[i] = now
+                    if held:
+                        self._comm_started((rank,), now, dur, self._share(op))
+                    if dur > 0:
+                        wake.callbacks = own
+                        cur, joined = i, False
+                        schedule(wake, NORMAL, dur)
+                        return
+                else:
+                    rv = join(rank, i, op, rv_keys[i])
+                    rv.callbacks.append(resume)
+                    cur, joined = i, True
+                    return
+                finish(i)
+
+        own.append(resume)
+        return resume
 
     def _join(self, rank: int, i: int, op, key) -> _Rendezvous:
         """Arrive at the rendezvous of a collective or p2p op; start the communication if it is complete."""
         rv = self.rendezvous.get(key)
         if rv is None:
             sid = key[0]
-            rv = self.rendezvous[key] = _Rendezvous(self.needed[sid] if sid >= 0 else 2, self.env.event(), key)
+            needed = self.needed[sid] if sid >= 0 else 2
+            rv = _Rendezvous(needed, key)
+            if needed > 1:          # (a rendezvous of one completes at once: never stored)
+                self.rendezvous[key] = rv
         arrived = rv.arrived
         arrived.append((rank, i))
         if op.duration_s is not None:
@@ -490,9 +543,10 @@ class Engine:
             rv.op, rv.rank = op, rank
         if len(arrived) < rv.needed:
             return rv
-        if self.failed and any(r in self.failed for r, _ in arrived):
-            return rv               # a dead member never finishes its part: the communication hangs
-        del self.rendezvous[key]
+        if rv.needed > 1:
+            if self.failed and any(r in self.failed for r, _ in arrived):
+                return rv           # a dead member never finishes its part: the communication hangs
+            del self.rendezvous[key]
         req = None
         if op.kind == COLLECTIVE:
             if rv.duration is None and not self.contention:
@@ -518,21 +572,20 @@ class Engine:
         self._communicate(rv, req)
         return rv
 
-    def _fail(self, rank: int, t: float):
-        yield self.env.timeout(t)
-        self.failed.add(rank)
-
     def run(self) -> SimResult:
         t_wall = time.perf_counter()
         for rank, t in self.fail_at.items():
             if rank not in self.p.ops:
                 raise ClusterSimError(f"failure injected on rank {rank}, which is not simulated "
                                       f"(ranks 0..{self.p.world_size - 1}; use full mode for per-rank faults)")
-            self.env.process(self._fail(rank, t))
+            if not t >= 0:
+                raise ClusterSimError(f"failure time of rank {rank} must be >= 0 s, got {t}")
+            self.env.schedule(_Signal([lambda _e, rank=rank: self.failed.add(rank)]), NORMAL, t)
+        # every stream takes its first steps now, in order (SimPy would run its processes' starts first too)
         for rank in self.p.ops:
             for stream, idxs in self._streams[rank].items():
                 self.stream_ops[(rank, stream)] = idxs
-                self.env.process(self._stream(rank, idxs))
+                self._stream(rank, idxs)(None)
         if self.until_s is not None:
             self.env.run(until=self.until_s)
         else:
