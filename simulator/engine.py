@@ -106,7 +106,7 @@ class _Rendezvous:
 
     def __init__(self, needed: int, key):
         self.needed = needed          # how many simulated participants must arrive
-        self.arrived: list[tuple[int, int]] = []   # (rank, op index)
+        self.arrived: list[int] = []   # the simulated ranks that arrived, in order
         self.duration = None          # max of members' fixed durations
         self.op = None
         self.rank = None
@@ -189,14 +189,18 @@ class Engine:
             targeted = self.targeted[rank] = bytearray(len(prog))
             streams = self._streams[rank] = {}
             for i, op in enumerate(prog):
-                for d in op.deps:
-                    targeted[d] = 1
+                deps = op.deps
+                if deps:
+                    for d in deps:
+                        targeted[d] = 1
                 idxs = streams.get(op.stream)
                 if idxs is None:
                     streams[op.stream] = [i]
                 else:
                     idxs.append(i)
                 kind = op.kind
+                if kind == COMPUTE:
+                    continue
                 if kind == COLLECTIVE:
                     g = op.group
                     ck = sid = sid_of.get(g)
@@ -339,7 +343,7 @@ class Engine:
         real = None
         if op.kind != COLLECTIVE:
             real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
-        self._comm_started([r for r, _ in rv.arrived], now, dur, self._share(op, real))
+        self._comm_started(rv.arrived, now, dur, self._share(op, real))
 
     def _network_changed(self) -> None:
         """A communication started or ended now: once every other event of this instant has run (so
@@ -418,7 +422,9 @@ class Engine:
         targeted = self.targeted[rank]
         held = self.sm_share is not None
         slowdown = self._slowdown
-        join = self._join
+        rendezvous = self.rendezvous
+        new_rendezvous = self._new_rendezvous
+        complete = self._complete
         progress = self.progress
         n = len(idxs)
         pos = 0             # next op of the stream to reach
@@ -427,35 +433,38 @@ class Engine:
         own = []            # the one callback of ``wake`` (filled below)
         wake = _Signal(own)  # the end of the stream's own compute op / solo collective (reused)
 
-        def finish(i: int) -> None:
-            end[i] = env._now
-            finished[i] = 1
-            if targeted[i]:                 # only ops another op depends on can have waiters
-                w = waiters.pop(i, None)
-                if w is not None:
-                    schedule(w)
-            if progress is not None:
-                self.done_ops += 1
-                if self.done_ops % 20000 == 0:
-                    progress(self.done_ops, self.total_ops)
-
         def resume(event) -> None:
             nonlocal pos, cur, joined
-            if cur >= 0:
-                if joined:
-                    start[cur] = event._value
-                finish(cur)
-                cur = -1
-            while pos < n:
+            i = cur
+            while True:
+                if i >= 0:                      # op i ends now
+                    if joined:
+                        start[i] = event._value
+                        joined = False
+                    end[i] = env._now
+                    finished[i] = 1
+                    if targeted[i]:             # only ops another op depends on can have waiters
+                        w = waiters.pop(i, None)
+                        if w is not None:
+                            schedule(w)
+                    if progress is not None:
+                        self.done_ops += 1
+                        if self.done_ops % 20000 == 0:
+                            progress(self.done_ops, self.total_ops)
+                    cur = -1
+                if pos >= n:
+                    return
                 i = idxs[pos]
                 op = prog[i]
-                for d in op.deps:
-                    if not finished[d]:
-                        ev = waiters.get(d)
-                        if ev is None:
-                            ev = waiters[d] = _Signal()
-                        ev.callbacks.append(resume)
-                        return
+                deps = op.deps
+                if deps:
+                    for d in deps:
+                        if not finished[d]:
+                            ev = waiters.get(d)
+                            if ev is None:
+                                ev = waiters[d] = _Signal()
+                            ev.callbacks.append(resume)
+                            return
                 pos += 1
                 now = env._now
                 if now >= fail_t:
@@ -500,7 +509,7 @@ class Engine:
                             pos = n
                             schedule(wake, NORMAL, fail_t - now)
                             return
-                        cur, joined = i, False
+                        cur = i
                         schedule(wake, NORMAL, t - now)
                         return
                 elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
@@ -513,40 +522,46 @@ class Engine:
                         self._comm_started((rank,), now, dur, self._share(op))
                     if dur > 0:
                         wake.callbacks = own
-                        cur, joined = i, False
+                        cur = i
                         schedule(wake, NORMAL, dur)
                         return
                 else:
-                    rv = join(rank, i, op, rv_keys[i])
+                    # arrive at the rendezvous; the last to arrive starts the communication
+                    key = rv_keys[i]
+                    rv = rendezvous.get(key)
+                    if rv is None:
+                        rv = new_rendezvous(key)
+                    arrived = rv.arrived
+                    arrived.append(rank)
+                    if op.duration_s is not None:
+                        rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
+                    if rv.op is None or kind == SEND:
+                        rv.op, rv.rank = op, rank
+                    if len(arrived) == rv.needed:
+                        complete(rv, op)
                     rv.callbacks.append(resume)
                     cur, joined = i, True
                     return
-                finish(i)
+                # op i took no time: it ends now (top of the loop)
 
         own.append(resume)
         return resume
 
-    def _join(self, rank: int, i: int, op, key) -> _Rendezvous:
-        """Arrive at the rendezvous of a collective or p2p op; start the communication if it is complete."""
-        rv = self.rendezvous.get(key)
-        if rv is None:
-            sid = key[0]
-            needed = self.needed[sid] if sid >= 0 else 2
-            rv = _Rendezvous(needed, key)
-            if needed > 1:          # (a rendezvous of one completes at once: never stored)
-                self.rendezvous[key] = rv
-        arrived = rv.arrived
-        arrived.append((rank, i))
-        if op.duration_s is not None:
-            rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
-        if rv.op is None or op.kind == SEND:
-            rv.op, rv.rank = op, rank
-        if len(arrived) < rv.needed:
-            return rv
+    def _new_rendezvous(self, key) -> _Rendezvous:
+        sid = key[0]
+        needed = self.needed[sid] if sid >= 0 else 2
+        rv = _Rendezvous(needed, key)
+        if needed > 1:          # (a rendezvous of one completes at once: never stored)
+            self.rendezvous[key] = rv
+        return rv
+
+    def _complete(self, rv: _Rendezvous, op) -> None:
+        """Every participant of ``rv`` arrived (``op``: the last one's): start the communication, unless a
+        member died (then it hangs, as a real one would)."""
         if rv.needed > 1:
-            if self.failed and any(r in self.failed for r, _ in arrived):
-                return rv           # a dead member never finishes its part: the communication hangs
-            del self.rendezvous[key]
+            if self.failed and any(r in self.failed for r in rv.arrived):
+                return
+            del self.rendezvous[rv.key]
         req = None
         if op.kind == COLLECTIVE:
             if rv.duration is None and not self.contention:
@@ -567,10 +582,13 @@ class Engine:
                 if req is None:
                     imgs = self._p2p_images(srank, sop) if self.p.classes is not None else ()
                     req = self._requests[rkey] = CommRequest("p2p", real, op.size_bytes, imgs)
-            else:
-                req = CommRequest("p2p", real, op.size_bytes)
+            else:                           # analytical: cached per (pair, size), as collectives are
+                pkey = (real, op.size_bytes)
+                t = self._comm_cache.get(pkey)
+                if t is None:
+                    t = self._comm_cache[pkey] = self.cost.comm_time_s(CommRequest("p2p", real, op.size_bytes))
+                rv.duration = t
         self._communicate(rv, req)
-        return rv
 
     def run(self) -> SimResult:
         t_wall = time.perf_counter()
@@ -642,7 +660,7 @@ class Engine:
             elif st[0] == "collective":
                 _, i, rv = st
                 g = self.p.groups[prog[i].group]
-                arrived = {r for r, _ in rv.arrived}
+                arrived = set(rv.arrived)
                 needed = self.sync.members[rv.key[0]]
                 missing = sorted(set(needed) - arrived)
                 if self.p.classes is not None:
