@@ -422,6 +422,7 @@ class Engine:
         targeted = self.targeted[rank]
         held = self.sm_share is not None
         slowdown = self._slowdown
+        is_finished = finished.__getitem__
         rendezvous = self.rendezvous
         new_rendezvous = self._new_rendezvous
         complete = self._complete
@@ -488,7 +489,7 @@ class Engine:
                         if nxt.kind != COMPUTE:
                             break
                         nd = nxt.deps
-                        if nd and not all(finished[d] for d in nd):
+                        if nd and not all(map(is_finished, nd)):
                             break
                         end[i] = t
                         finished[i] = 1
