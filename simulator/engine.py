@@ -220,6 +220,8 @@ class Engine:
                 key = (sid, k)
                 keys[i] = cache.setdefault(key, key)
             out[rank] = keys
+            for name, idxs in streams.items():  # compact: no int object per op index to chase at run time
+                streams[name] = range(len(prog)) if len(idxs) == len(prog) else array("l", idxs)
         self.needed = [len(m) for m in self.sync.members]
         return out
 
