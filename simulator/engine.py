@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from typing import Callable
+from typing import Callable, Sequence
 
 import simpy
 from simpy.core import NORMAL
@@ -137,9 +137,9 @@ class Engine:
         self.ready = {r: nan * k for r, k in n.items()}
         self.finished = {r: bytearray(k) for r, k in n.items()}
         self.targeted: dict[int, bytearray] = {}   # rank -> 1 where another op depends on it (_rendezvous_keys)
-        self._streams: dict[int, dict[str, list[int]]] = {}   # rank -> stream -> op indices (_rendezvous_keys)
+        self._streams: dict[int, dict[str, Sequence[int]]] = {}   # rank -> stream -> op indices (_rendezvous_keys)
         self.waiters: dict[int, dict[int, _Signal]] = {r: {} for r in programs.ops}
-        self.stream_ops: dict[tuple[int, str], list[int]] = {}
+        self.stream_ops: dict[tuple[int, str], Sequence[int]] = {}
         self.rendezvous: dict[tuple, _Rendezvous] = {}
         self.sync = SyncTable(programs, self.rep)     # collectives: integer rendezvous ids
         self.p2p_pairs: list[tuple[int, int]] = []    # p2p rendezvous id -1-j: (source, destination)
@@ -356,7 +356,7 @@ class Engine:
             return
         if self._net_settle is not None and self.net.settled:
             nxt = self.net.next_completion()
-            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env._now) == self._wake_t:
+            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env.now) == self._wake_t:
                 return
             self._wake_at(nxt)
         else:
@@ -376,7 +376,7 @@ class Engine:
         self._wake_t = None
         if nxt is None:
             return
-        now = self.env._now
+        now = self.env.now
         t = max(nxt[0], now)
         if not math.isfinite(t):
             return
@@ -389,7 +389,7 @@ class Engine:
         if event._value != self._net_gen:
             return          # superseded by a later start/finish
         self._wake_t = None
-        now = self.env._now
+        now = self.env.now
         net = self.net
         while True:
             nxt = net.next_completion()
