@@ -57,3 +57,12 @@ def test_cli_bad_input_exits_2_with_one_line(capsys, tmp_path):
     assert err.startswith("error: ") and "duplicate key" in err and "Traceback" not in err
     assert main(["simulate", "--network", "warp"]) == 2
     assert main(["no-such-command"]) == 2
+
+
+def test_the_cli_offers_the_stacks_and_dtypes_the_kernel_model_knows():
+    """clustersim.experiment keeps its own copy of the choices (the CLI's --help reads it without importing
+    schedules): it must equal the kernel model's."""
+    from clustersim import experiment
+    from schedules import kernels
+    assert experiment.STACKS == kernels.STACKS
+    assert experiment.DTYPES == kernels.DTYPES
