@@ -47,6 +47,10 @@ MODEL_PRESETS = {
 CLUSTERS = {"A100-40GB": "dgx-a100-40gb.yaml", "A100": "dgx-a100", "H100": "dgx-h100", "H200": "dgx-h200",
             "B200": "dgx-b200", "GB200": "gb200-nvl72"}
 
+#: GB200 jobs of 64·k GPUs (not a multiple of the rack's 72) run on racks with 64 GPUs in use each (16 of 18
+#: compute trays): NVIDIA's Megatron-Bridge GB200 recipes, "64 GB200 GPUs in one NVLink domain"
+NVL72, NVL_IN_USE, GB200_64 = 72, 64, "gb200-nvl72-64.yaml"
+
 MEGATRON = ("Megatron", "NeMo")                 # frameworks running Megatron-Core (+ Transformer Engine)
 TORCH_FSDP = ("torchtitan", "AutoModel", "llm-foundry")
 JAX_FSDP = ("MaxText", "Paxml")
@@ -177,6 +181,11 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
         if "A100-40GB" not in ACCELERATORS:
             raise NotExpressible("no A100 40GB accelerator spec in this build")
         cluster = str(CLUSTER_FILES / cluster)
+    gpus_stated = _int(row, "gpus")
+    if hw == "GB200" and gpus_stated and gpus_stated % NVL72 and not gpus_stated % NVL_IN_USE:
+        cluster = str(CLUSTER_FILES / GB200_64)
+        notes.append(f"{gpus_stated} GB200 GPUs as {gpus_stated // NVL_IN_USE} NVL72 rack(s) with 64 GPUs in use "
+                     "each (Megatron-Bridge's GB200 recipes: 64 GPUs in one NVLink domain)")
     prec = precision_class(row["precision"])
     if prec is None:
         raise NotExpressible(f"precision {row['precision']!r} is not BF16 or FP8")

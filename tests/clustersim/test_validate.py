@@ -96,10 +96,10 @@ def test_summary_closed_form():
 
 
 def test_cli_subset_json_and_plot(tmp_path, capsys):
-    """A small subset end to end: a Megatron proxy row (H100), an llm-foundry row (A100), an FP8 row and a GB200
-    row whose GPU count the NVL72 preset cannot hold (the last two listed with their reasons)."""
+    """A small subset end to end: a Megatron proxy row (H100), an llm-foundry row (A100), and a GB200 row of 8
+    GPUs (two trays) that neither the NVL72 preset nor its 64-per-rack variant holds (listed with its reason)."""
     png = tmp_path / "v.png"
-    assert main(["validate", "--ids", "54,510,638", "--json", "--plot", str(png)]) == 0
+    assert main(["validate", "--ids", "54,510,584", "--json", "--plot", str(png)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert png.stat().st_size > 1000
     rows = {r["id"]: r for r in out["rows"]}
@@ -109,7 +109,7 @@ def test_cli_subset_json_and_plot(tmp_path, capsys):
         assert r["source"].startswith("http") and r["predicted_model_tflops_per_gpu"] > 0
     assert {s["group"] for s in out["summary"]} == {"H100 BF16 dense", "A100 BF16 dense"}
     skipped = {s["id"]: s["reason"] for s in out["not_expressible"]}
-    assert "multiple of 72" in skipped["638"]
+    assert "multiple of 72" in skipped["584"]
 
 
 def test_peak_memory_model_state_difference_matches_published():
@@ -190,3 +190,16 @@ def test_torchtitan_compiled_rows_compile_the_loss_from_april_2025():
     assert stack(base + "llama3-8b_h200_202506_trainy-whitefiber.md") == "torchtitan-compile-loss"
     assert stack(base + "llama3-8b_h200_202506_trainy-whitefiber.md", "torchtitan (FSDP)") == "torchtitan"
     assert stack("https://example.org/no-date.md") == "torchtitan-compile"
+
+
+def test_gb200_jobs_of_64k_gpus_run_on_racks_with_64_in_use():
+    """GB200 jobs whose GPU count is a multiple of 64 but not of 72 run on NVL72 racks with 64 GPUs in use each
+    (Megatron-Bridge's GB200 recipes: 64 GPUs in one NVLink domain); multiples of 72 keep the preset."""
+    from topologies.presets import load_cluster_file
+    gb = dict(hardware="GB200 (NVL72)", tp="2", pp="1", cp="1", vp="", gbs="256", mbs="1")
+    kw, notes = row_experiment(_row(**gb, gpus="128"), FIELDS)
+    assert kw["cluster"].endswith("gb200-nvl72-64.yaml") and "64 GPUs in use" in notes[0]
+    cluster = load_cluster_file(kw["cluster"], 128)
+    assert (cluster.domain_size, cluster.n_domains) == (64, 2)
+    kw, _ = row_experiment(_row(**{**gb, "gbs": "144"}, gpus="144"), FIELDS)
+    assert kw["cluster"] == "gb200-nvl72"
