@@ -181,11 +181,6 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
         if "A100-40GB" not in ACCELERATORS:
             raise NotExpressible("no A100 40GB accelerator spec in this build")
         cluster = str(CLUSTER_FILES / cluster)
-    gpus_stated = _int(row, "gpus")
-    if hw == "GB200" and gpus_stated and gpus_stated % NVL72 and not gpus_stated % NVL_IN_USE:
-        cluster = str(CLUSTER_FILES / GB200_64)
-        notes.append(f"{gpus_stated} GB200 GPUs as {gpus_stated // NVL_IN_USE} NVL72 rack(s) with 64 GPUs in use "
-                     "each (Megatron-Bridge's GB200 recipes: 64 GPUs in one NVLink domain)")
     prec = precision_class(row["precision"])
     if prec is None:
         raise NotExpressible(f"precision {row['precision']!r} is not BF16 or FP8")
@@ -204,6 +199,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
     seq = _int(row, "seq_len")
     if not gpus or not seq:
         raise NotExpressible("GPU count or sequence length not stated")
+    if hw == "GB200" and gpus % NVL72 and not gpus % NVL_IN_USE:
+        kw["cluster"] = str(CLUSTER_FILES / GB200_64)
+        notes.append(f"{gpus} GB200 GPUs as {gpus // NVL_IN_USE} NVL72 rack(s) with 64 GPUs in use each "
+                     "(Megatron-Bridge's GB200 recipes: 64 GPUs in one NVLink domain)")
     base = get_model(preset)
     layers = _int(row, "num_layers")
     kw["model"] = preset if layers in (None, base.layers) else {"base": preset, "layers": layers}

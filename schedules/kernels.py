@@ -99,6 +99,7 @@ FSDP1_STACKS = ("llm-foundry",)
 #: gradients, its scale runs only when the norm exceeds the threshold): the single-pass formula in
 #: ``optimizer_step_bytes`` plus one gradient read.
 EAGER_OPTIMIZER_STATE_PASSES = 20 + 3
+FUSED_OPTIMIZER_STACKS = ("megatron",)
 
 
 def optimizer_step_bytes(stack: str, params: float, param_bytes: float, grad_bytes: float,
@@ -106,9 +107,8 @@ def optimizer_step_bytes(stack: str, params: float, param_bytes: float, grad_byt
     """HBM bytes one rank moves in its optimizer step (Adam with gradient clipping) over ``params`` it
     updates; ``param_bytes`` / ``grad_bytes`` / ``optimizer_bytes``: bytes per parameter of the model
     weights, the gradients and the optimizer states (master weights, m, v)."""
-    fused = params * (param_bytes + grad_bytes + 2 * optimizer_bytes) + params * grad_bytes
-    if stack == "megatron":
-        return fused
+    if stack in FUSED_OPTIMIZER_STACKS:
+        return params * (param_bytes + grad_bytes + 2 * optimizer_bytes) + params * grad_bytes
     # eager: the fp32 master weights are the parameters (FSDP casts its all-gather input, not the step)
     return params * EAGER_OPTIMIZER_STATE_PASSES * optimizer_bytes / 3
 

@@ -229,8 +229,9 @@ def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
 def head_transient_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     """Bytes per rank live beside the head's saved tensors while the loss runs, forward and backward: the LM
     head's logits in the activation dtype, plus their fp32 copy under torchtitan's eager cross-entropy
-    (``F.cross_entropy(pred.float(), ...)``, compiled or not: torch.compile wraps the blocks only; the fused
-    cross-entropies of Megatron and flash-attn upcast in registers, ``FUSED_CE_STACKS``). Backward mirrors it: the fp32 gradient of log_softmax and its cast back."""
+    (``F.cross_entropy(pred.float(), ...)``, also under torch.compile while torchtitan compiled the blocks
+    only); a fused cross-entropy (Megatron's, flash-attn's, a compiled loss: ``FUSED_CE_STACKS``) upcasts in
+    registers. Backward mirrors it: the fp32 gradient of log_softmax and its cast back."""
     if model.params_only or plan.attention == "eager":
         return 0.0
     tok = plan.seq / plan.cp * plan.micro_batch
