@@ -46,9 +46,11 @@ ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
 STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torchtitan-compile-loss")
+GRAD_REDUCE_DTYPES = ("auto", "bf16", "fp32")
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
-           "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION}
+           "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION,
+           "grad_reduce_dtype": GRAD_REDUCE_DTYPES}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
@@ -98,6 +100,7 @@ class Experiment:
     astra_system: str | None = None      # --network astra: ASTRA-sim system JSON (default: ring everywhere)
     dtype: str = "bf16"
     stack: str | None = None         # None: the cluster's default (schedules.kernels.default_stack)
+    grad_reduce_dtype: str = "auto"  # gradient reduction precision (auto: the stack's, schedules.kernels)
     gpu_variation: float | None = None   # relative std of GPU speed (None: topologies.variation's default)
     faults: dict = field(default_factory=dict)
     name: str | None = None
@@ -319,6 +322,9 @@ def simulate_options(f: Callable) -> Callable:
                      "(eager, Triton FlashAttention, as MosaicML's MPT benchmarks ran), torchtitan-compile "
                      "(torch.compile: one kernel per pointwise chain; loss eager, torchtitan before 2025-04) or "
                      "torchtitan-compile-loss (the loss compiled too, torchtitan from 2025-04)."),
+        click.option("--grad-reduce-dtype", type=click.Choice(GRAD_REDUCE_DTYPES),
+                     help="Precision of the data-parallel gradient reduction: auto (default: the stack's, fp32 "
+                          "under torchtitan and llm-foundry, bf16 under megatron), bf16 or fp32."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -332,7 +338,7 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp"
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
                "attention", "fsdp_reshard_after_forward", "dtype", "stack",
-               "calibration_scope", "gpu_variation")
+               "calibration_scope", "gpu_variation", "grad_reduce_dtype")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -387,6 +393,7 @@ class Outcome:
             "mode": m.mode, "network": self.experiment.network, "cluster": self.experiment.cluster,
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
             "dtype": getattr(self.plan, "dtype", "bf16"), "stack": getattr(self.plan, "stack", None),
+            "grad_reduce_dtype": _reduce_dtype(self.plan),
             "notes": list(self.notes), "calibration": self.calibration, "comm_by_axis": m.comm_by_axis,
             "model_params": self.model.param_count() if hasattr(self.model, "param_count") else None,
         }
@@ -403,6 +410,14 @@ class Outcome:
         if self.cost is None or self.programs is None:
             return {"rank": None, "phases": []}
         return layer_breakdown(self.programs, self.cost)
+
+
+def _reduce_dtype(plan) -> str | None:
+    """The gradient reduction precision the plan ran ('bf16' or 'fp32', auto resolved by its stack)."""
+    if not hasattr(plan, "grad_reduce_dtype"):
+        return None
+    from schedules.kernels import grad_reduce_dtype
+    return grad_reduce_dtype(plan.stack, plan.grad_reduce_dtype)
 
 
 def _plan_dict(plan) -> dict:
@@ -484,6 +499,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
               first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
               attention=exp.attention, dtype=exp.dtype, stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
+              grad_reduce_dtype=exp.grad_reduce_dtype,
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})

@@ -111,6 +111,20 @@ def stack_of(framework: str, source: str = "") -> str | None:
     return None
 
 
+#: Composer's FSDP mixed-precision modes as llm-foundry's benchmark tables name them ("MP Mode"): PURE reduces
+#: gradients in the compute dtype; DEFAULT in fp32 from Composer 0.16.4 (2023-10-11). The tables' DEFAULT rows
+#: are the runs of llm-foundry PR #543 (2023-10-19): its submit_benchmarks.py installs llm-foundry's v0.3.0
+#: branch (``mosaicml>=0.16.3,<0.17``) in the mosaicml/pytorch:2.1.0 image (torch 2.1.0, 2023-10-04); its
+#: PURE rows are the earlier runs kept from before (Composer 0.14-0.15, where DEFAULT too reduced in bf16)
+COMPOSER_REDUCE = {"PURE": "bf16", "DEFAULT": "fp32"}
+
+
+def composer_reduce_dtype(row: dict) -> str | None:
+    """Gradient reduction precision of an llm-foundry row from its "MP mode" note (None: not stated)."""
+    m = re.search(r"MP mode\s+([A-Z]+)", row.get("notes", ""))
+    return COMPOSER_REDUCE.get(m.group(1)) if m else None
+
+
 def group_of(row: dict) -> str:
     """Summary group: hardware × precision × dense/MoE."""
     model = MODEL_PRESETS.get(row["model"], "")
@@ -195,6 +209,9 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
     stack = stack_of(row["framework"], row.get("source", ""))
     if stack and "stack" in fields:
         kw["stack"] = stack
+    reduce = composer_reduce_dtype(row) if stack == "llm-foundry" else None
+    if reduce and "grad_reduce_dtype" in fields:
+        kw["grad_reduce_dtype"] = reduce
     gpus = _int(row, "gpus")
     seq = _int(row, "seq_len")
     if not gpus or not seq:

@@ -484,7 +484,7 @@ class _StageBuilder:
         if back and a.phase != "Bi" and self.zero >= 2 and (
                 self.zero == 2 or p.pp == 1 or self.first_grad_action[a.chunk] == self.cur_action):
             # unsharded gradients until their reduce-scatter (ZeRO-3 under PP: accumulated over the step)
-            alloc += [("buffers", n * p.grad_bytes_per_param) for _, n in self._gather_sizes(u)]
+            alloc += [("buffers", n * p.grad_buffer_bytes_per_param) for _, n in self._gather_sizes(u)]
         memb = pbytes + u.act
         back_coll = "reduce_scatter" if p.sp else "all_reduce"
         if u.kind == "embedding":
@@ -601,19 +601,23 @@ class _StageBuilder:
         if self.p.splits_backward and a.phase == "Bi":
             return
         if self.p.fsdp:
-            # FSDP2 copies the unit's unsharded gradients into the reduce-scatter input on the compute stream
-            # (``foreach_reduce_scatter_copy_in``), FSDP1 divides its flat gradient in place (pre-divide):
-            # read + write of the gradient bytes either way
-            gbytes = sum(n for _, n in self._gather_sizes(u)) * self.p.grad_bytes_per_param
-            what = "grad pre-divide" if self.p.stack in FSDP1_STACKS else "copy-in"
-            if gbytes:
-                last = self.comp(f"fsdp {what} {u.name}", 0.0, 2 * gbytes, (last,), layer=u.layer,
+            # FSDP2 copies the unit's unsharded gradients into the reduce-scatter input (in the reduction's
+            # precision) on the compute stream (``foreach_reduce_scatter_copy_in``): read g, write r bytes per
+            # element. FSDP1 casts its flat gradient to the reduction's precision where it differs
+            # (``_post_backward_hook``), then divides it in place (pre-divide): read g, write r; read + write r
+            n = sum(n for _, n in self._gather_sizes(u))
+            g, r = self.p.grad_bytes_per_param, self.p.grad_reduce_bytes
+            fsdp1 = self.p.stack in FSDP1_STACKS
+            per = ((g + r if r != g else 0.0) + 2 * r) if fsdp1 else g + r
+            what = "grad pre-divide" if fsdp1 else "copy-in"
+            if n:
+                last = self.comp(f"fsdp {what} {u.name}", 0.0, n * per, (last,), layer=u.layer,
                                  microbatch=a.mb, phase=PHASE[a.phase], strategy="fsdp")
         for role, n in self._gather_sizes(u):
-            gb = n * self.p.grad_bytes_per_param
-            self.dp_ops.append(self.coll(f"fsdp RS {u.name}", "reduce_scatter", self.fam[role], gb, "dp_comm",
-                                         (last,), free=(("buffers", gb),), layer=u.layer, microbatch=a.mb,
-                                         strategy="fsdp"))
+            self.dp_ops.append(self.coll(f"fsdp RS {u.name}", "reduce_scatter", self.fam[role],
+                                         n * self.p.grad_reduce_bytes, "dp_comm", (last,),
+                                         free=(("buffers", n * self.p.grad_buffer_bytes_per_param),),
+                                         layer=u.layer, microbatch=a.mb, strategy="fsdp"))
 
     def _bucket_plan(self, forward: bool) -> list[tuple[str, float, list[tuple[int, str]]]]:
         """Gradient/parameter buckets of this stage: (role, params, [(chunk, unit name)])."""
@@ -652,10 +656,10 @@ class _StageBuilder:
         if self.zero in (0, 1) and not p.overlap_grad_reduce and self.dp_size > 1:
             kind = "reduce_scatter" if self.zero == 1 else "all_reduce"
             for role, n, _ in self._bucket_plan(forward=False):
-                self.dp_ops.append(self.coll(f"dp grad {kind}", kind, self.fam[role], n * p.grad_bytes_per_param,
+                self.dp_ops.append(self.coll(f"dp grad {kind}", kind, self.fam[role], n * p.grad_reduce_bytes,
                                              "dp_comm", (last,), strategy="dp" if self.zero == 0 else "zero"))
         if p.pp > 1 and self.m.tied_embeddings and self.s in (0, p.pp - 1) and layout(p.schedule) == "loop":
-            size = self.m.embedding_params() / p.tp * p.grad_bytes_per_param
+            size = self.m.embedding_params() / p.tp * p.grad_reduce_bytes
             self.dp_ops.append(self.coll("embedding grad all_reduce", "all_reduce", "embed", size, "dp_comm",
                                          (last,), strategy="pp"))
         dense, expert = mem.rank_params(self.m, p, self.s)
@@ -669,7 +673,7 @@ class _StageBuilder:
             # before the optimizer step (after the data-parallel reduction, on what this rank updates)
             deps = (last,) + ((self.dp_ops[-1],) if self.dp_ops else ())
             self.dp_ops.append(self.coll("mirror grad all_reduce", "all_reduce", "mirror",
-                                         n_upd * p.grad_bytes_per_param, "dp_comm", deps, strategy="pp"))
+                                         n_upd * p.grad_reduce_bytes, "dp_comm", deps, strategy="pp"))
         deps = (last,) + ((self.dp_ops[-1],) if self.dp_ops else ())
         opt = self.comp("optimizer step", ADAM_FLOPS_PER_PARAM * n_upd, states, deps, phase=OPTIMIZER)
         if self.zero in (1, 2) and not p.overlap_param_gather and self.dp_size > 1:
@@ -694,17 +698,18 @@ class _Buckets:
     def add(self, u: Unit, last: int) -> None:
         for role, n in self.b._gather_sizes(u):
             c = self.cur[role]
-            c[0] += n * self.b.p.grad_bytes_per_param
+            c[0] += n
             c[1] = last
-            if c[0] >= self.limit:
+            if c[0] * self.b.p.grad_reduce_bytes >= self.limit:
                 self._flush(role)
 
     def _flush(self, role: str) -> None:
-        size, dep = self.cur[role]
-        if size:
+        n, dep = self.cur[role]
+        if n:
             b = self.b
+            size = n * b.p.grad_reduce_bytes
             strategy = "dp" if self.kind == "all_reduce" else "zero"
-            kw = {"free": (("buffers", size),)} if b.zero == 2 else {}
+            kw = {"free": (("buffers", n * b.p.grad_buffer_bytes_per_param),)} if b.zero == 2 else {}
             b.dp_ops.append(b.coll(f"dp grad {self.kind}", self.kind, b.fam[role], size, "dp_comm", (dep,),
                                    strategy=strategy, **kw))
         self.cur[role] = [0.0, None]

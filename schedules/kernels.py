@@ -99,6 +99,27 @@ FSDP1_STACKS = ("llm-foundry",)
 #: gradients, its scale runs only when the norm exceeds the threshold): the single-pass formula in
 #: ``optimizer_step_bytes`` plus one gradient read.
 EAGER_OPTIMIZER_STATE_PASSES = 20 + 3
+#: gradient reduction precision (``plan.grad_reduce_dtype``): bytes per element each stack's data-parallel
+#: gradient reduction moves. torchtitan reduces in fp32 (its config's ``mixed_precision_reduce = "float32"``
+#: default, FSDP2 MixedPrecisionPolicy(reduce_dtype=float32)); Composer's FSDP mixed
+#: precision ``DEFAULT`` reduces in fp32 from Composer 0.16.4 (2023-10-11, mosaic_fsdp_utils
+#: get_mixed_precision: ``reduce_dtype = torch.float32``; ``PURE`` reduces in the compute dtype); NVIDIA's
+#: NeMo performance recipes set ``grad_reduce_in_fp32 = False`` (bf16 gradient buffers), Megatron-Core's
+#: DistributedDataParallelConfig default. With fp32 reduction under FSDP the unit's bf16 gradients are cast
+#: to fp32 before the reduce-scatter (FSDP1 ``_post_backward_hook``: ``grad.to(reduce_dtype)``; FSDP2's
+#: copy-in writes the reduce_dtype buffer).
+GRAD_REDUCE_DTYPES = ("auto", "bf16", "fp32")
+FP32_REDUCE_STACKS = ("torchtitan", "torchtitan-compile", "torchtitan-compile-loss", "llm-foundry")
+REDUCE_BYTES = {"bf16": 2.0, "fp32": 4.0}
+
+
+def grad_reduce_dtype(stack: str, choice: str = "auto") -> str:
+    """The gradient reduction precision a plan runs: ``choice`` unless auto, else the stack's default."""
+    if choice != "auto":
+        return choice
+    return "fp32" if stack in FP32_REDUCE_STACKS else "bf16"
+
+
 FUSED_OPTIMIZER_STACKS = ("megatron",)
 
 
@@ -113,7 +134,10 @@ def optimizer_step_bytes(stack: str, params: float, param_bytes: float, grad_byt
     return params * EAGER_OPTIMIZER_STATE_PASSES * optimizer_bytes / 3
 
 
-def check_choice(stack: str, dtype: str) -> None:
+def check_choice(stack: str, dtype: str, reduce_dtype: str = "auto") -> None:
+    if reduce_dtype not in GRAD_REDUCE_DTYPES:
+        raise PlanError(f"unknown gradient reduction dtype {reduce_dtype!r}; choose one of "
+                        f"{', '.join(GRAD_REDUCE_DTYPES)}")
     if stack not in STACKS:
         raise PlanError(f"unknown stack {stack!r}; choose one of {', '.join(STACKS)}")
     if dtype not in DTYPES:

@@ -477,7 +477,7 @@ def fsdp_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float
         peak = max(peak, held + ahead)
         held -= size[k] if release else 0.0
     grads = sum(size.values()) if plan.pp > 1 else max(size.values(), default=0.0)
-    return peak * model.dtype_bytes + grads * plan.grad_bytes_per_param
+    return peak * model.dtype_bytes + grads * plan.grad_buffer_bytes_per_param
 
 
 def buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
@@ -492,8 +492,8 @@ def buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
         return 0.0 if model.params_only else fsdp_buffer_bytes(model, plan, stage)
     if z == 2:
         dense, expert = rank_params(model, plan, stage)
-        unit = max(plan.bucket_bytes, plan.grad_bytes_per_param * max_layer_params(model, plan, stage))
-        return min(2 * unit, plan.grad_bytes_per_param * (dense + expert))
+        unit = max(plan.bucket_bytes, plan.grad_buffer_bytes_per_param * max_layer_params(model, plan, stage))
+        return min(2 * unit, plan.grad_buffer_bytes_per_param * (dense + expert))
     return 0.0
 
 

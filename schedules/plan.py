@@ -80,6 +80,8 @@ class ParallelPlan:
                          PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
     dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
     stack                training stack whose kernels are priced: megatron | torchtitan | llm-foundry (schedules.kernels)
+    grad_reduce_dtype    precision of the data-parallel gradient reduction: auto (the stack's: fp32 under
+                         torchtitan and llm-foundry, bf16 under megatron) | bf16 | fp32
     """
 
     dp: int = 1
@@ -115,8 +117,22 @@ class ParallelPlan:
     fsdp_reshard_after_forward: str = "auto"
     dtype: str = "bf16"
     stack: str = "megatron"
+    grad_reduce_dtype: str = "auto"
 
     # ------------------------------------------------------------------ derived
+    @property
+    def grad_reduce_bytes(self) -> float:
+        """Bytes per gradient element the data-parallel reduction moves (bf16 2, fp32 4; auto: the stack's)."""
+        from schedules.kernels import REDUCE_BYTES, grad_reduce_dtype
+        return REDUCE_BYTES[grad_reduce_dtype(self.stack, self.grad_reduce_dtype)]
+
+    @property
+    def grad_buffer_bytes_per_param(self) -> float:
+        """Bytes per parameter of a unit's unsharded gradients until their reduction: the gradients, plus
+        their copy in the reduction's precision where it differs (the bf16 gradients cast to fp32)."""
+        g, r = self.grad_bytes_per_param, self.grad_reduce_bytes
+        return g + (r if r != g else 0.0)
+
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
@@ -249,7 +265,7 @@ class ParallelPlan:
         if self.skew and self.ep == 1:
             raise PlanError("routing skew needs expert parallelism: set --ep > 1 or skew 0")
         from schedules.kernels import check_choice
-        check_choice(self.stack, self.dtype)
+        check_choice(self.stack, self.dtype, self.grad_reduce_dtype)
         self.axes  # parses axis_order
         if self.global_batch is not None:
             per = self.micro_batch * self.dp

@@ -66,3 +66,25 @@ def test_the_cli_offers_the_stacks_and_dtypes_the_kernel_model_knows():
     from schedules import kernels
     assert experiment.STACKS == kernels.STACKS
     assert experiment.DTYPES == kernels.DTYPES
+    assert experiment.GRAD_REDUCE_DTYPES == kernels.GRAD_REDUCE_DTYPES
+
+
+def test_grad_reduce_dtype_flag_and_yaml_reach_the_result(tmp_path, capsys):
+    """--grad-reduce-dtype (YAML grad_reduce_dtype) sets the reduction precision; --json reports the one run
+    (auto resolved by the stack); fp32 doubles the FSDP reduce-scatters and slows a comm-heavy step."""
+    import json
+    base = ["simulate", "--cluster", "dgx-h100", "--gpus", "8", "--model", "mpt-1b", "--fsdp", "--seq", "1024",
+            "--micro-batch", "2", "--global-batch", "16", "--json"]
+    out = {}
+    for extra in ([], ["--stack", "llm-foundry"], ["--grad-reduce-dtype", "fp32"]):
+        assert main(base + extra) == 0
+        d = json.loads(capsys.readouterr().out)
+        out[tuple(extra)] = d
+    assert out[()]["grad_reduce_dtype"] == "bf16"
+    assert out[("--stack", "llm-foundry")]["grad_reduce_dtype"] == "fp32"
+    assert out[("--grad-reduce-dtype", "fp32")]["grad_reduce_dtype"] == "fp32"
+    assert out[("--grad-reduce-dtype", "fp32")]["step_time_s"] > out[()]["step_time_s"]
+    p = tmp_path / "e.yaml"
+    p.write_text("grad_reduce_dtype: fp16\n")
+    assert main(["simulate", "-c", str(p)]) == 2
+    assert "unknown grad reduce dtype 'fp16'" in capsys.readouterr().err

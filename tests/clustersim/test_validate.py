@@ -203,3 +203,18 @@ def test_gb200_jobs_of_64k_gpus_run_on_racks_with_64_in_use():
     assert (cluster.domain_size, cluster.n_domains) == (64, 2)
     kw, _ = row_experiment(_row(**{**gb, "gbs": "144"}, gpus="144"), FIELDS)
     assert kw["cluster"] == "gb200-nvl72"
+
+
+def test_llm_foundry_rows_reduce_gradients_as_their_composer_mode():
+    """llm-foundry's tables name Composer's FSDP mixed-precision mode: PURE reduces gradients in bf16, DEFAULT
+    (the October 2023 runs, Composer 0.16.4) in fp32; rows of other stacks keep their stack's default."""
+    lf = dict(framework="llm-foundry / Composer (FSDP FULL_SHARD)", model="MPT-7b", gbs="48", mbs="6", tp="", pp="",
+              vp="", fsdp="8", gpus="8", seq_len="2048", hardware="H100 80GB")
+    reduce = lambda notes, **kw: row_experiment(_row(**{**lf, **kw}, notes=notes),
+                                                FIELDS | {"stack", "grad_reduce_dtype"})[0].get("grad_reduce_dtype")
+    assert reduce("HFU=46%; MP mode DEFAULT") == "fp32"
+    assert reduce("MP mode PURE") == "bf16"
+    assert reduce("") is None
+    assert reduce("MP mode DEFAULT", framework="NeMo") is None
+    assert "grad_reduce_dtype" not in row_experiment(_row(**lf, notes="MP mode PURE"),
+                                                     FIELDS - {"grad_reduce_dtype"})[0]

@@ -11,6 +11,7 @@ from schedules.kernels import phase_kernels
 from schedules.memory import head_activation_bytes, head_transient_bytes, rank_params
 from schedules.plan import ParallelPlan
 from simulator.costs import IdealCostModel, SimpleCostModel
+from simulator.errors import PlanError
 from simulator.engine import run
 from simulator.metrics import peak_memory
 from simulator.program import validate
@@ -322,8 +323,10 @@ def test_fsdp1_stack_has_no_copy_out_but_divides_its_flat_gradient():
     """llm-foundry's FSDP1 (flat parameters): the all-gather lands in the flat parameter the modules view (no
     copy-out); the flat gradient is divided in place before each reduce-scatter (read + write, FSDP2's copy-in
     bytes). Same collectives as FSDP2."""
-    f2 = build_programs(TINY, ParallelPlan(dp=4, fsdp=True, seq=SEQ, stack="torchtitan"), symmetric=False).ops[0]
-    f1 = build_programs(TINY, ParallelPlan(dp=4, fsdp=True, seq=SEQ, stack="llm-foundry"), symmetric=False).ops[0]
+    f2 = build_programs(TINY, ParallelPlan(dp=4, fsdp=True, seq=SEQ, stack="torchtitan", grad_reduce_dtype="bf16"),
+                        symmetric=False).ops[0]
+    f1 = build_programs(TINY, ParallelPlan(dp=4, fsdp=True, seq=SEQ, stack="llm-foundry", grad_reduce_dtype="bf16"),
+                        symmetric=False).ops[0]
     coll = lambda prog: [(o.collective, o.size_bytes) for o in prog if o.kind == "collective"]
     assert coll(f1) == coll(f2)
     assert not any(o.name.startswith("fsdp copy") for o in f1)
@@ -333,14 +336,51 @@ def test_fsdp1_stack_has_no_copy_out_but_divides_its_flat_gradient():
     assert sorted(o.mem_bytes for o in div) == pytest.approx(sorted(2 * o.size_bytes for o in rss))
 
 
-@pytest.mark.parametrize("zero", [0, 1, 2, 3])
-def test_engine_memory_peak_vs_memory_per_rank(zero):
+def test_grad_reduce_dtype_defaults_per_stack():
+    """auto: fp32 under torchtitan (mixed_precision_reduce) and llm-foundry (Composer DEFAULT), bf16 under
+    megatron (NeMo's performance recipes); an explicit choice wins."""
+    for stack, want in (("megatron", 2.0), ("torchtitan", 4.0), ("torchtitan-compile", 4.0), ("llm-foundry", 4.0)):
+        assert ParallelPlan(stack=stack).grad_reduce_bytes == want
+        assert ParallelPlan(stack=stack, grad_reduce_dtype="bf16").grad_reduce_bytes == 2.0
+        assert ParallelPlan(stack=stack, grad_reduce_dtype="fp32").grad_reduce_bytes == 4.0
+    with pytest.raises(PlanError, match="gradient reduction dtype"):
+        ParallelPlan(grad_reduce_dtype="fp16").validate(TINY, 1)
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "llm-foundry"])
+def test_fp32_gradient_reduction_doubles_reduce_bytes_and_casts(stack):
+    """fp32 reduction: every data-parallel gradient collective moves twice the bytes of bf16; the parameter
+    all-gathers do not change. Before each reduce-scatter FSDP2's copy-in reads the bf16 gradients and writes
+    the fp32 input (2 + 4 bytes per element); FSDP1 casts (2 + 4) and pre-divides in fp32 (4 + 4)."""
+    def prog(reduce, **kw):
+        return build_programs(TINY, ParallelPlan(dp=4, seq=SEQ, stack=stack, grad_reduce_dtype=reduce, **kw),
+                              symmetric=False).ops[0]
+    for kw in ({"fsdp": True}, {"zero": 0}, {"zero": 2}):
+        b16, f32 = prog("bf16", **kw), prog("fp32", **kw)
+        grads = lambda p: [o.size_bytes for o in p if o.kind == "collective" and o.collective != "all_gather"]
+        gathers = lambda p: [o.size_bytes for o in p if o.collective == "all_gather"]
+        assert grads(b16) and grads(f32) == pytest.approx([2 * x for x in grads(b16)])
+        assert gathers(f32) == gathers(b16)
+    f32 = prog("fp32", fsdp=True)
+    rss = [o for o in f32 if o.collective == "reduce_scatter"]
+    prep = [o for o in f32 if o.name.startswith(("fsdp copy-in", "fsdp grad pre-divide"))]
+    per_element = (2 + 4 + 4 + 4) if stack == "llm-foundry" else (2 + 4)
+    assert len(prep) == len(rss) > 0
+    assert sorted(o.mem_bytes for o in prep) == pytest.approx(sorted(o.size_bytes / 4 * per_element for o in rss))
+
+
+@pytest.mark.parametrize("zero, reduce", [(0, "bf16"), (1, "bf16"), (2, "bf16"), (3, "bf16"), (2, "fp32"),
+                                          (3, "fp32")])
+def test_engine_memory_peak_vs_memory_per_rank(zero, reduce):
     """Without transient buffers (DDP, ZeRO-1) the engine's peak equals memory_per_rank; with them
-    (ZeRO-2/3) memory_per_rank's buffer estimate bounds it from above."""
+    (ZeRO-2/3) memory_per_rank's buffer estimate bounds it from above while communication keeps pace with
+    compute (fp32 reduction: the bf16 gradients and their fp32 copy, twice the bytes to reduce, on a link
+    fast enough that reductions do not pile up)."""
     model = dataclasses.replace(get_model("llama3-8b"), layers=4)
-    plan = ParallelPlan(dp=4, zero=zero, seq=512, pp=2, global_batch=16, stage_layers=(2, 2))
+    plan = ParallelPlan(dp=4, zero=zero, seq=512, pp=2, global_batch=16, stage_layers=(2, 2),
+                        grad_reduce_dtype=reduce)
     progs = build_programs(model, plan)
-    res = run(progs, SimpleCostModel(flops_per_s=1e14, link_bytes_per_s=5e10))
+    res = run(progs, SimpleCostModel(flops_per_s=1e14, link_bytes_per_s=5e10 if reduce == "bf16" else 2e11))
     mem = memory_per_rank(model, plan)
     for rep in progs.ops:
         expected = mem[f"stage{plan.stage_of(rep)}"]
