@@ -119,6 +119,18 @@ def stack_of(framework: str, source: str = "") -> str | None:
 COMPOSER_REDUCE = {"PURE": "bf16", "DEFAULT": "fp32"}
 
 
+#: configurations a benchmark's own launch script states where its README table does not: (model, commit of
+#: the source document) -> virtual pipeline stages. NVIDIA dgxc-benchmarking v25.04 and v25.04.01
+#: (nemotron/launch.sh at 741c886 and 85380ff: ``MODEL_SIZE = 340b ... VP=12``, passed as ``-vp $VP``)
+LAUNCH_SCRIPT_VP = {("Nemotron-4 340B", "741c886025a7665a1d690c05ff12ac29c1be7252"): 12,
+                    ("Nemotron-4 340B", "85380ffe02eac74e1d07e556b28cdcf7cce2d2f0"): 12}
+
+
+def _commit_of(source: str) -> str | None:
+    m = re.search(r"/blob/([0-9a-f]{40})/", source)
+    return m.group(1) if m else None
+
+
 def composer_reduce_dtype(row: dict) -> str | None:
     """Gradient reduction precision of an llm-foundry row from its "MP mode" note (None: not stated)."""
     m = re.search(r"MP mode\s+([A-Z]+)", row.get("notes", ""))
@@ -227,6 +239,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
         notes.append(f"proxy config with {layers} layers")
     tp, pp, cp, ep = (_int(row, k, 1) or 1 for k in ("tp", "pp", "cp", "ep"))
     vp = _int(row, "vp", 1) or 1
+    launch_vp = LAUNCH_SCRIPT_VP.get((row.get("model"), _commit_of(row.get("source", ""))))
+    if not (row.get("vp") or "").strip() and launch_vp:
+        vp = launch_vp
+        notes.append(f"virtual stages {vp}: the benchmark's launch.sh passes -vp {vp} (its README table prints NA)")
     if gpus % (tp * pp * cp):
         raise NotExpressible(f"{gpus} GPUs not divisible by tp·pp·cp = {tp * pp * cp}")
     dp = gpus // (tp * pp * cp)

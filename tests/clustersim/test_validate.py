@@ -218,3 +218,17 @@ def test_llm_foundry_rows_reduce_gradients_as_their_composer_mode():
     assert reduce("MP mode DEFAULT", framework="NeMo") is None
     assert "grad_reduce_dtype" not in row_experiment(_row(**lf, notes="MP mode PURE"),
                                                      FIELDS - {"grad_reduce_dtype"})[0]
+
+
+def test_unstated_virtual_stages_come_from_the_benchmarks_launch_script():
+    """dgxc-benchmarking v25.04 / v25.04.01 print VP "NA" for Nemotron-4 340B while their launch.sh passes
+    -vp 12; a row that states its VP keeps it, other models and documents are untouched."""
+    src = "https://github.com/NVIDIA/dgxc-benchmarking/blob/741c886025a7665a1d690c05ff12ac29c1be7252/nemotron/README.md"
+    base = dict(model="Nemotron-4 340B", gpus="256", tp="8", pp="8", cp="1", vp="", gbs="64", mbs="1",
+                seq_len="4096", framework="NeMo (Megatron-Core)", source=src)
+    kw, notes = row_experiment(_row(**base))
+    assert kw["virtual_stages"] == 12 and kw["schedule"] == "interleaved" and any("launch.sh" in n for n in notes)
+    assert row_experiment(_row(**{**base, "vp": "4"}))[0]["virtual_stages"] == 4
+    other = row_experiment(_row(**{**base, "source": src.replace("741c886025a7665a1d690c05ff12ac29c1be7252",
+                                                                  "0" * 40)}))[0]
+    assert other.get("virtual_stages", 1) == 1
