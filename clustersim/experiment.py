@@ -324,7 +324,7 @@ def simulate_options(f: Callable) -> Callable:
                      "torchtitan-compile-loss (the loss compiled too, torchtitan from 2025-04)."),
         click.option("--grad-reduce-dtype", type=click.Choice(GRAD_REDUCE_DTYPES),
                      help="Precision of the data-parallel gradient reduction: auto (default: the stack's, fp32 "
-                          "under torchtitan and llm-foundry, bf16 under megatron), bf16 or fp32."),
+                          "under torchtitan and llm-foundry, the gradients' own (bf16) under megatron), bf16 or fp32."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -417,7 +417,7 @@ def _reduce_dtype(plan) -> str | None:
     if not hasattr(plan, "grad_reduce_dtype"):
         return None
     from schedules.kernels import grad_reduce_dtype
-    return grad_reduce_dtype(plan.stack, plan.grad_reduce_dtype)
+    return grad_reduce_dtype(plan.stack, plan.grad_reduce_dtype, plan.grad_bytes_per_param)
 
 
 def _plan_dict(plan) -> dict:

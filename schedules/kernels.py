@@ -113,11 +113,19 @@ FP32_REDUCE_STACKS = ("torchtitan", "torchtitan-compile", "torchtitan-compile-lo
 REDUCE_BYTES = {"bf16": 2.0, "fp32": 4.0}
 
 
-def grad_reduce_dtype(stack: str, choice: str = "auto") -> str:
-    """The gradient reduction precision a plan runs: ``choice`` unless auto, else the stack's default."""
+def grad_reduce_bytes(stack: str, choice: str = "auto", grad_bytes: float = 2.0) -> float:
+    """Bytes per element the gradient reduction moves: ``choice`` unless auto; auto: fp32 under the stacks
+    that reduce in fp32, else the gradients' own precision (``grad_bytes``: 2 for bf16 training, 4 when the
+    model trains in fp32)."""
     if choice != "auto":
-        return choice
-    return "fp32" if stack in FP32_REDUCE_STACKS else "bf16"
+        return REDUCE_BYTES[choice]
+    return REDUCE_BYTES["fp32"] if stack in FP32_REDUCE_STACKS else grad_bytes
+
+
+def grad_reduce_dtype(stack: str, choice: str = "auto", grad_bytes: float = 2.0) -> str:
+    """The gradient reduction precision a plan runs, by name ('bf16', 'fp32'; else the bytes per element)."""
+    b = grad_reduce_bytes(stack, choice, grad_bytes)
+    return next((k for k, v in REDUCE_BYTES.items() if v == b), f"{b:g} bytes")
 
 
 FUSED_OPTIMIZER_STACKS = ("megatron",)

@@ -81,7 +81,7 @@ class ParallelPlan:
     dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
     stack                training stack whose kernels are priced: megatron | torchtitan | llm-foundry (schedules.kernels)
     grad_reduce_dtype    precision of the data-parallel gradient reduction: auto (the stack's: fp32 under
-                         torchtitan and llm-foundry, bf16 under megatron) | bf16 | fp32
+                         torchtitan and llm-foundry, the gradients' own under megatron) | bf16 | fp32
     """
 
     dp: int = 1
@@ -123,8 +123,8 @@ class ParallelPlan:
     @property
     def grad_reduce_bytes(self) -> float:
         """Bytes per gradient element the data-parallel reduction moves (bf16 2, fp32 4; auto: the stack's)."""
-        from schedules.kernels import REDUCE_BYTES, grad_reduce_dtype
-        return REDUCE_BYTES[grad_reduce_dtype(self.stack, self.grad_reduce_dtype)]
+        from schedules.kernels import grad_reduce_bytes
+        return grad_reduce_bytes(self.stack, self.grad_reduce_dtype, self.grad_bytes_per_param)
 
     @property
     def grad_buffer_bytes_per_param(self) -> float:

@@ -343,6 +343,9 @@ def test_grad_reduce_dtype_defaults_per_stack():
         assert ParallelPlan(stack=stack).grad_reduce_bytes == want
         assert ParallelPlan(stack=stack, grad_reduce_dtype="bf16").grad_reduce_bytes == 2.0
         assert ParallelPlan(stack=stack, grad_reduce_dtype="fp32").grad_reduce_bytes == 4.0
+    # auto under megatron reduces in the gradients' own precision: fp32 when the model trains in fp32
+    assert ParallelPlan(grad_bytes_per_param=4.0).grad_reduce_bytes == 4.0
+    assert ParallelPlan(grad_bytes_per_param=4.0, grad_reduce_dtype="bf16").grad_reduce_bytes == 2.0
     with pytest.raises(PlanError, match="gradient reduction dtype"):
         ParallelPlan(grad_reduce_dtype="fp16").validate(TINY, 1)
 
