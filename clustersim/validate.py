@@ -384,21 +384,35 @@ def _percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=float), q))
 
 
-def summarize(results: list[dict]) -> list[dict]:
-    """Per group: rows, median and 90th-percentile absolute error, mean signed error (fractions)."""
-    groups: dict[str, list[float]] = {}
+def framework_family(framework: str) -> str:
+    """The training framework a row ran, without its parallelism details: 'NeMo (Megatron-Core)' -> 'NeMo',
+    'llm-foundry / Composer (FSDP FULL_SHARD)' -> 'llm-foundry', 'NeMo AutoModel (PyTorch, FSDP2)' ->
+    'NeMo AutoModel'."""
+    name = re.split(r"[(/]", framework, maxsplit=1)[0].strip()
+    return name or framework.strip() or "?"
+
+
+def summarize(results: list[dict], by_framework: bool = False) -> list[dict]:
+    """Per group (and framework, with ``by_framework``): rows, median and 90th-percentile absolute error,
+    mean signed error (fractions)."""
+    groups: dict[tuple, list[float]] = {}
     for r in results:
-        groups.setdefault(r["group"], []).append(r["error"])
+        key = (r["group"], framework_family(r["framework"])) if by_framework else (r["group"],)
+        groups.setdefault(key, []).append(r["error"])
     out = []
-    for g in sorted(groups):
-        e = groups[g]
-        out.append({"group": g, "rows": len(e), "median_abs_error": _percentile([abs(x) for x in e], 50),
+    for key in sorted(groups):
+        e = groups[key]
+        row = {"group": key[0]}
+        if by_framework:
+            row["framework"] = key[1]
+        out.append({**row, "rows": len(e), "median_abs_error": _percentile([abs(x) for x in e], 50),
                     "p90_abs_error": _percentile([abs(x) for x in e], 90), "mean_signed_error": sum(e) / len(e)})
     return out
 
 
 # ---------------------------------------------------------------------------------------------- output
-def _print(results: list[dict], summary: list[dict], skipped: list[dict]) -> None:
+def _print(results: list[dict], summary: list[dict], skipped: list[dict],
+           by_framework: list[dict] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -423,6 +437,14 @@ def _print(results: list[dict], summary: list[dict], skipped: list[dict]) -> Non
         s.add_row(g["group"], str(g["rows"]), f"{g['median_abs_error']:.1%}", f"{g['p90_abs_error']:.1%}",
                   f"{g['mean_signed_error']:+.1%}")
     con.print(s)
+    if by_framework:
+        f = Table(title="per group and framework")
+        for c in ("group", "framework", "rows", "median |error|", "p90 |error|", "mean signed"):
+            f.add_column(c, justify="left" if c in ("group", "framework") else "right")
+        for g in by_framework:
+            f.add_row(g["group"], g["framework"], str(g["rows"]), f"{g['median_abs_error']:.1%}",
+                      f"{g['p90_abs_error']:.1%}", f"{g['mean_signed_error']:+.1%}")
+        con.print(f)
     if skipped:
         reasons: dict[str, int] = {}
         for x in skipped:
@@ -501,12 +523,14 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json) -> None:
         raise ConfigError("no published runs match the selection")
     results, skipped = validate_rows(rows, network=network)
     summary = summarize(results)
+    frameworks = summarize(results, by_framework=True)
     if plot_path:
         plot(results, plot_path)
     if as_json:
-        click.echo(json.dumps({"rows": results, "summary": summary, "not_expressible": skipped}, indent=1))
+        click.echo(json.dumps({"rows": results, "summary": summary, "summary_by_framework": frameworks,
+                               "not_expressible": skipped}, indent=1))
     else:
-        _print(results, summary, skipped)
+        _print(results, summary, skipped, frameworks)
         if plot_path:
             click.echo(f"plot written to {plot_path}")
 

@@ -95,6 +95,18 @@ def test_summary_closed_form():
     assert (h["rows"], h["mean_signed_error"]) == (1, -0.5)
 
 
+def test_summary_by_framework_splits_each_group_by_the_framework_family():
+    rows = [{"group": "g", "framework": "NeMo (Megatron-Core)", "error": 0.1},
+            {"group": "g", "framework": "NeMo (Megatron-Core)", "error": -0.3},
+            {"group": "g", "framework": "llm-foundry / Composer (FSDP FULL_SHARD)", "error": 0.2},
+            {"group": "h", "framework": "NeMo AutoModel (PyTorch, FSDP2)", "error": 0.4}]
+    out = {(x["group"], x["framework"]): x for x in summarize(rows, by_framework=True)}
+    assert set(out) == {("g", "NeMo"), ("g", "llm-foundry"), ("h", "NeMo AutoModel")}
+    assert out[("g", "NeMo")]["rows"] == 2 and out[("g", "NeMo")]["mean_signed_error"] == pytest.approx(-0.1)
+    assert out[("g", "NeMo")]["median_abs_error"] == pytest.approx(0.2)
+    assert sum(x["rows"] for x in out.values()) == len(rows)
+
+
 def test_cli_subset_json_and_plot(tmp_path, capsys):
     """A small subset end to end: a Megatron proxy row (H100), an llm-foundry row (A100), and a GB200 row of 8
     GPUs (two trays) that neither the NVL72 preset nor its 64-per-rack variant holds (listed with its reason)."""
@@ -108,6 +120,8 @@ def test_cli_subset_json_and_plot(tmp_path, capsys):
         assert r["error"] == pytest.approx(r["predicted_tokens_per_s_per_gpu"] / r["published_tokens_per_s_per_gpu"] - 1)
         assert r["source"].startswith("http") and r["predicted_model_tflops_per_gpu"] > 0
     assert {s["group"] for s in out["summary"]} == {"H100 BF16 dense", "A100 BF16 dense"}
+    assert {(s["group"], s["framework"]) for s in out["summary_by_framework"]} == \
+        {("H100 BF16 dense", "NeMo"), ("A100 BF16 dense", "llm-foundry")}
     skipped = {s["id"]: s["reason"] for s in out["not_expressible"]}
     assert "multiple of 72" in skipped["584"]
 
