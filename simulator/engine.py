@@ -29,9 +29,11 @@ blocked rank, the op it is stuck in, and whom it waits for. Units: seconds.
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 from array import array
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import simpy
@@ -42,6 +44,21 @@ from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, validate
 
 _LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
+
+
+@contextmanager
+def _old_objects_frozen():
+    """Keep the cyclic garbage collector off the objects alive on entry (the programs: millions of ops) while
+    the engine sets up and runs: each full collection would walk them all again, for nothing. Objects made
+    inside are still collected as usual. (``gc.freeze``: process-wide, undone on exit.)"""
+    if not gc.isenabled():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class SimResult:
@@ -122,6 +139,10 @@ class Engine:
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
+        with _old_objects_frozen():
+            self._setup(programs, cost_model, progress, until_s, failures)
+
+    def _setup(self, programs, cost_model, progress, until_s, failures) -> None:
         self.p = programs
         self.cost = cost_model
         self.env = simpy.Environment()
@@ -594,6 +615,10 @@ class Engine:
         self._communicate(rv, req)
 
     def run(self) -> SimResult:
+        with _old_objects_frozen():
+            return self._run()
+
+    def _run(self) -> SimResult:
         t_wall = time.perf_counter()
         for rank, t in self.fail_at.items():
             if rank not in self.p.ops:
