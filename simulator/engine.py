@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gc
 import math
+from heapq import heappop, heappush
 import time
 from array import array
 from contextlib import contextmanager
@@ -250,7 +251,8 @@ class Engine:
         """Succeed ``event`` ``delay`` seconds from now (what simpy.Timeout does, without a second event)."""
         event._ok = True
         event._value = value
-        self.env.schedule(event, NORMAL, delay)
+        env = self.env
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))     # env.schedule, inlined
 
     def _group_images(self, gid: int) -> tuple[tuple[int, ...], ...]:
         """Symmetric mode: the other groups of the same family that run this collective concurrently."""
@@ -341,7 +343,7 @@ class Engine:
 
     def _communicate(self, rv: _Rendezvous, request: CommRequest | None) -> None:
         """All participants arrived: start the communication; rv fires at its end (value: its start)."""
-        now = self.env.now
+        now = self.env._now
         if rv.duration is not None:
             dur = rv.duration
         elif not self.contention:
@@ -351,10 +353,10 @@ class Engine:
                 op = rv.op
                 self._hold_sms(rv, now, self._solo_time(op) if op.kind == COLLECTIVE
                                else self.cost.comm_time_s(request))
-            self._net_key += 1
+            key = self._net_key = self._net_key + 1
             rv.start_s = now
-            self._net_events[self._net_key] = rv
-            self.net.start(now, self._net_key, request)
+            self._net_events[key] = rv
+            self.net.start(now, key, request)
             self._network_changed()
             return
         if self.sm_share is not None:
@@ -368,16 +370,18 @@ class Engine:
             real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
         self._comm_started(rv.arrived, now, dur, self._share(op, real))
 
-    def _network_changed(self) -> None:
+    def _network_changed(self, nxt=False) -> None:
         """A communication started or ended now: once every other event of this instant has run (so
         every start and end at one instant costs one rate update), ask the network when the next ends.
         When the network has no rates to update (the communication started or ended alone on its links),
-        its next completion is known now: keep the pending wake-up if it is still the right one."""
+        its next completion is known now: keep the pending wake-up if it is still the right one.
+        ``nxt``: the settled network's ``next_completion()`` when the caller has just asked it."""
         if self._settle_due:
             return
         if self._net_settle is not None and self.net.settled:
-            nxt = self.net.next_completion()
-            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env.now) == self._wake_t:
+            if nxt is False:
+                nxt = self.net.next_completion()
+            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env._now) == self._wake_t:
                 return
             self._wake_at(nxt)
         else:
@@ -397,30 +401,38 @@ class Engine:
         self._wake_t = None
         if nxt is None:
             return
-        now = self.env.now
+        env = self.env
+        now = env._now
         t = max(nxt[0], now)
         if not math.isfinite(t):
             return
         self._wake_t = t
         wake = _Signal(self._wake_callbacks)
         wake._value = self._net_gen
-        self.env.schedule(wake, NORMAL, t - now)
+        heappush(env._queue, (now + (t - now), NORMAL, next(env._eid), wake))      # env.schedule, inlined
 
     def _on_network_wake(self, event) -> None:
         if event._value != self._net_gen:
             return          # superseded by a later start/finish
         self._wake_t = None
-        now = self.env.now
+        env = self.env
+        now = env._now
         net = self.net
+        due = now + 1e-15 * max(1.0, now)
+        events = self._net_events
+        queue, eid = env._queue, env._eid
         while True:
             nxt = net.next_completion()
-            if nxt is None or nxt[0] > now + 1e-15 * max(1.0, now):
+            if nxt is None or nxt[0] > due:
                 break
             key = nxt[1]
             net.finish(now, key)
-            rv = self._net_events.pop(key)
-            self._trigger_in(rv, 0, rv.start_s)
-        self._network_changed()
+            rv = events.pop(key)
+            rv._ok = True                   # self._trigger_in(rv, 0, rv.start_s), inlined
+            rv._value = rv.start_s
+            heappush(queue, (now + 0, NORMAL, next(eid), rv))
+        # a settled network's last answer is what _network_changed would ask again
+        self._network_changed(nxt if self._net_settle is not None and net.settled else False)
 
     # ------------------------------------------------------------------ streams
     def _stream(self, rank: int, idxs: list[int]) -> Callable:
@@ -432,7 +444,7 @@ class Engine:
         round), in the same order and scheduling the same events at the same times and priorities, without
         a generator, a Process or a Timeout object per op."""
         env = self.env
-        schedule = env.schedule
+        queue, eid = env._queue, env._eid      # env.schedule(ev, pri, d) is heappush(queue, (now + d, pri, next(eid), ev))
         prog = self.p.ops[rank]
         start, end, ready, finished = self.start[rank], self.end[rank], self.ready[rank], self.finished[rank]
         compute_time = self.cost.compute_time_s
@@ -470,7 +482,7 @@ class Engine:
                     if targeted[i]:             # only ops another op depends on can have waiters
                         w = waiters.pop(i, None)
                         if w is not None:
-                            schedule(w)
+                            heappush(queue, (env._now + 0, NORMAL, next(eid), w))
                     if progress is not None:
                         self.done_ops += 1
                         if self.done_ops % 20000 == 0:
@@ -531,10 +543,10 @@ class Engine:
                         wake.callbacks = own
                         if t > fail_t:          # the device dies before the op ends: the stream stops
                             pos = n
-                            schedule(wake, NORMAL, fail_t - now)
+                            heappush(queue, (now + (fail_t - now), NORMAL, next(eid), wake))
                             return
                         cur = i
-                        schedule(wake, NORMAL, t - now)
+                        heappush(queue, (now + (t - now), NORMAL, next(eid), wake))
                         return
                 elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
                     # nobody to wait for (every member is represented by this rank): no rendezvous needed
@@ -547,7 +559,7 @@ class Engine:
                     if dur > 0:
                         wake.callbacks = own
                         cur = i
-                        schedule(wake, NORMAL, dur)
+                        heappush(queue, (now + dur, NORMAL, next(eid), wake))
                         return
                 else:
                     # arrive at the rendezvous; the last to arrive starts the communication
@@ -635,7 +647,7 @@ class Engine:
         if self.until_s is not None:
             self.env.run(until=self.until_s)
         else:
-            self.env.run()
+            self._loop()
         blocked = self._blocked()
         if blocked and self.failed:
             raise self._failure_report(blocked)
@@ -646,6 +658,17 @@ class Engine:
         events = sum(sum(f) for f in self.finished.values())
         return SimResult(self.p, self.cost, self.start, self.end, self.ready, events,
                          time.perf_counter() - t_wall)
+
+    def _loop(self) -> None:
+        """``env.run()`` without a method call per event: pop the next event, set the clock, run its callbacks
+        (every event the engine schedules succeeds, so SimPy's failure check has nothing to do)."""
+        env = self.env
+        queue = env._queue
+        while queue:
+            env._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
 
     def _blocked(self) -> list[tuple[tuple[int, str], tuple]]:
         """Each (rank, stream) with unfinished ops and what its first unfinished op waits for."""
