@@ -29,12 +29,10 @@ blocked rank, the op it is stuck in, and whom it waits for. Units: seconds.
 """
 from __future__ import annotations
 
-import gc
 import math
 from heapq import heappop, heappush
 import time
 from array import array
-from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import simpy
@@ -42,24 +40,9 @@ from simpy.core import NORMAL
 
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
-from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, validate
+from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, no_gc, validate
 
 _LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
-
-
-@contextmanager
-def _old_objects_frozen():
-    """Keep the cyclic garbage collector off the objects alive on entry (the programs: millions of ops) while
-    the engine sets up and runs: each full collection would walk them all again, for nothing. Objects made
-    inside are still collected as usual. (``gc.freeze``: process-wide, undone on exit.)"""
-    if not gc.isenabled():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 class SimResult:
@@ -140,7 +123,10 @@ class Engine:
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
-        with _old_objects_frozen():
+        # The cyclic garbage collector is paused while the engine sets up and runs (program.no_gc): each full
+        # collection would walk the programs' millions of ops and the streams' closures again, for nothing (the
+        # engine makes no cyclic garbage; what it frees, reference counting frees).
+        with no_gc():
             self._setup(programs, cost_model, progress, until_s, failures)
 
     def _setup(self, programs, cost_model, progress, until_s, failures) -> None:
@@ -627,7 +613,7 @@ class Engine:
         self._communicate(rv, req)
 
     def run(self) -> SimResult:
-        with _old_objects_frozen():
+        with no_gc():
             return self._run()
 
     def _run(self) -> SimResult:
