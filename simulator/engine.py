@@ -121,6 +121,8 @@ class _Rendezvous:
 class Engine:
     """Runs one step of ``programs`` against ``cost_model``. Use ``run()`` unless you need the object."""
 
+    inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
+
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
         # The cyclic garbage collector is paused while the engine sets up and runs (program.no_gc): each full
@@ -406,7 +408,7 @@ class Engine:
         net = self.net
         due = now + 1e-15 * max(1.0, now)
         events = self._net_events
-        queue, eid = env._queue, env._eid
+        ended = []
         while True:
             nxt = net.next_completion()
             if nxt is None or nxt[0] > due:
@@ -414,11 +416,27 @@ class Engine:
             key = nxt[1]
             net.finish(now, key)
             rv = events.pop(key)
-            rv._ok = True                   # self._trigger_in(rv, 0, rv.start_s), inlined
+            rv._ok = True
             rv._value = rv.start_s
-            heappush(queue, (now + 0, NORMAL, next(eid), rv))
+            ended.append(rv)
         # a settled network's last answer is what _network_changed would ask again
         self._network_changed(nxt if self._net_settle is not None and net.settled else False)
+        if not ended:
+            return
+        # The ended communications fire now (self._trigger_in(rv, 0, rv.start_s)): queued at (now, NORMAL),
+        # behind every event already queued for this instant. When none is, they are the next events processed,
+        # in this order: run them here instead (what they schedule still queues behind the last of them).
+        # _network_changed runs first either way: its events are older than anything their callbacks make.
+        queue = env._queue
+        if not self.inline_ends or queue and queue[0][0] == now and queue[0][1] <= NORMAL:
+            eid = env._eid
+            for rv in ended:
+                heappush(queue, (now + 0, NORMAL, next(eid), rv))
+            return
+        for rv in ended:
+            callbacks, rv.callbacks = rv.callbacks, None
+            for callback in callbacks:
+                callback(rv)
 
     # ------------------------------------------------------------------ streams
     def _stream(self, rank: int, idxs: list[int]) -> Callable:

@@ -324,13 +324,20 @@ class FlowNetwork:
         nbrs = self._spec_nbrs
         stack = list({active[k].spec for k in seeds if active[k].spec is not None})
         seen_specs = set(stack)
+        busy = self._busy_nbrs
         while stack:
             sid = stack.pop()
             seen.update(keys[sid])
-            for t in nbrs[sid]:
-                if keys[t] and t not in seen_specs:
-                    seen_specs.add(t)
-                    stack.append(t)
+            left = busy[sid]            # how many of its neighbours are active: stop once all are met
+            if left:
+                for t in nbrs[sid]:
+                    if keys[t]:
+                        if t not in seen_specs:
+                            seen_specs.add(t)
+                            stack.append(t)
+                        left -= 1
+                        if not left:
+                            break
         return list(seen)
 
     def _resolve(self, keys, now_s: float) -> None:

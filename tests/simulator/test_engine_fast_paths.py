@@ -1,9 +1,11 @@
 """The engine's and the flow network's fast paths against their general paths, to the last bit.
 
 Fast paths (issue 15, third round): the engine's own event loop and inlined scheduling instead of SimPy's
-``Environment.run`` / ``schedule``; a network wake-up reusing the settled network's last answer; the flow
-network's rates remembered per component (by its bundles' specs, in order) instead of solved again. The
-general paths are what ``ReferenceEngine`` and ``SolvingNetwork`` run. Random programs on two nodes of a
+``Environment.run`` / ``schedule``; a network wake-up reusing the settled network's last answer and running the
+communications that end then at once when nothing is queued before them; the flow network's rates remembered
+per component (by its bundles' specs, in order) instead of solved again, and a component's search stopping
+once every active neighbour of a spec is met. The general paths are what ``ReferenceEngine`` and
+``SolvingNetwork`` run. Random programs on two nodes of a
 flow-network cluster (NVLink alone or shared, NICs shared by cross-node groups and transfers, SMs held by
 communication), with durations and sizes from small sets so that many events share an instant, must give
 every op the same ready, start and end times, bit for bit."""
@@ -23,7 +25,10 @@ CLUSTER = load_cluster("dgx-h100", 16, tiers=2, leaf_down=4, oversubscription=2,
 
 
 class ReferenceEngine(Engine):
-    """The general paths: SimPy's own run loop, and the network asked again after every wake-up."""
+    """The general paths: SimPy's own run loop, the network asked again after every wake-up, and every ended
+    communication queued as an event."""
+
+    inline_ends = False
 
     def _loop(self) -> None:
         self.env.run()
@@ -33,7 +38,22 @@ class ReferenceEngine(Engine):
 
 
 class SolvingNetwork(FlowNetwork):
+    """Every component solved again, and found by scanning every neighbour of its specs."""
+
     memo_rates = False
+
+    def _component(self, seeds):
+        seen, keys, nbrs = set(seeds), self._spec_keys, self._spec_nbrs
+        stack = list({self.active[k].spec for k in seeds if self.active[k].spec is not None})
+        seen_specs = set(stack)
+        while stack:
+            sid = stack.pop()
+            seen.update(keys[sid])
+            for t in nbrs[sid]:
+                if keys[t] and t not in seen_specs:
+                    seen_specs.add(t)
+                    stack.append(t)
+        return list(seen)
 
 
 class Costs(ClusterCostModel):
@@ -113,3 +133,39 @@ def test_fast_paths_equal_general_paths_to_the_last_bit(progs):
     fast = Engine(progs, Costs(CLUSTER, network="flow")).run()
     assert _times(fast) == _times(general)
     assert fast.step_time_s == general.step_time_s
+
+
+def _meeting(compute_s: float) -> Programs:
+    """Ranks 0 and 1 all-reduce "a" over NVLink, then "b". Rank 1 computes "c" for ``compute_s`` from t = 0 on
+    another stream, then "d" (after a short "e" on a third stream): "d" starts when "c" ends, "b" when "a" ends;
+    when they start at the same instant, which goes first decides whether "d" is slowed by "b" holding SMs."""
+    progs = Programs(world_size=16, ops={r: [] for r in range(16)})
+    g = progs.add_group([0, 1], "tp")
+    progs.ops[0] = [collective("a", "all_reduce", g, 2.0**27), collective("b", "all_reduce", g, 2.0**27)]
+    progs.ops[1] = [collective("a", "all_reduce", g, 2.0**27), compute("c", stream="compute", duration_s=compute_s),
+                    compute("e", stream="aux", duration_s=1e-5), collective("b", "all_reduce", g, 2.0**27),
+                    compute("d", stream="compute", deps=(2,), duration_s=1e-3)]
+    return progs
+
+
+def test_a_communication_ending_with_a_compute_op_resumes_after_it_as_queued():
+    """All-reduce "a" and compute op "c" end at the same instant; the end of "c" was queued first (the network
+    learns that "a" ends only when it wakes up then), so "d" starts before "b" holds the SMs, on both paths."""
+    import math
+
+    from simulator.costs import CommRequest
+    cost = Costs(CLUSTER, network="flow")
+    t_end = Engine(_meeting(1.0), cost).run().end_s[0][0]
+    f = cost.comm_sm_fraction(CommRequest("all_reduce", (0, 1), 2.0**27))
+    assert f > 0
+    d = t_end / (1 + f)         # the compute op runs d + f·d (SMs held by the all-reduce): find d ending at t_end
+    for _ in range(64):
+        if d + f * d == t_end:
+            break
+        d = math.nextafter(d, math.inf if d + f * d < t_end else -math.inf)
+    fast = Engine(_meeting(d), Costs(CLUSTER, network="flow")).run()
+    assert fast.end_s[1][1] == fast.end_s[0][0] == t_end
+    assert fast.start_s[1][4] == fast.start_s[1][3] == t_end
+    assert fast.end_s[1][4] == t_end + 1e-3         # not slowed: "b" started after it
+    general = ReferenceEngine(_meeting(d), Costs(CLUSTER, network="flow")).run()
+    assert _times(fast) == _times(general)
