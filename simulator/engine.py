@@ -176,6 +176,7 @@ class Engine:
             self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
             self.compute_end = dict.fromkeys(programs.ops, 0.0)   # end of the rank's latest compute op
             self._share_cache: dict = {}
+            self._coll_hold: dict = {}      # flow network: (group, kind, size) -> (contention-free time, share)
 
     # ------------------------------------------------------------------ helpers
     def _rendezvous_keys(self) -> dict[int, list]:
@@ -339,8 +340,14 @@ class Engine:
         else:
             if self.sm_share is not None:       # the contention-free time stands in for the SMs' hold
                 op = rv.op
-                self._hold_sms(rv, now, self._solo_time(op) if op.kind == COLLECTIVE
-                               else self.cost.comm_time_s(request))
+                if op.kind == COLLECTIVE:       # (time, share) cached per (group, kind, size), as each is
+                    hk = (op.group, op.collective, op.size_bytes)
+                    hold = self._coll_hold.get(hk)
+                    if hold is None:
+                        hold = self._coll_hold[hk] = (self._solo_time(op), self._share(op))
+                    self._comm_started(rv.arrived, now, hold[0], hold[1])
+                else:
+                    self._hold_sms(rv, now, self.cost.comm_time_s(request))
             key = self._net_key = self._net_key + 1
             rv.start_s = now
             self._net_events[key] = rv
