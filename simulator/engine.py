@@ -30,11 +30,13 @@ blocked rank, the op it is stuck in, and whom it waits for. Units: seconds.
 from __future__ import annotations
 
 import math
-from heapq import heappop, heappush
 import time
 from array import array
+from heapq import heappop, heappush
+from itertools import chain
 from typing import Callable, Sequence
 
+import numpy as np
 import simpy
 from simpy.core import NORMAL
 
@@ -186,7 +188,7 @@ class Engine:
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
         recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
         p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
-        ranks and 16k-rank programs stay lean. The same pass fills ``targeted`` and ``_streams``."""
+        ranks and 16k-rank programs stay lean. It also fills ``targeted`` and ``_streams``."""
         cache: dict = {}
         pair_id: dict[tuple[int, int], int] = {}
         sid_of: dict[int, int] = {}
@@ -195,23 +197,33 @@ class Engine:
         pairs = self.p2p_pairs
         out = {}
         for rank, prog in self.p.ops.items():
-            keys = [None] * len(prog)
+            n = len(prog)
+            keys = [None] * n
             counters: dict = {}
-            targeted = self.targeted[rank] = bytearray(len(prog))
-            streams = self._streams[rank] = {}
-            for i, op in enumerate(prog):
-                deps = op.deps
-                if deps:
-                    for d in deps:
-                        targeted[d] = 1
-                idxs = streams.get(op.stream)
-                if idxs is None:
-                    streams[op.stream] = [i]
-                else:
-                    idxs.append(i)
+            # targeted: 1 at every index some op's deps name (one numpy store, not a Python loop per op)
+            deps = list(chain.from_iterable([op.deps for op in prog]))
+            if deps:
+                mark = np.zeros(n, dtype=np.uint8)
+                mark[np.array(deps, dtype=np.intp)] = 1
+                self.targeted[rank] = bytearray(mark.tobytes())
+            else:
+                self.targeted[rank] = bytearray(n)
+            # streams in order of first appearance, each its op indices (compact: no int object per op index to
+            # chase at run time; a rank with one stream gets a range)
+            names = [op.stream for op in prog]
+            streams = self._streams[rank] = dict.fromkeys(names)
+            if len(streams) == 1:
+                streams[names[0]] = range(n)
+            elif streams:
+                code = {name: c for c, name in enumerate(streams)}
+                codes = np.fromiter(map(code.__getitem__, names), dtype=np.intp, count=n)
+                for name, c in code.items():
+                    idxs = array("l")
+                    idxs.frombytes(np.flatnonzero(codes == c).astype(np.int_).tobytes())
+                    streams[name] = idxs
+            for i in [i for i, op in enumerate(prog) if op.kind != COMPUTE]:
+                op = prog[i]
                 kind = op.kind
-                if kind == COMPUTE:
-                    continue
                 if kind == COLLECTIVE:
                     g = op.group
                     ck = sid = sid_of.get(g)
@@ -231,8 +243,6 @@ class Engine:
                 key = (sid, k)
                 keys[i] = cache.setdefault(key, key)
             out[rank] = keys
-            for name, idxs in streams.items():  # compact: no int object per op index to chase at run time
-                streams[name] = range(len(prog)) if len(idxs) == len(prog) else array("l", idxs)
         self.needed = [len(m) for m in self.sync.members]
         return out
 
