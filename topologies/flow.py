@@ -93,6 +93,7 @@ class FlowNetwork:
 
     solo_shortcut = True      # a bundle starting alone on its links takes its solo rate without a re-solve
     memo_rates = True         # a component solved before (the same specs in the same order) reuses its rates
+    stop_early = True         # scans of a spec's neighbours stop once every active one is met (same order)
 
     def __init__(self, capacity, bundle_of, lazy: bool = True):
         self.capacity = np.asarray(capacity, dtype=float)
@@ -208,10 +209,16 @@ class FlowNetwork:
                 dirty.update(mine)
             elif self._spec_nbrs[sid]:
                 self._activate(sid, -1)
-            if self._busy_nbrs[sid]:
+            left = self._busy_nbrs[sid]     # active neighbours: their bundles speed up (stop once all are met)
+            if left:
+                if not self.stop_early:
+                    left = -1
                 for t in self._spec_nbrs[sid]:
                     if keys[t]:
                         dirty.update(keys[t])
+                        left -= 1
+                        if not left:
+                            break
             if not mine and sid in self._owned:
                 self._forget(sid)
         if not self.lazy:
@@ -325,11 +332,14 @@ class FlowNetwork:
         stack = list({active[k].spec for k in seeds if active[k].spec is not None})
         seen_specs = set(stack)
         busy = self._busy_nbrs
+        stop_early = self.stop_early
         while stack:
             sid = stack.pop()
             seen.update(keys[sid])
             left = busy[sid]            # how many of its neighbours are active: stop once all are met
             if left:
+                if not stop_early:
+                    left = -1
                 for t in nbrs[sid]:
                     if keys[t]:
                         if t not in seen_specs:

@@ -1,11 +1,11 @@
 """The engine's and the flow network's fast paths against their general paths, to the last bit.
 
 Fast paths (issue 15, third round): the engine's own event loop and inlined scheduling instead of SimPy's
-``Environment.run`` / ``schedule``; a network wake-up reusing the settled network's last answer and running the
-communications that end then at once when nothing is queued before them; the flow network's rates remembered
-per component (by its bundles' specs, in order) instead of solved again, and a component's search stopping
-once every active neighbour of a spec is met. The general paths are what ``ReferenceEngine`` and
-``SolvingNetwork`` run. Random programs on two nodes of a
+``Environment.run`` / ``schedule``; a network wake-up reusing the settled network's last answer and running
+the communications that end then at once when nothing is queued before them; the flow network's rates
+remembered per component (by its bundles' specs, in order) instead of solved again, and scans of a spec's
+neighbours (a component's search, a finish waking the others) stopping once every active one is met. The
+general paths are what ``ReferenceEngine`` and ``SolvingNetwork`` run. Random programs on two nodes of a
 flow-network cluster (NVLink alone or shared, NICs shared by cross-node groups and transfers, SMs held by
 communication), with durations and sizes from small sets so that many events share an instant, must give
 every op the same ready, start and end times, bit for bit."""
@@ -38,22 +38,10 @@ class ReferenceEngine(Engine):
 
 
 class SolvingNetwork(FlowNetwork):
-    """Every component solved again, and found by scanning every neighbour of its specs."""
+    """Every component solved again; every neighbour of a spec scanned."""
 
     memo_rates = False
-
-    def _component(self, seeds):
-        seen, keys, nbrs = set(seeds), self._spec_keys, self._spec_nbrs
-        stack = list({self.active[k].spec for k in seeds if self.active[k].spec is not None})
-        seen_specs = set(stack)
-        while stack:
-            sid = stack.pop()
-            seen.update(keys[sid])
-            for t in nbrs[sid]:
-                if keys[t] and t not in seen_specs:
-                    seen_specs.add(t)
-                    stack.append(t)
-        return list(seen)
+    stop_early = False
 
 
 class Costs(ClusterCostModel):
