@@ -32,14 +32,17 @@ from __future__ import annotations
 import math
 import time
 from array import array
+from heapq import heappop, heappush
+from itertools import chain
 from typing import Callable, Sequence
 
+import numpy as np
 import simpy
 from simpy.core import NORMAL
 
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
-from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, validate
+from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, no_gc, validate
 
 _LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
 
@@ -120,8 +123,17 @@ class _Rendezvous:
 class Engine:
     """Runs one step of ``programs`` against ``cost_model``. Use ``run()`` unless you need the object."""
 
+    inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
+
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
+        # The cyclic garbage collector is paused while the engine sets up and runs (program.no_gc): each full
+        # collection would walk the programs' millions of ops and the streams' closures again, for nothing (the
+        # engine makes no cyclic garbage; what it frees, reference counting frees).
+        with no_gc():
+            self._setup(programs, cost_model, progress, until_s, failures)
+
+    def _setup(self, programs, cost_model, progress, until_s, failures) -> None:
         self.p = programs
         self.cost = cost_model
         self.env = simpy.Environment()
@@ -166,6 +178,7 @@ class Engine:
             self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
             self.compute_end = dict.fromkeys(programs.ops, 0.0)   # end of the rank's latest compute op
             self._share_cache: dict = {}
+            self._coll_hold: dict = {}      # flow network: (group, kind, size) -> (contention-free time, share)
 
     # ------------------------------------------------------------------ helpers
     def _rendezvous_keys(self) -> dict[int, list]:
@@ -175,7 +188,7 @@ class Engine:
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
         recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
         p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
-        ranks and 16k-rank programs stay lean. The same pass fills ``targeted`` and ``_streams``."""
+        ranks and 16k-rank programs stay lean. It also fills ``targeted`` and ``_streams``."""
         cache: dict = {}
         pair_id: dict[tuple[int, int], int] = {}
         sid_of: dict[int, int] = {}
@@ -184,23 +197,33 @@ class Engine:
         pairs = self.p2p_pairs
         out = {}
         for rank, prog in self.p.ops.items():
-            keys = [None] * len(prog)
+            n = len(prog)
+            keys = [None] * n
             counters: dict = {}
-            targeted = self.targeted[rank] = bytearray(len(prog))
-            streams = self._streams[rank] = {}
-            for i, op in enumerate(prog):
-                deps = op.deps
-                if deps:
-                    for d in deps:
-                        targeted[d] = 1
-                idxs = streams.get(op.stream)
-                if idxs is None:
-                    streams[op.stream] = [i]
-                else:
-                    idxs.append(i)
+            # targeted: 1 at every index some op's deps name (one numpy store, not a Python loop per op)
+            deps = list(chain.from_iterable([op.deps for op in prog]))
+            if deps:
+                mark = np.zeros(n, dtype=np.uint8)
+                mark[np.array(deps, dtype=np.intp)] = 1
+                self.targeted[rank] = bytearray(mark.tobytes())
+            else:
+                self.targeted[rank] = bytearray(n)
+            # streams in order of first appearance, each its op indices (compact: no int object per op index to
+            # chase at run time; a rank with one stream gets a range)
+            names = [op.stream for op in prog]
+            streams = self._streams[rank] = dict.fromkeys(names)
+            if len(streams) == 1:
+                streams[names[0]] = range(n)
+            elif streams:
+                code = {name: c for c, name in enumerate(streams)}
+                codes = np.fromiter(map(code.__getitem__, names), dtype=np.intp, count=n)
+                for name, c in code.items():
+                    idxs = array("l")
+                    idxs.frombytes(np.flatnonzero(codes == c).astype(np.int_).tobytes())
+                    streams[name] = idxs
+            for i in [i for i, op in enumerate(prog) if op.kind != COMPUTE]:
+                op = prog[i]
                 kind = op.kind
-                if kind == COMPUTE:
-                    continue
                 if kind == COLLECTIVE:
                     g = op.group
                     ck = sid = sid_of.get(g)
@@ -220,8 +243,6 @@ class Engine:
                 key = (sid, k)
                 keys[i] = cache.setdefault(key, key)
             out[rank] = keys
-            for name, idxs in streams.items():  # compact: no int object per op index to chase at run time
-                streams[name] = range(len(prog)) if len(idxs) == len(prog) else array("l", idxs)
         self.needed = [len(m) for m in self.sync.members]
         return out
 
@@ -229,7 +250,8 @@ class Engine:
         """Succeed ``event`` ``delay`` seconds from now (what simpy.Timeout does, without a second event)."""
         event._ok = True
         event._value = value
-        self.env.schedule(event, NORMAL, delay)
+        env = self.env
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))     # env.schedule, inlined
 
     def _group_images(self, gid: int) -> tuple[tuple[int, ...], ...]:
         """Symmetric mode: the other groups of the same family that run this collective concurrently."""
@@ -320,7 +342,7 @@ class Engine:
 
     def _communicate(self, rv: _Rendezvous, request: CommRequest | None) -> None:
         """All participants arrived: start the communication; rv fires at its end (value: its start)."""
-        now = self.env.now
+        now = self.env._now
         if rv.duration is not None:
             dur = rv.duration
         elif not self.contention:
@@ -328,12 +350,18 @@ class Engine:
         else:
             if self.sm_share is not None:       # the contention-free time stands in for the SMs' hold
                 op = rv.op
-                self._hold_sms(rv, now, self._solo_time(op) if op.kind == COLLECTIVE
-                               else self.cost.comm_time_s(request))
-            self._net_key += 1
+                if op.kind == COLLECTIVE:       # (time, share) cached per (group, kind, size), as each is
+                    hk = (op.group, op.collective, op.size_bytes)
+                    hold = self._coll_hold.get(hk)
+                    if hold is None:
+                        hold = self._coll_hold[hk] = (self._solo_time(op), self._share(op))
+                    self._comm_started(rv.arrived, now, hold[0], hold[1])
+                else:
+                    self._hold_sms(rv, now, self.cost.comm_time_s(request))
+            key = self._net_key = self._net_key + 1
             rv.start_s = now
-            self._net_events[self._net_key] = rv
-            self.net.start(now, self._net_key, request)
+            self._net_events[key] = rv
+            self.net.start(now, key, request)
             self._network_changed()
             return
         if self.sm_share is not None:
@@ -347,16 +375,18 @@ class Engine:
             real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
         self._comm_started(rv.arrived, now, dur, self._share(op, real))
 
-    def _network_changed(self) -> None:
+    def _network_changed(self, nxt=False) -> None:
         """A communication started or ended now: once every other event of this instant has run (so
         every start and end at one instant costs one rate update), ask the network when the next ends.
         When the network has no rates to update (the communication started or ended alone on its links),
-        its next completion is known now: keep the pending wake-up if it is still the right one."""
+        its next completion is known now: keep the pending wake-up if it is still the right one.
+        ``nxt``: the settled network's ``next_completion()`` when the caller has just asked it."""
         if self._settle_due:
             return
         if self._net_settle is not None and self.net.settled:
-            nxt = self.net.next_completion()
-            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env.now) == self._wake_t:
+            if nxt is False:
+                nxt = self.net.next_completion()
+            if nxt is not None and self._wake_t is not None and max(nxt[0], self.env._now) == self._wake_t:
                 return
             self._wake_at(nxt)
         else:
@@ -376,30 +406,54 @@ class Engine:
         self._wake_t = None
         if nxt is None:
             return
-        now = self.env.now
+        env = self.env
+        now = env._now
         t = max(nxt[0], now)
         if not math.isfinite(t):
             return
         self._wake_t = t
         wake = _Signal(self._wake_callbacks)
         wake._value = self._net_gen
-        self.env.schedule(wake, NORMAL, t - now)
+        heappush(env._queue, (now + (t - now), NORMAL, next(env._eid), wake))      # env.schedule, inlined
 
     def _on_network_wake(self, event) -> None:
         if event._value != self._net_gen:
             return          # superseded by a later start/finish
         self._wake_t = None
-        now = self.env.now
+        env = self.env
+        now = env._now
         net = self.net
+        due = now + 1e-15 * max(1.0, now)
+        events = self._net_events
+        ended = []
         while True:
             nxt = net.next_completion()
-            if nxt is None or nxt[0] > now + 1e-15 * max(1.0, now):
+            if nxt is None or nxt[0] > due:
                 break
             key = nxt[1]
             net.finish(now, key)
-            rv = self._net_events.pop(key)
-            self._trigger_in(rv, 0, rv.start_s)
-        self._network_changed()
+            rv = events.pop(key)
+            rv._ok = True
+            rv._value = rv.start_s
+            ended.append(rv)
+        # a settled network's last answer is what _network_changed would ask again
+        self._network_changed(nxt if self._net_settle is not None and net.settled else False)
+        if not ended:
+            return
+        # The ended communications fire now (self._trigger_in(rv, 0, rv.start_s)): queued at (now, NORMAL),
+        # behind every event already queued for this instant. When none is, they are the next events processed,
+        # in this order: run them here instead (what they schedule still queues behind the last of them).
+        # _network_changed runs first either way: its events are older than anything their callbacks make.
+        queue = env._queue
+        if not self.inline_ends or queue and queue[0][0] == now and queue[0][1] <= NORMAL:
+            eid = env._eid
+            for rv in ended:
+                heappush(queue, (now + 0, NORMAL, next(eid), rv))
+            return
+        for rv in ended:
+            callbacks, rv.callbacks = rv.callbacks, None
+            for callback in callbacks:
+                callback(rv)
 
     # ------------------------------------------------------------------ streams
     def _stream(self, rank: int, idxs: list[int]) -> Callable:
@@ -411,7 +465,7 @@ class Engine:
         round), in the same order and scheduling the same events at the same times and priorities, without
         a generator, a Process or a Timeout object per op."""
         env = self.env
-        schedule = env.schedule
+        queue, eid = env._queue, env._eid      # env.schedule(ev, pri, d) is heappush(queue, (now + d, pri, next(eid), ev))
         prog = self.p.ops[rank]
         start, end, ready, finished = self.start[rank], self.end[rank], self.ready[rank], self.finished[rank]
         compute_time = self.cost.compute_time_s
@@ -449,7 +503,7 @@ class Engine:
                     if targeted[i]:             # only ops another op depends on can have waiters
                         w = waiters.pop(i, None)
                         if w is not None:
-                            schedule(w)
+                            heappush(queue, (env._now + 0, NORMAL, next(eid), w))
                     if progress is not None:
                         self.done_ops += 1
                         if self.done_ops % 20000 == 0:
@@ -510,10 +564,10 @@ class Engine:
                         wake.callbacks = own
                         if t > fail_t:          # the device dies before the op ends: the stream stops
                             pos = n
-                            schedule(wake, NORMAL, fail_t - now)
+                            heappush(queue, (now + (fail_t - now), NORMAL, next(eid), wake))
                             return
                         cur = i
-                        schedule(wake, NORMAL, t - now)
+                        heappush(queue, (now + (t - now), NORMAL, next(eid), wake))
                         return
                 elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
                     # nobody to wait for (every member is represented by this rank): no rendezvous needed
@@ -526,7 +580,7 @@ class Engine:
                     if dur > 0:
                         wake.callbacks = own
                         cur = i
-                        schedule(wake, NORMAL, dur)
+                        heappush(queue, (now + dur, NORMAL, next(eid), wake))
                         return
                 else:
                     # arrive at the rendezvous; the last to arrive starts the communication
@@ -594,6 +648,10 @@ class Engine:
         self._communicate(rv, req)
 
     def run(self) -> SimResult:
+        with no_gc():
+            return self._run()
+
+    def _run(self) -> SimResult:
         t_wall = time.perf_counter()
         for rank, t in self.fail_at.items():
             if rank not in self.p.ops:
@@ -610,7 +668,7 @@ class Engine:
         if self.until_s is not None:
             self.env.run(until=self.until_s)
         else:
-            self.env.run()
+            self._loop()
         blocked = self._blocked()
         if blocked and self.failed:
             raise self._failure_report(blocked)
@@ -621,6 +679,17 @@ class Engine:
         events = sum(sum(f) for f in self.finished.values())
         return SimResult(self.p, self.cost, self.start, self.end, self.ready, events,
                          time.perf_counter() - t_wall)
+
+    def _loop(self) -> None:
+        """``env.run()`` without a method call per event: pop the next event, set the clock, run its callbacks
+        (every event the engine schedules succeeds, so SimPy's failure check has nothing to do)."""
+        env = self.env
+        queue = env._queue
+        while queue:
+            env._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
 
     def _blocked(self) -> list[tuple[tuple[int, str], tuple]]:
         """Each (rank, stream) with unfinished ops and what its first unfinished op waits for."""

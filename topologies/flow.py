@@ -34,6 +34,7 @@ from simulator.errors import TopologyError
 _EPS = 1e-12
 _PROVISIONAL_S = 1e-9     # how far past "now" a provisional next_completion answer lies
 _SMALL_EDGES = 400        # up to this many (bundle, link) pairs, _max_min_small (plain Python) beats numpy
+_MEMO_MAX = 50_000        # solved components remembered (by their bundles' spec ids, in order)
 
 
 class BundleSpec:
@@ -73,8 +74,9 @@ class _Bundle:
     __slots__ = ("key", "T", "links", "link_list", "demand", "demand_list", "ref", "progress", "rate", "t_last",
                  "version", "spec")
 
-    def __init__(self, key, T, links, demand, now):
-        self.key, self.T, self.links, self.demand, self.spec = key, T, links, demand, None
+    def __init__(self, key, spec: BundleSpec, now):
+        self.key, self.T, self.links, self.demand, self.spec = key, spec.T, spec.links, spec.demand, None
+        self.ref, self.link_list, self.demand_list = spec.ref, spec.link_list, spec.demand_list
         self.progress, self.rate, self.t_last, self.version = 0.0, 1.0, now, 0
 
     def completion(self) -> float:
@@ -90,6 +92,8 @@ class FlowNetwork:
     directed link). ``bundle_of(request) -> (T, link ids, bytes per link)`` comes from the cost model."""
 
     solo_shortcut = True      # a bundle starting alone on its links takes its solo rate without a re-solve
+    memo_rates = True         # a component solved before (the same specs in the same order) reuses its rates
+    stop_early = True         # scans of a spec's neighbours stop once every active one is met (same order)
 
     def __init__(self, capacity, bundle_of, lazy: bool = True):
         self.capacity = np.asarray(capacity, dtype=float)
@@ -112,34 +116,41 @@ class FlowNetwork:
         self._seq = 0
         self.now = 0.0
         self.recomputes = 0
+        self._rates_memo: dict[tuple, list] = {}   # spec ids of a component, in order -> its max-min rates
         self._dirty: set = set()          # bundles whose rates must be recomputed as of self.now
         self._asked = False               # last call was next_completion (with a provisional answer)
 
     # ------------------------------------------------------------------ engine interface
     def start(self, now_s: float, key: Hashable, request) -> None:
         """Start communication ``key`` at ``now_s``."""
-        if key in self.active:
+        active = self.active
+        if key in active:
             raise TopologyError(f"flow network: communication {key!r} started twice")
-        self._clock(now_s)
+        self._asked = False
+        if now_s != self.now:
+            self._clock(now_s)
         spec = self._bundle_of(request)
         owned = not isinstance(spec, BundleSpec)
         if owned:
             spec = BundleSpec(*spec)
-        b = _Bundle(key, spec.T, spec.links, spec.demand, now_s)
-        b.ref = spec.ref
-        b.link_list = spec.link_list
-        b.demand_list = spec.demand_list
-        self.active[key] = b
+        b = active[key] = _Bundle(key, spec, now_s)
         if spec.link_list:
-            sid = b.spec = self._register(spec, owned)
+            sid = self._spec_id.get(id(spec))
+            if sid is None:
+                sid = self._register(spec, owned)
+            b.spec = sid
             keys = self._spec_keys[sid]
             if not keys:
-                self._activate(sid, 1)
+                if self._spec_nbrs[sid]:
+                    self._activate(sid, 1)
                 if not self._busy_nbrs[sid] and self.solo_shortcut:
                     # alone on all its links: a component of its own, whose max-min rate is its solo rate
                     keys.add(key)
-                    b.rate = self._solo_rate(sid)
-                    self._push(b)
+                    y = self._solo[sid]
+                    b.rate = self._solo_rate(sid) if y is None else y
+                    b.version = 1                       # self._push(b), inlined
+                    self._seq += 1
+                    heapq.heappush(self._heap, (b.completion(), self._seq, key, 1))
                     return
             keys.add(key)
             self._dirty.add(key)
@@ -180,25 +191,34 @@ class FlowNetwork:
 
     def finish(self, now_s: float, key: Hashable) -> None:
         """Forget communication ``key`` (finished at ``now_s``) and let the others speed up."""
-        self._clock(now_s)
+        self._asked = False
+        if now_s != self.now:
+            self._clock(now_s)
         b = self.active.pop(key, None)
         if b is None:
             raise TopologyError(f"flow network: finish of unknown communication {key!r}")
-        self._dirty.discard(key)
+        dirty = self._dirty
+        if dirty:
+            dirty.discard(key)
         if b.spec is not None:
             sid = b.spec
             keys = self._spec_keys
             mine = keys[sid]
             mine.discard(key)
-            dirty = self._dirty
             if mine:
                 dirty.update(mine)
-            else:
+            elif self._spec_nbrs[sid]:
                 self._activate(sid, -1)
-            if self._busy_nbrs[sid]:
+            left = self._busy_nbrs[sid]     # active neighbours: their bundles speed up (stop once all are met)
+            if left:
+                if not self.stop_early:
+                    left = -1
                 for t in self._spec_nbrs[sid]:
                     if keys[t]:
                         dirty.update(keys[t])
+                        left -= 1
+                        if not left:
+                            break
             if not mine and sid in self._owned:
                 self._forget(sid)
         if not self.lazy:
@@ -311,13 +331,23 @@ class FlowNetwork:
         nbrs = self._spec_nbrs
         stack = list({active[k].spec for k in seeds if active[k].spec is not None})
         seen_specs = set(stack)
+        busy = self._busy_nbrs
+        stop_early = self.stop_early
         while stack:
             sid = stack.pop()
             seen.update(keys[sid])
-            for t in nbrs[sid]:
-                if t not in seen_specs and keys[t]:
-                    seen_specs.add(t)
-                    stack.append(t)
+            left = busy[sid]            # how many of its neighbours are active: stop once all are met
+            if left:
+                if not stop_early:
+                    left = -1
+                for t in nbrs[sid]:
+                    if keys[t]:
+                        if t not in seen_specs:
+                            seen_specs.add(t)
+                            stack.append(t)
+                        left -= 1
+                        if not left:
+                            break
         return list(seen)
 
     def _resolve(self, keys, now_s: float) -> None:
@@ -328,14 +358,24 @@ class FlowNetwork:
             if b.T > 0:
                 b.progress = min(1.0, b.progress + b.rate * (now_s - b.t_last) / b.T)
             b.t_last = now_s
-        if sum(len(b.link_list) for b in bundles) <= _SMALL_EDGES:
-            rates = _max_min_small([b.link_list for b in bundles], [b.demand_list for b in bundles], self._cap_list,
-                                   [b.ref for b in bundles])
-        else:
-            rates = max_min_rates([b.links for b in bundles], [b.demand for b in bundles], self.capacity,
-                                  [b.ref for b in bundles])
+        # The rates are a function of the bundles' specs in this order: the same component again (periodic
+        # schedules repeat them) takes the rates solved the first time, bit for bit.
+        sig = tuple([b.spec for b in bundles])
+        memo = self._rates_memo
+        rates = memo.get(sig)
+        if rates is None:
+            if sum(len(b.link_list) for b in bundles) <= _SMALL_EDGES:
+                rates = _max_min_small([b.link_list for b in bundles], [b.demand_list for b in bundles],
+                                       self._cap_list, [b.ref for b in bundles])
+            else:
+                rates = max_min_rates([b.links for b in bundles], [b.demand for b in bundles], self.capacity,
+                                      [b.ref for b in bundles]).tolist()
+            if self.memo_rates and None not in sig:
+                if len(memo) >= _MEMO_MAX:
+                    memo.clear()
+                memo[sig] = rates
         for b, y in zip(bundles, rates):
-            b.rate = float(y)
+            b.rate = y
             self._push(b)
         if len(self._heap) > 4 * len(self.active) + 1024:     # drop superseded entries now and then
             act = self.active

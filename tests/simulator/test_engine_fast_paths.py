@@ -1,0 +1,159 @@
+"""The engine's and the flow network's fast paths against their general paths, to the last bit.
+
+Fast paths (issue 15, third round): the engine's own event loop and inlined scheduling instead of SimPy's
+``Environment.run`` / ``schedule``; a network wake-up reusing the settled network's last answer and running
+the communications that end then at once when nothing is queued before them; the flow network's rates
+remembered per component (by its bundles' specs, in order) instead of solved again, and scans of a spec's
+neighbours (a component's search, a finish waking the others) stopping once every active one is met. The
+general paths are what ``ReferenceEngine`` and ``SolvingNetwork`` run. Random programs on two nodes of a
+flow-network cluster (NVLink alone or shared, NICs shared by cross-node groups and transfers, SMs held by
+communication), with durations and sizes from small sets so that many events share an instant, must give
+every op the same ready, start and end times, bit for bit."""
+from array import array
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from simulator.engine import Engine
+from simulator.errors import DeadlockError
+from simulator.program import Programs, collective, compute, recv, send
+from topologies import load_cluster
+from topologies.cost import ClusterCostModel
+from topologies.flow import FlowNetwork
+
+CLUSTER = load_cluster("dgx-h100", 16, tiers=2, leaf_down=4, oversubscription=2, rail_optimised=False)
+
+
+class ReferenceEngine(Engine):
+    """The general paths: SimPy's own run loop, the network asked again after every wake-up, and every ended
+    communication queued as an event."""
+
+    inline_ends = False
+
+    def _loop(self) -> None:
+        self.env.run()
+
+    def _network_changed(self, nxt=False) -> None:
+        super()._network_changed(False)
+
+
+class SolvingNetwork(FlowNetwork):
+    """Every component solved again; every neighbour of a spec scanned."""
+
+    memo_rates = False
+    stop_early = False
+
+
+class Costs(ClusterCostModel):
+    solving = False
+
+    def network(self):
+        if self.solving:
+            return SolvingNetwork(self.capacity, self.bundle)
+        return super().network()
+
+
+@st.composite
+def programs(draw):
+    ranks = sorted(draw(st.sets(st.integers(0, 15), min_size=2, max_size=8)))
+    progs = Programs(world_size=16, ops={r: [] for r in range(16)})
+    groups = []
+    for i in range(draw(st.integers(1, 4))):
+        members = sorted(draw(st.sets(st.sampled_from(ranks), min_size=1, max_size=len(ranks))))
+        groups.append(progs.add_group(members, f"g{i}"))
+    flops = st.sampled_from([1e11, 2e11, 5e11])
+    sizes = st.sampled_from([2.0**20, 2.0**24, 2.0**27])
+    streams = st.sampled_from(["compute", "comm", "dp"])
+
+    # a body of events repeated (as a schedule repeats micro-batches): components of bundles recur
+    body = []
+    for e in range(draw(st.integers(1, 15))):
+        kind = draw(st.sampled_from(["compute", "compute", "collective", "collective", "p2p"]))
+        back = st.sets(st.integers(1, 3), max_size=2)       # deps: ops this many places back on the rank
+        if kind == "compute":
+            body.append((kind, draw(st.sampled_from(ranks)), draw(flops), draw(streams), draw(back)))
+        elif kind == "collective":
+            g = draw(st.sampled_from(groups))
+            ck = draw(st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]))
+            body.append((kind, g, ck, draw(sizes), [(draw(streams), draw(back)) for _ in progs.groups[g].ranks]))
+        else:
+            a, b = draw(st.lists(st.sampled_from(ranks), min_size=2, max_size=2, unique=True))
+            body.append((kind, a, b, draw(sizes), draw(streams), draw(streams), draw(back), draw(back)))
+
+    def deps(r, back):
+        n = len(progs.ops[r])
+        return tuple(sorted(n - k for k in back if k <= n))
+
+    for rep in range(draw(st.integers(1, 3))):
+        for e, ev in enumerate(body):
+            name = f"{rep}.{e}"
+            if ev[0] == "compute":
+                _, r, fl, stream, back = ev
+                progs.ops[r].append(compute("c" + name, fl, stream=stream, deps=deps(r, back)))
+            elif ev[0] == "collective":
+                _, g, ck, size, per_rank = ev
+                for r, (stream, back) in zip(progs.groups[g].ranks, per_rank):
+                    progs.ops[r].append(collective("x" + name, ck, g, size, stream=stream, deps=deps(r, back)))
+            else:
+                _, a, b, size, sa, sb, ba, bb = ev
+                progs.ops[a].append(send("s" + name, b, size, stream=sa, deps=deps(a, ba)))
+                progs.ops[b].append(recv("r" + name, a, size, stream=sb, deps=deps(b, bb)))
+    return progs
+
+
+def _times(res):
+    return {r: (array("d", res.ready_s[r]).tobytes(), array("d", res.start_s[r]).tobytes(),
+                array("d", res.end_s[r]).tobytes()) for r in res.end_s}
+
+
+@settings(max_examples=120, deadline=None)
+@given(programs())
+def test_fast_paths_equal_general_paths_to_the_last_bit(progs):
+    general_cost = Costs(CLUSTER, network="flow")
+    general_cost.solving = True
+    try:
+        general = ReferenceEngine(progs, general_cost).run()
+    except DeadlockError as e:
+        with pytest.raises(DeadlockError) as fast_e:
+            Engine(progs, Costs(CLUSTER, network="flow")).run()
+        assert str(fast_e.value) == str(e)
+        return
+    fast = Engine(progs, Costs(CLUSTER, network="flow")).run()
+    assert _times(fast) == _times(general)
+    assert fast.step_time_s == general.step_time_s
+
+
+def _meeting(compute_s: float) -> Programs:
+    """Ranks 0 and 1 all-reduce "a" over NVLink, then "b". Rank 1 computes "c" for ``compute_s`` from t = 0 on
+    another stream, then "d" (after a short "e" on a third stream): "d" starts when "c" ends, "b" when "a" ends;
+    when they start at the same instant, which goes first decides whether "d" is slowed by "b" holding SMs."""
+    progs = Programs(world_size=16, ops={r: [] for r in range(16)})
+    g = progs.add_group([0, 1], "tp")
+    progs.ops[0] = [collective("a", "all_reduce", g, 2.0**27), collective("b", "all_reduce", g, 2.0**27)]
+    progs.ops[1] = [collective("a", "all_reduce", g, 2.0**27), compute("c", stream="compute", duration_s=compute_s),
+                    compute("e", stream="aux", duration_s=1e-5), collective("b", "all_reduce", g, 2.0**27),
+                    compute("d", stream="compute", deps=(2,), duration_s=1e-3)]
+    return progs
+
+
+def test_a_communication_ending_with_a_compute_op_resumes_after_it_as_queued():
+    """All-reduce "a" and compute op "c" end at the same instant; the end of "c" was queued first (the network
+    learns that "a" ends only when it wakes up then), so "d" starts before "b" holds the SMs, on both paths."""
+    import math
+
+    from simulator.costs import CommRequest
+    cost = Costs(CLUSTER, network="flow")
+    t_end = Engine(_meeting(1.0), cost).run().end_s[0][0]
+    f = cost.comm_sm_fraction(CommRequest("all_reduce", (0, 1), 2.0**27))
+    assert f > 0
+    d = t_end / (1 + f)         # the compute op runs d + f·d (SMs held by the all-reduce): find d ending at t_end
+    for _ in range(64):
+        if d + f * d == t_end:
+            break
+        d = math.nextafter(d, math.inf if d + f * d < t_end else -math.inf)
+    fast = Engine(_meeting(d), Costs(CLUSTER, network="flow")).run()
+    assert fast.end_s[1][1] == fast.end_s[0][0] == t_end
+    assert fast.start_s[1][4] == fast.start_s[1][3] == t_end
+    assert fast.end_s[1][4] == t_end + 1e-3         # not slowed: "b" started after it
+    general = ReferenceEngine(_meeting(d), Costs(CLUSTER, network="flow")).run()
+    assert _times(fast) == _times(general)
