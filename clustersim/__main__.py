@@ -1,6 +1,4 @@
 """``python -m clustersim ...`` runs the CLI."""
-import sys
+from clustersim.cli import exit_process, main
 
-from clustersim.cli import main
-
-sys.exit(main())
+exit_process(main())

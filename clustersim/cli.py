@@ -171,10 +171,20 @@ def crash_file(argv: list[str], tb: str) -> str | None:
         return None
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def entry() -> None:
     """Console-script wrapper: exit with main()'s code."""
-    sys.exit(main())
+    exit_process(main())
+
+
+def exit_process(code: int) -> None:
+    """End the process with ``code``. What the command built (cluster tables, programs, the engine's
+    state) is first moved out of the cyclic collector's reach (``gc.freeze``): interpreter shutdown
+    would otherwise walk all of it in one last full collection (~0.1 s after a 16k-GPU run) only to
+    free memory the OS takes back anyway. Objects are still released (and finalised) as usual."""
+    import gc
+    gc.freeze()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    exit_process(main())

@@ -197,8 +197,14 @@ class ClusterCostModel:
         self.call_overhead_s = call_overhead_s
         self.step_latency_s = {**STEP_LATENCY_S, **(step_latency_s or {})}
         types = cluster.link_type
-        self.capacity = np.array([c * self.efficiency.get(t, 1.0) for c, t in zip(cluster.link_capacity, types)])
-        self._step_lat = [self.step_latency_s.get(t, 0.0) for t in types]
+        # per link: capacity x its type's protocol efficiency, its type's step latency (a lookup per type)
+        kinds = set(types)
+        eff = {t: self.efficiency.get(t, 1.0) for t in kinds}
+        self.capacity = np.array(cluster.link_capacity, dtype=float)
+        if any(e != 1.0 for e in eff.values()):
+            self.capacity *= np.array(list(map(eff.__getitem__, types)), dtype=float)
+        step = {t: self.step_latency_s.get(t, 0.0) for t in kinds}
+        self._step_lat = list(map(step.__getitem__, types))
         self._cache: dict = {}
         self._shape_cache: dict = {}
         self._uniform_domains = self._domains_identical()

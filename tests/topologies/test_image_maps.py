@@ -182,3 +182,28 @@ def test_bad_images_give_the_one_group_errors():
             m.bundle(CommRequest("all_reduce", (0, 1, 2, 3), 1e6, images=images))
     with pytest.raises(ClusterSimError, match="not placed"):
         m.bundle(CommRequest("p2p", (0, 8), 1e6, images=((1, 999),)))
+
+
+@pytest.mark.parametrize("preset,gpus,over", CLUSTERS + [("dgx-h100", 8, {}), ("dgx-h100", 16384, {}),
+                                                         ("pcie-ethernet-lab", None, {})])
+def test_table_cluster_finds_links_without_the_name_dict(preset, gpus, over):
+    """A cluster whose link table comes from the specs builds no name -> id dict for its routes; the ids
+    its codes give (``_table_link``) are ``link_id``'s for every link, and None where no such link is."""
+    c = load_cluster(preset, gpus, **over)
+    if c._link_id is not None:          # built from the graph: nothing lazy
+        return
+    routed = [c.route(0, g) for g in range(0, c.n_gpus, max(1, c.n_gpus // 64))]
+    assert c._link_id is None and c._link_name is None and all(routed[1:])
+    for i, (a, b) in enumerate(c.link_name):
+        assert c._table_link(a, b) == i
+    ids = c.link_id
+    assert routed == [tuple(c._route(0, g)) for g in range(0, c.n_gpus, max(1, c.n_gpus // 64))]
+    sw = c.link_name[0][0]              # (switch of domain 0, GPU 0)
+    last = c.n_gpus - 1
+    for a, b in [(0, (sw[0], 1)), (last, (sw[0], 0)), (c.n_gpus, sw), (-1, sw), (sw, c.n_gpus), ("up", -1),
+                 ("up", 10 ** 6), ("down", "x"), ("sideways", 0), (0, 1), (sw, sw), (0, ("leaf", -1)),
+                 (0, ("leaf", 10 ** 6)), ((sw[0],), 0), (("leaf", 0, 1), 0)]:
+        assert c._table_link(a, b) == ids.get((a, b)), (a, b)
+    c._link_id = None
+    with pytest.raises(Exception, match="no link"):
+        c._l(0, (sw[0], 1))
