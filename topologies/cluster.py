@@ -559,6 +559,52 @@ class Cluster:
         out = inverse[offsets[c][None, :] + new]
         return None if (out < 0).any() else out
 
+    def map_links(self, links, gpus, image) -> np.ndarray | None:
+        """The links GPU group ``image`` uses where group ``gpus`` uses ``links`` (an algorithm's, in its
+        order), when ``comm_shape`` finds the two alike: the renumbering of nodes, local indices (rails),
+        leaves and pods that takes each member of ``gpus`` to the one at its position in ``image`` maps routes
+        onto routes, link for link. None where the shapes differ or a link's node, rail, leaf or pod is not
+        one the members fix (the caller prices the image itself)."""
+        t = self._link_codes()
+        if t is None or not self._pristine() or len(gpus) != len(image) or self.fat_tree is None:
+            return None
+        if self.comm_shape(gpus) is None or self.comm_shape(gpus) != self.comm_shape(image):
+            return None
+        code, index, inverse, offsets = t
+        gpn = self.gpus_per_node
+        leaf_of, pod_of_leaf = self.fat_tree.leaf_of, self.fat_tree.pod_of_leaf
+        node_map: dict = {}
+        loc_map: dict = {}
+        for a, b in zip(gpus, image):
+            if node_map.setdefault(a // gpn, b // gpn) != b // gpn or loc_map.setdefault(a % gpn, b % gpn) != b % gpn:
+                return None
+        links = np.asarray(links, dtype=np.int64)
+        c, idx = code[links], index[links]
+        new = idx.copy()
+        on_gpu = c <= 3
+        leaf_map: dict = {}
+        pod_map: dict = {}
+        moved = []
+        for g in idx[on_gpu].tolist():
+            n, loc = divmod(g, gpn)
+            if n not in node_map or loc not in loc_map:
+                return None
+            h = node_map[n] * gpn + loc_map[loc]
+            la, lb = leaf_of[g], leaf_of[h]
+            if leaf_map.setdefault(la, lb) != lb or pod_map.setdefault(pod_of_leaf[la], pod_of_leaf[lb]) != pod_of_leaf[lb]:
+                return None
+            moved.append(h)
+        new[on_gpu] = moved
+        for lo, hi, table in ((4, 5, leaf_map), (6, 7, pod_map)):
+            on = (c >= lo) & (c <= hi)
+            if on.any():
+                try:
+                    new[on] = [table[k] for k in idx[on].tolist()]
+                except KeyError:
+                    return None
+        out = inverse[offsets[c] + new]
+        return None if (out < 0).any() else out
+
     def _fabric_arrays(self):
         """(a GPU on each leaf, leaf of each GPU, a leaf of each pod, pod of each leaf) as arrays."""
         arr = self.__dict__.get("_fab_arrays")

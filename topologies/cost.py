@@ -350,6 +350,14 @@ class ClusterCostModel:
     def device_key(self, rank: int) -> Hashable:
         return self.cluster.device(rank).name
 
+    def device_keys(self, n: int) -> list:
+        """``device_key`` of ranks 0 .. n-1 (symmetry refinement asks for every rank): one device per cluster."""
+        if type(self).device_key is not ClusterCostModel.device_key or type(self.cluster).device is not Cluster.device:
+            return [self.device_key(r) for r in range(n)]
+        if n:
+            self.cluster.gpu_of(n - 1)          # every rank placed (else the TopologyError device_key raises)
+        return [self.cluster.accelerator.name] * n
+
     def peak_flops(self, rank: int) -> float:
         return self.cluster.device(rank).peak_bf16_flops
 
@@ -380,28 +388,60 @@ class ClusterCostModel:
         if shape is not None and shape in self._shape_cache:
             ak = self._shape_cache[shape]
             res = None if ak is None else _AlgoCost(name, ak[0], ak[1],
-                                                    make=lambda: self._evaluate(kind, gpus, name)[2:])
+                                                    make=lambda: self._moved_links(kind, gpus, name, ak))
             if res is not None:
                 res._bound = ak[2]
         else:
             ev = self._evaluate(kind, gpus, name)
             res = None if ev is None else _AlgoCost(name, *ev)
             if shape is not None:
-                self._shape_cache[shape] = None if ev is None else (ev[0], ev[1], self._bound_per_byte(res))
+                self._shape_cache[shape] = None if ev is None else (ev[0], ev[1], self._bound_per_byte(res), gpus, res)
         self._cache[key] = res
         return res
 
+    def _moved_links(self, kind: str, gpus: tuple, name: str, ak: tuple):
+        """(links, coef) of algorithm ``name`` on ``gpus``, a group of the same shape as ``ak``'s (the first
+        priced): that group's links moved onto these by the cluster's automorphism (``Cluster.map_links``),
+        the same bytes on each; evaluated afresh where the cluster cannot map them."""
+        ref_gpus, ref = ak[3], ak[4]
+        moved = self.cluster.map_links(ref.links, ref_gpus, gpus) if len(ref.links) else None
+        if moved is None:
+            return self._evaluate(kind, gpus, name)[2:]
+        return moved, ref.coef
+
     def _shape_key(self, kind: str, gpus: tuple, name: str):
         """Groups inside one domain of a cluster whose star domains are identical cost the same wherever
-        they sit: key them by their positions inside the domain."""
+        they sit: key them by their positions inside the domain. Groups across domains of a fat tree whose
+        links of each kind are alike: by ``Cluster.comm_shape`` (an automorphism maps one onto the other,
+        routes onto routes of the same links' kinds, so every algorithm's A and K are the same)."""
         if not self._uniform_domains:
             return None
         ds = self.cluster.domain_size
         base = gpus[0] // ds * ds
         local = tuple(g - base for g in gpus)
-        if min(local) < 0 or max(local) >= ds:
+        if min(local) >= 0 and max(local) < ds:
+            return (kind, name, local)
+        if not self._uniform_links():
             return None
-        return (kind, name, local)
+        shape = self.cluster.comm_shape(gpus)
+        return None if shape is None else (kind, name, "across domains", shape)
+
+    def _uniform_links(self) -> bool:
+        """Every link of each kind (GPU <-> domain switch, GPU <-> leaf, leaf trunks, pod trunks: the link
+        codes) has the same capacity and latency, as the cluster was built (no link changed since)."""
+        hit = self.__dict__.get("_links_alike")
+        if hit is None:
+            codes = self.cluster._link_codes() if getattr(self.cluster, "faults", None) is None else None
+            hit = codes is not None
+            if hit:
+                code = codes[0]
+                lat = np.asarray(self.cluster.link_latency, dtype=float)
+                for c in np.unique(code).tolist():
+                    on = code == c
+                    cap, la = self.capacity[on], lat[on]
+                    hit = hit and bool((cap == cap[0]).all() and (la == la[0]).all())
+            self._links_alike = hit
+        return hit
 
     def _evaluate(self, kind: str, gpus: tuple, name: str):
         """(A, K, links, coef) of algorithm ``name`` on ``gpus``, or None where it does not apply."""
