@@ -1,4 +1,4 @@
-"""``python -m clustersim ...`` runs the CLI."""
-from clustersim.cli import exit_process, main
+"""``python -m clustersim ...`` runs the CLI (as the console script does)."""
+from clustersim.cli import entry
 
-exit_process(main())
+entry()

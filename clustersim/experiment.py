@@ -23,8 +23,8 @@ Files are loaded with ``yaml.safe_load``; unknown keys, wrong types and duplicat
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -529,21 +529,30 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
 
     ``validate=False`` skips the static program checks (the search does, for generated programs that the
     schedules tests already validate); deadlocks are still detected by the engine."""
-    from clustersim.startup import import_simpy
+    from clustersim.startup import import_simpy, process_ends_after_command
     import_simpy()
     from simulator.engine import run
     from simulator.metrics import compute_metrics
-    from simulator.program import no_gc
     t0 = time.perf_counter()
-    # the cyclic collector is paused while the run builds its (acyclic) cluster tables, programs and, in
-    # symmetric mode, runs the engine: every full collection would walk all of them again (~0.1 s of a
-    # 16k-GPU symmetric run); full mode's engine run keeps it (millions of short-lived events)
-    with no_gc():
+    # the cyclic collector is paused while the run builds its (acyclic) cluster tables and programs and, in
+    # symmetric mode, runs the engine: each full collection would walk all of them again (~0.1 s of a
+    # 16k-GPU symmetric run). Full mode's engine run keeps it (millions of short-lived events). A process
+    # that ends after this command (the CLI) leaves it paused after a symmetric run: re-enabling it would
+    # only collect, once, the young objects the run built (cli.exit_process)
+    was = gc.isenabled()
+    gc.disable()
+    symmetric = False
+    try:
         cluster, model, plan, cost, base_cost, programs, notes, failures, cost_summary = _setup(
             exp, check_budget, timeline, announce)
-    with no_gc() if programs.symmetric else contextlib.nullcontext():
+        symmetric = programs.symmetric
+        if was and not symmetric:
+            gc.enable()
         result = run(programs, cost, progress=progress, failures=failures, check=validate)
         metrics = compute_metrics(result)
+    finally:
+        if was and not (symmetric and process_ends_after_command()):
+            gc.enable()
     metrics.wall_time_s = time.perf_counter() - t0
     return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)
 

@@ -5,12 +5,29 @@ should not pay for.
 sets ``__version__`` from the installed distribution's metadata, and importing ``importlib.metadata``
 (email, zipfile, csv, pathlib ...) costs ~25 ms, a tenth of everything else a simulation imports.
 ``simpy.__version__`` is still there, read from the metadata on first access.
+
+A process that ends after its command (the console script, ``python -m clustersim``: ``ending_process``)
+imports with the cyclic collector paused and keeps it paused after a symmetric simulation
+(``clustersim.experiment.run_experiment``): the heap is frozen at exit (``cli.exit_process``), so
+collecting what the run built would only cost time. Library callers and tests never set it.
 """
 from __future__ import annotations
 
 import importlib
 import sys
 import types
+
+
+_PROCESS = {"ends_after_command": False}
+
+
+def ending_process() -> None:
+    """Mark this process as one that ends when the current command returns (see the module doc)."""
+    _PROCESS["ends_after_command"] = True
+
+
+def process_ends_after_command() -> bool:
+    return _PROCESS["ends_after_command"]
 
 
 def import_simpy():

@@ -86,3 +86,34 @@ def test_console_entry_exits_with_the_commands_code():
     bad = subprocess.run([sys.executable, "-m", "clustersim", "simulate", "--gpus", "-3"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
+
+
+def test_console_entry_pauses_the_collector_for_imports_and_symmetric_runs_only():
+    """Under the console entry, imports run with the collector paused, the command with it running, a
+    symmetric run leaves it paused to the exit; full mode's engine run keeps it."""
+    code = """
+import atexit, gc, json, sys
+import simulator.engine as engine
+seen = []
+real = engine.run
+def run(*a, **k):
+    seen.append(["engine", gc.isenabled()])
+    return real(*a, **k)
+engine.run = run
+atexit.register(lambda: sys.stderr.write("STATES " + json.dumps(seen + [["exit", gc.isenabled()]]) + "\\n"))
+import clustersim.cli as cli
+real_get = cli._LazyGroup.get_command
+def get_command(self, ctx, name):
+    seen.append(["before import", gc.isenabled()])
+    return real_get(self, ctx, name)
+cli._LazyGroup.get_command = get_command
+sys.argv = ["clustersim"] + sys.argv[1:]
+cli.entry()
+"""
+    for mode, states in (("symmetric", [["before import", False], ["engine", False], ["exit", False]]),
+                         ("full", [["before import", False], ["engine", True], ["exit", True]])):
+        out = subprocess.run([sys.executable, "-c", code, *SMALL, "--mode", mode, "--json"], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        line = [ln for ln in out.stderr.splitlines() if ln.startswith("STATES ")][0]
+        assert json.loads(line[len("STATES "):]) == states, mode
