@@ -443,6 +443,18 @@ class Cluster:
             (na, la), (nb, lb) = divmod(a, gpn), divmod(b, gpn)
             return (_pair(na, nb), _pair(leaf_of[a], leaf_of[b]), _pair(pod_of[a], pod_of[b]),
                     _pair(la, lb) if rail_opt else (la, lb))
+        memo = self.__dict__.setdefault("_shape_memo", {})     # groups are priced and mapped several times
+        key = gpus if type(gpus) is tuple else tuple(gpus)
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 100_000:
+                memo.clear()
+            hit = memo[key] = self._group_shape(key, lay)
+        return hit
+
+    @staticmethod
+    def _group_shape(gpus: tuple, lay) -> tuple:
+        gpn, rail_opt, leaf_of, pod_of = lay
         nodes, units, pods, locs = [], [], [], []
         for g in gpus:
             n, loc = divmod(g, gpn)
