@@ -648,6 +648,22 @@ class ClusterCostModel:
                 or ranks.max() >= c.world_size):
             rows = groups.tolist() if isinstance(groups, np.ndarray) else groups
             return [self.comm_time_s(CommRequest(kind, tuple(g), size_bytes)) for g in rows]
+        # the groups' shapes do not depend on the kind (but for p2p) or the size: found once per table of
+        # groups (refinement prices each class's groups at several sizes)
+        memo = self.__dict__.setdefault("_shape_rows", {})
+        mkey = (kind == "p2p", ranks.shape, ranks.tobytes())
+        hit = memo.get(mkey)
+        if hit is None:
+            if len(memo) > 1024:
+                memo.clear()
+            hit = memo[mkey] = self._group_shapes(kind, ranks, arrays)
+        first, inv = hit
+        times = [self.comm_time_s(CommRequest(kind, tuple(ranks[i].tolist()), size_bytes)) for i in first]
+        return np.asarray(times)[inv].tolist()
+
+    @staticmethod
+    def _group_shapes(kind: str, ranks: np.ndarray, arrays) -> tuple[list, np.ndarray]:
+        """(a row of each shape, each row's shape) of the rank groups ``ranks`` (a row each)."""
         gpn, rail_opt, placement, leaf_of, pod_of = arrays
         gpus = placement[ranks]
         node, loc = gpus // gpn, gpus % gpn
@@ -662,8 +678,7 @@ class ClusterCostModel:
             M = np.ascontiguousarray(np.concatenate(cols, axis=1))
             rows = M.view(np.dtype((np.void, M.dtype.itemsize * M.shape[1]))).reshape(-1)    # a row as bytes
             _, first, inv = np.unique(rows, return_index=True, return_inverse=True)
-        times = [self.comm_time_s(CommRequest(kind, tuple(ranks[i].tolist()), size_bytes)) for i in first.tolist()]
-        return np.asarray(times)[inv.reshape(-1)].tolist()
+        return first.tolist(), inv.reshape(-1)
 
     def _shape_arrays(self):
         """(GPUs per node, rail-optimised, placement, unit and pod of each GPU) as arrays where
