@@ -537,8 +537,9 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     # the cyclic collector is paused while the run builds its (acyclic) cluster tables and programs and, in
     # symmetric mode, runs the engine: each full collection would walk all of them again (~0.1 s of a
     # 16k-GPU symmetric run). Full mode's engine run keeps it (millions of short-lived events). A process
-    # that ends after this command (the CLI) leaves it paused after a symmetric run: re-enabling it would
-    # only collect, once, the young objects the run built (cli.exit_process)
+    # that ends after this command (the CLI) leaves it paused after a symmetric run without a timeline (only
+    # a summary or JSON follows): re-enabling it would only collect, once, the young objects the run built
+    # (cli.exit_process); a report folder's plots make garbage cycles, so the collector runs for them
     was = gc.isenabled()
     gc.disable()
     symmetric = False
@@ -551,7 +552,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         result = run(programs, cost, progress=progress, failures=failures, check=validate)
         metrics = compute_metrics(result)
     finally:
-        if was and not (symmetric and process_ends_after_command()):
+        if was and not (symmetric and not timeline and process_ends_after_command()):
             gc.enable()
     metrics.wall_time_s = time.perf_counter() - t0
     return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)

@@ -7,8 +7,8 @@ sets ``__version__`` from the installed distribution's metadata, and importing `
 ``simpy.__version__`` is still there, read from the metadata on first access.
 
 A process that ends after its command (the console script, ``python -m clustersim``: ``ending_process``)
-imports with the cyclic collector paused and keeps it paused after a symmetric simulation
-(``clustersim.experiment.run_experiment``): the heap is frozen at exit (``cli.exit_process``), so
+imports with the cyclic collector paused and keeps it paused after a symmetric simulation without a
+timeline (``clustersim.experiment.run_experiment``): the heap is frozen at exit (``cli.exit_process``), so
 collecting what the run built would only cost time. Library callers and tests never set it.
 """
 from __future__ import annotations

@@ -88,9 +88,10 @@ def test_console_entry_exits_with_the_commands_code():
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
 
 
-def test_console_entry_pauses_the_collector_for_imports_and_symmetric_runs_only():
+def test_console_entry_pauses_the_collector_for_imports_and_symmetric_runs_only(tmp_path):
     """Under the console entry, imports run with the collector paused, the command with it running, a
-    symmetric run leaves it paused to the exit; full mode's engine run keeps it."""
+    symmetric run leaves it paused to the exit (but where a report folder's plots follow); full mode's
+    engine run keeps it."""
     code = """
 import atexit, gc, json, sys
 import simulator.engine as engine
@@ -110,10 +111,12 @@ cli._LazyGroup.get_command = get_command
 sys.argv = ["clustersim"] + sys.argv[1:]
 cli.entry()
 """
-    for mode, states in (("symmetric", [["before import", False], ["engine", False], ["exit", False]]),
-                         ("full", [["before import", False], ["engine", True], ["exit", True]])):
-        out = subprocess.run([sys.executable, "-c", code, *SMALL, "--mode", mode, "--json"], capture_output=True,
-                             text=True, timeout=120)
+    for mode, extra, states in (
+            ("symmetric", ["--json"], [["before import", False], ["engine", False], ["exit", False]]),
+            ("full", ["--json"], [["before import", False], ["engine", True], ["exit", True]]),
+            ("symmetric", ["--out", str(tmp_path / "r")], [["before import", False], ["engine", False], ["exit", True]])):
+        out = subprocess.run([sys.executable, "-c", code, *SMALL, "--mode", mode, *extra], capture_output=True,
+                             text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         line = [ln for ln in out.stderr.splitlines() if ln.startswith("STATES ")][0]
         assert json.loads(line[len("STATES "):]) == states, mode
