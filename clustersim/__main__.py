@@ -1,6 +1,4 @@
-"""``python -m clustersim ...`` runs the CLI."""
-import sys
+"""``python -m clustersim ...`` runs the CLI (as the console script does)."""
+from clustersim.cli import entry
 
-from clustersim.cli import main
-
-sys.exit(main())
+entry()

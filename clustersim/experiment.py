@@ -24,6 +24,7 @@ Files are loaded with ``yaml.safe_load``; unknown keys, wrong types and duplicat
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -544,12 +545,39 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
 
     ``validate=False`` skips the static program checks (the search does, for generated programs that the
     schedules tests already validate); deadlocks are still detected by the engine."""
-    from schedules import build_programs
+    from clustersim.startup import import_simpy, process_ends_after_command
+    import_simpy()
     from simulator.engine import run
     from simulator.metrics import compute_metrics
-    from simulator.symmetry import refine_classes
-
     t0 = time.perf_counter()
+    # the cyclic collector is paused while the run builds its (acyclic) cluster tables and programs and, in
+    # symmetric mode, runs the engine: each full collection would walk all of them again (~0.1 s of a
+    # 16k-GPU symmetric run). Full mode's engine run keeps it (millions of short-lived events). A process
+    # that ends after this command (the CLI) leaves it paused after a symmetric run without a timeline (only
+    # a summary or JSON follows): re-enabling it would only collect, once, the young objects the run built
+    # (cli.exit_process); a report folder's plots make garbage cycles, so the collector runs for them
+    was = gc.isenabled()
+    gc.disable()
+    symmetric = False
+    try:
+        cluster, model, plan, cost, base_cost, programs, notes, failures, cost_summary = _setup(
+            exp, check_budget, timeline, announce)
+        symmetric = programs.symmetric
+        if was and not symmetric:
+            gc.enable()
+        result = run(programs, cost, progress=progress, failures=failures, check=validate)
+        metrics = compute_metrics(result)
+    finally:
+        if was and not (symmetric and not timeline and process_ends_after_command()):
+            gc.enable()
+    metrics.wall_time_s = time.perf_counter() - t0
+    return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)
+
+
+def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
+    """run_experiment's set-up: the cluster, model, plan, cost model and (class-refined) programs."""
+    from schedules import build_programs
+    from simulator.symmetry import refine_classes
     cluster = load_cluster_for(exp)
     world = cluster.world_size
     model = resolve_model(exp)
@@ -613,7 +641,4 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         from clustersim.guards import ANNOUNCE_ABOVE_OPS, estimate_line
         if announce is not None and not programs.symmetric and est.ops > ANNOUNCE_ABOVE_OPS:
             announce(estimate_line(est, exp.network, timeline))
-    result = run(programs, cost, progress=progress, failures=failures, check=validate)
-    metrics = compute_metrics(result)
-    metrics.wall_time_s = time.perf_counter() - t0
-    return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)
+    return cluster, model, plan, cost, base_cost, programs, notes, failures, cost_summary

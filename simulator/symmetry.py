@@ -268,8 +268,12 @@ class _Signatures:
     # ------------------------------------------------------------------ refinement
     def refine(self, max_rounds: int) -> tuple[list[int], int]:
         p, n = self.p, self.p.world_size
-        dev, devs = self.cost.device_key, {}
-        device = np.fromiter((devs.setdefault(dev(m), len(devs)) for m in range(n)), dtype=np.int64, count=n)
+        # the cost model's device_keys (all ranks at once) where its own class has one: not one a wrapper
+        # model reaches through attribute delegation past its own device_key
+        many = getattr(type(self.cost), "device_keys", None)
+        keys = many(self.cost, n) if many is not None else map(self.cost.device_key, range(n))
+        devs: dict = {}
+        device = np.fromiter((devs.setdefault(k, len(devs)) for k in keys), dtype=np.int64, count=n)
         colour = _row_ids(np.column_stack((np.asarray(self.coarse, dtype=np.int64), device)))  # (class, device)
         count = int(colour.max()) + 1 if n else 0
         fam_groups = {f for r in p.ops for f, _ in self.coll_uses[r]}

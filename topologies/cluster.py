@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 DOMAIN_KINDS = ("nvswitch", "nvl72", "pcie", "torus", "optical")
 _STAR_KIND = {"nvswitch": "nvswitch", "nvl72": "nvswitch", "pcie": "pcie"}
+_TRUNK_CODE = {"up": 4, "down": 5, "podup": 6, "poddown": 7}     # _link_codes' codes of the trunk links
 # GPU to shared NIC over the host's PCIe (nodes with fewer NICs than GPUs): PCIe 5.0 x16, 32 GT/s per lane with
 # 128b/130b encoding = 63 GB/s per direction (PCI-SIG PCIe 5.0 base specification), the link of Hopper /
 # Blackwell SXM GPUs and ConnectX-7 NICs; a PCIe domain uses its own GPU link bandwidth instead.
@@ -100,6 +101,7 @@ class Cluster:
             raise TopologyError(f"cluster {name!r}: {self.n_domains} scale-up domains but no scale-out fabric; "
                                 f"add a 'fabric' section or use at most {self.domain_size} GPUs")
         self._graph = None
+        self._link_name = self._link_id = None
         if not (self.LAZY_GRAPH and self._build_table()):
             import networkx as nx      # (imported only where a graph is built: ~0.2 s)
             self.graph = nx.Graph(name=name)
@@ -151,15 +153,7 @@ class Cluster:
         self._torus = None
         self.fat_tree = ft
         self._endpoint_of_gpu = list(range(self.n_gpus))
-        names: list = []
-        ds, nd, kind = self.domain_size, self.n_domains, _STAR_KIND[d.kind]
-        leaves = None if ft is None else [("leaf", ft.leaf_of[g]) for g in range(self.n_gpus)]
-        for k in range(nd):                     # the graph's edge order: each switch's GPUs, then theirs
-            sw = (kind, k)
-            gpus = range(k * ds, (k + 1) * ds)
-            names += [e for g in gpus for e in ((sw, g), (g, sw))]
-            if leaves is not None:
-                names += [e for g in gpus for e in ((g, leaves[g]), (leaves[g], g))]
+        ds, nd = self.domain_size, self.n_domains
         if ft is None:
             cap, lats, typ = [bw] * (2 * ds * nd), [lat] * (2 * ds * nd), [link] * (2 * ds * nd)
         else:
@@ -167,19 +161,17 @@ class Cluster:
             lats = ([lat] * (2 * ds) + [ft.latency] * (2 * ds)) * nd
             typ = ([link] * (2 * ds) + [ft.link_type] * (2 * ds)) * nd
         if ft is not None and ft.uplinks:
-            for leaf in range(ft.n_leaves):
-                names += [("up", leaf), ("down", leaf)]
             cap += [ft.uplinks * ft.bandwidth] * (2 * ft.n_leaves)
             lats += [ft.latency] * (2 * ft.n_leaves)
             typ += [ft.link_type] * (2 * ft.n_leaves)
             if ft.cores_per_plane:
-                for pod in range(ft.n_pods):
-                    names += [("podup", pod), ("poddown", pod)]
                 cap += [ft.uplinks * ft.cores_per_plane * ft.bandwidth] * (2 * ft.n_pods)
                 lats += [ft.latency] * (2 * ft.n_pods)
                 typ += [ft.link_type] * (2 * ft.n_pods)
-        self.link_id = {nm: i for i, nm in enumerate(names)}
-        self.link_capacity, self.link_latency, self.link_type, self.link_name = cap, lats, typ, names
+        self.link_capacity, self.link_latency, self.link_type = cap, lats, typ
+        # link_name and link_id (a tuple per link: ~35 ms at 16k GPUs) are built when asked for; routes
+        # find link ids from the codes below (``_table_link``)
+        self._link_name = self._link_id = None
         # _link_codes' table, in the same order: per domain (switch->GPU, GPU->switch) per GPU, then
         # (GPU->leaf, leaf->GPU) per GPU; then the leaf trunks (up, down) and the pod trunks
         gpu = np.arange(self.n_gpus, dtype=np.int64).reshape(self.n_domains, ds).repeat(2, axis=1)
@@ -204,7 +196,78 @@ class Cluster:
         inverse = np.full(int(offsets[-1]), -1, dtype=np.int64)
         inverse[offsets[code] + index] = np.arange(len(code))
         self._codes = (code, index, inverse, offsets)
+        self._inverse, self._offsets = inverse.tolist(), offsets.tolist()      # for _table_link
         return True
+
+    def _table_names(self) -> list:
+        """``link_name`` of a cluster whose link table ``_build_table`` made: the graph's edge order (each
+        domain switch's GPUs both ways, then theirs to their leaf both ways), then leaf and pod trunks."""
+        ft, ds, kind = self.fat_tree, self.domain_size, _STAR_KIND[self.domain_spec.kind]
+        names: list = []
+        leaves = None if ft is None else [("leaf", ft.leaf_of[g]) for g in range(self.n_gpus)]
+        for k in range(self.n_domains):
+            sw = (kind, k)
+            gpus = range(k * ds, (k + 1) * ds)
+            names += [e for g in gpus for e in ((sw, g), (g, sw))]
+            if leaves is not None:
+                names += [e for g in gpus for e in ((g, leaves[g]), (leaves[g], g))]
+        if ft is not None and ft.uplinks:
+            for leaf in range(ft.n_leaves):
+                names += [("up", leaf), ("down", leaf)]
+            if ft.cores_per_plane:
+                for pod in range(ft.n_pods):
+                    names += [("podup", pod), ("poddown", pod)]
+        return names
+
+    def _table_link(self, a, b) -> int | None:
+        """``link_id.get((a, b))`` of a ``_build_table`` cluster, from its codes (no dict of names)."""
+        if isinstance(a, str) and a in _TRUNK_CODE and isinstance(b, int):
+            c, k = _TRUNK_CODE[a], b
+        else:
+            if isinstance(a, int) and isinstance(b, tuple):
+                k, node, towards = a, b, 0          # GPU -> its domain switch or leaf: codes 0, 2
+            elif isinstance(b, int) and isinstance(a, tuple):
+                k, node, towards = b, a, 1          # switch or leaf -> GPU: codes 1, 3
+            else:
+                return None
+            if len(node) != 2 or not 0 <= k < self.n_gpus:
+                return None
+            ft = self.fat_tree
+            if node == (_STAR_KIND[self.domain_spec.kind], k // self.domain_size):
+                c = towards
+            elif ft is not None and node == ("leaf", ft.leaf_of[k]):
+                c = 2 + towards
+            else:
+                return None
+        offsets = self._offsets
+        if not 0 <= k < offsets[c + 1] - offsets[c]:
+            return None
+        i = self._inverse[offsets[c] + k]
+        return None if i < 0 else i
+
+    @property
+    def link_id(self) -> dict:
+        """(from, to) graph nodes (or a trunk's ("up", leaf) ...) -> directed link id."""
+        ids = self._link_id
+        if ids is None:
+            ids = self._link_id = {nm: i for i, nm in enumerate(self.link_name)}
+        return ids
+
+    @link_id.setter
+    def link_id(self, ids: dict) -> None:
+        self._link_id = ids
+
+    @property
+    def link_name(self) -> list:
+        """Directed link id -> its (from, to) graph nodes (or trunk key)."""
+        names = self._link_name
+        if names is None:
+            names = self._link_name = self._table_names()
+        return names
+
+    @link_name.setter
+    def link_name(self, names: list) -> None:
+        self._link_name = names
 
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
@@ -380,6 +443,18 @@ class Cluster:
             (na, la), (nb, lb) = divmod(a, gpn), divmod(b, gpn)
             return (_pair(na, nb), _pair(leaf_of[a], leaf_of[b]), _pair(pod_of[a], pod_of[b]),
                     _pair(la, lb) if rail_opt else (la, lb))
+        memo = self.__dict__.setdefault("_shape_memo", {})     # groups are priced and mapped several times
+        key = gpus if type(gpus) is tuple else tuple(gpus)
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 100_000:
+                memo.clear()
+            hit = memo[key] = self._group_shape(key, lay)
+        return hit
+
+    @staticmethod
+    def _group_shape(gpus: tuple, lay) -> tuple:
+        gpn, rail_opt, leaf_of, pod_of = lay
         nodes, units, pods, locs = [], [], [], []
         for g in gpus:
             n, loc = divmod(g, gpn)
@@ -496,6 +571,52 @@ class Cluster:
         out = inverse[offsets[c][None, :] + new]
         return None if (out < 0).any() else out
 
+    def map_links(self, links, gpus, image) -> np.ndarray | None:
+        """The links GPU group ``image`` uses where group ``gpus`` uses ``links`` (an algorithm's, in its
+        order), when ``comm_shape`` finds the two alike: the renumbering of nodes, local indices (rails),
+        leaves and pods that takes each member of ``gpus`` to the one at its position in ``image`` maps routes
+        onto routes, link for link. None where the shapes differ or a link's node, rail, leaf or pod is not
+        one the members fix (the caller prices the image itself)."""
+        t = self._link_codes()
+        if t is None or not self._pristine() or len(gpus) != len(image) or self.fat_tree is None:
+            return None
+        if self.comm_shape(gpus) is None or self.comm_shape(gpus) != self.comm_shape(image):
+            return None
+        code, index, inverse, offsets = t
+        gpn = self.gpus_per_node
+        leaf_of, pod_of_leaf = self.fat_tree.leaf_of, self.fat_tree.pod_of_leaf
+        node_map: dict = {}
+        loc_map: dict = {}
+        for a, b in zip(gpus, image):
+            if node_map.setdefault(a // gpn, b // gpn) != b // gpn or loc_map.setdefault(a % gpn, b % gpn) != b % gpn:
+                return None
+        links = np.asarray(links, dtype=np.int64)
+        c, idx = code[links], index[links]
+        new = idx.copy()
+        on_gpu = c <= 3
+        leaf_map: dict = {}
+        pod_map: dict = {}
+        moved = []
+        for g in idx[on_gpu].tolist():
+            n, loc = divmod(g, gpn)
+            if n not in node_map or loc not in loc_map:
+                return None
+            h = node_map[n] * gpn + loc_map[loc]
+            la, lb = leaf_of[g], leaf_of[h]
+            if leaf_map.setdefault(la, lb) != lb or pod_map.setdefault(pod_of_leaf[la], pod_of_leaf[lb]) != pod_of_leaf[lb]:
+                return None
+            moved.append(h)
+        new[on_gpu] = moved
+        for lo, hi, table in ((4, 5, leaf_map), (6, 7, pod_map)):
+            on = (c >= lo) & (c <= hi)
+            if on.any():
+                try:
+                    new[on] = [table[k] for k in idx[on].tolist()]
+                except KeyError:
+                    return None
+        out = inverse[offsets[c] + new]
+        return None if (out < 0).any() else out
+
     def _fabric_arrays(self):
         """(a GPU on each leaf, leaf of each GPU, a leaf of each pod, pod of each leaf) as arrays."""
         arr = self.__dict__.get("_fab_arrays")
@@ -562,10 +683,11 @@ class Cluster:
         return sum(lat[i] for i in links)
 
     def _l(self, a, b) -> int:
-        try:
-            return self.link_id[(a, b)]
-        except KeyError:
-            raise TopologyError(f"cluster {self.name!r}: no link {a}->{b}") from None
+        ids = self._link_id
+        i = self._table_link(a, b) if ids is None else ids.get((a, b))
+        if i is None:
+            raise TopologyError(f"cluster {self.name!r}: no link {a}->{b}")
+        return i
 
     def _route(self, src, dst) -> list[int]:
         if src == dst:
@@ -633,12 +755,12 @@ class Cluster:
         la, lb = ft.leaf_of[ea], ft.leaf_of[eb]
         out.append(self._l(ea, ("leaf", la)))
         if la != lb:
-            out.append(self.link_id[("up", la)])
+            out.append(self._l("up", la))
             pa, pb = ft.pod_of_leaf[la], ft.pod_of_leaf[lb]
             if pa != pb:
-                out.append(self.link_id[("podup", pa)])
-                out.append(self.link_id[("poddown", pb)])
-            out.append(self.link_id[("down", lb)])
+                out.append(self._l("podup", pa))
+                out.append(self._l("poddown", pb))
+            out.append(self._l("down", lb))
         out.append(self._l(("leaf", lb), eb))
         if eb != dst:
             out.append(self._l(eb, dst))

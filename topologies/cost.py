@@ -197,8 +197,14 @@ class ClusterCostModel:
         self.call_overhead_s = call_overhead_s
         self.step_latency_s = {**STEP_LATENCY_S, **(step_latency_s or {})}
         types = cluster.link_type
-        self.capacity = np.array([c * self.efficiency.get(t, 1.0) for c, t in zip(cluster.link_capacity, types)])
-        self._step_lat = [self.step_latency_s.get(t, 0.0) for t in types]
+        # per link: capacity x its type's protocol efficiency, its type's step latency (a lookup per type)
+        kinds = set(types)
+        eff = {t: self.efficiency.get(t, 1.0) for t in kinds}
+        self.capacity = np.array(cluster.link_capacity, dtype=float)
+        if any(e != 1.0 for e in eff.values()):
+            self.capacity *= np.array(list(map(eff.__getitem__, types)), dtype=float)
+        step = {t: self.step_latency_s.get(t, 0.0) for t in kinds}
+        self._step_lat = list(map(step.__getitem__, types))
         self._cache: dict = {}
         self._shape_cache: dict = {}
         self._uniform_domains = self._domains_identical()
@@ -344,6 +350,14 @@ class ClusterCostModel:
     def device_key(self, rank: int) -> Hashable:
         return self.cluster.device(rank).name
 
+    def device_keys(self, n: int) -> list:
+        """``device_key`` of ranks 0 .. n-1 (symmetry refinement asks for every rank): one device per cluster."""
+        if type(self).device_key is not ClusterCostModel.device_key or type(self.cluster).device is not Cluster.device:
+            return [self.device_key(r) for r in range(n)]
+        if n:
+            self.cluster.gpu_of(n - 1)          # every rank placed (else the TopologyError device_key raises)
+        return [self.cluster.accelerator.name] * n
+
     def peak_flops(self, rank: int) -> float:
         return self.cluster.device(rank).peak_bf16_flops
 
@@ -374,28 +388,60 @@ class ClusterCostModel:
         if shape is not None and shape in self._shape_cache:
             ak = self._shape_cache[shape]
             res = None if ak is None else _AlgoCost(name, ak[0], ak[1],
-                                                    make=lambda: self._evaluate(kind, gpus, name)[2:])
+                                                    make=lambda: self._moved_links(kind, gpus, name, ak))
             if res is not None:
                 res._bound = ak[2]
         else:
             ev = self._evaluate(kind, gpus, name)
             res = None if ev is None else _AlgoCost(name, *ev)
             if shape is not None:
-                self._shape_cache[shape] = None if ev is None else (ev[0], ev[1], self._bound_per_byte(res))
+                self._shape_cache[shape] = None if ev is None else (ev[0], ev[1], self._bound_per_byte(res), gpus, res)
         self._cache[key] = res
         return res
 
+    def _moved_links(self, kind: str, gpus: tuple, name: str, ak: tuple):
+        """(links, coef) of algorithm ``name`` on ``gpus``, a group of the same shape as ``ak``'s (the first
+        priced): that group's links moved onto these by the cluster's automorphism (``Cluster.map_links``),
+        the same bytes on each; evaluated afresh where the cluster cannot map them."""
+        ref_gpus, ref = ak[3], ak[4]
+        moved = self.cluster.map_links(ref.links, ref_gpus, gpus) if len(ref.links) else None
+        if moved is None:
+            return self._evaluate(kind, gpus, name)[2:]
+        return moved, ref.coef
+
     def _shape_key(self, kind: str, gpus: tuple, name: str):
         """Groups inside one domain of a cluster whose star domains are identical cost the same wherever
-        they sit: key them by their positions inside the domain."""
+        they sit: key them by their positions inside the domain. Groups across domains of a fat tree whose
+        links of each kind are alike: by ``Cluster.comm_shape`` (an automorphism maps one onto the other,
+        routes onto routes of the same links' kinds, so every algorithm's A and K are the same)."""
         if not self._uniform_domains:
             return None
         ds = self.cluster.domain_size
         base = gpus[0] // ds * ds
         local = tuple(g - base for g in gpus)
-        if min(local) < 0 or max(local) >= ds:
+        if min(local) >= 0 and max(local) < ds:
+            return (kind, name, local)
+        if not self._uniform_links():
             return None
-        return (kind, name, local)
+        shape = self.cluster.comm_shape(gpus)
+        return None if shape is None else (kind, name, "across domains", shape)
+
+    def _uniform_links(self) -> bool:
+        """Every link of each kind (GPU <-> domain switch, GPU <-> leaf, leaf trunks, pod trunks: the link
+        codes) has the same capacity and latency, as the cluster was built (no link changed since)."""
+        hit = self.__dict__.get("_links_alike")
+        if hit is None:
+            codes = self.cluster._link_codes() if getattr(self.cluster, "faults", None) is None else None
+            hit = codes is not None
+            if hit:
+                code = codes[0]
+                lat = np.asarray(self.cluster.link_latency, dtype=float)
+                for c in np.unique(code).tolist():
+                    on = code == c
+                    cap, la = self.capacity[on], lat[on]
+                    hit = hit and bool((cap == cap[0]).all() and (la == la[0]).all())
+            self._links_alike = hit
+        return hit
 
     def _evaluate(self, kind: str, gpus: tuple, name: str):
         """(A, K, links, coef) of algorithm ``name`` on ``gpus``, or None where it does not apply."""
@@ -602,6 +648,22 @@ class ClusterCostModel:
                 or ranks.max() >= c.world_size):
             rows = groups.tolist() if isinstance(groups, np.ndarray) else groups
             return [self.comm_time_s(CommRequest(kind, tuple(g), size_bytes)) for g in rows]
+        # the groups' shapes do not depend on the kind (but for p2p) or the size: found once per table of
+        # groups (refinement prices each class's groups at several sizes)
+        memo = self.__dict__.setdefault("_shape_rows", {})
+        mkey = (kind == "p2p", ranks.shape, ranks.tobytes())
+        hit = memo.get(mkey)
+        if hit is None:
+            if len(memo) > 1024:
+                memo.clear()
+            hit = memo[mkey] = self._group_shapes(kind, ranks, arrays)
+        first, inv = hit
+        times = [self.comm_time_s(CommRequest(kind, tuple(ranks[i].tolist()), size_bytes)) for i in first]
+        return np.asarray(times)[inv].tolist()
+
+    @staticmethod
+    def _group_shapes(kind: str, ranks: np.ndarray, arrays) -> tuple[list, np.ndarray]:
+        """(a row of each shape, each row's shape) of the rank groups ``ranks`` (a row each)."""
         gpn, rail_opt, placement, leaf_of, pod_of = arrays
         gpus = placement[ranks]
         node, loc = gpus // gpn, gpus % gpn
@@ -616,8 +678,7 @@ class ClusterCostModel:
             M = np.ascontiguousarray(np.concatenate(cols, axis=1))
             rows = M.view(np.dtype((np.void, M.dtype.itemsize * M.shape[1]))).reshape(-1)    # a row as bytes
             _, first, inv = np.unique(rows, return_index=True, return_inverse=True)
-        times = [self.comm_time_s(CommRequest(kind, tuple(ranks[i].tolist()), size_bytes)) for i in first.tolist()]
-        return np.asarray(times)[inv.reshape(-1)].tolist()
+        return first.tolist(), inv.reshape(-1)
 
     def _shape_arrays(self):
         """(GPUs per node, rail-optimised, placement, unit and pod of each GPU) as arrays where

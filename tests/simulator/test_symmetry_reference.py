@@ -113,3 +113,20 @@ def test_batch_collective_times_equal_one_at_a_time(preset, gpus, over):
             batch = ClusterCostModel(c, network="flow").comm_times_s(kind, np.array(groups), 3e7)
             alone = ClusterCostModel(c, network="flow")
             assert batch == [alone.comm_time_s(CommRequest(kind, g, 3e7)) for g in groups]
+
+
+def test_batch_times_of_one_table_at_many_kinds_and_sizes():
+    """One cost model keeps a table's group shapes (comm_times_s); asked again at other kinds and sizes, and
+    for two-member groups both as transfers and as collectives, it answers as comm_time_s one at a time."""
+    c = load_cluster("dgx-h100", 1024, leaf_down=8, tiers=3)
+    rng = random.Random(4)
+    groups = np.array([rng.sample(range(1024), 8) for _ in range(100)])
+    pairs = groups[:, :2].copy()
+    m = ClusterCostModel(c, network="flow")
+    for kind, table in [("all_reduce", groups), ("all_gather", groups), ("p2p", pairs), ("all_reduce", pairs),
+                        ("reduce_scatter", groups), ("p2p", pairs)]:
+        for size in (1e3, 3e7):
+            alone = ClusterCostModel(c, network="flow")
+            assert m.comm_times_s(kind, table, size) == [
+                alone.comm_time_s(CommRequest(kind, tuple(g), size)) for g in table.tolist()], (kind, size)
+    assert len(m._shape_rows) == 3            # groups; pairs as transfers; pairs as collectives

@@ -227,3 +227,32 @@ def test_identical_domains_share_costs_unless_a_link_differs():
     assert t[1] > t[0] == t[2] == t[3]
     lab = ClusterCostModel(load_cluster("pcie-ethernet-lab", 16))
     assert lab._uniform_domains
+
+
+def test_device_keys_are_every_ranks_device_key_and_wrappers_keep_their_own():
+    """Symmetry refinement takes all ranks' device keys at once from the cost model's own class; a model
+    that wraps another (attribute delegation) is asked rank by rank, so its own device_key still splits."""
+    from schedules import build_programs
+    from schedules.models import custom_model
+    from schedules.plan import ParallelPlan
+    from simulator.symmetry import refine_classes
+    from topologies import load_cluster
+    c = load_cluster("dgx-h100", 32)
+    m = ClusterCostModel(c, network="flow")
+    assert m.device_keys(32) == [m.device_key(r) for r in range(32)]
+
+    class Wrapped:                      # like topologies.faults.FaultyCostModel: its own device_key
+        def __init__(self, base):
+            self.base = base
+
+        def device_key(self, rank):
+            return "slow" if rank == 9 else self.base.device_key(rank)
+
+        def __getattr__(self, name):
+            return getattr(self.base, name)
+
+    model = custom_model(layers=2, hidden=256, heads=4, vocab=1000)
+    plan = ParallelPlan(tp=2, pp=2, dp=8, micro_batch=1, global_batch=16, seq=128)
+    progs = build_programs(model, plan, 32)
+    assert refine_classes(progs, m).classes == len(progs.classes)
+    assert refine_classes(progs, Wrapped(m)).classes > len(progs.classes)

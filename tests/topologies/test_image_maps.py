@@ -182,3 +182,90 @@ def test_bad_images_give_the_one_group_errors():
             m.bundle(CommRequest("all_reduce", (0, 1, 2, 3), 1e6, images=images))
     with pytest.raises(ClusterSimError, match="not placed"):
         m.bundle(CommRequest("p2p", (0, 8), 1e6, images=((1, 999),)))
+
+
+@pytest.mark.parametrize("preset,gpus,over", CLUSTERS + [("dgx-h100", 8, {}), ("dgx-h100", 16384, {}),
+                                                         ("pcie-ethernet-lab", None, {})])
+def test_table_cluster_finds_links_without_the_name_dict(preset, gpus, over):
+    """A cluster whose link table comes from the specs builds no name -> id dict for its routes; the ids
+    its codes give (``_table_link``) are ``link_id``'s for every link, and None where no such link is."""
+    c = load_cluster(preset, gpus, **over)
+    if c._link_id is not None:          # built from the graph: nothing lazy
+        return
+    routed = [c.route(0, g) for g in range(0, c.n_gpus, max(1, c.n_gpus // 64))]
+    assert c._link_id is None and c._link_name is None and all(routed[1:])
+    for i, (a, b) in enumerate(c.link_name):
+        assert c._table_link(a, b) == i
+    ids = c.link_id
+    assert routed == [tuple(c._route(0, g)) for g in range(0, c.n_gpus, max(1, c.n_gpus // 64))]
+    sw = c.link_name[0][0]              # (switch of domain 0, GPU 0)
+    last = c.n_gpus - 1
+    for a, b in [(0, (sw[0], 1)), (last, (sw[0], 0)), (c.n_gpus, sw), (-1, sw), (sw, c.n_gpus), ("up", -1),
+                 ("up", 10 ** 6), ("down", "x"), ("sideways", 0), (0, 1), (sw, sw), (0, ("leaf", -1)),
+                 (0, ("leaf", 10 ** 6)), ((sw[0],), 0), (("leaf", 0, 1), 0)]:
+        assert c._table_link(a, b) == ids.get((a, b)), (a, b)
+    c._link_id = None
+    with pytest.raises(Exception, match="no link"):
+        c._l(0, (sw[0], 1))
+
+
+def _alike(c, rng, count=40):
+    """(group, other) GPU tuples: random groups (one or several per node, across leaves and pods, in any
+    order) and copies moved by node shifts, rail permutations or both; pairs of equal and unequal shape."""
+    gpn, nodes = c.gpus_per_node, c.n_gpus // c.gpus_per_node
+    out = []
+    for _ in range(count):
+        ns = rng.sample(range(nodes), rng.choice((2, 3, 5, min(12, nodes))))
+        rails = sorted(rng.sample(range(gpn), rng.choice((1, 1, 2, min(4, gpn)))))
+        group = [n * gpn + r for n in ns for r in rails]
+        if rng.random() < 0.5:
+            group.sort()
+        shift = rng.randrange(nodes)
+        perm = sorted(rng.sample(range(gpn), len(rails)))
+        to = dict(zip(rails, perm))
+        other = [((g // gpn + shift) % nodes) * gpn + to[g % gpn] for g in group]
+        out.append((tuple(group), tuple(other)))
+    return out
+
+
+@pytest.mark.parametrize("preset,gpus,over", CLUSTERS + [("dgx-h100", 16384, {})])
+def test_moved_links_equal_the_groups_own_algorithm(preset, gpus, over):
+    """A group of the same shape as one already priced takes that one's links through the cluster's map
+    (``Cluster.map_links``, ``ClusterCostModel._moved_links``): A, K, the links in order and their bytes are
+    what pricing the group itself gives, bit for bit; where the map is not known the group is priced."""
+    c = load_cluster(preset, gpus, **over)
+    rng = random.Random(5)
+    checked = 0
+    for group, other in _alike(c, rng):
+        for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
+            a, b = (group[:2], other[:2]) if kind == "p2p" else (group, other)
+            if len(set(a)) < 2:
+                continue
+            fresh = ClusterCostModel(c, network="flow")
+            warm = ClusterCostModel(c, network="flow")
+            for name in (("p2p",) if kind == "p2p" else tuple(ALGORITHMS)):
+                own = fresh._algo_cost(kind, b, name)
+                warm._algo_cost(kind, a, name)                      # prices the shape on group a
+                got = warm._algo_cost(kind, b, name)
+                assert (own is None) == (got is None), (kind, name, a, b)
+                if own is None:
+                    continue
+                assert (got.A, got.K) == (own.A, own.K), (kind, name, a, b)
+                assert got.links.tolist() == own.links.tolist() and got.coef.tolist() == own.coef.tolist(), \
+                    (kind, name, a, b)
+                ref = warm._algo_cost(kind, a, name)
+                moved = None if ref is None else c.map_links(ref.links, a, b)
+                if moved is not None:
+                    assert moved.tolist() == own.links.tolist()
+                    checked += 1
+    if c.comm_shape((0, 1)) is not None:
+        assert checked > 20
+
+
+def test_map_links_refuses_groups_of_other_shapes():
+    c = load_cluster("dgx-h100", 1024, leaf_down=8, tiers=3)
+    m = ClusterCostModel(c, network="flow")
+    links = m._evaluate("all_reduce", (0, 8, 16), "ring")[2]
+    assert c.map_links(links, (0, 8, 16), (0, 8, 16 + 8 * 8 * 4)) is None       # a node in another pod
+    assert c.map_links(links, (0, 8, 16), (0, 8)) is None
+    assert c.map_links(links, (0, 8, 16), (8, 16, 24)).tolist() == m._evaluate("all_reduce", (8, 16, 24), "ring")[2].tolist()
