@@ -315,12 +315,14 @@ _PRESETS: dict[str, ModelSpec] = {
     "llama2-7b": ModelSpec("llama2-7b", layers=32, hidden=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000),
     "llama2-13b": ModelSpec("llama2-13b", layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40, vocab=32000),
     "llama2-70b": ModelSpec("llama2-70b", layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=32000),
-    # Nemotron-4 15B / 340B: NVIDIA 2024 tech reports (15B: arXiv 2402.16819 table 1; 340B: arXiv 2406.11704
-    # sec. 2.1): squared-ReLU MLP (2 matrices), GQA 8, vocab 256,000, untied embeddings.
+    # Nemotron-4 15B / 340B: NVIDIA 2024 tech reports (15B: arXiv 2402.16819 table 1 and sec. 2: "squared ReLU
+    # activations in the MLP layers, no bias terms, dropout rate of zero, and untied input-output embeddings";
+    # 340B: arXiv 2406.11704 sec. 2.1, the same architecture): squared-ReLU MLP (2 matrices), GQA 8, vocab
+    # 256,000, no dropout.
     "nemotron4-15b": ModelSpec("nemotron4-15b", layers=32, hidden=6144, ffn=24576, heads=48, kv_heads=8,
-                               vocab=256000, gated_mlp=False),
+                               vocab=256000, gated_mlp=False, dropout=False),
     "nemotron4-340b": ModelSpec("nemotron4-340b", layers=96, hidden=18432, ffn=73728, heads=96, kv_heads=8,
-                                vocab=256000, gated_mlp=False),
+                                vocab=256000, gated_mlp=False, dropout=False),
     # Grok-1 314B: xai-org/grok-1 run.py / model.py (64 layers, emb 6144, 48 query / 8 KV heads, 8 experts top-2,
     # widening factor 8 -> ffn int(8·6144)·2/3 = 32,768 gated, vocab 131,072).
     "grok1-314b": ModelSpec("grok1-314b", layers=64, hidden=6144, ffn=32768, heads=48, kv_heads=8, vocab=131072,

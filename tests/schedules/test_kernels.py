@@ -110,6 +110,10 @@ def test_position_embedding_and_dropout_follow_the_model():
     assert any("rotary" in n for n in llama)
     assert not any("rotary" in n for n in names(mpt)) and not any("rotary" in n for n in gpt)
     assert not any("dropout" in n for n in names(mpt)) and any("dropout" in n for n in gpt)
+    # Nemotron-4: a 2-matrix (squared-ReLU) MLP trained without dropout (tech report: "dropout rate of zero")
+    for name in ("nemotron4-15b", "nemotron4-340b"):
+        for phase in ("forward", "backward"):
+            assert not any("dropout" in n for n in names(phase_kernels(get_model(name), plan, 0, phase)))
     assert "position embedding add" in names(phase_kernels(get_model("gpt3-175b"), plan, None, "forward",
                                                            part="embedding"))
     with pytest.raises(Exception, match="position_embedding"):
