@@ -124,6 +124,7 @@ class Engine:
     """Runs one step of ``programs`` against ``cost_model``. Use ``run()`` unless you need the object."""
 
     inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
+    closed_ends = True      # a communication starting alone on its links ends by its own event (see _communicate)
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
@@ -165,6 +166,8 @@ class Engine:
         self._net_settle = getattr(self.net, "settle", None)
         self._wake_t = None                 # time of the pending network wake-up (None: none pending)
         self._wake_callbacks = [self._on_network_wake]     # shared by every wake-up event (never changed)
+        self._closed_callbacks = [self._on_closed_end]     # shared by every closed-form end event
+        self._closed = self.closed_ends and hasattr(self.net, "finish_closed")
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
@@ -361,7 +364,20 @@ class Engine:
             key = self._net_key = self._net_key + 1
             rv.start_s = now
             self._net_events[key] = rv
-            self.net.start(now, key, request)
+            if self._closed:
+                # Alone on its links, it runs at its solo rate until it ends or a neighbour starts: the network
+                # gives its end now and keeps it off its heap (no wake-up, no re-scheduling), and it ends by its
+                # own event, queued now. If a neighbour starts first, the network takes it back (re-solved from
+                # then) and that event finds it so and does nothing (_on_closed_end).
+                t = self.net.start(now, key, request, True)
+                if t is not None:
+                    if t < math.inf:
+                        ev = _Signal(self._closed_callbacks)
+                        ev._value = key
+                        heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+                    return
+            else:
+                self.net.start(now, key, request)
             self._network_changed()
             return
         if self.sm_share is not None:
@@ -454,6 +470,30 @@ class Engine:
             callbacks, rv.callbacks = rv.callbacks, None
             for callback in callbacks:
                 callback(rv)
+
+    def _on_closed_end(self, event) -> None:
+        """The closed-form end of a communication that started alone on its links (``_communicate``): unless
+        the network took it back meanwhile, it ends now and its participants resume, as at a wake-up: at once
+        when no other event of this instant is queued, else queued behind those (as a wake-up would queue it:
+        the engine learns of the end only now)."""
+        key = event._value
+        net = self.net
+        env = self.env
+        now = env._now
+        if not net.finish_closed(now, key):
+            return
+        if net._dirty:              # (not net.settled) a neighbour that started at this instant: settle as before
+            self._network_changed()
+        rv = self._net_events.pop(key)
+        rv._ok = True
+        rv._value = rv.start_s
+        queue = env._queue
+        if queue and queue[0][0] == now and queue[0][1] <= NORMAL:
+            heappush(queue, (now + 0, NORMAL, next(env._eid), rv))
+            return
+        callbacks, rv.callbacks = rv.callbacks, None
+        for callback in callbacks:
+            callback(rv)
 
     # ------------------------------------------------------------------ streams
     def _stream(self, rank: int, idxs: list[int]) -> Callable:

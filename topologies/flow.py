@@ -121,8 +121,15 @@ class FlowNetwork:
         self._asked = False               # last call was next_completion (with a provisional answer)
 
     # ------------------------------------------------------------------ engine interface
-    def start(self, now_s: float, key: Hashable, request) -> None:
-        """Start communication ``key`` at ``now_s``."""
+    def start(self, now_s: float, key: Hashable, request, closed: bool = False) -> float | None:
+        """Start communication ``key`` at ``now_s``.
+
+        ``closed``: when the communication starts alone on its links (a component of its own, at its solo
+        rate), return its end time in closed form and keep it off ``next_completion``'s heap: the caller ends
+        it with ``finish_closed`` at that time. If another communication starts on its links before then,
+        the re-solve of their component takes it back (its progress brought to that instant, its new rate,
+        onto the heap: ``next_completion`` then answers for it and ``finish_closed`` returns False).
+        Otherwise (or without ``closed``) returns None."""
         active = self.active
         if key in active:
             raise TopologyError(f"flow network: communication {key!r} started twice")
@@ -148,16 +155,34 @@ class FlowNetwork:
                     keys.add(key)
                     y = self._solo[sid]
                     b.rate = self._solo_rate(sid) if y is None else y
+                    if closed:
+                        b.version = -1                  # off the heap: _push (a re-solve) brings it back
+                        return b.completion()
                     b.version = 1                       # self._push(b), inlined
                     self._seq += 1
                     heapq.heappush(self._heap, (b.completion(), self._seq, key, 1))
-                    return
+                    return None
             keys.add(key)
             self._dirty.add(key)
             if not self.lazy:
                 self._flush()
+        elif closed:                        # no links: nothing can share them
+            b.version = -1
+            return b.completion()
         else:
             self._push(b)
+        return None
+
+    def finish_closed(self, now_s: float, key: Hashable) -> bool:
+        """End at ``now_s`` a communication that ``start(..., closed=True)`` gave a closed-form end, and return
+        True; return False (and do nothing) when a re-solve has taken it back since: it then ends when
+        ``next_completion`` says, through ``finish`` (maybe already: taken back, it may end a rounding error
+        earlier or within a wake-up's tolerance). Keys must not be reused."""
+        b = self.active.get(key)
+        if b is None or b.version >= 0:
+            return False
+        self.finish(now_s, key)
+        return True
 
     @property
     def settled(self) -> bool:
@@ -496,19 +521,29 @@ def _max_min_small(links_list, demand_list, capacity, ref) -> list[float]:
     return [min(1.0, x[b] / ref[b]) for b in range(nb)]
 
 
-def drive(net, starts, tol: float = 1e-15) -> dict:
+def drive(net, starts, tol: float = 1e-15, closed: bool = False) -> dict:
     """Run a network the way simulator.engine does: ``starts`` = [(time, key, request)]; sleep until the
-    next completion, ask again, finish what is due. Returns {key: finish time}."""
+    next completion, ask again, finish what is due. Returns {key: finish time}. ``closed``: start with
+    ``closed=True`` and end communications that start alone at their closed-form ends (``finish_closed``),
+    after the starts of that instant."""
     pending = sorted(starts, key=lambda s: s[0])
     done: dict = {}
+    ends: list = []             # closed-form ends: (time, order, key)
     i = 0
     while True:
         nxt = net.next_completion()
         t_next = nxt[0] if nxt is not None else math.inf
+        if ends and ends[0][0] <= t_next and (i >= len(pending) or ends[0][0] < pending[i][0]):
+            t, _, key = heapq.heappop(ends)
+            if net.finish_closed(t, key):
+                done[key] = t
+            continue
         if i < len(pending) and pending[i][0] <= t_next:
             t, key, req = pending[i]
             i += 1
-            net.start(t, key, req)
+            end = net.start(t, key, req, True) if closed else net.start(t, key, req)
+            if end is not None and end < math.inf:
+                heapq.heappush(ends, (end, i, key))
             continue
         if nxt is None:
             return done
