@@ -70,6 +70,10 @@ class BundleSpec:
         return (self.T, self.links, self.nbytes, self.ref_bytes)[i]
 
 
+def _spec_id_of(b) -> int:
+    return -1 if b.spec is None else b.spec
+
+
 class _Bundle:
     __slots__ = ("key", "T", "links", "link_list", "demand", "demand_list", "ref", "progress", "rate", "t_last",
                  "version", "spec")
@@ -94,6 +98,7 @@ class FlowNetwork:
     solo_shortcut = True      # a bundle starting alone on its links takes its solo rate without a re-solve
     memo_rates = True         # a component solved before (the same specs in the same order) reuses its rates
     stop_early = True         # scans of a spec's neighbours stop once every active one is met (same order)
+    canonical_order = True    # a component is solved with its bundles in the order of their spec ids
 
     def __init__(self, capacity, bundle_of, lazy: bool = True):
         self.capacity = np.asarray(capacity, dtype=float)
@@ -157,7 +162,7 @@ class FlowNetwork:
                     b.rate = self._solo_rate(sid) if y is None else y
                     if closed:
                         b.version = -1                  # off the heap: _push (a re-solve) brings it back
-                        return b.completion()
+                        return now_s + b.T / b.rate if b.rate > 0 else math.inf     # b.completion()
                     b.version = 1                       # self._push(b), inlined
                     self._seq += 1
                     heapq.heappush(self._heap, (b.completion(), self._seq, key, 1))
@@ -378,13 +383,17 @@ class FlowNetwork:
     def _resolve(self, keys, now_s: float) -> None:
         """Bring the component's progress to now, recompute its max-min rates, reschedule completions."""
         self.recomputes += 1
-        bundles = [self.active[k] for k in keys]
+        pushed = bundles = [self.active[k] for k in keys]
         for b in bundles:
             if b.T > 0:
                 b.progress = min(1.0, b.progress + b.rate * (now_s - b.t_last) / b.T)
             b.t_last = now_s
         # The rates are a function of the bundles' specs in this order: the same component again (periodic
-        # schedules repeat them) takes the rates solved the first time, bit for bit.
+        # schedules repeat them) takes the rates solved the first time, bit for bit. Solved in the order of
+        # their spec ids (canonical_order), a component meets its earlier solves whatever order its bundles
+        # were found in (bundles of one spec get equal rates); they are still rescheduled in that order.
+        if self.canonical_order:
+            bundles = sorted(bundles, key=_spec_id_of)
         sig = tuple([b.spec for b in bundles])
         memo = self._rates_memo
         rates = memo.get(sig)
@@ -401,6 +410,7 @@ class FlowNetwork:
                 memo[sig] = rates
         for b, y in zip(bundles, rates):
             b.rate = y
+        for b in pushed:
             self._push(b)
         if len(self._heap) > 4 * len(self.active) + 1024:     # drop superseded entries now and then
             act = self.active
