@@ -168,6 +168,7 @@ class Engine:
         self._wake_callbacks = [self._on_network_wake]     # shared by every wake-up event (never changed)
         self._closed_callbacks = [self._on_closed_end]     # shared by every closed-form end event
         self._closed = self.closed_ends and hasattr(self.net, "finish_closed")
+        self._req_specs: dict[int, object] = {}         # id(request) -> its bundle (closed ends)
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
@@ -369,7 +370,10 @@ class Engine:
                 # gives its end now and keeps it off its heap (no wake-up, no re-scheduling), and it ends by its
                 # own event, queued now. If a neighbour starts first, the network takes it back (re-solved from
                 # then) and that event finds it so and does nothing (_on_closed_end).
-                t = self.net.start(now, key, request, True)
+                spec = self._req_specs.get(id(request))      # (requests live as long as the engine: _requests)
+                if spec is None:
+                    spec = self._req_specs[id(request)] = self.net.spec_of(request)
+                t = self.net.start(now, key, request, True, spec)
                 if t is not None:
                     if t < math.inf:
                         ev = _Signal(self._closed_callbacks)

@@ -126,8 +126,9 @@ class FlowNetwork:
         self._asked = False               # last call was next_completion (with a provisional answer)
 
     # ------------------------------------------------------------------ engine interface
-    def start(self, now_s: float, key: Hashable, request, closed: bool = False) -> float | None:
-        """Start communication ``key`` at ``now_s``.
+    def start(self, now_s: float, key: Hashable, request, closed: bool = False, spec=None) -> float | None:
+        """Start communication ``key`` at ``now_s`` (``spec``: what ``bundle_of(request)`` gives, when the caller
+        kept it from an earlier start of the same request).
 
         ``closed``: when the communication starts alone on its links (a component of its own, at its solo
         rate), return its end time in closed form and keep it off ``next_completion``'s heap: the caller ends
@@ -141,7 +142,8 @@ class FlowNetwork:
         self._asked = False
         if now_s != self.now:
             self._clock(now_s)
-        spec = self._bundle_of(request)
+        if spec is None:
+            spec = self._bundle_of(request)
         owned = not isinstance(spec, BundleSpec)
         if owned:
             spec = BundleSpec(*spec)
@@ -188,6 +190,10 @@ class FlowNetwork:
             return False
         self.finish(now_s, key)
         return True
+
+    def spec_of(self, request):
+        """What ``start`` asks the cost model for ``request`` (a pure function of it), for callers that keep it."""
+        return self._bundle_of(request)
 
     @property
     def settled(self) -> bool:
