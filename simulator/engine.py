@@ -169,6 +169,7 @@ class Engine:
         self._closed_callbacks = [self._on_closed_end]     # shared by every closed-form end event
         self._closed = self.closed_ends and hasattr(self.net, "finish_closed")
         self._req_specs: dict[int, object] = {}         # id(request) -> its bundle (closed ends)
+        self._closed_at: dict[float, list] = {}         # closed-form end time -> keys of the communications ending then
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
@@ -367,18 +368,23 @@ class Engine:
             self._net_events[key] = rv
             if self._closed:
                 # Alone on its links, it runs at its solo rate until it ends or a neighbour starts: the network
-                # gives its end now and keeps it off its heap (no wake-up, no re-scheduling), and it ends by its
-                # own event, queued now. If a neighbour starts first, the network takes it back (re-solved from
-                # then) and that event finds it so and does nothing (_on_closed_end).
+                # gives its end now and keeps it off its heap (no wake-up, no re-scheduling), and it ends by an
+                # event queued now for that time (one per distinct end time). If a neighbour starts first, the
+                # network takes it back (re-solved from then) and that event passes it over (_on_closed_end).
                 spec = self._req_specs.get(id(request))      # (requests live as long as the engine: _requests)
                 if spec is None:
                     spec = self._req_specs[id(request)] = self.net.spec_of(request)
                 t = self.net.start(now, key, request, True, spec)
                 if t is not None:
-                    if t < math.inf:
-                        ev = _Signal(self._closed_callbacks)
-                        ev._value = key
-                        heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+                    if t < math.inf:        # one event per distinct end time: the ends of one instant together
+                        at = self._closed_at.get(t)
+                        if at is None:
+                            self._closed_at[t] = [key]
+                            ev = _Signal(self._closed_callbacks)
+                            ev._value = t
+                            heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+                        else:
+                            at.append(key)
                     return
             else:
                 self.net.start(now, key, request)
@@ -458,12 +464,17 @@ class Engine:
             ended.append(rv)
         # a settled network's last answer is what _network_changed would ask again
         self._network_changed(nxt if self._net_settle is not None and net.settled else False)
-        if not ended:
-            return
-        # The ended communications fire now (self._trigger_in(rv, 0, rv.start_s)): queued at (now, NORMAL),
-        # behind every event already queued for this instant. When none is, they are the next events processed,
-        # in this order: run them here instead (what they schedule still queues behind the last of them).
-        # _network_changed runs first either way: its events are older than anything their callbacks make.
+        if ended:
+            self._fire(ended)
+
+    def _fire(self, ended) -> None:
+        """The communications ``ended`` end now (self._trigger_in(rv, 0, rv.start_s)): queued at (now, NORMAL),
+        behind every event already queued for this instant. When none is, they are the next events processed,
+        in this order: run them here instead (what they schedule still queues behind the last of them).
+        The network's wake-up (_network_changed) is queued first either way: its events are older than
+        anything their callbacks make."""
+        env = self.env
+        now = env._now
         queue = env._queue
         if not self.inline_ends or queue and queue[0][0] == now and queue[0][1] <= NORMAL:
             eid = env._eid
@@ -476,28 +487,24 @@ class Engine:
                 callback(rv)
 
     def _on_closed_end(self, event) -> None:
-        """The closed-form end of a communication that started alone on its links (``_communicate``): unless
-        the network took it back meanwhile, it ends now and its participants resume, as at a wake-up: at once
-        when no other event of this instant is queued, else queued behind those (as a wake-up would queue it:
-        the engine learns of the end only now)."""
-        key = event._value
-        net = self.net
+        """The closed-form ends at this instant of communications that started alone on their links
+        (``_communicate``): those the network did not take back meanwhile end now, together, and their
+        participants resume as at a wake-up (``_fire``: the engine learns of these ends only now)."""
         env = self.env
         now = env._now
-        if not net.finish_closed(now, key):
-            return
+        net = self.net
+        events = self._net_events
+        ended = []
+        for key in self._closed_at.pop(event._value):
+            if net.finish_closed(now, key):
+                rv = events.pop(key)
+                rv._ok = True
+                rv._value = rv.start_s
+                ended.append(rv)
         if net._dirty:              # (not net.settled) a neighbour that started at this instant: settle as before
             self._network_changed()
-        rv = self._net_events.pop(key)
-        rv._ok = True
-        rv._value = rv.start_s
-        queue = env._queue
-        if queue and queue[0][0] == now and queue[0][1] <= NORMAL:
-            heappush(queue, (now + 0, NORMAL, next(env._eid), rv))
-            return
-        callbacks, rv.callbacks = rv.callbacks, None
-        for callback in callbacks:
-            callback(rv)
+        if ended:
+            self._fire(ended)
 
     # ------------------------------------------------------------------ streams
     def _stream(self, rank: int, idxs: list[int]) -> Callable:
