@@ -124,6 +124,7 @@ class Engine:
     """Runs one step of ``programs`` against ``cost_model``. Use ``run()`` unless you need the object."""
 
     inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
+    closed_ends = True      # a communication starting alone on its links ends by its own event (see _communicate)
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
@@ -165,6 +166,10 @@ class Engine:
         self._net_settle = getattr(self.net, "settle", None)
         self._wake_t = None                 # time of the pending network wake-up (None: none pending)
         self._wake_callbacks = [self._on_network_wake]     # shared by every wake-up event (never changed)
+        self._closed_callbacks = [self._on_closed_end]     # shared by every closed-form end event
+        self._closed = self.closed_ends and hasattr(self.net, "finish_closed")
+        self._req_specs: dict[int, object] = {}         # id(request) -> its bundle (closed ends)
+        self._closed_at: dict[float, list] = {}         # closed-form end time -> keys of the communications ending then
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
         self.fail_at = dict(failures or {})
@@ -361,7 +366,28 @@ class Engine:
             key = self._net_key = self._net_key + 1
             rv.start_s = now
             self._net_events[key] = rv
-            self.net.start(now, key, request)
+            if self._closed:
+                # Alone on its links, it runs at its solo rate until it ends or a neighbour starts: the network
+                # gives its end now and keeps it off its heap (no wake-up, no re-scheduling), and it ends by an
+                # event queued now for that time (one per distinct end time). If a neighbour starts first, the
+                # network takes it back (re-solved from then) and that event passes it over (_on_closed_end).
+                spec = self._req_specs.get(id(request))      # (requests live as long as the engine: _requests)
+                if spec is None:
+                    spec = self._req_specs[id(request)] = self.net.spec_of(request)
+                t = self.net.start(now, key, request, True, spec)
+                if t is not None:
+                    if t < math.inf:        # one event per distinct end time: the ends of one instant together
+                        at = self._closed_at.get(t)
+                        if at is None:
+                            self._closed_at[t] = [key]
+                            ev = _Signal(self._closed_callbacks)
+                            ev._value = t
+                            heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+                        else:
+                            at.append(key)
+                    return
+            else:
+                self.net.start(now, key, request)
             self._network_changed()
             return
         if self.sm_share is not None:
@@ -438,12 +464,17 @@ class Engine:
             ended.append(rv)
         # a settled network's last answer is what _network_changed would ask again
         self._network_changed(nxt if self._net_settle is not None and net.settled else False)
-        if not ended:
-            return
-        # The ended communications fire now (self._trigger_in(rv, 0, rv.start_s)): queued at (now, NORMAL),
-        # behind every event already queued for this instant. When none is, they are the next events processed,
-        # in this order: run them here instead (what they schedule still queues behind the last of them).
-        # _network_changed runs first either way: its events are older than anything their callbacks make.
+        if ended:
+            self._fire(ended)
+
+    def _fire(self, ended) -> None:
+        """The communications ``ended`` end now (self._trigger_in(rv, 0, rv.start_s)): queued at (now, NORMAL),
+        behind every event already queued for this instant. When none is, they are the next events processed,
+        in this order: run them here instead (what they schedule still queues behind the last of them).
+        The network's wake-up (_network_changed) is queued first either way: its events are older than
+        anything their callbacks make."""
+        env = self.env
+        now = env._now
         queue = env._queue
         if not self.inline_ends or queue and queue[0][0] == now and queue[0][1] <= NORMAL:
             eid = env._eid
@@ -454,6 +485,26 @@ class Engine:
             callbacks, rv.callbacks = rv.callbacks, None
             for callback in callbacks:
                 callback(rv)
+
+    def _on_closed_end(self, event) -> None:
+        """The closed-form ends at this instant of communications that started alone on their links
+        (``_communicate``): those the network did not take back meanwhile end now, together, and their
+        participants resume as at a wake-up (``_fire``: the engine learns of these ends only now)."""
+        env = self.env
+        now = env._now
+        net = self.net
+        events = self._net_events
+        ended = []
+        for key in self._closed_at.pop(event._value):
+            if net.finish_closed(now, key):
+                rv = events.pop(key)
+                rv._ok = True
+                rv._value = rv.start_s
+                ended.append(rv)
+        if net._dirty:              # (not net.settled) a neighbour that started at this instant: settle as before
+            self._network_changed()
+        if ended:
+            self._fire(ended)
 
     # ------------------------------------------------------------------ streams
     def _stream(self, rank: int, idxs: list[int]) -> Callable:

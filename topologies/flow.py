@@ -70,6 +70,10 @@ class BundleSpec:
         return (self.T, self.links, self.nbytes, self.ref_bytes)[i]
 
 
+def _spec_id_of(b) -> int:
+    return -1 if b.spec is None else b.spec
+
+
 class _Bundle:
     __slots__ = ("key", "T", "links", "link_list", "demand", "demand_list", "ref", "progress", "rate", "t_last",
                  "version", "spec")
@@ -94,6 +98,7 @@ class FlowNetwork:
     solo_shortcut = True      # a bundle starting alone on its links takes its solo rate without a re-solve
     memo_rates = True         # a component solved before (the same specs in the same order) reuses its rates
     stop_early = True         # scans of a spec's neighbours stop once every active one is met (same order)
+    canonical_order = True    # a component is solved with its bundles in the order of their spec ids
 
     def __init__(self, capacity, bundle_of, lazy: bool = True):
         self.capacity = np.asarray(capacity, dtype=float)
@@ -121,15 +126,24 @@ class FlowNetwork:
         self._asked = False               # last call was next_completion (with a provisional answer)
 
     # ------------------------------------------------------------------ engine interface
-    def start(self, now_s: float, key: Hashable, request) -> None:
-        """Start communication ``key`` at ``now_s``."""
+    def start(self, now_s: float, key: Hashable, request, closed: bool = False, spec=None) -> float | None:
+        """Start communication ``key`` at ``now_s`` (``spec``: what ``bundle_of(request)`` gives, when the caller
+        kept it from an earlier start of the same request).
+
+        ``closed``: when the communication starts alone on its links (a component of its own, at its solo
+        rate), return its end time in closed form and keep it off ``next_completion``'s heap: the caller ends
+        it with ``finish_closed`` at that time. If another communication starts on its links before then,
+        the re-solve of their component takes it back (its progress brought to that instant, its new rate,
+        onto the heap: ``next_completion`` then answers for it and ``finish_closed`` returns False).
+        Otherwise (or without ``closed``) returns None."""
         active = self.active
         if key in active:
             raise TopologyError(f"flow network: communication {key!r} started twice")
         self._asked = False
         if now_s != self.now:
             self._clock(now_s)
-        spec = self._bundle_of(request)
+        if spec is None:
+            spec = self._bundle_of(request)
         owned = not isinstance(spec, BundleSpec)
         if owned:
             spec = BundleSpec(*spec)
@@ -148,16 +162,38 @@ class FlowNetwork:
                     keys.add(key)
                     y = self._solo[sid]
                     b.rate = self._solo_rate(sid) if y is None else y
+                    if closed:
+                        b.version = -1                  # off the heap: _push (a re-solve) brings it back
+                        return now_s + b.T / b.rate if b.rate > 0 else math.inf     # b.completion()
                     b.version = 1                       # self._push(b), inlined
                     self._seq += 1
                     heapq.heappush(self._heap, (b.completion(), self._seq, key, 1))
-                    return
+                    return None
             keys.add(key)
             self._dirty.add(key)
             if not self.lazy:
                 self._flush()
+        elif closed:                        # no links: nothing can share them
+            b.version = -1
+            return b.completion()
         else:
             self._push(b)
+        return None
+
+    def finish_closed(self, now_s: float, key: Hashable) -> bool:
+        """End at ``now_s`` a communication that ``start(..., closed=True)`` gave a closed-form end, and return
+        True; return False (and do nothing) when a re-solve has taken it back since: it then ends when
+        ``next_completion`` says, through ``finish`` (maybe already: taken back, it may end a rounding error
+        earlier or within a wake-up's tolerance). Keys must not be reused."""
+        b = self.active.get(key)
+        if b is None or b.version >= 0:
+            return False
+        self.finish(now_s, key)
+        return True
+
+    def spec_of(self, request):
+        """What ``start`` asks the cost model for ``request`` (a pure function of it), for callers that keep it."""
+        return self._bundle_of(request)
 
     @property
     def settled(self) -> bool:
@@ -353,13 +389,17 @@ class FlowNetwork:
     def _resolve(self, keys, now_s: float) -> None:
         """Bring the component's progress to now, recompute its max-min rates, reschedule completions."""
         self.recomputes += 1
-        bundles = [self.active[k] for k in keys]
+        pushed = bundles = [self.active[k] for k in keys]
         for b in bundles:
             if b.T > 0:
                 b.progress = min(1.0, b.progress + b.rate * (now_s - b.t_last) / b.T)
             b.t_last = now_s
         # The rates are a function of the bundles' specs in this order: the same component again (periodic
-        # schedules repeat them) takes the rates solved the first time, bit for bit.
+        # schedules repeat them) takes the rates solved the first time, bit for bit. Solved in the order of
+        # their spec ids (canonical_order), a component meets its earlier solves whatever order its bundles
+        # were found in (bundles of one spec get equal rates); they are still rescheduled in that order.
+        if self.canonical_order:
+            bundles = sorted(bundles, key=_spec_id_of)
         sig = tuple([b.spec for b in bundles])
         memo = self._rates_memo
         rates = memo.get(sig)
@@ -376,6 +416,7 @@ class FlowNetwork:
                 memo[sig] = rates
         for b, y in zip(bundles, rates):
             b.rate = y
+        for b in pushed:
             self._push(b)
         if len(self._heap) > 4 * len(self.active) + 1024:     # drop superseded entries now and then
             act = self.active
@@ -496,19 +537,29 @@ def _max_min_small(links_list, demand_list, capacity, ref) -> list[float]:
     return [min(1.0, x[b] / ref[b]) for b in range(nb)]
 
 
-def drive(net, starts, tol: float = 1e-15) -> dict:
+def drive(net, starts, tol: float = 1e-15, closed: bool = False) -> dict:
     """Run a network the way simulator.engine does: ``starts`` = [(time, key, request)]; sleep until the
-    next completion, ask again, finish what is due. Returns {key: finish time}."""
+    next completion, ask again, finish what is due. Returns {key: finish time}. ``closed``: start with
+    ``closed=True`` and end communications that start alone at their closed-form ends (``finish_closed``),
+    after the starts of that instant."""
     pending = sorted(starts, key=lambda s: s[0])
     done: dict = {}
+    ends: list = []             # closed-form ends: (time, order, key)
     i = 0
     while True:
         nxt = net.next_completion()
         t_next = nxt[0] if nxt is not None else math.inf
+        if ends and ends[0][0] <= t_next and (i >= len(pending) or ends[0][0] < pending[i][0]):
+            t, _, key = heapq.heappop(ends)
+            if net.finish_closed(t, key):
+                done[key] = t
+            continue
         if i < len(pending) and pending[i][0] <= t_next:
             t, key, req = pending[i]
             i += 1
-            net.start(t, key, req)
+            end = net.start(t, key, req, True) if closed else net.start(t, key, req)
+            if end is not None and end < math.inf:
+                heapq.heappush(ends, (end, i, key))
             continue
         if nxt is None:
             return done
