@@ -25,7 +25,7 @@ from itertools import compress
 
 import numpy as np
 
-from simulator.program import COMPUTE
+from simulator.program import COMPUTE, no_gc
 
 AXES = ("tp", "cp", "ep", "pp", "dp", "other")
 # process-group family (schedules.generate, traces.replay) -> parallel axis; "embed" (tied embedding
@@ -233,7 +233,9 @@ def compute_metrics(result, per_rank: bool = True) -> Metrics:
     T = result.step_time_s
     ranks = sorted(p.ops)
     codes = _axis_codes(p)
-    with np.errstate(invalid="ignore"):         # once for every rank
+    # once for every rank: NaN times of ops that never ran; the cyclic collector paused (the per-rank
+    # arrays and lists make no cycles, and at 16k ranks its collections walk the millions of ops again)
+    with np.errstate(invalid="ignore"), no_gc():
         rms = [rank_metrics(result, r, T, codes) for r in ranks]
     weights = np.array([rm.represents for rm in rms], dtype=float)
     W = weights.sum()

@@ -139,3 +139,18 @@ def test_rank_metrics_equal_the_op_by_op_reference_to_the_bit():
             assert got == ref
             assert [x.hex() if isinstance(x, float) else x for x in vars(got).values() if not isinstance(x, dict)] == \
                 [x.hex() if isinstance(x, float) else x for x in vars(ref).values() if not isinstance(x, dict)]
+
+
+def test_compute_metrics_pauses_the_collector_and_restores_it():
+    import gc
+    from simulator.metrics import compute_metrics
+    res, *_ = _random_result(3)
+    res.step_time_s, res.events_simulated, res.wall_time_s, res.mode = 10.0, 1, 0.0, "full"
+    res.cost_model.peak_flops = lambda rank: 1e15
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            assert compute_metrics(res).step_time_s == 10.0 and gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
