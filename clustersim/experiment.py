@@ -552,7 +552,8 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     t0 = time.perf_counter()
     # the cyclic collector is paused while the run builds its (acyclic) cluster tables and programs and, in
     # symmetric mode, runs the engine: each full collection would walk all of them again (~0.1 s of a
-    # 16k-GPU symmetric run). Full mode's engine run keeps it (millions of short-lived events). A process
+    # 16k-GPU symmetric run). Full mode resumes it for the engine's run (which pauses it itself while it sets
+    # up and runs), frozen first where the process ends after the command (below). A process
     # that ends after this command (the CLI) leaves it paused after a symmetric run without a timeline (only
     # a summary or JSON follows): re-enabling it would only collect, once, the young objects the run built
     # (cli.exit_process); a report folder's plots make garbage cycles, so the collector runs for them
@@ -564,6 +565,12 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
             exp, check_budget, timeline, announce)
         symmetric = programs.symmetric
         if was and not symmetric:
+            if process_ends_after_command():
+                # full mode in a process that ends after this command: what the set-up built (the programs'
+                # ops, acyclic and alive to the end) leaves the collector's reach before it resumes, else its
+                # first collections walk all of it again (the young generation holds everything made while
+                # it was paused); the heap is frozen at exit anyway (cli.exit_process)
+                gc.freeze()
             gc.enable()
         result = run(programs, cost, progress=progress, failures=failures, check=validate)
         metrics = compute_metrics(result)

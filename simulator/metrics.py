@@ -21,10 +21,11 @@ Units: seconds, bytes, FLOP/s.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from itertools import compress
 
 import numpy as np
 
-from simulator.program import COMPUTE
+from simulator.program import COMPUTE, no_gc
 
 AXES = ("tp", "cp", "ep", "pp", "dp", "other")
 # process-group family (schedules.generate, traces.replay) -> parallel axis; "embed" (tied embedding
@@ -73,7 +74,7 @@ def _sorted_union(s: np.ndarray, e: np.ndarray) -> float:
     last = np.empty(len(s), dtype=bool)
     last[:-1] = new[1:]
     last[-1] = True
-    return float(np.sum(run_max[last] - s[new]))
+    return float((run_max[last] - s[new]).sum())     # np.sum's reduction without its wrapper
 
 
 def union_length(starts, ends) -> float:
@@ -137,33 +138,34 @@ def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray |
     prog = result.programs.ops[rank]
     start = np.asarray(result.start_s[rank], dtype=float)
     end = np.asarray(result.end_s[rank], dtype=float)
-    is_compute = np.array([op.kind == COMPUTE for op in prog], dtype=bool)
+    kinds = [op.kind == COMPUTE for op in prog]
+    is_compute = np.frombuffer(bytes(kinds), dtype=np.bool_) if kinds else np.zeros(0, dtype=bool)
     done = ~np.isnan(end)
-    m = ~is_compute & done
-    # every union below is of intervals in start order: sort once (stable), then select with masks
-    with np.errstate(invalid="ignore"):
-        ok = done & ~np.isnan(start) & (end > start)
-    order = np.argsort(start, kind="stable")
+    # the ops that ran for some time (a comparison with NaN is False), in start order (stable): every
+    # union below is of these, selected with masks
+    ok = np.flatnonzero(end > start)
+    order = ok[np.argsort(start[ok], kind="stable")]
     S, E = start[order], end[order]
-    cS, mS = (is_compute & ok)[order], (m & ok)[order]
+    cS = is_compute[order]
+    mS = ~cS
     comp = _sorted_union(S[cS], E[cS])
     comm = _sorted_union(S[mS], E[mS])
-    both = _sorted_union(S[ok[order]], E[ok[order]])
+    both = _sorted_union(S, E)
     overlap = comp + comm - both
     by_axis = {}
-    if m.any():
+    m = np.flatnonzero(done & ~is_compute)         # communication that ended
+    if len(m):
         codes = _axis_codes(result.programs) if axis_codes is None else axis_codes
         other = len(codes) - 1                  # axis_of: "other" for no group or an unknown one
         g = np.array([-1 if op.group is None else op.group for op in prog], dtype=np.int64)
-        axes = codes[np.where((g >= 0) & (g < other), g, other)][order]
-        m_sorted = m[order]
-        for k, ax in enumerate(AXES):
-            sel = m_sorted & (axes == k)
-            if sel.any():
-                sel &= mS
-                total = _sorted_union(S[sel], E[sel])
-                with_comp = _sorted_union(S[sel | cS], E[sel | cS])     # the axis's communication or compute
-                by_axis[ax] = (total, with_comp - comp)
+        axes = codes[np.where((g >= 0) & (g < other), g, other)]
+        axes_sorted = axes[order]
+        for k in np.unique(axes[m]).tolist():   # the axes of some communication that ended, in AXES order
+            sel = mS & (axes_sorted == k)
+            total = _sorted_union(S[sel], E[sel])
+            sel |= cS
+            with_comp = _sorted_union(S[sel], E[sel])     # the axis's communication or compute
+            by_axis[AXES[k]] = (total, with_comp - comp)
     flops = float(sum([op.flops for op in prog if op.kind == COMPUTE]))
     cost = result.cost_model
     return RankMetrics(
@@ -177,18 +179,18 @@ def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray |
     )
 
 
-def memory_events(result, rank: int):
-    """(times_s, deltas_bytes, categories) of one rank's alloc (at op start) and free (at op end) events,
-    sorted by time with frees before allocs at the same instant."""
+def _memory_events(result, rank: int, categories: bool):
+    """``memory_events`` (categories: None unless asked)."""
     prog = result.programs.ops[rank]
-    ai, ab, ac, fi, fb, fc = [], [], [], [], [], []       # op index, bytes, category of allocs / frees
-    for i, op in enumerate(prog):
-        if op.alloc:
-            for cat, b in op.alloc:
-                ai.append(i); ab.append(b); ac.append(cat)
-        if op.free:
-            for cat, b in op.free:
-                fi.append(i); fb.append(-b); fc.append(cat)
+    allocs = [op.alloc for op in prog]
+    frees = [op.free for op in prog]
+    n = len(prog)
+    ops_a = list(compress(range(n), allocs))           # the ops with memory events (most have none)
+    ops_f = list(compress(range(n), frees))
+    ai = [i for i in ops_a for _ in allocs[i]]          # op index, bytes of each alloc / free
+    ab = [b for i in ops_a for _, b in allocs[i]]
+    fi = [i for i in ops_f for _ in frees[i]]
+    fb = [b for i in ops_f for _, b in frees[i]]
     if not ai and not fi:
         return np.zeros(0), np.zeros(0), []
     st = np.asarray(result.start_s[rank], dtype=float)[np.asarray(ai, dtype=np.int64)]
@@ -197,18 +199,29 @@ def memory_events(result, rank: int):
     times = np.concatenate((st[ok_a], en[ok_f]))
     if not len(times):
         return np.zeros(0), np.zeros(0), []
-    deltas = np.concatenate((np.asarray(ab, dtype=float)[ok_a], np.asarray(fb, dtype=float)[ok_f]))
-    cats = [c for c, k in zip(ac, ok_a.tolist()) if k] + [c for c, k in zip(fc, ok_f.tolist()) if k]
-    order = np.concatenate((np.ones(int(ok_a.sum()), dtype=np.int64), np.zeros(int(ok_f.sum()), dtype=np.int64)))
+    deltas = np.concatenate((np.asarray(ab, dtype=float)[ok_a], -np.asarray(fb, dtype=float)[ok_f]))
+    n_a = int(np.count_nonzero(ok_a))
+    order = np.zeros(len(times), dtype=np.int64)
+    order[:n_a] = 1
     # stable: events of one kind at one instant keep program order, as when they were listed op by op
     idx = np.lexsort((order, times))
-    return times[idx], deltas[idx], [cats[i] for i in idx]
+    if not categories:
+        return times[idx], deltas[idx], None
+    cats = list(compress([c for i in ops_a for c, _ in allocs[i]], ok_a.tolist())) + \
+        list(compress([c for i in ops_f for c, _ in frees[i]], ok_f.tolist()))
+    return times[idx], deltas[idx], list(map(cats.__getitem__, idx.tolist()))
+
+
+def memory_events(result, rank: int):
+    """(times_s, deltas_bytes, categories) of one rank's alloc (at op start) and free (at op end) events,
+    sorted by time with frees before allocs at the same instant."""
+    return _memory_events(result, rank, True)
 
 
 def peak_memory(result, rank: int) -> float:
     """Static memory plus the highest level reached by the rank's alloc/free events (bytes)."""
     static = sum(result.programs.static_memory.get(rank, {}).values())
-    _, deltas, _ = memory_events(result, rank)
+    _, deltas, _ = _memory_events(result, rank, False)
     if len(deltas) == 0:
         return float(static)
     return float(static + max(0.0, np.max(np.cumsum(deltas))))
@@ -220,7 +233,10 @@ def compute_metrics(result, per_rank: bool = True) -> Metrics:
     T = result.step_time_s
     ranks = sorted(p.ops)
     codes = _axis_codes(p)
-    rms = [rank_metrics(result, r, T, codes) for r in ranks]
+    # once for every rank: NaN times of ops that never ran; the cyclic collector paused (the per-rank
+    # arrays and lists make no cycles, and at 16k ranks its collections walk the millions of ops again)
+    with np.errstate(invalid="ignore"), no_gc():
+        rms = [rank_metrics(result, r, T, codes) for r in ranks]
     weights = np.array([rm.represents for rm in rms], dtype=float)
     W = weights.sum()
     cost = result.cost_model

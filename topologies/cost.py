@@ -212,8 +212,10 @@ class ClusterCostModel:
         self._paths: dict = {}
         self._time_cache: dict = {}
         self._sm_cache: dict = {}
+        self._sm_shape_cache: dict = {}
         self._shape_time_cache: dict = {}
         self._compute_cache: dict = {}
+        self._kl_times: dict = {}               # id(KernelList) -> (it, compute_time_s of an op launching it)
         self._bundle_cache: dict = {}
         acc = cluster.accelerator
         self._compute_fit = self._cal.compute[0] if self._cal is not None and self._cal.compute else None
@@ -282,11 +284,22 @@ class ClusterCostModel:
             return op.duration_s
         if not (type(rank) is int and 0 <= rank < self.cluster.world_size):
             self.cluster.gpu_of(rank)           # raises the unplaced-rank error
+        kl = op.kernels
+        if kl is not None and not self._layer_fits:
+            # the engine asks once per compute op (millions in full mode); ops share their kernel lists
+            # (a template's ops, copies): the whole answer below, remembered per list object
+            hit = self._kl_times.get(id(kl))
+            if hit is not None and hit[0] is kl:
+                return hit[1]
         layer_fit = self._layer_fit_for(op)
-        if layer_fit is None and op.kernels is not None and self.kernels is not None:
-            t = self.kernels.time_s(op.kernels) * self.slowest_gpu_factor
+        if layer_fit is None and kl is not None and self.kernels is not None:
+            t = self.kernels.time_s(kl) * self.slowest_gpu_factor
             if self._compute_fit is not None:
                 t += self._compute_fit.op_overhead_s     # calibrated framework time per program op
+            if not self._layer_fits:
+                if len(self._kl_times) > 100_000:
+                    self._kl_times.clear()
+                self._kl_times[id(kl)] = (kl, t)
             return t
         key = (op.flops, op.mem_bytes, layer_fit is not None and layer_fit.phase)
         t = self._compute_cache.get(key)
@@ -708,21 +721,31 @@ class ClusterCostModel:
         f = self._sm_cache.get(key)
         if f is None:
             gpus = self._gpus(request)
-            ch = 0
-            if self._calibrated(request.kind, gpus, request.size_bytes) is None:
-                if request.kind == "p2p":
-                    ch = 2 if self._nccl_comm(gpus) is not None else 0
-                elif request.kind == "all_to_all":
-                    comm = self._nccl_comm(gpus)
-                    ch = 0 if comm is None else nccl.comm_channels(comm, nccl.graphs(comm))
-                else:
-                    c = self.nccl_choice(request.kind, gpus, request.size_bytes)
-                    ch = 0 if c is None else c.channels
-            f = min(1.0, ch / sms)
+            # the share is a function of (kind, NCCL's group shape, size): a calibrated fit is chosen by
+            # the kind, the group's size and whether it spans nodes; NCCL's channels by its Comm, which
+            # nccl.group_shape alone determines. Priced once per shape (distinct groups: ~35 k at 16k GPUs)
+            skey = (request.kind, nccl.group_shape(self.cluster, gpus), request.size_bytes)
+            f = self._sm_shape_cache.get(skey)
+            if f is None:
+                f = self._sm_shape_cache[skey] = self._sm_fraction(request.kind, gpus, request.size_bytes, sms)
             if len(self._sm_cache) > 200_000:
                 self._sm_cache.clear()
             self._sm_cache[key] = f
         return f
+
+    def _sm_fraction(self, kind: str, gpus: tuple, size: float, sms: int) -> float:
+        """``comm_sm_fraction`` of a communication of ``kind`` and ``size`` on ``gpus``, priced afresh."""
+        ch = 0
+        if self._calibrated(kind, gpus, size) is None:
+            if kind == "p2p":
+                ch = 2 if self._nccl_comm(gpus) is not None else 0
+            elif kind == "all_to_all":
+                comm = self._nccl_comm(gpus)
+                ch = 0 if comm is None else nccl.comm_channels(comm, nccl.graphs(comm))
+            else:
+                c = self.nccl_choice(kind, gpus, size)
+                ch = 0 if c is None else c.channels
+        return min(1.0, ch / sms)
 
     def algorithm_for(self, request: CommRequest) -> str:
         """Name of the algorithm the model uses for ``request`` ("none" when nothing moves)."""
@@ -757,7 +780,7 @@ class ClusterCostModel:
         if hit is not None and hit[0] is request.images:
             return hit[1]
         out = self._bundle(request)
-        if len(self._bundle_cache) > 100_000:
+        if len(self._bundle_cache) > 1_000_000:    # full mode at 16k GPUs: ~10^5 distinct requests
             self._bundle_cache.clear()
         self._bundle_cache[key] = (request.images, out)
         return out

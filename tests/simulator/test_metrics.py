@@ -88,3 +88,69 @@ def test_rank_unions_equal_each_subset_merged_alone():
             sel = np.array([op.kind != "compute" and axis_of(res.programs, op) == ax for op in prog]) & ~np.isnan(e)
             assert total == union_length(s[sel], e[sel])
             assert exposed == union_length(np.concatenate([s[sel], cs]), np.concatenate([e[sel], ce])) - ref["compute"]
+
+
+def _reference_rank_metrics(result, rank, T, codes):
+    """rank_metrics as it read op by op (list comprehensions per op, np.sum), before the C-level passes."""
+    from simulator.metrics import COMPUTE, RankMetrics, _sorted_union
+    prog = result.programs.ops[rank]
+    start, end = np.asarray(result.start_s[rank], dtype=float), np.asarray(result.end_s[rank], dtype=float)
+    is_compute = np.array([op.kind == COMPUTE for op in prog], dtype=bool)
+    done = ~np.isnan(end)
+    m = ~is_compute & done
+    with np.errstate(invalid="ignore"):
+        ok = done & ~np.isnan(start) & (end > start)
+    order = np.argsort(start, kind="stable")
+    S, E = start[order], end[order]
+    cS, mS = (is_compute & ok)[order], (m & ok)[order]
+    comp, comm = _sorted_union(S[cS], E[cS]), _sorted_union(S[mS], E[mS])
+    both = _sorted_union(S[ok[order]], E[ok[order]])
+    by_axis = {}
+    if m.any():
+        other = len(codes) - 1
+        g = np.array([-1 if op.group is None else op.group for op in prog], dtype=np.int64)
+        axes = codes[np.where((g >= 0) & (g < other), g, other)][order]
+        for k, ax in enumerate(AXES):
+            sel = m[order] & (axes == k)
+            if sel.any():
+                sel &= mS
+                by_axis[ax] = (_sorted_union(S[sel], E[sel]), _sorted_union(S[sel | cS], E[sel | cS]) - comp)
+    rt, rd, rc = _reference_memory_events(prog, result.start_s[rank], result.end_s[rank])
+    peak = sum(result.programs.static_memory.get(rank, {}).values())
+    if rd:
+        peak = peak + max(0.0, float(np.max(np.cumsum(np.array(rd, dtype=float)))))
+    return RankMetrics(rank=rank, represents=result.programs.multiplicity(rank),
+                       end_s=float(np.nanmax(end)) if done.any() else 0.0, compute_s=comp, comm_s=comm,
+                       exposed_comm_s=comm - (comp + comm - both), overlap_s=comp + comm - both,
+                       idle_s=max(0.0, T - both), executed_flops=float(sum([op.flops for op in prog if op.kind == COMPUTE])),
+                       peak_memory_bytes=float(peak), memory_capacity_bytes=1.0, comm_by_axis=by_axis)
+
+
+def test_rank_metrics_equal_the_op_by_op_reference_to_the_bit():
+    """The C-level passes (attrgetter maps, compress, np.fromiter) give every figure of the per-op reference
+    exactly, on random programs with NaN times, ties, unknown groups and memory events."""
+    from simulator.metrics import _axis_codes
+    for seed in range(40):
+        res, prog, st, en = _random_result(seed)
+        codes = _axis_codes(res.programs)
+        for T in (5.0, 20.0):
+            got = rank_metrics(res, 0, T, codes)
+            ref = _reference_rank_metrics(res, 0, T, codes)
+            assert got == ref
+            assert [x.hex() if isinstance(x, float) else x for x in vars(got).values() if not isinstance(x, dict)] == \
+                [x.hex() if isinstance(x, float) else x for x in vars(ref).values() if not isinstance(x, dict)]
+
+
+def test_compute_metrics_pauses_the_collector_and_restores_it():
+    import gc
+    from simulator.metrics import compute_metrics
+    res, *_ = _random_result(3)
+    res.step_time_s, res.events_simulated, res.wall_time_s, res.mode = 10.0, 1, 0.0, "full"
+    res.cost_model.peak_flops = lambda rank: 1e15
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            assert compute_metrics(res).step_time_s == 10.0 and gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
