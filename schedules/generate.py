@@ -608,7 +608,8 @@ class _StageBuilder:
             n = sum(n for _, n in self._gather_sizes(u))
             g, r = self.p.grad_bytes_per_param, self.p.grad_reduce_bytes
             fsdp1 = self.p.stack in FSDP1_STACKS
-            per = ((g + r if r != g else 0.0) + 2 * r) if fsdp1 else g + r
+            cast = g + r if r != g else 0.0         # FSDP1's cast of the flat gradient, where the precisions differ
+            per = cast + 2 * r if fsdp1 else g + r
             what = "grad pre-divide" if fsdp1 else "copy-in"
             if n:
                 last = self.comp(f"fsdp {what} {u.name}", 0.0, n * per, (last,), layer=u.layer,

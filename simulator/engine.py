@@ -501,7 +501,7 @@ class Engine:
                 rv._ok = True
                 rv._value = rv.start_s
                 ended.append(rv)
-        if net._dirty:              # (not net.settled) a neighbour that started at this instant: settle as before
+        if not net.settled:         # a neighbour that started at this instant: settle as before
             self._network_changed()
         if ended:
             self._fire(ended)

@@ -580,7 +580,8 @@ class Cluster:
         t = self._link_codes()
         if t is None or not self._pristine() or len(gpus) != len(image) or self.fat_tree is None:
             return None
-        if self.comm_shape(gpus) is None or self.comm_shape(gpus) != self.comm_shape(image):
+        shape = self.comm_shape(gpus)
+        if shape is None or shape != self.comm_shape(image):
             return None
         code, index, inverse, offsets = t
         gpn = self.gpus_per_node
