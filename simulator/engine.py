@@ -183,7 +183,6 @@ class Engine:
             self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
             self.compute_end = dict.fromkeys(programs.ops, 0.0)   # end of the rank's latest compute op
             self._share_cache: dict = {}
-            self._coll_hold: dict = {}      # flow network: (group, kind, size) -> (contention-free time, share)
 
     # ------------------------------------------------------------------ helpers
     def _rendezvous_keys(self) -> dict[int, list]:
@@ -355,12 +354,8 @@ class Engine:
         else:
             if self.sm_share is not None:       # the contention-free time stands in for the SMs' hold
                 op = rv.op
-                if op.kind == COLLECTIVE:       # (time, share) cached per (group, kind, size), as each is
-                    hk = (op.group, op.collective, op.size_bytes)
-                    hold = self._coll_hold.get(hk)
-                    if hold is None:
-                        hold = self._coll_hold[hk] = (self._solo_time(op), self._share(op))
-                    self._comm_started(rv.arrived, now, hold[0], hold[1])
+                if op.kind == COLLECTIVE:       # both cached per (group, kind, size)
+                    self._comm_started(rv.arrived, now, self._solo_time(op), self._share(op))
                 else:
                     self._hold_sms(rv, now, self.cost.comm_time_s(request))
             key = self._net_key = self._net_key + 1
@@ -450,7 +445,6 @@ class Engine:
         now = env._now
         net = self.net
         due = now + 1e-15 * max(1.0, now)
-        events = self._net_events
         ended = []
         while True:
             nxt = net.next_completion()
@@ -458,14 +452,19 @@ class Engine:
                 break
             key = nxt[1]
             net.finish(now, key)
-            rv = events.pop(key)
-            rv._ok = True
-            rv._value = rv.start_s
-            ended.append(rv)
+            ended.append(self._net_ended(key))
         # a settled network's last answer is what _network_changed would ask again
         self._network_changed(nxt if self._net_settle is not None and net.settled else False)
         if ended:
             self._fire(ended)
+
+    def _net_ended(self, key) -> _Rendezvous:
+        """The rendezvous of network communication ``key``, which the network has just finished: its event
+        succeeds with the communication's start as value."""
+        rv = self._net_events.pop(key)
+        rv._ok = True
+        rv._value = rv.start_s
+        return rv
 
     def _fire(self, ended) -> None:
         """The communications ``ended`` end now (self._trigger_in(rv, 0, rv.start_s)): queued at (now, NORMAL),
@@ -493,14 +492,7 @@ class Engine:
         env = self.env
         now = env._now
         net = self.net
-        events = self._net_events
-        ended = []
-        for key in self._closed_at.pop(event._value):
-            if net.finish_closed(now, key):
-                rv = events.pop(key)
-                rv._ok = True
-                rv._value = rv.start_s
-                ended.append(rv)
+        ended = [self._net_ended(key) for key in self._closed_at.pop(event._value) if net.finish_closed(now, key)]
         if not net.settled:         # a neighbour that started at this instant: settle as before
             self._network_changed()
         if ended:

@@ -202,22 +202,17 @@ class Programs:
 
     def group_of(self, rank: int, family: str) -> int | None:
         """Id of the group of ``family`` that holds ``rank`` (None if none; the first such group)."""
-        try:                                    # the engine asks once per class member: kept lean
-            n, tables = self.__dict__["_family_rank"]
-            if n == len(self.groups):
-                return tables[family].get(rank)
-        except KeyError:                        # no table yet, or no group of that family
-            tables = self.__dict__.get("_family_rank")
-            if tables is not None and tables[0] == len(self.groups):
-                return None
-        tables = {}                             # family -> rank -> group id, built once per group count
-        for gid, g in enumerate(self.groups):
-            t = tables.get(g.family)
-            if t is None:
-                t = tables[g.family] = {}
-            for r in g.ranks:
-                t.setdefault(r, gid)
-        self.__dict__["_family_rank"] = (len(self.groups), tables)
+        hit = self.__dict__.get("_family_rank")  # (group count, family -> rank -> group id): built once
+        if hit is None or hit[0] != len(self.groups):
+            tables: dict = {}
+            for gid, g in enumerate(self.groups):
+                t = tables.get(g.family)
+                if t is None:
+                    t = tables[g.family] = {}
+                for r in g.ranks:
+                    t.setdefault(r, gid)
+            hit = self.__dict__["_family_rank"] = (len(self.groups), tables)
+        tables = hit[1]
         t = tables.get(family)
         return None if t is None else t.get(rank)
 
