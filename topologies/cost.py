@@ -238,9 +238,12 @@ class ClusterCostModel:
         self._sigma = sigma
 
     def with_cluster(self, cluster: Cluster) -> "ClusterCostModel":
-        """The same model (every setting) on another cluster (e.g. one with failed or degraded links)."""
+        """The same model (every setting) on another cluster (e.g. one with failed or degraded links). The
+        kernel-level compute model stays: ``compute_efficiency`` is passed on only where a flat roofline
+        was asked for (it always holds a number, and a number selects the flat what-if model)."""
         return ClusterCostModel(cluster, network=self.network_mode, calibration=self.calibration,
-                                algorithm=self.algorithm, compute_efficiency=self.compute_efficiency,
+                                algorithm=self.algorithm,
+                                compute_efficiency=None if self.kernels is not None else self.compute_efficiency,
                                 efficiency=self.efficiency, call_overhead_s=self.call_overhead_s,
                                 step_latency_s=self.step_latency_s, protocol=self.protocol,
                                 comm_model=self.comm_model, calibration_scope=self.calibration_scope,

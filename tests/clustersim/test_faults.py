@@ -333,6 +333,22 @@ def test_simulate_with_link_faults_end_to_end():
         _experiment({"link_failures": ["0:leaf.0", "0:nvswitch.0"]})
 
 
+def test_a_link_fault_that_changes_nothing_leaves_the_step_unchanged():
+    """Regression: the cost model rebuilt on the faulted cluster priced compute with the flat what-if roofline
+    (and without the slowest-GPU factor) instead of the kernel model, so a failed link made a step faster."""
+    from topologies import load_cluster
+    from topologies.cost import ClusterCostModel
+    base = _experiment({}).metrics.step_time_s
+    same = _experiment({"link_degradation": {"leaf.0:spine.0.0": 1.0}}).metrics.step_time_s
+    spare = _experiment({"link_failures": ["leaf.0:spine.0.0"]}).metrics.step_time_s   # 1 of 32 idle uplinks
+    assert same == base and spare == pytest.approx(base, rel=1e-12)
+    cost = ClusterCostModel(load_cluster("dgx-h100", 16), network="flow")
+    again = cost.with_cluster(cost.cluster)
+    assert again.kernels is not None and again.slowest_gpu_factor == cost.slowest_gpu_factor
+    flat = ClusterCostModel(load_cluster("dgx-h100", 16), compute_efficiency=0.5).with_cluster(cost.cluster)
+    assert flat.kernels is None and flat.compute_efficiency == 0.5
+
+
 def test_simulate_with_a_failing_device_reports_the_hung_collective():
     with pytest.raises(DeviceFailureError, match=r"rank\(s\) \[3\] failed.*hang") as e:
         _experiment({"device_failures": {3: 0.01}}, network="analytical")
