@@ -614,8 +614,8 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
         fault_breaks = fault_mod.breaks_symmetry(spec)
     mode = exp.mode
     if mode == "symmetric" and fault_breaks:
-        raise ConfigError("faults (stragglers, jitter, failed or degraded links, device failures) break rank "
-                          "symmetry: use --mode full")
+        raise ConfigError("jitter, failed or degraded links and device failures break rank symmetry (stragglers "
+                          "do not: they get classes of their own): use --mode full")
     symmetric = mode != "full" and not fault_breaks
     # before any structure proportional to the plan: a lower bound on the op count is checked first
     from clustersim.guards import check_budget as guard, minimum_ops

@@ -58,7 +58,11 @@ class Refinement:
             return None
         coarse = len(self.splits)
         why = "; ".join(self.causes()[:2])
-        return (f"placement is uneven: {coarse} rank classes split into {self.classes} by communication cost "
+        if any("straggler" in w for w in self.causes()):
+            head, cause = "stragglers make ranks differ", "straggler factor and communication cost"
+        else:
+            head, cause = "placement is uneven", "communication cost"
+        return (f"{head}: {coarse} rank classes split into {self.classes} by {cause} "
                 f"({len(split)} split; e.g. {why}); simulated one representative per class")
 
 
@@ -344,8 +348,12 @@ class _Signatures:
     def reason(self, r: int, colour: list[int]) -> str:
         """Why the members of coarse class ``r`` differ (the first difference against the representative)."""
         p, dev = self.p, self.cost.device_key
+        slow = getattr(self.cost, "factors", None)     # a FaultyCostModel's straggler factors
         for m in p.classes[r]:
             if dev(m) != dev(r):
+                if slow is not None and slow.get(m, 1.0) != slow.get(r, 1.0):
+                    return (f"rank {m} is a straggler (compute x{slow.get(m, 1.0):g} against rank {r}'s "
+                            f"x{slow.get(r, 1.0):g})")
                 return f"rank {m} runs on different hardware than rank {r}"
         CC, PC = self._cc, self._pc                # per member, from refine
         for f, uses in self.coll_uses[r]:

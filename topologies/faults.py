@@ -15,8 +15,11 @@ A ``FaultSpec`` says what is wrong; ``apply_faults`` turns it into what the engi
 Random draws are counter-based (a hash of seed, purpose, rank and op index), so a rank's straggler factor
 does not depend on the world size and a run is reproducible bit for bit.
 
-Every per-rank fault breaks rank symmetry: ``breaks_symmetry(spec)`` tells the simulate pipeline to
-build full per-rank programs.
+Stragglers keep symmetric (class) mode: a rank's slowdown factor is part of its device key
+(``FaultyCostModel.device_key``), so class refinement (simulator.symmetry) gives a slowed rank, and every
+rank whose timing it changes, a class of its own, and one representative per class still reproduces the
+full simulation. Jitter, link faults and device failures break it: ``breaks_symmetry(spec)`` tells the
+simulate pipeline to build full per-rank programs for those.
 
 CLI strings (``clustersim.faults.parse_fault_options``): ``--straggler 5:1.2`` (repeatable), ``--straggler-dist lognormal:0.05``
 or ``fraction:0.01:1.3``, ``--jitter 0.02``, ``--fail-link leaf.0:spine.0.1`` (repeatable; nodes are
@@ -332,9 +335,11 @@ def faults_from_dict(d: Any, where: str = "faults") -> FaultSpec:
 
 
 def breaks_symmetry(faults: FaultSpec) -> bool:
-    """True when the spec makes ranks differ, so symmetric mode is invalid: any straggler, jitter,
-    device failure, or link fault (it changes some groups' routes but not their images')."""
-    return not faults.empty
+    """True when the spec makes per-class simulation invalid, so full mode is needed: jitter (a factor per
+    rank and op), a device failure, or a link fault (it changes some groups' routes but not their images').
+    Stragglers do not: a rank's slowdown factor is part of its device key, so class refinement
+    (simulator.symmetry) gives slowed ranks, and every rank whose timing they change, classes of their own."""
+    return bool(faults.jitter or faults.link_failures or faults.link_degradation or faults.device_failures)
 
 
 # ---------------------------------------------------------------------------------------------- cost model

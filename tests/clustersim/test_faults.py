@@ -197,8 +197,12 @@ def test_ranks_outside_the_world_are_rejected():
 def test_breaks_symmetry():
     assert not breaks_symmetry(FaultSpec())
     assert not breaks_symmetry(FaultSpec(seed=3))
-    for spec in (FaultSpec(stragglers={1: 1.1}), FaultSpec(jitter=0.01), FaultSpec(device_failures={0: 1.0}),
-                 FaultSpec(straggler_distribution=("lognormal", 0.02)), FaultSpec(link_failures=(("a", "b"),))):
+    # stragglers are per-rank device keys: class refinement handles them (tests/simulator/test_symmetry.py)
+    for spec in (FaultSpec(stragglers={1: 1.1}), FaultSpec(straggler_distribution=("lognormal", 0.02)),
+                 FaultSpec(straggler_distribution=("fraction", 0.1, 1.3))):
+        assert not breaks_symmetry(spec)
+    for spec in (FaultSpec(jitter=0.01), FaultSpec(device_failures={0: 1.0}), FaultSpec(link_failures=(("a", "b"),)),
+                 FaultSpec(link_degradation={("a", "b"): 0.5}), FaultSpec(stragglers={1: 1.1}, jitter=0.01)):
         assert breaks_symmetry(spec)
 
 
@@ -360,12 +364,24 @@ def test_simulate_with_a_failing_device_reports_the_hung_collective():
     assert "tp all_reduce" in str(e.value) and "dp grad all_reduce" in str(e.value)
 
 
-def test_simulate_straggler_full_mode_matches_symmetric_baseline():
+def test_simulate_straggler_class_mode_matches_full_mode():
     sym = _experiment({}, network="analytical").metrics
     nothing = _experiment({"stragglers": {3: 1.0}}, network="analytical").metrics      # factor 1: no effect
-    assert nothing.mode == "full" and nothing.step_time_s == pytest.approx(sym.step_time_s, rel=1e-12)
-    slow = _experiment({"stragglers": {3: 1.5}}, network="analytical").metrics
-    assert slow.step_time_s > sym.step_time_s
+    assert nothing.mode == "symmetric" and nothing.step_time_s == pytest.approx(sym.step_time_s, rel=1e-12)
+    for network in ("analytical", "flow"):
+        slow = _experiment({"stragglers": {3: 1.5}}, network=network)
+        full = _experiment({"stragglers": {3: 1.5}}, network=network, mode="full")
+        assert slow.metrics.mode == "symmetric" and full.metrics.mode == "full"
+        assert slow.metrics.step_time_s > sym.step_time_s
+        assert slow.metrics.step_time_s == pytest.approx(full.metrics.step_time_s, rel=1e-9)
+        assert any("rank 3 is a straggler (compute x1.5" in n for n in slow.notes)
+
+
+def test_faults_that_need_full_mode_refuse_symmetric_mode():
+    for faults in ({"jitter": 0.02}, {"device_failures": {3: 1.0}}, {"link_degradation": {"0:leaf.0": 0.5}}):
+        with pytest.raises(ConfigError, match="use --mode full"):
+            _experiment(faults, network="analytical", mode="symmetric")
+    assert _experiment({"stragglers": {3: 1.2}}, network="analytical", mode="symmetric").metrics.mode == "symmetric"
 
 
 def test_failed_spine_link_on_a_trunk_bound_pattern_matches_closed_form():

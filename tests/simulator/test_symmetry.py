@@ -120,6 +120,63 @@ def test_512_ranks_uneven_class_mode_equals_full_mode():
     assert t_class == pytest.approx(t_full, rel=1e-9)
 
 
+def _straggler_runs(model, plan, cluster, network, stragglers):
+    """(refinement, class-mode SimResult, full-mode SimResult) with ``stragglers`` (rank -> factor)."""
+    from topologies.faults import FaultSpec, apply_faults
+    cost, _ = apply_faults(ClusterCostModel(cluster, network=network), cluster, FaultSpec(stragglers=stragglers),
+                           plan.world_size)
+    ref = refine_classes(build_programs(model, plan, plan.world_size, symmetric=True), cost)
+    validate(ref.programs)
+    return ref, run(ref.programs, cost), run(build_programs(model, plan, plan.world_size, symmetric=False), cost)
+
+
+def _same_timing(cls, full):
+    """Every member of every class ends every op when the full run's rank does (to 1e-9 of the step)."""
+    tol = 1e-9 * full.step_time_s
+    assert cls.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    ends, class_ends = full.rank_end_s, cls.rank_end_s
+    assert set(class_ends) == set(ends)
+    for m, t in ends.items():
+        assert abs(class_ends[m] - t) <= tol, m
+    for rep, members in cls.programs.classes.items():     # op by op, for every member
+        for m in members:
+            assert len(cls.end_s[rep]) == len(full.end_s[m])
+            assert all(abs(a - b) <= tol for a, b in zip(cls.end_s[rep], full.end_s[m])), (rep, m)
+
+
+@pytest.mark.parametrize("network", ["analytical", "flow"])
+def test_stragglers_get_classes_of_their_own_and_equal_full_mode(network):
+    # one slow GPU in a TP group of stage 1, one mildly slow GPU in another replica's stage 0
+    plan = ParallelPlan(tp=4, pp=2, dp=4, global_batch=8, seq=256, schedule="1f1b", zero=1)
+    cluster = load_cluster("dgx-h100", plan.world_size)
+    ref, cls, full = _straggler_runs(MODEL, plan, cluster, network, {5: 1.3, 18: 1.05})
+    slow_free = run(build_programs(MODEL, plan, plan.world_size, symmetric=True),
+                    ClusterCostModel(cluster, network=network))
+    assert 2 < ref.classes < plan.world_size
+    assert "straggler" in ref.note() and "rank 5 is a straggler (compute x1.3" in ref.note()
+    assert cls.step_time_s > slow_free.step_time_s
+    _same_timing(cls, full)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(uneven_plans(), st.sampled_from(["analytical", "flow"]), st.data())
+def test_class_mode_with_stragglers_equals_full_mode(case, network, data):
+    model, plan, over = case
+    try:
+        cluster = load_cluster("dgx-h100", plan.world_size, **over)
+    except TopologyError:
+        assume(False)
+    ranks = data.draw(st.sets(st.integers(0, plan.world_size - 1), min_size=1, max_size=3))
+    stragglers = {r: data.draw(st.sampled_from([1.05, 1.2, 2.0])) for r in ranks}
+    ref, cls, full = _straggler_runs(model, plan, cluster, network, stragglers)
+    event(f"classes / ranks: {ref.classes / plan.world_size:.1f}")
+    assert sum(len(m) for m in ref.programs.classes.values()) == plan.world_size
+    for r in stragglers:                          # a straggler shares its class only with equally slow ranks
+        rep = next(k for k, m in ref.programs.classes.items() if r in m)
+        assert all(stragglers.get(m) == stragglers[r] for m in ref.programs.classes[rep])
+    _same_timing(cls, full)
+
+
 def test_a_new_representative_that_cannot_find_its_peer_is_a_program_error():
     """A class splits (rank 3 runs on other hardware), so rank 3 re-resolves the representative's send,
     whose peer is outside the group it names: a ProgramError, not a KeyError."""
