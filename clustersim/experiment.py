@@ -614,7 +614,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
         fault_breaks = fault_mod.breaks_symmetry(spec)
     mode = exp.mode
     if mode == "symmetric" and fault_breaks:
-        raise ConfigError("jitter, failed or degraded links and device failures break rank symmetry (stragglers "
+        raise ConfigError("jitter and failed or degraded links break rank symmetry (stragglers and device failures "
                           "do not: they get classes of their own): use --mode full")
     symmetric = mode != "full" and not fault_breaks
     # before any structure proportional to the plan: a lower bound on the op count is checked first

@@ -172,7 +172,8 @@ class Engine:
         self._closed_at: dict[float, list] = {}         # closed-form end time -> keys of the communications ending then
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
-        self.fail_at = dict(failures or {})
+        self.fail_at_given = dict(failures or {})     # rank -> seconds its device dies (every rank of the job)
+        self.fail_at = self._failures_by_representative(self.fail_at_given)
         self._comm_cache: dict = {}
         self._requests: dict = {}         # flow network: one CommRequest per distinct communication
         self.failed: set[int] = set()
@@ -248,6 +249,27 @@ class Engine:
                 keys[i] = cache.setdefault(key, key)
             out[rank] = keys
         self.needed = [len(m) for m in self.sync.members]
+        return out
+
+    def _failures_by_representative(self, failures: dict[int, float]) -> dict[int, float]:
+        """Device failures keyed by the simulated ranks. In symmetric mode a failing rank's class must fail with
+        it, at the same time (class refinement gives it a class of its own when the cost model's device key
+        carries failure times, as topologies.faults.FaultyCostModel's does); the representative then fails."""
+        classes = self.p.classes
+        if classes is None or not failures:
+            return failures
+        out = {}
+        for rank, t in failures.items():
+            rep = self.rep.get(rank)
+            if rep is None:
+                out[rank] = t               # not in the job: _run names it
+                continue
+            odd = [m for m in classes[rep] if failures.get(m) != t]
+            if odd:
+                raise ClusterSimError(f"failure injected on rank {rank} at t={t:.6g}s, but rank(s) {odd[:8]} of "
+                                      f"its class (represented by rank {rep}) do not fail then: give the cost "
+                                      f"model failure times in its device keys, or use full mode")
+            out[rep] = t
         return out
 
     def _trigger_in(self, event, delay: float, value=None) -> None:
@@ -763,51 +785,70 @@ class Engine:
 
     # ------------------------------------------------------------------ deadlock report
     def describe_blocked(self, blocked) -> list[dict]:
-        """One dict per blocked (rank, stream): the op it is stuck in and whom it waits for."""
+        """One dict per blocked (rank, stream): the op it is stuck in and whom it waits for. In symmetric mode
+        every member of a blocked representative's class is listed as a full run lists it: its own group,
+        peer and op (the member's copy of the representative's), and the ranks of its own group that have
+        not arrived."""
+        classes = self.p.classes
+        rows = sorted(((m, stream, rank, st) for (rank, stream), st in blocked
+                       for m in (classes[rank] if classes is not None else (rank,))), key=lambda x: (x[0], x[1]))
         out = []
-        for (rank, stream), st in sorted(blocked, key=lambda kv: (kv[0][0], kv[0][1])):
+        for m, stream, rank, st in rows:
             prog = self.p.ops[rank]
-            info = {"rank": rank, "stream": stream, "state": st[0]}
+            info = {"rank": m, "stream": stream, "state": st[0]}
             if st[0] == "dep":
                 _, i, d = st
-                info.update(op=i, op_repr=repr(prog[i]), waits_for_op=d, waits_for=[rank],
-                            reason=f"waits for its own op {d} {prog[d]!r} on stream {prog[d].stream!r}")
+                info.update(op=i, op_repr=repr(self._member_op(rank, m, prog[i])), waits_for_op=d, waits_for=[m],
+                            reason=f"waits for its own op {d} {self._member_op(rank, m, prog[d])!r} on stream "
+                                   f"{prog[d].stream!r}")
             elif st[0] == "collective":
                 _, i, rv = st
-                g = self.p.groups[prog[i].group]
-                arrived = set(rv.arrived)
-                needed = self.sync.members[rv.key[0]]
-                missing = sorted(set(needed) - arrived)
-                if self.p.classes is not None:
-                    missing = sorted(m for r in missing for m in self.p.classes[r] if m in g.ranks)
-                info.update(op=i, op_repr=repr(prog[i]), waits_for=missing,
+                op = self._member_op(rank, m, prog[i])
+                g = self.p.groups[op.group]
+                waiting = set(self.sync.members[rv.key[0]]) - set(rv.arrived)     # simulated ranks not there
+                missing = sorted(x for x in g.ranks if self.rep.get(x) in waiting)
+                info.update(op=i, op_repr=repr(op), waits_for=missing,
                             reason=f"in collective #{rv.key[1]} on group {g.family}{list(g.ranks[:16])}, waiting "
                                    f"for rank(s) {missing[:16]} to reach it")
             elif st[0] == "p2p":
-                _, i, rv, src, dst = st
-                other = dst if prog[i].kind == SEND else src
-                info.update(op=i, op_repr=repr(prog[i]), waits_for=[prog[i].peer],
-                            reason=f"in {prog[i].kind} #{rv.key[1]} {src}->{dst}, waiting for rank {prog[i].peer} "
-                                   f"to post the matching {'recv' if prog[i].kind == SEND else 'send'}"
-                                   + ("" if other == prog[i].peer else f" (represented by rank {other})"))
+                _, i, rv, _, _ = st
+                op = self._member_op(rank, m, prog[i])
+                src, dst = (m, op.peer) if op.kind == SEND else (op.peer, m)
+                info.update(op=i, op_repr=repr(op), waits_for=[op.peer],
+                            reason=f"in {op.kind} #{rv.key[1]} {src}->{dst}, waiting for rank {op.peer} "
+                                   f"to post the matching {'recv' if op.kind == SEND else 'send'}")
             elif st[0] == "failed":
                 _, i = st
-                info.update(op=i, op_repr=repr(prog[i]) if i is not None else "", waits_for=[],
-                            reason=f"device failed at t={self.fail_at[rank]:.6g}s")
+                info.update(op=i, op_repr=repr(self._member_op(rank, m, prog[i])) if i is not None else "",
+                            waits_for=[], reason=f"device failed at t={self.fail_at[rank]:.6g}s")
             else:
                 info.update(op=None, op_repr="", waits_for=[], reason=st[0])
             out.append(info)
         return out
 
+    def _member_op(self, rank: int, m: int, op):
+        """Representative ``rank``'s ``op`` as member ``m`` of its class runs it: its own group and peer."""
+        if m == rank or op.group is None:
+            return op
+        groups = self.p.groups
+        g = groups[op.group]
+        gid = self.p.group_of(m, g.family)
+        if gid is None:
+            return op
+        if op.kind == COLLECTIVE:
+            return op.copy(group=gid)
+        pos = g.ranks.index(op.peer) if op.peer in g.ranks else None
+        return op.copy(group=gid, peer=groups[gid].ranks[pos]) if pos is not None else op
+
     def _failure_report(self, blocked) -> DeviceFailureError:
         infos = self.describe_blocked(blocked)
-        dead = sorted(self.failed)
+        dead = sorted(m for r in self.failed for m in (self.p.classes[r] if self.p.classes is not None else (r,)))
         hung = [b for b in infos if b["state"] != "failed"]
         lines = [f"rank {b['rank']} stream {b['stream']!r} op {b['op']} {b['op_repr']}: {b['reason']}"
                  for b in hung[:20]]
         more = f"\n  ... and {len(hung) - 20} more" if len(hung) > 20 else ""
         msg = (f"device failure: rank(s) {dead[:16]} failed at t="
-               f"{', '.join(f'{self.fail_at[r]:.6g}s' for r in dead[:4])}; the step cannot finish. Watchdog view: "
+               f"{', '.join(f'{self.fail_at[self.rep[r]]:.6g}s' for r in dead[:4])}; the step cannot finish. Watchdog view: "
                f"{len({b['rank'] for b in hung})} rank(s) hang:\n  " + "\n  ".join(lines) + more)
         return DeviceFailureError(msg, blocked=infos)
 

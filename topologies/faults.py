@@ -15,11 +15,11 @@ A ``FaultSpec`` says what is wrong; ``apply_faults`` turns it into what the engi
 Random draws are counter-based (a hash of seed, purpose, rank and op index), so a rank's straggler factor
 does not depend on the world size and a run is reproducible bit for bit.
 
-Stragglers keep symmetric (class) mode: a rank's slowdown factor is part of its device key
-(``FaultyCostModel.device_key``), so class refinement (simulator.symmetry) gives a slowed rank, and every
-rank whose timing it changes, a class of its own, and one representative per class still reproduces the
-full simulation. Jitter, link faults and device failures break it: ``breaks_symmetry(spec)`` tells the
-simulate pipeline to build full per-rank programs for those.
+Stragglers and device failures keep symmetric (class) mode: a rank's slowdown factor and failure time are
+part of its device key (``FaultyCostModel.device_key``), so class refinement (simulator.symmetry) gives such
+a rank, and every rank whose timing it changes, a class of its own, and one representative per class still
+reproduces the full simulation (a failure's watchdog report is fanned out to every member). Jitter and link
+faults break it: ``breaks_symmetry(spec)`` tells the simulate pipeline to build full per-rank programs.
 
 CLI strings (``clustersim.faults.parse_fault_options``): ``--straggler 5:1.2`` (repeatable), ``--straggler-dist lognormal:0.05``
 or ``fraction:0.01:1.3``, ``--jitter 0.02``, ``--fail-link leaf.0:spine.0.1`` (repeatable; nodes are
@@ -336,10 +336,11 @@ def faults_from_dict(d: Any, where: str = "faults") -> FaultSpec:
 
 def breaks_symmetry(faults: FaultSpec) -> bool:
     """True when the spec makes per-class simulation invalid, so full mode is needed: jitter (a factor per
-    rank and op), a device failure, or a link fault (it changes some groups' routes but not their images').
-    Stragglers do not: a rank's slowdown factor is part of its device key, so class refinement
-    (simulator.symmetry) gives slowed ranks, and every rank whose timing they change, classes of their own."""
-    return bool(faults.jitter or faults.link_failures or faults.link_degradation or faults.device_failures)
+    rank and op) or a link fault (it changes some groups' routes but not their images'). Stragglers and
+    device failures do not: a rank's slowdown factor and failure time are part of its device key, so class
+    refinement (simulator.symmetry) gives such ranks, and every rank whose timing they change, classes of
+    their own (the engine reports a failure's hung ranks member by member)."""
+    return bool(faults.jitter or faults.link_failures or faults.link_degradation)
 
 
 # ---------------------------------------------------------------------------------------------- cost model
@@ -351,9 +352,11 @@ class FaultyCostModel:
     so they never depend on the order or number of calls (runs can repeat with the same model).
     """
 
-    def __init__(self, base: CostModel, factors: dict[int, float] | None = None, jitter: float = 0.0, seed: int = 0):
+    def __init__(self, base: CostModel, factors: dict[int, float] | None = None, jitter: float = 0.0, seed: int = 0,
+                 fail_at: dict[int, float] | None = None):
         self.base = base
         self.factors = dict(factors or {})
+        self.fail_at = dict(fail_at or {})    # rank -> seconds at which its device dies (a class key only)
         self.jitter = float(jitter)
         self.seed = int(seed)
         self.contention_aware = bool(getattr(base, "contention_aware", False))
@@ -398,7 +401,10 @@ class FaultyCostModel:
         return self.base.network()
 
     def device_key(self, rank: int) -> Hashable:
-        return (self.base.device_key(rank), self.factors.get(rank, 1.0), rank if self.jitter else None)
+        """What makes ranks differ for class refinement: the device, the straggler factor, the rank itself
+        under jitter, and when the device dies (a failing rank gets a class of its own)."""
+        return (self.base.device_key(rank), self.factors.get(rank, 1.0), rank if self.jitter else None,
+                self.fail_at.get(rank))
 
     def peak_flops(self, rank: int) -> float:
         return self.base.peak_flops(rank)
@@ -432,8 +438,8 @@ def apply_faults(cost_model: CostModel, cluster, faults: FaultSpec, world_size: 
     if faults.link_failures or faults.link_degradation:
         cost = apply_link_faults(cost_model, cluster, faults)
     factors = faults.compute_factors(world_size)
-    if factors or faults.jitter:
-        cost = FaultyCostModel(cost, factors, faults.jitter, faults.seed)
+    if factors or faults.jitter or faults.device_failures:
+        cost = FaultyCostModel(cost, factors, faults.jitter, faults.seed, faults.device_failures)
         if programs is not None:
             cost.bind(programs)
     return cost, dict(faults.device_failures)

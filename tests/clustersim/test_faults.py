@@ -197,11 +197,12 @@ def test_ranks_outside_the_world_are_rejected():
 def test_breaks_symmetry():
     assert not breaks_symmetry(FaultSpec())
     assert not breaks_symmetry(FaultSpec(seed=3))
-    # stragglers are per-rank device keys: class refinement handles them (tests/simulator/test_symmetry.py)
+    # stragglers and failure times are per-rank device keys: class refinement handles them
+    # (tests/simulator/test_symmetry.py; failure reports below)
     for spec in (FaultSpec(stragglers={1: 1.1}), FaultSpec(straggler_distribution=("lognormal", 0.02)),
-                 FaultSpec(straggler_distribution=("fraction", 0.1, 1.3))):
+                 FaultSpec(straggler_distribution=("fraction", 0.1, 1.3)), FaultSpec(device_failures={0: 1.0})):
         assert not breaks_symmetry(spec)
-    for spec in (FaultSpec(jitter=0.01), FaultSpec(device_failures={0: 1.0}), FaultSpec(link_failures=(("a", "b"),)),
+    for spec in (FaultSpec(jitter=0.01), FaultSpec(link_failures=(("a", "b"),)),
                  FaultSpec(link_degradation={("a", "b"): 0.5}), FaultSpec(stragglers={1: 1.1}, jitter=0.01)):
         assert breaks_symmetry(spec)
 
@@ -378,10 +379,45 @@ def test_simulate_straggler_class_mode_matches_full_mode():
 
 
 def test_faults_that_need_full_mode_refuse_symmetric_mode():
-    for faults in ({"jitter": 0.02}, {"device_failures": {3: 1.0}}, {"link_degradation": {"0:leaf.0": 0.5}}):
+    for faults in ({"jitter": 0.02}, {"link_degradation": {"0:leaf.0": 0.5}}):
         with pytest.raises(ConfigError, match="use --mode full"):
             _experiment(faults, network="analytical", mode="symmetric")
     assert _experiment({"stragglers": {3: 1.2}}, network="analytical", mode="symmetric").metrics.mode == "symmetric"
+    late = _experiment({"device_failures": {3: 100.0}}, network="analytical", mode="symmetric")   # after the step
+    assert late.metrics.mode == "symmetric"
+    assert late.metrics.step_time_s == _experiment({}, network="analytical").metrics.step_time_s
+
+
+def _failure_report(faults, **kw):
+    with pytest.raises(DeviceFailureError) as e:
+        _experiment(faults, **kw)
+    return str(e.value), e.value.blocked
+
+
+@pytest.mark.parametrize("faults, kw", [
+    ({3: 0.01}, {"network": "analytical"}),
+    ({3: 0.1, 40: 0.2}, {"network": "flow", "gpus": 64, "pp": 2, "dp": 4, "global_batch": 16}),
+    ({3: 0.1, 11: 0.1}, {"network": "flow", "gpus": 64, "pp": 2, "dp": 4, "global_batch": 16}),
+    ({60: 0.05}, {"network": "analytical", "gpus": 64, "pp": 4, "dp": 2, "global_batch": 16, "zero": 1,
+                  "schedule": "interleaved", "virtual_stages": 2}),
+])
+def test_a_device_failure_in_class_mode_reports_what_full_mode_reports(faults, kw):
+    """The failing rank gets a class of its own (its failure time is in its device key); the watchdog view is
+    fanned out member by member (own groups, peers and op copies), so it equals the full run's word for word."""
+    cls = _failure_report({"device_failures": faults}, **kw)
+    full = _failure_report({"device_failures": faults}, mode="full", **kw)
+    assert cls[0] == full[0]
+    assert cls[1] == full[1]
+
+
+def test_a_class_that_does_not_fail_together_is_an_error():
+    """Engine level: symmetric programs whose classes do not separate the failing rank are refused."""
+    from simulator.errors import ClusterSimError
+    progs = toy_dp_pipeline(2, 4, 2, symmetric=True)
+    rep = next(r for r, m in progs.classes.items() if len(m) > 1)
+    other = next(m for m in progs.classes[rep] if m != rep)
+    with pytest.raises(ClusterSimError, match=f"rank {other} at t=0.5s, but rank"):
+        run(progs, SimpleCostModel(), failures={other: 0.5})
 
 
 def test_failed_spine_link_on_a_trunk_bound_pattern_matches_closed_form():
