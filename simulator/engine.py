@@ -172,8 +172,7 @@ class Engine:
         self._closed_at: dict[float, list] = {}         # closed-form end time -> keys of the communications ending then
         self._net_key = 0
         self.rv_keys = self._rendezvous_keys()
-        self.fail_at_given = dict(failures or {})     # rank -> seconds its device dies (every rank of the job)
-        self.fail_at = self._failures_by_representative(self.fail_at_given)
+        self.fail_at = self._failures_by_representative(dict(failures or {}))     # simulated rank -> seconds
         self._comm_cache: dict = {}
         self._requests: dict = {}         # flow network: one CommRequest per distinct communication
         self.failed: set[int] = set()

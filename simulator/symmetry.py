@@ -30,6 +30,7 @@ from simulator.errors import ProgramError
 from simulator.program import COLLECTIVE, RECV, SEND, Op, Programs, no_gc
 
 _PROPAGATED = "members reach groups whose members differ in turn"
+_FAULTY = "fault"          # reasons that start with it name a straggler or a failing device
 SIG_DIGITS = 12          # costs equal to 12 significant digits are equal (float sums in another order)
 
 
@@ -58,8 +59,8 @@ class Refinement:
             return None
         coarse = len(self.splits)
         why = "; ".join(self.causes()[:2])
-        if any("straggler" in w for w in self.causes()):
-            head, cause = "stragglers make ranks differ", "straggler factor and communication cost"
+        if any(w.startswith(_FAULTY) for w in self.causes()):
+            head, cause = "faults make ranks differ", "straggler factor, failure time and communication cost"
         else:
             head, cause = "placement is uneven", "communication cost"
         return (f"{head}: {coarse} rank classes split into {self.classes} by {cause} "
@@ -348,12 +349,16 @@ class _Signatures:
     def reason(self, r: int, colour: list[int]) -> str:
         """Why the members of coarse class ``r`` differ (the first difference against the representative)."""
         p, dev = self.p, self.cost.device_key
-        slow = getattr(self.cost, "factors", None)     # a FaultyCostModel's straggler factors
+        slow = getattr(self.cost, "factors", None) or {}     # a FaultyCostModel's straggler factors
+        dies = getattr(self.cost, "fail_at", None) or {}      # and failure times
         for m in p.classes[r]:
             if dev(m) != dev(r):
-                if slow is not None and slow.get(m, 1.0) != slow.get(r, 1.0):
-                    return (f"rank {m} is a straggler (compute x{slow.get(m, 1.0):g} against rank {r}'s "
-                            f"x{slow.get(r, 1.0):g})")
+                if slow.get(m, 1.0) != slow.get(r, 1.0):
+                    return (f"{_FAULTY}: rank {m} is a straggler (compute x{slow.get(m, 1.0):g} against rank "
+                            f"{r}'s x{slow.get(r, 1.0):g})")
+                if dies.get(m) != dies.get(r):
+                    when = lambda x: "never" if dies.get(x) is None else f"at t={dies[x]:.6g}s"   # noqa: E731
+                    return f"{_FAULTY}: rank {m}'s device fails {when(m)}, rank {r}'s {when(r)}"
                 return f"rank {m} runs on different hardware than rank {r}"
         CC, PC = self._cc, self._pc                # per member, from refine
         for f, uses in self.coll_uses[r]:

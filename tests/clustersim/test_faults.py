@@ -385,6 +385,7 @@ def test_faults_that_need_full_mode_refuse_symmetric_mode():
     assert _experiment({"stragglers": {3: 1.2}}, network="analytical", mode="symmetric").metrics.mode == "symmetric"
     late = _experiment({"device_failures": {3: 100.0}}, network="analytical", mode="symmetric")   # after the step
     assert late.metrics.mode == "symmetric"
+    assert any("faults make ranks differ" in n and "rank 3's device fails at t=100s" in n for n in late.notes)
     assert late.metrics.step_time_s == _experiment({}, network="analytical").metrics.step_time_s
 
 
