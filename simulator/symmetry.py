@@ -52,6 +52,11 @@ class Refinement:
         why = [self.reasons[r] for r, n in self.splits.items() if n > 1]
         return sorted(why, key=lambda w: w.startswith(_PROPAGATED))
 
+    @property
+    def fault_split(self) -> bool:
+        """Whether a straggler or a failing device split some class (see ``note``)."""
+        return any(w.startswith(_FAULTY) for w in self.causes())
+
     def note(self) -> str | None:
         """One line for ``notes`` when classes were split, else None."""
         split = {r: n for r, n in self.splits.items() if n > 1}
@@ -59,7 +64,7 @@ class Refinement:
             return None
         coarse = len(self.splits)
         why = "; ".join(self.causes()[:2])
-        if any(w.startswith(_FAULTY) for w in self.causes()):
+        if self.fault_split:
             head, cause = "faults make ranks differ", "straggler factor, failure time and communication cost"
         else:
             head, cause = "placement is uneven", "communication cost"

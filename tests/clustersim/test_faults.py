@@ -376,6 +376,7 @@ def test_simulate_straggler_class_mode_matches_full_mode():
         assert slow.metrics.step_time_s > sym.step_time_s
         assert slow.metrics.step_time_s == pytest.approx(full.metrics.step_time_s, rel=1e-9)
         assert any("rank 3 is a straggler (compute x1.5" in n for n in slow.notes)
+        assert any("share one rate" in n for n in slow.notes) == (network == "flow")
 
 
 def test_faults_that_need_full_mode_refuse_symmetric_mode():
