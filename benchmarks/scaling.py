@@ -15,8 +15,8 @@ ops_represented (ops of the whole job), sim_ops_per_s, represented_ops_per_s, st
     python benchmarks/scaling.py --uneven [--plans u1k,a530b,...] [--agree 1] [--timeout 900]
 
 Uneven placements (issue 15): realistic plans whose ranks do not all cost the same (DP not a power of two,
-PP 35, stages across leaf switches, TP across nodes) from 1k to 16k GPUs, plus a world-sized collective
-program. Each runs in class mode (symmetric where valid, split into classes by cost signature) and, with
+PP 35, stages across leaf switches, TP across nodes) from 1k to 16k GPUs, the 16k flagship with one
+straggler GPU (classes split by the fault), plus a world-sized collective program. Each runs in class mode (symmetric where valid, split into classes by cost signature) and, with
 ``--agree 1``, in full mode too (minutes at 16k). Columns: plan, gpus, network, wall_s, cpu_s (the
 process's CPU time: what the run costs on a busy machine), peak_rss_mb, classes (simulated ranks),
 ops_simulated, step_time_s, full_step_time_s, rel_diff, validate_s. Writes uneven.csv.
@@ -68,6 +68,9 @@ UNEVEN = {
     # DP 127 (prime): 16,256 GPUs, interleaved
     "u16k": ("dgx-h100", 16256, dict(model="llama3-405b", tp=8, pp=16, dp=127, seq=8192, global_batch=2032,
                                      micro_batch=1, schedule="interleaved")),
+    # the 16k flagship with one 1.2x straggler GPU: even placement, classes split by the fault
+    "s16k": ("dgx-h100", 16384, dict(model="llama3-405b", tp=8, pp=16, dp=128, seq=8192, global_batch=2048,
+                                     micro_batch=1, schedule="interleaved", faults={"stragglers": {1234: 1.2}})),
 }
 
 UNEVEN_CHILD = r"""
