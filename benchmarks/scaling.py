@@ -16,8 +16,9 @@ ops_represented (ops of the whole job), sim_ops_per_s, represented_ops_per_s, st
 
 Uneven placements (issue 15): realistic plans whose ranks do not all cost the same (DP not a power of two,
 PP 35, stages across leaf switches, TP across nodes) from 1k to 16k GPUs, the 16k flagship with one
-straggler GPU (classes split by the fault), plus a world-sized collective program. Each runs in class mode (symmetric where valid, split into classes by cost signature) and, with
-``--agree 1``, in full mode too (minutes at 16k). Columns: plan, gpus, network, wall_s, cpu_s (the
+straggler GPU (classes split by the fault), plus a world-sized collective program. Each runs in class mode
+(symmetric where valid, split into classes by cost signature) and, with ``--agree 1``, in full mode too
+(minutes at 16k). Columns: plan, gpus, network, wall_s, cpu_s (the
 process's CPU time: what the run costs on a busy machine), peak_rss_mb, classes (simulated ranks),
 ops_simulated, step_time_s, full_step_time_s, rel_diff, validate_s. Writes uneven.csv.
 """

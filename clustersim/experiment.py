@@ -642,7 +642,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
             programs = refined.programs
             if refined.note():
                 notes.append(refined.note())
-                if getattr(cost, "contention_aware", False) and any("straggler" in w for w in refined.causes()):
+                if getattr(cost, "contention_aware", False) and getattr(cost, "factors", None):   # stragglers
                     notes.append("under the flow network a class's transfers share one rate, so with stragglers "
                                  "single ops may end slightly apart from a full run's (README: symmetric mode); "
                                  "--mode full simulates every rank")

@@ -788,9 +788,8 @@ class Engine:
         every member of a blocked representative's class is listed as a full run lists it: its own group,
         peer and op (the member's copy of the representative's), and the ranks of its own group that have
         not arrived."""
-        classes = self.p.classes
-        rows = sorted(((m, stream, rank, st) for (rank, stream), st in blocked
-                       for m in (classes[rank] if classes is not None else (rank,))), key=lambda x: (x[0], x[1]))
+        rows = sorted(((m, stream, rank, st) for (rank, stream), st in blocked for m in self.p.members(rank)),
+                      key=lambda x: (x[0], x[1]))
         out = []
         for m, stream, rank, st in rows:
             prog = self.p.ops[rank]
@@ -841,7 +840,7 @@ class Engine:
 
     def _failure_report(self, blocked) -> DeviceFailureError:
         infos = self.describe_blocked(blocked)
-        dead = sorted(m for r in self.failed for m in (self.p.classes[r] if self.p.classes is not None else (r,)))
+        dead = sorted(m for r in self.failed for m in self.p.members(r))
         hung = [b for b in infos if b["state"] != "failed"]
         lines = [f"rank {b['rank']} stream {b['stream']!r} op {b['op']} {b['op_repr']}: {b['reason']}"
                  for b in hung[:20]]

@@ -231,6 +231,10 @@ class Programs:
                 rep[m] = r
         return rep
 
+    def members(self, rank: int) -> tuple[int, ...]:
+        """The ranks a simulated rank stands for (itself alone in full mode)."""
+        return (rank,) if self.classes is None else self.classes[rank]
+
     def multiplicity(self, rank: int) -> int:
         """How many ranks a simulated rank stands for."""
         return 1 if self.classes is None else len(self.classes[rank])

@@ -362,8 +362,7 @@ class _Signatures:
                     return (f"{_FAULTY}: rank {m} is a straggler (compute x{slow.get(m, 1.0):g} against rank "
                             f"{r}'s x{slow.get(r, 1.0):g})")
                 if dies.get(m) != dies.get(r):
-                    when = lambda x: "never" if dies.get(x) is None else f"at t={dies[x]:.6g}s"   # noqa: E731
-                    return f"{_FAULTY}: rank {m}'s device fails {when(m)}, rank {r}'s {when(r)}"
+                    return f"{_FAULTY}: rank {m}'s device fails {_when(dies, m)}, rank {r}'s {_when(dies, r)}"
                 return f"rank {m} runs on different hardware than rank {r}"
         CC, PC = self._cc, self._pc                # per member, from refine
         for f, uses in self.coll_uses[r]:
@@ -447,6 +446,12 @@ class _Signatures:
                 raise ProgramError(f"rank {old} op {op!r}: peer {op.peer} is not in its group {gid}, so rank "
                                    f"{rep} of its class cannot find its peer")
         raise ProgramError(f"rank {rep} cannot run rank {old}'s program")
+
+
+def _when(fail_at: dict, rank: int) -> str:
+    """When ``rank``'s device fails ("never" if it does not), for reasons."""
+    t = fail_at.get(rank)
+    return "never" if t is None else f"at t={t:.6g}s"
 
 
 def _row_ids(M: np.ndarray) -> np.ndarray:
