@@ -19,6 +19,7 @@ import json
 
 import click
 
+from schedules.kernels import DTYPES, GRAD_REDUCE_DTYPES, STACKS, default_stack
 from schedules.memory import memory_per_rank
 from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
 from schedules.pipeline import SCHEDULES
@@ -90,6 +91,14 @@ def plan_options(f):
                      help="Attention kernel: flash keeps no s×s scores; eager keeps them (Korthikanti's formulas)."),
         click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD), default="auto", show_default=True,
                      help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
+        click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True,
+                     help="GEMM precision: fp8 keeps Transformer Engine's FP8 weight copies and saves FP8 GEMM "
+                          "inputs for backward."),
+        click.option("--stack", type=click.Choice(STACKS), default=None,
+                     help="Training stack whose kernels save activations (default: the cluster's, megatron on "
+                          "NVIDIA, else torchtitan; megatron without --cluster)."),
+        click.option("--grad-reduce-dtype", type=click.Choice(GRAD_REDUCE_DTYPES), default="auto", show_default=True,
+                     help="Precision of the data-parallel gradient reduction (auto: the stack's)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -126,8 +135,9 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, stage_layers=None,
                       first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                       memory_limit=None, attention: str = "flash",
-                      fsdp_reshard_after_forward: str = "auto", **_ignored) -> ParallelPlan:
-    """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp)."""
+                      fsdp_reshard_after_forward: str = "auto", dtype: str = "bf16", stack: str | None = None,
+                      grad_reduce_dtype: str = "auto", **_ignored) -> ParallelPlan:
+    """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp); stack None: megatron."""
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ConfigError(f"--{name} must be a positive integer, got {v}")
@@ -146,6 +156,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                         axis_order=axis_order, skew=skew, stage_layers=parse_stage_layers(stage_layers),
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                         attention=attention, fsdp_reshard_after_forward=fsdp_reshard_after_forward,
+                        dtype=dtype, stack=stack or "megatron", grad_reduce_dtype=grad_reduce_dtype,
                         **parse_memory_limit(memory_limit, pp))
 
 
@@ -242,6 +253,12 @@ def _device_peak_flops(cluster: str | None, gpus: int) -> float | None:
     return float(topologies.load_cluster(cluster, gpus).device(0).peak_bf16_flops)
 
 
+def _cluster_stack(cluster: str, gpus: int) -> str:
+    """The training stack simulate prices on this cluster by default (schedules.kernels.default_stack)."""
+    import topologies
+    return default_stack(topologies.load_cluster(cluster, gpus).accelerator.vendor)
+
+
 def _device_memory(cluster: str | None, gpus: int, hbm_gb: float | None) -> float | None:
     if hbm_gb is not None:
         if not (hbm_gb > 0 and hbm_gb < float("inf")):
@@ -276,6 +293,8 @@ def plan(cluster, hbm_gb, as_json, **kw):
     model = model_from_options(**kw)
     p = plan_from_options(**kw)
     gpus = kw.get("gpus") or p.world_size
+    if kw.get("stack") is None and cluster is not None:
+        p = dataclasses.replace(p, stack=_cluster_stack(cluster, gpus))
     hbm = _device_memory(cluster, gpus, hbm_gb)
     rep = plan_report(model, p, hbm, gpus, _device_peak_flops(cluster, gpus) if p.pp > 1 else None)
     if as_json:
@@ -300,6 +319,8 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
                   + f", {p.num_microbatches} micro-batches of {p.micro_batch} × {p.seq} tokens")
     con.print(f"global batch {p.effective_global_batch} sequences = {rep['tokens_per_step']:,} tokens per step"
               + (f"; {rep['model_flops_per_step']:.3e} model FLOPs" if "model_flops_per_step" in rep else ""))
+    con.print(f"precision / stack: {p.dtype} / {p.stack}"
+              + (f", gradients reduced in {p.grad_reduce_dtype}" if p.grad_reduce_dtype != "auto" else ""))
     t = Table(title="memory per rank (GB)", title_justify="left")
     for c in ("ranks", "params", "grads", "optim", "activ", "buffers", "total"):
         t.add_column(c, justify="right" if c != "ranks" else "left")

@@ -31,6 +31,7 @@ import click
 
 from simulator.errors import ClusterSimError, ConfigError
 from clustersim.experiment import Experiment, resolve_model, resolve_plan
+from schedules.kernels import DTYPES, STACKS
 
 CACHE_VERSION = 2
 
@@ -651,10 +652,11 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--network", type=click.Choice(["ideal", "analytical", "flow"]), default="analytical",
               show_default=True)
 @click.option("--calibration", type=click.Path(dir_okay=False))
-@click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+@click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True,
               help="GEMM precision (fp8: Transformer Engine FP8 GEMMs).")
-@click.option("--stack", type=click.Choice(["megatron", "torchtitan"]),
-              help="Training stack whose kernels are priced (default: megatron on NVIDIA, else torchtitan).")
+@click.option("--stack", type=click.Choice(STACKS),
+              help="Training stack whose kernels are priced (default: megatron on NVIDIA, else torchtitan); "
+                   "the choices of `simulate --stack`.")
 @click.option("--top-k", type=int, default=5, show_default=True)
 @click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
 @click.option("--schedules", default="1f1b,interleaved,zb,gpipe", show_default=True)

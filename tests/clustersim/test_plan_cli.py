@@ -113,3 +113,37 @@ def test_stage_times_at_the_devices_peak(capsys):
               "--seq", "128", "--cluster", "dgx-h100", "--gpus", "8")
     for r in d["stages"]:      # H100 SXM dense bf16 peak, 989 TFLOP/s (topologies.specs)
         assert r["time_at_peak_s"] == pytest.approx(r["flops_per_microbatch"] / 989e12, rel=1e-3)
+
+
+def test_dtype_and_stack_reach_the_memory_model(capsys):
+    """`plan --dtype/--stack` price memory as simulate does: FP8 keeps Transformer Engine's weight copies
+    (row- and column-wise, 1 byte each, without ZeRO-3), torchtitan's eager loss keeps an fp32 copy of the
+    logits; plan's peak equals simulate's for the same flags (no FSDP: both are the same closed form)."""
+    pytest.importorskip("topologies.presets")
+    args = ["-m", "llama3-8b", "--layers", "4", "--gpus", "16", "--tp", "4", "--pp", "2", "--seq", "1024",
+            "--zero", "1", "--sp", "--cluster", "dgx-h100", "--global-batch", "8"]
+    bf16 = _json(capsys, *args)
+    fp8 = _json(capsys, *args, "--dtype", "fp8")
+    titan = _json(capsys, *args, "--stack", "torchtitan")
+    assert bf16["plan"]["dtype"] == "bf16" and bf16["plan"]["stack"] == "megatron"      # NVIDIA default
+    assert fp8["plan"]["dtype"] == "fp8" and titan["plan"]["stack"] == "torchtitan"
+    m = get_model("llama3-8b")
+    for s in ("stage0", "stage1"):
+        extra = fp8["memory_bytes"][s]["parameters"] - bf16["memory_bytes"][s]["parameters"]
+        assert extra > 0
+        assert titan["memory_bytes"][s]["activations"] >= bf16["memory_bytes"][s]["activations"]
+    # stage 1 holds the LM head: its fp32 logits copy (vocab / tp per token of a micro-batch) is at least there
+    assert titan["memory_bytes"]["stage1"]["activations"] - bf16["memory_bytes"]["stage1"]["activations"] >= \
+        4 * 1024 * m.vocab / 4
+    for flags, rep in ((), bf16), (("--dtype", "fp8"), fp8), (("--stack", "torchtitan"), titan):
+        assert main(["simulate", *args, *flags, "--json"]) == 0
+        sim = json.loads(capsys.readouterr().out)
+        assert sim["peak_memory_bytes"] == pytest.approx(rep["peak_memory_bytes"], rel=1e-9)
+
+
+def test_default_stack_follows_the_cluster(capsys):
+    pytest.importorskip("topologies.presets")
+    d = _json(capsys, "-m", "tiny", "--gpus", "64", "--seq", "128", "--cluster", "tpu-v5p")
+    assert d["plan"]["stack"] == "torchtitan"
+    assert _json(capsys, "-m", "tiny", "--gpus", "8", "--seq", "128")["plan"]["stack"] == "megatron"
+    assert main(["plan", "-m", "tiny", "--gpus", "8", "--seq", "128", "--dtype", "fp4"]) == 2
