@@ -137,8 +137,10 @@ def comm_for_shape(cluster, n_ranks: int, n_nodes: int, ppn: int) -> Comm | None
     fab = cluster.fabric_spec
     if fab is not None:
         nic_bw = fab.bandwidth / 1e9
-        # one NIC per GPU (rail): the group's GPUs' own NICs; fewer NICs than GPUs: shared by all
-        nics = min(ppn, fab.nics_per_node) if fab.nics_per_node >= cluster.domain_size else fab.nics_per_node
+        # one NIC per GPU (rail; also every GPU of a GB200 NVL72 rack, whose NVLink domain spans 18 trays of
+        # 4 GPUs and 4 NICs): the group's GPUs' own NICs. Fewer NICs than GPUs (topologies.cluster allows it
+        # only where the node is the domain): the node's NICs, shared by all its GPUs
+        nics = ppn if fab.nics_per_node >= cluster.gpus_per_node else fab.nics_per_node
     else:
         nic_bw, nics = 0.0, 0
     nvls = bool(dom.sharp) and dom.kind != "pcie" and arch in ("hopper", "blackwell") and ppn >= 2

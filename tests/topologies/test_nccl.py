@@ -113,6 +113,24 @@ def test_p2p_and_all_to_all_closed_forms():
     assert t == pytest.approx((6.6 + 2.7) * 1e-6 + max(7 / 16 * S / 370.8e9, 8 / 16 * S / 50e9))
 
 
+def test_every_gpu_of_an_nvl72_rack_has_its_own_nic():
+    """GB200 NVL72: the NVLink domain (72 GPUs) spans 18 trays of 4 GPUs with 4 NICs; a group's ranks on one
+    rack use their own NICs (the model once saw 4 NICs per rack, an 8-16x too slow cross-rack all-to-all)."""
+    c = load_cluster("gb200-nvl72", 144)
+    group = tuple(range(0, 144, 2))                 # 36 ranks on each of two racks
+    comm = nccl.comm_of(c, group)
+    assert (comm.n_nodes, comm.ppn, comm.nics) == (2, 36, 36)
+    S = 256 * MIB
+    t = nccl.all_to_all_time_s(comm, S)
+    # 36/72 of S leaves the rack, each GPU over its own 400 Gb/s NIC; 35/72 over NVLink
+    assert t == pytest.approx(nccl.p2p_time_s(comm, 0.0, True) + max(36 / 72 * S / 50e9, 35 / 72 * S / (comm.intra_bw * 1e9)))
+    # priced through the cluster cost model too (the route bound does not raise it)
+    m = ClusterCostModel(c)
+    assert m.comm_time_s(CommRequest("all_to_all", group, S)) == pytest.approx(t, rel=0.02)
+    # DGX H100: unchanged (one NIC per GPU, node = domain)
+    assert nccl.comm_of(load_cluster("dgx-h100", 16), tuple(range(16))).nics == 8
+
+
 def test_moe_dispatch_destinations():
     comm = _comm("dgx-h100", 8)
     # one expert per GPU, top-1: a token goes to one GPU, 7/8 of the time a remote one
