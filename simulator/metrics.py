@@ -286,6 +286,7 @@ def _by_axis(rms, weights, T) -> dict:
             continue
         tot = float(np.dot(weights, [rm.comm_by_axis.get(ax, (0.0, 0.0))[0] for rm in rms]) / W)
         exp = float(np.dot(weights, [rm.comm_by_axis.get(ax, (0.0, 0.0))[1] for rm in rms]) / W)
+        exp = min(exp, tot)           # each rank's exposed <= its total; the weighted sums may round apart
         d = {"total_s": tot, "exposed_s": exp, "overlapped_s": tot - exp}
         d.update({k.replace("_s", "_fraction"): (v / T if T > 0 else 0.0) for k, v in list(d.items())})
         out[ax] = d
