@@ -25,6 +25,7 @@ import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import click
@@ -272,6 +273,9 @@ def evaluate(exp_dict: dict) -> dict:
         out = run_experiment(exp, check_budget=False, validate=False)
     except ClusterSimError as e:
         return {"error": str(e), "experiment": exp_dict}
+    except MemoryError:
+        return {"error": "out of memory while simulating this plan (more memory than a search worker may use)",
+                "experiment": exp_dict}
     s = out.summary()
     s["experiment"] = exp_dict
     return s
@@ -531,8 +535,39 @@ class _Executor:
                 raise ConfigError(f"the Dask scheduler at {scheduler} has no workers (waited {worker_wait_s:g} s); "
                                   f"start some with `dask worker {scheduler}`") from None
         else:
-            n = workers or os.cpu_count() or 1
-            self.pool = ProcessPoolExecutor(max_workers=n) if n > 1 else None
+            n = self.workers = workers or os.cpu_count() or 1
+            self.pool = self._new_pool(n) if n > 1 else None
+
+    @staticmethod
+    def _new_pool(n: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=n)
+
+    def _pool_map(self, items: list[tuple[str, dict]]):
+        """Results of a local process pool as they complete. A worker the OS kills (out of memory) breaks the
+        pool: the plans still unanswered are run again one at a time in a fresh pool, so the one that kills
+        its worker again comes back as a failed plan, not as the search's crash."""
+        futs = {self.pool.submit(evaluate, d): (k, d) for k, d in items}
+        left = dict(futs.values())
+        try:
+            for f in as_completed(futs):
+                k = futs[f][0]
+                res = f.result()
+                del left[k]
+                yield k, res
+            return
+        except BrokenProcessPool:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        for k, d in left.items():
+            self.pool = self._new_pool(1)
+            try:
+                res = self.pool.submit(evaluate, d).result()
+            except BrokenProcessPool:
+                res = {"error": "the worker simulating this plan was killed (by the operating system, most likely "
+                                "for running out of memory)", "experiment": d}
+            finally:
+                self.pool.shutdown(wait=False, cancel_futures=True)
+            yield k, res
+        self.pool = self._new_pool(self.workers)
 
     def map(self, items: list[tuple[str, dict]]):
         if self.client is not None:
@@ -543,9 +578,7 @@ class _Executor:
             for f in das_completed(futs):
                 yield keys[f.key], self._from_worker(f)
         elif self.pool is not None:
-            futs = {self.pool.submit(evaluate, d): k for k, d in items}
-            for f in as_completed(futs):
-                yield futs[f], f.result()
+            yield from self._pool_map(items)
         else:
             for k, d in items:
                 yield k, evaluate(d)

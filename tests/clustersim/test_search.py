@@ -142,3 +142,29 @@ def test_search_prices_torchtitan_per_op_checkpointing():
     assert {r["plan"]["recompute"] for r in out["evaluated"]} >= {"op"}
     for r in out["evaluated"]:
         assert r["lower_bound_s"] <= r["step_time_s"] * (1 + 1e-9), describe(r)
+
+
+def _dies_on_b(exp_dict):
+    """Stand-in for search.evaluate in a worker: the plan named "b" kills its process as the OS's OOM killer
+    would (SIGKILL), the others return at once."""
+    import os
+    import signal
+    if exp_dict["name"] == "b":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"name": exp_dict["name"]}
+
+
+def test_a_killed_worker_fails_its_plan_not_the_search(monkeypatch):
+    """A plan whose worker the OS kills (out of memory) comes back as a failed plan; the other plans of the
+    wave, whose futures the broken pool lost, are simulated again; the pool keeps working afterwards."""
+    import clustersim.search as search
+    monkeypatch.setattr(search, "evaluate", _dies_on_b)
+    ex = search._Executor(2, None)
+    try:
+        got = dict(ex.map([(k, {"name": k}) for k in "abcd"]))
+        assert set(got) == set("abcd")
+        assert "killed" in got["b"]["error"] and got["b"]["experiment"] == {"name": "b"}
+        assert all(got[k] == {"name": k} for k in "acd")
+        assert dict(ex.map([("e", {"name": "e"})])) == {"e": {"name": "e"}}
+    finally:
+        ex.close()
