@@ -158,7 +158,8 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
 def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     """A step time the simulated plan cannot beat, from compute alone (communication only adds):
 
-    - every rank executes its stage's FLOPs for m micro-batches: m·T_s for each stage s;
+    - every rank executes its stage's FLOPs for m micro-batches: m·T_s for each stage s, plus the
+      tensor- and expert-parallel collectives that serialise with them on the compute stream;
     - under GPipe / 1F1B / interleaved a first stage also idles while micro-batch 0 travels the pipeline
       and back: at least (p-1) times the smallest chunk's time (the ideal bubble, (p-1)/v of a stage);
       zero-bubble schedules get no such term.
@@ -168,9 +169,11 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     biggest = max(max(ch) for ch in flops)
     rate = best_flops_per_s(cost, biggest, plan.dtype)
     tp_s = tp_critical_comm_s(model, plan, cost)
+    ep_s = ep_critical_comm_s(model, plan, cost)
     kern = kernel_chunk_times(model, plan, cost)
-    chunk_t = [[max(f / rate, k) + tp_s * n for f, k, n in zip(ch, kch, layers)]
-               for ch, kch, layers in zip(flops, kern, _chunk_layer_counts(model, plan))]
+    chunk_t = [[max(f / rate, k) + tp_s * n + ep_s[s] * n_moe for f, k, n, n_moe in zip(ch, kch, layers, moes)]
+               for s, (ch, kch, layers, moes) in enumerate(zip(flops, kern, _chunk_layer_counts(model, plan),
+                                                               _chunk_moe_counts(model, plan)))]
     m = plan.num_microbatches
     stage_t = [sum(ch) for ch in chunk_t]
     bound = m * max(stage_t)
@@ -226,6 +229,33 @@ def kernel_chunk_times(model, plan, cost) -> list[list[float]]:
 def _chunk_layer_counts(model, plan) -> list[list[int]]:
     from schedules.memory import stage_chunks
     return [[len(ls) for ls in stage_chunks(model, plan, s)] for s in range(plan.pp)]
+
+
+def _chunk_moe_counts(model, plan) -> list[list[int]]:
+    from schedules.memory import stage_chunks
+    return [[sum(1 for l in ls if model.is_moe_layer(l)) for ls in stage_chunks(model, plan, s)]
+            for s in range(plan.pp)]
+
+
+def ep_critical_comm_s(model, plan, cost) -> list[float]:
+    """Per pipeline stage: contention-free seconds of the expert-parallel all-to-alls one MoE layer issues
+    per micro-batch on the compute stream, where they serialise with compute (schedules.generate: dispatch
+    and combine in the forward and in the backward, of micro-batch·seq/cp/tp·top_k·hidden activations),
+    priced on the EP group of the stage's first rank: that rank's own serial work bounds the step. Zeros
+    without expert parallelism."""
+    from simulator.costs import CommRequest
+    if not model.is_moe or plan.ep == 1:
+        return [0.0] * plan.pp
+    size = plan.micro_batch * plan.seq / plan.cp / plan.tp * model.top_k * model.hidden * model.dtype_bytes
+    group_of = {}
+    for g in plan.groups("ep"):
+        for r in g:
+            group_of[r] = g
+    out = []
+    for s in range(plan.pp):
+        g = group_of.get(plan.rank_of(pp=s))
+        out.append(0.0 if g is None else 4 * cost.comm_time_s(CommRequest("all_to_all", g, size)))
+    return out
 
 
 def tp_critical_comm_s(model, plan, cost) -> float:
