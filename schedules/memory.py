@@ -290,8 +290,27 @@ def _load(model: ModelSpec) -> float:
     return 1.0 if model.capacity_factor is None else min(1.0, model.capacity_factor)
 
 
+_SPLIT_CACHE: dict = {}
+_SPLIT_CACHE_MAX = 20_000
+
+
 def _layer_split_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, recompute: str) -> tuple[float, float]:
-    """(activation bytes one rank keeps per micro-batch, of which the W pass reads) without full recompute."""
+    """(activation bytes one rank keeps per micro-batch, of which the W pass reads) without full recompute.
+
+    A layer enters only through whether it is an MoE layer and its own recomputation (what saved_tensors,
+    op_saved_tensors and phase_kernels read of it), so layers alike share one cached answer: a stage's walk
+    asks it several times per layer, and a plan search for thousands of plans."""
+    key = (model, plan, model.is_moe_layer(layer), plan.layer_recompute(layer), recompute)
+    hit = _SPLIT_CACHE.get(key)
+    if hit is None:
+        if len(_SPLIT_CACHE) >= _SPLIT_CACHE_MAX:
+            _SPLIT_CACHE.clear()
+        hit = _SPLIT_CACHE[key] = _layer_split_bytes_of(model, plan, layer, recompute)
+    return hit
+
+
+def _layer_split_bytes_of(model: ModelSpec, plan: ParallelPlan, layer: int, recompute: str) -> tuple[float, float]:
+    """``_layer_split_bytes`` computed for ``layer`` itself."""
     if plan.attention == "eager":
         rep, split, core, w_in = _eager_terms(model, plan, layer)
         core = 0.0 if recompute in ("selective", "op") else core

@@ -105,6 +105,10 @@ class GemmCurve:
     dtype_bytes: float = 2.0
 
     def time_s(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """Seconds of a (batch ×) m×n×k GEMM; cached per curve and shape (the tile search costs ~0.2 ms)."""
+        return _gemm_time_s(self, m, n, k, batch)
+
+    def _time_s(self, m: int, n: int, k: int, batch: int) -> float:
         if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
             return 0.0
         p = self.params
@@ -115,6 +119,11 @@ class GemmCurve:
         compute = work / (p.eta * self.peak_flops_per_s)
         mem = gemm_bytes(batch, m, n, k, self.dtype_bytes) / (p.beta * self.hbm_bytes_per_s)
         return p.t0_s + max(compute, mem)
+
+
+@lru_cache(maxsize=65536)
+def _gemm_time_s(curve: GemmCurve, m: int, n: int, k: int, batch: int) -> float:
+    return curve._time_s(m, n, k, batch)
 
 
 def fit_gemm(shapes: np.ndarray, times_s: np.ndarray, peak: float, sm_count: int, hbm: float,

@@ -171,3 +171,22 @@ def test_fp8_recipe_memory_closed_form():
     assert extra == pytest.approx(2 * blocks)
     fs = dict(kw, zero=3)
     assert model_state_bytes(m, ParallelPlan(**fs, dtype="fp8"), 0) == model_state_bytes(m, ParallelPlan(**fs), 0)
+
+
+@pytest.mark.parametrize("model_name, kw", [
+    ("deepseek-v3", dict(tp=2, pp=4, ep=8, recompute="selective")),        # 3 dense layers, then MoE
+    ("llama3-8b", dict(tp=2, recompute="full", recompute_every=2)),       # every other layer checkpointed
+    ("llama3-8b", dict(tp=1, recompute="op", stack="torchtitan")),        # per-op checkpointing
+    ("mixtral-8x22b", dict(tp=4, ep=2, attention="eager", sp=True)),
+])
+def test_layer_activation_cache_is_exact(model_name, kw):
+    """The activation bytes are cached by layer kind (MoE or not, its recomputation): every layer's cached
+    answer equals the one computed for that layer itself."""
+    from schedules import memory
+    model = get_model(model_name)
+    plan = ParallelPlan(seq=4096, micro_batch=1, dp=8, **kw)
+    memory._SPLIT_CACHE.clear()
+    for layer in range(model.layers):
+        for rc in ("none", "selective", "op"):
+            assert memory._layer_split_bytes(model, plan, layer, rc) == \
+                memory._layer_split_bytes_of(model, plan, layer, rc), (layer, rc)
