@@ -113,6 +113,8 @@ def _make_export():
         from topologies.astra import AstraSystem, COLLECTIVE_KEYS
         from traces.chakra.writer import write_workload
         exp = experiment_from_options(**options)
+        from clustersim.startup import single_simulation
+        single_simulation()
         outcome = run_experiment(exp)
         programs = outcome.result.programs
         _price_kernel_ops(programs, outcome.cost)

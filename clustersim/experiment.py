@@ -545,7 +545,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
 
     ``validate=False`` skips the static program checks (the search does, for generated programs that the
     schedules tests already validate); deadlocks are still detected by the engine."""
-    from clustersim.startup import import_simpy, process_ends_after_command
+    from clustersim.startup import import_simpy, process_runs_one_simulation
     import_simpy()
     from simulator.engine import run
     from simulator.metrics import compute_metrics
@@ -553,9 +553,9 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     # the cyclic collector is paused while the run builds its (acyclic) cluster tables and programs and, in
     # symmetric mode, runs the engine: each full collection would walk all of them again (~0.1 s of a
     # 16k-GPU symmetric run). Full mode resumes it for the engine's run (which pauses it itself while it sets
-    # up and runs), frozen first where the process ends after the command (below). A process
-    # that ends after this command (the CLI) leaves it paused after a symmetric run without a timeline (only
-    # a summary or JSON follows): re-enabling it would only collect, once, the young objects the run built
+    # up and runs), frozen first where the process ends after this one simulation (below). A process
+    # that ends after this one simulation (`simulate`, clustersim.startup) leaves it paused after a symmetric
+    # run without a timeline (only a summary or JSON follows): re-enabling it would only collect, once, the young objects the run built
     # (cli.exit_process); a report folder's plots make garbage cycles, so the collector runs for them
     was = gc.isenabled()
     gc.disable()
@@ -565,8 +565,8 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
             exp, check_budget, timeline, announce)
         symmetric = programs.symmetric
         if was and not symmetric:
-            if process_ends_after_command():
-                # full mode in a process that ends after this command: what the set-up built (the programs'
+            if process_runs_one_simulation():
+                # full mode in a process that ends after this one simulation: what the set-up built (the programs'
                 # ops, acyclic and alive to the end) leaves the collector's reach before it resumes, else its
                 # first collections walk all of it again (the young generation holds everything made while
                 # it was paused); the heap is frozen at exit anyway (cli.exit_process)
@@ -575,7 +575,7 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         result = run(programs, cost, progress=progress, failures=failures, check=validate)
         metrics = compute_metrics(result)
     finally:
-        if was and not (symmetric and not timeline and process_ends_after_command()):
+        if was and not (symmetric and not timeline and process_runs_one_simulation()):
             gc.enable()
     metrics.wall_time_s = time.perf_counter() - t0
     return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)

@@ -161,6 +161,8 @@ def simulate(out, as_json, breakdown, force, **options):
         from simulator.atomic import OutputFolder
         OutputFolder.check(out, force)          # before the simulation, not after it
     exp = experiment_from_options(**options)
+    from clustersim.startup import single_simulation
+    single_simulation()
     progress = DelayedProgress("simulating", enabled=sys.stderr.isatty())
     try:
         outcome = run_experiment(exp, progress=progress, timeline=bool(out),

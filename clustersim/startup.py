@@ -7,9 +7,13 @@ sets ``__version__`` from the installed distribution's metadata, and importing `
 ``simpy.__version__`` is still there, read from the metadata on first access.
 
 A process that ends after its command (the console script, ``python -m clustersim``: ``ending_process``)
-imports with the cyclic collector paused and keeps it paused after a symmetric simulation without a
-timeline (``clustersim.experiment.run_experiment``): the heap is frozen at exit (``cli.exit_process``), so
-collecting what the run built would only cost time. Library callers and tests never set it.
+imports with the cyclic collector paused. When that command runs a single simulation (``simulate``, ``chakra
+export``: ``single_simulation``), the collector stays paused after a symmetric simulation without a timeline
+(``clustersim.experiment.run_experiment``): the heap is frozen at exit (``cli.exit_process``), so collecting
+what the run built would only cost time. Commands that run many simulations in one process (``search`` and
+its workers, ``validate``, ``compare``) keep the collector running between them, else every run's garbage
+cycles pile up (a DeepSeek-V3 search on 576 GB200 grew to 12 GB and the OOM killer took its worker).
+Library callers and tests never set either.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import sys
 import types
 
 
-_PROCESS = {"ends_after_command": False}
+_PROCESS = {"ends_after_command": False, "one_simulation": False}
 
 
 def ending_process() -> None:
@@ -28,6 +32,16 @@ def ending_process() -> None:
 
 def process_ends_after_command() -> bool:
     return _PROCESS["ends_after_command"]
+
+
+def single_simulation() -> None:
+    """Mark the current command as one that runs a single simulation (see the module doc)."""
+    _PROCESS["one_simulation"] = True
+
+
+def process_runs_one_simulation() -> bool:
+    """The process ends after a command that runs one simulation: what the run builds lives to the end."""
+    return _PROCESS["ends_after_command"] and _PROCESS["one_simulation"]
 
 
 def import_simpy():

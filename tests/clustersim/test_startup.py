@@ -120,3 +120,30 @@ cli.entry()
         assert out.returncode == 0, out.stderr
         line = [ln for ln in out.stderr.splitlines() if ln.startswith("STATES ")][0]
         assert json.loads(line[len("STATES "):]) == states, mode
+
+
+def test_commands_that_run_many_simulations_keep_the_collector_between_them():
+    """Under the console entry, only a single-simulation command (simulate) leaves the collector paused
+    after a symmetric run; a search running its plans in one process finds it running at every plan after
+    the first's end (it once stayed paused and a search's garbage cycles grew a worker to 12 GB)."""
+    code = """
+import atexit, gc, json, sys
+import clustersim.experiment as experiment
+seen = []
+real = experiment.run_experiment
+def run_experiment(*a, **k):
+    out = real(*a, **k)
+    seen.append(gc.isenabled())
+    return out
+experiment.run_experiment = run_experiment
+atexit.register(lambda: sys.stderr.write("STATES " + json.dumps(seen) + "\\n"))
+import clustersim.cli as cli
+sys.argv = ["clustersim"] + sys.argv[1:]
+cli.entry()
+"""
+    args = ["search", "--gpus", "8", "-m", "tiny", "--global-batch", "16", "--seq", "128", "--workers", "1",
+            "--no-cache", "--json", "--top-k", "3", "--cp", "1"]
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    states = json.loads([ln for ln in out.stderr.splitlines() if ln.startswith("STATES ")][0][len("STATES "):])
+    assert len(states) >= 3 and all(states), states
