@@ -554,9 +554,10 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
     # symmetric mode, runs the engine: each full collection would walk all of them again (~0.1 s of a
     # 16k-GPU symmetric run). Full mode resumes it for the engine's run (which pauses it itself while it sets
     # up and runs), frozen first where the process ends after this one simulation (below). A process
-    # that ends after this one simulation (`simulate`, clustersim.startup) leaves it paused after a symmetric
-    # run without a timeline (only a summary or JSON follows): re-enabling it would only collect, once, the young objects the run built
-    # (cli.exit_process); a report folder's plots make garbage cycles, so the collector runs for them
+    # that ends after this one simulation (`simulate`, clustersim.startup) leaves it paused after a
+    # symmetric run without a timeline (only a summary or JSON follows): re-enabling it would only collect,
+    # once, the young objects the run built (cli.exit_process); a report folder's plots make garbage
+    # cycles, so the collector runs for them
     was = gc.isenabled()
     gc.disable()
     symmetric = False
@@ -566,8 +567,8 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         symmetric = programs.symmetric
         if was and not symmetric:
             if process_runs_one_simulation():
-                # full mode in a process that ends after this one simulation: what the set-up built (the programs'
-                # ops, acyclic and alive to the end) leaves the collector's reach before it resumes, else its
+                # full mode in a process that ends after this one simulation: what the set-up built (the
+                # programs' ops, acyclic and alive to the end) leaves the collector's reach before it resumes, else its
                 # first collections walk all of it again (the young generation holds everything made while
                 # it was paused); the heap is frozen at exit anyway (cli.exit_process)
                 gc.freeze()

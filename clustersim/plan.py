@@ -245,32 +245,21 @@ def stage_table(model: ModelSpec, plan: ParallelPlan, peak_flops: float | None =
     return rows
 
 
-def _device_peak_flops(cluster: str | None, gpus: int) -> float | None:
-    """Dense bf16 peak FLOP/s of the cluster's device (None without --cluster)."""
+def _load_cluster(cluster: str | None, gpus: int):
+    """The --cluster preset built for ``gpus`` GPUs (None without --cluster); built once per command."""
     if cluster is None:
         return None
     import topologies
-    return float(topologies.load_cluster(cluster, gpus).device(0).peak_bf16_flops)
+    return topologies.load_cluster(cluster, gpus)
 
 
-def _cluster_stack(cluster: str, gpus: int) -> str:
-    """The training stack simulate prices on this cluster by default (schedules.kernels.default_stack)."""
-    import topologies
-    return default_stack(topologies.load_cluster(cluster, gpus).accelerator.vendor)
-
-
-def _device_memory(cluster: str | None, gpus: int, hbm_gb: float | None) -> float | None:
+def _device_memory(device, hbm_gb: float | None) -> float | None:
+    """Device memory in bytes: --hbm-gb where given, else the --cluster's device (None without either)."""
     if hbm_gb is not None:
         if not (hbm_gb > 0 and hbm_gb < float("inf")):
             raise ConfigError(f"--hbm-gb must be a positive number of GB, got {hbm_gb}")
         return hbm_gb * 1e9
-    if cluster is None:
-        return None
-    try:
-        import topologies
-    except ImportError:         # pragma: no cover - topologies is part of the project
-        raise ConfigError("--cluster needs the topologies package; give --hbm-gb instead") from None
-    return float(topologies.load_cluster(cluster, gpus).device(0).hbm_bytes)
+    return None if device is None else float(device.hbm_bytes)
 
 
 def _gb(b: float) -> str:
@@ -293,10 +282,13 @@ def plan(cluster, hbm_gb, as_json, **kw):
     model = model_from_options(**kw)
     p = plan_from_options(**kw)
     gpus = kw.get("gpus") or p.world_size
-    if kw.get("stack") is None and cluster is not None:
-        p = dataclasses.replace(p, stack=_cluster_stack(cluster, gpus))
-    hbm = _device_memory(cluster, gpus, hbm_gb)
-    rep = plan_report(model, p, hbm, gpus, _device_peak_flops(cluster, gpus) if p.pp > 1 else None)
+    c = _load_cluster(cluster, gpus)
+    device = None if c is None else c.device(0)
+    if kw.get("stack") is None and c is not None:      # the stack simulate prices on this cluster by default
+        p = dataclasses.replace(p, stack=default_stack(c.accelerator.vendor))
+    hbm = _device_memory(device, hbm_gb)
+    peak = float(device.peak_bf16_flops) if device is not None and p.pp > 1 else None     # dense bf16 peak
+    rep = plan_report(model, p, hbm, gpus, peak)
     if as_json:
         click.echo(json.dumps(rep, indent=2, sort_keys=True, default=float))
         return

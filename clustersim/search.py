@@ -171,9 +171,8 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     tp_s = tp_critical_comm_s(model, plan, cost)
     ep_s = ep_critical_comm_s(model, plan, cost)
     kern = kernel_chunk_times(model, plan, cost)
-    chunk_t = [[max(f / rate, k) + tp_s * n + ep_s[s] * n_moe for f, k, n, n_moe in zip(ch, kch, layers, moes)]
-               for s, (ch, kch, layers, moes) in enumerate(zip(flops, kern, _chunk_layer_counts(model, plan),
-                                                               _chunk_moe_counts(model, plan)))]
+    chunk_t = [[max(f / rate, k) + tp_s * n + ep_s[s] * n_moe for f, k, (n, n_moe) in zip(ch, kch, counts)]
+               for s, (ch, kch, counts) in enumerate(zip(flops, kern, _chunk_layer_counts(model, plan)))]
     m = plan.num_microbatches
     stage_t = [sum(ch) for ch in chunk_t]
     bound = m * max(stage_t)
@@ -226,14 +225,10 @@ def kernel_chunk_times(model, plan, cost) -> list[list[float]]:
     return out
 
 
-def _chunk_layer_counts(model, plan) -> list[list[int]]:
+def _chunk_layer_counts(model, plan) -> list[list[tuple[int, int]]]:
+    """Per stage and chunk: (layers, of which MoE layers)."""
     from schedules.memory import stage_chunks
-    return [[len(ls) for ls in stage_chunks(model, plan, s)] for s in range(plan.pp)]
-
-
-def _chunk_moe_counts(model, plan) -> list[list[int]]:
-    from schedules.memory import stage_chunks
-    return [[sum(1 for l in ls if model.is_moe_layer(l)) for ls in stage_chunks(model, plan, s)]
+    return [[(len(ls), sum(1 for l in ls if model.is_moe_layer(l))) for ls in stage_chunks(model, plan, s)]
             for s in range(plan.pp)]
 
 
@@ -247,14 +242,11 @@ def ep_critical_comm_s(model, plan, cost) -> list[float]:
     if not model.is_moe or plan.ep == 1:
         return [0.0] * plan.pp
     size = plan.micro_batch * plan.seq / plan.cp / plan.tp * model.top_k * model.hidden * model.dtype_bytes
-    group_of = {}
-    for g in plan.groups("ep"):
-        for r in g:
-            group_of[r] = g
     out = []
     for s in range(plan.pp):
-        g = group_of.get(plan.rank_of(pp=s))
-        out.append(0.0 if g is None else 4 * cost.comm_time_s(CommRequest("all_to_all", g, size)))
+        first = plan.rank_of(pp=s)
+        group = tuple(plan.peer(first, "ep", e) for e in range(plan.ep))    # as plan.groups("ep") orders it
+        out.append(4 * cost.comm_time_s(CommRequest("all_to_all", group, size)))
     return out
 
 
