@@ -16,7 +16,7 @@ Registry ``ALGORITHMS``: name -> builder(ctx, gpus, kind) returning phases or No
 Closed forms (n ranks, per-direction link bandwidth B, alpha a):
   ring all_reduce            2(n-1)·a + 2(n-1)/n · S/B
   ring all_gather/red_scat   (n-1)·a + (n-1)/n · S/B
-  rings (k per domain)       2(n-1)·a + 2(n-1)/n · S / min(B_in, k·B_out)   (all_reduce; NCCL channels)
+  rings (k: sparsest domain) 2(n-1)·a + 2(n-1)/n · S / min(B_in, k·B_out)   (all_reduce; NCCL channels)
   hierarchical all_reduce    RS in each domain (k GPUs), k concurrent all-reduces of S/k across the m
                              domains, AG in each domain: 2(k-1)·a_in + 2(k-1)/k·S/B_in
                              + 2(m-1)·a_out + 2(m-1)/m·(S/k)/B_out
@@ -88,26 +88,28 @@ def _by_domain(ctx, gpus):
     return list(doms.values())
 
 
-def _equal_domains(ctx, gpus, kind):
+def _domains(ctx, gpus, kind):
     """The group's members by scale-up domain when a two-level algorithm applies to ``kind``: >= 2 domains
-    with the same k >= 2 members each; else None."""
+    with >= 2 members each (not necessarily as many: NCCL runs as many channels as the sparsest domain
+    holds); else None."""
     if kind not in ("all_reduce", "all_gather", "reduce_scatter", "barrier"):
         return None
     doms = _by_domain(ctx, gpus)
-    k = len(doms[0])
-    if len(doms) < 2 or k < 2 or any(len(d) != k for d in doms):
+    if len(doms) < 2 or min(map(len, doms)) < 2:
         return None
     return doms
 
 
 def hierarchical(ctx, gpus, kind):
-    """Reduce-scatter inside each scale-up domain, all-reduce across domains (one ring per local index,
-    S/k each, all concurrent), all-gather inside. Needs >= 2 domains with the same k >= 2 members each."""
-    doms = _equal_domains(ctx, gpus, kind)
+    """Reduce-scatter inside each scale-up domain, all-reduce across domains (one ring per local index of
+    the sparsest domain's k, S/k each, all concurrent), all-gather inside. Needs >= 2 domains with >= 2
+    members each."""
+    doms = _domains(ctx, gpus, kind)
     if doms is None:
         return None
-    m, k = len(doms), len(doms[0])
-    intra_rs = Phase(tuple(f for d in doms for f in _ring_flows(d, (k - 1) / k)), k - 1)
+    m, k = len(doms), min(map(len, doms))
+    steps = max(map(len, doms)) - 1
+    intra_rs = Phase(tuple(f for d in doms for f in _ring_flows(d, (len(d) - 1) / len(d))), steps)
     intra_ag = intra_rs
     if kind in ("all_reduce", "barrier"):
         inter = Phase(tuple(f for j in range(k) for f in _ring_flows([d[j] for d in doms], 2 * (m - 1) / m / k)),
@@ -120,21 +122,21 @@ def hierarchical(ctx, gpus, kind):
 
 
 def rings(ctx, gpus, kind):
-    """NCCL's multi-node rings: one ring (channel) per local GPU, each carrying 1/k of the data and
-    leaving every domain through its own NIC rail. Ring c visits each domain's k members starting at the
-    c-th, and its last member hands the data over NVLink to the c-th (PXN) whose NIC sends it to the
-    next domain's c-th member. Needs >= 2 domains with the same k >= 2 members each."""
-    doms = _equal_domains(ctx, gpus, kind)
+    """NCCL's multi-node rings: one ring (channel) per local GPU of the sparsest domain (k members), each
+    carrying 1/k of the data and leaving every domain through its own NIC rail. Ring c visits each domain's
+    members starting at the c-th, and its last member hands the data over NVLink to the c-th (PXN) whose
+    NIC sends it to the next domain's c-th member. Needs >= 2 domains with >= 2 members each."""
+    doms = _domains(ctx, gpus, kind)
     if doms is None:
         return None
-    m, k = len(doms), len(doms[0])
+    m, k = len(doms), min(map(len, doms))
     n = len(gpus)
     coef = (2 * (n - 1) / n if kind in ("all_reduce", "barrier") else (n - 1) / n) / k
     flows = []
     for c in range(k):
         for i, d in enumerate(doms):
             order = d[c:] + d[:c]
-            flows += [(order[j], order[j + 1], coef) for j in range(k - 1)]
+            flows += [(order[j], order[j + 1], coef) for j in range(len(d) - 1)]
             flows.append((order[-1], d[c], coef))                       # PXN: over NVLink to the rail-c GPU
             flows.append((d[c], doms[(i + 1) % m][c], coef))            # rail c to the next domain
     steps = 2 * (n - 1) if kind in ("all_reduce", "barrier") else n - 1

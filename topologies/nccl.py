@@ -58,6 +58,19 @@ class Comm:
     collnet: bool = False    # in-network reduction in the scale-out fabric (SHARP)
     version: int = 0         # NCCL release whose tuning model applies (21805 = 2.18.5); 0 = the newest
     net_latency_us: float = 0.0   # latency the network plugin reports (ncclNetProperties.latency; 0 for IB)
+    # Uneven groups (0: as the fullest node). Every ring and tree channel crosses every node and NCCL keeps
+    # the fewest channels any node's search found (init.cc: the minimum over ranks), so the sparsest node's
+    # NICs bound them; NVLS has one head per local rank of the sparsest node (nvls.nHeads = minLocalRanks)
+    ppn_min: int = 0         # ranks on the sparsest node
+    ring_nics: int = 0       # NICs of the sparsest node
+
+    @property
+    def channel_nics(self) -> int:
+        return self.ring_nics or self.nics
+
+    @property
+    def heads(self) -> int:
+        return self.ppn_min or self.ppn
 
 
 def parse_version(text: str | None) -> int:
@@ -104,17 +117,19 @@ def supports(cluster) -> bool:
     return cluster.accelerator.name in ARCH and cluster.domain_spec.kind in ("nvswitch", "nvl72", "pcie")
 
 
-def group_shape(cluster, gpus) -> tuple[int, int, int]:
-    """(ranks, nodes, ranks on the fullest node) of ``gpus``: all of a group NCCL's model depends on."""
+def group_shape(cluster, gpus) -> tuple[int, int, int, int]:
+    """(ranks, nodes, ranks on the fullest node, ranks on the sparsest node) of ``gpus``: all of a group
+    NCCL's model depends on."""
     ds = cluster.domain_size
     if len(gpus) == 2:
         same = gpus[0] // ds == gpus[1] // ds
-        return 2, 1 if same else 2, 2 if same else 1
+        return (2, 1, 2, 2) if same else (2, 2, 1, 1)
     per_node: dict[int, int] = {}
     for g in gpus:
         d = g // ds
         per_node[d] = per_node.get(d, 0) + 1
-    return len(gpus), len(per_node), max(per_node.values())
+    counts = per_node.values()
+    return len(gpus), len(per_node), max(counts), min(counts)
 
 
 def comm_of(cluster, gpus) -> Comm | None:
@@ -122,8 +137,9 @@ def comm_of(cluster, gpus) -> Comm | None:
     return comm_for_shape(cluster, *group_shape(cluster, gpus))
 
 
-def comm_for_shape(cluster, n_ranks: int, n_nodes: int, ppn: int) -> Comm | None:
-    """NCCL's view of a group of ``n_ranks`` over ``n_nodes`` nodes, at most ``ppn`` on one (see comm_of)."""
+def comm_for_shape(cluster, n_ranks: int, n_nodes: int, ppn: int, ppn_min: int | None = None) -> Comm | None:
+    """NCCL's view of a group of ``n_ranks`` over ``n_nodes`` nodes, at most ``ppn`` and at least ``ppn_min``
+    (default ``ppn``) on one (see comm_of)."""
     if not supports(cluster):
         return None
     acc = cluster.accelerator
@@ -140,12 +156,17 @@ def comm_for_shape(cluster, n_ranks: int, n_nodes: int, ppn: int) -> Comm | None
         # one NIC per GPU (rail; also every GPU of a GB200 NVL72 rack, whose NVLink domain spans 18 trays of
         # 4 GPUs and 4 NICs): the group's GPUs' own NICs. Fewer NICs than GPUs (topologies.cluster allows it
         # only where the node is the domain): the node's NICs, shared by all its GPUs
-        nics = ppn if fab.nics_per_node >= cluster.gpus_per_node else fab.nics_per_node
+        rail = fab.nics_per_node >= cluster.gpus_per_node
+        nics = ppn if rail else fab.nics_per_node
+        ring_nics = ppn_min if rail and ppn_min else 0
     else:
-        nic_bw, nics = 0.0, 0
-    nvls = bool(dom.sharp) and dom.kind != "pcie" and arch in ("hopper", "blackwell") and ppn >= 2
+        nic_bw, nics, ring_nics = 0.0, 0, 0
+    uneven = bool(ppn_min) and ppn_min < ppn
+    nvls = (bool(dom.sharp) and dom.kind != "pcie" and arch in ("hopper", "blackwell")
+            and (ppn_min if uneven else ppn) >= 2)
     return Comm(n_ranks, n_nodes, ppn, arch, CPU.get(acc.name, "intel"), intra_hw, intra_bw, nic_bw,
-                max(nics, 1), nvls, collnet=bool(getattr(fab, "sharp", False)))
+                max(nics, 1), nvls, collnet=bool(getattr(fab, "sharp", False)),
+                ppn_min=ppn_min if uneven else 0, ring_nics=ring_nics if uneven and ring_nics < nics else 0)
 
 
 # ------------------------------------------------------------------------------------------ graph search
@@ -161,7 +182,7 @@ def _ring_channels(comm: Comm, s: float) -> int:
     if comm.ppn > 1:
         n = min(n, int(comm.intra_bw // s))
     if comm.n_nodes > 1:
-        n = min(n, comm.nics * int(comm.nic_bw // s))
+        n = min(n, comm.channel_nics * int(comm.nic_bw // s))
     return n
 
 
@@ -209,17 +230,17 @@ def graphs(comm: Comm) -> dict[str, Graph]:
     if comm.collnet and comm.n_nodes > 1:
         # CollNet direct: one channel per head GPU with its NIC (at most NCCL_MAX_DIRECT_ARITY + 1 = 8),
         # intra-node speed up to twice the inter-node one where the scale-up links hold it (as trees)
-        heads = min(comm.ppn, comm.nics, C.COLLNET_MAX_HEADS)
+        heads = min(comm.heads, comm.channel_nics, C.COLLNET_MAX_HEADS)
         inter = max([x for x in _speeds(comm) if x <= comm.nic_bw] or [_speeds(comm)[-1]])
         ok = [x for x in _speeds(comm) if x <= 2 * inter and heads * x <= comm.intra_bw]
         out["collnet"] = Graph(heads, max([inter] + ok) if comm.ppn > 1 else inter, inter)
     if comm.nvls:
         # NVLS: one channel per local GPU (head); a head moves 2x its speed on its link, the others 1x
-        heads = min(comm.ppn, C.NVLS_MAX_ARITY)
+        heads = min(comm.heads, C.NVLS_MAX_ARITY)
         ok = [x for x in _speeds(comm) if (heads + 1) * x <= comm.intra_bw]
         if ok and heads >= 2:
             bw_inter = max([x for x in _speeds(comm) if x <= comm.nic_bw] or [0.0]) if comm.n_nodes > 1 else max(ok)
-            nh = min(heads, comm.nics) if comm.n_nodes > 1 else heads
+            nh = min(heads, comm.channel_nics) if comm.n_nodes > 1 else heads
             out["nvls"] = Graph(nh, max(ok), bw_inter)
     return out
 

@@ -131,6 +131,39 @@ def test_every_gpu_of_an_nvl72_rack_has_its_own_nic():
     assert nccl.comm_of(load_cluster("dgx-h100", 16), tuple(range(16))).nics == 8
 
 
+@pytest.mark.parametrize("preset,gpus,group,sparse", [
+    ("dgx-h100", 24, tuple(range(20)), 4),                # 8 + 8 + 4 GPUs of three nodes
+    ("dgx-h100", 32, tuple(range(4, 20)), 4),             # 4 + 8 + 4
+    ("gb200-nvl72", 144, tuple(range(64, 128)), 8),       # 8 GPUs of rack 0, 56 of rack 1
+])
+def test_uneven_groups_run_as_many_rings_as_the_sparsest_node_holds(preset, gpus, group, sparse):
+    """A group with fewer ranks on some node: every ring crosses every node and NCCL keeps the fewest
+    channels any node found, so the sparsest node's NICs (one per GPU on these rails) bound the rings. The
+    closed form: all-gather moves (n-1)/n of S through that node's NICs. The model once priced such groups
+    as one ring through one NIC (the route stand-in needed equal domains): 4-17x too slow."""
+    c = load_cluster(preset, gpus)
+    n, nodes, fullest, sparsest = nccl.group_shape(c, group)
+    assert sparsest == sparse < fullest
+    comm = nccl.comm_of(c, group)
+    assert (comm.ppn_min, comm.channel_nics, comm.nics) == (sparse, sparse, fullest)
+    nic = c.fabric_spec.bandwidth
+    m = ClusterCostModel(c)
+    S = GIB
+    bound = (n - 1) / n * S / (sparse * nic)
+    t = m.comm_time_s(CommRequest("all_gather", group, S))
+    assert bound <= t <= 1.2 * bound
+    # all-reduce moves twice the bytes (ring) or as much through the heads' NICs (trees): never more than
+    # twice the all-gather, never under the one-way closed form
+    ar = m.comm_time_s(CommRequest("all_reduce", group, S))
+    assert bound <= ar <= 2.1 * t
+    # the route-level model (NCCL's per-rail rings over the links) agrees
+    links = ClusterCostModel(c, comm_model="links").comm_time_s(CommRequest("all_gather", group, S))
+    assert bound <= links <= 1.25 * bound
+    # even groups keep the fullest node's count (unchanged model)
+    even = tuple(range(16))
+    assert nccl.comm_of(c, even).ring_nics == 0 and nccl.group_shape(c, even)[2] == nccl.group_shape(c, even)[3]
+
+
 def test_moe_dispatch_destinations():
     comm = _comm("dgx-h100", 8)
     # one expert per GPU, top-1: a token goes to one GPU, 7/8 of the time a remote one
