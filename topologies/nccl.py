@@ -69,7 +69,7 @@ class Comm:
         return self.ring_nics or self.nics
 
     @property
-    def heads(self) -> int:
+    def ppn_sparsest(self) -> int:
         return self.ppn_min or self.ppn
 
 
@@ -230,13 +230,13 @@ def graphs(comm: Comm) -> dict[str, Graph]:
     if comm.collnet and comm.n_nodes > 1:
         # CollNet direct: one channel per head GPU with its NIC (at most NCCL_MAX_DIRECT_ARITY + 1 = 8),
         # intra-node speed up to twice the inter-node one where the scale-up links hold it (as trees)
-        heads = min(comm.heads, comm.channel_nics, C.COLLNET_MAX_HEADS)
+        heads = min(comm.ppn_sparsest, comm.channel_nics, C.COLLNET_MAX_HEADS)
         inter = max([x for x in _speeds(comm) if x <= comm.nic_bw] or [_speeds(comm)[-1]])
         ok = [x for x in _speeds(comm) if x <= 2 * inter and heads * x <= comm.intra_bw]
         out["collnet"] = Graph(heads, max([inter] + ok) if comm.ppn > 1 else inter, inter)
     if comm.nvls:
         # NVLS: one channel per local GPU (head); a head moves 2x its speed on its link, the others 1x
-        heads = min(comm.heads, C.NVLS_MAX_ARITY)
+        heads = min(comm.ppn_sparsest, C.NVLS_MAX_ARITY)
         ok = [x for x in _speeds(comm) if (heads + 1) * x <= comm.intra_bw]
         if ok and heads >= 2:
             bw_inter = max([x for x in _speeds(comm) if x <= comm.nic_bw] or [0.0]) if comm.n_nodes > 1 else max(ok)
@@ -540,13 +540,17 @@ def p2p_time_s(comm: Comm, size: float, inter_node: bool) -> float:
 def all_to_all_time_s(comm: Comm, size: float) -> float:
     """NCCL all-to-all of ``size`` bytes per rank (S/n to every peer), all pairs at once: intra-node bytes
     over each GPU's scale-up link, inter-node bytes over the node's NICs (PXN lets every GPU use every
-    rail), plus one point-to-point latency per peer stage (grouped: the slowest peer's latency)."""
+    rail), plus one point-to-point latency per peer stage (grouped: the slowest peer's latency). In an uneven
+    group the sparsest node's GPUs send the most across nodes (over their own NICs where each has one)."""
     n, ppn = comm.n_ranks, comm.ppn
     chunk = size / n
     intra_bytes = chunk * (ppn - 1)
-    inter_bytes = chunk * (n - ppn)
     t_intra = intra_bytes / (comm.intra_bw * 1e9) if intra_bytes else 0.0
-    t_inter = inter_bytes * ppn / (comm.nics * comm.nic_bw * 1e9) if inter_bytes else 0.0
+    t_inter = 0.0
+    for q, nics in {(ppn, comm.nics), (comm.ppn_sparsest, comm.channel_nics)}:     # fullest, sparsest node
+        inter_bytes = chunk * (n - q)
+        if inter_bytes:
+            t_inter = max(t_inter, inter_bytes * q / (nics * comm.nic_bw * 1e9))
     lat = p2p_time_s(comm, 0.0, inter_node=comm.n_nodes > 1)
     return lat + max(t_intra, t_inter)
 

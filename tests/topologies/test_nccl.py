@@ -159,6 +159,10 @@ def test_uneven_groups_run_as_many_rings_as_the_sparsest_node_holds(preset, gpus
     # the route-level model (NCCL's per-rail rings over the links) agrees
     links = ClusterCostModel(c, comm_model="links").comm_time_s(CommRequest("all_gather", group, S))
     assert bound <= links <= 1.25 * bound
+    # all-to-all: the sparsest node's GPUs send the most across nodes, each over its own NIC
+    a2a = nccl.all_to_all_time_s(comm, S)
+    assert a2a == pytest.approx(nccl.p2p_time_s(comm, 0.0, True)
+                                + max((n - sparse) / n * S / nic, (fullest - 1) / n * S / (comm.intra_bw * 1e9)))
     # even groups keep the fullest node's count (unchanged model)
     even = tuple(range(16))
     assert nccl.comm_of(c, even).ring_nics == 0 and nccl.group_shape(c, even)[2] == nccl.group_shape(c, even)[3]
