@@ -69,6 +69,7 @@ class Experiment:
     pp: int = 1
     dp: int | None = None
     ep: int = 1
+    etp: int | None = None               # expert tensor parallelism (None: tp; see schedules.plan)
     cp: int = 1
     sp: bool = False
     zero: int = 0
@@ -116,7 +117,8 @@ class Experiment:
             return self.name
         model = self.model if isinstance(self.model, str) else "custom"
         return (f"{model} tp{self.tp} pp{self.pp} dp{self.dp} "
-                + (f"ep{self.ep} " if self.ep > 1 else "") + (f"cp{self.cp} " if self.cp > 1 else "")
+                + (f"ep{self.ep} " if self.ep > 1 else "") + (f"etp{self.etp} " if self.etp else "")
+                + (f"cp{self.cp} " if self.cp > 1 else "")
                 + f"{self.schedule}")
 
 
@@ -185,7 +187,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     exp = Experiment()
     for key, value in kw.items():
         w = f"{where}: {key}"
-        if key in ("gpus", "tp", "pp", "dp", "ep", "cp", "virtual_stages", "micro_batch", "global_batch", "seq",
+        if key in ("gpus", "tp", "pp", "dp", "ep", "etp", "cp", "virtual_stages", "micro_batch", "global_batch", "seq",
                    "first_stage_layers", "last_stage_layers", "recompute_every"):
             value = _as_int(value, w)
         elif key == "zero":
@@ -275,6 +277,8 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--pp", type=int, help="Pipeline-parallel degree (stages)."),
         click.option("--dp", type=int, help="Data-parallel degree (default: GPUs / (tp·pp·cp))."),
         click.option("--ep", type=int, help="Expert-parallel degree."),
+        click.option("--etp", type=int, help="Expert tensor-parallel degree (default tp); other than tp, or an ep "
+                     "that dp does not hold, folds the experts over tp·cp·dp (Megatron-Core's expert grid)."),
         click.option("--cp", type=int, help="Context-parallel degree."),
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage 0-3."),
         click.option("--fsdp", is_flag=True, default=None, help="Fully sharded data parallel (ZeRO-3 style)."),
@@ -334,7 +338,7 @@ def simulate_options(f: Callable) -> Callable:
 
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
-               "experts", "top_k", "tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
+               "experts", "top_k", "tp", "pp", "dp", "ep", "etp", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
@@ -491,7 +495,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
         dp = world_size // denom
         exp.dp = dp
     global_batch = exp.global_batch if exp.global_batch is not None else dp * exp.micro_batch * max(exp.pp, 1) * 2
-    kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
+    kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, etp=exp.etp or 0, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
               recompute_every=exp.recompute_every,

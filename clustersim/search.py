@@ -245,7 +245,7 @@ def ep_critical_comm_s(model, plan, cost) -> list[float]:
     out = []
     for s in range(plan.pp):
         first = plan.rank_of(pp=s)
-        group = tuple(plan.peer(first, "ep", e) for e in range(plan.ep))    # as plan.groups("ep") orders it
+        group = plan.ep_group(first)
         out.append(4 * cost.comm_time_s(CommRequest("all_to_all", group, size)))
     return out
 

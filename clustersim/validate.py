@@ -285,6 +285,9 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
         kw.update(recompute_of_selective(fw, ac))
     kw.update(gpus=gpus, seq=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, sp=tp > 1, micro_batch=mbs,
               global_batch=gbs)
+    etp = _int(row, "etp")
+    if ep > 1 and etp and etp != tp:     # the recipe's expert TP (Megatron's default is tp): folded experts
+        kw["etp"] = etp
     return kw, notes
 
 

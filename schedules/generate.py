@@ -95,7 +95,7 @@ class _StageBuilder:
         self.units = self._units()
         self.zero = plan.zero_stage
         self.dp_size = plan.dp * plan.cp
-        self.edp_size = self.dp_size // plan.ep
+        self.edp_size = plan.edp
         self.kernel_lists: dict = {}
         self.unit_recipes: dict = {}               # _unit_ops: a unit's ops per cost signature, to replay
 
@@ -509,7 +509,17 @@ class _StageBuilder:
             attn = [("attn", main - core_step * (p.cp - 1), memb, core_step, p.cp - 1 if ring else 0)]
             if tp:
                 attn = ([("tp", "all_gather")] if p.sp else []) + attn + [("tp", back_coll)]
-            if u.moe:
+            if u.moe and p.folded:
+                # Megatron's alltoall dispatcher on the expert grid: the rank's own (sequence-parallel)
+                # tokens go to their EP ranks, which gather them over the experts' TP group (etp)
+                exp_tp = [("etp", "all_gather")], [("etp", "reduce_scatter")]
+                if p.expert_tp == 1 or a.phase == "W":
+                    exp_tp = [], []
+                a2a = [("ep",)] if ep else []
+                mlp = a2a + exp_tp[0] + [("c", exp, u.expert_params * self.dt)] + exp_tp[1] + a2a
+                if tp and m.shared_experts:     # the shared experts stay tensor-parallel (SP gather / scatter)
+                    mlp = [("tp", "all_gather")] + mlp + [("tp", back_coll)]
+            elif u.moe:
                 a2a = [("ep",)] if ep else []
                 mlp = a2a + [("c", exp, u.expert_params * self.dt)] + a2a
                 if tp:
@@ -519,7 +529,7 @@ class _StageBuilder:
                        [("tp", "all_reduce")] if tp else [])
             seq = attn + mlp
             if back:   # backward runs the layer in reverse; Megatron's f/g conjugates swap AG and RS
-                seq = [(x[0], _swap(x[1])) if x[0] == "tp" else x for x in reversed(seq)]
+                seq = [(x[0], _swap(x[1])) if x[0] in ("tp", "etp") else x for x in reversed(seq)]
         first = last = None
         kv = self._kv_bytes() * (2 if back else 1)
         for n, item in enumerate(seq):
@@ -548,6 +558,9 @@ class _StageBuilder:
                                         kernels=self._kernels(u, a.phase, "ring"))
             elif item[0] == "tp":
                 idx = self.coll(f"tp {item[1]}", item[1], "tp", self.tp_bytes, "compute", d, strategy="tp", **kw)
+            elif item[0] == "etp":      # the routed tokens of the expert TP group (gathered size)
+                size = self.tokens_rank / p.tp * m.top_k * m.hidden * self.dt * p.expert_tp
+                idx = self.coll(f"etp {item[1]}", item[1], "etp", size, "compute", d, strategy="ep", **kw)
             else:
                 size = self.tokens_rank / p.tp * m.top_k * m.hidden * self.dt
                 idx = self.coll("ep all_to_all", "all_to_all", "ep", size, "compute", d, strategy="ep", **kw)
@@ -749,7 +762,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
         raise ConfigError(f"model {model.name} is given only by its parameter count; programs need its shape "
                           f"(--model PRESET or --layers/--hidden/--heads)")
     progs = Programs(world_size=world_size, ops={})
-    fams = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "embed", "mirror"]
+    fams = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "embed", "mirror"] + (["etp"] if plan.folded else [])
     gid_of: dict[str, list] = {}                # family -> each rank's group id (-1: none)
     for fam in fams:
         groups = [] if fam == "embed" and not model.tied_embeddings else \
@@ -816,15 +829,16 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
         if symmetric:
             progs.classes = {}
             for (s, cpc, e), ranks in _stage_classes(plan, world_size, skewed):
-                rep = plan.rank_of(cp=cpc, dp=e, pp=s)
+                rep = ranks[0] if plan.folded else plan.rank_of(cp=cpc, dp=e, pp=s)
                 assert rep in ranks
                 progs.ops[rep] = instantiate(template(s, e), rep)
                 progs.classes[rep] = tuple(ranks)
                 progs.static_memory[rep] = dict(static[s])
         else:
+            ep_of = plan.ep_indices()
             for r in range(world_size):
                 c = plan.coords(r)
-                progs.ops[r] = instantiate(template(c["pp"], c["ep"]), r)
+                progs.ops[r] = instantiate(template(c["pp"], int(ep_of[r])), r)
                 progs.static_memory[r] = static[c["pp"]]
     progs.tokens_per_step = float(plan.tokens_per_step)
     progs.model_flops_per_step = model_flops_per_step(model, plan.seq, plan.effective_global_batch)
@@ -837,9 +851,9 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
 def _stage_classes(plan: ParallelPlan, world_size: int, skewed: bool) -> list:
     """[((stage, CP rank, EP rank or 0), ranks in order)] sorted by key: the ranks that run one template."""
     r = np.arange(world_size, dtype=np.int64)
-    axis = {a: (r // plan._strides[a]) % plan.axis_sizes[a] for a in ("pp", "cp", "ep")}
-    e = axis["ep"] if skewed else np.zeros_like(r)
-    key = (axis["pp"] * plan.axis_sizes["cp"] + axis["cp"]) * plan.axis_sizes["ep"] + e
+    axis = {a: (r // plan._strides[a]) % plan.axis_sizes[a] for a in ("pp", "cp")}
+    e = plan.ep_indices() if skewed else np.zeros_like(r)
+    key = (axis["pp"] * plan.axis_sizes["cp"] + axis["cp"]) * plan.ep + e
     order = np.argsort(key, kind="stable")
     cut = np.flatnonzero(np.diff(key[order])) + 1
     out = []

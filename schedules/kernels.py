@@ -418,15 +418,18 @@ def _mlp_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, moe: bool) -> N
 
 
 def _experts(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str, load: float) -> None:
-    """Routed experts on this EP rank: permute, grouped GEMMs, activation, unpermute."""
+    """Routed experts on this EP rank: permute, grouped GEMMs, activation, unpermute. Unfolded, the rank
+    computes its TP shard of its experts for all the micro-batch's tokens routed to them (gathered over TP);
+    folded, for the tokens its expert-TP group (etp ranks, T/tp each) routes to them."""
     local = max(1, m.experts // p.ep)
-    routed = sh.T * m.top_k * load                   # token-expert pairs this rank computes
+    tokens = sh.T / p.tp * p.expert_tp if p.folded else sh.T
+    routed = tokens * m.top_k * load                 # token-expert pairs this rank computes
     per_expert = routed / local
     if phase != BACKWARD_WEIGHT:
         w.ew("moe permute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a)
-    _mlp(w, m, sh, phase, m.expert_ffn / p.tp, per_expert, "experts (grouped)", batch=local)
+    _mlp(w, m, sh, phase, m.expert_ffn / p.expert_tp, per_expert, "experts (grouped)", batch=local)
     if phase != BACKWARD_WEIGHT:
-        w.ew("moe unpermute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a + sh.T * sh.h * w.a)
+        w.ew("moe unpermute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a + tokens * sh.h * w.a)
 
 
 def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
@@ -562,7 +565,7 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
         # FP8 weights: cast (row + column-wise) once per step, amortised over the micro-batches
         params = (model.attention_params() + (0 if moe else model._mlp_params(model.ffn))) / plan.tp
         if part == "experts":
-            params = model.experts // plan.ep * model.expert_params() / plan.tp
+            params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
         w.ew("fp8 weight cast (per step / micro-batches)", params * (w.a + 2) / max(1, plan.num_microbatches))
         w.ew("fp8 amax/scale update", 0.0)
     label = f"{'moe' if moe else 'dense'} {part} {phase}" if part in ("layer", "attention", "experts") else \

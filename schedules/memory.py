@@ -3,7 +3,7 @@
 Model states (Rajbhandari et al. 2020, "ZeRO", sec. 3 and 5): with Ψ parameters per model-parallel rank,
 bf16 weights (2Ψ), bf16 gradients (2Ψ) and K = 12 bytes of Adam state per parameter; ZeRO-1 shards the
 optimizer state over the data-parallel group, ZeRO-2 also the gradients, ZeRO-3 / FSDP also the weights.
-Dense weights are replicated dp·cp times, expert weights dp·cp/ep times.
+Dense weights are replicated dp·cp times, expert weights edp = tp·cp·dp/(ep·etp) times (dp·cp/ep unfolded).
 
 Activations per layer and micro-batch, two attention implementations (``plan.attention``):
 
@@ -88,10 +88,11 @@ def holds_head(model: ModelSpec, plan: ParallelPlan, stage: int) -> bool:
 
 
 def layer_param_split(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float]:
-    """(dense, expert) parameters of one layer held by one rank (TP shards all; EP shards the experts)."""
+    """(dense, expert) parameters of one layer held by one rank (TP shards the dense part; EP and the
+    experts' TP, etp, shard the experts)."""
     expert = model.layer_expert_params(layer)
     dense = model.layer_params(layer) - expert
-    return dense / plan.tp, expert / (plan.tp * plan.ep)
+    return dense / plan.tp, expert / (plan.expert_tp * plan.ep)
 
 
 def stage_layer_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
@@ -121,7 +122,7 @@ def rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float
 
 def shard_degrees(plan: ParallelPlan) -> tuple[int, int]:
     """(dense, expert) data-parallel replication: the ZeRO sharding degrees."""
-    return plan.dp * plan.cp, plan.dp * plan.cp // plan.ep
+    return plan.dp * plan.cp, plan.edp
 
 
 FP8_WEIGHT_COPY_BYTES = 2    # Transformer Engine keeps row- and column-wise FP8 copies of each FP8 GEMM weight

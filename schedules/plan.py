@@ -2,13 +2,20 @@
 
 Degrees: world size = dp · tp · pp · cp. Expert parallelism (ep) is carved out of data parallelism as in
 Megatron-LM: ep must divide dp, an EP group holds ranks that differ only in the inner ``ep`` part of their
-dp coordinate, and expert weights are replicated only dp·cp/ep times (the "edp" group).
+dp coordinate, and expert weights are replicated only dp·cp/ep times (the "edp" group); the experts are
+tensor-parallel as the dense layers (etp = tp).
+
+MoE parallel folding (Megatron-Core's expert_tensor_parallel_size, the expert grid of parallel_state): with
+an expert TP degree ``etp`` other than tp, or an ep that dp does not hold, the experts get a grid of their
+own over each pipeline stage's tp·cp·dp ranks, in rank order: etp innermost, then ep, then the expert
+data-parallel degree edp = tp·cp·dp / (ep·etp) ("etp", "ep", "edp" groups). DeepSeek-V3's recipes run
+TP2 with EP64 and etp 1 on 32-way data parallelism this way.
 
 Rank mesh: ``axis_order`` lists the axes from innermost (fastest-varying rank) to outermost. Megatron's
 default "tp-cp-ep-dp-pp" keeps a TP group on consecutive ranks (inside one NVLink domain). When "ep" is in
 the order, the "dp" axis stands for the outer dp/ep part of data parallelism.
 
-Process-group families: tp, cp, dp, pp, ep, plus "dp_cp" (dense gradient reduction when cp > 1: CP ranks
+Process-group families: tp, cp, dp, pp, ep, etp (expert TP: the tp groups unless folded), plus "dp_cp" (dense gradient reduction when cp > 1: CP ranks
 hold the same weights), "edp" (expert gradient reduction when ep > 1) and "embed" (first and last stage,
 tied embeddings), "mirror" (DualPipe: stages s and pp-1-s, which hold copies of the same two pieces).
 Units: bytes, tokens.
@@ -39,6 +46,7 @@ class ParallelPlan:
     """A parallel training plan (all sizes are per step unless noted).
 
     dp, tp, pp, ep, cp   data, tensor, pipeline, expert and context parallel degrees
+    etp                  expert tensor-parallel degree (0 = tp; see "MoE parallel folding" above)
     sp                   sequence parallelism with TP (norms/dropout sharded over the sequence)
     zero                 ZeRO stage 0-3 (0 = plain DDP); ``fsdp=True`` is ZeRO-3 with FSDP's per-layer units
     micro_batch          sequences per micro-batch per DP replica
@@ -118,6 +126,7 @@ class ParallelPlan:
     dtype: str = "bf16"
     stack: str = "megatron"
     grad_reduce_dtype: str = "auto"
+    etp: int = 0
 
     # ------------------------------------------------------------------ derived
     @property
@@ -136,6 +145,21 @@ class ParallelPlan:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree of the routed experts (etp; tp unless set)."""
+        return self.etp or self.tp
+
+    @property
+    def folded(self) -> bool:
+        """Whether the experts have a grid of their own (MoE parallel folding, see the module docstring)."""
+        return self.ep > 1 and (self.expert_tp != self.tp or self.dp % self.ep != 0)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: the replicas of each expert's weights (tp·cp·dp / (ep·etp))."""
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
 
     @property
     def zero_stage(self) -> int:
@@ -229,7 +253,7 @@ class ParallelPlan:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(world_size=self.world_size, num_microbatches=self.num_microbatches,
-                 global_batch=self.effective_global_batch, zero_stage=self.zero_stage)
+                 global_batch=self.effective_global_batch, zero_stage=self.zero_stage, expert_tp=self.expert_tp)
         return d
 
     # ------------------------------------------------------------------ validation
@@ -298,9 +322,17 @@ class ParallelPlan:
             if not isinstance(lim, (int, float)) or isinstance(lim, bool) or not math.isfinite(lim) or lim < 1:
                 raise PlanError(f"memory_limit must be at least 1 micro-batch of activations, got {lim!r}")
         self._check_stage_layers()
-        if self.ep > 1 and self.dp % self.ep:
-            raise PlanError(f"ep({self.ep}) must divide dp({self.dp}): expert parallelism is carved out of data "
-                            f"parallelism; use --dp a multiple of {self.ep}")
+        if self.etp and self.ep == 1 and self.etp != self.tp:
+            raise PlanError(f"etp({self.etp}) is the experts' tensor parallelism inside expert parallelism; "
+                            f"with ep 1 the experts follow tp({self.tp}): drop --etp or set --ep > 1")
+        if self.folded and self.tp > 1 and not self.sp:
+            raise PlanError(f"MoE parallel folding (ep {self.ep}, etp {self.expert_tp}) with tp({self.tp}) needs "
+                            f"sequence parallelism, as Megatron-Core requires: add --sp")
+        if self.folded and (self.tp * self.cp * self.dp) % (self.ep * self.expert_tp):
+            raise PlanError(f"ep({self.ep}) must divide dp({self.dp}) (experts carved out of data parallelism), "
+                            f"or ep × etp = {self.ep}×{self.expert_tp} must divide tp·cp·dp = "
+                            f"{self.tp * self.cp * self.dp} (MoE parallel folding over a pipeline stage's ranks); "
+                            f"use --dp a multiple of {self.ep}, --etp 1 or a smaller --ep")
         if self.cp > 1 and self.seq % (2 * self.cp):
             raise PlanError(f"seq {self.seq} must be divisible by 2·cp = {2 * self.cp} (load-balanced ring attention)")
         if self.sp and self.seq % (self.tp * self.cp):
@@ -318,7 +350,7 @@ class ParallelPlan:
             v = getattr(self, f)
             if not is_int(v) or v < 1:
                 raise PlanError(f"{f} must be a positive integer, got {v!r}")
-        for f in ("zero", "fsdp_prefetch"):
+        for f in ("zero", "fsdp_prefetch", "etp"):
             v = getattr(self, f)
             if not is_int(v) or v < 0:
                 raise PlanError(f"{f} must be a non-negative integer, got {v!r}")
@@ -373,6 +405,9 @@ class ParallelPlan:
                             f"selective or full")
         if model.is_moe and model.experts % self.ep:
             raise PlanError(f"ep({self.ep}) must divide the {model.experts} experts of {model.name}")
+        if model.is_moe and model.expert_ffn % self.expert_tp:
+            raise PlanError(f"etp({self.expert_tp}) must divide the expert MLP width ({model.expert_ffn}) of "
+                            f"{model.name}")
 
     def _check_stage_layers(self) -> None:
         sl = self.stage_layers
@@ -468,7 +503,7 @@ class ParallelPlan:
 
     @cached_property
     def axis_sizes(self) -> dict[str, int]:
-        ep = self.ep if self.dp % self.ep == 0 else 1
+        ep = 1 if self.folded else self.ep
         return {"tp": self.tp, "cp": self.cp, "ep": ep, "dp": self.dp // ep, "pp": self.pp}
 
     @cached_property
@@ -504,8 +539,60 @@ class ParallelPlan:
     FAMILY_AXES = {"tp": ("tp",), "cp": ("cp",), "pp": ("pp",), "dp": ("ep", "dp"), "ep": ("ep",),
                    "edp": ("cp", "dp"), "dp_cp": ("cp", "ep", "dp")}
 
+    def _expert_grid(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Folded experts: each rank's (etp index, ep index, edp index) in its stage's expert grid (ranks of
+        a stage in rank order: etp innermost, then ep, then edp)."""
+        hit = self.__dict__.get("_grid")
+        if hit is None:
+            r = np.arange(self.world_size, dtype=np.int64)
+            stage = (r // self._strides["pp"]) % self.pp
+            order = np.lexsort((r, stage))              # ranks by stage, then rank
+            local = np.empty_like(r)
+            per = self.world_size // self.pp
+            local[order] = np.tile(np.arange(per, dtype=np.int64), self.pp)
+            e = self.expert_tp
+            hit = self.__dict__["_grid"] = (local % e, (local // e) % self.ep, local // (e * self.ep))
+        return hit
+
+    def ep_index(self, rank: int) -> int:
+        """The rank's position in its EP group (the expert shard it holds)."""
+        if self.folded:
+            return int(self._expert_grid()[1][rank])
+        return self.coords(rank)["ep"]
+
+    def ep_indices(self) -> np.ndarray:
+        """``ep_index`` of every rank (an array)."""
+        if self.folded:
+            return self._expert_grid()[1]
+        r = np.arange(self.world_size, dtype=np.int64)
+        return (r // self._strides["ep"]) % self.axis_sizes["ep"]
+
+    def ep_group(self, rank: int) -> tuple[int, ...]:
+        """The EP group of ``rank``, members ordered as ``groups("ep")`` orders them."""
+        if self.folded:
+            t, e, d = self._expert_grid()
+            stage = (np.arange(self.world_size) // self._strides["pp"]) % self.pp
+            on = (stage == stage[rank]) & (t == t[rank]) & (d == d[rank])
+            return tuple(np.flatnonzero(on).tolist())
+        return tuple(self.peer(rank, "ep", e) for e in range(self.ep))
+
+    def _folded_groups(self, family: str) -> list[tuple[int, ...]]:
+        """Groups of the expert grid: "etp" (same ep and edp index), "ep" (same etp and edp), "edp" (same
+        etp and ep), within a stage; members in rank order."""
+        t, e, d = self._expert_grid()
+        stage = (np.arange(self.world_size) // self._strides["pp"]) % self.pp
+        same = {"etp": (e, d), "ep": (t, d), "edp": (t, e)}[family]
+        key = (stage * (self.world_size + 1) + same[0]) * (self.world_size + 1) + same[1]
+        order = np.lexsort((np.arange(self.world_size), key))
+        cut = np.flatnonzero(np.diff(key[order])) + 1
+        return [tuple(g.tolist()) for g in np.split(order, cut)]
+
     def groups(self, family: str) -> list[tuple[int, ...]]:
         """All groups of a family, each a tuple of ranks ordered by the varying coordinates."""
+        if family in ("ep", "edp", "etp") and self.folded:
+            return self._folded_groups(family)
+        if family == "etp":
+            return self.groups("tp")
         if family == "mirror":      # DualPipe: stages s and pp-1-s hold the same two pieces
             if self.schedule != "dualpipe":
                 return []
