@@ -69,7 +69,9 @@ class SearchSpace:
     recompute: tuple = ("none", "selective", "full")   # "op" (torchtitan per-op checkpointing) on request
     zero: tuple = (0, 1, 2, 3)          # 3 = FSDP
     cp: tuple = (1, 2)
-    ep: tuple | None = None             # None: every EP degree that divides dp and the experts
+    ep: tuple | None = None             # None: every EP degree that divides the experts and dp (or, folded,
+    #                                     tp·cp·dp)
+    fold: bool = True                   # also MoE parallel folding with etp 1 where tp > 1 (schedules.plan)
     max_tp: int = 64
     max_pp: int = 16
     tp: tuple | None = None             # fixed tensor-parallel degrees (None: powers of two up to max_tp)
@@ -89,10 +91,14 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
                         or (world // tp) % (pp * cp):
                     continue
                 dp = world // (tp * pp * cp)
-                eps = [e for e in _divisors(dp) if experts and experts % e == 0] if experts else [1]
+                # (ep, etp): carved out of dp with the dense TP, or folded over tp·cp·dp with etp 1
+                eps = [(e, None) for e in _divisors(dp) if experts % e == 0] if experts else [(1, None)]
+                if experts and space.fold and tp > 1:
+                    eps += [(e, 1) for e in _divisors(tp * cp * dp) if e > 1 and experts % e == 0]
                 if space.ep is not None:
-                    eps = [e for e in eps if e in space.ep]
-                for ep, mb, zero, rc in itertools.product(eps, space.micro_batches, space.zero, space.recompute):
+                    eps = [(e, f) for e, f in eps if e in space.ep]
+                for (ep, etp), mb, zero, rc in itertools.product(eps, space.micro_batches, space.zero,
+                                                                 space.recompute):
                     if gb is not None and gb % (dp * mb):
                         continue
                     if pp > 1 and zero >= 2:
@@ -101,7 +107,7 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
                         [(s, v) for s in space.schedules for v in ((1,) if s != "interleaved" else space.virtual_stages)]
                     for sched, v in scheds:
                         exp = dataclasses.replace(
-                            base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, micro_batch=mb,
+                            base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=tp > 1, micro_batch=mb,
                             zero=0 if zero == 3 else zero, fsdp=zero == 3, recompute=rc, schedule=sched,
                             virtual_stages=v, name=None)
                         try:
@@ -171,7 +177,10 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     tp_s = tp_critical_comm_s(model, plan, cost)
     ep_s = ep_critical_comm_s(model, plan, cost)
     kern = kernel_chunk_times(model, plan, cost)
-    chunk_t = [[max(f / rate, k) + tp_s * n + ep_s[s] * n_moe for f, k, (n, n_moe) in zip(ch, kch, counts)]
+    # folded experts without shared ones: an MoE layer's only TP collectives are its attention block's (half)
+    tp_moe = tp_s / 2 if plan.folded and not model.shared_experts else tp_s
+    chunk_t = [[max(f / rate, k) + tp_s * (n - n_moe) + (tp_moe + ep_s[s]) * n_moe
+                for f, k, (n, n_moe) in zip(ch, kch, counts)]
                for s, (ch, kch, counts) in enumerate(zip(flops, kern, _chunk_layer_counts(model, plan)))]
     m = plan.num_microbatches
     stage_t = [sum(ch) for ch in chunk_t]
@@ -634,6 +643,8 @@ def describe(res: dict) -> str:
     s = f"tp{p['tp']} pp{p['pp']} dp{p['dp']}"
     if p.get("ep", 1) > 1:
         s += f" ep{p['ep']}"
+        if p.get("expert_tp", p["tp"]) != p["tp"]:
+            s += f" etp{p['expert_tp']}"
     if p.get("cp", 1) > 1:
         s += f" cp{p['cp']}"
     if p.get("fsdp"):
@@ -721,6 +732,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--tp", "tp_opts", help="Fixed tensor-parallel degree(s), e.g. 8 or 4,8 (default: powers of two).")
 @click.option("--pp", "pp_opts", help="Fixed pipeline-parallel degree(s), e.g. 16 (default: divisors up to 16).")
 @click.option("--ep", "ep_opts", help="Fixed expert-parallel degree(s) (default: every one that fits).")
+@click.option("--fold/--no-fold", default=True, show_default=True,
+              help="MoE: also try folded expert parallelism (etp 1, ep up to tp·cp·dp) where tp > 1.")
 @click.option("--workers", type=int, help="Local worker processes (default: CPU count).")
 @click.option("--scheduler", help="Dask scheduler address tcp://HOST:PORT (else a local process pool).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Result cache (default ~/.cache/clustersim).")
@@ -728,7 +741,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, top_k, micro_batches, schedules,
-           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, workers, scheduler, cache_dir, no_cache, pareto, as_json):
+           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, workers, scheduler, cache_dir, no_cache,
+           pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     from simulator.inputs import brief
 
@@ -754,7 +768,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
                         zero=ints(zero_opts, "zero", 0, 3), cp=ints(cp_opts, "cp", 1, 1 << 20),
                         tp=ints(tp_opts, "tp", 1, 1 << 20) if tp_opts else None,
                         pp=ints(pp_opts, "pp", 1, 1 << 20) if pp_opts else None,
-                        ep=ints(ep_opts, "ep", 1, 1 << 20) if ep_opts else None)
+                        ep=ints(ep_opts, "ep", 1, 1 << 20) if ep_opts else None, fold=fold)
     for what, vals in (("tp", space.tp), ("pp", space.pp), ("ep", space.ep)):
         if vals is not None and (min(vals) < 1 or (gpus and any(gpus % v for v in vals))):
             raise ConfigError(f"--{what}: every degree must be >= 1 and divide the {gpus} GPUs, got "

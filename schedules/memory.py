@@ -206,11 +206,14 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     if model.is_moe_layer(layer):
         routed = model.top_k * _load(model)
         width = routed * model.expert_ffn + model.shared_experts * model.expert_ffn
+        # folded experts: a rank holds its expert-TP group's tokens (tok/tp·etp) at full hidden width, and
+        # the same expert widths per token (width/etp for etp times the tokens)
+        gathered = plan.expert_tp if plan.folded else 1
         out += [Saved("router probabilities", STATS_BYTES * tok * model.experts, "sp", "B"),
-                Saved("permuted tokens (expert input)", f * tok * routed * h, "tp", "W"),
+                Saved("permuted tokens (expert input)", f * tok * routed * h * gathered, "tp", "W"),
                 Saved("expert fc1 output", e * tok * fc1 * width, "tp", "B"),
                 Saved("expert activation output (fc2 input)", f * tok * width, "tp", "W"),
-                Saved("expert outputs (combine input)", e * tok * routed * h, "tp", "B")]
+                Saved("expert outputs (combine input)", e * tok * routed * h * gathered, "tp", "B")]
     else:
         out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B"),
                 Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W")]

@@ -30,7 +30,7 @@ from simulator.program import COMPUTE, no_gc
 AXES = ("tp", "cp", "ep", "pp", "dp", "other")
 # process-group family (schedules.generate, traces.replay) -> parallel axis; "embed" (tied embedding
 # gradients between the first and last pipeline stage) exists because of the pipeline
-AXIS_OF_FAMILY = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "embed": "pp", "dp": "dp", "edp": "dp",
+AXIS_OF_FAMILY = {"tp": "tp", "cp": "cp", "ep": "ep", "etp": "ep", "pp": "pp", "embed": "pp", "dp": "dp", "edp": "dp",
                   "dp_cp": "dp", "fsdp": "dp"}
 
 

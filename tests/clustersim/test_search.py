@@ -198,3 +198,27 @@ def test_moe_lower_bound_counts_the_expert_all_to_alls_and_still_bounds():
             across.append(ep_s[0] * plan.num_microbatches * 8 / step)
     # across nodes the all-to-alls are a large part of the step, and now of the bound
     assert max(across) > 0.2, across
+    # folded experts (etp 1, ep over tp·dp): the MoE layers keep only their attention's TP collectives
+    for tp, ep, pp, sched in ((2, 32, 1, "1f1b"), (2, 16, 2, "1f1b"), (4, 8, 1, "1f1b"), (2, 8, 2, "interleaved")):
+        exp = dataclasses.replace(base, ep=ep, etp=1, pp=pp, tp=tp, sp=True, dp=32 // (pp * tp), micro_batch=1,
+                                  schedule=sched, virtual_stages=2 if sched == "interleaved" else 1)
+        plan = resolve_plan(dataclasses.replace(exp), model, 32)
+        assert plan.folded
+        cost = build_cost_model(exp, cluster)
+        bound = lower_bound_s(exp, model, plan, cost, 32)
+        step = run_experiment(exp, check_budget=False).metrics.step_time_s
+        assert bound <= step * (1 + 1e-9), (tp, ep, pp, sched, bound, step)
+
+
+def test_search_offers_folded_expert_parallelism():
+    """Where tp > 1 the space holds etp-1 plans whose EP degree exceeds dp (MoE parallel folding)."""
+    from clustersim.search import enumerate_candidates
+    moe = dict(layers=8, hidden=2048, heads=16, kv_heads=4, ffn=4096, experts=32, top_k=4, vocab=32000)
+    base = Experiment(cluster="dgx-h100", gpus=32, model=moe, global_batch=64, seq=2048)
+    from clustersim.experiment import resolve_model
+    cands = enumerate_candidates(base, resolve_model(base), 32, SearchSpace(tp=(2,), pp=(1,), cp=(1,)))
+    folded = {(c.ep, c.etp) for c in cands if c.etp}
+    assert (32, 1) in folded and all(e > 1 for e, _ in folded)
+    assert {c.ep for c in cands if not c.etp} == {1, 2, 4, 8, 16}
+    none = enumerate_candidates(base, resolve_model(base), 32, SearchSpace(tp=(2,), pp=(1,), cp=(1,), fold=False))
+    assert not any(c.etp for c in none)

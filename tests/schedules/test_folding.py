@@ -114,3 +114,11 @@ def test_folded_symmetric_equals_full(kw):
 def test_impossible_folds_are_reported(kw, msg):
     with pytest.raises(PlanError, match=msg.replace("(", r"\(").replace(")", r"\)")):
         ParallelPlan(seq=SEQ, **kw).validate(MOE)
+
+
+def test_every_family_of_a_folded_program_has_a_parallel_axis():
+    """comm_by_axis files the expert-TP gathers under EP (the dispatcher), nothing under "other"."""
+    from simulator.metrics import AXIS_OF_FAMILY
+    progs = build_programs(MOE, ParallelPlan(tp=4, dp=4, ep=8, etp=2, sp=True, seq=SEQ, global_batch=4))
+    assert {g.family for g in progs.groups} <= set(AXIS_OF_FAMILY) | {"mirror"}
+    assert AXIS_OF_FAMILY["etp"] == "ep"
