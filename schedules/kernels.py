@@ -427,6 +427,8 @@ def _experts(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str, 
     per_expert = routed / local
     if phase != BACKWARD_WEIGHT:
         w.ew("moe permute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a)
+    if phase == FORWARD:    # TE's GroupedLinear quantizes its (permuted) input: no norm to fuse the cast into
+        w.cast("experts fc1 input fp8 cast", routed * sh.h)
     _mlp(w, m, sh, phase, m.expert_ffn / p.expert_tp, per_expert, "experts (grouped)", batch=local)
     if phase != BACKWARD_WEIGHT:
         w.ew("moe unpermute" + (" bwd" if phase != FORWARD else ""), routed * sh.h * 2 * w.a + tokens * sh.h * w.a)

@@ -539,25 +539,28 @@ class ParallelPlan:
     FAMILY_AXES = {"tp": ("tp",), "cp": ("cp",), "pp": ("pp",), "dp": ("ep", "dp"), "ep": ("ep",),
                    "edp": ("cp", "dp"), "dp_cp": ("cp", "ep", "dp")}
 
-    def _expert_grid(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Folded experts: each rank's (etp index, ep index, edp index) in its stage's expert grid (ranks of
-        a stage in rank order: etp innermost, then ep, then edp)."""
-        hit = self.__dict__.get("_grid")
-        if hit is None:
-            r = np.arange(self.world_size, dtype=np.int64)
-            stage = (r // self._strides["pp"]) % self.pp
-            order = np.lexsort((r, stage))              # ranks by stage, then rank
-            local = np.empty_like(r)
-            per = self.world_size // self.pp
-            local[order] = np.tile(np.arange(per, dtype=np.int64), self.pp)
-            e = self.expert_tp
-            hit = self.__dict__["_grid"] = (local % e, (local // e) % self.ep, local // (e * self.ep))
-        return hit
+    def _stage_local(self, rank):
+        """Index of ``rank`` (an int or an array) among its stage's ranks in rank order: the rank with its pp
+        digit taken out (removing a digit keeps the order)."""
+        S = self._strides["pp"]
+        return rank % S + (rank // (S * self.pp)) * S
+
+    def _stage_rank(self, local, stage: int):
+        """Inverse of ``_stage_local``: the rank of stage ``stage`` at index ``local``."""
+        S = self._strides["pp"]
+        return local % S + stage * S + (local // S) * S * self.pp
+
+    def _expert_grid(self, rank=None):
+        """Folded experts: (etp index, ep index, edp index) of ``rank`` (default: every rank, as arrays) in its
+        stage's expert grid (a stage's ranks in rank order: etp innermost, then ep, then edp)."""
+        local = self._stage_local(np.arange(self.world_size, dtype=np.int64) if rank is None else rank)
+        e = self.expert_tp
+        return local % e, (local // e) % self.ep, local // (e * self.ep)
 
     def ep_index(self, rank: int) -> int:
         """The rank's position in its EP group (the expert shard it holds)."""
         if self.folded:
-            return int(self._expert_grid()[1][rank])
+            return int(self._expert_grid(rank)[1])
         return self.coords(rank)["ep"]
 
     def ep_indices(self) -> np.ndarray:
@@ -570,10 +573,10 @@ class ParallelPlan:
     def ep_group(self, rank: int) -> tuple[int, ...]:
         """The EP group of ``rank``, members ordered as ``groups("ep")`` orders them."""
         if self.folded:
-            t, e, d = self._expert_grid()
-            stage = (np.arange(self.world_size) // self._strides["pp"]) % self.pp
-            on = (stage == stage[rank]) & (t == t[rank]) & (d == d[rank])
-            return tuple(np.flatnonzero(on).tolist())
+            t, _, d = self._expert_grid(rank)
+            e = self.expert_tp
+            base = t + d * e * self.ep
+            return tuple(int(self._stage_rank(base + k * e, self.stage_of(rank))) for k in range(self.ep))
         return tuple(self.peer(rank, "ep", e) for e in range(self.ep))
 
     def _folded_groups(self, family: str) -> list[tuple[int, ...]]:

@@ -122,3 +122,14 @@ def test_every_family_of_a_folded_program_has_a_parallel_axis():
     progs = build_programs(MOE, ParallelPlan(tp=4, dp=4, ep=8, etp=2, sp=True, seq=SEQ, global_batch=4))
     assert {g.family for g in progs.groups} <= set(AXIS_OF_FAMILY) | {"mirror"}
     assert AXIS_OF_FAMILY["etp"] == "ep"
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-pp-cp-dp", "pp-tp-cp-dp"])
+def test_ep_group_and_index_agree_with_the_groups_for_any_axis_order(order):
+    plan = ParallelPlan(tp=2, cp=1, dp=8, pp=2, ep=16, etp=1, sp=True, seq=SEQ, axis_order=order)
+    groups = plan.groups("ep")
+    assert sorted(r for g in groups for r in g) == list(range(plan.world_size))
+    for g in groups:
+        assert len({plan.stage_of(r) for r in g}) == 1
+        for k, r in enumerate(g):
+            assert plan.ep_group(r) == g and plan.ep_index(r) == k == plan.ep_indices()[r]

@@ -90,6 +90,26 @@ def test_experts_follow_routed_tokens_and_load():
     assert {k.batch for k in one if k.kind == GEMM} == {m.experts // 8}   # grouped GEMM over local experts
 
 
+def test_fp8_experts_quantize_their_permuted_input_and_folding_keeps_gemm_flops():
+    """FP8: the experts' grouped GEMM quantizes the permuted tokens (routed x hidden, row- and column-wise
+    copies: 2 + 2 bytes per element), there being no norm to fuse the cast into. Folded (etp 1 over tp 4) a
+    rank's expert GEMMs take tokens / tp at the full expert width: the same FLOPs as the TP-sharded experts."""
+    m = get_model("deepseek-v3")
+    layer = m.layers - 1
+    p = ParallelPlan(dp=8, ep=8, seq=4096, dtype="fp8")
+    kl = phase_kernels(m, p, layer, "forward", part="experts")
+    cast = [k for k in kl if k.name == "experts fc1 input fp8 cast"]
+    assert len(cast) == 1 and cast[0].bytes == pytest.approx(4096 * m.top_k * m.hidden * 4)
+    assert not [k for k in phase_kernels(m, ParallelPlan(dp=8, ep=8, seq=4096), layer, "forward", part="experts")
+                if "fp8" in k.name]
+    unf = ParallelPlan(tp=4, dp=8, ep=8, sp=True, seq=4096)
+    fold = ParallelPlan(tp=4, dp=8, ep=32, etp=1, sp=True, seq=4096)
+    a = phase_kernels(m, unf, layer, "forward", part="experts")
+    b = phase_kernels(m, fold, layer, "forward", part="experts")
+    assert _flops(b, GEMM) == pytest.approx(_flops(a, GEMM), rel=1e-9)
+    assert {k.n for k in b if k.kind == GEMM and "fc1" in k.name} == {2 * m.expert_ffn}
+
+
 def test_lists_are_shared_and_bad_choices_rejected():
     m = get_model("llama3-8b")
     p = ParallelPlan(seq=4096)
