@@ -329,10 +329,13 @@ class ParallelPlan:
             raise PlanError(f"MoE parallel folding (ep {self.ep}, etp {self.expert_tp}) with tp({self.tp}) needs "
                             f"sequence parallelism, as Megatron-Core requires: add --sp")
         if self.folded and (self.tp * self.cp * self.dp) % (self.ep * self.expert_tp):
-            raise PlanError(f"ep({self.ep}) must divide dp({self.dp}) (experts carved out of data parallelism), "
-                            f"or ep × etp = {self.ep}×{self.expert_tp} must divide tp·cp·dp = "
-                            f"{self.tp * self.cp * self.dp} (MoE parallel folding over a pipeline stage's ranks); "
-                            f"use --dp a multiple of {self.ep}, --etp 1 or a smaller --ep")
+            fold = (f"ep × etp = {self.ep}×{self.expert_tp} must divide tp·cp·dp = {self.tp * self.cp * self.dp} "
+                    f"(MoE parallel folding over a pipeline stage's ranks)")
+            if self.expert_tp == self.tp:       # folded only because dp does not hold ep
+                raise PlanError(f"ep({self.ep}) must divide dp({self.dp}) (experts carved out of data parallelism), "
+                                f"or {fold}; use --dp a multiple of {self.ep}, --etp 1 or a smaller --ep")
+            raise PlanError(f"with etp({self.expert_tp}) other than tp({self.tp}) the experts fold: {fold}; use "
+                            f"--etp 1, --etp {self.tp} or a smaller --ep")
         if self.cp > 1 and self.seq % (2 * self.cp):
             raise PlanError(f"seq {self.seq} must be divisible by 2·cp = {2 * self.cp} (load-balanced ring attention)")
         if self.sp and self.seq % (self.tp * self.cp):
