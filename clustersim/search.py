@@ -247,10 +247,11 @@ def ep_critical_comm_s(model, plan, cost) -> list[float]:
     and combine in the forward and in the backward, of micro-batch·seq/cp/tp·top_k·hidden activations),
     priced on the EP group of the stage's first rank: that rank's own serial work bounds the step. Zeros
     without expert parallelism."""
+    from schedules.generate import ep_dispatch_bytes
     from simulator.costs import CommRequest
     if not model.is_moe or plan.ep == 1:
         return [0.0] * plan.pp
-    size = plan.micro_batch * plan.seq / plan.cp / plan.tp * model.top_k * model.hidden * model.dtype_bytes
+    size = ep_dispatch_bytes(model, plan)
     out = []
     for s in range(plan.pp):
         first = plan.rank_of(pp=s)

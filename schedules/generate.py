@@ -91,6 +91,7 @@ class _StageBuilder:
         self.tokens_rank = plan.micro_batch * plan.seq / plan.cp
         self.act_msg = self.tokens_rank * model.hidden * self.dt / (plan.tp if plan.sp else 1)
         self.tp_bytes = self.tokens_rank * model.hidden * self.dt
+        self.ep_bytes = ep_dispatch_bytes(model, plan)
         self.nv = plan.pieces
         self.units = self._units()
         self.zero = plan.zero_stage
@@ -509,21 +510,21 @@ class _StageBuilder:
             attn = [("attn", main - core_step * (p.cp - 1), memb, core_step, p.cp - 1 if ring else 0)]
             if tp:
                 attn = ([("tp", "all_gather")] if p.sp else []) + attn + [("tp", back_coll)]
-            if u.moe and p.folded:
-                # Megatron's alltoall dispatcher on the expert grid: the rank's own (sequence-parallel)
-                # tokens go to their EP ranks, which gather them over the experts' TP group (etp)
-                exp_tp = [("etp", "all_gather")], [("etp", "reduce_scatter")]
-                if p.expert_tp == 1 or a.phase == "W":
-                    exp_tp = [], []
+            if u.moe:
                 a2a = [("ep",)] if ep else []
-                mlp = a2a + exp_tp[0] + [("c", exp, u.expert_params * self.dt)] + exp_tp[1] + a2a
-                if tp and m.shared_experts:     # the shared experts stay tensor-parallel (SP gather / scatter)
-                    mlp = [("tp", "all_gather")] + mlp + [("tp", back_coll)]
-            elif u.moe:
-                a2a = [("ep",)] if ep else []
-                mlp = a2a + [("c", exp, u.expert_params * self.dt)] + a2a
-                if tp:
-                    mlp = ([("tp", "all_gather")] if p.sp else []) + mlp + [("tp", back_coll)]
+                experts = [("c", exp, u.expert_params * self.dt)]
+                if p.folded:
+                    # Megatron's alltoall dispatcher on the expert grid: the rank's own (sequence-parallel)
+                    # tokens go to their EP ranks, which gather them over the experts' TP group (etp)
+                    if p.expert_tp > 1:
+                        experts = [("etp", "all_gather")] + experts + [("etp", "reduce_scatter")]
+                    mlp = a2a + experts + a2a
+                    if tp and m.shared_experts:     # the shared experts stay tensor-parallel (SP gather / scatter)
+                        mlp = [("tp", "all_gather")] + mlp + [("tp", back_coll)]
+                else:
+                    mlp = a2a + experts + a2a
+                    if tp:
+                        mlp = ([("tp", "all_gather")] if p.sp else []) + mlp + [("tp", back_coll)]
             else:      # the dense MLP's FLOPs are in the attention op; only its TP collectives remain
                 mlp = ([("tp", "all_gather"), ("tp", "reduce_scatter")] if tp and p.sp else
                        [("tp", "all_reduce")] if tp else [])
@@ -559,11 +560,10 @@ class _StageBuilder:
             elif item[0] == "tp":
                 idx = self.coll(f"tp {item[1]}", item[1], "tp", self.tp_bytes, "compute", d, strategy="tp", **kw)
             elif item[0] == "etp":      # the routed tokens of the expert TP group (gathered size)
-                size = self.tokens_rank / p.tp * m.top_k * m.hidden * self.dt * p.expert_tp
-                idx = self.coll(f"etp {item[1]}", item[1], "etp", size, "compute", d, strategy="ep", **kw)
+                idx = self.coll(f"etp {item[1]}", item[1], "etp", self.ep_bytes * p.expert_tp, "compute", d,
+                                strategy="ep", **kw)
             else:
-                size = self.tokens_rank / p.tp * m.top_k * m.hidden * self.dt
-                idx = self.coll("ep all_to_all", "all_to_all", "ep", size, "compute", d, strategy="ep", **kw)
+                idx = self.coll("ep all_to_all", "all_to_all", "ep", self.ep_bytes, "compute", d, strategy="ep", **kw)
             if first is None:
                 first = idx
             last = idx
@@ -738,6 +738,12 @@ def _families(plan: ParallelPlan) -> dict[str, str]:
     dense = "dp_cp" if plan.cp > 1 else "dp"
     expert = "edp" if plan.ep > 1 else dense
     return {"grad_dense": dense, "grad_expert": expert}
+
+
+def ep_dispatch_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes one rank sends in an expert-parallel dispatch (or combine) all-to-all per micro-batch: its
+    sequence-parallel share of the micro-batch's tokens, top_k copies each, hidden-wide activations."""
+    return plan.micro_batch * plan.seq / plan.cp / plan.tp * model.top_k * model.hidden * model.dtype_bytes
 
 
 def ep_load(plan: ParallelPlan, e: int, capacity_factor: float | None) -> float:

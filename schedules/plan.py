@@ -589,7 +589,7 @@ class ParallelPlan:
         stage = (np.arange(self.world_size) // self._strides["pp"]) % self.pp
         same = {"etp": (e, d), "ep": (t, d), "edp": (t, e)}[family]
         key = (stage * (self.world_size + 1) + same[0]) * (self.world_size + 1) + same[1]
-        order = np.lexsort((np.arange(self.world_size), key))
+        order = np.argsort(key, kind="stable")           # members of a group stay in rank order
         cut = np.flatnonzero(np.diff(key[order])) + 1
         return [tuple(g.tolist()) for g in np.split(order, cut)]
 

@@ -158,15 +158,14 @@ def comm_for_shape(cluster, n_ranks: int, n_nodes: int, ppn: int, ppn_min: int |
         # only where the node is the domain): the node's NICs, shared by all its GPUs
         rail = fab.nics_per_node >= cluster.gpus_per_node
         nics = ppn if rail else fab.nics_per_node
-        ring_nics = ppn_min if rail and ppn_min else 0
     else:
-        nic_bw, nics, ring_nics = 0.0, 0, 0
+        nic_bw, nics, rail = 0.0, 0, False
     uneven = bool(ppn_min) and ppn_min < ppn
     nvls = (bool(dom.sharp) and dom.kind != "pcie" and arch in ("hopper", "blackwell")
             and (ppn_min if uneven else ppn) >= 2)
     return Comm(n_ranks, n_nodes, ppn, arch, CPU.get(acc.name, "intel"), intra_hw, intra_bw, nic_bw,
                 max(nics, 1), nvls, collnet=bool(getattr(fab, "sharp", False)),
-                ppn_min=ppn_min if uneven else 0, ring_nics=ring_nics if uneven and ring_nics < nics else 0)
+                ppn_min=ppn_min if uneven else 0, ring_nics=ppn_min if uneven and rail else 0)
 
 
 # ------------------------------------------------------------------------------------------ graph search

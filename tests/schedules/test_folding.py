@@ -66,13 +66,10 @@ def test_folded_experts_keep_flops_and_shard_weights_by_ep_etp():
     unf = ParallelPlan(dp=8, ep=4, **base)
     fold = ParallelPlan(dp=8, ep=8, etp=1, **base)
 
-    def expert_flops(plan):
-        progs = build_programs(MOE, plan, symmetric=False)
-        return sum(op.flops for prog in progs.ops.values() for op in prog
-                   if op.kind == "compute" and op.phase != "optimizer" and "expert" in op.name.lower())
+    def total(plan):
+        return sum(op.flops for prog in build_programs(MOE, plan, symmetric=False).ops.values()
+                   for op in prog if op.kind == "compute" and op.phase != "optimizer")
 
-    total = lambda plan: sum(op.flops for prog in build_programs(MOE, plan, symmetric=False).ops.values()  # noqa: E731
-                             for op in prog if op.kind == "compute" and op.phase != "optimizer")
     assert total(fold) == pytest.approx(total(unf), rel=1e-12)
     layer = next(l for l in range(MOE.layers) if MOE.is_moe_layer(l))
     e = MOE.layer_expert_params(layer)
