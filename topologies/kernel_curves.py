@@ -312,6 +312,19 @@ ATTENTION_SERIES = {
 FWD_BWD_FLOPS = 3.5          # FlashAttention benchmark: backward 2.5x forward FLOPs
 
 
+def kernel_head_dim(head_dim: int, impl: str) -> int:
+    """The head dimension an attention implementation's kernel computes with: its tiles are that wide, so
+    a head dimension between two compiled ones costs the wider one's time (the padding is wasted work).
+    FlashAttention-2 (flash_api.cpp: ``head_size_rounded = head_size <= 192 ? round_multiple(head_size, 32)
+    : 256``, kernels for 32, 64, 96, 128, 160, 192, 256); the Triton FlashAttention of llm-foundry
+    (flash_attn_triton.py: ``BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)``, masked loads where the
+    head dimension is not that block). E.g. MPT-30B's 112 runs the 128-wide kernel in both."""
+    d = max(int(head_dim), 1)
+    if impl == "triton":
+        return max(1 << (d - 1).bit_length(), 16)
+    return -(-d // 32) * 32 if d <= 192 else 256
+
+
 def attention_series(family: str, impl: str) -> str:
     return ATTENTION_SERIES.get((family, impl or "flash2"), ATTENTION_KERNEL)
 
@@ -354,17 +367,20 @@ class AttentionCurve:
     def time_s(self, kern: Kernel) -> float:
         if kern.flops <= 0:
             return 0.0
-        fits = attention_fits(self.family, kern.impl or "flash2")
+        impl = kern.impl or "flash2"
+        fits = attention_fits(self.family, impl)
         seq = max(kern.seq_kv, 1)
-        fb = _by_head_dim(fits, "fwd+bwd", kern.causal, kern.head_dim, seq)
-        fw = _by_head_dim(fits, "fwd", kern.causal, kern.head_dim, seq)
+        d = kernel_head_dim(kern.head_dim, impl) if kern.head_dim else kern.head_dim
+        flops = kern.flops * (d / kern.head_dim) if kern.head_dim else kern.flops   # padded tiles' work
+        fb = _by_head_dim(fits, "fwd+bwd", kern.causal, d, seq)
+        fw = _by_head_dim(fits, "fwd", kern.causal, d, seq)
         if kern.pass_ == "fwd":
             rate = fw if fw is not None else fb
-            return kern.flops / (rate * self.scale)
-        f_fwd = kern.flops / (FWD_BWD_FLOPS - 1.0)
+            return flops / (rate * self.scale)
+        f_fwd = flops / (FWD_BWD_FLOPS - 1.0)
         if fw is None:
-            return kern.flops / (fb * self.scale)
-        return max(FWD_BWD_FLOPS * f_fwd / fb - f_fwd / fw, kern.flops / fw) / self.scale
+            return flops / (fb * self.scale)
+        return max(FWD_BWD_FLOPS * f_fwd / fb - f_fwd / fw, flops / fw) / self.scale
 
     @property
     def source(self) -> str:

@@ -118,6 +118,25 @@ def test_attention_backward_is_slower_per_flop_than_forward():
     assert kc.attention_curve("B200").scale == pytest.approx(2250 / 989.4, rel=1e-3)
 
 
+@pytest.mark.parametrize("impl", ["flash2", "triton"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_a_head_dim_between_compiled_ones_costs_the_padded_kernel(impl, pass_):
+    """MPT-30B's head dim 112 runs the 128-wide kernel (FA2 rounds to 32s, llm-foundry's Triton kernel to a
+    power of two): the same time as head dim 128 on the same tokens and heads, not an interpolation."""
+    c = kc.attention_curve("H100-SXM")
+
+    def kern(d):
+        fwd = 2.0 * 4096 * 4096 * 8 * 2 * d * 0.5
+        return Kernel("a", ATTENTION, fwd if pass_ == "fwd" else 2.5 * fwd, pass_=pass_, seq_q=4096,
+                      seq_kv=4096, head_dim=d, heads=8, causal=True, impl=impl)
+    assert c.time_s(kern(112)) == pytest.approx(c.time_s(kern(128)), rel=1e-12)
+    assert kc.kernel_head_dim(112, impl) == 128 and kc.kernel_head_dim(128, impl) == 128
+    assert kc.kernel_head_dim(80, "flash2") == 96 and kc.kernel_head_dim(80, "triton") == 128
+    assert kc.kernel_head_dim(200, "flash2") == 256 and kc.kernel_head_dim(8, "triton") == 16
+    # a compiled width is priced from its own curve, as before: d 64 is faster per call than padded 112
+    assert c.time_s(kern(64)) < c.time_s(kern(112))
+
+
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(st.sampled_from(sorted(kc.SWEEP_MAMF)), st.integers(64, 65536), st.integers(64, 65536),
        st.integers(64, 65536))
