@@ -48,10 +48,11 @@ RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
 STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torchtitan-compile-loss")
 GRAD_REDUCE_DTYPES = ("auto", "bf16", "fp32")
+EXPERT_GRIDS = ("folded", "carved")
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION,
-           "grad_reduce_dtype": GRAD_REDUCE_DTYPES}
+           "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
@@ -70,6 +71,7 @@ class Experiment:
     dp: int | None = None
     ep: int = 1
     etp: int | None = None               # expert tensor parallelism (None: tp; see schedules.plan)
+    expert_grid: str = "folded"          # EP groups with cp > 1: Megatron-Core >= 0.10 (folded) or <= 0.9 (carved)
     cp: int = 1
     sp: bool = False
     zero: int = 0
@@ -279,6 +281,9 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--ep", type=int, help="Expert-parallel degree."),
         click.option("--etp", type=int, help="Expert tensor-parallel degree (default tp); other than tp, or an ep "
                      "that dp does not hold, folds the experts over tp·cp·dp (Megatron-Core's expert grid)."),
+        click.option("--expert-grid", type=click.Choice(EXPERT_GRIDS),
+                     help="MoE with cp > 1: folded (Megatron-Core >= 0.10, the default: EP groups take CP peers "
+                     "first) or carved (<= 0.9: EP inside data parallelism)."),
         click.option("--cp", type=int, help="Context-parallel degree."),
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage 0-3."),
         click.option("--fsdp", is_flag=True, default=None, help="Fully sharded data parallel (ZeRO-3 style)."),
@@ -338,7 +343,7 @@ def simulate_options(f: Callable) -> Callable:
 
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
-               "experts", "top_k", "tp", "pp", "dp", "ep", "etp", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
+               "experts", "top_k", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
@@ -495,7 +500,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
         dp = world_size // denom
         exp.dp = dp
     global_batch = exp.global_batch if exp.global_batch is not None else dp * exp.micro_batch * max(exp.pp, 1) * 2
-    kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, etp=exp.etp or 0, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
+    kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, etp=exp.etp or 0, expert_grid=exp.expert_grid, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
               recompute_every=exp.recompute_every,

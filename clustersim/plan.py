@@ -63,6 +63,9 @@ def plan_options(f):
         click.option("--etp", type=int, default=None,
                      help="Expert tensor-parallel degree (default tp). Other than tp, or an ep that dp does not "
                           "hold, folds the experts over tp·cp·dp (Megatron-Core's expert grid)."),
+        click.option("--expert-grid", type=click.Choice(["folded", "carved"]), default="folded", show_default=True,
+                     help="MoE with cp > 1: Megatron-Core >= 0.10's expert grid (EP groups take CP peers first) or "
+                          "<= 0.9's (EP inside data parallelism)."),
         click.option("--cp", type=int, default=1, show_default=True, help="Context parallel degree."),
         click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage."),
         click.option("--fsdp", is_flag=True, help="FSDP full sharding (ZeRO-3, per-layer units)."),
@@ -140,7 +143,8 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                       memory_limit=None, attention: str = "flash",
                       fsdp_reshard_after_forward: str = "auto", dtype: str = "bf16", stack: str | None = None,
-                      grad_reduce_dtype: str = "auto", etp: int | None = None, **_ignored) -> ParallelPlan:
+                      grad_reduce_dtype: str = "auto", etp: int | None = None, expert_grid: str = "folded",
+                      **_ignored) -> ParallelPlan:
     """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp); stack None: megatron."""
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus), ("etp", etp)):
         if v is not None and (not isinstance(v, int) or v < 1):
@@ -161,6 +165,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                         attention=attention, fsdp_reshard_after_forward=fsdp_reshard_after_forward,
                         dtype=dtype, stack=stack or "megatron", grad_reduce_dtype=grad_reduce_dtype, etp=etp or 0,
+                        expert_grid=expert_grid or "folded",
                         **parse_memory_limit(memory_limit, pp))
 
 

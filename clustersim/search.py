@@ -177,8 +177,10 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     tp_s = tp_critical_comm_s(model, plan, cost)
     ep_s = ep_critical_comm_s(model, plan, cost)
     kern = kernel_chunk_times(model, plan, cost)
-    # folded experts without shared ones: an MoE layer's only TP collectives are its attention block's (half)
-    tp_moe = tp_s / 2 if plan.folded and not model.shared_experts else tp_s
+    # folded experts on fewer TP ranks (etp < tp) without shared ones: an MoE layer's only TP collectives are
+    # its attention block's (half); with etp = tp (Megatron-Core's grid with cp > 1) the experts' etp gathers
+    # run on the same group with topk times the tokens, no cheaper than the dense layer's
+    tp_moe = tp_s / 2 if plan.folded and plan.expert_tp < plan.tp and not model.shared_experts else tp_s
     chunk_t = [[max(f / rate, k) + tp_s * (n - n_moe) + (tp_moe + ep_s[s]) * n_moe
                 for f, k, (n, n_moe) in zip(ch, kch, counts)]
                for s, (ch, kch, counts) in enumerate(zip(flops, kern, _chunk_layer_counts(model, plan)))]

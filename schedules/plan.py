@@ -11,6 +11,13 @@ own over each pipeline stage's tp·cp·dp ranks, in rank order: etp innermost, t
 data-parallel degree edp = tp·cp·dp / (ep·etp) ("etp", "ep", "edp" groups). DeepSeek-V3's recipes run
 TP2 with EP64 and etp 1 on 32-way data parallelism this way.
 
+``expert_grid``: Megatron-Core from 0.10 (NeMo 24.12 on) always builds that expert grid
+(``RankGenerator(tp=etp, ep, dp=edp, pp, cp=1)``), also with etp = tp. It equals the carved grid above when
+cp = 1; with cp > 1 its EP groups take context-parallel peers first (ep index = (local // etp) % ep, local =
+tp + tp·cp_index + tp·cp·dp_index), where the carved grid of Megatron-Core <= 0.9 strides EP over tp·cp
+ranks. "folded" (the default) folds every plan with ep > 1 and cp > 1 (and those above); "carved" keeps
+the older grid where it can (etp = tp and ep dividing dp).
+
 Rank mesh: ``axis_order`` lists the axes from innermost (fastest-varying rank) to outermost. Megatron's
 default "tp-cp-ep-dp-pp" keeps a TP group on consecutive ranks (inside one NVLink domain). When "ep" is in
 the order, the "dp" axis stands for the outer dp/ep part of data parallelism.
@@ -38,6 +45,7 @@ SCHEDULE_NAMES = tuple(pl.SCHEDULES)
 RECOMPUTE = ("none", "selective", "full", "op")
 ATTENTION = ("flash", "eager")
 RESHARD = ("auto", "true", "false")
+EXPERT_GRIDS = ("folded", "carved")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
 
@@ -47,6 +55,7 @@ class ParallelPlan:
 
     dp, tp, pp, ep, cp   data, tensor, pipeline, expert and context parallel degrees
     etp                  expert tensor-parallel degree (0 = tp; see "MoE parallel folding" above)
+    expert_grid          folded (Megatron-Core >= 0.10) | carved (<= 0.9): the EP groups' grid with cp > 1 (above)
     sp                   sequence parallelism with TP (norms/dropout sharded over the sequence)
     zero                 ZeRO stage 0-3 (0 = plain DDP); ``fsdp=True`` is ZeRO-3 with FSDP's per-layer units
     micro_batch          sequences per micro-batch per DP replica
@@ -127,6 +136,7 @@ class ParallelPlan:
     stack: str = "megatron"
     grad_reduce_dtype: str = "auto"
     etp: int = 0
+    expert_grid: str = "folded"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -154,7 +164,8 @@ class ParallelPlan:
     @property
     def folded(self) -> bool:
         """Whether the experts have a grid of their own (MoE parallel folding, see the module docstring)."""
-        return self.ep > 1 and (self.expert_tp != self.tp or self.dp % self.ep != 0)
+        return self.ep > 1 and (self.expert_tp != self.tp or self.dp % self.ep != 0
+                                or (self.cp > 1 and self.expert_grid == "folded"))
 
     @property
     def edp(self) -> int:
@@ -282,6 +293,8 @@ class ParallelPlan:
         if self.fsdp_reshard_after_forward not in RESHARD:
             raise PlanError(f"fsdp_reshard_after_forward must be one of {', '.join(RESHARD)}, "
                             f"got {self.fsdp_reshard_after_forward!r}")
+        if self.expert_grid not in EXPERT_GRIDS:
+            raise PlanError(f"expert_grid must be one of {', '.join(EXPERT_GRIDS)}, got {self.expert_grid!r}")
         if self.layer_split not in ("balanced", "even"):
             raise PlanError(f"layer_split must be 'balanced' or 'even', got {self.layer_split!r}")
         if not 0.0 <= self.skew <= 1.0:
@@ -326,8 +339,10 @@ class ParallelPlan:
             raise PlanError(f"etp({self.etp}) is the experts' tensor parallelism inside expert parallelism; "
                             f"with ep 1 the experts follow tp({self.tp}): drop --etp or set --ep > 1")
         if self.folded and self.tp > 1 and not self.sp:
-            raise PlanError(f"MoE parallel folding (ep {self.ep}, etp {self.expert_tp}) with tp({self.tp}) needs "
-                            f"sequence parallelism, as Megatron-Core requires: add --sp")
+            why = (" (the expert grid of Megatron-Core >= 0.10 with cp > 1; --expert-grid carved for the older one)"
+                   if self.expert_tp == self.tp and self.dp % self.ep == 0 else "")
+            raise PlanError(f"MoE parallel folding (ep {self.ep}, etp {self.expert_tp}){why} with tp({self.tp}) "
+                            f"needs sequence parallelism, as Megatron-Core requires: add --sp")
         if self.folded and (self.tp * self.cp * self.dp) % (self.ep * self.expert_tp):
             fold = (f"ep × etp = {self.ep}×{self.expert_tp} must divide tp·cp·dp = {self.tp * self.cp * self.dp} "
                     f"(MoE parallel folding over a pipeline stage's ranks)")
@@ -369,7 +384,8 @@ class ParallelPlan:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
                     or (v <= lo if strict else v < lo):
                 raise PlanError(f"{f} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
-        for f in ("schedule", "recompute", "axis_order", "layer_split", "attention", "fsdp_reshard_after_forward"):
+        for f in ("schedule", "recompute", "axis_order", "layer_split", "attention", "fsdp_reshard_after_forward",
+                  "expert_grid"):
             v = getattr(self, f)
             if not isinstance(v, str):
                 raise PlanError(f"{f} must be a string, got {v!r}")

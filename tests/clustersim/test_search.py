@@ -208,6 +208,16 @@ def test_moe_lower_bound_counts_the_expert_all_to_alls_and_still_bounds():
         bound = lower_bound_s(exp, model, plan, cost, 32)
         step = run_experiment(exp, check_budget=False).metrics.step_time_s
         assert bound <= step * (1 + 1e-9), (tp, ep, pp, sched, bound, step)
+    # Megatron-Core's expert grid with cp > 1 and etp = tp: the experts gather over the TP group
+    for tp, ep, pp in ((2, 8, 1), (4, 4, 2)):
+        exp = dataclasses.replace(base, ep=ep, pp=pp, tp=tp, cp=2, sp=True, dp=16 // (pp * tp), micro_batch=1,
+                                  schedule="1f1b", virtual_stages=1)
+        plan = resolve_plan(dataclasses.replace(exp), model, 32)
+        assert plan.folded and plan.expert_tp == tp
+        cost = build_cost_model(exp, cluster)
+        bound = lower_bound_s(exp, model, plan, cost, 32)
+        step = run_experiment(exp, check_budget=False).metrics.step_time_s
+        assert bound <= step * (1 + 1e-9), (tp, ep, pp, "cp2", bound, step)
 
 
 def test_search_offers_folded_expert_parallelism():

@@ -59,6 +59,41 @@ def test_unfolded_plans_keep_their_groups():
     assert a.groups("etp") == a.groups("tp")
 
 
+@pytest.mark.parametrize("tp,cp,dp,pp,ep", [(2, 2, 4, 2, 4), (4, 2, 8, 1, 8), (1, 4, 4, 2, 4), (2, 2, 4, 1, 2)])
+def test_megatron_0_10_expert_grid_takes_cp_peers_first(tp, cp, dp, pp, ep):
+    """Megatron-Core >= 0.10 builds the expert grid also with etp = tp: with cp > 1 an EP group holds a rank's
+    CP peers before its DP peers (the default, ``expert_grid="folded"``); ``"carved"`` (<= 0.9) keeps EP inside
+    data parallelism, a stride of tp·cp ranks. With cp = 1 the two grids are one (nothing folds)."""
+    new = ParallelPlan(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, sp=tp > 1, seq=SEQ)
+    old = ParallelPlan(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, sp=tp > 1, seq=SEQ, expert_grid="carved")
+    assert new.folded and new.expert_tp == tp and new.edp == cp * dp // ep
+    for r in range(new.world_size):
+        t, e, d = megatron_expert_grid(new, r)
+        assert new.ep_index(r) == e
+        local = r % (tp * cp * dp)
+        c, k = (local // tp) % cp, local // (tp * cp)           # the rank's cp and dp coordinates
+        assert e == (c + cp * k) % ep                           # CP peers first
+        g = new.ep_group(r)
+        assert len(g) == ep and {megatron_expert_grid(new, x)[0] for x in g} == {t}
+        assert {(x % (tp * cp)) // tp for x in g} == set(range(min(cp, ep)))
+        # the carved grid: EP among the DP peers with the same cp index, ranks tp·cp apart
+        assert old.ep_group(r) == tuple(sorted(old.ep_group(r)))
+        assert {(x % (tp * cp)) // tp for x in old.ep_group(r)} == {c}
+        assert len({x // (tp * cp) for x in old.ep_group(r)}) == ep
+    assert sorted(new.groups("etp")) == sorted(new.groups("tp"))
+    flat = ParallelPlan(tp=tp, cp=1, dp=cp * dp, pp=pp, ep=ep, sp=tp > 1, seq=SEQ)
+    flat_old = ParallelPlan(tp=tp, cp=1, dp=cp * dp, pp=pp, ep=ep, sp=tp > 1, seq=SEQ, expert_grid="carved")
+    assert not flat.folded and flat.groups("ep") == flat_old.groups("ep")
+
+
+def test_the_expert_grid_of_megatron_0_10_with_tp_needs_sp():
+    with pytest.raises(PlanError, match="Megatron-Core >= 0.10 with cp > 1.*--expert-grid carved.*add --sp"):
+        ParallelPlan(tp=2, cp=2, dp=4, ep=4, seq=SEQ).validate()
+    ParallelPlan(tp=2, cp=2, dp=4, ep=4, seq=SEQ, expert_grid="carved").validate()
+    with pytest.raises(PlanError, match="expert_grid must be one of folded, carved"):
+        ParallelPlan(tp=2, cp=2, dp=4, ep=4, seq=SEQ, expert_grid="megatron").validate()
+
+
 def test_folded_experts_keep_flops_and_shard_weights_by_ep_etp():
     """Per rank the experts compute the same FLOPs folded or not (tokens / tp · etp, width / etp) and hold
     experts / ep · expert params / etp, sharded over edp by the distributed optimizer."""

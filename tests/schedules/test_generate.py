@@ -181,13 +181,20 @@ def test_tied_embeddings_reduce_between_first_and_last_stage():
     assert fams.count("embed") == 2
 
 
-def test_symmetric_classes_cover_the_world():
-    plan = ParallelPlan(tp=2, pp=4, dp=4, ep=2, cp=2, seq=SEQ, global_batch=16)
+@pytest.mark.parametrize("grid", ["carved", "folded"])
+def test_symmetric_classes_cover_the_world(grid):
+    base = dict(tp=2, pp=4, dp=4, ep=2, cp=2, seq=SEQ, global_batch=16, sp=grid == "folded", expert_grid=grid)
+    plan = ParallelPlan(**base)
+    assert plan.folded == (grid == "folded")
     progs = build_programs(MOE, plan)
     assert len(progs.ops) == plan.pp * plan.cp
     assert sorted(r for ms in progs.classes.values() for r in ms) == list(range(plan.world_size))
-    skewed = build_programs(MOE, ParallelPlan(tp=2, pp=4, dp=4, ep=2, cp=2, seq=SEQ, global_batch=16, skew=0.5))
-    assert len(skewed.ops) == plan.pp * plan.cp * plan.ep
+    skewed = build_programs(MOE, ParallelPlan(skew=0.5, **base))
+    # skew: one class per (stage, cp index, expert shard) that occurs; in the folded grid the CP index is the
+    # expert shard (ep index = (cp index + cp·dp index) % ep with ep = cp = 2)
+    kinds = {(plan.stage_of(r), plan.coords(r)["cp"], plan.ep_index(r)) for r in range(plan.world_size)}
+    assert len(skewed.ops) == len(kinds) == plan.pp * plan.cp * (plan.ep if grid == "carved" else 1)
+    assert sorted(r for ms in skewed.classes.values() for r in ms) == list(range(plan.world_size))
 
 
 def test_skew_slows_the_step():
@@ -223,7 +230,11 @@ def plans(draw):
     if schedule in ("dualpipe", "dualpipev"):     # DualPipe needs >= 2·pp micro-batches (even for DualPipe)
         m = 2 * pp * mult
     zero = draw(st.sampled_from([0, 1, 2, 3]))
-    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, sp=draw(st.booleans()) and tp > 1,
+    grid = draw(st.sampled_from(["folded", "carved"]))
+    sp = draw(st.booleans()) and tp > 1
+    if ep > 1 and cp > 1 and grid == "folded":
+        sp = tp > 1                     # Megatron-Core's expert grid: MoE with TP needs SP
+    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, sp=sp, expert_grid=grid,
                         schedule=schedule, virtual_stages=v, global_batch=m * dp, seq=64,
                         recompute=draw(st.sampled_from(["none", "selective", "full"])),
                         overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
@@ -254,7 +265,10 @@ def test_symmetric_equals_full_under_the_contention_aware_network():
     topologies = pytest.importorskip("topologies")
     from topologies.cost import ClusterCostModel
     for model, plan in [(TINY, ParallelPlan(tp=2, pp=4, dp=8, global_batch=32, seq=256, zero=1)),
-                        (MOE, ParallelPlan(tp=2, pp=2, dp=8, ep=4, cp=2, global_batch=16, seq=256, skew=0.5))]:
+                        (MOE, ParallelPlan(tp=2, pp=2, dp=8, ep=4, cp=2, global_batch=16, seq=256, skew=0.5,
+                                           expert_grid="carved")),
+                        (MOE, ParallelPlan(tp=2, pp=2, dp=8, ep=4, cp=2, global_batch=16, seq=256, skew=0.5,
+                                           sp=True))]:
         cost = ClusterCostModel(topologies.load_cluster("dgx-h100", plan.world_size), network="flow")
         a = run(build_programs(model, plan, symmetric=True), cost).step_time_s
         b = run(build_programs(model, plan, symmetric=False), cost).step_time_s

@@ -50,7 +50,7 @@ def test_megatron_default_mesh_tp_innermost():
 
 @pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-dp-pp-cp", "pp-dp-cp-tp", "dp-tp-cp-pp"])
 def test_groups_partition_the_world(order):
-    p = ParallelPlan(tp=2, cp=2, dp=4, pp=2, ep=2, axis_order=order)
+    p = ParallelPlan(tp=2, cp=2, dp=4, pp=2, ep=2, axis_order=order, expert_grid="carved")
     for fam, size in [("tp", 2), ("cp", 2), ("dp", 4), ("pp", 2), ("ep", 2), ("edp", 4), ("dp_cp", 8)]:
         gs = p.groups(fam)
         assert all(len(g) == size for g in gs)
