@@ -588,7 +588,24 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         if was and not (symmetric and not timeline and process_runs_one_simulation()):
             gc.enable()
     metrics.wall_time_s = time.perf_counter() - t0
+    note = headroom_note(metrics.peak_memory_bytes, metrics.memory_capacity_bytes)
+    if note:
+        notes.append(note)
     return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)
+
+
+#: fraction of device memory above which a plan that fits is flagged: the model counts tensors, not what the
+#: caching allocator loses to fragmentation, nor the CUDA context, NCCL buffers and library workspaces
+TIGHT_MEMORY_FRACTION = 0.95
+
+
+def headroom_note(peak_bytes: float, capacity_bytes: float) -> str | None:
+    """A note when the peak fits but leaves less than 1 - TIGHT_MEMORY_FRACTION of device memory free."""
+    if not capacity_bytes or not TIGHT_MEMORY_FRACTION * capacity_bytes < peak_bytes <= capacity_bytes:
+        return None
+    return (f"peak memory is {peak_bytes / capacity_bytes:.0%} of device memory: allocator fragmentation, the CUDA "
+            f"context and NCCL/library buffers (not modelled) may not leave room; real runs this full often "
+            f"slow down on allocator retries or fail with out-of-memory")
 
 
 def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):

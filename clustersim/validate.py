@@ -341,7 +341,7 @@ def _experiment_fields() -> set[str]:
 # ---------------------------------------------------------------------------------------------- running
 def validate_rows(rows: list[dict], network: str = "analytical", progress=None) -> tuple[list[dict], list[dict]]:
     """Simulate every expressible row: (results, not expressible [{id, model, hardware, reason}])."""
-    from clustersim.experiment import experiment_from_dict, run_experiment
+    from clustersim.experiment import experiment_from_dict, headroom_note, run_experiment
 
     fields = _experiment_fields()
     done, skipped = [], []
@@ -363,6 +363,9 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None) 
             if progress:
                 progress(n + 1, len(rows))
         m = out.metrics
+        tight = headroom_note(m.peak_memory_bytes, m.memory_capacity_bytes)
+        if tight:
+            notes.append(tight)
         gpus = out.plan.world_size
         pred = m.tokens_per_s / gpus
         tf_pub = _num(row, "model_tflops_per_gpu")

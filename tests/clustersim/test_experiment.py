@@ -88,3 +88,13 @@ def test_grad_reduce_dtype_flag_and_yaml_reach_the_result(tmp_path, capsys):
     p.write_text("grad_reduce_dtype: fp16\n")
     assert main(["simulate", "-c", str(p)]) == 2
     assert "unknown grad reduce dtype 'fp16'" in capsys.readouterr().err
+
+
+def test_a_plan_that_barely_fits_is_flagged():
+    from clustersim.experiment import Experiment, headroom_note, run_experiment
+    assert headroom_note(79e9, 80e9) and "99% of device memory" in headroom_note(79e9, 80e9)
+    assert headroom_note(70e9, 80e9) is None          # room to spare
+    assert headroom_note(81e9, 80e9) is None          # does not fit: said elsewhere ("does not fit")
+    assert headroom_note(1.0, 0.0) is None
+    out = run_experiment(Experiment(cluster="dgx-h100", gpus=8, model="tiny", seq=256))
+    assert not any("of device memory" in n for n in out.notes)
