@@ -98,3 +98,15 @@ def test_a_plan_that_barely_fits_is_flagged():
     assert headroom_note(1.0, 0.0) is None
     out = run_experiment(Experiment(cluster="dgx-h100", gpus=8, model="tiny", seq=256))
     assert not any("of device memory" in n for n in out.notes)
+
+
+def test_expert_grid_reaches_the_plan_and_bad_values_are_named():
+    from clustersim.experiment import resolve_model, resolve_plan
+    base = dict(cluster="dgx-h100", gpus=64, model="mixtral-8x22b", tp=2, cp=2, dp=4, ep=4, pp=4, seq=8192)
+    old = experiment_from_dict({**base, "expert_grid": "carved"})
+    plan = resolve_plan(old, resolve_model(old), 64)
+    assert plan.expert_grid == "carved" and not plan.folded
+    new = experiment_from_dict({**base, "sp": True})
+    assert resolve_plan(new, resolve_model(new), 64).folded
+    with pytest.raises(ConfigError, match="unknown expert grid 'carvd'; choose one of folded, carved"):
+        experiment_from_dict({**base, "expert_grid": "carvd"})
