@@ -206,9 +206,10 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     if model.is_moe_layer(layer):
         routed = model.top_k * _load(model)
         width = routed * model.expert_ffn + model.shared_experts * model.expert_ffn
-        # folded experts: a rank holds its expert-TP group's tokens (tok/tp·etp) at full hidden width, and
-        # the same expert widths per token (width/etp for etp times the tokens)
-        gathered = plan.expert_tp if plan.folded else 1
+        # a rank holds its expert-TP group's tokens (tok/tp·etp) at full hidden width, and the same expert
+        # widths per token (width/etp for etp times the tokens): the dispatcher gathers the routed tokens over
+        # the experts' TP group (etp = tp unless folded; the expert GEMMs run on those rows, schedules.kernels)
+        gathered = plan.expert_tp
         out += [Saved("router probabilities", STATS_BYTES * tok * model.experts, "sp", "B"),
                 Saved("permuted tokens (expert input)", f * tok * routed * h * gathered, "tp", "W"),
                 Saved("expert fc1 output", e * tok * fc1 * width, "tp", "B"),

@@ -165,3 +165,22 @@ def test_ep_group_and_index_agree_with_the_groups_for_any_axis_order(order):
         assert len({plan.stage_of(r) for r in g}) == 1
         for k, r in enumerate(g):
             assert plan.ep_group(r) == g and plan.ep_index(r) == k == plan.ep_indices()[r]
+
+
+@pytest.mark.parametrize("kw", [dict(tp=2, dp=8, ep=4), dict(tp=4, dp=4, ep=4),            # carved, TP experts
+                                dict(tp=2, dp=8, ep=16, etp=1), dict(tp=4, dp=4, ep=8, etp=2),  # folded
+                                dict(tp=2, cp=2, dp=4, ep=4), dict(tp=1, dp=8, ep=8)])      # Megatron's grid
+def test_saved_expert_inputs_are_the_rows_the_expert_gemms_run(kw):
+    """The memory model keeps, per rank, the routed tokens the expert GEMMs run on: after the dispatcher's
+    gather over the experts' TP group each rank holds its group's tokens at full hidden width (carved plans
+    gather over tp as folded ones over etp); before, carved TP plans counted a tp-th of them."""
+    from schedules.kernels import phase_kernels
+    from schedules.memory import _per_rank, saved_tensors
+    plan = ParallelPlan(sp=kw.get("tp", 1) > 1, seq=SEQ, micro_batch=2, **kw)
+    layer = next(l for l in range(MOE.layers) if MOE.is_moe_layer(l))
+    saved = {t.name: _per_rank(t, plan) for t in saved_tensors(MOE, plan, layer)}
+    fc1 = next(k for k in phase_kernels(MOE, plan, layer, "forward", part="experts").kernels if " fc1" in k.name)
+    rows = fc1.m * fc1.batch                           # expert GEMM rows on this rank (uniform routing)
+    assert saved["permuted tokens (expert input)"] == pytest.approx(rows * MOE.hidden * MOE.dtype_bytes, rel=1e-12)
+    assert saved["expert outputs (combine input)"] == pytest.approx(rows * MOE.hidden * MOE.dtype_bytes, rel=1e-12)
+    assert saved["expert fc1 output"] == pytest.approx(rows * fc1.n * MOE.dtype_bytes, rel=1e-12)
