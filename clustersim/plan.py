@@ -23,7 +23,7 @@ from schedules.kernels import DTYPES, GRAD_REDUCE_DTYPES, STACKS, default_stack
 from schedules.memory import memory_per_rank
 from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
 from schedules.pipeline import SCHEDULES
-from schedules.plan import ATTENTION, RECOMPUTE, RESHARD, ParallelPlan, parse_memory_limit, parse_stage_layers
+from schedules.plan import ATTENTION, EXPERT_GRIDS, RECOMPUTE, RESHARD, ParallelPlan, parse_memory_limit, parse_stage_layers
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -63,7 +63,7 @@ def plan_options(f):
         click.option("--etp", type=int, default=None,
                      help="Expert tensor-parallel degree (default tp). Other than tp, or an ep that dp does not "
                           "hold, folds the experts over tp·cp·dp (Megatron-Core's expert grid)."),
-        click.option("--expert-grid", type=click.Choice(["folded", "carved"]), default="folded", show_default=True,
+        click.option("--expert-grid", type=click.Choice(EXPERT_GRIDS), default="folded", show_default=True,
                      help="MoE with cp > 1: Megatron-Core >= 0.10's expert grid (EP groups take CP peers first) or "
                           "<= 0.9's (EP inside data parallelism)."),
         click.option("--cp", type=int, default=1, show_default=True, help="Context parallel degree."),
