@@ -126,6 +126,24 @@ LAUNCH_SCRIPT_VP = {("Nemotron-4 340B", "741c886025a7665a1d690c05ff12ac29c1be725
                     ("Nemotron-4 340B", "85380ffe02eac74e1d07e556b28cdcf7cce2d2f0"): 12}
 
 
+#: activation checkpointing a benchmark's recipe states where its published table does not: Megatron-Bridge
+#: v0.3.0-v0.5.0 (NeMo 26.02-26.06) run its GB200 Llama performance configs with the recipes'
+#: ``recompute_granularity = None`` (src/megatron/bridge/recipes/llama/llama3.py) and no recompute_num_layers
+#: (scripts/performance/configs/llama/llama31_workload_base_configs.py ``LLAMA31_405B_PRETRAIN_CONFIG_GB200_
+#: {FP8_CS,FP8_MX}_V2``: TP4 PP16 VP4 / VP8; llama3_workload_base_configs.py ``LLAMA3_70B_PRETRAIN_CONFIG_GB200_
+#: FP8_CS_V2``: Megatron FSDP, mbs 2, ``cpu_offloading_num_layers=40``). (model, NeMo release, FSDP) ->
+#: (recompute, note); the 70B runs' activation offloading to the Grace CPU is not modelled (simulated as kept).
+RECIPE_RELEASES = ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06")
+RECIPE_RECOMPUTE = {
+    **{("Llama 3.1 405B", rel, False): ("none", "Megatron-Bridge's GB200 recipe (LLAMA31_405B_PRETRAIN_CONFIG_GB200_"
+                                        "*_V2) runs without activation recomputation") for rel in RECIPE_RELEASES},
+    **{("Llama 3 70B", rel, True): ("none", "Megatron-Bridge's GB200 recipe (LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_"
+                                    "V2) runs without recomputation and offloads 40 layers' activations to the CPU "
+                                    "(not modelled: simulated as kept on the GPU)") for rel in RECIPE_RELEASES},
+}
+RECIPE_FRAMEWORK = "Megatron-Bridge"
+
+
 def _commit_of(source: str) -> str | None:
     m = re.search(r"/blob/([0-9a-f]{40})/", source)
     return m.group(1) if m else None
@@ -279,7 +297,12 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
         if vp > 1:
             kw["virtual_stages"] = vp
     ac = (row.get("activation_checkpointing") or "").strip().lower()
-    if ac in ("full", "true"):
+    recipe = RECIPE_RECOMPUTE.get((row.get("model"), (row.get("release") or "").strip(), bool(kw.get("fsdp"))))
+    if not ac and recipe and RECIPE_FRAMEWORK in fw and hardware_class(row.get("hardware", "")) == "GB200" \
+            and (row.get("precision") or "").strip() in ("FP8", "FP8-CS", "MXFP8"):
+        kw["recompute"] = recipe[0]
+        notes.append(recipe[1])
+    elif ac in ("full", "true"):
         kw["recompute"] = "full"
     elif ac.startswith("selective"):
         kw.update(recompute_of_selective(fw, ac))
@@ -366,6 +389,9 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None) 
         tight = headroom_note(m.peak_memory_bytes, m.memory_capacity_bytes)
         if tight:
             notes.append(tight)
+        elif m.memory_capacity_bytes and m.peak_memory_bytes > m.memory_capacity_bytes:
+            notes.append(f"the run fit; our memory model puts its peak at {m.peak_memory_bytes / GIB:.0f} GiB, over "
+                         f"the device's {m.memory_capacity_bytes / GIB:.0f} GiB")
         gpus = out.plan.world_size
         pred = m.tokens_per_s / gpus
         tf_pub = _num(row, "model_tflops_per_gpu")

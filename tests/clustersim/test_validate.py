@@ -246,3 +246,24 @@ def test_unstated_virtual_stages_come_from_the_benchmarks_launch_script():
     other = row_experiment(_row(**{**base, "source": src.replace("741c886025a7665a1d690c05ff12ac29c1be7252",
                                                                   "0" * 40)}))[0]
     assert other.get("virtual_stages", 1) == 1
+
+
+def test_unstated_checkpointing_comes_from_the_benchmarks_recipe():
+    """Megatron-Bridge v0.3-v0.5 (NeMo 26.02-26.06) run their GB200 Llama performance configs without
+    recomputation: those rows simulate none, with a note, even where our memory model puts them over the
+    device; NeMo 25.11 rows, other hardware, stated checkpointing and the TP-PP 70B runs are untouched."""
+    import clustersim.validate as v
+    base = dict(model="Llama 3.1 405B", hardware="GB200 (DGX-GB200)", gpus="256", tp="4", pp="16", cp="1", vp="4",
+                gbs="1536", mbs="1", seq_len="8192", fsdp="0", precision="FP8", release="NeMo 26.04",
+                framework="Megatron-Bridge / Megatron-Core", activation_checkpointing="")
+    kw, notes = v.row_experiment(_row(**base))
+    assert kw["recompute"] == "none" and any("LLAMA31_405B_PRETRAIN_CONFIG_GB200" in n for n in notes)
+    for change in (dict(release="NeMo 25.11"), dict(hardware="B200 (DGX-B200)"),
+                   dict(activation_checkpointing="full")):
+        kw2, notes2 = v.row_experiment(_row(**{**base, **change}))
+        assert not any("PRETRAIN_CONFIG" in n for n in notes2) and kw2.get("recompute") in (None, "full")
+    fsdp70 = dict(base, model="Llama 3 70B", gpus="64", tp="1", pp="1", vp="", gbs="256", mbs="2", fsdp="64")
+    kw, notes = v.row_experiment(_row(**fsdp70))
+    assert kw["recompute"] == "none" and kw["fsdp"] and any("offloads 40 layers" in n for n in notes)
+    tp_pp70 = dict(fsdp70, tp="2", pp="4", vp="5", mbs="1", fsdp="0", precision="MXFP8")
+    assert "recompute" not in v.row_experiment(_row(**tp_pp70))[0]
