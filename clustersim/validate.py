@@ -142,6 +142,14 @@ RECIPE_RECOMPUTE = {
                                     "(not modelled: simulated as kept on the GPU)") for rel in RECIPE_RELEASES},
 }
 RECIPE_FRAMEWORK = "Megatron-Bridge"
+#: the same from a benchmark's model config: (model, commit of the source document) -> (recompute, note).
+#: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
+#: (configure.sh: ``--config-name=${MODEL}-${MODEL_SIZE}-synth``), which sets
+#: ``activations_checkpoint_granularity: selective`` (Megatron's core-attention recomputation)
+CONFIG_RECOMPUTE = {
+    ("Nemotron-4 340B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"):
+        ("selective", "the benchmark's nemotron4-340b-synth.yaml sets activations_checkpoint_granularity: selective"),
+}
 
 
 def _commit_of(source: str) -> str | None:
@@ -298,8 +306,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
             kw["virtual_stages"] = vp
     ac = (row.get("activation_checkpointing") or "").strip().lower()
     recipe = RECIPE_RECOMPUTE.get((row.get("model"), (row.get("release") or "").strip(), bool(kw.get("fsdp"))))
-    if not ac and recipe and RECIPE_FRAMEWORK in fw and hardware_class(row.get("hardware", "")) == "GB200" \
-            and (row.get("precision") or "").strip() in ("FP8", "FP8-CS", "MXFP8"):
+    if not (recipe and RECIPE_FRAMEWORK in fw and hardware_class(row.get("hardware", "")) == "GB200"
+            and (row.get("precision") or "").strip() in ("FP8", "FP8-CS", "MXFP8")):
+        recipe = CONFIG_RECOMPUTE.get((row.get("model"), _commit_of(row.get("source", ""))))
+    if not ac and recipe:
         kw["recompute"] = recipe[0]
         notes.append(recipe[1])
     elif ac in ("full", "true"):

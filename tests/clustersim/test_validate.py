@@ -267,3 +267,17 @@ def test_unstated_checkpointing_comes_from_the_benchmarks_recipe():
     assert kw["recompute"] == "none" and kw["fsdp"] and any("offloads 40 layers" in n for n in notes)
     tp_pp70 = dict(fsdp70, tp="2", pp="4", vp="5", mbs="1", fsdp="0", precision="MXFP8")
     assert "recompute" not in v.row_experiment(_row(**tp_pp70))[0]
+
+
+def test_unstated_checkpointing_comes_from_the_benchmarks_model_config():
+    """dgxc-benchmarking v24.11.1 runs Nemotron-4 340B from a YAML with selective recomputation: its rows
+    simulate selective (also where our memory model would have forced full); other commits keep the rule."""
+    src = "https://github.com/NVIDIA/dgxc-benchmarking/blob/35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae/nemotron/README_340b.md"
+    base = dict(model="Nemotron-4 340B", gpus="128", tp="8", pp="8", cp="1", vp="12", gbs="32", mbs="1",
+                seq_len="4096", framework="NeMo (Megatron-Core)", source=src)
+    kw, notes = row_experiment(_row(**base))
+    assert kw["recompute"] == "selective" and any("synth.yaml" in n for n in notes)
+    other = row_experiment(_row(**{**base, "source": src.replace("35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae",
+                                                                  "0" * 40)}))[0]
+    assert "recompute" not in other
+    assert row_experiment(_row(**{**base, "activation_checkpointing": "full"}))[0]["recompute"] == "full"
