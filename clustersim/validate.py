@@ -152,6 +152,17 @@ CONFIG_RECOMPUTE = {
 }
 
 
+def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
+    """(recompute, note) that a row's benchmark recipe or model config states where its table does not."""
+    model = row.get("model")
+    if (RECIPE_FRAMEWORK in row.get("framework", "") and hardware_class(row.get("hardware", "")) == "GB200"
+            and (row.get("precision") or "").strip() in ("FP8", "FP8-CS", "MXFP8")):
+        hit = RECIPE_RECOMPUTE.get((model, (row.get("release") or "").strip(), fsdp))
+        if hit:
+            return hit
+    return CONFIG_RECOMPUTE.get((model, _commit_of(row.get("source", ""))))
+
+
 def _commit_of(source: str) -> str | None:
     m = re.search(r"/blob/([0-9a-f]{40})/", source)
     return m.group(1) if m else None
@@ -305,11 +316,8 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
         if vp > 1:
             kw["virtual_stages"] = vp
     ac = (row.get("activation_checkpointing") or "").strip().lower()
-    recipe = RECIPE_RECOMPUTE.get((row.get("model"), (row.get("release") or "").strip(), bool(kw.get("fsdp"))))
-    if not (recipe and RECIPE_FRAMEWORK in fw and hardware_class(row.get("hardware", "")) == "GB200"
-            and (row.get("precision") or "").strip() in ("FP8", "FP8-CS", "MXFP8")):
-        recipe = CONFIG_RECOMPUTE.get((row.get("model"), _commit_of(row.get("source", ""))))
-    if not ac and recipe:
+    recipe = None if ac else stated_recompute(row, bool(kw.get("fsdp")))
+    if recipe:
         kw["recompute"] = recipe[0]
         notes.append(recipe[1])
     elif ac in ("full", "true"):

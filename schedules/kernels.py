@@ -422,7 +422,7 @@ def _experts(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str, 
     computes its TP shard of its experts for all the micro-batch's tokens routed to them (gathered over TP);
     folded, for the tokens its expert-TP group (etp ranks, T/tp each) routes to them."""
     local = max(1, m.experts // p.ep)
-    tokens = sh.T / p.tp * p.expert_tp if p.folded else sh.T
+    tokens = sh.T / p.tp * p.expert_tp              # the expert-TP group's tokens (sh.T when etp = tp)
     routed = tokens * m.top_k * load                 # token-expert pairs this rank computes
     per_expert = routed / local
     if phase != BACKWARD_WEIGHT:
