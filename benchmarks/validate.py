@@ -1,6 +1,6 @@
 """Validation against published training runs: the whole of validation/published_runs.csv.
 
-    python benchmarks/validate.py [--network analytical] [--out benchmarks/results/validate]
+    python benchmarks/validate.py [--network analytical] [--out benchmarks/results/validate] [--tp-comm-overlap]
 
 Writes validate.json (rows, per-group and per-group-and-framework summaries, rows not expressible),
 validate.png (predicted vs published) and validate.md (both summary tables and the peak-memory comparison, as
@@ -51,10 +51,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--network", default="analytical", choices=("ideal", "analytical", "flow"))
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "validate"))
+    ap.add_argument("--tp-comm-overlap", action="store_true",
+                    help="rows whose NVIDIA recipes overlap TP communication run --tp-comm-overlap")
     args = ap.parse_args()
     rows = load_runs()
     t0 = time.perf_counter()
-    results, skipped = validate_rows(rows, network=args.network,
+    results, skipped = validate_rows(rows, network=args.network, tp_overlap=args.tp_comm_overlap,
                                      progress=lambda i, n: print(f"\r{i}/{n}", end="", file=sys.stderr))
     print(file=sys.stderr)
     summary = summarize(results)

@@ -86,6 +86,7 @@ class Experiment:
     bucket_mb: float = 25.0
     fsdp_prefetch: int = 1
     overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False        # Transformer Engine userbuffers TP overlap (megatron stack, tp > 1, sp)
     overlap_param_gather: bool = True
     skew: float = 0.0
     axis_order: str = "tp-cp-ep-dp-pp"
@@ -197,7 +198,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value <= 3, f"{w}: ZeRO stage must be 0, 1, 2 or 3, got {value}")
         elif key == "fsdp_prefetch":
             value = _as_int(value, w, minimum=0)
-        elif key in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather"):
+        elif key in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
             _check(isinstance(value, bool), f"{w}: expected true or false, got {brief(value)}")
         elif key in ("bucket_mb", "params"):
             value = _as_float(value, w)
@@ -288,6 +289,11 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage 0-3."),
         click.option("--fsdp", is_flag=True, default=None, help="Fully sharded data parallel (ZeRO-3 style)."),
         click.option("--sp", is_flag=True, default=None, help="Megatron sequence parallelism with TP."),
+        click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=None,
+                     help="Transformer Engine's TP communication overlap (userbuffers, Megatron-Bridge "
+                          "tp_comm_overlap): TP all-gathers / reduce-scatters beside the GEMMs they feed, the "
+                          "GEMMs chunked; needs --tp > 1, --sp and the megatron stack. An upper bound: the "
+                          "collectives may hide behind the whole layer."),
         click.option("--schedule", type=click.Choice(SCHEDULES), help="Pipeline schedule."),
         click.option("--virtual-stages", type=int, help="Model chunks per stage (interleaved 1F1B)."),
         click.option("--micro-batch", type=int, help="Micro-batch size (sequences)."),
@@ -343,7 +349,7 @@ def simulate_options(f: Callable) -> Callable:
 
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
-               "experts", "top_k", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
+               "experts", "top_k", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
@@ -509,7 +515,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
               first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
               attention=exp.attention, dtype=exp.dtype, stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
-              grad_reduce_dtype=exp.grad_reduce_dtype,
+              grad_reduce_dtype=exp.grad_reduce_dtype, tp_comm_overlap=exp.tp_comm_overlap,
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})

@@ -70,6 +70,8 @@ def plan_options(f):
         click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage."),
         click.option("--fsdp", is_flag=True, help="FSDP full sharding (ZeRO-3, per-layer units)."),
         click.option("--sp", is_flag=True, help="Sequence parallelism with TP."),
+        click.option("--tp-comm-overlap", is_flag=True,
+                     help="Transformer Engine's TP communication overlap (userbuffers; needs --tp > 1, --sp)."),
         click.option("--schedule", type=click.Choice(sorted(SCHEDULES)), default="1f1b", show_default=True,
                      help="Pipeline schedule (zb = zb-h1)."),
         click.option("--stage-layers", default=None, help="Layers per pipeline stage (or per model piece), e.g. 7,8,8,7."),
@@ -144,7 +146,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       memory_limit=None, attention: str = "flash",
                       fsdp_reshard_after_forward: str = "auto", dtype: str = "bf16", stack: str | None = None,
                       grad_reduce_dtype: str = "auto", etp: int | None = None, expert_grid: str = "folded",
-                      **_ignored) -> ParallelPlan:
+                      tp_comm_overlap: bool = False, **_ignored) -> ParallelPlan:
     """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp); stack None: megatron."""
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus), ("etp", etp)):
         if v is not None and (not isinstance(v, int) or v < 1):
@@ -165,7 +167,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                         attention=attention, fsdp_reshard_after_forward=fsdp_reshard_after_forward,
                         dtype=dtype, stack=stack or "megatron", grad_reduce_dtype=grad_reduce_dtype, etp=etp or 0,
-                        expert_grid=expert_grid or "folded",
+                        expert_grid=expert_grid or "folded", tp_comm_overlap=bool(tp_comm_overlap),
                         **parse_memory_limit(memory_limit, pp))
 
 
@@ -310,7 +312,8 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
 
     con = Console()
     degrees = " ".join(f"{k}{getattr(p, k)}" for k in ("tp", "pp", "dp", "ep", "cp") if getattr(p, k) > 1) or "1 GPU"
-    extras = [x for x, on in [("sp", p.sp), (f"zero{p.zero_stage}", p.zero_stage), ("fsdp", p.fsdp),
+    extras = [x for x, on in [("sp", p.sp), ("tp-comm-overlap", p.tp_comm_overlap),
+                              (f"zero{p.zero_stage}", p.zero_stage), ("fsdp", p.fsdp),
                               (f"recompute {p.recompute}" + (f" every {p.recompute_every}" if p.recompute_every > 1 else ""),
                                p.recompute != "none")] if on]
     con.print(f"[bold]{model.name}[/bold] ({model.param_count() / 1e9:,.2f} B parameters) on {rep['world_size']:,} GPUs: "

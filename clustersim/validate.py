@@ -222,8 +222,11 @@ def _local_batch(row: dict) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tuple[dict, list[str]]:
-    """(Experiment keyword arguments, notes) for a published row; NotExpressible says why not."""
+def row_experiment(row: dict, experiment_fields: set[str] | None = None,
+                   tp_overlap: bool = False) -> tuple[dict, list[str]]:
+    """(Experiment keyword arguments, notes) for a published row; NotExpressible says why not.
+    ``tp_overlap``: rows whose recipes overlap TP communication (``runs_tp_overlap``) run --tp-comm-overlap
+    (off by default: see README, "validate")."""
     from schedules.models import get_model
 
     fields = experiment_fields if experiment_fields is not None else _experiment_fields()
@@ -329,7 +332,29 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None) -> tupl
     etp = _int(row, "etp")
     if ep > 1 and etp and etp != tp:     # the recipe's expert TP (Megatron's default is tp): folded experts
         kw["etp"] = etp
+    if tp_overlap and runs_tp_overlap(row, stack, tp, base) and "tp_comm_overlap" in fields:
+        kw["tp_comm_overlap"] = True
     return kw, notes
+
+
+def runs_tp_overlap(row: dict, stack: str | None, tp: int, model) -> bool:
+    """Whether a row ran Transformer Engine's TP communication overlap (userbuffers). NVIDIA's dense
+    Megatron-Core recipes turn it on whenever TP > 1 (with SP): dgxc-benchmarking v24.11.1's YAMLs and
+    launch scripts (``ub_tp_comm_overlap: true`` for GPT-3 175B and Llama 3.1 70B / 405B;
+    nemotron/configure.sh passes ``model.ub_tp_comm_overlap=True`` for Nemotron-4 15B and 340B), Megatron-
+    Bridge's H100 recipes (``CommOverlapConfig(tp_comm_overlap=True, ...)`` for GPT-3 175B, Llama 3 / 3.1
+    70B and 405B) and its performance configs (llama31_llm_pretrain.py: on unless NVFP4). MoE recipes set
+    it per model: dgxc-benchmarking's grok1/configure.sh passes ``model.ub_tp_comm_overlap=true`` (v24.11.1
+    to v25.02.01; the attention block's collectives overlap, the experts' do not), Megatron-Bridge's
+    DeepSeek recipes ``tp_comm_overlap=False``; other MoE rows keep their collectives in line."""
+    fw = row.get("framework", "")
+    return (stack == "megatron" and tp > 1 and any(k in fw for k in MEGATRON) and "AutoModel" not in fw
+            and (not model.experts or row.get("model") in TP_OVERLAP_MOE)
+            and "NVFP4" not in row.get("precision", "").upper())
+
+
+#: MoE models whose benchmark recipes state TP communication overlap (runs_tp_overlap)
+TP_OVERLAP_MOE = ("Grok-1 314B",)
 
 
 #: torchtitan's "selective layer" frequency: config_manager.py's default ``selective_ac_option = "2"`` (2847ccce,
@@ -380,8 +405,10 @@ def _experiment_fields() -> set[str]:
 
 
 # ---------------------------------------------------------------------------------------------- running
-def validate_rows(rows: list[dict], network: str = "analytical", progress=None) -> tuple[list[dict], list[dict]]:
-    """Simulate every expressible row: (results, not expressible [{id, model, hardware, reason}])."""
+def validate_rows(rows: list[dict], network: str = "analytical", progress=None,
+                  tp_overlap: bool = False) -> tuple[list[dict], list[dict]]:
+    """Simulate every expressible row: (results, not expressible [{id, model, hardware, reason}]);
+    ``tp_overlap``: as ``row_experiment``."""
     from clustersim.experiment import experiment_from_dict, headroom_note, run_experiment
 
     fields = _experiment_fields()
@@ -394,7 +421,7 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None) 
         try:
             if published is None:
                 raise NotExpressible("no throughput figure")
-            kw, notes = row_experiment(row, fields)
+            kw, notes = row_experiment(row, fields, tp_overlap)
             out = run_experiment(experiment_from_dict({**kw, "network": network}, where=f"row {rid}"))
             out, kw = _fit_unstated_recompute(row, kw, notes, out, network, rid)
         except ClusterSimError as e:
@@ -556,8 +583,11 @@ def plot(results: list[dict], path: str | Path) -> Path:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write predicted vs published (log axes, y = x, ±10% band) to FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print rows, summary and the rows not expressible as JSON.")
+@click.option("--tp-comm-overlap", "tp_overlap", is_flag=True,
+              help="Run the rows whose NVIDIA recipes overlap TP communication with --tp-comm-overlap (an "
+                   "idealised model: see README).")
 @click.pass_context
-def validate(ctx, runs_path, only, ids, network, plot_path, as_json) -> None:
+def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap) -> None:
     """Simulate published training runs and report the error per row and per group
     (hardware × precision × dense/MoE). Subcommands validate other parts of the model."""
     if ctx.invoked_subcommand is not None:
@@ -571,7 +601,7 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json) -> None:
         rows = [r for r in rows if any(o in r.get(k, "").lower() for k in ("model", "hardware", "framework"))]
     if not rows:
         raise ConfigError("no published runs match the selection")
-    results, skipped = validate_rows(rows, network=network)
+    results, skipped = validate_rows(rows, network=network, tp_overlap=tp_overlap)
     summary = summarize(results)
     frameworks = summarize(results, by_framework=True)
     if plot_path:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedules import memory as mem
-from schedules.kernels import FSDP1_STACKS, optimizer_step_bytes, phase_kernels
+from schedules.kernels import FSDP1_STACKS, UB_OVERLAP, optimizer_step_bytes, phase_kernels, ub_chunks
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops
@@ -99,6 +99,7 @@ class _StageBuilder:
         self.edp_size = plan.edp
         self.kernel_lists: dict = {}
         self.unit_recipes: dict = {}               # _unit_ops: a unit's ops per cost signature, to replay
+        self.ext_ops: set = set()                  # ops of the unit being written that carry its deps
 
     # ------------------------------------------------------------------ units
     def _units(self) -> list[list[Unit]]:
@@ -348,6 +349,8 @@ class _StageBuilder:
         for u in seq:
             udeps = list(deps)
             deps = []
+            if p.tp_comm_overlap and last is not None:
+                udeps.append(last)      # the unit before may end on the tp_overlap stream (its last reduce-scatter)
             usage = None
             if self.usages and a.phase != "W":
                 usage = self.usage_pos_of(i, u)
@@ -404,27 +407,31 @@ class _StageBuilder:
         start = len(ops)
         recipe = self.unit_recipes.get(key)
         if recipe is None:
+            self.ext_ops = set()
             first, last = self._write_unit_ops(u, a, deps, released)
             name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
             rows = []
+            ext = tuple(deps)
             for j in range(start, len(ops)):
                 op = ops[j]
-                inner = op.deps if j > start else ()
-                if any(d < start for d in inner):       # not self-contained: never replayed
+                outer = j == start or j in self.ext_ops     # ops written with the unit's deps
+                inner = op.deps[len(ext):] if outer and op.deps[:len(ext)] == ext else op.deps
+                if j == start and inner or any(d < start for d in inner):  # not self-contained: never replayed
                     self.unit_recipes[key] = False
                     return first, last
                 rows.append((op.copy(), refs.get(j), tuple(d - start for d in inner),      # (later edits stay)
-                             1 if op.name == name else 2 if op.name == f"{name} ring" else 0))
+                             1 if op.name == name else 2 if op.name == f"{name} ring" else 0, outer))
             self.unit_recipes[key] = (rows, first - start, last - start)
             return first, last
         if recipe is False:
+            self.ext_ops = set()
             return self._write_unit_ops(u, a, deps, released)
         rows, first, last = recipe
         name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
         layer, mb = u.layer, a.mb
-        for k, (op, ref, inner, named) in enumerate(rows):
+        for k, (op, ref, inner, named, outer) in enumerate(rows):
             new = op.copy()
-            new.deps = tuple(deps) if k == 0 else tuple(d + start for d in inner) if inner else ()
+            new.deps = (tuple(deps) if outer else ()) + (tuple(d + start for d in inner) if inner else ())
             new.layer, new.microbatch = layer, mb
             if named:
                 new.name = name if named == 1 else f"{name} ring"
@@ -508,7 +515,15 @@ class _StageBuilder:
                     2 * u.f_core + (u.f_core if u.recompute in ("selective", "full") else 0.0))
                 core_step = core / p.cp
             attn = [("attn", main - core_step * (p.cp - 1), memb, core_step, p.cp - 1 if ring else 0)]
-            if tp:
+            # Transformer Engine's userbuffers overlap (plan.tp_comm_overlap): the attention block's and the
+            # dense MLP's TP collectives run beside the layer's GEMMs; ("tp", kind, "ub", c): c > 0 for a
+            # forward reduce-scatter whose last of c chunks is exposed after its GEMM
+            ub = p.tp_comm_overlap and tp and u.kind == "layer"
+            dt = p.dtype if p.dtype in UB_OVERLAP else "bf16"
+            if tp and ub:
+                attn = [("tp", "all_gather", "ub", 0)] + attn + \
+                    [("tp", back_coll, "ub", ub_chunks(dt, "proj fprop", p.tp))]
+            elif tp:
                 attn = ([("tp", "all_gather")] if p.sp else []) + attn + [("tp", back_coll)]
             if u.moe:
                 a2a = [("ep",)] if ep else []
@@ -525,14 +540,25 @@ class _StageBuilder:
                     mlp = a2a + experts + a2a
                     if tp:
                         mlp = ([("tp", "all_gather")] if p.sp else []) + mlp + [("tp", back_coll)]
+            elif tp and ub:
+                mlp = [("tp", "all_gather", "ub", 0), ("tp", "reduce_scatter", "ub", ub_chunks(dt, "fc2 fprop", p.tp))]
             else:      # the dense MLP's FLOPs are in the attention op; only its TP collectives remain
                 mlp = ([("tp", "all_gather"), ("tp", "reduce_scatter")] if tp and p.sp else
                        [("tp", "all_reduce")] if tp else [])
             seq = attn + mlp
             if back:   # backward runs the layer in reverse; Megatron's f/g conjugates swap AG and RS
-                seq = [(x[0], _swap(x[1])) if x[0] in ("tp", "etp") else x for x in reversed(seq)]
+                fwd_comm = [x for x in seq if x[0] in ("tp", "etp", "ep")]
+                seq = [(x[0], _swap(x[1])) + ((x[2], 0) if len(x) > 2 else ()) if x[0] in ("tp", "etp") else x
+                       for x in reversed(seq)]
+                if ub:      # the bulk all-gathers of the saved (sequence-sharded) GEMM inputs for wgrad
+                    seq += [("tp", "all_gather", "ub", 0)] * (1 if u.moe else 2)
+                if u.recompute == "full":
+                    # full recomputation re-runs the layer's forward, its TP collectives and expert
+                    # all-to-alls included (Megatron's CheckpointFunction, torch.utils.checkpoint)
+                    seq = fwd_comm + seq
+        if any(len(x) > 2 for x in seq if x[0] == "tp"):
+            return self._write_overlapped(u, a, seq, deps, lab, alloc, free)
         first = last = None
-        kv = self._kv_bytes() * (2 if back else 1)
         for n, item in enumerate(seq):
             d = tuple(deps) if n == 0 else ()
             kw = dict(lab)
@@ -540,34 +566,93 @@ class _StageBuilder:
                 kw["alloc"] = tuple(alloc)
             if n == len(seq) - 1 and free:
                 kw["free"] = tuple(free)
-            name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
-            if item[0] in ("c", "attn"):
-                kl = self._kernels(u, a.phase, "attn" if item[0] == "attn" else "c")
-                idx = self.comp(name, item[1], item[2], d, kernels=kl,
-                                **(kw if item[0] == "c" or not item[4] else
-                                   {k: v for k, v in kw.items() if k != "free"}))
-                first = idx if first is None else first
-                if item[0] == "attn":
-                    block_ready = idx     # our own KV block first, then the one received last step
-                    for step in range(item[4]):   # ring attention: pass a KV block on, attend to the one received
-                        self.emit(Op(SEND, "cp kv", "cp_send", (block_ready,), size_bytes=kv, strategy="cp", **lab),
-                                  ("cp", 1))
-                        block_ready = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
-                                                ("cp", -1))
-                        fr = {"free": kw["free"]} if "free" in kw and step == item[4] - 1 else {}
-                        idx = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab, **fr,
-                                        kernels=self._kernels(u, a.phase, "ring"))
-            elif item[0] == "tp":
-                idx = self.coll(f"tp {item[1]}", item[1], "tp", self.tp_bytes, "compute", d, strategy="tp", **kw)
-            elif item[0] == "etp":      # the routed tokens of the expert TP group (gathered size)
-                idx = self.coll(f"etp {item[1]}", item[1], "etp", self.ep_bytes * p.expert_tp, "compute", d,
-                                strategy="ep", **kw)
-            else:
-                idx = self.coll("ep all_to_all", "all_to_all", "ep", self.ep_bytes, "compute", d, strategy="ep", **kw)
+            if n == 0:
+                self.ext_ops.add(len(self.t.ops))
+            idx = self._write_item(u, a, item, d, kw, lab)
             if first is None:
                 first = idx
             last = idx
         return first, last
+
+    def _write_overlapped(self, u: Unit, a: Action, seq: list, deps: list[int], lab: dict, alloc: list,
+                          free: list) -> tuple[int, int]:
+        """A layer's ops under TP communication overlap: the items of ``seq`` other than the overlapped TP
+        collectives in order on the compute stream; the overlapped ones (tagged "ub") on the ``tp_overlap``
+        stream, starting with the layer's main compute op (the GEMMs they feed or drain are in it). A
+        forward reduce-scatter's last chunk (1/c of its bytes) waits for that op (the pipelined chunks end
+        with the last GEMM chunk); the rest runs beside it. The unit ends when both streams are done (the
+        tails, else a zero-time wait on the tp_overlap stream), and the next op of the compute stream waits
+        for that end."""
+        ub = [x for x in seq if x[0] == "tp" and len(x) > 2]
+        main = [x for x in seq if not (x[0] == "tp" and len(x) > 2)]
+        first = last = None
+        after = None                      # the overlap's end: the next compute-stream item waits for it
+        for n, item in enumerate(main):
+            d = tuple(deps) if n == 0 else ()
+            if after is not None:
+                d, after = d + (after,), None
+            kw = dict(lab)
+            if n == 0 and alloc:
+                kw["alloc"] = tuple(alloc)
+            if n == 0:
+                self.ext_ops.add(len(self.t.ops))
+            before = last
+            idx = self._write_item(u, a, item, d, kw, lab)
+            first = idx if first is None else first
+            last = idx
+            if item[0] == "attn" and ub:
+                # the collectives start with the compute op: after the op before it, or with its deps
+                start = (before,) if before is not None else tuple(deps)
+                if before is None:
+                    self.ext_ops.add(len(self.t.ops))
+                for j, x in enumerate(ub):
+                    size = self.tp_bytes * (1.0 - 1.0 / x[3]) if x[3] else self.tp_bytes
+                    if size > 0:
+                        self.coll(f"tp {x[1]}", x[1], "tp", size, "tp_overlap", start if j == 0 else (),
+                                  strategy="tp", **lab)
+                tails = [x for x in ub if x[3]]
+                for j, x in enumerate(tails):
+                    after = self.coll(f"tp {x[1]} (last chunk)", x[1], "tp", self.tp_bytes / x[3], "tp_overlap",
+                                      (idx,) if j == 0 else (), strategy="tp", **lab)
+                if not tails:
+                    after = self.emit(Op("compute", "tp overlap wait", "tp_overlap", (idx,), duration_s=0.0,
+                                         **lab))
+                last = after
+                ub = []
+        if free:
+            self.t.ops[last].free = tuple(free)
+        return first, last
+
+    def _write_item(self, u: Unit, a: Action, item: tuple, d: tuple, kw: dict, lab: dict) -> int:
+        """Emit one item of a unit's sequence (a compute op, with ring attention's steps, or a
+        collective); returns the index of its last op."""
+        p = self.p
+        back = a.phase != "F"
+        kv = self._kv_bytes() * (2 if back else 1)
+        name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
+        if item[0] in ("c", "attn"):
+            kl = self._kernels(u, a.phase, "attn" if item[0] == "attn" else "c")
+            idx = self.comp(name, item[1], item[2], d, kernels=kl,
+                            **(kw if item[0] == "c" or not item[4] else
+                               {k: v for k, v in kw.items() if k != "free"}))
+            if item[0] == "attn":
+                block_ready = idx     # our own KV block first, then the one received last step
+                for step in range(item[4]):   # ring attention: pass a KV block on, attend to the one received
+                    self.emit(Op(SEND, "cp kv", "cp_send", (block_ready,), size_bytes=kv, strategy="cp", **lab),
+                              ("cp", 1))
+                    block_ready = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
+                                            ("cp", -1))
+                    fr = {"free": kw["free"]} if "free" in kw and step == item[4] - 1 else {}
+                    idx = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab, **fr,
+                                    kernels=self._kernels(u, a.phase, "ring"))
+        elif item[0] == "tp":
+            idx = self.coll(f"tp {item[1]}", item[1], "tp", self.tp_bytes, "compute", d, strategy="tp", **kw)
+        elif item[0] == "etp":      # the routed tokens of the expert TP group (gathered size)
+            idx = self.coll(f"etp {item[1]}", item[1], "etp", self.ep_bytes * p.expert_tp, "compute", d,
+                            strategy="ep", **kw)
+        else:
+            idx = self.coll("ep all_to_all", "all_to_all", "ep", self.ep_bytes, "compute", d, strategy="ep", **kw)
+        return idx
 
     def _kernels(self, u: Unit, phase: str, item: str):
         """The shared KernelList of a compute op of unit ``u`` (schedules.kernels), cached per shape."""

@@ -46,6 +46,7 @@ Units: FLOPs, bytes (activations 2 bytes, fp32 4 bytes).
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 from schedules.models import ModelSpec
@@ -129,6 +130,55 @@ def grad_reduce_dtype(stack: str, choice: str = "auto", grad_bytes: float = 2.0)
 
 
 FUSED_OPTIMIZER_STACKS = ("megatron",)
+
+#: Transformer Engine's TP communication overlap (userbuffers, ``plan.tp_comm_overlap``) as Megatron-Bridge's
+#: H100 presets configure it (src/megatron/bridge/training/comm_overlap.py,
+#: ``userbuffers_{bf16,fp8}_h100_h8192_tp4_mbs1_seqlen8192``, the presets of its Llama 3 70B and GPT-3 175B
+#: H100 recipes; the 405B presets differ only in a few num_sm). Per GEMM: (method, num_sm, set_sm_margin,
+#: num_splits). ring_exchange: the all-gather (or reduce-scatter) moves one chunk per step while the GEMM
+#: runs on another: tp GEMMs of 1/tp of the rows; pipeline: the GEMM in num_splits chunks whose outputs are
+#: reduce-scattered as they finish; bulk: the whole collective beside the whole GEMM (the saved input's
+#: all-gather beside the dgrad GEMM, the dgrad output's reduce-scatter beside the wgrad GEMM). The
+#: communication kernel holds num_sm SMs: with set_sm_margin the GEMM is launched on the others; bulk
+#: kernels hold theirs while the GEMM runs (priced here for the GEMM's whole duration: an upper bound).
+UB_OVERLAP = {
+    "bf16": {"qkv fprop": ("ring_exchange", 1, False, 0), "proj fprop": ("pipeline", 24, True, 4),
+             "fc1 fprop": ("ring_exchange", 1, False, 0), "fc2 fprop": ("pipeline", 16, True, 4),
+             "proj dgrad": ("ring_exchange", 1, False, 0), "fc2 dgrad": ("ring_exchange", 1, False, 0),
+             "qkv dgrad": ("bulk", 4, False, 1), "qkv wgrad": ("bulk", 24, False, 1),
+             "fc1 dgrad": ("bulk", 2, False, 1), "fc1 wgrad": ("bulk", 4, False, 1)},
+}
+UB_OVERLAP["fp8"] = {**UB_OVERLAP["bf16"], "proj fprop": ("ring_exchange", 1, True, 0),
+                     "fc2 fprop": ("ring_exchange", 1, True, 0)}
+#: our GEMM kernel names (megatron stack) -> the userbuffers slot
+_UB_SLOT = {"qkv": "qkv fprop", "attention proj": "proj fprop", "mlp fc1 (gate+up)": "fc1 fprop",
+            "mlp fc1": "fc1 fprop", "mlp fc2": "fc2 fprop", "attention proj dgrad": "proj dgrad",
+            "mlp fc2 dgrad": "fc2 dgrad", "qkv dgrad": "qkv dgrad", "qkv wgrad": "qkv wgrad",
+            "mlp fc1 (gate+up) dgrad": "fc1 dgrad", "mlp fc1 (gate+up) wgrad": "fc1 wgrad",
+            "mlp fc1 dgrad": "fc1 dgrad", "mlp fc1 wgrad": "fc1 wgrad"}
+
+
+def ub_chunks(dtype: str, slot: str, tp: int) -> int:
+    """GEMM chunks of a userbuffers slot (ring exchange: tp; pipeline: its splits; bulk: 1). The last chunk's
+    reduce-scatter of a forward (fprop) slot is exposed after its GEMM (schedules.generate)."""
+    method, _, _, splits = UB_OVERLAP[dtype][slot]
+    return tp if method == "ring_exchange" else max(1, splits)
+
+
+def _ub_overlap(kernels: list, dtype: str, tp: int) -> list:
+    """The GEMMs of a layer as they run under userbuffers overlap (UB_OVERLAP): chunked, some on fewer SMs."""
+    table = UB_OVERLAP[dtype]
+    out = []
+    for k in kernels:
+        slot = _UB_SLOT.get(k.name) if k.kind == GEMM else None
+        if slot is None:
+            out.append(k)
+            continue
+        method, num_sm, margin, _ = table[slot]
+        chunks = ub_chunks(dtype, slot, tp)
+        sms = num_sm if (margin or method == "bulk") else 0
+        out.append(dataclasses.replace(k, chunks=chunks, sm_margin=sms))
+    return out
 
 
 def optimizer_step_bytes(stack: str, params: float, param_bytes: float, grad_bytes: float,
@@ -510,9 +560,10 @@ def op_policy(model: ModelSpec, kernels) -> tuple[list[Kernel], list[Kernel]]:
     pointwise op (norms, rotary, SiLU, multiply, residual add, casts). Float8 linears reach the policy as
     aten.mm on Float8Tensor arguments, so FP8 GEMMs count alike. Non-reentrant checkpointing stops
     recomputing once every tensor backward needs is rebuilt (``set_checkpoint_early_stop``, on by default),
-    so the block's last residual add (after the last mm; an add saves nothing) is not re-run. As for full
-    recomputation, the TP collectives of recomputed ops are not issued again (torchtitan's policy saves
-    reduce_scatter outputs, so with SP only the all-gathers would repeat)."""
+    so the block's last residual add (after the last mm; an add saves nothing) is not re-run. The TP
+    collectives of recomputed ops are not issued again here (torchtitan's policy saves reduce_scatter
+    outputs, so with SP only the all-gathers would repeat); full recomputation re-issues the layer's forward
+    collectives (schedules.generate)."""
     saved, rec = [], []
     mm = 0
     for k in kernels:
@@ -570,6 +621,8 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
         w.ew("fp8 weight cast (per step / micro-batches)", params * (w.a + 2) / max(1, plan.num_microbatches))
         w.ew("fp8 amax/scale update", 0.0)
+    if getattr(plan, "tp_comm_overlap", False) and plan.tp > 1 and part in ("layer", "attention"):
+        w.out = _ub_overlap(w.out, dtype, plan.tp)
     label = f"{'moe' if moe else 'dense'} {part} {phase}" if part in ("layer", "attention", "experts") else \
         f"{part} {phase}"
     return KernelList(label, w.out, stack, dtype)

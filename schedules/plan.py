@@ -99,6 +99,11 @@ class ParallelPlan:
     stack                training stack whose kernels are priced: megatron | torchtitan | llm-foundry (schedules.kernels)
     grad_reduce_dtype    precision of the data-parallel gradient reduction: auto (the stack's: fp32 under
                          torchtitan and llm-foundry, the gradients' own under megatron) | bf16 | fp32
+    tp_comm_overlap      Megatron-Core + Transformer Engine's TP communication overlap (userbuffers;
+                         Megatron-Bridge ``CommOverlapConfig(tp_comm_overlap=True)``): each TP all-gather /
+                         reduce-scatter of a layer runs beside the GEMM it feeds or drains, the GEMMs split
+                         into chunks and some on fewer SMs (schedules.kernels.UB_OVERLAP); needs tp > 1, sp
+                         and the megatron stack
     """
 
     dp: int = 1
@@ -137,6 +142,7 @@ class ParallelPlan:
     grad_reduce_dtype: str = "auto"
     etp: int = 0
     expert_grid: str = "folded"
+    tp_comm_overlap: bool = False
 
     # ------------------------------------------------------------------ derived
     @property
@@ -295,6 +301,16 @@ class ParallelPlan:
                             f"got {self.fsdp_reshard_after_forward!r}")
         if self.expert_grid not in EXPERT_GRIDS:
             raise PlanError(f"expert_grid must be one of {', '.join(EXPERT_GRIDS)}, got {self.expert_grid!r}")
+        if self.tp_comm_overlap is True:
+            why = ("it overlaps the TP collectives, so it needs --tp > 1" if self.tp <= 1 else
+                   "Transformer Engine overlaps the sequence-parallel all-gathers and reduce-scatters, so it "
+                   "needs --sp (Megatron-Bridge turns it off without sequence parallelism)" if not self.sp else
+                   f"it is Transformer Engine's userbuffers overlap: it needs --stack megatron (stack is "
+                   f"{self.stack})" if self.stack != "megatron" else
+                   f"the {self.schedule} schedule splits backward into input and weight passes, whose "
+                   f"overlap is not modelled" if self.schedule in pl.SPLIT_BACKWARD else None)
+            if why:
+                raise PlanError(f"--tp-comm-overlap: {why}")
         if self.layer_split not in ("balanced", "even"):
             raise PlanError(f"layer_split must be 'balanced' or 'even', got {self.layer_split!r}")
         if not 0.0 <= self.skew <= 1.0:
@@ -374,7 +390,7 @@ class ParallelPlan:
                 raise PlanError(f"{f} must be a non-negative integer, got {v!r}")
         if self.global_batch is not None and (not is_int(self.global_batch) or self.global_batch < 1):
             raise PlanError(f"global_batch must be a positive integer (sequences per step), got {self.global_batch!r}")
-        for f in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather"):
+        for f in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
             v = getattr(self, f)
             if not isinstance(v, bool):
                 raise PlanError(f"{f} must be true or false, got {v!r}")

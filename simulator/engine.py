@@ -42,7 +42,8 @@ from simpy.core import NORMAL
 
 from simulator.costs import CommRequest, CostModel
 from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
-from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Programs, SyncTable, no_gc, validate
+from simulator.program import (COLLECTIVE, COMPUTE, KERNEL_PRICED_SM_STREAMS, RECV, SEND, Programs, SyncTable, no_gc,
+                               validate)
 
 _LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
 
@@ -314,7 +315,11 @@ class Engine:
 
     # ------------------------------------------------------------------ SMs held by communication
     def _share(self, op, real: tuple[int, int] | None = None) -> float:
-        """Share of SMs the communication of ``op`` holds (cached per group or pair, kind and size)."""
+        """Share of SMs the communication of ``op`` holds (cached per group or pair, kind and size); none
+        on a stream whose SMs the overlapped compute's kernels are already priced without
+        (``KERNEL_PRICED_SM_STREAMS``)."""
+        if op.stream in KERNEL_PRICED_SM_STREAMS:
+            return 0.0
         if op.kind == COLLECTIVE:
             key = (op.group, op.collective, op.size_bytes)
         else:

@@ -8,7 +8,9 @@ the same layer shape and phase, so the engine's op count does not grow. Units: F
 
 Kinds
     gemm         C[M,N] = A[M,K]·B[K,N], ``batch`` independent products (grouped GEMMs of MoE experts);
-                 ``dtype`` bf16 | fp8 (Transformer Engine FP8 GEMM)
+                 ``dtype`` bf16 | fp8 (Transformer Engine FP8 GEMM); ``chunks`` / ``sm_margin``: a GEMM
+                 that overlaps a TP collective (Transformer Engine userbuffers) runs in chunks of rows and
+                 may leave SMs to the communication kernel
     attention    fused attention core (FlashAttention); ``pass_`` fwd | bwd; ``seq_q``, ``seq_kv``,
                  ``head_dim``, ``heads`` (query heads on this rank), ``batch`` (sequences), ``causal``,
                  ``impl`` the kernel implementation (flash2 = FlashAttention-2, triton = the Triton
@@ -45,6 +47,8 @@ class Kernel:
     heads: int = 0
     causal: bool = False
     impl: str = ""
+    chunks: int = 1        # gemm: run as this many GEMMs of ceil(m / chunks) rows (communication overlap)
+    sm_margin: int = 0     # gemm: SMs left to a concurrent communication kernel (not used by the GEMM)
 
 
 class KernelList:

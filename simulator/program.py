@@ -59,6 +59,12 @@ _new_op = object.__new__
 _KEEP = object()        # Op.copy: keep this field
 
 
+#: streams whose communication holds no SMs in the engine's interference model: the compute it overlaps is
+#: priced on the SMs the communication leaves (Transformer Engine's userbuffers TP overlap: ``tp_overlap``,
+#: its GEMMs chunked and with an SM margin, schedules.kernels.UB_OVERLAP)
+KERNEL_PRICED_SM_STREAMS = frozenset({"tp_overlap"})
+
+
 class Op:
     """One operation of one rank's program. Plain slotted class: millions of them must be cheap."""
 

@@ -13,6 +13,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
 from topologies.kernel_curves import attention_curve, gemm_curve, has_attention_chart
 from topologies.specs import AcceleratorSpec
@@ -35,9 +37,12 @@ class KernelPricer:
         self._attention_by_fit = compute_fit is not None and not has_attention_chart(acc)
         self.t0_s = self._gemm["bf16"].params.t0_s
         self._cache: dict[int, tuple[KernelList, float]] = {}
+        self._narrow: dict = {}                 # (dtype, SMs) -> the GEMM curve on that many SMs
 
     def kernel_time_s(self, k: Kernel) -> float:
         if k.kind == GEMM:
+            if k.chunks > 1 or k.sm_margin > 0:
+                return self._overlapped_gemm_s(k)
             if self.compute_fit is not None and k.dtype == "bf16":
                 return k.flops / self.compute_fit.achieved_flops_per_s(k.flops) if k.flops else 0.0
             return self._gemm[k.dtype].time_s(k.m, k.n, k.k, k.batch)
@@ -48,6 +53,27 @@ class KernelPricer:
         if k.kind == ELEMENTWISE:
             return self.t0_s + k.bytes / self.mem_per_s
         raise ValueError(f"unknown kernel kind {k.kind!r}")
+
+    def _overlapped_gemm_s(self, k: Kernel) -> float:
+        """A GEMM that overlaps a collective: ``chunks`` GEMMs of ceil(m / chunks) rows each (the ring
+        exchange's or the pipeline's pieces), on the SMs the communication leaves (``sm_margin``: the device
+        then has sm_count - margin SMs and that share of its peak; tiles and waves follow)."""
+        chunks = max(1, int(k.chunks))
+        rows = -(-int(k.m) // chunks)
+        sms = self.acc.sm_count or 0
+        left = max(sms - int(k.sm_margin), 1) if sms else 0
+        share = left / sms if sms else 1.0
+        if self.compute_fit is not None and k.dtype == "bf16":
+            f = k.flops / chunks
+            return chunks * f / (self.compute_fit.achieved_flops_per_s(f) * share) if f else 0.0
+        curve = self._gemm[k.dtype]
+        if left and left != sms:
+            curve = self._narrow.get((k.dtype, left))
+            if curve is None:
+                base = self._gemm[k.dtype]
+                curve = self._narrow[(k.dtype, left)] = dataclasses.replace(
+                    base, sm_count=left, peak_flops_per_s=base.peak_flops_per_s * share)
+        return chunks * curve.time_s(rows, k.n, k.k, k.batch)
 
     def time_s(self, kl: KernelList) -> float:
         """Seconds of a whole kernel list (one op), cached per list object."""
@@ -66,6 +92,9 @@ class KernelPricer:
             shape = (f"{k.batch}x" if k.batch > 1 else "") + f"{k.m}x{k.n}x{k.k}" if k.kind == GEMM else (
                 f"b{k.batch} s{k.seq_q}x{k.seq_kv} h{k.heads} d{k.head_dim}{' causal' if k.causal else ''}"
                 if k.kind == ATTENTION else "")
+            if k.kind == GEMM and (k.chunks > 1 or k.sm_margin):     # TP communication overlap (userbuffers)
+                shape += (f" in {k.chunks} chunks" if k.chunks > 1 else "") + (
+                    f", {k.sm_margin} SMs to comm" if k.sm_margin else "")
             rows.append({"kernel": k.name, "kind": k.kind, "dtype": k.dtype, "shape": shape, "flops": k.flops,
                          "bytes": k.bytes, "time_s": t, "tflops_per_s": k.flops / t / 1e12 if t > 0 else 0.0})
         return rows

@@ -12,7 +12,7 @@ from clustersim.cli import main
 
 SHARED = next((p / "shared" / "validation" / "training_throughput.csv" for p in Path(__file__).resolve().parents
                if (p / "shared" / "validation" / "training_throughput.csv").is_file()), Path("/nonexistent"))
-FIELDS = _experiment_fields() - {"dtype", "stack"}      # a build without --dtype / --stack
+FIELDS = _experiment_fields() - {"dtype", "stack", "tp_comm_overlap"}      # a build without those options
 
 
 def _row(**kw):
@@ -281,3 +281,20 @@ def test_unstated_checkpointing_comes_from_the_benchmarks_model_config():
                                                                   "0" * 40)}))[0]
     assert "recompute" not in other
     assert row_experiment(_row(**{**base, "activation_checkpointing": "full"}))[0]["recompute"] == "full"
+
+
+def test_nvidia_recipes_with_tp_run_the_tp_communication_overlap():
+    """NVIDIA's Megatron-Core recipes overlap TP communication (userbuffers) whenever TP > 1: with
+    validate --tp-comm-overlap dense rows and Grok-1 (dgxc's configure.sh) run --tp-comm-overlap; TP 1,
+    DeepSeek-V3 (Megatron-Bridge: off), other frameworks and the eager stacks do not."""
+    assert row_experiment(_row(), tp_overlap=True)[0]["tp_comm_overlap"] is True
+    assert "tp_comm_overlap" not in row_experiment(_row())[0]          # off unless asked (README)
+    grok = _row(model="Grok-1 314B", framework="NeMo (Megatron-Core)", tp="4", pp="8", cp="2", ep="8", vp="8",
+                gpus="512", gbs="1024")
+    assert row_experiment(grok, tp_overlap=True)[0]["tp_comm_overlap"] is True
+    for change in (dict(tp="1", pp="8", gpus="32"), dict(model="DeepSeek-V3 671B", ep="8", gpus="256", pp="8",
+                                                          vp="", gbs="512"),
+                   dict(framework="torchtitan (FSDP + TP (2D))", fsdp="8", gpus="64", pp="1", vp="",
+                        hardware="H100 (Grand Teton; 96GB HBM2e, 500W power limit)")):
+        kw, _ = row_experiment(_row(**change), tp_overlap=True)
+        assert "tp_comm_overlap" not in kw

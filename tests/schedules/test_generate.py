@@ -234,7 +234,10 @@ def plans(draw):
     sp = draw(st.booleans()) and tp > 1
     if ep > 1 and cp > 1 and grid == "folded":
         sp = tp > 1                     # Megatron-Core's expert grid: MoE with TP needs SP
+    from schedules.pipeline import SPLIT_BACKWARD
+    overlap = sp and schedule not in SPLIT_BACKWARD and draw(st.booleans())    # TP communication overlap
     plan = ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, zero=zero, sp=sp, expert_grid=grid,
+                        tp_comm_overlap=overlap,
                         schedule=schedule, virtual_stages=v, global_batch=m * dp, seq=64,
                         recompute=draw(st.sampled_from(["none", "selective", "full"])),
                         overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),

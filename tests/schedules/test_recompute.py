@@ -123,3 +123,30 @@ def test_cli_accepts_the_options_and_refuses_bad_values(capsys):
     assert err.startswith("error:") and "recompute full" in err
     assert main(["plan", "-m", "tiny-moe", "--gpus", "8", "--recompute", "op"]) == 2
     assert "per-op" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model, kw", [
+    ("tiny", dict(tp=2, sp=True)),                 # AG / RS pairs
+    ("tiny", dict(tp=2)),                          # all-reduces
+    ("tiny-moe", dict(tp=2, sp=True, ep=2, dp=2)),  # plus the dispatch / combine all-to-alls
+])
+def test_full_recompute_reruns_the_forward_communication(model, kw):
+    """Full recomputation re-runs the layer's forward in backward, its TP collectives and expert all-to-alls
+    too (Megatron's CheckpointFunction calls the layer's forward again): a checkpointed layer's backward
+    carries its forward's communication on top of the backward's own, same kinds and bytes."""
+    m = get_model(model)
+
+    def comm(plan, phase):
+        out = {}
+        for op in build_programs(m, plan, symmetric=True).ops[0]:
+            if op.kind == "collective" and op.phase == phase and op.layer is not None and op.strategy in ("tp", "ep"):
+                out.setdefault(op.layer, []).append((op.collective, op.size_bytes))
+        return out
+
+    base = dict(seq=128, global_batch=8, **kw)
+    none, full = ParallelPlan(**base), ParallelPlan(**base, recompute="full")
+    fwd, back_none, back_full = comm(none, "forward"), comm(none, "backward"), comm(full, "backward")
+    assert fwd and set(fwd) == set(back_full)
+    for layer in fwd:
+        assert sorted(back_full[layer]) == sorted(fwd[layer] + back_none[layer])
+    assert comm(full, "forward") == fwd

@@ -85,8 +85,9 @@ def uneven_plans(draw):
     schedule = draw(st.sampled_from(["1f1b", "gpipe", "zb"] + (["interleaved"] if pp > 1 else [])))
     v = 2 if schedule == "interleaved" else 1
     m = draw(st.integers(1, 3)) * (pp if schedule == "interleaved" else 1)
+    overlap = schedule != "zb" and draw(st.booleans())      # TP communication overlap (needs SP)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, global_batch=m * dp, seq=128, schedule=schedule, virtual_stages=v,
-                        zero=draw(st.sampled_from([0, 1, 3])), bucket_bytes=2e6)
+                        zero=draw(st.sampled_from([0, 1, 3])), bucket_bytes=2e6, sp=overlap, tp_comm_overlap=overlap)
     gpn = draw(st.sampled_from([2, 4, 8]))
     cluster = dict(gpus_per_node=gpn, leaf_down=draw(st.sampled_from([3, 5, 6])),
                    rail_optimised=draw(st.sampled_from([False, False, True])),
