@@ -292,8 +292,8 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=None,
                      help="Transformer Engine's TP communication overlap (userbuffers, Megatron-Bridge "
                           "tp_comm_overlap): TP all-gathers / reduce-scatters beside the GEMMs they feed, the "
-                          "GEMMs chunked; needs --tp > 1, --sp and the megatron stack. An upper bound: the "
-                          "collectives may hide behind the whole layer."),
+                          "GEMMs chunked; needs --tp > 1, --sp and the megatron stack. Optimistic: the HBM "
+                          "traffic of the copies is not modelled."),
         click.option("--schedule", type=click.Choice(SCHEDULES), help="Pipeline schedule."),
         click.option("--virtual-stages", type=int, help="Model chunks per stage (interleaved 1F1B)."),
         click.option("--micro-batch", type=int, help="Micro-batch size (sequences)."),

@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedules import memory as mem
-from schedules.kernels import FSDP1_STACKS, UB_OVERLAP, optimizer_step_bytes, phase_kernels, ub_chunks
+from schedules.kernels import (FSDP1_STACKS, UB_OVERLAP, optimizer_step_bytes, phase_kernels, ub_chunks,
+                               ub_segments)
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
-from simulator.kernels import KernelList
+from simulator.kernels import ATTENTION, KernelList
 from simulator.program import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, FORWARD, OPTIMIZER, RECV, SEND,
                                Op, Programs, no_gc)
 
@@ -521,8 +522,8 @@ class _StageBuilder:
             ub = p.tp_comm_overlap and tp and u.kind == "layer"
             dt = p.dtype if p.dtype in UB_OVERLAP else "bf16"
             if tp and ub:
-                attn = [("tp", "all_gather", "ub", 0)] + attn + \
-                    [("tp", back_coll, "ub", ub_chunks(dt, "proj fprop", p.tp))]
+                attn = [("tp", "all_gather", "ub", 0, "qkv fprop")] + attn + \
+                    [("tp", back_coll, "ub", ub_chunks(dt, "proj fprop", p.tp), "proj fprop")]
             elif tp:
                 attn = ([("tp", "all_gather")] if p.sp else []) + attn + [("tp", back_coll)]
             if u.moe:
@@ -541,17 +542,19 @@ class _StageBuilder:
                     if tp:
                         mlp = ([("tp", "all_gather")] if p.sp else []) + mlp + [("tp", back_coll)]
             elif tp and ub:
-                mlp = [("tp", "all_gather", "ub", 0), ("tp", "reduce_scatter", "ub", ub_chunks(dt, "fc2 fprop", p.tp))]
+                mlp = [("tp", "all_gather", "ub", 0, "fc1 fprop"),
+                       ("tp", "reduce_scatter", "ub", ub_chunks(dt, "fc2 fprop", p.tp), "fc2 fprop")]
             else:      # the dense MLP's FLOPs are in the attention op; only its TP collectives remain
                 mlp = ([("tp", "all_gather"), ("tp", "reduce_scatter")] if tp and p.sp else
                        [("tp", "all_reduce")] if tp else [])
             seq = attn + mlp
             if back:   # backward runs the layer in reverse; Megatron's f/g conjugates swap AG and RS
                 fwd_comm = [x for x in seq if x[0] in ("tp", "etp", "ep")]
-                seq = [(x[0], _swap(x[1])) + ((x[2], 0) if len(x) > 2 else ()) if x[0] in ("tp", "etp") else x
-                       for x in reversed(seq)]
+                seq = [(x[0], _swap(x[1])) + ((x[2], 0, BACKWARD_SLOT[x[4]]) if len(x) > 2 else ())
+                       if x[0] in ("tp", "etp") else x for x in reversed(seq)]
                 if ub:      # the bulk all-gathers of the saved (sequence-sharded) GEMM inputs for wgrad
-                    seq += [("tp", "all_gather", "ub", 0)] * (1 if u.moe else 2)
+                    seq += [("tp", "all_gather", "ub", 0, "qkv dgrad")] + \
+                        ([] if u.moe else [("tp", "all_gather", "ub", 0, "fc1 dgrad")])
                 if u.recompute == "full":
                     # full recomputation re-runs the layer's forward, its TP collectives and expert
                     # all-to-alls included (Megatron's CheckpointFunction, torch.utils.checkpoint)
@@ -576,17 +579,19 @@ class _StageBuilder:
 
     def _write_overlapped(self, u: Unit, a: Action, seq: list, deps: list[int], lab: dict, alloc: list,
                           free: list) -> tuple[int, int]:
-        """A layer's ops under TP communication overlap: the items of ``seq`` other than the overlapped TP
-        collectives in order on the compute stream; the overlapped ones (tagged "ub") on the ``tp_overlap``
-        stream, starting with the layer's main compute op (the GEMMs they feed or drain are in it). A
-        forward reduce-scatter's last chunk (1/c of its bytes) waits for that op (the pipelined chunks end
-        with the last GEMM chunk); the rest runs beside it. The unit ends when both streams are done (the
-        tails, else a zero-time wait on the tp_overlap stream), and the next op of the compute stream waits
-        for that end."""
-        ub = [x for x in seq if x[0] == "tp" and len(x) > 2]
+        """A layer's ops under TP communication overlap (Transformer Engine userbuffers). The items of ``seq``
+        other than the overlapped TP collectives (tagged "ub") run in order on the compute stream, the
+        layer's main compute op cut into pieces at its overlapped GEMMs (``ub_segments``); each overlapped
+        collective runs on the ``tp_overlap`` stream beside the GEMM its userbuffers slot pairs it with
+        (``_write_pieces``), and the piece after that GEMM waits for it. A collective whose GEMM the kernel
+        list does not hold runs after the compute op. The unit ends when both streams are done."""
+        ub: dict = {}
+        for x in seq:
+            if x[0] == "tp" and len(x) > 2:
+                ub.setdefault(x[4], []).append(x)
         main = [x for x in seq if not (x[0] == "tp" and len(x) > 2)]
         first = last = None
-        after = None                      # the overlap's end: the next compute-stream item waits for it
+        after = None                      # a collective's end the next compute-stream op waits for
         for n, item in enumerate(main):
             d = tuple(deps) if n == 0 else ()
             if after is not None:
@@ -596,32 +601,67 @@ class _StageBuilder:
                 kw["alloc"] = tuple(alloc)
             if n == 0:
                 self.ext_ops.add(len(self.t.ops))
-            before = last
-            idx = self._write_item(u, a, item, d, kw, lab)
+            if item[0] == "attn":
+                idx, after = self._write_pieces(u, a, item, d, kw, lab, ub, last, deps)
+            else:
+                idx = self._write_item(u, a, item, d, kw, lab)
             first = idx if first is None else first
             last = idx
-            if item[0] == "attn" and ub:
-                # the collectives start with the compute op: after the op before it, or with its deps
-                start = (before,) if before is not None else tuple(deps)
-                if before is None:
-                    self.ext_ops.add(len(self.t.ops))
-                for j, x in enumerate(ub):
-                    size = self.tp_bytes * (1.0 - 1.0 / x[3]) if x[3] else self.tp_bytes
-                    if size > 0:
-                        self.coll(f"tp {x[1]}", x[1], "tp", size, "tp_overlap", start if j == 0 else (),
-                                  strategy="tp", **lab)
-                tails = [x for x in ub if x[3]]
-                for j, x in enumerate(tails):
-                    after = self.coll(f"tp {x[1]} (last chunk)", x[1], "tp", self.tp_bytes / x[3], "tp_overlap",
-                                      (idx,) if j == 0 else (), strategy="tp", **lab)
-                if not tails:
-                    after = self.emit(Op("compute", "tp overlap wait", "tp_overlap", (idx,), duration_s=0.0,
-                                         **lab))
-                last = after
-                ub = []
+        for x in (x for items in ub.values() for x in items):     # no GEMM to pair with: after the op
+            after = self.coll(f"tp {x[1]}", x[1], "tp", self.tp_bytes, "tp_overlap", (last,), strategy="tp", **lab)
+        if after is not None:             # the unit ends with a collective: a zero-time wait after both streams
+            last = self.emit(Op("compute", "tp overlap wait", "tp_overlap", (last,), duration_s=0.0, **lab))
         if free:
             self.t.ops[last].free = tuple(free)
         return first, last
+
+    def _write_pieces(self, u: Unit, a: Action, item: tuple, d: tuple, kw: dict, lab: dict, ub: dict,
+                      before: int | None, deps: list[int]) -> tuple[int, int | None]:
+        """The layer's main compute op as its pieces (``ub_segments``), each overlapped GEMM beside its
+        collective: the collective starts with the GEMM (after the piece before it); a forward
+        reduce-scatter's last chunk (1/c of its bytes) starts when the GEMM ends (the pipelined chunks end
+        with the last GEMM chunk), the rest beside it; the next piece waits for the collective. Ring
+        attention's steps follow the piece holding the attention core. Returns (last compute op, the
+        pending collective's end or None)."""
+        p = self.p
+        name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
+        pieces = ub_segments(self._kernels(u, a.phase, "attn"))
+        total = sum(kl.flops for kl, _ in pieces)
+        kv = self._kv_bytes() * (2 if a.phase != "F" else 1)
+        pending, last = None, before
+        ring_after = max((j for j, (kl, _) in enumerate(pieces) if any(k.kind == ATTENTION for k in kl.kernels)),
+                         default=0)
+        for j, (kl, slot) in enumerate(pieces):
+            sd = d if j == 0 else ()
+            if pending is not None:
+                sd, pending = sd + (pending,), None
+            share = kl.flops / total if total else (1.0 if j == 0 else 0.0)
+            idx = self.comp(name, item[1] * share, item[2] if j == 0 else 0.0, sd, kernels=kl,
+                            **(kw if j == 0 else lab))
+            items = ub.get(slot) if slot is not None else None
+            if items:
+                x = items.pop(0)
+                if last is None:          # the unit's first op: the collective starts with the unit's deps
+                    self.ext_ops.add(len(self.t.ops))
+                    cd = tuple(deps)
+                else:
+                    cd = (last,) + sd
+                size = self.tp_bytes * (1.0 - 1.0 / x[3]) if x[3] else self.tp_bytes
+                pending = self.coll(f"tp {x[1]}", x[1], "tp", size, "tp_overlap", cd, strategy="tp", **lab)
+                if x[3]:
+                    pending = self.coll(f"tp {x[1]} (last chunk)", x[1], "tp", self.tp_bytes / x[3],
+                                        "tp_overlap", (idx,), strategy="tp", **lab)
+            last = idx
+            if item[4] and j == ring_after:
+                block_ready = idx         # ring attention: pass a KV block on, attend to the one received
+                for step in range(item[4]):
+                    self.emit(Op(SEND, "cp kv", "cp_send", (block_ready,), size_bytes=kv, strategy="cp", **lab),
+                              ("cp", 1))
+                    block_ready = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
+                                            ("cp", -1))
+                    last = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab,
+                                     kernels=self._kernels(u, a.phase, "ring"))
+        return last, pending
 
     def _write_item(self, u: Unit, a: Action, item: tuple, d: tuple, kw: dict, lab: dict) -> int:
         """Emit one item of a unit's sequence (a compute op, with ring attention's steps, or a
@@ -779,6 +819,12 @@ class _StageBuilder:
             for role, n, _ in self._bucket_plan(forward=True):
                 self.coll("zero param AG", "all_gather", self.fam[role], n * self.dt, "dp_comm", (opt,),
                           strategy="zero")
+
+
+#: the userbuffers slot of a forward collective's conjugate in backward: the gradient's all-gather beside
+#: the row-parallel dgrad (ring exchange), the dgrad output's reduce-scatter beside the column-parallel wgrad
+BACKWARD_SLOT = {"qkv fprop": "qkv wgrad", "proj fprop": "proj dgrad", "fc1 fprop": "fc1 wgrad",
+                 "fc2 fprop": "fc2 dgrad"}
 
 
 def _swap(kind: str) -> str:

@@ -165,6 +165,31 @@ def ub_chunks(dtype: str, slot: str, tp: int) -> int:
     return tp if method == "ring_exchange" else max(1, splits)
 
 
+@lru_cache(maxsize=4096)
+def ub_segments(kl: KernelList) -> tuple:
+    """A layer phase's kernels as they meet TP communication overlap: ((KernelList, slot or None), ...) in
+    launch order, each GEMM of a userbuffers slot (``UB_OVERLAP``) a piece of its own, the kernels between
+    them pieces with no slot. schedules.generate runs each slot's collective beside its piece."""
+    out, cur = [], []
+
+    def close(kernels, slot):
+        out.append((KernelList(f"{kl.label} · {slot or 'between overlaps'}", kernels, kl.stack, kl.dtype, parent=kl),
+                    slot))
+
+    for k in kl.kernels:
+        slot = _UB_SLOT.get(k.name) if k.kind == GEMM else None
+        if slot is None:
+            cur.append(k)
+            continue
+        if cur:
+            close(cur, None)
+            cur = []
+        close([k], slot)
+    if cur:
+        close(cur, None)
+    return tuple(out)
+
+
 def _ub_overlap(kernels: list, dtype: str, tp: int) -> list:
     """The GEMMs of a layer as they run under userbuffers overlap (UB_OVERLAP): chunked, some on fewer SMs."""
     table = UB_OVERLAP[dtype]
@@ -596,9 +621,12 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
     sh = _Shape(model, plan)
     if phase in (BACKWARD, BACKWARD_INPUT) and part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, load, rc, stack, dtype)
-    if part in ("layer", "attention"):
+    if part in ("layer", "attention") and phase == FORWARD:
         _attention_block(w, model, plan, sh, phase)
         _mlp_block(w, model, sh, phase, moe)
+    elif part in ("layer", "attention"):      # backward runs the MLP block's kernels first
+        _mlp_block(w, model, sh, phase, moe)
+        _attention_block(w, model, plan, sh, phase)
     elif part == "experts":
         _experts(w, model, plan, sh, phase, load)
     elif part == "ring":

@@ -55,13 +55,14 @@ class KernelList:
     """The kernels of one compute op, in launch order, with a label (e.g. ``"dense layer forward"``).
     Identity-hashed and immutable: the cost model caches its time per (object, device)."""
 
-    __slots__ = ("label", "kernels", "stack", "dtype")
+    __slots__ = ("label", "kernels", "stack", "dtype", "parent")
 
-    def __init__(self, label: str, kernels, stack: str = "", dtype: str = "bf16"):
+    def __init__(self, label: str, kernels, stack: str = "", dtype: str = "bf16", parent: "KernelList | None" = None):
         self.label = label
         self.kernels = tuple(kernels)
         self.stack = stack
         self.dtype = dtype
+        self.parent = parent      # a piece of this list (a layer phase cut at its overlapped GEMMs), or None
 
     @property
     def flops(self) -> float:

@@ -126,15 +126,19 @@ def _priced_lists(programs, cost, rank: int | None):
     best = (None, {}, -1.0)
     for r in ranks:
         lists: dict[int, list] = {}
+        pieces: dict[int, list] = {}         # a layer phase cut into pieces (TP overlap): reported whole
         for op in programs.ops[r]:
             kl = op.kernels
             if not cost.prices_by_kernels(op):
                 continue                     # priced by a calibration's layer fit instead
-            e = lists.get(id(kl))
+            e = (pieces if kl.parent is not None else lists).get(id(kl))
             if e is None:
-                lists[id(kl)] = [kl, 1]
+                (pieces if kl.parent is not None else lists)[id(kl)] = [kl, 1]
             else:
                 e[1] += 1
+        for kl, n in pieces.values():        # the whole list as often as its most used piece
+            e = lists.setdefault(id(kl.parent), [kl.parent, 0])
+            e[1] = max(e[1], n)
         total = sum(pricer.time_s(kl) * n for kl, n in lists.values())
         if total > best[2]:
             best = (r, lists, total)

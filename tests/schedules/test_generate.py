@@ -147,10 +147,13 @@ def test_context_parallel_ring_passes_kv_blocks():
     assert {op.peer for op in progs.ops[0] if op.kind == "send" and op.strategy == "cp"} == {1}
 
 
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-def test_executed_flops_equal_model_flops(recompute):
-    """Sum of compute FLOPs over the job == 6N·tokens-style model FLOPs (+ the recomputed forward)."""
-    plan = ParallelPlan(tp=2, pp=2, dp=2, cp=2, seq=SEQ, global_batch=8, recompute=recompute)
+@pytest.mark.parametrize("recompute, overlap", [("none", False), ("selective", False), ("full", False),
+                                               ("full", True), ("none", True)])
+def test_executed_flops_equal_model_flops(recompute, overlap):
+    """Sum of compute FLOPs over the job == 6N·tokens-style model FLOPs (+ the recomputed forward); a layer cut
+    into pieces at its overlapped GEMMs (TP communication overlap) keeps its FLOPs."""
+    plan = ParallelPlan(tp=2, pp=2, dp=2, cp=2, seq=SEQ, global_batch=8, recompute=recompute, sp=overlap,
+                        tp_comm_overlap=overlap)
     progs = build_programs(MOE, plan, symmetric=False)
     executed = sum(op.flops for prog in progs.ops.values() for op in prog
                    if op.kind == "compute" and op.phase != "optimizer")

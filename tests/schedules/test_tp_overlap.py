@@ -101,27 +101,35 @@ def test_collectives_move_beside_the_compute_and_keep_their_bytes(model, extra_a
     assert b_on["reduce_scatter"] == pytest.approx(b_off["reduce_scatter"])
 
 
-def test_the_overlap_runs_beside_the_layer_and_its_last_chunk_after_it():
-    """On the engine: each forward layer's collectives start with its compute op, the reduce-scatters' last
-    chunks start when it ends, and the next layer starts when both streams are done."""
-    plan = _plan(global_batch=2, tp_comm_overlap=True)
+def test_each_collective_runs_beside_its_gemm_and_the_next_piece_waits_for_it():
+    """On the engine: the layer's compute is cut at its overlapped GEMMs; each collective starts with the GEMM
+    its userbuffers slot pairs it with, a reduce-scatter's last chunk when that GEMM (and the rest of the
+    collective) ends, and the layer's next piece when both the GEMM and the collective are done."""
+    plan = _plan(global_batch=2, tp_comm_overlap=True, recompute="full")
     cluster = load_cluster("dgx-h100", plan.world_size)
     progs = build_programs(M, plan, symmetric=True)
     res = run(progs, ClusterCostModel(cluster))
     ops, start, end = progs.ops[0], res.start_s[0], res.end_s[0]
-    layer_ops = [i for i, op in enumerate(ops) if op.kind == COMPUTE and op.stream == "compute"
-                 and op.phase == "forward" and op.layer is not None]
-    assert layer_ops
-    for i in layer_ops:
-        mine = [j for j, op in enumerate(ops) if op.stream == "tp_overlap" and op.layer == ops[i].layer
-                and op.microbatch == ops[i].microbatch and op.phase == "forward"]
-        first = mine[0]
-        tails = [j for j in mine if ops[j].name.endswith("(last chunk)")]
-        assert len(tails) == 2 and start[first] == pytest.approx(start[i])
-        assert start[tails[0]] == pytest.approx(max(end[i], end[tails[0] - 1]))
-        nxt = next((j for j in layer_ops if j > i and ops[j].microbatch == ops[i].microbatch), None)
-        if nxt is not None:
-            assert start[nxt] == pytest.approx(max(end[i], end[mine[-1]]))
+    paired = {phase: 0 for phase in ("forward", "backward")}
+    for j, op in enumerate(ops):
+        if op.stream != "tp_overlap" or op.kind != COLLECTIVE:
+            continue
+        tail = op.name.endswith("(last chunk)")
+        gemm = j - 2 if tail else j - 1
+        slot = ops[gemm].kernels.label.split(" · ")[-1]
+        assert slot.split()[0] in ("qkv", "proj", "fc1", "fc2") and len(ops[gemm].kernels) == 1
+        if tail:
+            assert start[j] == pytest.approx(max(end[gemm], end[j - 1]), rel=1e-12)
+        else:
+            assert start[j] == pytest.approx(start[gemm], rel=1e-12)
+            paired[op.phase] += 1
+        last_comm = j + 1 if j + 1 < len(ops) and ops[j + 1].name.endswith("(last chunk)") else j
+        nxt = next((k for k in range(last_comm + 1, len(ops)) if ops[k].stream == "compute"), None)
+        if nxt is not None and ops[nxt].layer == op.layer and ops[nxt].phase == op.phase:
+            assert start[nxt] == pytest.approx(max(end[gemm], end[last_comm]), rel=1e-12)
+    # per layer and micro-batch: 4 forward pairs; backward 4 recomputed forward pairs + 6 of its own
+    layers_mb = M.layers * plan.num_microbatches
+    assert paired == {"forward": 4 * layers_mb, "backward": 10 * layers_mb}
     # at this size the overlap hides more TP time than the chunked GEMMs lose
     plain = run(build_programs(M, dataclasses.replace(plan, tp_comm_overlap=False), symmetric=True),
                 ClusterCostModel(cluster))
