@@ -962,6 +962,9 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
         return out
 
     static = {s: mem.model_state_bytes(model, plan, s) for s in range(plan.pp)}
+    ub = mem.userbuffer_bytes(model, plan)
+    if ub:                                   # TP-overlap userbuffers: resident all step
+        static = {s: {**d, "buffers": d.get("buffers", 0.0) + ub} for s, d in static.items()}
     with no_gc():           # millions of new objects and no cycles
         if symmetric:
             progs.classes = {}

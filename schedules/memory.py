@@ -504,11 +504,29 @@ def fsdp_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float
     return peak * model.dtype_bytes + grads * plan.grad_buffer_bytes_per_param
 
 
+#: userbuffers Transformer Engine allocates for TP communication overlap: one per overlapped GEMM slot (the ten
+#: of Megatron-Bridge's TransformerLayerTPOverlapCfg), each of the shape Megatron-Bridge's
+#: _initialize_tp_communicators passes to initialize_ub: [seq · micro_batch / cp, hidden] (training/initialize.py)
+USERBUFFERS = 10
+
+
+def userbuffer_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Resident bytes of the TP-overlap userbuffers (``plan.tp_comm_overlap``; 0 without it), in the model's
+    activation dtype (FP8 recipes keep some of them in 1-byte FP8: an upper bound there)."""
+    if not getattr(plan, "tp_comm_overlap", False):
+        return 0.0
+    return USERBUFFERS * plan.seq * plan.micro_batch / plan.cp * model.hidden * model.dtype_bytes
+
+
 def buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Transient communication buffers, an estimate (the engine's memory timeline gives the exact peak,
-    which depends on how far communication lags compute): ZeRO-3 gathered weights and unsharded gradients
-    (``fsdp_buffer_bytes``); ZeRO-2 unsharded gradients of two units or buckets (the one being reduced and
-    the one being produced)."""
+    """Communication buffers: the TP-overlap userbuffers (resident, ``userbuffer_bytes``) plus transient
+    ones, an estimate (the engine's memory timeline gives the exact peak, which depends on how far
+    communication lags compute): ZeRO-3 gathered weights and unsharded gradients (``fsdp_buffer_bytes``);
+    ZeRO-2 unsharded gradients of two units or buckets (the one being reduced and the one being produced)."""
+    return userbuffer_bytes(model, plan) + _transient_buffer_bytes(model, plan, stage)
+
+
+def _transient_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     z = plan.zero_stage
     if plan.dp * plan.cp == 1:
         return 0.0

@@ -158,3 +158,18 @@ def test_cli_flag_and_json_field(capsys):
     assert "--tp-comm-overlap" in capsys.readouterr().err
     assert on["plan"]["tp_comm_overlap"] is True and off["plan"]["tp_comm_overlap"] is False
     assert on["comm_by_axis"]["tp"]["exposed_s"] < off["comm_by_axis"]["tp"]["exposed_s"]
+
+
+def test_userbuffers_are_resident_memory():
+    """Ten userbuffers of [seq · micro-batch / cp, hidden] (Megatron-Bridge's initialize_ub shape), resident all
+    step: in the closed-form memory report and in the engine's static memory; none without the overlap."""
+    from schedules import memory as mem
+    plan = _plan(micro_batch=2, global_batch=2, cp=2, dp=1, tp_comm_overlap=True)
+    want = 10 * 4096 * 2 / 2 * M.hidden * 2
+    assert mem.userbuffer_bytes(M, plan) == want
+    off = dataclasses.replace(plan, tp_comm_overlap=False)
+    assert mem.userbuffer_bytes(M, off) == 0.0
+    on_mem, off_mem = mem.memory_per_rank(M, plan)["stage0"], mem.memory_per_rank(M, off)["stage0"]
+    assert on_mem["buffers"] - off_mem["buffers"] == pytest.approx(want)
+    on_p, off_p = build_programs(M, plan, symmetric=True), build_programs(M, off, symmetric=True)
+    assert sum(on_p.static_memory[0].values()) - sum(off_p.static_memory[0].values()) == pytest.approx(want)
