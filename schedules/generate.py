@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedules import memory as mem
-from schedules.kernels import (FSDP1_STACKS, UB_OVERLAP, optimizer_step_bytes, phase_kernels, ub_chunks,
-                               ub_segments)
+from schedules.kernels import FSDP1_STACKS, optimizer_step_bytes, phase_kernels, ub_chunks, ub_segments
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops
@@ -100,7 +99,8 @@ class _StageBuilder:
         self.edp_size = plan.edp
         self.kernel_lists: dict = {}
         self.unit_recipes: dict = {}               # _unit_ops: a unit's ops per cost signature, to replay
-        self.ext_ops: set = set()                  # ops of the unit being written that carry its deps
+        self.ext_ops: set = set()                  # ops of the unit being written that carry its deps (besides
+        #                                            its first op, which always does)
 
     # ------------------------------------------------------------------ units
     def _units(self) -> list[list[Unit]]:
@@ -520,10 +520,9 @@ class _StageBuilder:
             # dense MLP's TP collectives run beside the layer's GEMMs; ("tp", kind, "ub", c): c > 0 for a
             # forward reduce-scatter whose last of c chunks is exposed after its GEMM
             ub = p.tp_comm_overlap and tp and u.kind == "layer"
-            dt = p.dtype if p.dtype in UB_OVERLAP else "bf16"
-            if tp and ub:
+            if ub:
                 attn = [("tp", "all_gather", "ub", 0, "qkv fprop")] + attn + \
-                    [("tp", back_coll, "ub", ub_chunks(dt, "proj fprop", p.tp), "proj fprop")]
+                    [("tp", back_coll, "ub", ub_chunks(p.dtype, "proj fprop", p.tp), "proj fprop")]
             elif tp:
                 attn = ([("tp", "all_gather")] if p.sp else []) + attn + [("tp", back_coll)]
             if u.moe:
@@ -541,16 +540,16 @@ class _StageBuilder:
                     mlp = a2a + experts + a2a
                     if tp:
                         mlp = ([("tp", "all_gather")] if p.sp else []) + mlp + [("tp", back_coll)]
-            elif tp and ub:
+            elif ub:
                 mlp = [("tp", "all_gather", "ub", 0, "fc1 fprop"),
-                       ("tp", "reduce_scatter", "ub", ub_chunks(dt, "fc2 fprop", p.tp), "fc2 fprop")]
+                       ("tp", "reduce_scatter", "ub", ub_chunks(p.dtype, "fc2 fprop", p.tp), "fc2 fprop")]
             else:      # the dense MLP's FLOPs are in the attention op; only its TP collectives remain
                 mlp = ([("tp", "all_gather"), ("tp", "reduce_scatter")] if tp and p.sp else
                        [("tp", "all_reduce")] if tp else [])
             seq = attn + mlp
             if back:   # backward runs the layer in reverse; Megatron's f/g conjugates swap AG and RS
                 fwd_comm = [x for x in seq if x[0] in ("tp", "etp", "ep")]
-                seq = [(x[0], _swap(x[1])) + ((x[2], 0, BACKWARD_SLOT[x[4]]) if len(x) > 2 else ())
+                seq = [(x[0], _swap(x[1])) + ((x[2], 0, BACKWARD_SLOT[x[4]]) if _overlapped(x) else ())
                        if x[0] in ("tp", "etp") else x for x in reversed(seq)]
                 if ub:      # the bulk all-gathers of the saved (sequence-sharded) GEMM inputs for wgrad
                     seq += [("tp", "all_gather", "ub", 0, "qkv dgrad")] + \
@@ -559,7 +558,7 @@ class _StageBuilder:
                     # full recomputation re-runs the layer's forward, its TP collectives and expert
                     # all-to-alls included (Megatron's CheckpointFunction, torch.utils.checkpoint)
                     seq = fwd_comm + seq
-        if any(len(x) > 2 for x in seq if x[0] == "tp"):
+        if any(map(_overlapped, seq)):
             return self._write_overlapped(u, a, seq, deps, lab, alloc, free)
         first = last = None
         for n, item in enumerate(seq):
@@ -569,8 +568,6 @@ class _StageBuilder:
                 kw["alloc"] = tuple(alloc)
             if n == len(seq) - 1 and free:
                 kw["free"] = tuple(free)
-            if n == 0:
-                self.ext_ops.add(len(self.t.ops))
             idx = self._write_item(u, a, item, d, kw, lab)
             if first is None:
                 first = idx
@@ -586,10 +583,9 @@ class _StageBuilder:
         (``_write_pieces``), and the piece after that GEMM waits for it. A collective whose GEMM the kernel
         list does not hold runs after the compute op. The unit ends when both streams are done."""
         ub: dict = {}
-        for x in seq:
-            if x[0] == "tp" and len(x) > 2:
-                ub.setdefault(x[4], []).append(x)
-        main = [x for x in seq if not (x[0] == "tp" and len(x) > 2)]
+        for x in filter(_overlapped, seq):
+            ub.setdefault(x[4], []).append(x)
+        main = [x for x in seq if not _overlapped(x)]
         first = last = None
         after = None                      # a collective's end the next compute-stream op waits for
         for n, item in enumerate(main):
@@ -599,8 +595,6 @@ class _StageBuilder:
             kw = dict(lab)
             if n == 0 and alloc:
                 kw["alloc"] = tuple(alloc)
-            if n == 0:
-                self.ext_ops.add(len(self.t.ops))
             if item[0] == "attn":
                 idx, after = self._write_pieces(u, a, item, d, kw, lab, ub, last, deps)
             else:
@@ -623,11 +617,9 @@ class _StageBuilder:
         with the last GEMM chunk), the rest beside it; the next piece waits for the collective. Ring
         attention's steps follow the piece holding the attention core. Returns (last compute op, the
         pending collective's end or None)."""
-        p = self.p
         name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
         pieces = ub_segments(self._kernels(u, a.phase, "attn"))
         total = sum(kl.flops for kl, _ in pieces)
-        kv = self._kv_bytes() * (2 if a.phase != "F" else 1)
         pending, last = None, before
         ring_after = max((j for j, (kl, _) in enumerate(pieces) if any(k.kind == ATTENTION for k in kl.kernels)),
                          default=0)
@@ -653,38 +645,37 @@ class _StageBuilder:
                                         "tp_overlap", (idx,), strategy="tp", **lab)
             last = idx
             if item[4] and j == ring_after:
-                block_ready = idx         # ring attention: pass a KV block on, attend to the one received
-                for step in range(item[4]):
-                    self.emit(Op(SEND, "cp kv", "cp_send", (block_ready,), size_bytes=kv, strategy="cp", **lab),
-                              ("cp", 1))
-                    block_ready = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
-                                            ("cp", -1))
-                    last = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab,
-                                     kernels=self._kernels(u, a.phase, "ring"))
+                last = self._ring_steps(u, a, item, idx, lab)
         return last, pending
+
+    def _ring_steps(self, u: Unit, a: Action, item: tuple, block_ready: int, lab: dict, free=None) -> int:
+        """Ring attention after the op ``block_ready`` that attended to the rank's own KV block: item[4] steps
+        that pass a KV block on and attend to the one received (item[3] FLOPs each); returns the last step's
+        op, which carries ``free``."""
+        name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
+        kv = self._kv_bytes() * (2 if a.phase != "F" else 1)
+        idx = block_ready
+        for step in range(item[4]):
+            self.emit(Op(SEND, "cp kv", "cp_send", (block_ready,), size_bytes=kv, strategy="cp", **lab), ("cp", 1))
+            block_ready = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
+                                    ("cp", -1))
+            fr = {"free": free} if free and step == item[4] - 1 else {}
+            idx = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab, **fr,
+                            kernels=self._kernels(u, a.phase, "ring"))
+        return idx
 
     def _write_item(self, u: Unit, a: Action, item: tuple, d: tuple, kw: dict, lab: dict) -> int:
         """Emit one item of a unit's sequence (a compute op, with ring attention's steps, or a
         collective); returns the index of its last op."""
         p = self.p
-        back = a.phase != "F"
-        kv = self._kv_bytes() * (2 if back else 1)
         name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
         if item[0] in ("c", "attn"):
             kl = self._kernels(u, a.phase, "attn" if item[0] == "attn" else "c")
             idx = self.comp(name, item[1], item[2], d, kernels=kl,
                             **(kw if item[0] == "c" or not item[4] else
                                {k: v for k, v in kw.items() if k != "free"}))
-            if item[0] == "attn":
-                block_ready = idx     # our own KV block first, then the one received last step
-                for step in range(item[4]):   # ring attention: pass a KV block on, attend to the one received
-                    self.emit(Op(SEND, "cp kv", "cp_send", (block_ready,), size_bytes=kv, strategy="cp", **lab),
-                              ("cp", 1))
-                    block_ready = self.emit(Op(RECV, "cp kv", "cp_recv", (), size_bytes=kv, strategy="cp", **lab),
-                                            ("cp", -1))
-                    fr = {"free": kw["free"]} if "free" in kw and step == item[4] - 1 else {}
-                    idx = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab, **fr,
-                                    kernels=self._kernels(u, a.phase, "ring"))
+            if item[0] == "attn" and item[4]:     # our own KV block first, then the ring's
+                idx = self._ring_steps(u, a, item, idx, lab, kw.get("free"))
         elif item[0] == "tp":
             idx = self.coll(f"tp {item[1]}", item[1], "tp", self.tp_bytes, "compute", d, strategy="tp", **kw)
         elif item[0] == "etp":      # the routed tokens of the expert TP group (gathered size)
@@ -825,6 +816,11 @@ class _StageBuilder:
 #: the row-parallel dgrad (ring exchange), the dgrad output's reduce-scatter beside the column-parallel wgrad
 BACKWARD_SLOT = {"qkv fprop": "qkv wgrad", "proj fprop": "proj dgrad", "fc1 fprop": "fc1 wgrad",
                  "fc2 fprop": "fc2 dgrad"}
+
+
+def _overlapped(item: tuple) -> bool:
+    """A unit item that is a TP collective under userbuffers overlap: ("tp", kind, "ub", last chunks, slot)."""
+    return item[0] == "tp" and len(item) > 2
 
 
 def _swap(kind: str) -> str:

@@ -68,11 +68,11 @@ class KernelPricer:
             return chunks * f / (self.compute_fit.achieved_flops_per_s(f) * share) if f else 0.0
         curve = self._gemm[k.dtype]
         if left and left != sms:
-            curve = self._narrow.get((k.dtype, left))
-            if curve is None:
-                base = self._gemm[k.dtype]
-                curve = self._narrow[(k.dtype, left)] = dataclasses.replace(
-                    base, sm_count=left, peak_flops_per_s=base.peak_flops_per_s * share)
+            key = (k.dtype, left)
+            if key not in self._narrow:
+                self._narrow[key] = dataclasses.replace(curve, sm_count=left,
+                                                        peak_flops_per_s=curve.peak_flops_per_s * share)
+            curve = self._narrow[key]
         return chunks * curve.time_s(rows, k.n, k.k, k.batch)
 
     def time_s(self, kl: KernelList) -> float:
@@ -131,9 +131,10 @@ def _priced_lists(programs, cost, rank: int | None):
             kl = op.kernels
             if not cost.prices_by_kernels(op):
                 continue                     # priced by a calibration's layer fit instead
-            e = (pieces if kl.parent is not None else lists).get(id(kl))
+            bucket = pieces if kl.parent is not None else lists
+            e = bucket.get(id(kl))
             if e is None:
-                (pieces if kl.parent is not None else lists)[id(kl)] = [kl, 1]
+                bucket[id(kl)] = [kl, 1]
             else:
                 e[1] += 1
         for kl, n in pieces.values():        # the whole list as often as its most used piece
