@@ -108,6 +108,7 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
                     for sched, v in scheds:
                         exp = dataclasses.replace(
                             base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=tp > 1, micro_batch=mb,
+                            tp_comm_overlap=base.tp_comm_overlap and tp > 1,
                             zero=0 if zero == 3 else zero, fsdp=zero == 3, recompute=rc, schedule=sched,
                             virtual_stages=v, name=None)
                         try:
@@ -169,12 +170,15 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     - under GPipe / 1F1B / interleaved a first stage also idles while micro-batch 0 travels the pipeline
       and back: at least (p-1) times the smallest chunk's time (the ideal bubble, (p-1)/v of a stage);
       zero-bubble schedules get no such term.
+    With ``tp_comm_overlap`` the TP collectives are left out (they may hide behind the GEMMs; the GEMMs'
+    chunking and SM margin only add time).
     Times use the cost model's FLOP/s for an op as large as three forward passes of the biggest chunk,
     larger than any op the plan really runs (achieved FLOP/s only grows with op size)."""
     flops = stage_chunk_flops(model, plan)
     biggest = max(max(ch) for ch in flops)
     rate = best_flops_per_s(cost, biggest, plan.dtype)
-    tp_s = tp_critical_comm_s(model, plan, cost)
+    # with the userbuffers TP overlap the TP collectives run beside the GEMMs (tp_overlap stream): no term
+    tp_s = 0.0 if plan.tp_comm_overlap else tp_critical_comm_s(model, plan, cost)
     ep_s = ep_critical_comm_s(model, plan, cost)
     kern = kernel_chunk_times(model, plan, cost)
     # folded experts on fewer TP ranks (etp < tp) without shared ones: an MoE layer's only TP collectives are
@@ -437,6 +441,12 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     model = resolve_model(base)
     if base.global_batch is None:
         raise ConfigError("search needs --global-batch (sequences per step)")
+    if base.tp_comm_overlap:
+        from schedules.kernels import default_stack
+        stack = base.stack or default_stack(cluster.accelerator.vendor)
+        if stack != "megatron":
+            raise ConfigError(f"--tp-comm-overlap is Transformer Engine's userbuffers overlap: it needs the "
+                              f"megatron stack (stack is {stack})")
     cost = build_cost_model(base, cluster)
     capacity = cost.memory_capacity_bytes(0)
     cands = enumerate_candidates(base, model, world, space)
@@ -657,6 +667,8 @@ def describe(res: dict) -> str:
     if p["pp"] > 1:
         s += f" {p['schedule']}" + (f"/v{p['virtual_stages']}" if p['schedule'] == "interleaved" else "")
     s += f" mb{p['micro_batch']} rc:{p['recompute']}"
+    if p.get("tp_comm_overlap"):
+        s += " tp-overlap"
     return s
 
 
@@ -737,6 +749,9 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--ep", "ep_opts", help="Fixed expert-parallel degree(s) (default: every one that fits).")
 @click.option("--fold/--no-fold", default=True, show_default=True,
               help="MoE: also try folded expert parallelism (etp 1, ep up to tp·cp·dp) where tp > 1.")
+@click.option("--tp-comm-overlap", is_flag=True,
+              help="Plans with tp > 1 run Transformer Engine's TP communication overlap (as `simulate "
+                   "--tp-comm-overlap`; megatron stack; split-backward schedules are then not tried).")
 @click.option("--workers", type=int, help="Local worker processes (default: CPU count).")
 @click.option("--scheduler", help="Dask scheduler address tcp://HOST:PORT (else a local process pool).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Result cache (default ~/.cache/clustersim).")
@@ -744,8 +759,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, top_k, micro_batches, schedules,
-           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, workers, scheduler, cache_dir, no_cache,
-           pareto, as_json):
+           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, tp_comm_overlap, workers, scheduler,
+           cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     from simulator.inputs import brief
 
@@ -783,7 +798,8 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         if r not in ("none", "selective", "full", "op"):
             raise ConfigError(f"--recompute: unknown value {r!r}; choose from none, selective, full, op")
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
-                      network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack)
+                      network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack,
+                      tp_comm_overlap=tp_comm_overlap)
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
     from clustersim.simulate import DelayedProgress
     import sys

@@ -1,10 +1,12 @@
 """Plan search: rules of thumb rediscovered, bounds that really bound, cache, Dask."""
+import dataclasses
 import json
 
 import pytest
 
 from clustersim.experiment import Experiment, load_cluster_for
 from clustersim.search import SearchSpace, describe, run_search
+from simulator.errors import ClusterSimError
 
 SMALL = SearchSpace(micro_batches=(1,), schedules=("1f1b", "interleaved", "zb"), virtual_stages=(2,),
                     recompute=("selective",), zero=(0, 1, 3), cp=(1,))
@@ -232,3 +234,24 @@ def test_search_offers_folded_expert_parallelism():
     assert {c.ep for c in cands if not c.etp} == {1, 2, 4, 8, 16}
     none = enumerate_candidates(base, resolve_model(base), 32, SearchSpace(tp=(2,), pp=(1,), cp=(1,), fold=False))
     assert not any(c.etp for c in none)
+
+
+def test_search_with_tp_comm_overlap_bounds_and_labels(capsys):
+    """`search --tp-comm-overlap`: every TP > 1 candidate runs Transformer Engine's userbuffers overlap (the
+    split-backward schedules are not tried), its bound leaves the TP collectives out and still never exceeds
+    the simulated step, and the overlap is faster than the same plans with TP in line."""
+    space = SearchSpace(micro_batches=(1,), schedules=("1f1b", "zb"), virtual_stages=(2,), recompute=("selective",),
+                        zero=(1,), cp=(1,), tp=(4, 8), pp=(1, 2))
+    base = Experiment(cluster="dgx-h100", gpus=16, model="llama3-70b", global_batch=32, seq=4096,
+                      network="analytical", mode="symmetric")
+    plain = run_search(base, top_k=3, space=space, workers=1)
+    over = run_search(dataclasses.replace(base, tp_comm_overlap=True), top_k=3, space=space, workers=1)
+    assert over["evaluated"] and all(r["plan"]["tp_comm_overlap"] for r in over["evaluated"])
+    assert all(r["plan"]["schedule"] != "zb" for r in over["evaluated"])
+    assert all(describe(r).endswith("tp-overlap") for r in over["evaluated"])
+    for r in over["evaluated"]:
+        assert r["lower_bound_s"] <= r["step_time_s"] * (1 + 1e-9), describe(r)
+    assert over["top"][0]["step_time_s"] < plain["top"][0]["step_time_s"]
+    with pytest.raises(ClusterSimError, match="megatron stack"):
+        run_search(dataclasses.replace(base, tp_comm_overlap=True, stack="torchtitan"), top_k=1, space=space,
+                   workers=1)
