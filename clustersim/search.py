@@ -431,8 +431,13 @@ def _exp_dict(exp: Experiment) -> dict:
 
 def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = None, workers: int | None = None,
                scheduler: str | None = None, cache_path: Path | None = None, progress=None,
-               max_simulations: int | None = None) -> dict:
-    """Enumerate, prune and simulate; return {'top': [...], 'evaluated': [...], 'stats': {...}}."""
+               max_simulations: int | None = None, max_memory_fraction: float | None = None) -> dict:
+    """Enumerate, prune and simulate; return {'top': [...], 'evaluated': [...], 'stats': {...}}.
+    A plan is offered only if its peak memory stays within ``max_memory_fraction`` of the device's (default
+    experiment.TIGHT_MEMORY_FRACTION, where `simulate` notes a plan as at risk): the model counts tensors,
+    and the caching allocator's reserved peak runs above that count (torchtitan's published peaks, `validate`
+    rows 400-404: 8-15% above ours)."""
+    from clustersim.experiment import TIGHT_MEMORY_FRACTION
     from clustersim.experiment import build_cost_model, load_cluster_for
     t0 = time.perf_counter()
     space = space or SearchSpace()
@@ -448,7 +453,10 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
             raise ConfigError(f"--tp-comm-overlap is Transformer Engine's userbuffers overlap: it needs the "
                               f"megatron stack (stack is {stack})")
     cost = build_cost_model(base, cluster)
-    capacity = cost.memory_capacity_bytes(0)
+    fraction = TIGHT_MEMORY_FRACTION if max_memory_fraction is None else max_memory_fraction
+    if not 0.0 < fraction <= 1.0:
+        raise ConfigError(f"--max-memory-fraction must be in (0, 1], got {fraction}")
+    capacity = cost.memory_capacity_bytes(0) * fraction
     cands = enumerate_candidates(base, model, world, space)
     stats = {"candidates": len(cands), "pruned_memory": 0, "pruned_bound": 0, "simulated": 0, "cached": 0,
              "failed": 0}
@@ -468,13 +476,16 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     def kth_best() -> float:
         return sorted(best)[top_k - 1] if len(best) >= top_k else float("inf")
 
+    def fits_sim(res) -> bool:
+        return bool(res["fits_in_memory"]) and res["peak_memory_bytes"] <= capacity
+
     def record(key, res):
         res = dict(res)
         res["lower_bound_s"] = bound_of[key]
         results.append(res)
         if "error" in res:
             stats["failed"] += 1
-        elif res["fits_in_memory"]:     # the engine's memory timeline is the final word on fitting
+        elif fits_sim(res):             # the engine's memory timeline is the final word on fitting
             best.append(res["step_time_s"])
 
     bound_of = {k: b for b, k, _ in scored}
@@ -525,19 +536,19 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     if progress:
         progress(len(scored), len(scored))     # the plans the bound pruned are decided too
     ok = sorted((r for r in results if "error" not in r), key=lambda r: r["step_time_s"])
-    fitting = [r for r in ok if r["fits_in_memory"]]
+    fitting = [r for r in ok if fits_sim(r)]
     stats["simulated_not_fitting"] = len(ok) - len(fitting)
     if not fitting:
         raise ConfigError(
             f"no plan for {base.model} on {world} GPUs with global batch {base.global_batch}: "
             f"{stats['candidates']} valid candidate plans, {stats['pruned_memory']} do not fit in "
-            f"{capacity / 1e9:.0f} GB, {stats['simulated_not_fitting']} "
+            f"{capacity / 1e9:.0f} GB ({fraction:.0%} of the device's), {stats['simulated_not_fitting']} "
             f"exceed it when simulated, {stats['failed']} failed; try more GPUs, a smaller model or sequence, "
             f"or a global batch divisible by more data-parallel sizes")
     stats["wall_time_s"] = time.perf_counter() - t0
     stats["world_size"] = world
     return {"top": fitting[:top_k], "evaluated": ok, "failed": [r for r in results if "error" in r],
-            "stats": stats, "memory_capacity_bytes": capacity}
+            "stats": stats, "memory_capacity_bytes": capacity / fraction, "memory_limit_bytes": capacity}
 
 
 DESER = ["msgpack"]               # what the client may deserialise from the cluster: plain data only
@@ -672,22 +683,26 @@ def describe(res: dict) -> str:
     return s
 
 
-def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_bytes: float | None = None) -> Path:
+def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_bytes: float | None = None,
+                limit_bytes: float | None = None) -> Path:
     """Throughput (tokens/s) against peak memory for every simulated plan; the Pareto front (of the plans
-    that fit) joined; plans over the HBM capacity in grey beyond the dashed HBM line."""
+    that fit) joined; plans over the HBM capacity (or the search's memory limit, dotted) in grey."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
-    fit = [r for r in evaluated if r["fits_in_memory"]]
-    over = [r for r in evaluated if not r["fits_in_memory"]]
+    limit = limit_bytes or capacity_bytes or float("inf")
+    fit = [r for r in evaluated if r["fits_in_memory"] and r["peak_memory_bytes"] <= limit]
+    over = [r for r in evaluated if r not in fit]
     ax.scatter([r["peak_memory_bytes"] / 1e9 for r in fit], [r["tokens_per_s"] for r in fit], s=14, alpha=0.6,
                color="#4c72b0", label="simulated plans")
     if over:
         ax.scatter([r["peak_memory_bytes"] / 1e9 for r in over], [r["tokens_per_s"] for r in over], s=14,
-                   alpha=0.6, color="#999999", label="does not fit in HBM")
+                   alpha=0.6, color="#999999", label="over the memory limit")
     if capacity_bytes:
         ax.axvline(capacity_bytes / 1e9, color="#555555", ls="--", lw=1, label="HBM capacity")
+    if limit_bytes and limit_bytes != capacity_bytes:
+        ax.axvline(limit_bytes / 1e9, color="#555555", ls=":", lw=1, label="memory limit of the search")
     front, best_y = [], -1.0
     for r in sorted(fit, key=lambda r: (r["peak_memory_bytes"], -r["tokens_per_s"])):
         if r["tokens_per_s"] > best_y:
@@ -749,6 +764,10 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--ep", "ep_opts", help="Fixed expert-parallel degree(s) (default: every one that fits).")
 @click.option("--fold/--no-fold", default=True, show_default=True,
               help="MoE: also try folded expert parallelism (etp 1, ep up to tp·cp·dp) where tp > 1.")
+@click.option("--max-memory-fraction", type=float, default=None,
+              help="Offer only plans whose peak memory stays within this fraction of the device's "
+                   "(default 0.95: the model counts tensors, not the allocator's fragmentation or the CUDA "
+                   "context).")
 @click.option("--tp-comm-overlap", is_flag=True,
               help="Plans with tp > 1 run Transformer Engine's TP communication overlap (as `simulate "
                    "--tp-comm-overlap`; megatron stack; split-backward schedules are then not tried).")
@@ -759,7 +778,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, top_k, micro_batches, schedules,
-           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, tp_comm_overlap, workers, scheduler,
+           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, max_memory_fraction, tp_comm_overlap, workers,
+           scheduler,
            cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     from simulator.inputs import brief
@@ -806,12 +826,12 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     bar = DelayedProgress("searching", delay_s=0.5, enabled=sys.stderr.isatty(), unit="plans")
     try:
         out = run_search(base, top_k=top_k, space=space, workers=workers, scheduler=scheduler,
-                         cache_path=cache_path, progress=bar)
+                         cache_path=cache_path, progress=bar, max_memory_fraction=max_memory_fraction)
     finally:
         bar.close()
     if pareto and out["evaluated"]:
         pareto_plot(out["evaluated"], Path(pareto), f"{model} on {gpus} GPUs ({cluster})",
-                    out["memory_capacity_bytes"])
+                    out["memory_capacity_bytes"], out["memory_limit_bytes"])
     if as_json:
         click.echo(json.dumps({"top": out["top"], "stats": out["stats"]}, sort_keys=True, default=str))
         return

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from simulator.errors import ConfigError, UnknownPresetError
 
 GB = 1e9
+MIB = 2**20
 TB = 1e12
 TFLOPS = 1e12
 GBIT = 1e9 / 8   # bytes/s in one Gb/s
@@ -23,7 +24,11 @@ class AcceleratorSpec:
     name                  identity used as the cost model's device key and for calibration lookup
     peak_bf16_flops       dense bf16 FLOP/s
     peak_fp8_flops        dense fp8 FLOP/s, None where the device has no fp8 tensor path
-    hbm_bytes             device memory capacity (bytes)
+    hbm_bytes             device memory capacity (bytes). NVIDIA's "80 GB" is binary: the capacity is the
+                          total nvidia-smi reports (MiB = 2**20 B), e.g. 81,559 MiB = 85.5e9 B on H100 SXM, not
+                          80e9 B. CUDA's totalGlobalMem is ~1% below it (A100 40GB: 40,536 of 40,960 MiB in
+                          ../shared/traces/real-gpu) and the CUDA context takes some more: plans above 95% of
+                          it carry a headroom note (clustersim.experiment.headroom_note)
     hbm_bytes_per_s       device memory bandwidth
     scale_up_bytes_per_s  scale-up link bandwidth per device per direction (NVLink, ICI, UB, PCIe)
     nic_bytes_per_s       scale-out NIC bandwidth per device per direction
@@ -65,57 +70,57 @@ def _register(spec: AcceleratorSpec) -> AcceleratorSpec:
 
 
 # NVIDIA H100 Tensor Core GPU datasheet (SXM5 column): BF16 1,979 TFLOPS / FP8 3,958 TFLOPS *with sparsity*
-# -> dense 989.4 / 1,978.9; 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s bidirectional -> 450 GB/s per
+# -> dense 989.4 / 1,978.9; 80 GB HBM3 (81,559 MiB in nvidia-smi) at 3.35 TB/s; NVLink 4 900 GB/s bidirectional -> 450 GB/s per
 # direction; DGX H100 pairs each GPU with a ConnectX-7 400 Gb/s NIC (DGX H100 user guide).
 H100_SXM = _register(AcceleratorSpec(
-    "H100-SXM", 989.4 * TFLOPS, 1978.9 * TFLOPS, 80 * GB, 3.35 * TB, 450 * GB, 400 * GBIT,
+    "H100-SXM", 989.4 * TFLOPS, 1978.9 * TFLOPS, 81559 * MIB, 3.35 * TB, 450 * GB, 400 * GBIT,
     source="NVIDIA H100 datasheet (SXM5); DGX H100 user guide (8x ConnectX-7 400 Gb/s); 132 SMs: NVIDIA H100 "
     "Tensor Core GPU Architecture whitepaper", sm_count=132, device_names=("NVIDIA H100 80GB HBM3",)))
 
 # NVIDIA H100 Tensor Core GPU datasheet (PCIe column): BF16 1,513 TFLOPS / FP8 3,026 TFLOPS *with sparsity*
-# -> dense 756.5 / 1,513; 80 GB HBM2e at 2.0 TB/s; no NVSwitch: PCIe Gen5 x16 128 GB/s bidirectional -> 64 GB/s
+# -> dense 756.5 / 1,513; 80 GB HBM2e (81,559 MiB in nvidia-smi) at 2.0 TB/s; no NVSwitch: PCIe Gen5 x16 128 GB/s bidirectional -> 64 GB/s
 # per direction (the optional 2-GPU NVLink bridge is not modelled); 114 SMs (H100 architecture whitepaper).
 # NIC: one 400 Gb/s ConnectX-7 per GPU assumed (as DGX H100; PCIe servers vary).
 H100_PCIE = _register(AcceleratorSpec(
-    "H100-PCIe", 756.5 * TFLOPS, 1513 * TFLOPS, 80 * GB, 2.0 * TB, 64 * GB, 400 * GBIT, scale_up_link="pcie",
+    "H100-PCIe", 756.5 * TFLOPS, 1513 * TFLOPS, 81559 * MIB, 2.0 * TB, 64 * GB, 400 * GBIT, scale_up_link="pcie",
     source="NVIDIA H100 datasheet (PCIe); H100 architecture whitepaper (114 SMs); NIC assumed 400 Gb/s",
     sm_count=114, device_names=("NVIDIA H100 PCIe",)))
 
-# NVIDIA H200 datasheet (SXM): same Hopper compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s
+# NVIDIA H200 datasheet (SXM): same Hopper compute as H100 SXM; 141 GB HBM3e (143,771 MiB in nvidia-smi) at 4.8 TB/s; NVLink 900 GB/s
 # bidirectional; DGX H200: 8x ConnectX-7 400 Gb/s.
 H200 = _register(AcceleratorSpec(
-    "H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 141 * GB, 4.8 * TB, 450 * GB, 400 * GBIT,
+    "H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 143771 * MIB, 4.8 * TB, 450 * GB, 400 * GBIT,
     source="NVIDIA H200 datasheet (SXM); DGX H200 datasheet; GH100 die with 132 SMs as H100 SXM",
     sm_count=132, device_names=("NVIDIA H200",)))
 
 # NVIDIA DGX/HGX B200 datasheet: 8 GPUs = 72 PFLOPS FP8 and 36 PFLOPS BF16 *with sparsity* -> per GPU dense
-# 4.5 PFLOPS FP8, 2.25 PFLOPS BF16; 1,440 GB HBM3e, 64 TB/s total -> 180 GB, 8 TB/s per GPU; NVLink 5
+# 4.5 PFLOPS FP8, 2.25 PFLOPS BF16; 1,440 GB HBM3e, 64 TB/s total -> 180 GB (183,359 MiB in nvidia-smi), 8 TB/s per GPU; NVLink 5
 # 1.8 TB/s bidirectional -> 900 GB/s per direction; 8x ConnectX-7 400 Gb/s.
 B200 = _register(AcceleratorSpec(
-    "B200", 2250 * TFLOPS, 4500 * TFLOPS, 180 * GB, 8 * TB, 900 * GB, 400 * GBIT,
+    "B200", 2250 * TFLOPS, 4500 * TFLOPS, 183359 * MIB, 8 * TB, 900 * GB, 400 * GBIT,
     source="NVIDIA DGX B200 datasheet; 148 SMs: the multi_processor_count CUDA reports for B200 (not on the datasheet)", sm_count=148,
     device_names=("NVIDIA B200",)))
 
 # NVIDIA GB200 NVL72 datasheet: 72 GPUs = 720 PFLOPS FP8 and 360 PFLOPS BF16 *with sparsity* -> per GPU dense
-# 5 PFLOPS FP8, 2.5 PFLOPS BF16; up to 13.4 TB HBM3e, 576 TB/s -> 186 GB, 8 TB/s per GPU; NVLink 5
+# 5 PFLOPS FP8, 2.5 PFLOPS BF16; up to 13.4 TB HBM3e, 576 TB/s -> 186 GB (189,471 MiB in nvidia-smi), 8 TB/s per GPU; NVLink 5
 # 130 TB/s per rack = 1.8 TB/s per GPU bidirectional -> 900 GB/s per direction; one 400 Gb/s ConnectX-7
 # per GPU for the compute fabric.
 GB200 = _register(AcceleratorSpec(
-    "GB200", 2500 * TFLOPS, 5000 * TFLOPS, 186 * GB, 8 * TB, 900 * GB, 400 * GBIT,
+    "GB200", 2500 * TFLOPS, 5000 * TFLOPS, 189471 * MIB, 8 * TB, 900 * GB, 400 * GBIT,
     source="NVIDIA GB200 NVL72 datasheet; 148 SMs as B200", sm_count=148, device_names=("NVIDIA GB200",)))
 
-# NVIDIA A100 datasheet (80GB SXM): BF16 312 TFLOPS dense (624 with sparsity), no FP8; 80 GB HBM2e at
+# NVIDIA A100 datasheet (80GB SXM): BF16 312 TFLOPS dense (624 with sparsity), no FP8; 80 GB HBM2e (81,920 MiB) at
 # 2,039 GB/s; NVLink 3 600 GB/s bidirectional -> 300 GB/s per direction; DGX A100: 8x ConnectX-6
 # 200 Gb/s HDR InfiniBand for the compute fabric.
 A100_80GB = _register(AcceleratorSpec(
-    "A100-80GB", 312 * TFLOPS, None, 80 * GB, 2.039 * TB, 300 * GB, 200 * GBIT,
+    "A100-80GB", 312 * TFLOPS, None, 81920 * MIB, 2.039 * TB, 300 * GB, 200 * GBIT,
     source="NVIDIA A100 datasheet (80GB SXM); DGX A100 datasheet (8x HDR 200 Gb/s); 108 SMs: NVIDIA A100 "
     "Tensor Core GPU Architecture whitepaper", sm_count=108, device_names=("NVIDIA A100-SXM4-80GB",)))
 
-# NVIDIA A100 datasheet (40GB SXM): BF16 312 TFLOPS dense, 40 GB HBM2 at 1,555 GB/s; NVLink 3 as the 80GB
+# NVIDIA A100 datasheet (40GB SXM): BF16 312 TFLOPS dense, 40 GB HBM2 (40,960 MiB) at 1,555 GB/s; NVLink 3 as the 80GB
 # part; DGX A100 (320GB) has 8x ConnectX-6 200 Gb/s HDR; 108 SMs.
 A100_40GB = _register(AcceleratorSpec(
-    "A100-40GB", 312 * TFLOPS, None, 40 * GB, 1.555 * TB, 300 * GB, 200 * GBIT,
+    "A100-40GB", 312 * TFLOPS, None, 40960 * MIB, 1.555 * TB, 300 * GB, 200 * GBIT,
     source="NVIDIA A100 datasheet (40GB SXM); DGX A100 datasheet; A100 architecture whitepaper (108 SMs)",
     sm_count=108, device_names=("NVIDIA A100-SXM4-40GB",)))
 
@@ -136,10 +141,10 @@ ASCEND_910C = _register(AcceleratorSpec(
     vendor="Huawei", source="arXiv 2506.12708 (CloudMatrix384), section 3"))
 
 # NVIDIA L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity), FP8 733 dense (1,466 sparse);
-# 48 GB GDDR6 at 864 GB/s; PCIe Gen4 x16 = 64 GB/s bidirectional -> 32 GB/s per direction; no NVLink.
+# 48 GB GDDR6 (46,068 MiB in nvidia-smi: ECC on) at 864 GB/s; PCIe Gen4 x16 = 64 GB/s bidirectional -> 32 GB/s per direction; no NVLink.
 # NIC: the commodity 100 GbE of the pcie-ethernet-lab preset (12.5 GB/s), shared by the box.
 L40S = _register(AcceleratorSpec(
-    "L40S", 362.05 * TFLOPS, 733 * TFLOPS, 48 * GB, 864 * GB, 32 * GB, 100 * GBIT, scale_up_link="pcie",
+    "L40S", 362.05 * TFLOPS, 733 * TFLOPS, 46068 * MIB, 864 * GB, 32 * GB, 100 * GBIT, scale_up_link="pcie",
     source="NVIDIA L40S datasheet; 142 SMs: NVIDIA Ada Lovelace architecture whitepaper", sm_count=142,
     device_names=("NVIDIA L40S",)))
 

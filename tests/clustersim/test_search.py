@@ -241,8 +241,8 @@ def test_search_with_tp_comm_overlap_bounds_and_labels(capsys):
     split-backward schedules are not tried), its bound leaves the TP collectives out and still never exceeds
     the simulated step, and the overlap is faster than the same plans with TP in line."""
     space = SearchSpace(micro_batches=(1,), schedules=("1f1b", "zb"), virtual_stages=(2,), recompute=("selective",),
-                        zero=(1,), cp=(1,), tp=(4, 8), pp=(1, 2))
-    base = Experiment(cluster="dgx-h100", gpus=16, model="llama3-70b", global_batch=32, seq=4096,
+                        zero=(1,), cp=(1,), tp=(4, 8), pp=(2, 4))
+    base = Experiment(cluster="dgx-h100", gpus=32, model="llama3-70b", global_batch=64, seq=4096,
                       network="analytical", mode="symmetric")
     plain = run_search(base, top_k=3, space=space, workers=1)
     over = run_search(dataclasses.replace(base, tp_comm_overlap=True), top_k=3, space=space, workers=1)
@@ -255,3 +255,24 @@ def test_search_with_tp_comm_overlap_bounds_and_labels(capsys):
     with pytest.raises(ClusterSimError, match="megatron stack"):
         run_search(dataclasses.replace(base, tp_comm_overlap=True, stack="torchtitan"), top_k=1, space=space,
                    workers=1)
+
+
+def test_search_keeps_memory_headroom():
+    """A plan is offered only within --max-memory-fraction of device memory (default 0.95, where simulate
+    notes a plan as at risk): a limit just under the unrestricted best plan's peak drops it from the top."""
+    base = Experiment(cluster="dgx-h100", gpus=16, model="llama3-8b", global_batch=32, seq=4096,
+                      network="analytical", mode="symmetric")
+    space = SearchSpace(micro_batches=(1, 2, 4), schedules=("1f1b",), virtual_stages=(2,), recompute=("none", "full"),
+                        zero=(1,), cp=(1,), tp=(1, 2), pp=(1,))
+    free = run_search(base, top_k=2, space=space, workers=1, max_memory_fraction=1.0)
+    cap = free["memory_capacity_bytes"]
+    best = free["top"][0]
+    frac = best["peak_memory_bytes"] / cap * 0.999
+    tight = run_search(base, top_k=2, space=space, workers=1, max_memory_fraction=frac)
+    assert tight["memory_limit_bytes"] == pytest.approx(cap * frac) and tight["memory_capacity_bytes"] == pytest.approx(cap)
+    assert all(r["peak_memory_bytes"] <= cap * frac for r in tight["top"])
+    assert describe(best) not in {describe(r) for r in tight["top"]}
+    default = run_search(base, top_k=2, space=space, workers=1)
+    assert default["memory_limit_bytes"] == pytest.approx(0.95 * cap)
+    with pytest.raises(ClusterSimError, match="max-memory-fraction"):
+        run_search(base, top_k=1, space=space, workers=1, max_memory_fraction=1.5)

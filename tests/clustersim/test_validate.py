@@ -171,9 +171,9 @@ def test_unstated_checkpointing_takes_the_least_recompute_that_fits():
     assert not skipped
     assert res["experiment"]["recompute"] in ("selective", "full")
     assert any("not stated" in n for n in res["notes"])
-    assert res["predicted_peak_memory_gib"] * GIB <= 80e9
+    assert res["predicted_peak_memory_gib"] * GIB <= 81559 * 2**20          # the H100 SXM as nvidia-smi reports it
     (stated,), _ = validate_rows([{**row, "activation_checkpointing": "False"}])
-    assert "recompute" not in stated["experiment"] and stated["predicted_peak_memory_gib"] * GIB > 80e9
+    assert "recompute" not in stated["experiment"] and stated["predicted_peak_memory_gib"] * GIB > 81559 * 2**20
 
 
 GIB = 2 ** 30

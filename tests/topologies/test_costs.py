@@ -162,7 +162,7 @@ def test_compute_roofline_default_and_calibrated():
     S = 2**30
     assert mc.comm_time_s(CommRequest("all_reduce", tuple(range(8)), S)) == pytest.approx(2e-5 + S * 1.75 / 3e11)
     assert mc.algorithm_for(CommRequest("all_reduce", tuple(range(8)), S)).endswith("(calibrated time)")
-    assert m.peak_flops(3) == 989.4e12 and m.memory_capacity_bytes(3) == 80e9 and m.device_key(0) == "H100-SXM"
+    assert m.peak_flops(3) == 989.4e12 and m.memory_capacity_bytes(3) == 81559 * 2**20 and m.device_key(0) == "H100-SXM"
 
 
 def test_direct_optical_mesh_prefers_direct_exchange():

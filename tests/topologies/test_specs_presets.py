@@ -22,6 +22,18 @@ def test_accelerators_present_and_sane():
     assert get_accelerator("h100") is ACCELERATORS["H100-SXM"]
 
 
+def test_device_memory_is_what_the_driver_reports():
+    """NVIDIA's "40 GB" / "80 GB" are binary: CUDA's totalGlobalMem on an A100 40GB (../shared/traces/real-gpu
+    a100_recsys_rank3_of8 deviceProperties: 42,505,273,344 B) already exceeds 40e9 B; the capacity is the
+    total nvidia-smi reports, from which CUDA keeps back about 1%."""
+    cuda_total_a100_40gb = 42_505_273_344
+    a = ACCELERATORS["A100-40GB"]
+    assert 40e9 < cuda_total_a100_40gb <= a.hbm_bytes <= cuda_total_a100_40gb * 1.011
+    for name, nominal_gb in (("H100-SXM", 80), ("A100-80GB", 80), ("H200", 141), ("B200", 180), ("GB200", 186)):
+        hbm = ACCELERATORS[name].hbm_bytes
+        assert nominal_gb * 1e9 < hbm <= nominal_gb * 2**30, name
+
+
 def test_unknown_accelerator_and_bad_spec():
     with pytest.raises(UnknownPresetError, match="H100-SXM"):
         get_accelerator("Z9000")
