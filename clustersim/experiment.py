@@ -614,6 +614,12 @@ def headroom_note(peak_bytes: float, capacity_bytes: float) -> str | None:
             f"slow down on allocator retries or fail with out-of-memory")
 
 
+def stack_for(exp: Experiment, cluster) -> str:
+    """The training stack an experiment prices: its own, else the cluster vendor's default."""
+    from schedules.kernels import default_stack
+    return exp.stack or default_stack(cluster.accelerator.vendor)
+
+
 def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     """run_experiment's set-up: the cluster, model, plan, cost model and (class-refined) programs."""
     from schedules import build_programs
@@ -621,9 +627,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     cluster = load_cluster_for(exp)
     world = cluster.world_size
     model = resolve_model(exp)
-    if exp.stack is None:
-        from schedules.kernels import default_stack
-        exp.stack = default_stack(cluster.accelerator.vendor)
+    exp.stack = stack_for(exp, cluster)
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
     base_cost = cost

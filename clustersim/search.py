@@ -437,8 +437,7 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     experiment.TIGHT_MEMORY_FRACTION, where `simulate` notes a plan as at risk): the model counts tensors,
     and the caching allocator's reserved peak runs above that count (torchtitan's published peaks, `validate`
     rows 400-404: 8-15% above ours)."""
-    from clustersim.experiment import TIGHT_MEMORY_FRACTION
-    from clustersim.experiment import build_cost_model, load_cluster_for
+    from clustersim.experiment import TIGHT_MEMORY_FRACTION, build_cost_model, load_cluster_for, stack_for
     t0 = time.perf_counter()
     space = space or SearchSpace()
     cluster = load_cluster_for(base)
@@ -446,24 +445,22 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     model = resolve_model(base)
     if base.global_batch is None:
         raise ConfigError("search needs --global-batch (sequences per step)")
-    if base.tp_comm_overlap:
-        from schedules.kernels import default_stack
-        stack = base.stack or default_stack(cluster.accelerator.vendor)
-        if stack != "megatron":
-            raise ConfigError(f"--tp-comm-overlap is Transformer Engine's userbuffers overlap: it needs the "
-                              f"megatron stack (stack is {stack})")
+    if base.tp_comm_overlap and stack_for(base, cluster) != "megatron":
+        raise ConfigError(f"--tp-comm-overlap is Transformer Engine's userbuffers overlap: it needs the "
+                          f"megatron stack (stack is {stack_for(base, cluster)})")
     cost = build_cost_model(base, cluster)
     fraction = TIGHT_MEMORY_FRACTION if max_memory_fraction is None else max_memory_fraction
     if not 0.0 < fraction <= 1.0:
         raise ConfigError(f"--max-memory-fraction must be in (0, 1], got {fraction}")
-    capacity = cost.memory_capacity_bytes(0) * fraction
+    capacity = cost.memory_capacity_bytes(0)
+    limit = capacity * fraction
     cands = enumerate_candidates(base, model, world, space)
     stats = {"candidates": len(cands), "pruned_memory": 0, "pruned_bound": 0, "simulated": 0, "cached": 0,
              "failed": 0}
     scored = []
     for exp in cands:
         plan = resolve_plan(dataclasses.replace(exp), model, world)
-        ok, peak = fits(model, plan, world, capacity)
+        ok, peak = fits(model, plan, world, limit)
         if not ok:
             stats["pruned_memory"] += 1
             continue
@@ -477,7 +474,7 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
         return sorted(best)[top_k - 1] if len(best) >= top_k else float("inf")
 
     def fits_sim(res) -> bool:
-        return bool(res["fits_in_memory"]) and res["peak_memory_bytes"] <= capacity
+        return bool(res["fits_in_memory"]) and res["peak_memory_bytes"] <= limit
 
     def record(key, res):
         res = dict(res)
@@ -542,13 +539,13 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
         raise ConfigError(
             f"no plan for {base.model} on {world} GPUs with global batch {base.global_batch}: "
             f"{stats['candidates']} valid candidate plans, {stats['pruned_memory']} do not fit in "
-            f"{capacity / 1e9:.0f} GB ({fraction:.0%} of the device's), {stats['simulated_not_fitting']} "
+            f"{limit / 1e9:.0f} GB ({fraction:.0%} of the device's), {stats['simulated_not_fitting']} "
             f"exceed it when simulated, {stats['failed']} failed; try more GPUs, a smaller model or sequence, "
             f"or a global batch divisible by more data-parallel sizes")
     stats["wall_time_s"] = time.perf_counter() - t0
     stats["world_size"] = world
     return {"top": fitting[:top_k], "evaluated": ok, "failed": [r for r in results if "error" in r],
-            "stats": stats, "memory_capacity_bytes": capacity / fraction, "memory_limit_bytes": capacity}
+            "stats": stats, "memory_capacity_bytes": capacity, "memory_limit_bytes": limit}
 
 
 DESER = ["msgpack"]               # what the client may deserialise from the cluster: plain data only
@@ -692,8 +689,9 @@ def pareto_plot(evaluated: list[dict], path: Path, title: str = "", capacity_byt
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
     limit = limit_bytes or capacity_bytes or float("inf")
-    fit = [r for r in evaluated if r["fits_in_memory"] and r["peak_memory_bytes"] <= limit]
-    over = [r for r in evaluated if r not in fit]
+    fit, over = [], []
+    for r in evaluated:
+        (fit if r["fits_in_memory"] and r["peak_memory_bytes"] <= limit else over).append(r)
     ax.scatter([r["peak_memory_bytes"] / 1e9 for r in fit], [r["tokens_per_s"] for r in fit], s=14, alpha=0.6,
                color="#4c72b0", label="simulated plans")
     if over:
@@ -778,9 +776,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, top_k, micro_batches, schedules,
-           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, max_memory_fraction, tp_comm_overlap, workers,
-           scheduler,
-           cache_dir, no_cache, pareto, as_json):
+           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, max_memory_fraction, tp_comm_overlap,
+           workers, scheduler, cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     from simulator.inputs import brief
 
