@@ -319,7 +319,7 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--astra-system", type=click.Path(dir_okay=False),
                      help="--network astra: ASTRA-sim system JSON (collective algorithm per dimension, chunking)."),
         click.option("--attention", type=click.Choice(ATTENTION),
-                     help="Attention kernel: flash (default, no s×s scores kept) | eager (scores kept)."),
+                     help="Attention kernel: flash (default, no s×s scores kept) | eager (the s×s scores go through HBM: QK^T and PV batched GEMMs, softmax and dropout kernels, and are kept for backward; pre-FlashAttention Megatron, e.g. the 2021 GPT runs)."),
         click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD),
                      help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),

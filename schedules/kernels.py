@@ -446,7 +446,47 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
     d_qk = m.d_head + m.qk_rope_dim if m.is_mla else sh.d
     d_v = m.v_head_dim if m.is_mla else sh.d
     # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block)
-    w.attention("flash attention " + pass_, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+    if p.attention == "eager":
+        _eager_core(w, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, _has_dropout(m))
+    else:
+        w.attention("flash attention " + pass_, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+
+
+def _eager_core(w: _Writer, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
+                d_v: float, causal: bool, dropout: bool, share: float = 1.0) -> None:
+    """The attention core without FlashAttention: the s×s scores go through HBM (``--attention eager``).
+
+    Megatron's CoreAttention (the GPT runs of Narayanan et al. 2021 and Korthikanti et al. 2022): scores
+    S = Q·Kᵀ as a batched GEMM (``torch.baddbmm``, the 1/√d scale in its alpha), one fused scale-mask-softmax
+    kernel (``FusedScaleMaskSoftmax``: read S, write P), attention dropout (``torch.nn.Dropout``: read P, write
+    the dropped P and a 1-byte mask) where the model trains with dropout, then O = P·V (``torch.bmm``).
+    Unfused stacks (PyTorch's math SDPA path) apply the causal mask as its own kernel before the softmax.
+    Backward: dP = dO·Vᵀ and dV = Pᵀ·dO, the dropout's mask multiply, the softmax backward (read dP and P,
+    write dS), the mask's where() (unfused), dQ = dS·K and dK = dSᵀ·Q. Every position of the s×s block is
+    computed (no causal skipping); ``share`` scales the block (a load-balanced ring block computes half).
+    Each batched GEMM runs over b·heads matrices; elementwise kernels move their bytes through HBM."""
+    bh = b * heads * share
+    a = w.a
+    el = bh * sq * skv                        # score elements
+    mask_kernel = causal and not w.fused
+    if pass_ == "fwd":
+        w.gemm("attention scores (QK^T)", sq, skv, d_qk, bh, fp8_ok=False)
+        if mask_kernel:
+            w.ew("causal mask", el * 2 * a)
+        w.ew("scale-mask-softmax (fused)" if w.fused else "softmax", el * 2 * a)
+        if dropout:
+            w.ew("attention dropout", el * (2 * a + 1))
+        w.gemm("attention values (PV)", sq, d_v, skv, bh, fp8_ok=False)
+        return
+    w.gemm("attention values (PV) dgrad dP", sq, skv, d_v, bh, fp8_ok=False)
+    w.gemm("attention values (PV) dgrad dV", skv, d_v, sq, bh, fp8_ok=False)
+    if dropout:
+        w.ew("attention dropout bwd", el * (2 * a + 1))
+    w.ew("softmax bwd", el * 3 * a)
+    if mask_kernel:
+        w.ew("causal mask bwd", el * 2 * a)
+    w.gemm("attention scores (QK^T) dgrad dQ", sq, d_qk, skv, bh, fp8_ok=False)
+    w.gemm("attention scores (QK^T) dgrad dK", skv, d_qk, sq, bh, fp8_ok=False)
 
 
 def _mlp(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, width: float, rows: float, name: str,
@@ -635,7 +675,10 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
         passes = ["fwd"] if phase == FORWARD else (
             ["fwd", "bwd"] if rc in ("selective", "full") else ["bwd"])
         for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
-            w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
+            if plan.attention == "eager":
+                _eager_core(w, ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, _has_dropout(model), share=0.5)
+            else:
+                w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
         if phase == BACKWARD_WEIGHT:
             w.out.clear()
     elif part == "head":

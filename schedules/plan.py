@@ -92,7 +92,8 @@ class ParallelPlan:
     grad_bytes_per_param, optimizer_bytes_per_param: mixed-precision Adam stores 2-byte gradients and
                          12 bytes of optimizer state (fp32 master weights, momentum, variance) per
                          parameter: 16 bytes with the 2-byte weights (Rajbhandari et al. 2020, sec. 3.1)
-    attention            flash (FlashAttention: no s×s scores kept, the default) | eager (scores kept)
+    attention            flash (FlashAttention: no s×s scores kept, the default) | eager (the s×s scores
+                         go through HBM and are kept: schedules.kernels prices QK^T, softmax, dropout, PV)
     fsdp_reshard_after_forward  ZeRO-3/FSDP: free gathered parameters after each forward: auto (only without
                          PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
     dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
