@@ -1,6 +1,7 @@
 """Validation against published training runs: the whole of validation/published_runs.csv.
 
     python benchmarks/validate.py [--network analytical] [--out benchmarks/results/validate] [--tp-comm-overlap]
+                                  [--runs validation/megatron_lm_2021.csv --out benchmarks/results/validate_megatron_2021]
 
 Writes validate.json (rows, per-group and per-group-and-framework summaries, rows not expressible),
 validate.png (predicted vs published) and validate.md (both summary tables and the peak-memory comparison, as
@@ -21,7 +22,7 @@ from clustersim.validate import load_runs, plot, summarize, validate_rows  # noq
 
 
 def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
-             by_framework: list[dict] | None = None) -> str:
+             by_framework: list[dict] | None = None, per_row: bool = False) -> str:
     out = ["| group | rows | median abs error | p90 abs error | mean signed error |", "|---|---:|---:|---:|---:|"]
     for g in summary:
         out.append(f"| {g['group']} | {g['rows']} | {g['median_abs_error']:.1%} | {g['p90_abs_error']:.1%} | "
@@ -32,6 +33,14 @@ def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
         for g in by_framework:
             out.append(f"| {g['group']} | {g['framework']} | {g['rows']} | {g['median_abs_error']:.1%} | "
                        f"{g['p90_abs_error']:.1%} | {g['mean_signed_error']:+.1%} |")
+    if per_row:
+        out += ["", "| row | model | GPUs | plan | published tokens/s/GPU | predicted | error |",
+                "|---|---|---:|---|---:|---:|---:|"]
+        for r in results:
+            e = r["experiment"]
+            plan = f"tp{e.get('tp', 1)} pp{e.get('pp', 1)} dp{e.get('dp', 1)} mb{e.get('micro_batch')} gb{e.get('global_batch')}"
+            out.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {plan} | {r['published_tokens_per_s_per_gpu']:,.0f} | "
+                       f"{r['predicted_tokens_per_s_per_gpu']:,.0f} | {r['error']:+.1%} |")
     mem = [r for r in results if r["published_peak_memory_gib"]]
     if mem:
         out += ["", "| row | model | GPUs | published peak GiB | predicted peak GiB | error |", "|---|---|---:|---:|---:|---:|"]
@@ -53,8 +62,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "validate"))
     ap.add_argument("--tp-comm-overlap", action="store_true",
                     help="rows whose NVIDIA recipes overlap TP communication run --tp-comm-overlap")
+    ap.add_argument("--runs", default=None, help="published-runs CSV (default validation/published_runs.csv); "
+                    "sets of up to 50 rows get a per-row table")
     args = ap.parse_args()
-    rows = load_runs()
+    rows = load_runs(args.runs) if args.runs else load_runs()
     t0 = time.perf_counter()
     results, skipped = validate_rows(rows, network=args.network, tp_overlap=args.tp_comm_overlap,
                                      progress=lambda i, n: print(f"\r{i}/{n}", end="", file=sys.stderr))
@@ -67,7 +78,7 @@ def main() -> None:
                                                "summary_by_framework": frameworks, "not_expressible": skipped,
                                                "wall_time_s": time.perf_counter() - t0}, indent=1))
     plot(results, f"{out}.png")
-    md = markdown(results, summary, skipped, frameworks)
+    md = markdown(results, summary, skipped, frameworks, per_row=len(rows) <= 50)
     Path(f"{out}.md").write_text(md)
     print(md)
 

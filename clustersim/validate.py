@@ -41,6 +41,9 @@ MODEL_PRESETS = {
     "GPT-3 175B": "gpt3-175b", "Nemotron-4 15B": "nemotron4-15b", "Nemotron-4 340B": "nemotron4-340b",
     "Grok-1 314B": "grok1-314b", "DeepSeek-V3 671B": "deepseek-v3",
     **{f"MPT-{n}": f"mpt-{n}" for n in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")},
+    # Megatron-LM's GPT family (Narayanan et al. 2021; validation/megatron_lm_2021.csv)
+    **{f"Megatron GPT {n[:-1]}B" if n != "1t" else "Megatron GPT 1.0T": f"megatron-gpt-{n}"
+       for n in ("1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b", "174.6b", "310.1b", "529.6b", "1t")},
 }
 
 # hardware class -> cluster preset (or a cluster file in validation/clusters)
@@ -52,6 +55,12 @@ CLUSTERS = {"A100-40GB": "dgx-a100-40gb.yaml", "A100": "dgx-a100", "H100": "dgx-
 NVL72, NVL_IN_USE, GB200_64 = 72, 64, "gb200-nvl72-64.yaml"
 
 MEGATRON = ("Megatron", "NeMo")                 # frameworks running Megatron-Core (+ Transformer Engine)
+#: Megatron-LM as Narayanan et al. 2021 ran it (v2.x): before FlashAttention (2022; Megatron-LM took it up in
+#: 2023) the attention core is baddbmm, the fused scale-mask-softmax, dropout and bmm (``--attention eager``);
+#: before the distributed optimizer (2022) plain data parallelism, whose ``DDP_impl='local'`` all-reduces the
+#: gradient buffer after the whole forward-backward (training.py ``allreduce_gradients``), not during it; and
+#: before sequence parallelism (Korthikanti et al. 2022): TP all-reduces, norms and dropout on every TP rank
+MEGATRON_2021 = "Megatron-LM 2021"
 TORCH_FSDP = ("torchtitan", "AutoModel", "llm-foundry")
 JAX_FSDP = ("MaxText", "Paxml")
 
@@ -83,10 +92,12 @@ def hardware_class(hardware: str) -> str | None:
 
 
 def precision_class(precision: str) -> str | None:
-    """'bf16', 'fp8' (FP8, FP8-CS, FP8-MX, MXFP8, torchao float8) or None (NVFP4, unstated)."""
+    """'bf16', 'fp16', 'fp8' (FP8, FP8-CS, FP8-MX, MXFP8, torchao float8) or None (NVFP4, unstated)."""
     p = precision.strip().upper()
     if p.startswith("BF16"):
         return "bf16"
+    if p.startswith("FP16"):
+        return "fp16"
     if p.startswith(("FP8", "MXFP8")):
         return "fp8"
     return None
@@ -249,7 +260,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         cluster = str(CLUSTER_FILES / cluster)
     prec = precision_class(row["precision"])
     if prec is None:
-        raise NotExpressible(f"precision {row['precision']!r} is not BF16 or FP8")
+        raise NotExpressible(f"precision {row['precision']!r} is not BF16, FP16 or FP8")
+    if prec == "fp16":
+        prec = "bf16"
+        notes.append("FP16 mixed precision simulated as BF16 (the same tensor-core peak and 2-byte elements)")
     kw: dict = {"cluster": cluster}
     if hw == "H100" and "HBM2e" in row["hardware"]:
         notes.append("H100 HBM2e (500 W limit) simulated as H100 SXM (700 W): no published sustained rate for "
@@ -289,7 +303,11 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     fw = row["framework"]
     mbs, gbs = _int(row, "mbs"), _int(row, "gbs")
     local = _local_batch(row)
-    if any(k in fw for k in MEGATRON):
+    if MEGATRON_2021 in fw:
+        kw.update(zero=0, overlap_grad_reduce=False, attention="eager")
+        notes.append("Megatron-LM 2021: eager attention core (no FlashAttention), no sequence parallelism, data "
+                     "parallelism without the distributed optimizer, gradients all-reduced after the backward pass")
+    elif any(k in fw for k in MEGATRON):
         fsdp = (_num(row, "fsdp") or 0) > 0
         if fsdp:
             kw["fsdp"] = True
@@ -327,8 +345,8 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["recompute"] = "full"
     elif ac.startswith("selective"):
         kw.update(recompute_of_selective(fw, ac))
-    kw.update(gpus=gpus, seq=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, sp=tp > 1, micro_batch=mbs,
-              global_batch=gbs)
+    kw.update(gpus=gpus, seq=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, sp=tp > 1 and MEGATRON_2021 not in fw,
+              micro_batch=mbs, global_batch=gbs)
     etp = _int(row, "etp")
     if ep > 1 and etp and etp != tp:     # the recipe's expert TP (Megatron's default is tp): folded experts
         kw["etp"] = etp

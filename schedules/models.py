@@ -335,6 +335,17 @@ _PRESETS: dict[str, ModelSpec] = {
        for n, L, d, a in (("125m", 12, 768, 12), ("350m", 24, 1024, 16), ("760m", 24, 1536, 12),
                           ("1b", 24, 2048, 16), ("3b", 32, 2560, 20), ("7b", 32, 4096, 32), ("13b", 40, 5120, 40),
                           ("30b", 48, 7168, 64), ("70b", 80, 8192, 64))},
+    # The GPT models of Megatron-LM's weak-scaling study (Narayanan et al. 2021, "Efficient Large-Scale Language
+    # Model Training on GPU Clusters Using Megatron-LM", arXiv 2104.04473, table 1): heads, hidden size and
+    # layers per size; every one with vocab 51,200, sequence 2,048 (learned positions), GPT-2 style GELU MLP of
+    # 4·hidden, tied embeddings, Megatron's default hidden and attention dropout.
+    **{f"megatron-gpt-{n}": ModelSpec(f"megatron-gpt-{n}", layers=L, hidden=d, ffn=4 * d, heads=a, kv_heads=a,
+                                      vocab=51200, gated_mlp=False, tied_embeddings=True,
+                                      position_embedding="learned")
+       for n, a, d, L in (("1.7b", 24, 2304, 24), ("3.6b", 32, 3072, 30), ("7.5b", 32, 4096, 36),
+                          ("18.4b", 48, 6144, 40), ("39.1b", 64, 8192, 48), ("76.1b", 80, 10240, 60),
+                          ("145.6b", 96, 12288, 80), ("174.6b", 96, 12288, 96), ("310.1b", 128, 16384, 96),
+                          ("529.6b", 128, 20480, 105), ("1t", 160, 25600, 128))},
     # Small models for tests and quick experiments.
     "tiny": ModelSpec("tiny", layers=4, hidden=256, ffn=1024, heads=8, kv_heads=8, vocab=1024, gated_mlp=False),
     "tiny-moe": ModelSpec("tiny-moe", layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024,

@@ -104,3 +104,15 @@ def test_model_fields_are_type_checked(field, value):
     kw[field] = value
     with pytest.raises(ConfigError, match=field):
         ModelSpec(**kw)
+
+
+@pytest.mark.parametrize("size", ["1.7b", "18.4b", "145.6b", "529.6b", "1t"])
+def test_megatron_lm_2021_gpt_presets_follow_the_papers_parameter_formula(size):
+    """Narayanan et al. 2021, eq. 2: P = 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)), V = 51,200, s = 2,048;
+    the size in the preset's name is the paper's table 1 figure rounded to 0.1 B (1.0 T)."""
+    m = get_model(f"megatron-gpt-{size}")
+    l, h, V, s = m.layers, m.hidden, 51200, 2048
+    eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    assert m.param_count() == pytest.approx(eq2, rel=5e-3)
+    named = 1e12 if size == "1t" else float(size[:-1]) * 1e9
+    assert eq2 == pytest.approx(named, abs=0.05e9 if size != "1t" else 0.01e12)
