@@ -20,7 +20,8 @@ maximum achievable matmul FLOP/s (ml-engineering's MAMF: the best of a brute-for
 where there is one: the model's fastest shape runs at ``eta · peak``, so no shape may beat the measured
 best one. (The XLA table's few points above MAMF, +2 % at most, are single un-throttled timings.) Devices without their own sweep borrow the
 parameters of the nearest architecture that has one and keep their own peak, SM count and HBM bandwidth;
-one best-shape (MAMF) point, where published, sets their ``eta``.
+one best-shape (MAMF) point, where published, sets their ``eta`` (fitted to that point, capped as for the
+sweeps so that no shape runs faster than it).
 
 Attention model (per implementation, device, pass, causal mask and head dim): achieved FLOP/s against the
 sequence length s through the chart's measured points (``SeqCurve``: linear in log s between them,
@@ -248,9 +249,13 @@ def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
             curve1 = GemmCurve(GemmParams(1.0, base.k_half, base.t0_s, base.beta), peak, acc.sm_count,
                                acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0)
             eta = curve1.time_s(*map(int, shapes[0][[1, 2, 3, 0]])) / times[0]
-            params = GemmParams(round(min(eta, 1.0), 3), base.k_half, base.t0_s, base.beta,
-                                f"eta from the MAMF best shape of {mamf[0]} {mamf[1]}; k_half, t0, beta from "
-                                f"the Hopper fit")
+            # as for the sweeps: the best shape of the search caps eta, so that no shape beats it (with
+            # Hopper's k_half the point alone asks for more: the shapes that amortise the per-tile cost
+            # better would then run above the best one measured)
+            cap = mamf_flops_per_s(*mamf) / peak
+            params = GemmParams(round(min(eta, cap, 1.0), 3), base.k_half, base.t0_s, base.beta,
+                                f"eta from the MAMF best shape of {mamf[0]} {mamf[1]}, capped at its "
+                                f"{cap * peak / 1e12:.1f} TFLOP/s; k_half, t0, beta from the Hopper fit")
     return GemmCurve(params, peak, acc.sm_count, acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0)
 
 
