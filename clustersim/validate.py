@@ -57,9 +57,10 @@ NVL72, NVL_IN_USE, GB200_64 = 72, 64, "gb200-nvl72-64.yaml"
 MEGATRON = ("Megatron", "NeMo")                 # frameworks running Megatron-Core (+ Transformer Engine)
 #: Megatron-LM as Narayanan et al. 2021 ran it (v2.x): before FlashAttention (2022; Megatron-LM took it up in
 #: 2023) the attention core is baddbmm, the fused scale-mask-softmax, dropout and bmm (``--attention eager``);
-#: before the distributed optimizer (2022) plain data parallelism, whose ``DDP_impl='local'`` all-reduces the
-#: gradient buffer after the whole forward-backward (training.py ``allreduce_gradients``), not during it; and
-#: before sequence parallelism (Korthikanti et al. 2022): TP all-reduces, norms and dropout on every TP rank
+#: before the distributed optimizer (2022) plain data parallelism: ``DDP_impl='local'`` all-reduces the gradient
+#: buffer after the whole forward-backward (training.py ``allreduce_gradients``), ``'torch'`` (PyTorch DDP)
+#: in buckets during backward (the framework names which, as the paper's run_table_1.sh chose per model);
+#: and before sequence parallelism (Korthikanti et al. 2022): TP all-reduces, norms and dropout on every TP rank
 MEGATRON_2021 = "Megatron-LM 2021"
 TORCH_FSDP = ("torchtitan", "AutoModel", "llm-foundry")
 JAX_FSDP = ("MaxText", "Paxml")
@@ -304,9 +305,11 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     mbs, gbs = _int(row, "mbs"), _int(row, "gbs")
     local = _local_batch(row)
     if MEGATRON_2021 in fw:
-        kw.update(zero=0, overlap_grad_reduce=False, attention="eager")
+        torch_ddp = "DDP torch" in fw
+        kw.update(zero=0, overlap_grad_reduce=torch_ddp, attention="eager")
         notes.append("Megatron-LM 2021: eager attention core (no FlashAttention), no sequence parallelism, data "
-                     "parallelism without the distributed optimizer, gradients all-reduced after the backward pass")
+                     "parallelism without the distributed optimizer, gradients all-reduced " +
+                     ("in buckets during the backward pass (PyTorch DDP)" if torch_ddp else "after the backward pass"))
     elif any(k in fw for k in MEGATRON):
         fsdp = (_num(row, "fsdp") or 0) > 0
         if fsdp:

@@ -309,10 +309,14 @@ def test_megatron_lm_2021_rows_run_as_megatron_ran_then():
     rows = {r["id"]: r for r in load_runs(MEGATRON_2021)}
     assert len(rows) == 16 and all(r["source"].startswith("https://arxiv.org/abs/2104.04473") for r in rows.values())
     kw, notes = row_experiment(rows["M7"])
+    # the paper's reproduction script (examples/sc21/run_table_1.sh): MBS 2, 5 layers per virtual stage, DDP local
     assert kw == dict(cluster="dgx-a100", dtype="bf16", stack="megatron", model="megatron-gpt-145.6b", zero=0,
-                      overlap_grad_reduce=False, attention="eager", schedule="1f1b", gpus=1536, seq=2048, tp=8, pp=8,
-                      cp=1, ep=1, dp=24, sp=False, micro_batch=1, global_batch=2304, recompute="full")
+                      overlap_grad_reduce=False, attention="eager", schedule="interleaved", virtual_stages=2,
+                      gpus=1536, seq=2048, tp=8, pp=8, cp=1, ep=1, dp=24, sp=False, micro_batch=2, global_batch=2304,
+                      recompute="full")
     assert any("FP16" in n for n in notes)
+    small, _ = row_experiment(rows["M1"])          # DDP torch: bucketed all-reduce during backward
+    assert small["overlap_grad_reduce"] and small["micro_batch"] == 16 and "schedule" not in small
     # eq. 3 at 148 TFLOP/s per GPU on 1,536 GPUs
     B, s, l, h, V = 2304, 2048, 80, 12288, 51200
     F = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
