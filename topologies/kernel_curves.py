@@ -253,7 +253,7 @@ def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
             # Hopper's k_half the point alone asks for more: the shapes that amortise the per-tile cost
             # better would then run above the best one measured)
             cap = mamf_flops_per_s(*mamf) / peak
-            params = GemmParams(round(min(eta, cap, 1.0), 3), base.k_half, base.t0_s, base.beta,
+            params = GemmParams(min(round(min(eta, 1.0), 3), cap), base.k_half, base.t0_s, base.beta,
                                 f"eta from the MAMF best shape of {mamf[0]} {mamf[1]}, capped at its "
                                 f"{cap * peak / 1e12:.1f} TFLOP/s; k_half, t0, beta from the Hopper fit")
     return GemmCurve(params, peak, acc.sm_count, acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0)
