@@ -453,7 +453,7 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
 
 
 def _eager_core(w: _Writer, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
-                d_v: float, causal: bool, dropout: bool, share: float = 1.0) -> None:
+                d_v: float, causal: bool, dropout: bool) -> None:
     """The attention core without FlashAttention: the s×s scores go through HBM (``--attention eager``).
 
     Megatron's CoreAttention (the GPT runs of Narayanan et al. 2021 and Korthikanti et al. 2022): scores
@@ -463,9 +463,9 @@ def _eager_core(w: _Writer, pass_: str, b: float, sq: float, skv: float, heads: 
     Unfused stacks (PyTorch's math SDPA path) apply the causal mask as its own kernel before the softmax.
     Backward: dP = dO·Vᵀ and dV = Pᵀ·dO, the dropout's mask multiply, the softmax backward (read dP and P,
     write dS), the mask's where() (unfused), dQ = dS·K and dK = dSᵀ·Q. Every position of the s×s block is
-    computed (no causal skipping); ``share`` scales the block (a load-balanced ring block computes half).
-    Each batched GEMM runs over b·heads matrices; elementwise kernels move their bytes through HBM."""
-    bh = b * heads * share
+    computed (no causal skipping). Each batched GEMM runs over b·heads matrices; elementwise kernels move
+    their bytes through HBM. (Context parallelism needs FlashAttention: ParallelPlan rejects it with eager.)"""
+    bh = b * heads
     a = w.a
     el = bh * sq * skv                        # score elements
     mask_kernel = causal and not w.fused
@@ -675,10 +675,7 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
         passes = ["fwd"] if phase == FORWARD else (
             ["fwd", "bwd"] if rc in ("selective", "full") else ["bwd"])
         for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
-            if plan.attention == "eager":
-                _eager_core(w, ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, _has_dropout(model), share=0.5)
-            else:
-                w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
+            w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
         if phase == BACKWARD_WEIGHT:
             w.out.clear()
     elif part == "head":

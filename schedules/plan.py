@@ -439,6 +439,10 @@ class ParallelPlan:
             raise PlanError(f"recompute op is torchtitan's per-op checkpointing of a dense block with SDPA flash "
                             f"attention; {model.name} with attention {self.attention} is not one: use --recompute "
                             f"selective or full")
+        if self.cp > 1 and self.attention != "flash":
+            raise PlanError(f"context parallelism (cp {self.cp}) runs ring attention, which merges its KV blocks "
+                            f"with FlashAttention's log-sum-exp; no stack runs it with attention {self.attention}: "
+                            f"use --attention flash or --cp 1")
         if model.is_moe and model.experts % self.ep:
             raise PlanError(f"ep({self.ep}) must divide the {model.experts} experts of {model.name}")
         if model.is_moe and model.expert_ffn % self.expert_tp:

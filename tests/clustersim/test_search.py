@@ -276,3 +276,21 @@ def test_search_keeps_memory_headroom():
     assert default["memory_limit_bytes"] == pytest.approx(0.95 * cap)
     with pytest.raises(ClusterSimError, match="max-memory-fraction"):
         run_search(base, top_k=1, space=space, workers=1, max_memory_fraction=1.5)
+
+
+def test_search_with_eager_attention_prices_and_bounds_the_scores(capsys):
+    """`search --attention eager`: every candidate runs the eager core (no per-op checkpointing, which assumes
+    FlashAttention), its bound still never exceeds the simulated step, the s×s scores make the best plan slower
+    than with FlashAttention, and selective recomputation (which drops the scores) is among the ones tried."""
+    space = SearchSpace(micro_batches=(1,), schedules=("1f1b",), virtual_stages=(2,),
+                        recompute=("selective", "full", "op"), zero=(0,), cp=(1,), tp=(1, 2), pp=(1,))
+    base = Experiment(cluster="dgx-a100", gpus=16, model="megatron-gpt-1.7b", global_batch=32, seq=2048,
+                      network="analytical", mode="symmetric")
+    flash = run_search(base, top_k=3, space=space, workers=1)
+    eager = run_search(dataclasses.replace(base, attention="eager"), top_k=3, space=space, workers=1)
+    assert eager["evaluated"] and all(r["plan"]["attention"] == "eager" for r in eager["evaluated"])
+    assert not any(r["plan"]["recompute"] == "op" for r in eager["evaluated"])
+    assert any(r["plan"]["recompute"] == "op" for r in flash["evaluated"])
+    for r in eager["evaluated"]:
+        assert r["lower_bound_s"] <= r["step_time_s"] * (1 + 1e-9), describe(r)
+    assert eager["top"][0]["step_time_s"] > 1.2 * flash["top"][0]["step_time_s"]

@@ -82,11 +82,9 @@ def test_eager_core_costs_at_least_the_scores_through_hbm(device):
         assert pricer.time_s(eager) - pricer.time_s(flash) > floor, phase
 
 
-def test_eager_ring_blocks_price_half_a_full_block():
-    """With context parallelism an off-diagonal KV block is half computed (load balancing) and not causal."""
-    m = get_model("llama3-8b")
-    plan = ParallelPlan(cp=2, seq=8192, attention="eager")
-    ring = phase_kernels(m, plan, 0, "forward", part="ring")
-    s = 8192 // 2
-    assert sum(k.flops for k in ring if k.kind == GEMM) == pytest.approx(0.5 * 2 * 2.0 * m.heads * s * s * m.d_head)
-    assert not any(k.kind == ATTENTION for k in ring)
+def test_context_parallelism_needs_flash_attention():
+    """Ring attention merges its KV blocks with FlashAttention's log-sum-exp: eager attention with cp > 1 is a
+    plan no stack runs, reported as such."""
+    from simulator.errors import PlanError
+    with pytest.raises(PlanError, match="ring attention"):
+        ParallelPlan(cp=2, seq=8192, attention="eager").validate(get_model("llama3-8b"), 2)
