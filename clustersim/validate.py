@@ -76,6 +76,8 @@ def load_runs(path: str | Path = PUBLISHED) -> list[dict]:
     from simulator.inputs import load_csv
 
     p = Path(path)
+    if not p.is_file() and not p.is_absolute() and (ROOT / p).is_file():
+        p = ROOT / p            # the project's own sets by their repository path, from any directory
     if not p.is_file():
         raise ConfigError(f"published runs file {p} not found")
     return load_csv(p, "published runs file", required=RUN_COLUMNS)
@@ -596,7 +598,8 @@ def plot(results: list[dict], path: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------- command
 @click.group("validate", invoke_without_command=True)
 @click.option("--runs", "runs_path", type=click.Path(dir_okay=False), default=None,
-              help="Published-runs CSV (default: validation/published_runs.csv).")
+              help="Published-runs CSV (default: validation/published_runs.csv; also shipped: "
+                   "validation/megatron_lm_2021.csv, Megatron-LM's 2021 GPT runs on DGX A100).")
 @click.option("--only", "only", default=None, help="Keep rows whose model, hardware or framework contains TEXT.")
 @click.option("--ids", default=None, help="Comma-separated row ids to run.")
 @click.option("--network", type=click.Choice(("ideal", "analytical", "flow")), default="analytical",

@@ -307,6 +307,7 @@ def test_megatron_lm_2021_rows_run_as_megatron_ran_then():
     """Narayanan et al. 2021: FP16 (priced as BF16), eager attention, no sequence parallelism, plain DDP whose
     all-reduce follows the backward pass; the published step derives from the paper's eq. 3 figure."""
     rows = {r["id"]: r for r in load_runs(MEGATRON_2021)}
+    assert load_runs("validation/megatron_lm_2021.csv") == list(rows.values())   # by its repository path too
     assert len(rows) == 16 and all(r["source"].startswith("https://arxiv.org/abs/2104.04473") for r in rows.values())
     kw, notes = row_experiment(rows["M7"])
     # the paper's reproduction script (examples/sc21/run_table_1.sh): MBS 2, 5 layers per virtual stage, DDP local
