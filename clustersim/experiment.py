@@ -642,6 +642,9 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
             and exp.model_config is None:
         notes.append(f"custom model: {'SwiGLU' if model.gated_mlp else '2-matrix GELU (GPT-style)'} MLP, "
                      f"{model.param_count() / 1e9:.2f} B parameters; --gated-mlp / --no-gated-mlp chooses")
+    if model.name.startswith("megatron-gpt-") and plan.attention == "flash":
+        notes.append(f"{model.name} is a model of Megatron-LM's 2021 runs, which predate FlashAttention: "
+                     f"--attention eager prices the attention core they ran (validation/megatron_lm_2021.csv)")
     failures = None
     fault_breaks = False
     if exp.faults:

@@ -339,3 +339,15 @@ def test_megatron_lm_2021_small_models_within_ten_percent_with_their_eager_atten
     m1 = done[0] if done[0]["id"] == "M1" else done[1]
     flash = run_experiment(experiment_from_dict({**m1["experiment"], "attention": "flash", "network": "analytical"}))
     assert flash.metrics.tokens_per_s / 32 / m1["published_tokens_per_s_per_gpu"] - 1 > 0.25
+
+
+def test_megatron_2021_presets_point_at_the_attention_their_runs_used():
+    """Simulating a megatron-gpt-* preset with the default FlashAttention notes that its published runs did not
+    have it; with --attention eager the note is gone."""
+    from clustersim.experiment import experiment_from_dict, run_experiment
+    base = dict(cluster="dgx-a100", gpus=8, model="megatron-gpt-1.7b", seq=2048, global_batch=8, micro_batch=1,
+                network="analytical")
+    flash = run_experiment(experiment_from_dict(base))
+    assert any("--attention eager" in n for n in flash.notes)
+    eager = run_experiment(experiment_from_dict({**base, "attention": "eager"}))
+    assert not any("--attention eager" in n for n in eager.notes)
