@@ -38,9 +38,11 @@ def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
                 "|---|---|---:|---|---:|---:|---:|"]
         for r in results:
             e = r["experiment"]
-            plan = f"tp{e.get('tp', 1)} pp{e.get('pp', 1)} dp{e.get('dp', 1)} mb{e.get('micro_batch')} gb{e.get('global_batch')}"
-            out.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {plan} | {r['published_tokens_per_s_per_gpu']:,.0f} | "
-                       f"{r['predicted_tokens_per_s_per_gpu']:,.0f} | {r['error']:+.1%} |")
+            plan = (f"tp{e.get('tp', 1)} pp{e.get('pp', 1)} dp{e.get('dp', 1)} mb{e.get('micro_batch')} "
+                    f"gb{e.get('global_batch')}")
+            out.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {plan} | "
+                       f"{r['published_tokens_per_s_per_gpu']:,.0f} | {r['predicted_tokens_per_s_per_gpu']:,.0f} | "
+                       f"{r['error']:+.1%} |")
     mem = [r for r in results if r["published_peak_memory_gib"]]
     if mem:
         out += ["", "| row | model | GPUs | published peak GiB | predicted peak GiB | error |", "|---|---|---:|---:|---:|---:|"]

@@ -319,7 +319,9 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--astra-system", type=click.Path(dir_okay=False),
                      help="--network astra: ASTRA-sim system JSON (collective algorithm per dimension, chunking)."),
         click.option("--attention", type=click.Choice(ATTENTION),
-                     help="Attention kernel: flash (default, no s×s scores kept) | eager (the s×s scores go through HBM: QK^T and PV batched GEMMs, softmax and dropout kernels, and are kept for backward; pre-FlashAttention Megatron, e.g. the 2021 GPT runs)."),
+                     help="Attention kernel: flash (default, no s×s scores kept) | eager (the s×s scores go "
+                          "through HBM: QK^T and PV batched GEMMs, softmax and dropout kernels, and are kept for "
+                          "backward; pre-FlashAttention Megatron, e.g. the 2021 GPT runs)."),
         click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD),
                      help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
@@ -642,7 +644,8 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
             and exp.model_config is None:
         notes.append(f"custom model: {'SwiGLU' if model.gated_mlp else '2-matrix GELU (GPT-style)'} MLP, "
                      f"{model.param_count() / 1e9:.2f} B parameters; --gated-mlp / --no-gated-mlp chooses")
-    if model.name.startswith("megatron-gpt-") and plan.attention == "flash":
+    from schedules.models import MEGATRON_GPT_2021_PRESETS
+    if model.name in MEGATRON_GPT_2021_PRESETS and plan.attention == "flash":
         notes.append(f"{model.name} is a model of Megatron-LM's 2021 runs, which predate FlashAttention: "
                      f"--attention eager prices the attention core they ran (validation/megatron_lm_2021.csv)")
     failures = None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import click
 
+from schedules.models import MEGATRON_GPT_2021_PRESETS
 from simulator.errors import ClusterSimError, ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +33,12 @@ PUBLISHED = ROOT / "validation" / "published_runs.csv"
 RUN_COLUMNS = ("model", "hardware", "precision", "framework", "gpus")     # read without a default
 CLUSTER_FILES = ROOT / "validation" / "clusters"
 GIB = 2**30
+
+def _published_size(preset: str) -> str:
+    """'megatron-gpt-1.7b' -> '1.7B', 'megatron-gpt-1t' -> '1.0T': the paper's size as our CSV names it."""
+    size = preset.removeprefix("megatron-gpt-")
+    return "1.0T" if size == "1t" else size[:-1] + "B"
+
 
 # published model name -> model preset (schedules.models; sources there)
 MODEL_PRESETS = {
@@ -41,9 +48,8 @@ MODEL_PRESETS = {
     "GPT-3 175B": "gpt3-175b", "Nemotron-4 15B": "nemotron4-15b", "Nemotron-4 340B": "nemotron4-340b",
     "Grok-1 314B": "grok1-314b", "DeepSeek-V3 671B": "deepseek-v3",
     **{f"MPT-{n}": f"mpt-{n}" for n in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")},
-    # Megatron-LM's GPT family (Narayanan et al. 2021; validation/megatron_lm_2021.csv)
-    **{f"Megatron GPT {n[:-1]}B" if n != "1t" else "Megatron GPT 1.0T": f"megatron-gpt-{n}"
-       for n in ("1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b", "174.6b", "310.1b", "529.6b", "1t")},
+    # Megatron-LM's GPT family (Narayanan et al. 2021; validation/megatron_lm_2021.csv): "Megatron GPT 1.7B" ...
+    **{f"Megatron GPT {_published_size(n)}": n for n in MEGATRON_GPT_2021_PRESETS},
 }
 
 # hardware class -> cluster preset (or a cluster file in validation/clusters)
@@ -304,9 +310,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         raise NotExpressible(f"{gpus} GPUs not divisible by tp·pp·cp = {tp * pp * cp}")
     dp = gpus // (tp * pp * cp)
     fw = row["framework"]
+    megatron_2021 = MEGATRON_2021 in fw
     mbs, gbs = _int(row, "mbs"), _int(row, "gbs")
     local = _local_batch(row)
-    if MEGATRON_2021 in fw:
+    if megatron_2021:
         torch_ddp = "DDP torch" in fw
         kw.update(zero=0, overlap_grad_reduce=torch_ddp, attention="eager")
         notes.append("Megatron-LM 2021: eager attention core (no FlashAttention), no sequence parallelism, data "
@@ -350,7 +357,7 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["recompute"] = "full"
     elif ac.startswith("selective"):
         kw.update(recompute_of_selective(fw, ac))
-    kw.update(gpus=gpus, seq=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, sp=tp > 1 and MEGATRON_2021 not in fw,
+    kw.update(gpus=gpus, seq=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, sp=tp > 1 and not megatron_2021,
               micro_batch=mbs, global_batch=gbs)
     etp = _int(row, "etp")
     if ep > 1 and etp and etp != tp:     # the recipe's expert TP (Megatron's default is tp): folded experts

@@ -298,6 +298,14 @@ def layer_flops_backward_weight(model: ModelSpec, layer: int, seq: int, micro_ba
 #   Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json.
 #   DeepSeek-V3: DeepSeek-AI 2024 tech report, sec. 4.2 and the released config.json (MLA, 1 shared +
 #   256 routed experts, top-8, first 3 layers dense). The multi-token-prediction module is not modelled.
+#: Megatron-LM's 2021 GPT family (Narayanan et al. 2021, table 1, and table 2's 174.6B): size -> (heads, hidden,
+#: layers); presets ``megatron-gpt-<size>`` (below). Their published runs predate FlashAttention.
+_MEGATRON_GPT_2021 = {"1.7b": (24, 2304, 24), "3.6b": (32, 3072, 30), "7.5b": (32, 4096, 36),
+                      "18.4b": (48, 6144, 40), "39.1b": (64, 8192, 48), "76.1b": (80, 10240, 60),
+                      "145.6b": (96, 12288, 80), "174.6b": (96, 12288, 96), "310.1b": (128, 16384, 96),
+                      "529.6b": (128, 20480, 105), "1t": (160, 25600, 128)}
+MEGATRON_GPT_2021_PRESETS = tuple(f"megatron-gpt-{n}" for n in _MEGATRON_GPT_2021)
+
 _PRESETS: dict[str, ModelSpec] = {
     "gpt3-175b": ModelSpec("gpt3-175b", layers=96, hidden=12288, ffn=4 * 12288, heads=96, kv_heads=96,
                            vocab=50257, gated_mlp=False, tied_embeddings=True, position_embedding="learned"),
@@ -342,10 +350,7 @@ _PRESETS: dict[str, ModelSpec] = {
     **{f"megatron-gpt-{n}": ModelSpec(f"megatron-gpt-{n}", layers=L, hidden=d, ffn=4 * d, heads=a, kv_heads=a,
                                       vocab=51200, gated_mlp=False, tied_embeddings=True,
                                       position_embedding="learned")
-       for n, a, d, L in (("1.7b", 24, 2304, 24), ("3.6b", 32, 3072, 30), ("7.5b", 32, 4096, 36),
-                          ("18.4b", 48, 6144, 40), ("39.1b", 64, 8192, 48), ("76.1b", 80, 10240, 60),
-                          ("145.6b", 96, 12288, 80), ("174.6b", 96, 12288, 96), ("310.1b", 128, 16384, 96),
-                          ("529.6b", 128, 20480, 105), ("1t", 160, 25600, 128))},
+       for n, (a, d, L) in _MEGATRON_GPT_2021.items()},
     # Small models for tests and quick experiments.
     "tiny": ModelSpec("tiny", layers=4, hidden=256, ffn=1024, heads=8, kv_heads=8, vocab=1024, gated_mlp=False),
     "tiny-moe": ModelSpec("tiny-moe", layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024,
