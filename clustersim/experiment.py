@@ -44,6 +44,7 @@ MODES = ("symmetric", "full")
 SCHEDULES = tuple(_SCHEDULES)
 RECOMPUTE = ("none", "selective", "full", "op")
 ATTENTION = ("flash", "eager")
+ATTENTION_KERNELS = ("auto", "flash2", "triton")
 RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
 STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torchtitan-compile-loss")
@@ -52,6 +53,7 @@ EXPERT_GRIDS = ("folded", "carved")
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION,
+           "attention_kernel": ATTENTION_KERNELS,
            "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
@@ -96,6 +98,7 @@ class Experiment:
     last_stage_layers: int | None = None
     memory_limit: str | float | None = None  # zb-auto: micro-batches per stage, or "2p"
     attention: str = "flash"
+    attention_kernel: str = "auto"       # the FlashAttention kernel priced (auto: the stack's)
     fsdp_reshard_after_forward: str = "auto"
     network: str = "analytical"
     mode: str | None = None          # None: symmetric where valid, else full
@@ -322,6 +325,9 @@ def simulate_options(f: Callable) -> Callable:
                      help="Attention kernel: flash (default, no s×s scores kept) | eager (the s×s scores go "
                           "through HBM: QK^T and PV batched GEMMs, softmax and dropout kernels, and are kept for "
                           "backward; pre-FlashAttention Megatron, e.g. the 2021 GPT runs)."),
+        click.option("--attention-kernel", type=click.Choice(ATTENTION_KERNELS),
+                     help="FlashAttention kernel priced with --attention flash: auto (default: the stack's, "
+                          "llm-foundry's Triton kernel, FlashAttention-2 elsewhere) | flash2 | triton."),
         click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD),
                      help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
@@ -355,7 +361,7 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp"
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
-               "attention", "fsdp_reshard_after_forward", "dtype", "stack",
+               "attention", "attention_kernel", "fsdp_reshard_after_forward", "dtype", "stack",
                "calibration_scope", "gpu_variation", "grad_reduce_dtype")
 
 
@@ -516,7 +522,8 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
               first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
-              attention=exp.attention, dtype=exp.dtype, stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
+              attention=exp.attention, attention_kernel=exp.attention_kernel, dtype=exp.dtype,
+              stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               grad_reduce_dtype=exp.grad_reduce_dtype, tp_comm_overlap=exp.tp_comm_overlap,
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}

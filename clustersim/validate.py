@@ -139,6 +139,17 @@ def stack_of(framework: str, source: str = "") -> str | None:
 COMPOSER_REDUCE = {"PURE": "bf16", "DEFAULT": "fp32"}
 
 
+#: the FlashAttention kernel a benchmark's launch scripts state where its table does not: (model, table) ->
+#: kernel. llm-foundry PR #838 (5e85bd62d, 2024-01-06) added the "H100 80GB BF16 (Large Scale, >= 128 GPUs)"
+#: table with scripts/train/benchmarking/sweep.py, which launches the 1b, 3b, 7b and 70b runs with
+#: ``--attn_impl flash`` (13b and 30b: ``--attn_impl triton``) from llm-foundry main installed as
+#: ``.[gpu-flash2]`` (flash-attn 2.x); submit_benchmarks.py writes ``args.attn_impl`` into the run's
+#: ``attn_config``. The sweep's shard strategies, micro-batches and checkpointing are the table's; its
+#: ``--fsdp_config_mixed_precision PURE`` never reaches mod_parameters, hence the table's MP Mode DEFAULT.
+LLM_FOUNDRY_LARGE_SCALE = "llm-foundry README (H100 80GB BF16 (Large Scale, >= 128 GPUs))"
+LAUNCH_SCRIPT_ATTENTION = {(m, LLM_FOUNDRY_LARGE_SCALE): "flash2" for m in ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")}
+
+
 #: configurations a benchmark's own launch script states where its README table does not: (model, commit of
 #: the source document) -> virtual pipeline stages. NVIDIA dgxc-benchmarking v25.04 and v25.04.01
 #: (nemotron/launch.sh at 741c886 and 85380ff: ``MODEL_SIZE = 340b ... VP=12``, passed as ``-vp $VP``)
@@ -287,6 +298,11 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     reduce = composer_reduce_dtype(row) if stack == "llm-foundry" else None
     if reduce and "grad_reduce_dtype" in fields:
         kw["grad_reduce_dtype"] = reduce
+    kernel = LAUNCH_SCRIPT_ATTENTION.get((row.get("model"), (row.get("release") or "").strip()))
+    if kernel and "attention_kernel" in fields:
+        kw["attention_kernel"] = kernel
+        notes.append("FlashAttention-2: the benchmark's sweep.py launches this model with --attn_impl flash and "
+                     "flash-attn 2 (llm-foundry PR #838), not the stack's Triton kernel")
     gpus = _int(row, "gpus")
     seq = _int(row, "seq_len")
     if not gpus or not seq:

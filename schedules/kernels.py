@@ -63,6 +63,10 @@ COMPILED_STACKS = ("torchtitan-compile", "torchtitan-compile-loss")
 # the attention kernel each stack runs (topologies.kernel_curves prices it from its own measured curve)
 ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "triton", "torchtitan-compile": "flash2",
                   "torchtitan-compile-loss": "flash2"}
+#: a plan may ask for another FlashAttention kernel than its stack's (``plan.attention_kernel``, one of
+#: schedules.plan.ATTENTION_KERNELS): auto = the stack's (above); flash2 = FlashAttention-2 (flash-attn 2.x CUDA);
+#: triton = the Triton FlashAttention of 2023 stacks (llm-foundry's attn_impl: triton). E.g. llm-foundry runs
+#: launched with attn_impl: flash and flash-attn 2 installed run FlashAttention-2 under that stack
 #: stacks that run each pointwise op as its own kernel (torchtitan without torch.compile): the RMSNorm as its
 #: chain of eager ops, the cross-entropy's fp32 copy of the logits (llm-foundry's MPT runs one F.layer_norm
 #: kernel and a fused cross-entropy); schedules.memory keeps what those ops save
@@ -230,7 +234,7 @@ def check_choice(stack: str, dtype: str, reduce_dtype: str = "auto") -> None:
 class _Writer:
     """Collects kernels of one op; ``fp8`` GEMMs where the recipe runs them."""
 
-    def __init__(self, stack: str, dtype: str, act_bytes: int = BF16):
+    def __init__(self, stack: str, dtype: str, act_bytes: int = BF16, attention_kernel: str = "auto"):
         self.a = act_bytes                      # bytes per activation element (the model's dtype_bytes)
         self.fused = stack == "megatron"
         self.eager_norm = stack in EAGER_POINTWISE
@@ -243,7 +247,7 @@ class _Writer:
         # _eval_train_metrics, Composer 0.14-0.17); llm-foundry's MPT registers LanguageCrossEntropy and
         # LanguagePerplexity, each a torch.nn.CrossEntropyLoss over the logits under autocast (fp32 math)
         self.train_metrics = 2 if stack == "llm-foundry" else 0
-        self.attention_impl = ATTENTION_IMPL[stack]
+        self.attention_impl = ATTENTION_IMPL[stack] if attention_kernel in (None, "auto") else attention_kernel
         self.fp8 = dtype == "fp8"
         self.out: list[Kernel] = []
 
@@ -610,7 +614,7 @@ def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: st
     check_choice(stack, dtype)
     moe = model.is_moe_layer(layer)
     rc = plan.layer_recompute(layer)
-    w = _Writer(stack, dtype, model.dtype_bytes)
+    w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"))
     if part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, round(load, 9), rc, stack, dtype)
     return KernelList(f"{part} recompute ({rc})", w.out, stack, dtype)
@@ -657,7 +661,7 @@ def _recompute(w: _Writer, model, plan, moe, part, load, rc, stack, dtype) -> No
 
 @lru_cache(maxsize=4096)
 def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList:
-    w = _Writer(stack, dtype, model.dtype_bytes)
+    w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"))
     sh = _Shape(model, plan)
     if phase in (BACKWARD, BACKWARD_INPUT) and part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, load, rc, stack, dtype)

@@ -44,6 +44,7 @@ from simulator.errors import PlanError
 SCHEDULE_NAMES = tuple(pl.SCHEDULES)
 RECOMPUTE = ("none", "selective", "full", "op")
 ATTENTION = ("flash", "eager")
+ATTENTION_KERNELS = ("auto", "flash2", "triton")      # FlashAttention kernels (schedules.kernels.ATTENTION_IMPL)
 RESHARD = ("auto", "true", "false")
 EXPERT_GRIDS = ("folded", "carved")
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -94,6 +95,8 @@ class ParallelPlan:
                          parameter: 16 bytes with the 2-byte weights (Rajbhandari et al. 2020, sec. 3.1)
     attention            flash (FlashAttention: no s×s scores kept, the default) | eager (the s×s scores
                          go through HBM and are kept: schedules.kernels prices QK^T, softmax, dropout, PV)
+    attention_kernel     the FlashAttention kernel priced (attention flash only): auto (the stack's:
+                         llm-foundry's Triton kernel, FlashAttention-2 elsewhere) | flash2 | triton
     fsdp_reshard_after_forward  ZeRO-3/FSDP: free gathered parameters after each forward: auto (only without
                          PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
     dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
@@ -137,6 +140,7 @@ class ParallelPlan:
     grad_bytes_per_param: float = 2.0
     optimizer_bytes_per_param: float = 12.0
     attention: str = "flash"
+    attention_kernel: str = "auto"
     fsdp_reshard_after_forward: str = "auto"
     dtype: str = "bf16"
     stack: str = "megatron"
@@ -297,6 +301,13 @@ class ParallelPlan:
                             f"--recompute full (recompute is {self.recompute})")
         if self.attention not in ATTENTION:
             raise PlanError(f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise PlanError(f"attention_kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                            f"got {self.attention_kernel!r}")
+        if self.attention_kernel != "auto" and self.attention != "flash":
+            raise PlanError(f"attention_kernel {self.attention_kernel} chooses a FlashAttention kernel; with "
+                            f"attention {self.attention} no FlashAttention runs: use --attention flash or "
+                            f"--attention-kernel auto")
         if self.fsdp_reshard_after_forward not in RESHARD:
             raise PlanError(f"fsdp_reshard_after_forward must be one of {', '.join(RESHARD)}, "
                             f"got {self.fsdp_reshard_after_forward!r}")
@@ -401,7 +412,8 @@ class ParallelPlan:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
                     or (v <= lo if strict else v < lo):
                 raise PlanError(f"{f} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
-        for f in ("schedule", "recompute", "axis_order", "layer_split", "attention", "fsdp_reshard_after_forward",
+        for f in ("schedule", "recompute", "axis_order", "layer_split", "attention", "attention_kernel",
+                  "fsdp_reshard_after_forward",
                   "expert_grid"):
             v = getattr(self, f)
             if not isinstance(v, str):

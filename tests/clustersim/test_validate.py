@@ -234,6 +234,29 @@ def test_llm_foundry_rows_reduce_gradients_as_their_composer_mode():
                                                      FIELDS - {"grad_reduce_dtype"})[0]
 
 
+def test_llm_foundry_large_scale_rows_run_the_attention_their_sweep_launched():
+    """llm-foundry's large-scale H100 table (PR #838) comes from sweep.py, which launches 1b/3b/7b/70b with
+    --attn_impl flash and flash-attn 2 (13b/30b with triton): those rows price FlashAttention-2; the same models
+    in other tables keep the stack's Triton kernel."""
+    large = "llm-foundry README (H100 80GB BF16 (Large Scale, >= 128 GPUs))"
+    base = dict(framework="llm-foundry / Composer (FSDP SHARD_GRAD_OP)", model="MPT-1b", gbs="6144", mbs="12",
+                tp="", pp="", vp="", fsdp="", gpus="512", seq_len="2048", hardware="H100 80GB", release=large,
+                notes="MP mode DEFAULT")
+    fields = FIELDS | {"stack", "grad_reduce_dtype", "attention_kernel"}
+    kw, notes = row_experiment(_row(**base), fields)
+    assert kw["attention_kernel"] == "flash2" and kw["stack"] == "llm-foundry" and any("#838" in n for n in notes)
+    for other in (dict(model="MPT-13b", gbs="8192", mbs="16"), dict(release="llm-foundry README (H100 80GB BF16)")):
+        assert "attention_kernel" not in row_experiment(_row(**{**base, **other}), fields)[0]
+    flash2 = []
+    for r in load_runs():
+        try:
+            if row_experiment(r, _experiment_fields())[0].get("attention_kernel") == "flash2":
+                flash2.append(r["id"])
+        except NotExpressible:
+            pass
+    assert flash2 == ["305", "306", "307", "308", "309", "310", "370", "371", "372", "373", "374", "375"]
+
+
 def test_unstated_virtual_stages_come_from_the_benchmarks_launch_script():
     """dgxc-benchmarking v25.04 / v25.04.01 print VP "NA" for Nemotron-4 340B while their launch.sh passes
     -vp 12; a row that states its VP keeps it, other models and documents are untouched."""

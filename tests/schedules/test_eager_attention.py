@@ -88,3 +88,16 @@ def test_context_parallelism_needs_flash_attention():
     from simulator.errors import PlanError
     with pytest.raises(PlanError, match="ring attention"):
         ParallelPlan(cp=2, seq=8192, attention="eager").validate(get_model("llama3-8b"), 2)
+
+
+def test_attention_kernel_choice_is_checked():
+    """--attention-kernel names a FlashAttention kernel: an unknown name, or one with eager attention (no
+    FlashAttention runs), is a plan error saying what to do."""
+    from simulator.errors import PlanError
+    m = get_model("llama3-8b")
+    with pytest.raises(PlanError, match="attention_kernel must be one of auto, flash2, triton"):
+        ParallelPlan(attention_kernel="flash3").validate(m, 1)
+    with pytest.raises(PlanError, match="no FlashAttention runs"):
+        ParallelPlan(attention="eager", attention_kernel="flash2").validate(m, 1)
+    ParallelPlan(attention="eager", attention_kernel="auto").validate(m, 1)
+    ParallelPlan(attention_kernel="triton").validate(m, 1)

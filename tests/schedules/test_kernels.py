@@ -158,6 +158,12 @@ def test_llm_foundry_stack_runs_triton_attention():
     att_lf = next(k for k in lf if k.kind == ATTENTION)
     att_tt = next(k for k in tt if k.kind == ATTENTION)
     assert (att_lf.impl, att_tt.impl) == ("triton", "flash2") and att_lf.flops == att_tt.flops
+    # a plan may ask for another FlashAttention kernel than its stack's (llm-foundry launched with attn_impl: flash)
+    for kernel, impl in (("flash2", "flash2"), ("triton", "triton"), ("auto", "triton")):
+        ks = phase_kernels(m, ParallelPlan(seq=8192, stack="llm-foundry", attention_kernel=kernel), 0, "backward")
+        assert {k.impl for k in ks if k.kind == ATTENTION} == {impl}
+    assert {k.impl for k in phase_kernels(m, ParallelPlan(seq=8192, stack="torchtitan", attention_kernel="triton"),
+                                          0, "forward") if k.kind == ATTENTION} == {"triton"}
     # llm-foundry's default loss_fn is flash-attn's fused cross-entropy: one read of the bf16 logits
     head = lambda stack: [k.name for k in phase_kernels(m, ParallelPlan(seq=8192, stack=stack), None, "forward",
                                                           part="head")]
