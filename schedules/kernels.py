@@ -60,8 +60,9 @@ STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torcht
 #: 2025-04-02 (bbb1b616e, build_cross_entropy_loss) the loss too, before that left eager ("compiling loss
 #: function causes CUDA errors")
 COMPILED_STACKS = ("torchtitan-compile", "torchtitan-compile-loss")
-# the attention kernel each stack runs (topologies.kernel_curves prices it from its own measured curve)
-ATTENTION_IMPL = {"megatron": "flash2", "torchtitan": "flash2", "llm-foundry": "triton", "torchtitan-compile": "flash2",
+# the attention kernel each stack runs (topologies.kernel_curves prices it from its own measured curve): te =
+# Transformer Engine's choice (cuDNN fused attention on Hopper and later, FlashAttention-2 on Ampere)
+ATTENTION_IMPL = {"megatron": "te", "torchtitan": "flash2", "llm-foundry": "triton", "torchtitan-compile": "flash2",
                   "torchtitan-compile-loss": "flash2"}
 #: a plan may ask for another FlashAttention kernel than its stack's (``plan.attention_kernel``, one of
 #: schedules.plan.ATTENTION_KERNELS): auto = the stack's (above); flash2 = FlashAttention-2 (flash-attn 2.x CUDA);

@@ -313,7 +313,14 @@ ATTENTION_KERNEL = "FlashAttention-2"
 ATTENTION_SERIES = {
     ("hopper", "flash2"): "FlashAttention-2", ("ampere", "flash2"): "FlashAttention-2",
     ("hopper", "triton"): "FlashAttention", ("ampere", "triton"): "FlashAttention",
+    ("hopper", "cudnn"): "cuDNN",
 }
+# Transformer Engine's DotProductAttention (impl "te", the megatron stack) runs cuDNN's fused attention on
+# Hopper and later: its backend selection (get_attention_backend) disables FlashAttention "to give
+# FusedAttention preference on Hopper+ for performance reasons"; on Ampere it runs flash-attn (FlashAttention-2).
+# cuDNN's forward is charted beside FlashAttention-2 and -3 on H100 (the FlashAttention-3 README's chart); no
+# backward of it is in the data, so its backward is priced at FlashAttention-2's measured rate (the slow side).
+TE_ATTENTION = {"hopper": "cudnn", "ampere": "flash2"}
 FWD_BWD_FLOPS = 3.5          # FlashAttention benchmark: backward 2.5x forward FLOPs
 
 
@@ -325,6 +332,8 @@ def kernel_head_dim(head_dim: int, impl: str) -> int:
     (flash_attn_triton.py: ``BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)``, masked loads where the
     head dimension is not that block). E.g. MPT-30B's 112 runs the 128-wide kernel in both."""
     d = max(int(head_dim), 1)
+    if impl == "cudnn":
+        return d            # priced at its own width between the charted ones (64, 128, 256)
     if impl == "triton":
         return max(1 << (d - 1).bit_length(), 16)
     return -(-d // 32) * 32 if d <= 192 else 256
@@ -373,6 +382,10 @@ class AttentionCurve:
         if kern.flops <= 0:
             return 0.0
         impl = kern.impl or "flash2"
+        if impl == "te":
+            impl = TE_ATTENTION.get(self.family, "flash2")
+        if impl == "cudnn" and (kern.pass_ != "fwd" or (self.family, impl) not in ATTENTION_SERIES):
+            impl = "flash2"         # no charted cuDNN backward (nor cuDNN chart of the family): FlashAttention-2
         fits = attention_fits(self.family, impl)
         seq = max(kern.seq_kv, 1)
         d = kernel_head_dim(kern.head_dim, impl) if kern.head_dim else kern.head_dim
@@ -389,7 +402,8 @@ class AttentionCurve:
 
     @property
     def source(self) -> str:
-        return (f"{ATTENTION_KERNEL} (Triton stacks: {attention_series(self.family, 'triton')}) fit to "
+        return (f"{ATTENTION_KERNEL} (Triton stacks: {attention_series(self.family, 'triton')}; Transformer "
+                f"Engine: {attention_series(self.family, TE_ATTENTION.get(self.family, 'flash2'))} forward) fit to "
                 f"attention_kernels.csv ({ATTENTION_DATA[self.family]})"
                 + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else ""))
 

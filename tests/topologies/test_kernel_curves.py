@@ -159,3 +159,28 @@ def test_best_shape_point_devices_price_their_point_near_it(device, dtype):
     b, m, n, k = map(int, shapes[0])
     rate = 2.0 * b * m * n * k / kc.gemm_curve(device, dtype).time_s(m, n, k, b)
     assert 0.85 < rate / kc.mamf_flops_per_s(hw, pre) <= 1.0
+
+
+def test_transformer_engine_attention_runs_cudnn_forward_on_hopper():
+    """Megatron-Core's attention is Transformer Engine's: cuDNN fused attention on Hopper (TE prefers it over
+    FlashAttention there), FlashAttention-2 on Ampere. Its forward takes cuDNN's charted rate (H100, hd 128,
+    causal, 8k: 529 TFLOP/s); its backward, not charted, FlashAttention-2's. Blackwell scales Hopper's."""
+    def kern(pass_, impl, d=128):
+        fwd = 2.0 * 8192 * 8192 * 8 * 2 * d * 0.5
+        return Kernel("a", ATTENTION, fwd if pass_ == "fwd" else 2.5 * fwd, pass_=pass_, seq_q=8192, seq_kv=8192,
+                      head_dim=d, heads=8, causal=True, impl=impl)
+    h100, a100, b200 = (kc.attention_curve(d) for d in ("H100-SXM", "A100-80GB", "B200"))
+    f = kern("fwd", "te")
+    assert f.flops / h100.time_s(f) == pytest.approx(529e12, rel=0.02)
+    assert h100.time_s(f) < h100.time_s(kern("fwd", "flash2")) / 1.5
+    assert h100.time_s(kern("bwd", "te")) == h100.time_s(kern("bwd", "flash2"))
+    for pass_ in ("fwd", "bwd"):
+        assert a100.time_s(kern(pass_, "te")) == a100.time_s(kern(pass_, "flash2"))
+    assert b200.time_s(f) == pytest.approx(h100.time_s(f) / b200.scale, rel=1e-12)
+    # cuDNN takes any head dim: 96 between the charted 64 and 128, not padded to a compiled width
+    assert h100.time_s(kern("fwd", "te", 96)) < h100.time_s(kern("fwd", "te", 128))
+    from schedules.kernels import phase_kernels
+    from schedules.models import get_model
+    from schedules.plan import ParallelPlan
+    ks = phase_kernels(get_model("llama3-8b"), ParallelPlan(seq=8192, stack="megatron"), 0, "forward")
+    assert {k.impl for k in ks if k.kind == ATTENTION} == {"te"}
