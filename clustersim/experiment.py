@@ -326,8 +326,9 @@ def simulate_options(f: Callable) -> Callable:
                           "through HBM: QK^T and PV batched GEMMs, softmax and dropout kernels, and are kept for "
                           "backward; pre-FlashAttention Megatron, e.g. the 2021 GPT runs)."),
         click.option("--attention-kernel", type=click.Choice(ATTENTION_KERNELS),
-                     help="FlashAttention kernel priced with --attention flash: auto (default: the stack's, "
-                          "llm-foundry's Triton kernel, FlashAttention-2 elsewhere) | flash2 | triton."),
+                     help="FlashAttention kernel priced with --attention flash: auto (default: the stack's: "
+                          "Megatron's Transformer Engine runs cuDNN on Hopper and later, FlashAttention-2 on "
+                          "Ampere; llm-foundry the Triton kernel; torchtitan FlashAttention-2) | flash2 | triton."),
         click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD),
                      help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),

@@ -96,7 +96,8 @@ class ParallelPlan:
     attention            flash (FlashAttention: no s×s scores kept, the default) | eager (the s×s scores
                          go through HBM and are kept: schedules.kernels prices QK^T, softmax, dropout, PV)
     attention_kernel     the FlashAttention kernel priced (attention flash only): auto (the stack's:
-                         llm-foundry's Triton kernel, FlashAttention-2 elsewhere) | flash2 | triton
+                         megatron Transformer Engine's, cuDNN on Hopper+ and FlashAttention-2 on Ampere;
+                         llm-foundry the Triton kernel; torchtitan FlashAttention-2) | flash2 | triton
     fsdp_reshard_after_forward  ZeRO-3/FSDP: free gathered parameters after each forward: auto (only without
                          PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
     dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
