@@ -59,6 +59,8 @@ CLUSTERS = {"A100-40GB": "dgx-a100-40gb.yaml", "A100": "dgx-a100", "H100": "dgx-
 #: GB200 jobs of 64·k GPUs (not a multiple of the rack's 72) run on racks with 64 GPUs in use each (16 of 18
 #: compute trays): NVIDIA's Megatron-Bridge GB200 recipes, "64 GB200 GPUs in one NVLink domain"
 NVL72, NVL_IN_USE, GB200_64 = 72, 64, "gb200-nvl72-64.yaml"
+#: the H100 96GB HBM2e hosts of torchtitan's benchmarks (Grand Teton; validation/clusters)
+GRAND_TETON = "grand-teton-h100.yaml"
 
 MEGATRON = ("Megatron", "NeMo")                 # frameworks running Megatron-Core (+ Transformer Engine)
 #: Megatron-LM as Narayanan et al. 2021 ran it (v2.x): before FlashAttention (2022; Megatron-LM took it up in
@@ -212,7 +214,7 @@ def group_of(row: dict) -> str:
     moe = bool(model) and get_model(model).is_moe
     hw = (hardware_class(row["hardware"]) or "?").replace("-40GB", "")
     if hw == "H100" and "HBM2e" in row["hardware"]:
-        hw = "H100-500W"      # a different SKU (96 GB HBM2e, 500 W limit) priced with H100 SXM datasheet rates
+        hw = "H100-500W"      # a different SKU (96 GB HBM2e at 2.4 TB/s, 500 W limit): validation/clusters
     return f"{hw} {(precision_class(row['precision']) or row['precision']).upper()} {'MoE' if moe else 'dense'}"
 
 
@@ -286,8 +288,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         notes.append("FP16 mixed precision simulated as BF16 (the same tensor-core peak and 2-byte elements)")
     kw: dict = {"cluster": cluster}
     if hw == "H100" and "HBM2e" in row["hardware"]:
-        notes.append("H100 HBM2e (500 W limit) simulated as H100 SXM (700 W): no published sustained rate for "
-                     "that SKU; reported in its own group")
+        kw["cluster"] = str(CLUSTER_FILES / GRAND_TETON)
+        notes.append("H100 96GB HBM2e (Grand Teton): its 2.4 TB/s and 96 GB as the source states, SXM5 compute at "
+                     "700 W (the source puts its peak between SXM and NVL; the 500 W limit is not modelled); "
+                     "reported in its own group")
     if "dtype" in fields:
         kw["dtype"] = prec
     elif prec != "bf16":

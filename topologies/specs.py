@@ -86,6 +86,17 @@ H100_PCIE = _register(AcceleratorSpec(
     source="NVIDIA H100 datasheet (PCIe); H100 architecture whitepaper (114 SMs); NIC assumed 400 Gb/s",
     sm_count=114, device_names=("NVIDIA H100 PCIe",)))
 
+# H100 SXM5 with 96 GB HBM2e at 2.4 TB/s, as Meta's Grand Teton hosts carry it (run at a 500 W power limit):
+# torchtitan's benchmarks/llama3_h100_202412_torchtitan.md states the memory and its bandwidth, NVLink within a
+# host and 400 Gb/s RDMA per GPU, and that the peak FLOPS lies "between SXM and NVL" without knowing it. The
+# SXM5 peak here is therefore an upper bound, and the 500 W limit (lower sustained clocks) is not modelled.
+# 96 GB = six 16 GiB HBM2e stacks; usable capacity in H100 SXM's proportion (81,559 of 81,920 MiB) -> 97,871 MiB.
+H100_HBM2E = _register(AcceleratorSpec(
+    "H100-HBM2e", 989.4 * TFLOPS, 1978.9 * TFLOPS, 97871 * MIB, 2.4 * TB, 450 * GB, 400 * GBIT,
+    source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (96GB HBM2e, 2.4 TB/s, 400 Gb/s RDMA per GPU, "
+    "500 W limit not modelled); compute and SMs of H100 SXM5 (an upper bound: the source puts its peak between "
+    "SXM and NVL)", sm_count=132))
+
 # NVIDIA H200 datasheet (SXM): same Hopper compute as H100 SXM; 141 GB HBM3e (143,771 MiB in nvidia-smi) at 4.8 TB/s; NVLink 900 GB/s
 # bidirectional; DGX H200: 8x ConnectX-7 400 Gb/s.
 H200 = _register(AcceleratorSpec(
@@ -148,7 +159,8 @@ L40S = _register(AcceleratorSpec(
     source="NVIDIA L40S datasheet; 142 SMs: NVIDIA Ada Lovelace architecture whitepaper", sm_count=142,
     device_names=("NVIDIA L40S",)))
 
-_ALIASES = {"h100": "H100-SXM", "h100-sxm": "H100-SXM", "h200": "H200", "b200": "B200", "gb200": "GB200",
+_ALIASES = {"h100": "H100-SXM", "h100-sxm": "H100-SXM", "h100-hbm2e": "H100-HBM2e", "h100-96gb": "H100-HBM2e",
+            "h200": "H200", "b200": "B200", "gb200": "GB200",
             "a100": "A100-80GB", "a100-80gb": "A100-80GB",
             "a100-40gb": "A100-40GB", "h100-pcie": "H100-PCIe", "tpu-v5p": "TPU-v5p", "v5p": "TPU-v5p",
             "ascend-910c": "Ascend-910C", "910c": "Ascend-910C", "l40s": "L40S"}

@@ -56,6 +56,10 @@ def test_fsdp_framework_row_takes_local_batch_and_proxy_layers():
     # torchtitan's bare "selective" is its train_configs' selective_ac_option = 'op' (per-op checkpointing)
     assert (kw["fsdp"], kw["dp"], kw["micro_batch"], kw["global_batch"], kw["recompute"]) == (True, 8, 2, 16, "op")
     assert any("HBM2e" in n for n in notes)
+    # the Grand Teton H100: 96 GB HBM2e at 2.4 TB/s as the source states, holding its published 84.5 GiB peaks
+    from topologies.presets import load_cluster_file
+    acc = load_cluster_file(kw["cluster"], 8).accelerator
+    assert (acc.name, acc.hbm_bytes_per_s) == ("H100-HBM2e", 2.4e12) and acc.hbm_bytes > 84.5 * 2**30
     proxy, notes = row_experiment(_row(model="Llama 3.1 405B", num_layers="7", framework="NeMo (Megatron-Core)"),
                                   FIELDS)
     assert proxy["model"] == {"base": "llama3-405b", "layers": 7} and "7 layers" in notes[0]
