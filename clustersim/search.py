@@ -33,7 +33,7 @@ import click
 from simulator.errors import ClusterSimError, ConfigError
 from clustersim.experiment import Experiment, resolve_model, resolve_plan
 from schedules.kernels import DTYPES, STACKS
-from schedules.plan import ATTENTION
+from schedules.plan import ATTENTION, ATTENTION_KERNELS
 
 CACHE_VERSION = 2
 
@@ -755,6 +755,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
               help="Attention kernel of every plan: flash, or eager (pre-FlashAttention stacks: the s×s scores "
                    "priced through HBM and kept for backward; as `simulate --attention`).")
+@click.option("--attention-kernel", type=click.Choice(ATTENTION_KERNELS), default="auto", show_default=True,
+              help="FlashAttention kernel priced with --attention flash (as `simulate --attention-kernel`).")
 @click.option("--top-k", type=int, default=5, show_default=True)
 @click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
 @click.option("--schedules", default="1f1b,interleaved,zb,gpipe", show_default=True)
@@ -779,7 +781,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the cache.")
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
-def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, attention, top_k, micro_batches,
+def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, attention, attention_kernel,
+           top_k, micro_batches,
            schedules,
            recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, max_memory_fraction, tp_comm_overlap,
            workers, scheduler, cache_dir, no_cache, pareto, as_json):
@@ -796,6 +799,9 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         return v
     if top_k < 1:
         raise ConfigError("--top-k must be >= 1")
+    if attention_kernel != "auto" and attention != "flash":
+        raise ConfigError(f"--attention-kernel {attention_kernel} chooses a FlashAttention kernel; with --attention "
+                          f"{attention} no FlashAttention runs")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     if gpus < 1 or global_batch < 1 or seq < 1:
@@ -821,7 +827,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
             raise ConfigError(f"--recompute: unknown value {r!r}; choose from none, selective, full, op")
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
                       network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack,
-                      tp_comm_overlap=tp_comm_overlap, attention=attention)
+                      tp_comm_overlap=tp_comm_overlap, attention=attention, attention_kernel=attention_kernel)
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
     from clustersim.simulate import DelayedProgress
     import sys

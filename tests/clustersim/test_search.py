@@ -294,3 +294,21 @@ def test_search_with_eager_attention_prices_and_bounds_the_scores(capsys):
     for r in eager["evaluated"]:
         assert r["lower_bound_s"] <= r["step_time_s"] * (1 + 1e-9), describe(r)
     assert eager["top"][0]["step_time_s"] > 1.2 * flash["top"][0]["step_time_s"]
+
+
+def test_search_attention_kernel_reaches_every_plan(tmp_path):
+    """`search --attention-kernel flash2` with llm-foundry's stack: every candidate prices FlashAttention-2, which
+    the plan records, and the best plan is faster than with the stack's Triton kernel; with eager attention the
+    choice is refused before searching."""
+    space = SearchSpace(micro_batches=(2,), schedules=("1f1b",), recompute=("none",), zero=(3,), cp=(1,),
+                        tp=(1,), pp=(1,))
+    base = Experiment(cluster="dgx-h100", gpus=8, model="mpt-1b", global_batch=16, seq=2048, network="analytical",
+                      mode="symmetric", stack="llm-foundry")
+    triton = run_search(base, top_k=1, space=space, workers=1)
+    flash2 = run_search(dataclasses.replace(base, attention_kernel="flash2"), top_k=1, space=space, workers=1)
+    assert flash2["evaluated"] and all(r["plan"]["attention_kernel"] == "flash2" for r in flash2["evaluated"])
+    assert flash2["top"][0]["step_time_s"] < triton["top"][0]["step_time_s"]
+    from clustersim.cli import main
+    code = main(["search", "--gpus", "8", "--model", "mpt-1b", "--global-batch", "16", "--attention", "eager",
+                 "--attention-kernel", "flash2", "--no-cache"])
+    assert code == 2
