@@ -177,8 +177,8 @@ MAMF_POINTS = {
     ("B200", "bf16"): ("NVIDIA B200 SXM", "BF16"), ("B200", "fp8"): ("NVIDIA B200 SXM", "FP8"),
     ("GB200", "bf16"): ("NVIDIA GB200 SXM", "BF16"), ("GB200", "fp8"): ("NVIDIA GB200 SXM", "FP8"),
 }
-FAMILY = {"H100-SXM": "hopper", "H100-PCIe": "hopper", "H100-HBM2e": "hopper", "H200": "hopper", "A100-80GB": "ampere",
-          "A100-40GB": "ampere"}
+FAMILY = {"H100-SXM": "hopper", "H100-PCIe": "hopper", "H100-HBM2e": "hopper", "H200": "hopper",
+          "A100-80GB": "ampere", "A100-40GB": "ampere"}
 
 
 @lru_cache(maxsize=None)

@@ -69,6 +69,7 @@ def test_the_cli_offers_the_stacks_and_dtypes_the_kernel_model_knows():
     assert experiment.GRAD_REDUCE_DTYPES == kernels.GRAD_REDUCE_DTYPES
     from schedules import plan
     assert experiment.EXPERT_GRIDS == plan.EXPERT_GRIDS
+    assert experiment.ATTENTION == plan.ATTENTION and experiment.ATTENTION_KERNELS == plan.ATTENTION_KERNELS
 
 
 def test_grad_reduce_dtype_flag_and_yaml_reach_the_result(tmp_path, capsys):
