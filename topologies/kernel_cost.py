@@ -3,7 +3,9 @@
     gemm         a calibration's compute fit for the device when there is one (measured by our collector:
                  achieved FLOP/s = peak · F/(F + F½)), else the device's GEMM curve
                  (topologies.kernel_curves: tiles, waves on the SM count, split-K, fitted to gemm.csv)
-    attention    FlashAttention-2 curve of the device (attention_kernels.csv); a device of an architecture
+    attention    the curve of the kernel's implementation on the device (attention_kernels.csv: FlashAttention-2,
+                 cuDNN's forward for Transformer Engine on Hopper+, FlashAttention v1 for the Triton kernel;
+                 topologies.kernel_curves.AttentionCurve); a device of an architecture
                  without a chart that has a calibration compute fit (e.g. the CPU of the closed loop) runs
                  it at the fit's rate
     elementwise  t0 + bytes / (HBM bytes/s · MEMORY_EFFICIENCY), t0 the launch-and-tail time of the GEMM fit
