@@ -782,10 +782,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, attention, attention_kernel,
-           top_k, micro_batches,
-           schedules,
-           recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold, max_memory_fraction, tp_comm_overlap,
-           workers, scheduler, cache_dir, no_cache, pareto, as_json):
+           top_k, micro_batches, schedules, recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold,
+           max_memory_fraction, tp_comm_overlap, workers, scheduler, cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     from simulator.inputs import brief
 

@@ -34,6 +34,7 @@ RUN_COLUMNS = ("model", "hardware", "precision", "framework", "gpus")     # read
 CLUSTER_FILES = ROOT / "validation" / "clusters"
 GIB = 2**30
 
+
 def _published_size(preset: str) -> str:
     """'megatron-gpt-1.7b' -> '1.7B', 'megatron-gpt-1t' -> '1.0T': the paper's size as our CSV names it."""
     size = preset.removeprefix("megatron-gpt-")

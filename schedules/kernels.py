@@ -248,7 +248,7 @@ class _Writer:
         # _eval_train_metrics, Composer 0.14-0.17); llm-foundry's MPT registers LanguageCrossEntropy and
         # LanguagePerplexity, each a torch.nn.CrossEntropyLoss over the logits under autocast (fp32 math)
         self.train_metrics = 2 if stack == "llm-foundry" else 0
-        self.attention_impl = ATTENTION_IMPL[stack] if attention_kernel in (None, "auto") else attention_kernel
+        self.attention_impl = ATTENTION_IMPL[stack] if attention_kernel == "auto" else attention_kernel
         self.fp8 = dtype == "fp8"
         self.out: list[Kernel] = []
 

@@ -384,8 +384,8 @@ class AttentionCurve:
         impl = kern.impl or "flash2"
         if impl == "te":
             impl = TE_ATTENTION.get(self.family, "flash2")
-        if impl == "cudnn" and (kern.pass_ != "fwd" or (self.family, impl) not in ATTENTION_SERIES):
-            impl = "flash2"         # no charted cuDNN backward (nor cuDNN chart of the family): FlashAttention-2
+        if impl == "cudnn" and kern.pass_ != "fwd":
+            impl = "flash2"         # no charted cuDNN backward: FlashAttention-2's
         fits = attention_fits(self.family, impl)
         seq = max(kern.seq_kv, 1)
         d = kernel_head_dim(kern.head_dim, impl) if kern.head_dim else kern.head_dim
