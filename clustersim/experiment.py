@@ -35,7 +35,7 @@ import click
 
 from schedules.pipeline import SCHEDULES as _SCHEDULES
 from simulator.calibration import CALIBRATION_SCOPES
-from simulator.errors import ConfigError, ProgramError
+from simulator.errors import ConfigError, PlanError, ProgramError
 from simulator.inputs import brief
 from simulator.yamlio import load_yaml as _load_yaml
 
@@ -630,6 +630,15 @@ def stack_for(exp: Experiment, cluster) -> str:
     return exp.stack or default_stack(cluster.accelerator.vendor)
 
 
+def check_device_dtype(dtype: str, accelerator) -> None:
+    """Refuse a precision the device cannot run: FP8 GEMMs need an FP8 tensor-core path (Transformer Engine
+    and torchao's Float8 both require CUDA compute capability 8.9 or newer: Ada, Hopper, Blackwell). A100,
+    TPU v5p and Ascend 910C have none (``AcceleratorSpec.peak_fp8_flops`` is None)."""
+    if dtype == "fp8" and getattr(accelerator, "peak_fp8_flops", None) is None:
+        raise PlanError(f"--dtype fp8: {accelerator.name} has no FP8 tensor cores (FP8 training needs an FP8 GEMM "
+                        f"path: Ada, Hopper or Blackwell GPUs); use --dtype bf16")
+
+
 def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     """run_experiment's set-up: the cluster, model, plan, cost model and (class-refined) programs."""
     from schedules import build_programs
@@ -638,6 +647,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     world = cluster.world_size
     model = resolve_model(exp)
     exp.stack = stack_for(exp, cluster)
+    check_device_dtype(exp.dtype, cluster.accelerator)
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
     base_cost = cost

@@ -295,6 +295,9 @@ def plan(cluster, hbm_gb, as_json, **kw):
     gpus = kw.get("gpus") or p.world_size
     c = _load_cluster(cluster, gpus)
     device = None if c is None else c.device(0)
+    if c is not None:
+        from clustersim.experiment import check_device_dtype
+        check_device_dtype(p.dtype, c.accelerator)
     if kw.get("stack") is None and c is not None:      # the stack simulate prices on this cluster by default
         p = dataclasses.replace(p, stack=default_stack(c.accelerator.vendor))
     hbm = _device_memory(device, hbm_gb)

@@ -438,10 +438,12 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     experiment.TIGHT_MEMORY_FRACTION, where `simulate` notes a plan as at risk): the model counts tensors,
     and the caching allocator's reserved peak runs above that count (torchtitan's published peaks, `validate`
     rows 400-404: 8-15% above ours)."""
-    from clustersim.experiment import TIGHT_MEMORY_FRACTION, build_cost_model, load_cluster_for, stack_for
+    from clustersim.experiment import (TIGHT_MEMORY_FRACTION, build_cost_model, check_device_dtype,
+                                       load_cluster_for, stack_for)
     t0 = time.perf_counter()
     space = space or SearchSpace()
     cluster = load_cluster_for(base)
+    check_device_dtype(base.dtype, cluster.accelerator)
     world = cluster.world_size
     model = resolve_model(base)
     if base.global_batch is None:

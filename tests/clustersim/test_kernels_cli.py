@@ -35,6 +35,26 @@ def test_bad_dtype_is_a_one_line_error(capsys, tmp_path):
     assert err.startswith("error: ") and "dtype" in err and "Traceback" not in err
 
 
+def test_fp8_on_a_device_without_fp8_is_refused(capsys, tmp_path):
+    """A100, TPU v5p and Ascend 910C have no FP8 tensor cores (Transformer Engine refuses FP8 below compute
+    capability 8.9): simulate, a YAML experiment, plan --cluster and search say so in one line instead of
+    pricing BF16 GEMMs under an "fp8" label; H100 still runs FP8."""
+    a100 = ["--cluster", "dgx-a100", "--gpus", "16", "--model", "llama3-8b", "--tp", "8", "--global-batch", "8",
+            "--dtype", "fp8"]
+    runs = [["simulate", *a100], ["plan", *a100], ["search", *a100, "--no-cache"],
+            ["plan", "--cluster", "tpu-v5p", "--gpus", "64", "--model", "llama3-8b", "--dtype", "fp8"]]
+    p = tmp_path / "e.yaml"
+    p.write_text("cluster: cloudmatrix-384\ngpus: 16\nmodel: llama3-8b\ndtype: fp8\nglobal_batch: 16\n")
+    runs.append(["simulate", "-c", str(p)])
+    for args in runs:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("error: --dtype fp8: ") and "no FP8 tensor cores" in err, (args, err)
+        assert "Traceback" not in err
+    assert main(BASE + ["--json", "--dtype", "fp8"]) == 0
+    assert json.loads(capsys.readouterr().out)["dtype"] == "fp8"
+
+
 def test_breakdown_table_prints(capsys):
     assert main(BASE + ["--breakdown"]) == 0
     out = capsys.readouterr().out
