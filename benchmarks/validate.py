@@ -5,7 +5,8 @@
 
 Writes validate.json (rows, per-group and per-group-and-framework summaries, rows not expressible),
 validate.png (predicted vs published) and validate.md (both summary tables and the peak-memory comparison, as
-pasted in the README). The rows are
+pasted in the README); the whole set under default options also writes validation/evidence.json, the
+per-group evidence `clustersim simulate` prints next to its predictions (clustersim.evidence). The rows are
 validation only: nothing is fitted to them. Takes about 2 s per row on one CPU core.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from clustersim.evidence import write_evidence  # noqa: E402
 from clustersim.validate import load_runs, plot, summarize, validate_rows  # noqa: E402
 
 
@@ -80,6 +82,9 @@ def main() -> None:
                                                "summary_by_framework": frameworks, "not_expressible": skipped,
                                                "wall_time_s": time.perf_counter() - t0}, indent=1))
     plot(results, f"{out}.png")
+    if args.runs is None and not args.tp_comm_overlap and args.network == "analytical":
+        # the whole set under the default model: the evidence `simulate` prints next to its predictions
+        print(f"evidence: {write_evidence(results)}", file=sys.stderr)
     md = markdown(results, summary, skipped, frameworks, per_row=len(rows) <= 50)
     Path(f"{out}.md").write_text(md)
     print(md)

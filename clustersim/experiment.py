@@ -421,6 +421,7 @@ class Outcome:
             "grad_reduce_dtype": _reduce_dtype(self.plan),
             "notes": list(self.notes), "calibration": self.calibration, "comm_by_axis": m.comm_by_axis,
             "model_params": self.model.param_count() if hasattr(self.model, "param_count") else None,
+            "evidence": self.evidence(),
         }
         if self.cost is not None and hasattr(self.cost, "pricing"):
             d["pricing"] = {"calibration_file": self.experiment.calibration, **self.cost.pricing()}
@@ -428,6 +429,16 @@ class Outcome:
                 from topologies.kernel_cost import kernel_time_shares
                 d["top_kernels"] = kernel_time_shares(self.programs, self.cost)
         return d
+
+    def evidence(self) -> dict | None:
+        """How predictions of this kind (device × precision × dense/MoE, and stack) compared with published
+        runs in the latest whole validate run (clustersim.evidence); None without a named accelerator."""
+        acc = getattr(getattr(self.cluster, "accelerator", None), "name", None)
+        if acc is None:
+            return None
+        from clustersim.evidence import evidence_for
+        return evidence_for(acc, getattr(self.plan, "dtype", "bf16"), bool(getattr(self.model, "is_moe", False)),
+                            getattr(self.plan, "stack", None))
 
     def breakdown(self) -> dict:
         """Per-kernel time of each layer phase of the busiest representative rank (topologies.kernel_cost)."""

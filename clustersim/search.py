@@ -547,8 +547,11 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
             f"or a global batch divisible by more data-parallel sizes")
     stats["wall_time_s"] = time.perf_counter() - t0
     stats["world_size"] = world
+    from clustersim.evidence import evidence_for
+    evidence = evidence_for(cluster.accelerator.name, base.dtype, bool(getattr(model, "is_moe", False)),
+                            stack_for(base, cluster))
     return {"top": fitting[:top_k], "evaluated": ok, "failed": [r for r in results if "error" in r],
-            "stats": stats, "memory_capacity_bytes": capacity, "memory_limit_bytes": limit}
+            "stats": stats, "memory_capacity_bytes": capacity, "memory_limit_bytes": limit, "evidence": evidence}
 
 
 DESER = ["msgpack"]               # what the client may deserialise from the cluster: plain data only
@@ -841,7 +844,8 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         pareto_plot(out["evaluated"], Path(pareto), f"{model} on {gpus} GPUs ({cluster})",
                     out["memory_capacity_bytes"], out["memory_limit_bytes"])
     if as_json:
-        click.echo(json.dumps({"top": out["top"], "stats": out["stats"]}, sort_keys=True, default=str))
+        click.echo(json.dumps({"top": out["top"], "stats": out["stats"], "evidence": out["evidence"]}, sort_keys=True,
+                              default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -862,5 +866,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     click.echo(f"{st['candidates']} candidate plans: {st['pruned_memory']} do not fit in memory, "
                f"{st['pruned_bound']} pruned by the step-time bound, {st['simulated']} simulated, "
                f"{st['cached']} from cache, {st['failed']} failed; {st['wall_time_s']:.1f} s")
+    from clustersim.evidence import evidence_line
+    click.echo(f"evidence (clustersim validate): {evidence_line(out['evidence'])}")
     if pareto:
         click.echo(f"wrote {pareto}")

@@ -106,6 +106,10 @@ def print_summary(outcome, console=None) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+    ev = outcome.evidence()
+    if ev is not None:
+        from clustersim.evidence import evidence_line
+        console.print(f"[cyan]evidence (clustersim validate):[/cyan] {evidence_line(ev)}", highlight=False)
     for n in outcome.notes:
         console.print(f"[yellow]note:[/yellow] {n}")
 

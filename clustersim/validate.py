@@ -501,7 +501,7 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None,
             "published_step_time_s": _num(row, "step_time_s"), "predicted_step_time_s": m.step_time_s,
             "published_peak_memory_gib": mem_pub, "predicted_peak_memory_gib": m.peak_memory_bytes / GIB,
             "peak_memory_error": (m.peak_memory_bytes / GIB / mem_pub - 1.0) if mem_pub else None,
-            "mfu": m.mfu,
+            "mfu": m.mfu, "stack": out.plan.stack,
         })
     return done, skipped
 

@@ -1,0 +1,114 @@
+"""The evidence printed next to a prediction: how the simulator's predictions of the same kind compared with
+published training runs in the latest whole ``validate`` run.
+
+A simulation's *kind* is the summary group of ``clustersim validate`` (device × precision × dense/MoE, e.g.
+"H100 BF16 dense") and, within it, the training stack whose kernels priced it (megatron, llm-foundry,
+torchtitan...). ``python benchmarks/validate.py`` (the whole of validation/published_runs.csv, default
+options) writes both summaries to ``validation/evidence.json`` next to benchmarks/results/validate.md.
+Nothing here adjusts a prediction: it says how far predictions like it were from measured runs.
+Errors are fractions: predicted / published tokens per second per GPU − 1 (positive = optimistic).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import date
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EVIDENCE = ROOT / "validation" / "evidence.json"
+
+#: Accelerator preset -> the hardware name of validate's groups (clustersim.validate.group_of). Devices
+#: without published runs in the set (H100 PCIe, L40S, TPU v5p, Ascend 910C) have no evidence.
+HARDWARE_GROUP = {"H100-SXM": "H100", "H100-HBM2e": "H100-500W", "A100-80GB": "A100", "A100-40GB": "A100",
+                  "H200": "H200", "B200": "B200", "GB200": "GB200"}
+
+
+def group_for(accelerator: str, dtype: str, moe: bool) -> str | None:
+    """validate's summary group of a simulation on ``accelerator`` (preset name) in ``dtype``; None where the
+    device has no group."""
+    hw = HARDWARE_GROUP.get(accelerator)
+    return None if hw is None else f"{hw} {dtype.upper()} {'MoE' if moe else 'dense'}"
+
+
+def _stats(errors: list[float], gpus: list[int]) -> dict:
+    from clustersim.validate import _percentile
+    return {"rows": len(errors), "median_abs_error": _percentile([abs(e) for e in errors], 50),
+            "p90_abs_error": _percentile([abs(e) for e in errors], 90),
+            "mean_signed_error": sum(errors) / len(errors), "gpus": [min(gpus), max(gpus)]}
+
+
+def summarize_evidence(results: list[dict]) -> dict:
+    """Per group and per (group, stack) statistics of validate's result rows (``validate_rows``)."""
+    by_group: dict[str, tuple[list, list]] = {}
+    by_stack: dict[str, dict[str, tuple[list, list]]] = {}
+    for r in results:
+        g, s = r["group"], r.get("stack") or "?"
+        for bucket in (by_group.setdefault(g, ([], [])), by_stack.setdefault(g, {}).setdefault(s, ([], []))):
+            bucket[0].append(r["error"])
+            bucket[1].append(int(r["gpus"]))
+    return {"groups": {g: _stats(*v) for g, v in sorted(by_group.items())},
+            "by_stack": {g: {s: _stats(*v) for s, v in sorted(d.items())} for g, d in sorted(by_stack.items())}}
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def write_evidence(results: list[dict], path: Path = EVIDENCE, command: str = "python benchmarks/validate.py") -> Path:
+    """Write the evidence file of a whole validate run (its result rows)."""
+    doc = {"generated_by": command, "date": date.today().isoformat(), "commit": _commit(), "rows": len(results),
+           "conditions": "published runs' plans, analytical network, no calibration; error = predicted / "
+                         "published tokens/s per GPU - 1",
+           **summarize_evidence(results)}
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+@lru_cache(maxsize=4)
+def load_evidence(path: Path = EVIDENCE) -> dict | None:
+    """The committed evidence file (None when absent or unreadable: a prediction then says so)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def evidence_for(accelerator: str, dtype: str, moe: bool, stack: str | None, path: Path = EVIDENCE) -> dict:
+    """What the validation set says about predictions of this kind: the group's statistics and, where runs
+    of the same stack exist, that stack's (``stack_rows`` ...). ``rows`` 0 with a ``note`` when none."""
+    group = group_for(accelerator, dtype, moe)
+    doc = load_evidence(path)
+    out: dict = {"group": group, "stack": stack}
+    if doc is None:
+        return {**out, "rows": 0, "note": f"no evidence file ({Path(path).name}); run python benchmarks/validate.py"}
+    out["source"] = f"{doc.get('generated_by')} ({doc.get('date')}, {doc.get('commit')})"
+    g = doc.get("groups", {}).get(group) if group else None
+    if g is None:
+        where = accelerator if group is None else group
+        return {**out, "rows": 0, "note": f"no published run of this kind ({where}) in the validation set"}
+    out.update(g)
+    s = doc.get("by_stack", {}).get(group, {}).get(stack) if stack else None
+    if s is not None:
+        out.update({f"stack_{k}": v for k, v in s.items()})
+    return out
+
+
+def evidence_line(ev: dict) -> str:
+    """One line for tables: 'vs 173 published H100 BF16 dense runs (8-2,304 GPUs): median |error| 8.6%, mean
+    +9.1% (+ = predicted faster); megatron stack: 103 runs, median |error| 4.8%, mean +6.7%'."""
+    if not ev.get("rows"):
+        return ev.get("note", "none")
+    lo, hi = ev["gpus"]
+    line = (f"vs {ev['rows']} published {ev['group']} runs ({lo:,}-{hi:,} GPUs): median |error| "
+            f"{ev['median_abs_error']:.1%}, mean {ev['mean_signed_error']:+.1%} (+ = predicted faster)")
+    if ev.get("stack_rows"):
+        line += (f"; {ev['stack']} stack: {ev['stack_rows']} runs, median |error| {ev['stack_median_abs_error']:.1%}, "
+                 f"mean {ev['stack_mean_signed_error']:+.1%}")
+    return line

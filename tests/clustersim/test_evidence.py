@@ -1,0 +1,101 @@
+"""The evidence printed next to a prediction (clustersim.evidence): its groups are validate's, its statistics
+are the committed validate run's, and simulate / search print and return it."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from clustersim import evidence as ev
+from clustersim.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_group_for_names_validate_groups():
+    assert ev.group_for("H100-SXM", "bf16", False) == "H100 BF16 dense"
+    assert ev.group_for("H100-HBM2e", "fp8", False) == "H100-500W FP8 dense"
+    assert ev.group_for("A100-40GB", "bf16", True) == "A100 BF16 MoE"
+    assert ev.group_for("GB200", "fp8", True) == "GB200 FP8 MoE"
+    for no_runs in ("H100-PCIe", "L40S", "TPU-v5p", "Ascend-910C", "cpu"):
+        assert ev.group_for(no_runs, "bf16", False) is None
+
+
+@pytest.mark.parametrize("row_id", ["411", "489", "565", "402", "311", "363", "36", "409", "621"])
+def test_group_for_agrees_with_validate_group_of(row_id):
+    """A validate row's group (from the source's hardware text) is the group a simulation of that row's
+    experiment gets (from its cluster's accelerator): the evidence printed is the evidence of its kind."""
+    from clustersim.experiment import experiment_from_dict, load_cluster_for, resolve_model
+    from clustersim.validate import _experiment_fields, group_of, load_runs, row_experiment
+    row = next(r for r in load_runs() if r["id"] == row_id)
+    kw, _ = row_experiment(row, _experiment_fields())
+    exp = experiment_from_dict(kw)
+    acc = load_cluster_for(exp).accelerator.name
+    assert ev.group_for(acc, exp.dtype, resolve_model(exp).is_moe) == group_of(row)
+
+
+def test_summary_statistics_by_hand(tmp_path):
+    rows = [{"group": "H100 BF16 dense", "stack": "megatron", "error": e, "gpus": g}
+            for e, g in ((0.10, 8), (-0.02, 64), (0.04, 1024))]
+    rows.append({"group": "H100 BF16 dense", "stack": "llm-foundry", "error": 0.30, "gpus": "16"})
+    doc = ev.summarize_evidence(rows)
+    g = doc["groups"]["H100 BF16 dense"]
+    assert g["rows"] == 4 and g["gpus"] == [8, 1024]
+    assert g["median_abs_error"] == pytest.approx((0.04 + 0.10) / 2)
+    assert g["mean_signed_error"] == pytest.approx((0.10 - 0.02 + 0.04 + 0.30) / 4)
+    m = doc["by_stack"]["H100 BF16 dense"]["megatron"]
+    assert m["rows"] == 3 and m["median_abs_error"] == pytest.approx(0.04)
+    assert m["p90_abs_error"] == pytest.approx(0.04 + 0.8 * (0.10 - 0.04))     # numpy's linear percentile
+
+    path = tmp_path / "evidence.json"
+    ev.write_evidence(rows, path)
+    ev.load_evidence.cache_clear()
+    got = ev.evidence_for("H100-SXM", "bf16", False, "megatron", path)
+    assert got["rows"] == 4 and got["stack_rows"] == 3 and got["group"] == "H100 BF16 dense"
+    line = ev.evidence_line(got)
+    assert "vs 4 published H100 BF16 dense runs (8-1,024 GPUs)" in line and "megatron stack: 3 runs" in line
+    other = ev.evidence_for("H100-SXM", "bf16", False, "torchtitan", path)      # no run of that stack
+    assert other["rows"] == 4 and "stack_rows" not in other and "stack" not in ev.evidence_line(other)
+    assert ev.evidence_for("B200", "fp8", False, "megatron", path)["rows"] == 0
+    assert "no published run" in ev.evidence_line(ev.evidence_for("L40S", "bf16", False, "megatron", path))
+    missing = ev.evidence_for("H100-SXM", "bf16", False, "megatron", tmp_path / "none.json")
+    assert missing["rows"] == 0 and "benchmarks/validate.py" in missing["note"]
+
+
+def _md_summary() -> dict:
+    """The group table of the committed benchmarks/results/validate.md: group -> (rows, median, p90, mean) in %."""
+    out = {}
+    for line in (ROOT / "benchmarks" / "results" / "validate.md").read_text().splitlines():
+        m = re.match(r"\| ([^|]+?) \| (\d+) \| ([\d.]+)% \| ([\d.]+)% \| ([+-][\d.]+)% \|$", line)
+        if m:
+            out[m.group(1)] = (int(m.group(2)), *(float(m.group(i)) for i in (3, 4, 5)))
+    return out
+
+
+def test_committed_evidence_is_the_committed_validate_run():
+    """validation/evidence.json and benchmarks/results/validate.md come from the same whole run."""
+    doc = json.loads(ev.EVIDENCE.read_text())
+    md = _md_summary()
+    assert md and set(md) == set(doc["groups"])
+    for group, (rows, med, p90, mean) in md.items():
+        g = doc["groups"][group]
+        assert g["rows"] == rows
+        assert round(100 * g["median_abs_error"], 1) == pytest.approx(med, abs=0.051)
+        assert round(100 * g["p90_abs_error"], 1) == pytest.approx(p90, abs=0.051)
+        assert round(100 * g["mean_signed_error"], 1) == pytest.approx(mean, abs=0.051)
+        assert sum(s["rows"] for s in doc["by_stack"][group].values()) == rows
+
+
+def test_simulate_and_search_print_and_return_the_evidence(capsys):
+    base = ["--cluster", "dgx-h100", "--gpus", "16", "--model", "llama3-8b", "--tp", "8", "--global-batch", "8"]
+    assert main(["simulate", *base, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["evidence"]
+    doc = json.loads(ev.EVIDENCE.read_text())
+    assert got["group"] == "H100 BF16 dense" and got["rows"] == doc["groups"]["H100 BF16 dense"]["rows"]
+    assert got["stack"] == "megatron" and got["stack_rows"] == doc["by_stack"]["H100 BF16 dense"]["megatron"]["rows"]
+    assert main(["simulate", *base]) == 0
+    assert "evidence (clustersim validate): vs " in capsys.readouterr().out
+    assert main(["search", *base, "--no-cache", "--json", "--tp", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["evidence"]["group"] == "H100 BF16 dense"
+    assert main(["simulate", "--cluster", "pcie-ethernet-lab", "--gpus", "8", "--model", "tiny", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["evidence"]["rows"] == 0
