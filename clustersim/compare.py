@@ -168,7 +168,7 @@ def run_variants(variants: list[tuple[str, dict]], progress=None) -> list[PlanRu
         plan = getattr(out, "plan", None)
         if plan is not None and hasattr(plan, "to_dict"):
             definition["resolved_plan"] = plan.to_dict()
-        runs.append(PlanRun(name, out.result, out.metrics, definition, list(out.notes)))
+        runs.append(PlanRun(name, out.result, out.metrics, definition, list(out.notes), out.evidence()))
         if progress is not None:
             progress(name)
     return runs
@@ -263,7 +263,7 @@ def _write_traces(runs: list[PlanRun], folder, names: dict[str, str]) -> list[Pa
 def summary(runs: list[PlanRun]) -> dict:
     """The ``--json`` object: one entry per plan with its metrics and definition."""
     return {"plans": [{"name": r.name, "metrics": r.metrics.to_dict(), "definition": r.definition,
-                       "notes": r.notes} for r in runs]}
+                       "notes": r.notes, "evidence": r.evidence} for r in runs]}
 
 
 def print_table(runs: list[PlanRun], title: str | None = None) -> None:
@@ -277,6 +277,14 @@ def print_table(runs: list[PlanRun], title: str | None = None) -> None:
     for name, row in t.iterrows():
         table.add_row(str(name), *[str(v) for v in row])
     Console().print(table)
+    from clustersim.evidence import evidence_line
+    kinds: dict[str, list[str]] = {}       # one evidence line per kind of prediction, naming its plans
+    for r in runs:
+        if r.evidence is not None:
+            kinds.setdefault(evidence_line(r.evidence), []).append(r.name)
+    for line, names in kinds.items():
+        who = "" if len(kinds) == 1 else f" ({', '.join(names)})"
+        Console().print(f"[cyan]evidence (clustersim validate){who}:[/cyan] {line}", highlight=False)
     for r in runs:
         for n in r.notes:
             Console().print(f"[yellow]note ({r.name}):[/yellow] {n}")

@@ -16,6 +16,8 @@ from datetime import date
 from functools import lru_cache
 from pathlib import Path
 
+import click
+
 ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT / "validation" / "evidence.json"
 
@@ -112,3 +114,40 @@ def evidence_line(ev: dict) -> str:
         line += (f"; {ev['stack']} stack: {ev['stack_rows']} runs, median |error| {ev['stack_median_abs_error']:.1%}, "
                  f"mean {ev['stack_mean_signed_error']:+.1%}")
     return line
+
+
+# ---------------------------------------------------------------------------------------------- command
+@click.command("evidence")
+@click.option("--json", "as_json", is_flag=True, help="Print the evidence file as JSON.")
+def evidence_command(as_json: bool) -> None:
+    """The evidence of the latest whole validate run, without simulating: per group (hardware × precision ×
+    dense/MoE) and per stack, the published runs and how far predictions were from them."""
+    from simulator.errors import ConfigError
+    doc = load_evidence()
+    if doc is None:
+        raise ConfigError(f"no evidence file at {EVIDENCE}; run python benchmarks/validate.py")
+    if as_json:
+        click.echo(json.dumps(doc, indent=1, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"evidence: {doc.get('rows')} published runs · {doc.get('generated_by')} "
+                    f"({doc.get('date')}, {doc.get('commit')})", title_justify="left")
+    for c in ("group", "stack", "runs", "GPUs", "median |error|", "p90 |error|", "mean error"):
+        t.add_column(c, justify="left" if c in ("group", "stack") else "right")
+
+    def row(group: str, stack: str, s: dict) -> None:
+        lo, hi = s["gpus"]
+        t.add_row(group, stack, str(s["rows"]), f"{lo:,}-{hi:,}", f"{s['median_abs_error']:.1%}",
+                  f"{s['p90_abs_error']:.1%}", f"{s['mean_signed_error']:+.1%}")
+    for group, s in doc.get("groups", {}).items():
+        stacks = doc.get("by_stack", {}).get(group, {})
+        row(group, next(iter(stacks)) if len(stacks) == 1 else "(all)", s)
+        if len(stacks) > 1:
+            for stack, ss in stacks.items():
+                row("", stack, ss)
+    con = Console()
+    con.width = max(con.width, 120)     # one line per row when piped
+    con.print(t)
+    con.print(f"{doc.get('conditions', '')}; + = predicted faster. `simulate` and `search` print the line of "
+              f"their kind.", highlight=False)

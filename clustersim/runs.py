@@ -20,6 +20,7 @@ class PlanRun:
     metrics: object                 # Metrics
     definition: dict = field(default_factory=dict)   # the experiment options (or a description)
     notes: list = field(default_factory=list)
+    evidence: dict | None = None    # how predictions of its kind compared with published runs (clustersim.evidence)
 
 
 def plan_runs(results: dict, definitions: dict | None = None) -> list[PlanRun]:

@@ -671,6 +671,8 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap)
 # Other validations are subcommands in their own modules, registered with ``validate.add_command(...)``
 # (e.g. ``clustersim validate collectives``).
 
+from clustersim.evidence import evidence_command  # noqa: E402
 from clustersim.validate_collectives import collectives  # noqa: E402  (the subcommand's own module)
 
 validate.add_command(collectives)
+validate.add_command(evidence_command)

@@ -99,3 +99,29 @@ def test_simulate_and_search_print_and_return_the_evidence(capsys):
     assert json.loads(capsys.readouterr().out)["evidence"]["group"] == "H100 BF16 dense"
     assert main(["simulate", "--cluster", "pcie-ethernet-lab", "--gpus", "8", "--model", "tiny", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evidence"]["rows"] == 0
+
+
+def test_validate_evidence_prints_the_committed_file(capsys):
+    """`clustersim validate evidence` prints the evidence without simulating; --json is the file."""
+    doc = json.loads(ev.EVIDENCE.read_text())
+    assert main(["validate", "evidence", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == doc
+    assert main(["validate", "evidence"]) == 0
+    out = capsys.readouterr().out
+    for group, s in doc["groups"].items():
+        assert group in out and f"{s['median_abs_error']:.1%}" in out
+
+
+def test_compare_gives_each_plan_the_evidence_of_its_kind(capsys, tmp_path):
+    """Plans of different kinds (BF16 and FP8 on H100) carry their own evidence; the table names which
+    plans each evidence line is for."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("base:\n  cluster: dgx-h100\n  gpus: 16\n  model: llama3-8b\n  tp: 8\n  global_batch: 8\n"
+                   "variants:\n  bf16:\n    dtype: bf16\n  fp8:\n    dtype: fp8\n")
+    assert main(["compare", "-c", str(cfg), "--json"]) == 0
+    plans = {p["name"]: p for p in json.loads(capsys.readouterr().out)["plans"]}
+    assert plans["bf16"]["evidence"]["group"] == "H100 BF16 dense"
+    assert plans["fp8"]["evidence"]["group"] == "H100 FP8 dense"
+    assert main(["compare", "-c", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "evidence (clustersim validate) (bf16): vs " in out and "evidence (clustersim validate) (fp8): vs " in out
