@@ -502,6 +502,10 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None,
             "published_peak_memory_gib": mem_pub, "predicted_peak_memory_gib": m.peak_memory_bytes / GIB,
             "peak_memory_error": (m.peak_memory_bytes / GIB / mem_pub - 1.0) if mem_pub else None,
             "mfu": m.mfu, "stack": out.plan.stack,
+            # where the predicted step goes, to read an error against: bubble and exposed communication
+            # (fractions of the step), and the comm per parallel axis
+            "bubble_fraction": m.bubble_fraction, "exposed_comm_fraction": m.exposed_comm_fraction,
+            "exposed_comm_by_axis": {ax: d["exposed_fraction"] for ax, d in m.comm_by_axis.items()},
         })
     return done, skipped
 

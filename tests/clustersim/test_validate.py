@@ -123,6 +123,10 @@ def test_cli_subset_json_and_plot(tmp_path, capsys):
     for r in rows.values():
         assert r["error"] == pytest.approx(r["predicted_tokens_per_s_per_gpu"] / r["published_tokens_per_s_per_gpu"] - 1)
         assert r["source"].startswith("http") and r["predicted_model_tflops_per_gpu"] > 0
+        assert 0 <= r["bubble_fraction"] < 1 and 0 <= r["exposed_comm_fraction"] < 1
+        assert all(0 <= f <= r["exposed_comm_fraction"] + 1e-12 for f in r["exposed_comm_by_axis"].values())
+    assert rows["54"]["stack"] == "megatron" and rows["510"]["stack"] == "llm-foundry"
+    assert set(rows["54"]["exposed_comm_by_axis"]) >= {"tp", "cp"} and set(rows["510"]["exposed_comm_by_axis"]) == {"dp"}
     assert {s["group"] for s in out["summary"]} == {"H100 BF16 dense", "A100 BF16 dense"}
     assert {(s["group"], s["framework"]) for s in out["summary_by_framework"]} == \
         {("H100 BF16 dense", "NeMo"), ("A100 BF16 dense", "llm-foundry")}
