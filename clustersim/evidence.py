@@ -60,7 +60,7 @@ def _commit() -> str | None:
                              text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 def write_evidence(results: list[dict], path: Path = EVIDENCE, command: str = "python benchmarks/validate.py") -> Path:
@@ -149,5 +149,5 @@ def evidence_command(as_json: bool) -> None:
     con = Console()
     con.width = max(con.width, 120)     # one line per row when piped
     con.print(t)
-    con.print(f"{doc.get('conditions', '')}; + = predicted faster. `simulate` and `search` print the line of "
-              f"their kind.", highlight=False)
+    con.print(f"{doc.get('conditions', '')}; + = predicted faster. `simulate`, `search` and `compare` print the "
+              f"line of their kind.", highlight=False)
