@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clustersim.evidence import write_evidence  # noqa: E402
-from clustersim.validate import load_runs, plot, summarize, validate_rows  # noqa: E402
+from clustersim.validate import (CORRELATES, error_correlations, load_runs, plot, summarize,  # noqa: E402
+                                 validate_rows)
 
 
 def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
@@ -45,6 +46,16 @@ def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
             out.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {plan} | "
                        f"{r['published_tokens_per_s_per_gpu']:,.0f} | {r['predicted_tokens_per_s_per_gpu']:,.0f} | "
                        f"{r['error']:+.1%} |")
+    corr = error_correlations(results)
+    if corr:
+        names = [n for n, _ in CORRELATES]
+        out += ["", "Correlation of the signed error with where the predicted step goes (groups and stacks of 20+ "
+                    "rows; a diagnostic, not a fit):", "",
+                "| group | stack | rows | " + " | ".join(f"vs {n}" for n in names) + " |",
+                "|---|---|---:|" + "---:|" * len(names)]
+        for c in corr:
+            cells = " | ".join("-" if c[n] is None else f"{c[n]:+.2f}" for n in names)
+            out.append(f"| {c['group']} | {c['stack']} | {c['rows']} | {cells} |")
     mem = [r for r in results if r["published_peak_memory_gib"]]
     if mem:
         out += ["", "| row | model | GPUs | published peak GiB | predicted peak GiB | error |", "|---|---|---:|---:|---:|---:|"]
@@ -80,6 +91,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps({"rows": results, "summary": summary,
                                                "summary_by_framework": frameworks, "not_expressible": skipped,
+                                               "error_correlations": error_correlations(results),
                                                "wall_time_s": time.perf_counter() - t0}, indent=1))
     plot(results, f"{out}.png")
     if args.runs is None and not args.tp_comm_overlap and args.network == "analytical":

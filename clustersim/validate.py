@@ -542,6 +542,33 @@ def summarize(results: list[dict], by_framework: bool = False) -> list[dict]:
     return out
 
 
+#: what a row's error is correlated with in ``error_correlations``: a name and how to read it off a result row
+CORRELATES = (("predicted MFU", lambda r: r["mfu"]), ("bubble", lambda r: r["bubble_fraction"]),
+              ("exposed comm", lambda r: r["exposed_comm_fraction"]), ("log2 GPUs", lambda r: math.log2(int(r["gpus"]))))
+
+
+def error_correlations(results: list[dict], min_rows: int = 20) -> list[dict]:
+    """Per (group, stack) with at least ``min_rows`` rows: the Pearson correlation of the signed error with
+    where the predicted step goes (predicted MFU, bubble, exposed communication) and with the scale (log2
+    GPUs); None where a quantity does not vary. A diagnostic of where the error lives, not a fit."""
+    import numpy as np
+    cells: dict[tuple, list[dict]] = {}
+    for r in results:
+        cells.setdefault((r["group"], r.get("stack") or "?"), []).append(r)
+    out = []
+    for (group, stack), rs in sorted(cells.items()):
+        if len(rs) < min_rows:
+            continue
+        e = np.array([r["error"] for r in rs], dtype=float)
+        row = {"group": group, "stack": stack, "rows": len(rs)}
+        for name, get in CORRELATES:
+            x = np.array([get(r) for r in rs], dtype=float)
+            const = bool(np.all(x == x[0])) or bool(np.all(e == e[0]))
+            row[name] = None if const else float(np.corrcoef(x, e)[0, 1])
+        out.append(row)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- output
 def _print(results: list[dict], summary: list[dict], skipped: list[dict],
            by_framework: list[dict] | None = None) -> None:

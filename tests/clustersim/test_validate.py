@@ -382,3 +382,21 @@ def test_megatron_2021_presets_point_at_the_attention_their_runs_used():
     assert any("--attention eager" in n for n in flash.notes)
     eager = run_experiment(experiment_from_dict({**base, "attention": "eager"}))
     assert not any("--attention eager" in n for n in eager.notes)
+
+
+def test_error_correlations_by_hand():
+    """error_correlations: Pearson r per (group, stack) of 20+ rows, None where a quantity is constant; groups
+    below the threshold are left out."""
+    from clustersim.validate import error_correlations
+    rows = [{"group": "H100 BF16 dense", "stack": "megatron", "error": 0.01 * i, "mfu": 0.4 + 0.01 * i,
+             "bubble_fraction": 0.1 - 0.002 * i, "exposed_comm_fraction": 0.05, "gpus": str(2 ** (3 + i % 4))}
+            for i in range(20)]
+    rows += [{"group": "A100 BF16 dense", "stack": "torchtitan", "error": 0.1, "mfu": 0.5, "bubble_fraction": 0.0,
+              "exposed_comm_fraction": 0.0, "gpus": "64"}] * 5
+    (c,) = error_correlations(rows)
+    assert (c["group"], c["stack"], c["rows"]) == ("H100 BF16 dense", "megatron", 20)
+    assert c["predicted MFU"] == pytest.approx(1.0) and c["bubble"] == pytest.approx(-1.0)
+    assert c["exposed comm"] is None
+    import numpy as np
+    x = [3 + i % 4 for i in range(20)]
+    assert c["log2 GPUs"] == pytest.approx(np.corrcoef(x, [0.01 * i for i in range(20)])[0, 1])
