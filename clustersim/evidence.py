@@ -113,6 +113,8 @@ def evidence_line(ev: dict) -> str:
     if ev.get("stack_rows"):
         line += (f"; {ev['stack']} stack: {ev['stack_rows']} runs, median |error| {ev['stack_median_abs_error']:.1%}, "
                  f"mean {ev['stack_mean_signed_error']:+.1%}")
+    if ev.get("caveat"):
+        line += f" (evidence {ev['caveat']})"
     return line
 
 

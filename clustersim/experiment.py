@@ -437,8 +437,15 @@ class Outcome:
         if acc is None:
             return None
         from clustersim.evidence import evidence_for
-        return evidence_for(acc, getattr(self.plan, "dtype", "bf16"), bool(getattr(self.model, "is_moe", False)),
-                            getattr(self.plan, "stack", None))
+        ev = evidence_for(acc, getattr(self.plan, "dtype", "bf16"), bool(getattr(self.model, "is_moe", False)),
+                          getattr(self.plan, "stack", None))
+        # the published runs were predicted without a calibration, over a modelled network
+        exp = self.experiment
+        if ev.get("rows") and exp.calibration:
+            ev["caveat"] = "of the uncalibrated model; this prediction uses a calibration"
+        elif ev.get("rows") and exp.network == "ideal":
+            ev["caveat"] = "of the analytical network; this prediction's ideal network costs nothing"
+        return ev
 
     def breakdown(self) -> dict:
         """Per-kernel time of each layer phase of the busiest representative rank (topologies.kernel_cost)."""

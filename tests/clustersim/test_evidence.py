@@ -125,3 +125,16 @@ def test_compare_gives_each_plan_the_evidence_of_its_kind(capsys, tmp_path):
     assert main(["compare", "-c", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "evidence (clustersim validate) (bf16): vs " in out and "evidence (clustersim validate) (fp8): vs " in out
+
+
+def test_evidence_says_when_it_is_of_another_model(capsys):
+    """The published runs were predicted uncalibrated over a modelled network: a calibrated or ideal-network
+    prediction gets the evidence with that caveat; an ordinary one without."""
+    base = ["simulate", "--cluster", "dgx-h100", "--gpus", "16", "--model", "llama3-8b", "--tp", "8", "--json"]
+    assert main(base) == 0
+    assert "caveat" not in json.loads(capsys.readouterr().out)["evidence"]
+    assert main(base + ["--network", "ideal"]) == 0
+    assert "ideal network" in json.loads(capsys.readouterr().out)["evidence"]["caveat"]
+    assert main(base + ["--calibration", str(ROOT / "traces" / "data" / "h100.json")]) == 0
+    ev_ = json.loads(capsys.readouterr().out)["evidence"]
+    assert "uncalibrated" in ev_["caveat"] and "uncalibrated" in ev.evidence_line(ev_)
