@@ -128,8 +128,8 @@ def stack_of(framework: str, source: str = "") -> str | None:
     if any(k in framework for k in TORCH_FSDP):
         if "torch.compile" not in framework:
             return "torchtitan"
-        month = re.search(r"_(20\d{4})_", source)
-        late = month is not None and int(month.group(1)) >= TORCHTITAN_LOSS_COMPILED_FROM
+        month = re.search(r"_(20\d\d)-?(\d\d)_", source)     # benchmarks/..._202412_..., ..._2025-06_...
+        late = month is not None and int(month.group(1) + month.group(2)) >= TORCHTITAN_LOSS_COMPILED_FROM
         return "torchtitan-compile-loss" if late else "torchtitan-compile"
     return None
 
@@ -284,6 +284,9 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     prec = precision_class(row["precision"])
     if prec is None:
         raise NotExpressible(f"precision {row['precision']!r} is not BF16, FP16 or FP8")
+    if "rowwise" in row["precision"].lower():
+        raise NotExpressible("float8 rowwise scaling: its row-scaled GEMMs are not in the kernel data (the FP8 "
+                             "GEMMs priced here are per-tensor scaled)")
     if prec == "fp16":
         prec = "bf16"
         notes.append("FP16 mixed precision simulated as BF16 (the same tensor-core peak and 2-byte elements)")
@@ -310,6 +313,11 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
                      "flash-attn 2 (llm-foundry PR #838), not the stack's Triton kernel")
     gpus = _int(row, "gpus")
     seq = _int(row, "seq_len")
+    config_seq = CONFIG_SEQ_LEN.get((row.get("release") or "").split(" /")[0].strip())
+    if not seq and config_seq and _int(row, "mbs"):
+        seq = config_seq
+        notes.append(f"sequence {seq}: the train configs at the benchmark's commit ({row['release'].split(' /')[0]}) "
+                     f"set seq_len = {seq}; its table does not state it")
     if not gpus or not seq:
         raise NotExpressible("GPU count or sequence length not stated")
     if hw == "GB200" and gpus % NVL72 and not gpus % NVL_IN_USE:
@@ -385,6 +393,9 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["etp"] = etp
     if tp_overlap and runs_tp_overlap(row, stack, tp, base) and "tp_comm_overlap" in fields:
         kw["tp_comm_overlap"] = True
+    if "async tp" in fw.lower() or "asynctp" in fw.lower():
+        notes.append("torchtitan's async TP (micro-pipelined collective matmuls) is not modelled: its TP collectives "
+                     "run in line, as the same table's vanilla-TP rows")
     return kw, notes
 
 
@@ -406,6 +417,13 @@ def runs_tp_overlap(row: dict, stack: str | None, tp: int, model) -> bool:
 
 #: MoE models whose benchmark recipes state TP communication overlap (runs_tp_overlap)
 TP_OVERLAP_MOE = ("Grok-1 314B",)
+
+
+#: sequence lengths a benchmark's table omits, from the train configs at the commit it ran (release field's
+#: first token -> seq_len): torchtitan's async-TP benchmark (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md)
+#: ran at 820504e (2025-06-13), whose torchtitan/models/llama3/train_configs/llama3_8b.toml and llama3_70b.toml
+#: set ``seq_len = 8192``
+CONFIG_SEQ_LEN = {"torchtitan 820504e": 8192}
 
 
 #: torchtitan's "selective layer" frequency: config_manager.py's default ``selective_ac_option = "2"`` (2847ccce,

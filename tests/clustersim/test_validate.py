@@ -211,7 +211,26 @@ def test_torchtitan_compiled_rows_compile_the_loss_from_april_2025():
     assert stack(base + "llama3_h100_202412_torchtitan.md") == "torchtitan-compile"
     assert stack(base + "llama3-8b_h200_202506_trainy-whitefiber.md") == "torchtitan-compile-loss"
     assert stack(base + "llama3-8b_h200_202506_trainy-whitefiber.md", "torchtitan (FSDP)") == "torchtitan"
+    assert stack(base + "asyncTP_llama3_h100_2025-06_torchtitan.md") == "torchtitan-compile-loss"
     assert stack("https://example.org/no-date.md") == "torchtitan-compile"
+
+
+def test_torchtitan_async_tp_table_runs_at_its_configs_sequence():
+    """torchtitan's async-TP benchmark (820504e, 2025-06) does not state the sequence: its train configs at that
+    commit set seq_len 8192. Its float8 rowwise rows are listed as not expressible (their row-scaled GEMMs are
+    not in the kernel data); the async-TP rows say their collectives run in line."""
+    rows = {r["id"]: r for r in load_runs()}
+    for rid in ("388", "390", "391", "393", "394", "396", "397", "399"):
+        kw, notes = row_experiment(rows[rid], _experiment_fields())
+        assert kw["seq"] == 8192 and kw["stack"] == "torchtitan-compile-loss"
+        assert any("seq_len = 8192" in n for n in notes)
+        assert any("async TP" in n for n in notes) == (int(rid) < 394)
+    for rid in ("389", "392", "395", "398"):
+        with pytest.raises(NotExpressible, match="rowwise"):
+            row_experiment(rows[rid], FIELDS)
+    seqless = {**rows["391"], "release": "torchtitan 9dec370 / torch 1963fc8 (2024-12)"}
+    with pytest.raises(NotExpressible, match="sequence length not stated"):
+        row_experiment(seqless, FIELDS)
 
 
 def test_gb200_jobs_of_64k_gpus_run_on_racks_with_64_in_use():
