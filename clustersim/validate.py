@@ -366,6 +366,16 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
             gbs = local * dp
         if mbs is None and pp == 1 and local:
             mbs = local
+        pipe = TORCHTITAN_PP_DEFAULTS.get((row.get("release") or "").split(" /")[0].strip())
+        if mbs is None and pp > 1 and local and pipe:
+            # the table states the local batch and the schedule; the config defaults of that commit split it
+            mbs, pieces = _torchtitan_pipeline(local, pp, "Interleaved" in fw, base.layers, pipe)
+            kw["stage_layers"] = ",".join(map(str, pieces))
+            if len(pieces) > pp:
+                vp = len(pieces) // pp
+            notes.append(f"pipeline as {row['release'].split(' /')[0]}'s defaults split it: {pp} micro-batches of "
+                         f"{mbs} (n_microbatches = pipeline degree), {len(pieces) // pp} stage(s) per rank, layers "
+                         f"{','.join(map(str, pieces))} (generate_split_points)")
     else:
         raise NotExpressible(f"framework {fw!r} not mapped")
     if mbs is None or gbs is None:
@@ -424,6 +434,34 @@ TP_OVERLAP_MOE = ("Grok-1 314B",)
 #: ran at 820504e (2025-06-13), whose torchtitan/models/llama3/train_configs/llama3_8b.toml and llama3_70b.toml
 #: set ``seq_len = 8192``
 CONFIG_SEQ_LEN = {"torchtitan 820504e": 8192}
+
+
+#: torchtitan's pipeline defaults at a benchmark's commit, where its table states only the local batch and the
+#: schedule (release's first token -> stages per rank of a looped schedule). At 9dec370 (2024-12):
+#: config_manager.py's ``--experimental.pipeline_parallel_microbatches`` defaults to None, which
+#: pipelining_utils.build_pipeline_schedule turns into the pipeline degree; generate_split_points gives
+#: single-stage schedules (1F1B) one stage per rank and multi-stage ones (Interleaved 1F1B) two, with
+#: ``base = layers // stages`` and the remainder going one layer each to the middle stages from the second on.
+TORCHTITAN_PP_DEFAULTS = {"torchtitan 9dec370": 2}
+
+
+def _torchtitan_pipeline(local: int, pp: int, looped: bool, layers: int, looped_stages: int
+                         ) -> tuple[int, list[int]]:
+    """(micro-batch, layers of each model piece in order) of a torchtitan pipeline at its defaults
+    (TORCHTITAN_PP_DEFAULTS): ``pp`` micro-batches per step, generate_split_points' layer split."""
+    if local % pp:
+        raise NotExpressible(f"local batch {local} does not split into {pp} micro-batches (torchtitan's default)")
+    stages = pp * (looped_stages if looped else 1)
+    if stages > layers:
+        raise NotExpressible(f"{stages} pipeline stages for {layers} layers")
+    base, extra = divmod(layers, stages)
+    pieces = [base]
+    for _ in range(stages - 2):
+        take = 1 if extra > 0 else 0
+        extra -= take
+        pieces.append(base + take)
+    pieces.append(layers - sum(pieces))
+    return local // pp, pieces
 
 
 #: torchtitan's "selective layer" frequency: config_manager.py's default ``selective_ac_option = "2"`` (2847ccce,

@@ -419,3 +419,27 @@ def test_error_correlations_by_hand():
     import numpy as np
     x = [3 + i % 4 for i in range(20)]
     assert c["log2 GPUs"] == pytest.approx(np.corrcoef(x, [0.01 * i for i in range(20)])[0, 1])
+
+
+def test_torchtitan_pipeline_rows_take_the_defaults_of_their_commit():
+    """torchtitan's 405B 3D/4D tables (9dec370) state the local batch and the schedule only: at that commit the
+    pipeline splits the local batch into pp micro-batches and generate_split_points gives 1F1B one stage per
+    rank, Interleaved 1F1B two, the remainder of the layers one each to the middle stages."""
+    from clustersim.validate import _torchtitan_pipeline
+    assert _torchtitan_pipeline(32, 8, False, 126, 2) == (4, [15] + [16] * 6 + [15])
+    assert _torchtitan_pipeline(32, 8, True, 126, 2) == (4, [7] + [8] * 14 + [7])
+    assert _torchtitan_pipeline(8, 4, False, 10, 2) == (2, [2, 3, 3, 2])
+    with pytest.raises(NotExpressible, match="micro-batches"):
+        _torchtitan_pipeline(12, 8, False, 126, 2)
+    rows = {r["id"]: r for r in load_runs()}
+    f = _experiment_fields()
+    one, _ = row_experiment(rows["386"], f)
+    inter, notes = row_experiment(rows["387"], f)
+    assert (one["micro_batch"], one["global_batch"], one["schedule"]) == (4, 256, "1f1b")
+    assert one["stage_layers"] == "15,16,16,16,16,16,16,15" and "virtual_stages" not in one
+    assert (inter["schedule"], inter["virtual_stages"], inter["micro_batch"]) == ("interleaved", 2, 4)
+    assert inter["stage_layers"] == ",".join(["7"] + ["8"] * 14 + ["7"])
+    assert any("generate_split_points" in n for n in notes)
+    for rid, cp in (("382", 1), ("383", 2), ("384", 4), ("385", 8)):
+        kw, _ = row_experiment(rows[rid], f)
+        assert (kw["cp"], kw["dp"], kw["micro_batch"], kw["global_batch"]) == (cp, 8 // cp, 1, 8 * (8 // cp))
