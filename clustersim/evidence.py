@@ -82,9 +82,12 @@ def load_evidence(path: Path = EVIDENCE) -> dict | None:
         return None
 
 
-def evidence_for(accelerator: str, dtype: str, moe: bool, stack: str | None, path: Path = EVIDENCE) -> dict:
+def evidence_for(accelerator: str, dtype: str, moe: bool, stack: str | None, path: Path = EVIDENCE,
+                 gpus: int | None = None) -> dict:
     """What the validation set says about predictions of this kind: the group's statistics and, where runs
-    of the same stack exist, that stack's (``stack_rows`` ...). ``rows`` 0 with a ``note`` when none."""
+    of the same stack exist, that stack's (``stack_rows`` ...). ``rows`` 0 with a ``note`` when none.
+    ``gpus``: the prediction's GPU count; beyond the largest published run of its kind, ``extrapolation``
+    says so (the evidence then covers smaller jobs only)."""
     group = group_for(accelerator, dtype, moe)
     doc = load_evidence(path)
     out: dict = {"group": group, "stack": stack}
@@ -99,6 +102,8 @@ def evidence_for(accelerator: str, dtype: str, moe: bool, stack: str | None, pat
     s = doc.get("by_stack", {}).get(group, {}).get(stack) if stack else None
     if s is not None:
         out.update({f"stack_{k}": v for k, v in s.items()})
+    if gpus is not None and gpus > g["gpus"][1]:
+        out["extrapolation"] = f"{gpus:,} GPUs, beyond the largest published run of this kind ({g['gpus'][1]:,})"
     return out
 
 
@@ -115,6 +120,8 @@ def evidence_line(ev: dict) -> str:
                  f"mean {ev['stack_mean_signed_error']:+.1%}")
     if ev.get("caveat"):
         line += f" (evidence {ev['caveat']})"
+    if ev.get("extrapolation"):
+        line += f"; this run: {ev['extrapolation']}"
     return line
 
 

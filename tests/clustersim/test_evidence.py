@@ -138,3 +138,22 @@ def test_evidence_says_when_it_is_of_another_model(capsys):
     assert main(base + ["--calibration", str(ROOT / "traces" / "data" / "h100.json")]) == 0
     ev_ = json.loads(capsys.readouterr().out)["evidence"]
     assert "uncalibrated" in ev_["caveat"] and "uncalibrated" in ev.evidence_line(ev_)
+
+
+def test_evidence_says_when_a_run_is_beyond_the_published_scale(tmp_path, capsys):
+    """A prediction for more GPUs than the largest published run of its kind is an extrapolation: said so."""
+    rows = [{"group": "H100 BF16 dense", "stack": "megatron", "error": 0.05, "gpus": g} for g in (8, 64, 2304)]
+    path = tmp_path / "e.json"
+    ev.write_evidence(rows, path)
+    ev.load_evidence.cache_clear()
+    inside = ev.evidence_for("H100-SXM", "bf16", False, "megatron", path, gpus=2304)
+    beyond = ev.evidence_for("H100-SXM", "bf16", False, "megatron", path, gpus=16384)
+    assert "extrapolation" not in inside
+    assert "16,384 GPUs" in beyond["extrapolation"] and "(2,304)" in beyond["extrapolation"]
+    assert "this run: 16,384 GPUs, beyond" in ev.evidence_line(beyond)
+    args = ["simulate", "--cluster", "dgx-h100", "--model", "llama3-8b", "--tp", "8", "--json"]
+    assert main(args + ["--gpus", "4096", "--global-batch", "512"]) == 0
+    big = json.loads(capsys.readouterr().out)["evidence"]
+    assert big["extrapolation"].startswith("4,096 GPUs")
+    assert main(args + ["--gpus", "16", "--global-batch", "8"]) == 0
+    assert "extrapolation" not in json.loads(capsys.readouterr().out)["evidence"]
