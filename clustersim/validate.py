@@ -632,6 +632,7 @@ def _print(results: list[dict], summary: list[dict], skipped: list[dict],
     from rich.table import Table
 
     con = Console()
+    con.width = max(con.width, 160)     # the per-row table's eleven columns on one line each when piped
     t = Table(title="published vs predicted (tokens/s per GPU; model TFLOP/s per GPU)")
     for c in ("id", "model", "hardware", "GPUs", "prec", "published", "predicted", "error", "TFLOP/s pub",
               "TFLOP/s pred", "mem GiB pub/pred"):
@@ -747,7 +748,8 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap)
         plot(results, plot_path)
     if as_json:
         click.echo(json.dumps({"rows": results, "summary": summary, "summary_by_framework": frameworks,
-                               "not_expressible": skipped}, indent=1))
+                               "not_expressible": skipped, "error_correlations": error_correlations(results)},
+                              indent=1))
     else:
         _print(results, summary, skipped, frameworks)
         if plot_path:

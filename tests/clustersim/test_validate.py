@@ -132,6 +132,7 @@ def test_cli_subset_json_and_plot(tmp_path, capsys):
         {("H100 BF16 dense", "NeMo"), ("A100 BF16 dense", "llm-foundry")}
     skipped = {s["id"]: s["reason"] for s in out["not_expressible"]}
     assert "multiple of 72" in skipped["584"]
+    assert out["error_correlations"] == []          # no group or stack of 20+ rows in the subset
 
 
 def test_peak_memory_model_state_difference_matches_published():
