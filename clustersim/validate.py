@@ -600,7 +600,8 @@ def summarize(results: list[dict], by_framework: bool = False) -> list[dict]:
 
 #: what a row's error is correlated with in ``error_correlations``: a name and how to read it off a result row
 CORRELATES = (("predicted MFU", lambda r: r["mfu"]), ("bubble", lambda r: r["bubble_fraction"]),
-              ("exposed comm", lambda r: r["exposed_comm_fraction"]), ("log2 GPUs", lambda r: math.log2(int(r["gpus"]))))
+              ("exposed comm", lambda r: r["exposed_comm_fraction"]),
+              ("log2 GPUs", lambda r: math.log2(int(r["gpus"]))))
 
 
 def error_correlations(results: list[dict], min_rows: int = 20) -> list[dict]:
