@@ -12,7 +12,9 @@ Runs, through ``clustersim collect`` (torchrun on a free local port; NCCL with G
    trace of each strategy (ddp, fsdp, tp, pp) on N ranks;
 4. ``calibrate`` over all of it: ``OUT/calibration.json`` and ``OUT/calibration.png``; ``OUT/summary.json``
    lists every run with its median step and the calibration's fits. The per-rank traces stay in the run
-   folders; commit the calibration, the summary, the manifests and one trimmed trace (rank 0 of the tiny run).
+   folders; commit the calibration, the summary, the manifests and one trimmed trace (rank 0 of the tiny run);
+5. with ``--sustained SECONDS``: ``traces.bench_sustained`` on the first device for that long
+   (``OUT/sustained.json``; its first-window and steady GEMM rates go into the summary).
 
 ``--quick`` shrinks every shape and step count (the test suite runs it on CPU). Imports torch only to count
 GPUs; each run is a subprocess.
@@ -66,8 +68,10 @@ def _median_step(run: Path) -> float | None:
     return (m.get("step_time_s") or {}).get("median_profiled_s")
 
 
-def capture(out: Path, nproc: int | None = None, quick: bool = False, log=print) -> dict:
-    """Run every capture of the module doc under ``out``; return the summary (also written to summary.json)."""
+def capture(out: Path, nproc: int | None = None, quick: bool = False, log=print,
+            sustained_s: float | None = None) -> dict:
+    """Run every capture of the module doc under ``out``; return the summary (also written to summary.json).
+    ``sustained_s``: also run the sustained-GEMM check that long (seconds)."""
     out.mkdir(parents=True, exist_ok=True)
     gpus = gpu_count()
     n = nproc or (min(gpus, 8) if gpus else 2)
@@ -107,10 +111,26 @@ def capture(out: Path, nproc: int | None = None, quick: bool = False, log=print)
         **{kind: [{k: v for k, v in vars(f).items() if k != "points"} for f in fits]
            for kind, fits in (("compute", cal.compute), ("layers", cal.layers), ("collectives", cal.collectives))},
     }
+    if sustained_s:
+        summary["sustained"] = _sustained(out / "sustained.json", sustained_s, quick, log)
     from simulator.atomic import write_text
     write_text(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     log(f"capture: wrote {out / 'calibration.json'}, {out / 'calibration.png'}, {out / 'summary.json'}")
     return summary
+
+
+def _sustained(path: Path, seconds: float, quick: bool, log) -> dict:
+    """Run traces.bench_sustained in its own process (one device); its device, shape and summary."""
+    import subprocess
+    window = min(1.0, seconds / 4)
+    cmd = [sys.executable, "-m", "traces.bench_sustained", "--seconds", str(seconds), "--window", str(window),
+           "--out", str(path)] + (["--shape", "128,128,128", "--dtype", "fp32"] if quick else [])
+    log(f"capture: sustained GEMM rate for {seconds:g} s ...")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 600)
+    if done.returncode != 0:
+        raise ClusterSimError(f"traces.bench_sustained failed: {done.stderr.strip()[-500:]}")
+    res = json.loads(path.read_text())
+    return {"device": res["device"], "shape": res["shape"], "dtype": res["dtype"], **res["summary"]}
 
 
 def main(argv=None) -> int:
@@ -118,9 +138,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="output folder (one sub-folder per run)")
     ap.add_argument("--nproc", type=int, default=None, help="ranks of the multi-rank runs (default: GPUs, <= 8)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes and few steps (a smoke test)")
+    ap.add_argument("--sustained", type=float, default=None, metavar="SECONDS",
+                    help="also run the sustained-GEMM check (traces.bench_sustained) for SECONDS")
     a = ap.parse_args(argv)
+    if a.sustained is not None and not a.sustained > 0:
+        print(f"error: --sustained takes a positive number of seconds, got {a.sustained}", file=sys.stderr)
+        return 2
     try:
-        capture(Path(a.out), a.nproc, a.quick)
+        capture(Path(a.out), a.nproc, a.quick, sustained_s=a.sustained)
     except (ClusterSimError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

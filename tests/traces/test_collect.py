@@ -241,7 +241,7 @@ def test_prepared_capture_script_runs_end_to_end_on_cpu(tmp_path):
     """traces.capture --quick (the GPU capture, shrunk): layer benchmarks, single-rank and 2-rank runs of
     every strategy, one calibration with GEMM, layer and collective fits, a summary."""
     from traces.capture import main as capture_main
-    assert capture_main(["--out", str(tmp_path), "--quick"]) == 0
+    assert capture_main(["--out", str(tmp_path), "--quick", "--sustained", "0.4"]) == 0
     cal = Calibration.load(tmp_path / "calibration.json")
     assert cal.compute and {f.phase for f in cal.layers} == {"forward", "backward"}
     assert {c.kind for c in cal.collectives} >= {"all_reduce", "all_gather", "p2p"}
@@ -251,6 +251,10 @@ def test_prepared_capture_script_runs_end_to_end_on_cpu(tmp_path):
                      "ddp-2", "fsdp-2", "tp-2", "pp-2"]
     assert all(r["median_profiled_step_s"] > 0 for r in summary["runs"] if r["name"].startswith(("train", "ddp")))
     assert (tmp_path / "calibration.png").stat().st_size > 10_000
+    sus = summary["sustained"]
+    assert sus["shape"] == [128, 128, 128] and sus["steady_flops_per_s"] > 0 and sus["steady_over_first"] > 0
+    assert (tmp_path / "sustained.json").exists()
+    assert capture_main(["--out", str(tmp_path), "--sustained", "0"]) == 2
 
 
 # ---------------------------------------------------------------------------------------------- errors
