@@ -30,8 +30,9 @@ HARDWARE_GROUP = {"H100-SXM": "H100", "H100-HBM2e": "H100-500W", "A100-80GB": "A
 def group_for(accelerator: str, dtype: str, moe: bool) -> str | None:
     """validate's summary group of a simulation on ``accelerator`` (preset name) in ``dtype``; None where the
     device has no group."""
+    from clustersim.validate import group_label
     hw = HARDWARE_GROUP.get(accelerator)
-    return None if hw is None else f"{hw} {dtype.upper()} {'MoE' if moe else 'dense'}"
+    return None if hw is None else group_label(hw, dtype, moe)
 
 
 def _stats(errors: list[float], gpus: list[int]) -> dict:

@@ -216,7 +216,17 @@ def group_of(row: dict) -> str:
     hw = (hardware_class(row["hardware"]) or "?").replace("-40GB", "")
     if hw == "H100" and "HBM2e" in row["hardware"]:
         hw = "H100-500W"      # a different SKU (96 GB HBM2e at 2.4 TB/s, 500 W limit): validation/clusters
-    return f"{hw} {(precision_class(row['precision']) or row['precision']).upper()} {'MoE' if moe else 'dense'}"
+    return group_label(hw, precision_class(row["precision"]) or row["precision"], moe)
+
+
+def group_label(hardware: str, precision: str, moe: bool) -> str:
+    """A summary group's name: 'H100 BF16 dense' (also clustersim.evidence's, for a simulation's kind)."""
+    return f"{hardware} {precision.upper()} {'MoE' if moe else 'dense'}"
+
+
+def release_head(row: dict) -> str:
+    """The first token of a row's release ('torchtitan 9dec370' of 'torchtitan 9dec370 / torch 1963fc8 ...')."""
+    return (row.get("release") or "").split(" /")[0].strip()
 
 
 # ---------------------------------------------------------------------------------------------- mapping
@@ -313,10 +323,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
                      "flash-attn 2 (llm-foundry PR #838), not the stack's Triton kernel")
     gpus = _int(row, "gpus")
     seq = _int(row, "seq_len")
-    config_seq = CONFIG_SEQ_LEN.get((row.get("release") or "").split(" /")[0].strip())
+    config_seq = CONFIG_SEQ_LEN.get(release_head(row))
     if not seq and config_seq and _int(row, "mbs"):
         seq = config_seq
-        notes.append(f"sequence {seq}: the train configs at the benchmark's commit ({row['release'].split(' /')[0]}) "
+        notes.append(f"sequence {seq}: the train configs at the benchmark's commit ({release_head(row)}) "
                      f"set seq_len = {seq}; its table does not state it")
     if not gpus or not seq:
         raise NotExpressible("GPU count or sequence length not stated")
@@ -366,14 +376,14 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
             gbs = local * dp
         if mbs is None and pp == 1 and local:
             mbs = local
-        pipe = TORCHTITAN_PP_DEFAULTS.get((row.get("release") or "").split(" /")[0].strip())
+        pipe = TORCHTITAN_PP_DEFAULTS.get(release_head(row))
         if mbs is None and pp > 1 and local and pipe:
             # the table states the local batch and the schedule; the config defaults of that commit split it
             mbs, pieces = _torchtitan_pipeline(local, pp, "Interleaved" in fw, base.layers, pipe)
             kw["stage_layers"] = ",".join(map(str, pieces))
             if len(pieces) > pp:
                 vp = len(pieces) // pp
-            notes.append(f"pipeline as {row['release'].split(' /')[0]}'s defaults split it: {pp} micro-batches of "
+            notes.append(f"pipeline as {release_head(row)}'s defaults split it: {pp} micro-batches of "
                          f"{mbs} (n_microbatches = pipeline degree), {len(pieces) // pp} stage(s) per rank, layers "
                          f"{','.join(map(str, pieces))} (generate_split_points)")
     else:
