@@ -12,6 +12,8 @@ first waits for its cross-stream ``deps``, then:
 
 Communication time comes from ``cost.comm_time_s`` (analytical) or, for contention-aware cost models, from
 a ``FlowNetwork`` the engine drives: it is told when communications start and asked when the next ends.
+A communication that no other can ever meet on a link (its group's or pair's stream issues them one at a time
+and no other channel loads those links) is timed in closed form without the network (``_find_fixed``).
 
 Communication kernels hold compute units: when the cost model says which share f of a GPU's SMs a
 communication holds (``comm_sm_fraction``; NCCL: one SM per channel), a compute op of that rank that
@@ -126,6 +128,7 @@ class Engine:
 
     inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
     closed_ends = True      # a communication starting alone on its links ends by its own event (see _communicate)
+    fixed_channels = True   # communications no other can ever meet on their links skip the network (_find_fixed)
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
@@ -172,10 +175,15 @@ class Engine:
         self._req_specs: dict[int, object] = {}         # id(request) -> its bundle (closed ends)
         self._closed_at: dict[float, list] = {}         # closed-form end time -> keys of the communications ending then
         self._net_key = 0
-        self.rv_keys = self._rendezvous_keys()
         self.fail_at = self._failures_by_representative(dict(failures or {}))     # simulated rank -> seconds
+        # communications of one serial channel alone on their links, timed without the network (_find_fixed)
+        self._scan = self.fixed_channels and self._closed and hasattr(self.net, "solo_time_s") and not self.fail_at
+        self._channels: dict = {}         # (set-up) distinct communication -> the streams that issue it
+        self.rv_keys = self._rendezvous_keys()
         self._comm_cache: dict = {}
         self._requests: dict = {}         # flow network: one CommRequest per distinct communication
+        self.fixed: dict = {}             # (group, kind, size) -> (seconds, SM-hold seconds, SM share)
+        self._fixed_req: dict = {}        # id(request) -> seconds, for the same communications met at a rendezvous
         self.failed: set[int] = set()
         # communication kernels holding SMs (see the module doc); None: the cost model has no such notion
         self.sm_share = getattr(cost_model, "comm_sm_fraction", None)
@@ -184,6 +192,8 @@ class Engine:
             self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
             self.compute_end = dict.fromkeys(programs.ops, 0.0)   # end of the rank's latest compute op
             self._share_cache: dict = {}
+        if self._scan:
+            self._find_fixed()
 
     # ------------------------------------------------------------------ helpers
     def _rendezvous_keys(self) -> dict[int, list]:
@@ -200,6 +210,8 @@ class Engine:
         id_of = self.sync.id_of
         rep = self.rep
         pairs = self.p2p_pairs
+        scan = self._scan
+        channels = self._channels
         out = {}
         for rank, prog in self.p.ops.items():
             n = len(prog)
@@ -247,6 +259,16 @@ class Engine:
                 counters[ck] = k + 1
                 key = (sid, k)
                 keys[i] = cache.setdefault(key, key)
+                if scan and kind != RECV:
+                    # what _complete will ask the network for, and the stream that issues it (a send's
+                    # request is built from the send side)
+                    ch = (op.group, op.collective, op.size_bytes) if kind == COLLECTIVE else \
+                        ((rank, op.peer), op.group, op.size_bytes)
+                    seen = channels.get(ch)
+                    if seen is None:
+                        channels[ch] = (op.stream, rank, op)
+                    elif seen[0] != op.stream:
+                        channels[ch] = (None, rank, op)
             out[rank] = keys
         self.needed = [len(m) for m in self.sync.members]
         return out
@@ -271,6 +293,78 @@ class Engine:
                                       f"model failure times in its device keys, or use full mode")
             out[rep] = t
         return out
+
+    def _find_fixed(self) -> None:
+        """Communications that can never meet another on a link run alone at their solo rate whenever they run:
+        time them in closed form without the flow network (``fixed``: by (group, kind, size) for collectives a
+        rank meets alone, ``_fixed_req``: by request for those met at a rendezvous).
+
+        A *channel* is a process group with the stream its collectives are issued on (or a send's (source,
+        destination) pair with its stream): its communications run one after another, since a stream waits
+        for each to end. Every distinct communication the programs can start is listed (``_rendezvous_keys``
+        gathered them) with the links its request loads, images included; a communication is fixed when every
+        one of its links is loaded by its own channel only. Such a communication is then always a component
+        of its own in the max-min network, so its end is ``now + T / solo rate``: the float the network's
+        closed-form end gives (``FlowNetwork.solo_time_s``), and the network, which never sees it, solves the
+        same components for the others."""
+        channels, self._channels = self._channels, {}
+        net = self.net
+        found = []
+        owner: dict[int, object] = {}
+        conflict = object()
+        for ch, (stream, rank, op) in channels.items():
+            if op.kind == COLLECTIVE:
+                req = self._collective_request(op)
+                chan = None if stream is None else ("c", op.group, stream)
+            else:
+                req = self._p2p_request(ch[0], rank, op, op.size_bytes)
+                chan = None if stream is None else ("p", ch[0], stream)
+            spec = self._spec(req)
+            links = spec.link_list if hasattr(spec, "link_list") else list(spec[1])
+            for l in links:
+                o = owner.get(l, owner)
+                if o is owner:
+                    owner[l] = chan if chan is not None else conflict
+                elif o is not chan and o != chan:
+                    owner[l] = conflict
+            found.append((ch, op, req, spec, chan, links))
+        for ch, op, req, spec, chan, links in found:
+            if chan is None or any(owner[l] != chan for l in links):
+                continue
+            dur = net.solo_time_s(spec)
+            if dur is None:
+                continue
+            self._fixed_req[id(req)] = dur
+            if op.kind == COLLECTIVE:
+                hold = (self._solo_time(op), self._share(op)) if self.sm_share is not None else (0.0, 0.0)
+                self.fixed[ch] = (dur, hold[0], hold[1])
+
+    def _spec(self, request):
+        """The network's bundle for ``request`` (kept per request: requests live as long as the engine)."""
+        spec = self._req_specs.get(id(request))
+        if spec is None:
+            spec = self._req_specs[id(request)] = self.net.spec_of(request)
+        return spec
+
+    def _collective_request(self, op) -> CommRequest:
+        """The flow network's request for collective ``op`` (one per (group, kind, size), images included)."""
+        rkey = (op.group, op.collective, op.size_bytes)
+        req = self._requests.get(rkey)
+        if req is None:
+            g = self.p.groups[op.group]
+            imgs = self._group_images(op.group) if self.p.classes is not None else ()
+            req = self._requests[rkey] = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
+        return req
+
+    def _p2p_request(self, real: tuple[int, int], srank: int, sop, size: int) -> CommRequest:
+        """The flow network's request for the transfer ``real`` = (source, destination) that ``sop`` (the send
+        side's op, on ``srank``) takes part in (one per (pair, group, size), images included)."""
+        rkey = (real, sop.group, size)
+        req = self._requests.get(rkey)
+        if req is None:
+            imgs = self._p2p_images(srank, sop) if self.p.classes is not None else ()
+            req = self._requests[rkey] = CommRequest("p2p", real, size, imgs)
+        return req
 
     def _trigger_in(self, event, delay: float, value=None) -> None:
         """Succeed ``event`` ``delay`` seconds from now (what simpy.Timeout does, without a second event)."""
@@ -384,6 +478,12 @@ class Engine:
                     self._comm_started(rv.arrived, now, self._solo_time(op), self._share(op))
                 else:
                     self._hold_sms(rv, now, self.cost.comm_time_s(request))
+            dur = self._fixed_req.get(id(request))
+            if dur is not None:                 # alone on its links whenever it runs (_find_fixed)
+                rv._ok = True
+                rv._value = now
+                self._closed_end_at(now + dur, rv)
+                return
             key = self._net_key = self._net_key + 1
             rv.start_s = now
             self._net_events[key] = rv
@@ -392,20 +492,10 @@ class Engine:
                 # gives its end now and keeps it off its heap (no wake-up, no re-scheduling), and it ends by an
                 # event queued now for that time (one per distinct end time). If a neighbour starts first, the
                 # network takes it back (re-solved from then) and that event passes it over (_on_closed_end).
-                spec = self._req_specs.get(id(request))      # (requests live as long as the engine: _requests)
-                if spec is None:
-                    spec = self._req_specs[id(request)] = self.net.spec_of(request)
-                t = self.net.start(now, key, request, True, spec)
+                t = self.net.start(now, key, request, True, self._spec(request))
                 if t is not None:
-                    if t < math.inf:        # one event per distinct end time: the ends of one instant together
-                        at = self._closed_at.get(t)
-                        if at is None:
-                            self._closed_at[t] = [key]
-                            ev = _Signal(self._closed_callbacks)
-                            ev._value = t
-                            heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
-                        else:
-                            at.append(key)
+                    if t < math.inf:
+                        self._closed_end_at(t, key)
                     return
             else:
                 self.net.start(now, key, request)
@@ -414,6 +504,19 @@ class Engine:
         if self.sm_share is not None:
             self._hold_sms(rv, now, dur)
         self._trigger_in(rv, dur if dur > 0 else 0, now)
+
+    def _closed_end_at(self, t: float, item) -> None:
+        """End ``item`` at ``t`` by a closed-form end event (_on_closed_end), one per distinct end time: the
+        ends of one instant together. ``item``: the network key of a communication that started alone on its
+        links, or the event (a rendezvous, a stream's wake-up) of a fixed one (_find_fixed), its value set."""
+        at = self._closed_at.get(t)
+        if at is None:
+            self._closed_at[t] = [item]
+            ev = _Signal(self._closed_callbacks)
+            ev._value = t
+            heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+        else:
+            at.append(item)
 
     def _hold_sms(self, rv: _Rendezvous, now: float, dur: float) -> None:
         op = rv.op
@@ -518,7 +621,12 @@ class Engine:
         env = self.env
         now = env._now
         net = self.net
-        ended = [self._net_ended(key) for key in self._closed_at.pop(event._value) if net.finish_closed(now, key)]
+        ended = []
+        for key in self._closed_at.pop(event._value):
+            if key.__class__ is not int:        # a fixed communication's event: the network never saw it
+                ended.append(key)
+            elif net.finish_closed(now, key):
+                ended.append(self._net_ended(key))
         if not net.settled:         # a neighbour that started at this instant: settle as before
             self._network_changed()
         if ended:
@@ -543,6 +651,9 @@ class Engine:
         fail_t = self.fail_at.get(rank, math.inf)
         coalesce = fail_t == math.inf
         solo_ok = coalesce and not self.contention
+        fixed = self.fixed          # (group, kind, size) -> (seconds, SM-hold seconds, share): see _find_fixed
+        comm_started = self._comm_started
+        closed_end_at = self._closed_end_at
         needed = self.needed
         targeted = self.targeted[rank]
         held = self.sm_share is not None
@@ -651,6 +762,17 @@ class Engine:
                         cur = i
                         heappush(queue, (now + dur, NORMAL, next(eid), wake))
                         return
+                elif fixed and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1 and op.duration_s is None \
+                        and (fx := fixed.get((op.group, op.collective, op.size_bytes))) is not None:
+                    # alone in its group and on its links whenever it runs: its closed-form end, no network
+                    dur = fx[0]
+                    start[i] = now
+                    if held:
+                        comm_started((rank,), now, fx[1], fx[2])
+                    wake.callbacks = own
+                    cur = i
+                    closed_end_at(now + dur, wake)      # ends as the network's closed-form end would
+                    return
                 else:
                     # arrive at the rendezvous; the last to arrive starts the communication
                     key = rv_keys[i]
@@ -693,21 +815,12 @@ class Engine:
             if rv.duration is None and not self.contention:
                 rv.duration = self._solo_time(op)      # cached per (group, kind, size)
             elif rv.duration is None:
-                rkey = (op.group, op.collective, op.size_bytes)
-                req = self._requests.get(rkey)
-                if req is None:
-                    g = self.p.groups[op.group]
-                    imgs = self._group_images(op.group) if self.p.classes is not None else ()
-                    req = self._requests[rkey] = CommRequest(op.collective, g.ranks, op.size_bytes, imgs)
+                req = self._collective_request(op)
         elif rv.duration is None:
             sop, srank = rv.op, rv.rank     # the send side (real ranks)
             real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
             if self.contention:
-                rkey = (real, sop.group, op.size_bytes)
-                req = self._requests.get(rkey)
-                if req is None:
-                    imgs = self._p2p_images(srank, sop) if self.p.classes is not None else ()
-                    req = self._requests[rkey] = CommRequest("p2p", real, op.size_bytes, imgs)
+                req = self._p2p_request(real, srank, sop, op.size_bytes)
             else:                           # analytical: cached per (pair, size), as collectives are
                 pkey = (real, op.size_bytes)
                 t = self._comm_cache.get(pkey)

@@ -191,6 +191,18 @@ class FlowNetwork:
         self.finish(now_s, key)
         return True
 
+    def solo_time_s(self, spec) -> float | None:
+        """Seconds the communication of ``spec`` (a ``BundleSpec`` or its tuple) lasts alone on its links: what
+        ``start(..., closed=True)`` at ``now`` returns minus ``now`` (the same float: ``now + T / solo rate``);
+        None when it would never end (a link of zero capacity). For a caller that knows no other communication
+        can ever share those links (simulator.engine: links of one serial channel)."""
+        if not isinstance(spec, BundleSpec):
+            spec = BundleSpec(*spec)
+        if not spec.link_list:
+            return spec.T if spec.T > 0 else 0.0          # _Bundle.completion() at rate 1, no progress
+        rate = max_min_rates([spec.links], [spec.demand], self.capacity, [spec.ref])[0].item()
+        return spec.T / rate if rate > 0 else None
+
     def spec_of(self, request):
         """What ``start`` asks the cost model for ``request`` (a pure function of it), for callers that keep it."""
         return self._bundle_of(request)

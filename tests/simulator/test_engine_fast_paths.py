@@ -212,3 +212,53 @@ def test_a_communication_ending_with_a_compute_op_resumes_after_it_as_queued():
     assert fast.end_s[1][4] == t_end + 1e-3         # not slowed: "b" started after it
     general = ReferenceEngine(_meeting(d), Costs(CLUSTER, network="flow")).run()
     assert _times(fast) == _times(general)
+
+
+class NetworkedEngine(Engine):
+    """Every communication goes through the flow network (no fixed channels, see Engine._find_fixed)."""
+
+    fixed_channels = False
+
+
+@settings(max_examples=120, deadline=None)
+@given(programs())
+def test_fixed_channels_equal_the_networks_closed_form_ends_to_the_last_bit(progs):
+    """Communications that no other channel (group or pair, with the stream issuing it) ever meets on a link
+    are timed without the network: the same end times as the network's closed-form ends, and the same events
+    in the same order, so every op's times agree bit for bit."""
+    try:
+        networked = NetworkedEngine(progs, Costs(CLUSTER, network="flow")).run()
+    except DeadlockError as e:
+        with pytest.raises(DeadlockError) as fixed_e:
+            Engine(progs, Costs(CLUSTER, network="flow")).run()
+        assert str(fixed_e.value) == str(e)
+        return
+    fixed = Engine(progs, Costs(CLUSTER, network="flow")).run()
+    assert _times(fixed) == _times(networked)
+
+
+def test_only_communications_alone_on_their_links_are_fixed():
+    """A TP pair on its node's NVLink issuing every all-reduce from one stream is fixed; the same group issuing
+    from two streams (its all-reduces may overlap) is not, nor is a transfer whose NIC a cross-node group
+    also loads."""
+    progs = Programs(world_size=16, ops={r: [] for r in range(16)})
+    tp = progs.add_group([0, 1], "tp")
+    tp2 = progs.add_group([2, 3], "tp")
+    dp = progs.add_group([0, 8], "dp")
+    for r in (0, 1):
+        progs.ops[r] = [collective("a", "all_reduce", tp, 2.0**24), collective("b", "all_reduce", tp, 2.0**20)]
+    for r in (2, 3):
+        progs.ops[r] = [collective("a", "all_reduce", tp2, 2.0**24, stream="s1"),
+                        collective("b", "all_reduce", tp2, 2.0**20, stream="s2")]
+    progs.ops[0] += [collective("d", "all_reduce", dp, 2.0**24, stream="dp")]
+    progs.ops[8] = [collective("d", "all_reduce", dp, 2.0**24, stream="dp"), send("s", 1, 2.0**20)]
+    progs.ops[1] += [recv("r", 8, 2.0**20, stream="pp")]
+    engine = Engine(progs, Costs(CLUSTER, network="flow"))
+    fixed_groups = {key[0] for key in engine.fixed}
+    assert tp in fixed_groups and tp2 not in fixed_groups
+    assert engine._fixed_req                          # tp's requests (met at a rendezvous of two ranks)
+    reqs = {id(r): k for k, r in engine._requests.items()}
+    fixed = {reqs[i] for i in engine._fixed_req}
+    assert (tp, "all_reduce", 2.0**24) in fixed and (tp2, "all_reduce", 2.0**24) not in fixed
+    assert not any(k[0] == (8, 1) for k in fixed) and any(k[0] == (8, 1) for k in engine._requests)
+    assert engine.run().step_time_s == NetworkedEngine(progs, Costs(CLUSTER, network="flow")).run().step_time_s
