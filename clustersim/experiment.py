@@ -85,6 +85,7 @@ class Experiment:
     seq: int = 4096
     recompute: str = "none"
     recompute_every: int = 1             # recompute full: checkpoint only every N-th layer (torchtitan's "2")
+    recompute_modules: tuple[str, ...] | None = None   # recompute selective: Megatron's modules (None: core_attn)
     bucket_mb: float = 25.0
     fsdp_prefetch: int = 1
     overlap_grad_reduce: bool = True
@@ -226,6 +227,9 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(isinstance(value, (str, dict)), f"{w}: expected a preset name or a mapping of model fields")
         elif key == "faults":
             _check(isinstance(value, dict), f"{w}: expected a mapping (stragglers, jitter, seed, ...)")
+        elif key == "recompute_modules":
+            from schedules.plan import parse_recompute_modules
+            value = parse_recompute_modules(value, w)
         elif key == "stage_layers":
             from schedules.plan import parse_stage_layers
             value = ",".join(map(str, parse_stage_layers(value)))
@@ -306,6 +310,9 @@ def simulate_options(f: Callable) -> Callable:
                      "(Megatron: attention core) | full | op (torchtitan's per-op selective checkpointing)."),
         click.option("--recompute-every", type=int, help="With --recompute full: checkpoint only every N-th layer "
                      "(torchtitan's selective_ac_option N, 'selective layer'); default 1 = every layer."),
+        click.option("--recompute-modules", help="With --recompute selective: the modules recomputed, Megatron-Core's "
+                     "recompute_modules, comma-separated: core_attn (the default), layernorm, mla_up_proj, mlp, "
+                     "moe_act, moe, shared_experts."),
         click.option("--bucket-mb", type=float, help="DDP / ZeRO gradient bucket size in MB (1e6 bytes)."),
         click.option("--fsdp-prefetch", type=int, help="FSDP / ZeRO-3: layers all-gathered ahead (0 = none)."),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=None,
@@ -359,7 +366,7 @@ def simulate_options(f: Callable) -> Callable:
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
-               "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "bucket_mb", "network", "mode", "calibration",
+               "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "recompute_modules", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
                "attention", "attention_kernel", "fsdp_reshard_after_forward", "dtype", "stack",
@@ -536,7 +543,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
     kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, etp=exp.etp or 0, expert_grid=exp.expert_grid, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
-              recompute_every=exp.recompute_every,
+              recompute_every=exp.recompute_every, recompute_modules=exp.recompute_modules or ("core_attn",),
               seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch, overlap_grad_reduce=exp.overlap_grad_reduce,
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),

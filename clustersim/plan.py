@@ -23,7 +23,8 @@ from schedules.kernels import DTYPES, GRAD_REDUCE_DTYPES, STACKS, default_stack
 from schedules.memory import memory_per_rank
 from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
 from schedules.pipeline import SCHEDULES
-from schedules.plan import ATTENTION, EXPERT_GRIDS, RECOMPUTE, RESHARD, ParallelPlan, parse_memory_limit, parse_stage_layers
+from schedules.plan import (ATTENTION, EXPERT_GRIDS, RECOMPUTE, RESHARD, ParallelPlan, parse_memory_limit,
+                            parse_recompute_modules, parse_stage_layers)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -89,6 +90,9 @@ def plan_options(f):
                           "(torchtitan's per-op selective checkpointing)."),
         click.option("--recompute-every", type=int, default=1, show_default=True,
                      help="With --recompute full: checkpoint only every N-th layer (torchtitan 'selective layer')."),
+        click.option("--recompute-modules", default=None,
+                     help="With --recompute selective: Megatron-Core's recompute_modules, comma-separated (core_attn "
+                          "by default; layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts)."),
         click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="Gradient bucket (MB)."),
         click.option("--fsdp-prefetch", type=int, default=1, show_default=True,
                      help="ZeRO-3/FSDP: layers gathered ahead."),
@@ -140,7 +144,8 @@ def model_from_options(model: str | None = None, params: float | None = None, **
 def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1,
                       cp: int = 1, zero: int = 0, fsdp: bool = False, sp: bool = False, schedule: str = "1f1b",
                       virtual_stages: int = 1, micro_batch: int = 1, global_batch: int | None = None,
-                      seq: int = 2048, recompute: str = "none", recompute_every: int = 1, bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
+                      seq: int = 2048, recompute: str = "none", recompute_every: int = 1,
+                      recompute_modules=None, bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
                       axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, stage_layers=None,
                       first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                       memory_limit=None, attention: str = "flash",
@@ -162,7 +167,9 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
             dp = gpus // denom
     return ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, fsdp=fsdp, micro_batch=micro_batch,
                         global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
-                        bucket_bytes=bucket_mb * 1e6, recompute=recompute, recompute_every=recompute_every, seq=seq, fsdp_prefetch=fsdp_prefetch,
+                        bucket_bytes=bucket_mb * 1e6, recompute=recompute, recompute_every=recompute_every,
+                        recompute_modules=(parse_recompute_modules(recompute_modules) if recompute_modules
+                                           else ("core_attn",)), seq=seq, fsdp_prefetch=fsdp_prefetch,
                         axis_order=axis_order, skew=skew, stage_layers=parse_stage_layers(stage_layers),
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                         attention=attention, fsdp_reshard_after_forward=fsdp_reshard_after_forward,
@@ -317,7 +324,8 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
     degrees = " ".join(f"{k}{getattr(p, k)}" for k in ("tp", "pp", "dp", "ep", "cp") if getattr(p, k) > 1) or "1 GPU"
     extras = [x for x, on in [("sp", p.sp), ("tp-comm-overlap", p.tp_comm_overlap),
                               (f"zero{p.zero_stage}", p.zero_stage), ("fsdp", p.fsdp),
-                              (f"recompute {p.recompute}" + (f" every {p.recompute_every}" if p.recompute_every > 1 else ""),
+                              (f"recompute {p.recompute}" + (f" every {p.recompute_every}" if p.recompute_every > 1 else "")
+                               + (f" ({','.join(p.recompute_modules)})" if p.recompute_modules != ("core_attn",) else ""),
                                p.recompute != "none")] if on]
     con.print(f"[bold]{model.name}[/bold] ({model.param_count() / 1e9:,.2f} B parameters) on {rep['world_size']:,} GPUs: "
               f"{degrees} {' '.join(extras)}")

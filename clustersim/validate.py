@@ -185,6 +185,25 @@ CONFIG_RECOMPUTE = {
         ("selective", "the benchmark's nemotron4-340b-synth.yaml sets activations_checkpoint_granularity: selective"),
 }
 
+#: Megatron-Core recompute modules a benchmark's launch script passes where its README table says nothing:
+#: (model, commit of the source document, hardware class) -> modules. NVIDIA dgxc-benchmarking v25.05 (68eaf7e)
+#: and v25.05.04 (1f6d9f4) deepseek_v3/pretraining/launch.sh: ``RM='mla_up_proj'`` on H100, ``RM='core_attn'`` on
+#: GB200, passed as ``--recompute_modules $RM`` to NeMo's scripts.performance.llm.pretrain_deepseek_v3 (selective
+#: granularity).
+LAUNCH_SCRIPT_RECOMPUTE_MODULES = {
+    ("DeepSeek-V3 671B", "68eaf7e117bf16cb018861ce101e8f80925f74d8", "H100"): ("mla_up_proj",),
+    ("DeepSeek-V3 671B", "68eaf7e117bf16cb018861ce101e8f80925f74d8", "GB200"): ("core_attn",),
+    ("DeepSeek-V3 671B", "1f6d9f40e4117d7c71b726f86074ac01c29f87f5", "H100"): ("mla_up_proj",),
+    ("DeepSeek-V3 671B", "1f6d9f40e4117d7c71b726f86074ac01c29f87f5", "GB200"): ("core_attn",),
+}
+
+
+def stated_recompute_modules(row: dict) -> tuple[str, ...] | None:
+    """Megatron recompute modules a row's launch script states (``LAUNCH_SCRIPT_RECOMPUTE_MODULES``)."""
+    return LAUNCH_SCRIPT_RECOMPUTE_MODULES.get((row.get("model"), _commit_of(row.get("source", "")),
+                                                hardware_class(row.get("hardware", ""))))
+
+
 
 def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
     """(recompute, note) that a row's benchmark recipe or model config states where its table does not."""
@@ -399,9 +418,14 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
             kw["virtual_stages"] = vp
     ac = (row.get("activation_checkpointing") or "").strip().lower()
     recipe = None if ac else stated_recompute(row, bool(kw.get("fsdp")))
+    modules = None if ac or recipe else stated_recompute_modules(row)
     if recipe:
         kw["recompute"] = recipe[0]
         notes.append(recipe[1])
+    elif modules:
+        kw.update(recompute="selective", recompute_modules=modules)
+        notes.append(f"the benchmark's launch script recomputes Megatron modules {','.join(modules)} "
+                     f"(--recompute_modules)")
     elif ac in ("full", "true"):
         kw["recompute"] = "full"
     elif ac.startswith("selective"):

@@ -34,7 +34,7 @@ from schedules import memory as mem
 from schedules.kernels import FSDP1_STACKS, optimizer_step_bytes, phase_kernels, ub_chunks, ub_segments
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
-from schedules.plan import ParallelPlan, recompute_flops
+from schedules.plan import ParallelPlan, recompute_flops, selective_extra_flops
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 from simulator.kernels import ATTENTION, KernelList
@@ -125,7 +125,8 @@ class _StageBuilder:
                     u = Unit("", l, d, e, (lf.forward - lf.experts) / div, lf.attn_core / div,
                              lf.experts * self.load / div, mem.layer_activation_bytes(m, p, l),
                              mem.weight_grad_fraction(m, p, l), mem.recompute_transient_bytes(m, p, l), moe,
-                             recompute=rc, f_rec=recompute_flops(m, p, l) if rc == "op" else 0.0)
+                             recompute=rc, f_rec=recompute_flops(m, p, l) if rc == "op" else
+                             selective_extra_flops(m, p, l) if rc == "selective" else 0.0)
                     cache[key] = u
                 units.append(Unit(f"L{l}", l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
                                   u.w_frac, u.transient, u.moe, recompute=u.recompute, f_rec=u.f_rec))
@@ -464,8 +465,11 @@ class _StageBuilder:
                 pass                # recomputation applies to transformer layers only
             elif u.recompute == "full":
                 main, exp = main + u.f_main, exp + u.f_exp
-            elif u.recompute == "selective":
-                main += u.f_core
+            elif u.recompute == "selective":      # Megatron's recompute_modules (core_attn by default)
+                mods = p.recompute_modules
+                main += (u.f_core if "core_attn" in mods else 0.0) + u.f_rec
+                if "moe" in mods:
+                    exp += u.f_exp
             elif u.recompute == "op":
                 main += u.f_rec
         if u.kind == "embedding":
@@ -513,7 +517,8 @@ class _StageBuilder:
             core_step = 0.0
             if ring:     # attention-core FLOPs of this phase, spread over the cp ring steps
                 core = u.f_core if a.phase == "F" else (
-                    2 * u.f_core + (u.f_core if u.recompute in ("selective", "full") else 0.0))
+                    2 * u.f_core + (u.f_core if u.recompute == "full" or (
+                        u.recompute == "selective" and "core_attn" in p.recompute_modules) else 0.0))
                 core_step = core / p.cp
             attn = [("attn", main - core_step * (p.cp - 1), memb, core_step, p.cp - 1 if ring else 0)]
             # Transformer Engine's userbuffers overlap (plan.tp_comm_overlap): the attention block's and the
@@ -558,6 +563,10 @@ class _StageBuilder:
                     # full recomputation re-runs the layer's forward, its TP collectives and expert
                     # all-to-alls included (Megatron's CheckpointFunction, torch.utils.checkpoint)
                     seq = fwd_comm + seq
+                elif u.recompute == "selective" and u.moe and "moe" in p.recompute_modules:
+                    # Megatron's moe recompute module re-runs the MoE block's forward: its dispatch and
+                    # combine all-to-alls (and expert-TP collectives) run again before its backward
+                    seq = [x for x in fwd_comm if x[0] in ("ep", "etp")] + seq
         if any(map(_overlapped, seq)):
             return self._write_overlapped(u, a, seq, deps, lab, alloc, free)
         first = last = None

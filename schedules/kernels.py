@@ -654,10 +654,61 @@ def _recompute(w: _Writer, model, plan, moe, part, load, rc, stack, dtype) -> No
     """Append the recomputation of one layer part (mode ``rc``) to ``w``."""
     if rc == "full":
         w.out.extend(_cached(model, plan, moe, FORWARD, part, load, "none", stack, dtype).kernels)
-    elif rc == "selective" and part in ("layer", "attention"):
-        _core(w, model, plan, _Shape(model, plan), "fwd")
+    elif rc == "selective":
+        _recompute_modules(w, model, plan, moe, part, load)
     elif rc == "op":
         w.out.extend(op_policy(model, _cached(model, plan, moe, FORWARD, part, load, "none", stack, dtype))[1])
+
+
+def recomputed_norms(m: ModelSpec, p: ParallelPlan, moe: bool) -> tuple[bool, bool]:
+    """(input norm, pre-MLP norm) that recompute module ``layernorm`` re-runs. Megatron-Core recomputes a norm
+    only where it is a module of its own: with Transformer Engine the input norm is fused into the QKV linear
+    (TELayerNormColumnParallelLinear) except under MLA, whose down-projections take a separate TENorm, and the
+    pre-MLP norm into fc1 except in an MoE layer (the router and the dispatcher read it). Other stacks keep
+    both norms separate."""
+    if getattr(p, "recompute", "none") != "selective" or "layernorm" not in getattr(p, "recompute_modules", ()):
+        return False, False
+    if (getattr(p, "stack", None) or "megatron") == "megatron":
+        return bool(m.is_mla), moe
+    return True, True
+
+
+def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, part: str, load: float) -> None:
+    """Megatron-Core's selective recomputation of ``p.recompute_modules`` (``schedules.plan.RECOMPUTE_MODULES``)
+    for one layer part: the forward kernels of each module, in the layer's order. ``core_attn`` alone is
+    Megatron's selective recomputation (the attention core)."""
+    mods = getattr(p, "recompute_modules", ("core_attn",))
+    sh = _Shape(m, p)
+    T, h = sh.T, sh.h
+    norm_in, norm_post = recomputed_norms(m, p, moe)
+    if part in ("layer", "attention"):
+        if norm_in:
+            _norm(w, "input norm", sh.rows, h, False, True)
+        if "mla_up_proj" in mods and m.is_mla:
+            qk = m.d_head + m.qk_rope_dim
+            if m.q_lora_rank:
+                _linear(w, "q up", FORWARD, T, sh.heads * qk, m.q_lora_rank)
+            _linear(w, "kv up", FORWARD, T, sh.heads * (m.d_head + m.v_head_dim), m.kv_lora_rank)
+            if m.position_embedding == "rope":
+                _rotary(w, T, (sh.heads + sh.kv) * m.qk_rope_dim)
+        if "core_attn" in mods:
+            _core(w, m, p, sh, "fwd")
+        if norm_post:
+            _norm(w, "post-attention norm", sh.rows, h, False, not moe)
+        if moe:
+            if "moe" in mods:
+                _linear(w, "router", FORWARD, sh.rows, m.experts, h, fp8_ok=False)
+                w.ew("router softmax/top-k", sh.rows * m.experts * (w.a + FP32) + sh.rows * m.top_k * 8)
+            if m.shared_experts and ("moe" in mods or "shared_experts" in mods):
+                _mlp(w, m, sh, FORWARD, m.shared_experts * m.expert_ffn / sh.tp, T, "shared expert")
+        elif "mlp" in mods:
+            _mlp(w, m, sh, FORWARD, m.ffn / sh.tp, T, "mlp")
+    if part in ("layer", "experts") and moe:
+        if "moe" in mods:
+            _experts(w, m, p, sh, FORWARD, load)
+        elif "moe_act" in mods:
+            routed = sh.T / p.tp * p.expert_tp * m.top_k * load
+            _activation(w, routed, m.expert_ffn / p.expert_tp, m.gated_mlp, False, w.fp8)
 
 
 @lru_cache(maxsize=4096)
@@ -678,7 +729,8 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
         d_qk = model.d_head + model.qk_rope_dim if model.is_mla else sh.d
         d_v = model.v_head_dim if model.is_mla else sh.d
         passes = ["fwd"] if phase == FORWARD else (
-            ["fwd", "bwd"] if rc in ("selective", "full") else ["bwd"])
+            ["fwd", "bwd"] if rc == "full" or (rc == "selective" and "core_attn" in plan.recompute_modules)
+            else ["bwd"])
         for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
             w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
         if phase == BACKWARD_WEIGHT:

@@ -32,7 +32,10 @@ eager: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Tran
     which stores gate, up and their product) and, in MoE layers, by top_k expert widths plus the permuted
     tokens. The LM head's logits are not counted.
 Selective recompute drops the attention core's internals (eager: the 5·a·s²·b scores; flash: the
-log-sum-exp); full recompute keeps only each layer's input, 2·s·b·h (/t with SP), and rebuilds one layer's
+log-sum-exp) and, with Megatron-Core's other ``recompute_modules``, what each module saved (``Saved.freed_by``:
+the norms' outputs, MLA's rotated q and k, v, a dense MLP's fc1 and activation outputs, the experts'
+activation output, the whole MoE block's tensors, the shared experts'; module inputs stay as the checkpoint's
+inputs), rebuilt one layer at a time during backward (``recompute_transient_bytes``); full recompute keeps only each layer's input, 2·s·b·h (/t with SP), and rebuilds one layer's
 activations during its backward; with ``recompute_every`` N only every N-th layer is checkpointed
 (``plan.layer_recompute``), the others keep everything. Op recompute (torchtitan's per-op policy,
 ``schedules.kernels.op_policy``) keeps the block's input (the checkpoint input) and the outputs of the ops
@@ -56,7 +59,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS
+from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS, recomputed_norms
 from schedules.models import ModelSpec
 from schedules.plan import ParallelPlan
 
@@ -164,7 +167,23 @@ class Saved(NamedTuple):
     nbytes: float
     shard: str          # "tp": sharded over TP always; "sp": only with sequence parallelism; "none": per rank
     reader: str         # "B": freed by the input-gradient pass; "W": read by the weight-gradient pass
-    core: bool = False  # dropped by selective recompute (attention-core internals)
+    freed_by: tuple[str, ...] = ()   # selective recompute modules that discard it (``recomputed_modules``)
+
+    @property
+    def core(self) -> bool:
+        """Attention-core internals: what Megatron's default selective recomputation (core_attn) drops."""
+        return "core_attn" in self.freed_by
+
+
+def recomputed_modules(model: ModelSpec, plan: ParallelPlan, layer: int) -> frozenset[str]:
+    """The ``Saved.freed_by`` tags that selective recomputation of ``plan.recompute_modules`` discards in
+    ``layer``: the modules themselves, with ``layernorm`` split into the norms Megatron-Core recomputes there
+    (``schedules.kernels.recomputed_norms``)."""
+    mods = set(plan.recompute_modules)
+    if "layernorm" in mods:
+        norm_in, norm_post = recomputed_norms(model, plan, model.is_moe_layer(layer))
+        mods |= {x for x, on in (("layernorm-input", norm_in), ("layernorm-post", norm_post)) if on}
+    return frozenset(mods)
 
 
 def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Saved]:
@@ -183,43 +202,52 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     # torchtitan's eager RMSNorm (schedules.kernels) saves its fp32 input copy (pow and the x·r product) and
     # its unweighted output (the weight gradient) instead of the bf16 input a fused norm keeps
     eager = plan.stack in EAGER_POINTWISE
-    out = [Saved("norm1 input", e * tok * h, "sp", "B"), Saved("norm1 output (QKV input)", f * tok * h, "sp", "W")]
+    n1, n2, up = ("layernorm-input",), ("layernorm-post",), ("mla_up_proj",) if model.is_mla else ()
+    out = [Saved("norm1 input", e * tok * h, "sp", "B"),
+           Saved("norm1 output (QKV input)", f * tok * h, "sp", "W", n1)]
     if eager:
-        out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B"),
-                Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B")]
+        out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", n1),
+                Saved("norm1 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", n1)]
     if model.is_mla:          # latent projections: the latent norm's input (B) and output (up-projection input, W)
         for lat in ((model.q_lora_rank,) if model.q_lora_rank else ()) + (model.kv_lora_rank + model.qk_rope_dim,):
             out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
                     Saved("latent norm output", e * tok * lat, "sp", "W")]
-    out += [Saved("q (rotated)", e * tok * a * dqk, "tp", "B"),
-            Saved("k, v", e * tok * kvh * (dqk + dv), "tp", "B"),
+    out += [Saved("q (rotated)", e * tok * a * dqk, "tp", "B", up),
+            Saved("k, v", e * tok * kvh * (dqk + dv), "tp", "B", up),
             Saved("attention output (projection input)", e * tok * a * dv, "tp", "W"),
-            Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", core=True),
+            Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", ("core_attn",)),
             Saved("norm2 input", e * tok * h, "sp", "B"),
-            Saved("norm2 output (MLP input)", f * tok * h, "sp", "W")]
+            Saved("norm2 output (MLP input)", f * tok * h, "sp", "W", n2)]
     if eager:
-        out += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B"),
-                Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B")]
+        out += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", n2),
+                Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", n2)]
     if f != e:
         out.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
     if model.is_moe_layer(layer):
         routed = model.top_k * _load(model)
-        width = routed * model.expert_ffn + model.shared_experts * model.expert_ffn
+        width = routed * model.expert_ffn              # routed experts' widths per token
+        shared = model.shared_experts * model.expert_ffn
         # a rank holds its expert-TP group's tokens (tok/tp·etp) at full hidden width, and the same expert
         # widths per token (width/etp for etp times the tokens): the dispatcher gathers the routed tokens over
         # the experts' TP group (etp = tp unless folded; the expert GEMMs run on those rows, schedules.kernels)
         gathered = plan.expert_tp
-        out += [Saved("router probabilities", STATS_BYTES * tok * model.experts, "sp", "B"),
-                Saved("permuted tokens (expert input)", f * tok * routed * h * gathered, "tp", "W"),
-                Saved("expert fc1 output", e * tok * fc1 * width, "tp", "B"),
-                Saved("expert activation output (fc2 input)", f * tok * width, "tp", "W"),
-                Saved("expert outputs (combine input)", e * tok * routed * h * gathered, "tp", "B")]
+        moe = ("moe",)
+        out += [Saved("router probabilities", STATS_BYTES * tok * model.experts, "sp", "B", moe),
+                Saved("permuted tokens (expert input)", f * tok * routed * h * gathered, "tp", "W", moe),
+                Saved("expert fc1 output", e * tok * fc1 * width, "tp", "B", moe),
+                Saved("expert activation output (fc2 input)", f * tok * width, "tp", "W", ("moe", "moe_act")),
+                Saved("expert outputs (combine input)", e * tok * routed * h * gathered, "tp", "B", moe)]
+        if shared:
+            sx = ("moe", "shared_experts")
+            out += [Saved("shared expert fc1 output", e * tok * fc1 * shared, "tp", "B", sx),
+                    Saved("shared expert activation output (fc2 input)", f * tok * shared, "tp", "W", sx)]
     else:
-        out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B"),
-                Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W")]
+        mlp = ("mlp",)
+        out += [Saved("fc1 output", e * tok * fc1 * model.ffn, "tp", "B", mlp),
+                Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W", mlp)]
         if eager and model.gated_mlp:     # eager SwiGLU: silu(w1 x) * w3 x, the multiply saves silu's output
-            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B"))
+            out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B", mlp))
     return out
 
 
@@ -326,7 +354,8 @@ def _layer_split_bytes_of(model: ModelSpec, plan: ParallelPlan, layer: int, reco
     if recompute == "op":
         kept = op_saved_tensors(model, plan, layer)
     else:
-        kept = [x for x in saved_tensors(model, plan, layer) if not (x.core and recompute == "selective")]
+        freed = recomputed_modules(model, plan, layer) if recompute == "selective" else frozenset()
+        kept = [x for x in saved_tensors(model, plan, layer) if not freed.intersection(x.freed_by)]
     return sum(_per_rank(x, plan) for x in kept), sum(_per_rank(x, plan) for x in kept if x.reader == "W")
 
 
@@ -377,7 +406,7 @@ def recompute_transient_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) 
     rc = plan.layer_recompute(layer)
     if rc == "full":
         return layer_activation_bytes(model, plan, layer, recompute="none")
-    if rc == "op":
+    if rc == "op" or (rc == "selective" and plan.recompute_modules != ("core_attn",)):
         return max(0.0, layer_activation_bytes(model, plan, layer, recompute="none")
                    - layer_activation_bytes(model, plan, layer))
     return 0.0

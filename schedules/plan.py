@@ -39,10 +39,18 @@ from functools import cached_property
 import numpy as np
 
 from schedules import pipeline as pl
-from simulator.errors import PlanError
+from simulator.errors import ConfigError, PlanError
+from simulator.inputs import brief
 
 SCHEDULE_NAMES = tuple(pl.SCHEDULES)
 RECOMPUTE = ("none", "selective", "full", "op")
+#: Megatron-Core's fine-grained recomputation (``--recompute-granularity selective --recompute-modules``,
+#: TransformerConfig.recompute_modules; its default is core_attn): core_attn the attention core, layernorm the
+#: input and pre-MLP norms, mla_up_proj the MLA up-projections and rotary, mlp a dense layer's MLP, moe_act the
+#: routed experts' activation, moe the whole MoE block (router, dispatch, experts, combine: its all-to-alls run
+#: again), shared_experts the shared experts' MLP. layernorm, mla_up_proj and moe_act checkpoint without
+#: keeping their outputs (CheckpointWithoutOutput); the others keep their inputs.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 ATTENTION = ("flash", "eager")
 ATTENTION_KERNELS = ("auto", "flash2", "triton")      # FlashAttention kernels (schedules.kernels.ATTENTION_IMPL)
 RESHARD = ("auto", "true", "false")
@@ -77,6 +85,8 @@ class ParallelPlan:
     recompute            activation recomputation: none | selective (Megatron: the attention core) | full
                          (whole layer) | op (torchtitan's per-op selective checkpointing: matmul and
                          attention outputs kept, every other matmul and the pointwise ops recomputed)
+    recompute_modules    with recompute selective: the modules recomputed (``RECOMPUTE_MODULES``, Megatron's
+                         names); default core_attn, Megatron's selective recomputation
     recompute_every      with recompute full: only every N-th layer is checkpointed (layers l with
                          (l + 1) % N == 0), the others keep all activations; torchtitan's
                          ``selective_ac_option = N`` ("selective layer"); 1 = every layer
@@ -125,6 +135,7 @@ class ParallelPlan:
     virtual_stages: int = 1
     bucket_bytes: float = 25e6
     recompute: str = "none"
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     recompute_every: int = 1
     seq: int = 2048
     overlap_grad_reduce: bool = True
@@ -297,6 +308,20 @@ class ParallelPlan:
             raise PlanError(f"unknown pipeline schedule {self.schedule!r}; known: {', '.join(SCHEDULE_NAMES)}")
         if self.recompute not in RECOMPUTE:
             raise PlanError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        mods = self.recompute_modules
+        if not isinstance(mods, tuple) or not mods:
+            raise PlanError(f"recompute_modules must be a non-empty tuple of module names, got {mods!r}")
+        bad = [x for x in mods if x not in RECOMPUTE_MODULES]
+        if bad:
+            raise PlanError(f"unknown recompute module(s) {', '.join(map(repr, bad))}; known (Megatron-Core's "
+                            f"recompute_modules): {', '.join(RECOMPUTE_MODULES)}")
+        if len(set(mods)) != len(mods):
+            raise PlanError(f"recompute_modules names a module twice: {', '.join(mods)}")
+        if mods != ("core_attn",) and self.recompute != "selective":
+            raise PlanError(f"recompute_modules {','.join(mods)} chooses what selective recomputation re-runs: it "
+                            f"needs --recompute selective (recompute is {self.recompute})")
+        if "moe" in mods and "moe_act" in mods:
+            raise PlanError("recompute_modules: moe re-runs the whole MoE block, moe_act included; name one of them")
         if self.recompute_every > 1 and self.recompute != "full":
             raise PlanError(f"recompute_every {self.recompute_every} checkpoints every N-th layer fully: it needs "
                             f"--recompute full (recompute is {self.recompute})")
@@ -452,6 +477,19 @@ class ParallelPlan:
             raise PlanError(f"recompute op is torchtitan's per-op checkpointing of a dense block with SDPA flash "
                             f"attention; {model.name} with attention {self.attention} is not one: use --recompute "
                             f"selective or full")
+        if self.recompute == "selective" and self.recompute_modules != ("core_attn",):
+            mods = self.recompute_modules
+            if self.attention != "flash":
+                raise PlanError(f"recompute_modules {','.join(mods)}: modules other than core_attn are priced "
+                                f"with FlashAttention's saved tensors; use --attention flash")
+            if "mla_up_proj" in mods and not model.is_mla:
+                raise PlanError(f"recompute module mla_up_proj re-runs MLA's up-projections; {model.name} has no "
+                                f"multi-head latent attention")
+            moe_only = [x for x in ("moe_act", "moe", "shared_experts") if x in mods]
+            if moe_only and not model.is_moe:
+                raise PlanError(f"recompute module(s) {', '.join(moe_only)} re-run MoE parts; {model.name} is dense")
+            if "shared_experts" in mods and not model.shared_experts:
+                raise PlanError(f"recompute module shared_experts: {model.name} has no shared experts")
         if self.cp > 1 and self.attention != "flash":
             raise PlanError(f"context parallelism (cp {self.cp}) runs ring attention, which merges its KV blocks "
                             f"with FlashAttention's log-sum-exp; no stack runs it with attention {self.attention}: "
@@ -721,6 +759,33 @@ def recompute_flops(model, plan: "ParallelPlan", layer: int) -> float:
     return recompute_kernels(model, plan, layer).flops
 
 
+def parse_recompute_modules(value, where: str = "--recompute-modules") -> tuple[str, ...]:
+    """Megatron-Core recompute module names from a comma-separated string or a list (YAML)."""
+    if isinstance(value, str):
+        items = [x.strip() for x in value.split(",")]
+    elif isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
+        items = [x.strip() for x in value]
+    else:
+        raise ConfigError(f"{where}: expected module names (a comma-separated string or a list), got {brief(value)}")
+    bad = [x for x in items if x not in RECOMPUTE_MODULES]
+    if not items or bad:
+        raise ConfigError(f"{where}: unknown recompute module(s) {', '.join(map(repr, bad or items))}; choose from "
+                          f"{', '.join(RECOMPUTE_MODULES)}")
+    return tuple(items)
+
+
+def selective_extra_flops(model, plan: "ParallelPlan", layer: int) -> float:
+    """FLOPs one rank spends per micro-batch re-running the modules of ``plan.recompute_modules`` other than the
+    attention core and the routed experts (``schedules.kernels.recompute_kernels``: the MLA up-projections, a
+    dense MLP, the shared experts, the router); 0 for Megatron's default (core_attn only)."""
+    if plan.layer_recompute(layer) != "selective" or plan.recompute_modules == ("core_attn",):
+        return 0.0
+    from schedules.kernels import recompute_kernels
+    from simulator.kernels import ATTENTION
+    part = "attention" if model.is_moe_layer(layer) else "layer"
+    return sum(k.flops for k in recompute_kernels(model, plan, layer, part).kernels if k.kind != ATTENTION)
+
+
 def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
     """Relative times of a layer's forward (T_F), backward-input (T_B) and backward-weight (T_W) passes
     from their FLOPs (``LayerFlops``; recomputation adds a forward to B), mean over the layers, rounded so
@@ -730,8 +795,13 @@ def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
         lf = model.layer_flops(l, plan.seq, plan.micro_batch)
         f += lf.forward
         rc = plan.layer_recompute(l)
-        b += lf.backward_input + (lf.forward if rc == "full" else lf.attn_core if rc == "selective" else
-                                  recompute_flops(model, plan, l) * plan.tp * plan.cp if rc == "op" else 0.0)
+        if rc == "selective":
+            mods = plan.recompute_modules
+            b += lf.backward_input + (lf.attn_core if "core_attn" in mods else 0.0) + \
+                (lf.experts if "moe" in mods else 0.0) + selective_extra_flops(model, plan, l) * plan.tp * plan.cp
+        else:
+            b += lf.backward_input + (lf.forward if rc == "full" else
+                                      recompute_flops(model, plan, l) * plan.tp * plan.cp if rc == "op" else 0.0)
         w += lf.backward_weight
     return (1.0, round(b / f, 2), round(w / f, 2))
 
