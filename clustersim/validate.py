@@ -197,11 +197,36 @@ LAUNCH_SCRIPT_RECOMPUTE_MODULES = {
     ("DeepSeek-V3 671B", "1f6d9f40e4117d7c71b726f86074ac01c29f87f5", "GB200"): ("core_attn",),
 }
 
+#: the same from Megatron-Bridge's performance configs (scripts/performance/configs/deepseek/, the default config
+#: variant v2), where the table's parallelism identifies the config and every release it may have come from
+#: sets the same modules: (model, hardware class, pp, ep) -> (releases, modules, config). B200 PP16 EP8:
+#: DEEPSEEK_V3_B200_*_BASE_CONFIG (v0.2.x) and DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 (v0.3.0-v0.4.x),
+#: recompute_modules=["mla_up_proj"]; B200 PP8 VP2 EP32: ..._B200_FP8_MX_V2 of v0.5.0, ["mla_up_proj", "mlp"];
+#: GB200 PP4 VP4 EP64: ..._GB200_BASE_CONFIG of v0.2.x (every precision) and ..._GB200_FP8_MX_V2 of v0.3.x,
+#: ["mla_up_proj"] (v0.4.x runs ["mlp"] there: the 26.04 rows, whose version is not certain, are left alone).
+RECIPE_RECOMPUTE_MODULES = {
+    ("DeepSeek-V3 671B", "B200", 16, 8): (("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04"),
+                                          ("mla_up_proj",), "DEEPSEEK_V3_B200 performance config"),
+    ("DeepSeek-V3 671B", "B200", 8, 32): (("NeMo 26.04.01",), ("mla_up_proj", "mlp"),
+                                          "DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 (v0.5.0)"),
+    ("DeepSeek-V3 671B", "GB200", 4, 64): (("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01"), ("mla_up_proj",),
+                                           "DEEPSEEK_V3_GB200 performance config"),
+}
 
-def stated_recompute_modules(row: dict) -> tuple[str, ...] | None:
-    """Megatron recompute modules a row's launch script states (``LAUNCH_SCRIPT_RECOMPUTE_MODULES``)."""
-    return LAUNCH_SCRIPT_RECOMPUTE_MODULES.get((row.get("model"), _commit_of(row.get("source", "")),
-                                                hardware_class(row.get("hardware", ""))))
+
+def stated_recompute_modules(row: dict) -> tuple[tuple[str, ...], str] | None:
+    """(Megatron recompute modules, where stated) of a row's launch script (``LAUNCH_SCRIPT_RECOMPUTE_MODULES``)
+    or Megatron-Bridge performance config (``RECIPE_RECOMPUTE_MODULES``)."""
+    hw = hardware_class(row.get("hardware", ""))
+    hit = LAUNCH_SCRIPT_RECOMPUTE_MODULES.get((row.get("model"), _commit_of(row.get("source", "")), hw))
+    if hit:
+        return hit, "the benchmark's launch script (--recompute_modules)"
+    if RECIPE_FRAMEWORK not in row.get("framework", ""):
+        return None
+    rec = RECIPE_RECOMPUTE_MODULES.get((row.get("model"), hw, _int(row, "pp", 1), _int(row, "ep", 1)))
+    if rec and (row.get("release") or "").strip() in rec[0]:
+        return rec[1], f"Megatron-Bridge's {rec[2]}"
+    return None
 
 
 
@@ -423,9 +448,8 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["recompute"] = recipe[0]
         notes.append(recipe[1])
     elif modules:
-        kw.update(recompute="selective", recompute_modules=modules)
-        notes.append(f"the benchmark's launch script recomputes Megatron modules {','.join(modules)} "
-                     f"(--recompute_modules)")
+        kw.update(recompute="selective", recompute_modules=modules[0])
+        notes.append(f"Megatron recompute modules {','.join(modules[0])}, as {modules[1]} sets them")
     elif ac in ("full", "true"):
         kw["recompute"] = "full"
     elif ac.startswith("selective"):

@@ -170,3 +170,8 @@ def test_validate_takes_the_launch_scripts_modules():
     assert any("--recompute_modules" in n for n in notes)
     kw, _ = V.row_experiment(rows["621"])               # v25.05, GB200: RM='core_attn'
     assert kw["recompute_modules"] == ("core_attn",)
+    # Megatron-Bridge's performance configs, where the row's parallelism names the config
+    assert V.row_experiment(rows["581"])[0]["recompute_modules"] == ("mla_up_proj",)        # GB200 PP4 EP64
+    assert V.row_experiment(rows["572"])[0]["recompute_modules"] == ("mla_up_proj", "mlp")  # B200 PP8 EP32
+    assert "recompute_modules" not in V.row_experiment(rows["601"])[0]    # 26.04: v0.4 says mlp, v0.5 mla_up_proj
+    assert "recompute_modules" not in V.row_experiment(rows["582"])[0]    # PP8 EP32 on GB200: no such config
