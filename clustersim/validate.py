@@ -540,13 +540,33 @@ def recompute_of_selective(framework: str, ac: str) -> dict:
     return {"recompute": "op"}
 
 
-RECOMPUTE_LADDER = ("selective", "full")
+#: Megatron-Core's output-discarding modules, which NVIDIA's MoE / MLA recipes reach for before full
+#: recomputation (Megatron-Bridge's DeepSeek-V3 B300 BF16 v2 and B200 NVFP4 v2 configs:
+#: ["mla_up_proj", "moe_act", "layernorm"]): a step of the ladder between core_attn and full for megatron-stack
+#: rows of MoE or MLA models
+LIGHT_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
+
+
+def recompute_ladder(kw: dict, framework: str = "") -> list[dict]:
+    """The recomputation settings an unstated row tries, least first: selective (the attention core), for MoE or
+    MLA models run by Megatron-Core (the megatron stack, not NeMo AutoModel's PyTorch FSDP2) also selective with
+    the light modules the model has, then full."""
+    steps = [{"recompute": "selective"}]
+    if kw.get("stack", "megatron") == "megatron" and "AutoModel" not in framework:
+        from schedules.models import get_model
+        model = kw.get("model")
+        name = model.get("base") if isinstance(model, dict) else model
+        m = get_model(name) if name in MODEL_PRESETS.values() else None
+        if m is not None and (m.is_moe or m.is_mla):
+            mods = tuple(x for x in LIGHT_MODULES if (x != "mla_up_proj" or m.is_mla) and (x != "moe_act" or m.is_moe))
+            steps.append({"recompute": "selective", "recompute_modules": mods})
+    return steps + [{"recompute": "full"}]
 
 
 def _fit_unstated_recompute(row: dict, kw: dict, notes: list[str], out, network: str, rid: str):
     """A run that was published did fit in its GPUs' memory. When the source does not state activation
     checkpointing and the plan without it does not fit, use the least recomputation that fits
-    (selective, then full), and say so in the row's notes. Never looks at throughput."""
+    (``recompute_ladder``), and say so in the row's notes. Never looks at throughput."""
     from clustersim.experiment import experiment_from_dict, run_experiment
 
     stated = (row.get("activation_checkpointing") or "").strip()
@@ -554,12 +574,15 @@ def _fit_unstated_recompute(row: dict, kw: dict, notes: list[str], out, network:
     if stated or "recompute" in kw or m.peak_memory_bytes <= m.memory_capacity_bytes:
         return out, kw
     need = m.peak_memory_bytes / GIB
-    for level in RECOMPUTE_LADDER:
-        trial = {**kw, "recompute": level}
+    ladder = recompute_ladder(kw, row.get("framework", ""))
+    for n, step in enumerate(ladder):
+        trial = {**kw, **step}
         res = run_experiment(experiment_from_dict({**trial, "network": network}, where=f"row {rid}"))
-        if res.metrics.peak_memory_bytes <= res.metrics.memory_capacity_bytes or level == RECOMPUTE_LADDER[-1]:
+        if res.metrics.peak_memory_bytes <= res.metrics.memory_capacity_bytes or n == len(ladder) - 1:
+            how = step["recompute"] + (f" --recompute-modules {','.join(step['recompute_modules'])}"
+                                       if "recompute_modules" in step else "")
             notes.append(f"activation checkpointing not stated: {need:.0f} GiB without it exceeds "
-                         f"{m.memory_capacity_bytes / GIB:.0f} GiB, simulated with --recompute {level}")
+                         f"{m.memory_capacity_bytes / GIB:.0f} GiB, simulated with --recompute {how}")
             return res, trial
     return out, kw
 

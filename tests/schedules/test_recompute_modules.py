@@ -175,3 +175,19 @@ def test_validate_takes_the_launch_scripts_modules():
     assert V.row_experiment(rows["572"])[0]["recompute_modules"] == ("mla_up_proj", "mlp")  # B200 PP8 EP32
     assert "recompute_modules" not in V.row_experiment(rows["601"])[0]    # 26.04: v0.4 says mlp, v0.5 mla_up_proj
     assert "recompute_modules" not in V.row_experiment(rows["582"])[0]    # PP8 EP32 on GB200: no such config
+
+
+def test_unstated_rows_try_the_light_modules_before_full_recomputation():
+    """The least recomputation that fits: core_attn, then (Megatron-Core, MoE or MLA models) the output-discarding
+    modules NVIDIA's MoE recipes use, then full."""
+    assert V.recompute_ladder({"model": "llama3-70b", "stack": "megatron"}) == [
+        {"recompute": "selective"}, {"recompute": "full"}]
+    assert V.recompute_ladder({"model": "deepseek-v3", "stack": "megatron"})[1] == {
+        "recompute": "selective", "recompute_modules": ("core_attn", "layernorm", "mla_up_proj", "moe_act")}
+    assert V.recompute_ladder({"model": {"base": "grok1-314b", "layers": 2}, "stack": "megatron"})[1][
+        "recompute_modules"] == ("core_attn", "layernorm", "moe_act")
+    assert len(V.recompute_ladder({"model": "deepseek-v3", "stack": "megatron"}, "NeMo AutoModel (PyTorch)")) == 2
+    rows = {r["id"]: r for r in V.load_runs()}
+    res = V.validate_rows([rows["601"]])[0]        # GB200 MXFP8, 26.04: the release's config is not certain
+    assert tuple(res[0]["experiment"]["recompute_modules"]) == ("core_attn", "layernorm", "mla_up_proj", "moe_act")
+    assert "--recompute-modules" in res[0]["notes"][-1]
