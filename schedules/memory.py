@@ -35,9 +35,10 @@ Selective recompute drops the attention core's internals (eager: the 5·a·s²·
 log-sum-exp) and, with Megatron-Core's other ``recompute_modules``, what each module saved (``Saved.freed_by``:
 the norms' outputs, MLA's rotated q and k, v, a dense MLP's fc1 and activation outputs, the experts'
 activation output, the whole MoE block's tensors, the shared experts'; module inputs stay as the checkpoint's
-inputs), rebuilt one layer at a time during backward (``recompute_transient_bytes``); full recompute keeps only each layer's input, 2·s·b·h (/t with SP), and rebuilds one layer's
-activations during its backward; with ``recompute_every`` N only every N-th layer is checkpointed
-(``plan.layer_recompute``), the others keep everything. Op recompute (torchtitan's per-op policy,
+inputs), rebuilt one layer at a time during backward (``recompute_transient_bytes``); full recompute keeps
+only each layer's input, 2·s·b·h (/t with SP), and rebuilds one layer's activations during its backward;
+with ``recompute_every`` N only every N-th layer is checkpointed (``plan.layer_recompute``), the others keep
+everything. Op recompute (torchtitan's per-op policy,
 ``schedules.kernels.op_policy``) keeps the block's input (the checkpoint input) and the outputs of the ops
 the policy saves, read off the forward kernels: the odd-numbered GEMMs' outputs (wq, wv, w1, w2 per rank:
 w2's is the unreduced m×h partial sum under TP), the attention output and its fp32 log-sum-exp, and with
