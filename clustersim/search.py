@@ -67,7 +67,8 @@ class SearchSpace:
     micro_batches: tuple = (1, 2, 4)
     schedules: tuple = ("1f1b", "interleaved", "zb", "gpipe")
     virtual_stages: tuple = (2, 4)
-    recompute: tuple = ("none", "selective", "full")   # "op" (torchtitan per-op checkpointing) on request
+    recompute: tuple = ("none", "selective", "full")   # "op" (torchtitan per-op checkpointing) on request;
+    #                                     "selective:m1+m2" names Megatron recompute modules (split_recompute)
     zero: tuple = (0, 1, 2, 3)          # 3 = FSDP
     cp: tuple = (1, 2)
     ep: tuple | None = None             # None: every EP degree that divides the experts and dp (or, folded,
@@ -77,6 +78,18 @@ class SearchSpace:
     max_pp: int = 16
     tp: tuple | None = None             # fixed tensor-parallel degrees (None: powers of two up to max_tp)
     pp: tuple | None = None             # fixed pipeline degrees (None: divisors up to max_pp)
+
+
+def split_recompute(value: str) -> tuple[str, tuple[str, ...] | None]:
+    """A search recompute option: (mode, Megatron recompute modules or None). "selective:mla_up_proj+moe_act"
+    is selective recomputation of those modules; the other values are ``--recompute`` modes."""
+    mode, sep, mods = value.partition(":")
+    if not sep:
+        return mode, None
+    from schedules.plan import parse_recompute_modules
+    if mode != "selective":
+        raise ConfigError(f"--recompute {value!r}: recompute modules go with selective only (selective:m1+m2)")
+    return mode, parse_recompute_modules(mods.replace("+", ","), f"--recompute {value}")
 
 
 def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace) -> list[Experiment]:
@@ -98,8 +111,9 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
                     eps += [(e, 1) for e in _divisors(tp * cp * dp) if e > 1 and experts % e == 0]
                 if space.ep is not None:
                     eps = [(e, f) for e, f in eps if e in space.ep]
-                for (ep, etp), mb, zero, rc in itertools.product(eps, space.micro_batches, space.zero,
-                                                                 space.recompute):
+                for (ep, etp), mb, zero, rc_opt in itertools.product(eps, space.micro_batches, space.zero,
+                                                                     space.recompute):
+                    rc, rc_mods = split_recompute(rc_opt)
                     if gb is not None and gb % (dp * mb):
                         continue
                     if pp > 1 and zero >= 2:
@@ -111,7 +125,7 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
                             base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=tp > 1, micro_batch=mb,
                             tp_comm_overlap=base.tp_comm_overlap and tp > 1,
                             zero=0 if zero == 3 else zero, fsdp=zero == 3, recompute=rc, schedule=sched,
-                            virtual_stages=v, name=None)
+                            recompute_modules=rc_mods, virtual_stages=v, name=None)
                         try:
                             resolve_plan(dataclasses.replace(exp), model, world)
                         except ClusterSimError:
@@ -139,7 +153,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
     """FLOPs one rank of each pipeline stage executes per micro-batch, per model chunk: forward, both
     backward halves and recomputation of its layers, split over tp·cp, plus the LM head on the last stage."""
     from schedules.memory import holds_head, stage_chunks
-    from schedules.plan import recompute_flops
+    from schedules.plan import recompute_flops, selective_extra_flops
     split = plan.tp * plan.cp
     out = []
     for s in range(plan.pp):
@@ -152,8 +166,10 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
                 rc = plan.layer_recompute(layer)
                 if rc == "full":
                     f += lf.forward
-                elif rc == "selective":
-                    f += lf.attn_core
+                elif rc == "selective":     # Megatron's recompute modules (the attention core by default)
+                    mods = plan.recompute_modules
+                    f += (lf.attn_core if "core_attn" in mods else 0.0) + (lf.experts if "moe" in mods else 0.0) \
+                        + selective_extra_flops(model, plan, layer) * split
                 elif rc == "op":        # torchtitan's per-op checkpointing: the GEMMs it does not save
                     f += recompute_flops(model, plan, layer) * split
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
@@ -681,6 +697,9 @@ def describe(res: dict) -> str:
     if p["pp"] > 1:
         s += f" {p['schedule']}" + (f"/v{p['virtual_stages']}" if p['schedule'] == "interleaved" else "")
     s += f" mb{p['micro_batch']} rc:{p['recompute']}"
+    mods = p.get("recompute_modules") or ["core_attn"]
+    if p["recompute"] == "selective" and list(mods) != ["core_attn"]:
+        s += f"({'+'.join(mods)})"
     if p.get("tp_comm_overlap"):
         s += " tp-overlap"
     return s
@@ -765,7 +784,9 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--top-k", type=int, default=5, show_default=True)
 @click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
 @click.option("--schedules", default="1f1b,interleaved,zb,gpipe", show_default=True)
-@click.option("--recompute", "recompute_opts", default="none,selective,full", show_default=True)
+@click.option("--recompute", "recompute_opts", default="none,selective,full", show_default=True,
+              help="Recomputation settings to try; selective:m1+m2 is selective recomputation of Megatron's "
+                   "recompute modules (e.g. selective:mla_up_proj+moe_act+layernorm).")
 @click.option("--zero", "zero_opts", default="0,1,2,3", show_default=True, help="ZeRO stages (3 = FSDP).")
 @click.option("--cp", "cp_opts", default="1,2", show_default=True, help="Context-parallel degrees.")
 @click.option("--tp", "tp_opts", help="Fixed tensor-parallel degree(s), e.g. 8 or 4,8 (default: powers of two).")
@@ -826,8 +847,9 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         if s not in ("gpipe", "1f1b", "interleaved", "zb"):
             raise ConfigError(f"--schedules: unknown schedule {s!r}")
     for r in space.recompute:
-        if r not in ("none", "selective", "full", "op"):
-            raise ConfigError(f"--recompute: unknown value {r!r}; choose from none, selective, full, op")
+        if split_recompute(r)[0] not in ("none", "selective", "full", "op"):
+            raise ConfigError(f"--recompute: unknown value {r!r}; choose from none, selective, full, op, "
+                              f"selective:MODULE+MODULE (Megatron recompute modules)")
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
                       network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack,
                       tp_comm_overlap=tp_comm_overlap, attention=attention, attention_kernel=attention_kernel)

@@ -312,3 +312,27 @@ def test_search_attention_kernel_reaches_every_plan(tmp_path):
     code = main(["search", "--gpus", "8", "--model", "mpt-1b", "--global-batch", "16", "--attention", "eager",
                  "--attention-kernel", "flash2", "--no-cache"])
     assert code == 2
+
+
+def test_search_tries_megatron_recompute_modules_and_bounds_them(capsys):
+    """`--recompute selective:m1+m2` tries selective recomputation of those Megatron modules: the candidates
+    carry them, the bound (their recomputed FLOPs counted) stays below every simulated step, plans are labelled
+    with them, and a bad module is a one-line error."""
+    from clustersim.cli import main
+    from clustersim.search import split_recompute
+    assert split_recompute("selective:mla_up_proj+moe_act") == ("selective", ("mla_up_proj", "moe_act"))
+    assert split_recompute("full") == ("full", None)
+    moe = dict(layers=8, hidden=2048, heads=16, kv_heads=4, ffn=4096, experts=16, top_k=2, vocab=32000)
+    base = Experiment(cluster="dgx-h100", gpus=16, model=moe, global_batch=32, seq=2048, network="analytical",
+                      mode="symmetric")
+    space = SearchSpace(micro_batches=(1,), schedules=("1f1b",), zero=(1,), cp=(1,), pp=(1, 2),
+                        recompute=("selective", "selective:moe", "selective:core_attn+moe_act+layernorm"))
+    out = run_search(base, top_k=20, space=space, workers=1, max_memory_fraction=1.0)
+    mods = {tuple(r["plan"]["recompute_modules"]) for r in out["evaluated"]}
+    assert {("core_attn",), ("moe",), ("core_attn", "moe_act", "layernorm")} <= mods
+    for r in out["evaluated"]:
+        assert r["lower_bound_s"] <= r["step_time_s"] * (1 + 1e-9), describe(r)
+    assert any("rc:selective(moe)" in describe(r) for r in out["evaluated"])
+    assert main(["search", "--cluster", "dgx-h100", "--gpus", "8", "--model", "llama3-8b", "--global-batch", "8",
+                 "--recompute", "selective:attn", "--no-cache"]) == 2
+    assert "'attn'" in capsys.readouterr().err
