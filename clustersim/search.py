@@ -153,7 +153,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
     """FLOPs one rank of each pipeline stage executes per micro-batch, per model chunk: forward, both
     backward halves and recomputation of its layers, split over tp·cp, plus the LM head on the last stage."""
     from schedules.memory import holds_head, stage_chunks
-    from schedules.plan import recompute_flops, selective_extra_flops
+    from schedules.plan import recompute_flops, selective_recompute_flops
     split = plan.tp * plan.cp
     out = []
     for s in range(plan.pp):
@@ -167,9 +167,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
                 if rc == "full":
                     f += lf.forward
                 elif rc == "selective":     # Megatron's recompute modules (the attention core by default)
-                    mods = plan.recompute_modules
-                    f += (lf.attn_core if "core_attn" in mods else 0.0) + (lf.experts if "moe" in mods else 0.0) \
-                        + selective_extra_flops(model, plan, layer) * split
+                    f += selective_recompute_flops(model, plan, layer, lf)
                 elif rc == "op":        # torchtitan's per-op checkpointing: the GEMMs it does not save
                     f += recompute_flops(model, plan, layer) * split
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):

@@ -229,7 +229,6 @@ def stated_recompute_modules(row: dict) -> tuple[tuple[str, ...], str] | None:
     return None
 
 
-
 def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
     """(recompute, note) that a row's benchmark recipe or model config states where its table does not."""
     model = row.get("model")

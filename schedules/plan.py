@@ -786,6 +786,16 @@ def selective_extra_flops(model, plan: "ParallelPlan", layer: int) -> float:
     return sum(k.flops for k in recompute_kernels(model, plan, layer, part).kernels if k.kind != ATTENTION)
 
 
+def selective_recompute_flops(model, plan: "ParallelPlan", layer: int, lf=None) -> float:
+    """FLOPs (whole layer, all tp·cp ranks) that selective recomputation of ``plan.recompute_modules`` re-runs
+    in ``layer`` per micro-batch: the attention core under core_attn, the routed experts under moe, the rest
+    (``selective_extra_flops``). ``lf``: the layer's ``LayerFlops`` when the caller has it."""
+    lf = lf or model.layer_flops(layer, plan.seq, plan.micro_batch)
+    mods = plan.recompute_modules
+    return (lf.attn_core if "core_attn" in mods else 0.0) + (lf.experts if "moe" in mods else 0.0) \
+        + selective_extra_flops(model, plan, layer) * plan.tp * plan.cp
+
+
 def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
     """Relative times of a layer's forward (T_F), backward-input (T_B) and backward-weight (T_W) passes
     from their FLOPs (``LayerFlops``; recomputation adds a forward to B), mean over the layers, rounded so
@@ -795,13 +805,9 @@ def pass_times(model, plan: "ParallelPlan") -> tuple[float, float, float]:
         lf = model.layer_flops(l, plan.seq, plan.micro_batch)
         f += lf.forward
         rc = plan.layer_recompute(l)
-        if rc == "selective":
-            mods = plan.recompute_modules
-            b += lf.backward_input + (lf.attn_core if "core_attn" in mods else 0.0) + \
-                (lf.experts if "moe" in mods else 0.0) + selective_extra_flops(model, plan, l) * plan.tp * plan.cp
-        else:
-            b += lf.backward_input + (lf.forward if rc == "full" else
-                                      recompute_flops(model, plan, l) * plan.tp * plan.cp if rc == "op" else 0.0)
+        b += lf.backward_input + (lf.forward if rc == "full" else
+                                  selective_recompute_flops(model, plan, l, lf) if rc == "selective" else
+                                  recompute_flops(model, plan, l) * plan.tp * plan.cp if rc == "op" else 0.0)
         w += lf.backward_weight
     return (1.0, round(b / f, 2), round(w / f, 2))
 

@@ -325,7 +325,7 @@ class Engine:
                 o = owner.get(l, owner)
                 if o is owner:
                     owner[l] = chan if chan is not None else conflict
-                elif o is not chan and o != chan:
+                elif o != chan:
                     owner[l] = conflict
             found.append((ch, op, req, spec, chan, links))
         for ch, op, req, spec, chan, links in found:

@@ -200,7 +200,7 @@ class FlowNetwork:
             spec = BundleSpec(*spec)
         if not spec.link_list:
             return spec.T if spec.T > 0 else 0.0          # _Bundle.completion() at rate 1, no progress
-        rate = max_min_rates([spec.links], [spec.demand], self.capacity, [spec.ref])[0].item()
+        rate = self._rate_alone(spec)
         return spec.T / rate if rate > 0 else None
 
     def spec_of(self, request):
@@ -316,8 +316,12 @@ class FlowNetwork:
         y = self._solo[sid]
         if y is None:
             spec = self._specs[sid]
-            y = self._solo[sid] = max_min_rates([spec.links], [spec.demand], self.capacity, [spec.ref])[0].item()
+            y = self._solo[sid] = self._rate_alone(spec)
         return y
+
+    def _rate_alone(self, spec: BundleSpec) -> float:
+        """The max-min rate of ``spec``'s bundle alone on its links."""
+        return max_min_rates([spec.links], [spec.demand], self.capacity, [spec.ref])[0].item()
 
     def _register(self, spec: BundleSpec, owned: bool) -> int:
         """The spec id of ``spec``, indexing its links (and the specs it shares them with) on first use."""

@@ -83,8 +83,8 @@ def test_layernorm_recomputes_only_norms_that_are_modules_of_their_own():
     assert not recompute_kernels(LLAMA, dense, 0).kernels
     assert mem.layer_activation_bytes(LLAMA, dense, 0) == mem.layer_activation_bytes(LLAMA, dense, 0, "none")
     tt = _sel(LLAMA, ["layernorm"], stack="torchtitan")
-    assert [k.name for k in recompute_kernels(LLAMA, tt, 0)][:1] and \
-        all("norm" in k.name for k in recompute_kernels(LLAMA, tt, 0))
+    names = [k.name for k in recompute_kernels(LLAMA, tt, 0)]
+    assert names and all("norm" in n for n in names)
     assert mem.layer_activation_bytes(LLAMA, tt, 0) < mem.layer_activation_bytes(LLAMA, tt, 0, "none")
     moe = _sel(DSV3, ["layernorm"])
     names = [k.name for k in recompute_kernels(DSV3, moe, 5, "attention")]
