@@ -162,6 +162,8 @@ class Engine:
         self.p2p_pairs: list[tuple[int, int]] = []    # p2p rendezvous id -1-j: (source, destination)
         self.needed: list[int] = []                   # sync id -> simulated ranks that meet there
         self._images: dict[tuple, tuple] = {}
+        self._families: dict[str, tuple] = {}         # family -> (rank -> group id, ranks table, group -> row)
+        self._class_arrays: dict[int, np.ndarray] = {}    # representative -> its class's ranks
         self.contention = bool(getattr(cost_model, "contention_aware", False))
         self.net = cost_model.network() if self.contention else None
         self._net_events: dict[int, _Rendezvous] = {}
@@ -373,38 +375,70 @@ class Engine:
         env = self.env
         heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))     # env.schedule, inlined
 
+    def _family_table(self, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(each rank's group id of ``family``, -1: none, the first group holding it as ``Programs.group_of``
+        finds it; the ranks of each group of ``family`` as rows padded with -1; group id -> its row), built
+        once per family: symmetric mode looks up the images of a class's communications with them."""
+        hit = self._families.get(family)
+        if hit is None:
+            groups = self.p.groups
+            gids = [i for i, g in enumerate(groups) if g.family == family]
+            width = max((len(groups[i].ranks) for i in gids), default=1)
+            rows = np.full((max(len(gids), 1), width), -1, dtype=np.int64)
+            row = np.zeros(len(groups), dtype=np.int64)
+            of = np.full(self.p.world_size, -1, dtype=np.int64)
+            for k, i in enumerate(gids):
+                rk = groups[i].ranks
+                rows[k, :len(rk)] = rk
+                row[i] = k
+            for i in reversed(gids):                # the first group holding a rank wins
+                of[list(groups[i].ranks)] = i
+            hit = self._families[family] = (of, rows, row)
+        return hit
+
+    def _members(self, rep: int) -> np.ndarray:
+        """The ranks represented by ``rep`` (its class, in the class's order) as an array, kept per class."""
+        m = self._class_arrays.get(rep)
+        if m is None:
+            m = self._class_arrays[rep] = np.asarray(self.p.classes[rep], dtype=np.int64)
+        return m
+
     def _group_images(self, gid: int) -> tuple[tuple[int, ...], ...]:
         """Symmetric mode: the other groups of the same family that run this collective concurrently."""
         key = ("g", gid)
         if key not in self._images:
             g = self.p.groups[gid]
-            imgs = set()
-            for r in set(self.rep[m] for m in g.ranks):
-                for m in self.p.classes[r]:
-                    og = self.p.group_of(m, g.family)
-                    if og is not None and og != gid:
-                        imgs.add(og)
-            self._images[key] = tuple(self.p.groups[o].ranks for o in sorted(imgs))
+            of = self._family_table(g.family)[0]
+            reps = sorted(set(self.rep[m] for m in g.ranks))
+            og = np.unique(np.concatenate([of[self._members(r)] for r in reps]))
+            imgs = og[(og >= 0) & (og != gid)].tolist()
+            self._images[key] = tuple(self.p.groups[o].ranks for o in imgs)
         return self._images[key]
 
     def _p2p_images(self, rank: int, op) -> tuple[tuple[int, ...], ...]:
+        """Symmetric mode: the (source, destination) pairs of the class's other members that run this
+        transfer concurrently, in the class's order: each member's group of the op's family, at the
+        positions of ``rank`` and the peer in the op's group."""
         key = ("p", rank, op.peer, op.group)
         if key not in self._images:
-            imgs = []
+            imgs = ()
             if op.group is not None:
                 g = self.p.groups[op.group]
                 if op.peer in g.ranks and rank in g.ranks:
                     i_self, i_peer = g.ranks.index(rank), g.ranks.index(op.peer)
-                    for m in self.p.classes[rank]:
-                        if m == rank:
-                            continue
-                        og = self.p.group_of(m, g.family)
-                        if og is None:
-                            continue
-                        ranks = self.p.groups[og].ranks
-                        a, b = ranks[i_self], ranks[i_peer]
-                        imgs.append((a, b) if op.kind == SEND else (b, a))
-            self._images[key] = tuple(imgs)
+                    of, rows, row = self._family_table(g.family)
+                    members = self._members(rank)
+                    og = of[members[members != rank]]
+                    og = og[og >= 0]
+                    if i_self >= rows.shape[1] or i_peer >= rows.shape[1]:
+                        raise IndexError(f"group {op.group} has no position {max(i_self, i_peer)}")
+                    a = rows[row[og], i_self]
+                    b = rows[row[og], i_peer]
+                    if (a < 0).any() or (b < 0).any():      # an image group shorter than the op's group
+                        raise IndexError(f"an image of group {op.group} ({g.family}) is shorter than it")
+                    src, dst = (a, b) if op.kind == SEND else (b, a)
+                    imgs = tuple(zip(src.tolist(), dst.tolist()))
+            self._images[key] = imgs
         return self._images[key]
 
     # ------------------------------------------------------------------ SMs held by communication
