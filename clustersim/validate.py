@@ -681,13 +681,15 @@ def summarize(results: list[dict], by_framework: bool = False) -> list[dict]:
 #: what a row's error is correlated with in ``error_correlations``: a name and how to read it off a result row
 CORRELATES = (("predicted MFU", lambda r: r["mfu"]), ("bubble", lambda r: r["bubble_fraction"]),
               ("exposed comm", lambda r: r["exposed_comm_fraction"]),
-              ("log2 GPUs", lambda r: math.log2(int(r["gpus"]))))
+              ("log2 GPUs", lambda r: math.log2(int(r["gpus"]))),
+              ("log2 seq", lambda r: math.log2(int(r["experiment"]["seq"]))))
 
 
 def error_correlations(results: list[dict], min_rows: int = 20) -> list[dict]:
     """Per (group, stack) with at least ``min_rows`` rows: the Pearson correlation of the signed error with
-    where the predicted step goes (predicted MFU, bubble, exposed communication) and with the scale (log2
-    GPUs); None where a quantity does not vary. A diagnostic of where the error lives, not a fit."""
+    where the predicted step goes (predicted MFU, bubble, exposed communication), with the scale (log2 GPUs)
+    and with the sequence length (log2 seq: attention's share of a step grows with it); None where a quantity
+    does not vary. A diagnostic of where the error lives, not a fit."""
     import numpy as np
     cells: dict[tuple, list[dict]] = {}
     for r in results:
