@@ -318,8 +318,12 @@ ATTENTION_SERIES = {
 # Transformer Engine's DotProductAttention (impl "te", the megatron stack) runs cuDNN's fused attention on
 # Hopper and later: its backend selection (get_attention_backend) disables FlashAttention "to give
 # FusedAttention preference on Hopper+ for performance reasons"; on Ampere it runs flash-attn (FlashAttention-2).
-# cuDNN's forward is charted beside FlashAttention-2 and -3 on H100 (the FlashAttention-3 README's chart); no
-# backward of it is in the data, so its backward is priced at FlashAttention-2's measured rate (the slow side).
+# cuDNN's forward is charted beside FlashAttention-2 and -3 on H100 (the FlashAttention-3 README's chart). Its
+# backward is charted beside FlashAttention-2's only without a causal mask (the FlashAttention-3 paper's
+# backward chart, head dims 64 and 128: cuDNN 1.3-1.6x FlashAttention-2's rate); so cuDNN's backward is
+# FlashAttention-2's backward as priced for the kernel's mask and shape, sped up by that measured ratio at the
+# kernel's sequence length and head dim (``cudnn_backward_speedup``; a causal mask is assumed to leave the
+# ratio as it is: no chart says otherwise).
 TE_ATTENTION = {"hopper": "cudnn", "ampere": "flash2"}
 FWD_BWD_FLOPS = 3.5          # FlashAttention benchmark: backward 2.5x forward FLOPs
 
@@ -384,8 +388,11 @@ class AttentionCurve:
         impl = kern.impl or "flash2"
         if impl == "te":
             impl = TE_ATTENTION.get(self.family, "flash2")
+        speedup = 1.0
         if impl == "cudnn" and kern.pass_ != "fwd":
-            impl = "flash2"         # no charted cuDNN backward: FlashAttention-2's
+            # FlashAttention-2's backward for this mask, times cuDNN's charted speed-up over it (TE_ATTENTION)
+            speedup = cudnn_backward_speedup(self.family, max(kern.seq_kv, 1), kern.head_dim or 128)
+            impl = "flash2"
         fits = attention_fits(self.family, impl)
         seq = max(kern.seq_kv, 1)
         d = kernel_head_dim(kern.head_dim, impl) if kern.head_dim else kern.head_dim
@@ -397,8 +404,8 @@ class AttentionCurve:
             return flops / (rate * self.scale)
         f_fwd = flops / (FWD_BWD_FLOPS - 1.0)
         if fw is None:
-            return flops / (fb * self.scale)
-        return max(FWD_BWD_FLOPS * f_fwd / fb - f_fwd / fw, flops / fw) / self.scale
+            return flops / (fb * self.scale * speedup)
+        return max(FWD_BWD_FLOPS * f_fwd / fb - f_fwd / fw, flops / fw) / (self.scale * speedup)
 
     @property
     def source(self) -> str:
@@ -406,6 +413,15 @@ class AttentionCurve:
                 f"Engine: {attention_series(self.family, TE_ATTENTION.get(self.family, 'flash2'))} forward) fit to "
                 f"attention_kernels.csv ({ATTENTION_DATA[self.family]})"
                 + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else ""))
+
+
+def cudnn_backward_speedup(family: str, seq: float, head_dim: int) -> float:
+    """cuDNN's backward rate over FlashAttention-2's, both measured without a causal mask at ``seq`` and
+    ``head_dim`` (the FlashAttention-3 paper's backward chart; log-linear between its head dims 64 and 128,
+    clamped outside); 1.0 where a family has no such chart."""
+    cudnn = _by_head_dim(attention_fits(family, "cudnn"), "bwd", False, head_dim, seq)
+    fa2 = _by_head_dim(attention_fits(family, "flash2"), "bwd", False, head_dim, seq)
+    return cudnn / fa2 if cudnn and fa2 else 1.0
 
 
 def has_attention_chart(device) -> bool:
