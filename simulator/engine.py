@@ -410,7 +410,8 @@ class Engine:
             g = self.p.groups[gid]
             of = self._family_table(g.family)[0]
             reps = sorted(set(self.rep[m] for m in g.ranks))
-            og = np.unique(np.concatenate([of[self._members(r)] for r in reps]), return_index=True)[0]  # (no numpy.ma)
+            members = np.concatenate([of[self._members(r)] for r in reps])
+            og = np.unique(members, return_index=True)[0]     # (an index output: numpy.ma stays unimported)
             imgs = og[(og >= 0) & (og != gid)].tolist()
             self._images[key] = tuple(self.p.groups[o].ranks for o in imgs)
         return self._images[key]

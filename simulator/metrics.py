@@ -160,7 +160,8 @@ def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray |
         g = np.array([-1 if op.group is None else op.group for op in prog], dtype=np.int64)
         axes = codes[np.where((g >= 0) & (g < other), g, other)]
         axes_sorted = axes[order]
-        for k in np.unique(axes[m], return_index=True)[0].tolist():   # the axes of some communication that ended, in AXES order (an index output: numpy.ma stays unimported)
+        # the axes of some communication that ended, in AXES order (asking for an index keeps numpy.ma unimported)
+        for k in np.unique(axes[m], return_index=True)[0].tolist():
             sel = mS & (axes_sorted == k)
             total = _sorted_union(S[sel], E[sel])
             sel |= cS

@@ -452,7 +452,8 @@ class ClusterCostModel:
             if hit:
                 code = codes[0]
                 lat = np.asarray(self.cluster.link_latency, dtype=float)
-                for c in np.unique(code, return_index=True)[0].tolist():   # (without an index output np.unique imports numpy.ma: ~20 ms)
+                # (without an index output np.unique imports numpy.ma: ~20 ms of a short command)
+                for c in np.unique(code, return_index=True)[0].tolist():
                     on = code == c
                     cap, la = self.capacity[on], lat[on]
                     hit = hit and bool((cap == cap[0]).all() and (la == la[0]).all())

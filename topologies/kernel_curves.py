@@ -409,8 +409,10 @@ class AttentionCurve:
 
     @property
     def source(self) -> str:
+        te = TE_ATTENTION.get(self.family, "flash2")
+        te_bwd = ", FlashAttention-2's backward x cuDNN's charted backward speed-up" if te == "cudnn" else ""
         return (f"{ATTENTION_KERNEL} (Triton stacks: {attention_series(self.family, 'triton')}; Transformer "
-                f"Engine: {attention_series(self.family, TE_ATTENTION.get(self.family, 'flash2'))} forward) fit to "
+                f"Engine: {attention_series(self.family, te)} forward{te_bwd}) fit to "
                 f"attention_kernels.csv ({ATTENTION_DATA[self.family]})"
                 + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else ""))
 
