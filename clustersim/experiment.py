@@ -525,7 +525,7 @@ def virtual_stages(exp: Experiment, model) -> int:
 
 def resolve_plan(exp: Experiment, model, world_size: int):
     """The validated ParallelPlan of an experiment (dp defaults to GPUs / (tp·pp·cp))."""
-    from schedules.plan import ParallelPlan, parse_memory_limit, parse_stage_layers
+    from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan, parse_memory_limit, parse_stage_layers
 
     from clustersim.guards import check_budget
     # every layer runs at least a forward and a backward op: a model the resource guard refuses on that
@@ -543,7 +543,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
     kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, etp=exp.etp or 0, expert_grid=exp.expert_grid, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
-              recompute_every=exp.recompute_every, recompute_modules=exp.recompute_modules or ("core_attn",),
+              recompute_every=exp.recompute_every, recompute_modules=exp.recompute_modules or DEFAULT_RECOMPUTE_MODULES,
               seq=exp.seq, fsdp_prefetch=exp.fsdp_prefetch, overlap_grad_reduce=exp.overlap_grad_reduce,
               overlap_param_gather=exp.overlap_param_gather, skew=exp.skew, axis_order=exp.axis_order,
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),

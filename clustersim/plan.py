@@ -23,8 +23,8 @@ from schedules.kernels import DTYPES, GRAD_REDUCE_DTYPES, STACKS, default_stack
 from schedules.memory import memory_per_rank
 from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
 from schedules.pipeline import SCHEDULES
-from schedules.plan import (ATTENTION, EXPERT_GRIDS, RECOMPUTE, RESHARD, ParallelPlan, parse_memory_limit,
-                            parse_recompute_modules, parse_stage_layers)
+from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, RECOMPUTE, RESHARD, ParallelPlan,
+                            parse_memory_limit, parse_recompute_modules, parse_stage_layers)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -169,7 +169,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                         global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
                         bucket_bytes=bucket_mb * 1e6, recompute=recompute, recompute_every=recompute_every,
                         recompute_modules=(parse_recompute_modules(recompute_modules) if recompute_modules
-                                           else ("core_attn",)), seq=seq, fsdp_prefetch=fsdp_prefetch,
+                                           else DEFAULT_RECOMPUTE_MODULES), seq=seq, fsdp_prefetch=fsdp_prefetch,
                         axis_order=axis_order, skew=skew, stage_layers=parse_stage_layers(stage_layers),
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                         attention=attention, fsdp_reshard_after_forward=fsdp_reshard_after_forward,
@@ -325,7 +325,7 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
     extras = [x for x, on in [("sp", p.sp), ("tp-comm-overlap", p.tp_comm_overlap),
                               (f"zero{p.zero_stage}", p.zero_stage), ("fsdp", p.fsdp),
                               (f"recompute {p.recompute}" + (f" every {p.recompute_every}" if p.recompute_every > 1 else "")
-                               + (f" ({','.join(p.recompute_modules)})" if p.recompute_modules != ("core_attn",) else ""),
+                               + (f" ({','.join(p.recompute_modules)})" if p.recompute_modules != DEFAULT_RECOMPUTE_MODULES else ""),
                                p.recompute != "none")] if on]
     con.print(f"[bold]{model.name}[/bold] ({model.param_count() / 1e9:,.2f} B parameters) on {rep['world_size']:,} GPUs: "
               f"{degrees} {' '.join(extras)}")

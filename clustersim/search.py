@@ -33,7 +33,7 @@ import click
 from simulator.errors import ClusterSimError, ConfigError
 from clustersim.experiment import Experiment, resolve_model, resolve_plan
 from schedules.kernels import DTYPES, STACKS
-from schedules.plan import ATTENTION, ATTENTION_KERNELS
+from schedules.plan import ATTENTION, ATTENTION_KERNELS, DEFAULT_RECOMPUTE_MODULES
 
 CACHE_VERSION = 2
 
@@ -695,8 +695,8 @@ def describe(res: dict) -> str:
     if p["pp"] > 1:
         s += f" {p['schedule']}" + (f"/v{p['virtual_stages']}" if p['schedule'] == "interleaved" else "")
     s += f" mb{p['micro_batch']} rc:{p['recompute']}"
-    mods = p.get("recompute_modules") or ["core_attn"]
-    if p["recompute"] == "selective" and list(mods) != ["core_attn"]:
+    mods = tuple(p.get("recompute_modules") or DEFAULT_RECOMPUTE_MODULES)
+    if p["recompute"] == "selective" and mods != DEFAULT_RECOMPUTE_MODULES:
         s += f"({'+'.join(mods)})"
     if p.get("tp_comm_overlap"):
         s += " tp-overlap"

@@ -50,7 +50,7 @@ import dataclasses
 from functools import lru_cache
 
 from schedules.models import ModelSpec
-from schedules.plan import ParallelPlan
+from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 from simulator.errors import PlanError
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
 from simulator.program import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
@@ -677,7 +677,7 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
     """Megatron-Core's selective recomputation of ``p.recompute_modules`` (``schedules.plan.RECOMPUTE_MODULES``)
     for one layer part: the forward kernels of each module, in the layer's order. ``core_attn`` alone is
     Megatron's selective recomputation (the attention core)."""
-    mods = getattr(p, "recompute_modules", ("core_attn",))
+    mods = getattr(p, "recompute_modules", DEFAULT_RECOMPUTE_MODULES)
     sh = _Shape(m, p)
     T, h = sh.T, sh.h
     norm_in, norm_post = recomputed_norms(m, p, moe)

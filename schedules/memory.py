@@ -62,7 +62,7 @@ from typing import NamedTuple
 
 from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS, recomputed_norms
 from schedules.models import ModelSpec
-from schedules.plan import ParallelPlan
+from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
 
@@ -407,7 +407,7 @@ def recompute_transient_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) 
     rc = plan.layer_recompute(layer)
     if rc == "full":
         return layer_activation_bytes(model, plan, layer, recompute="none")
-    if rc == "op" or (rc == "selective" and plan.recompute_modules != ("core_attn",)):
+    if rc == "op" or (rc == "selective" and plan.recompute_modules != DEFAULT_RECOMPUTE_MODULES):
         return max(0.0, layer_activation_bytes(model, plan, layer, recompute="none")
                    - layer_activation_bytes(model, plan, layer))
     return 0.0

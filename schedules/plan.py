@@ -51,6 +51,7 @@ RECOMPUTE = ("none", "selective", "full", "op")
 #: again), shared_experts the shared experts' MLP. layernorm, mla_up_proj and moe_act checkpoint without
 #: keeping their outputs (CheckpointWithoutOutput); the others keep their inputs.
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)     # Megatron's selective recomputation: the attention core
 ATTENTION = ("flash", "eager")
 ATTENTION_KERNELS = ("auto", "flash2", "triton")      # FlashAttention kernels (schedules.kernels.ATTENTION_IMPL)
 RESHARD = ("auto", "true", "false")
@@ -135,7 +136,7 @@ class ParallelPlan:
     virtual_stages: int = 1
     bucket_bytes: float = 25e6
     recompute: str = "none"
-    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     recompute_every: int = 1
     seq: int = 2048
     overlap_grad_reduce: bool = True
@@ -317,7 +318,7 @@ class ParallelPlan:
                             f"recompute_modules): {', '.join(RECOMPUTE_MODULES)}")
         if len(set(mods)) != len(mods):
             raise PlanError(f"recompute_modules names a module twice: {', '.join(mods)}")
-        if mods != ("core_attn",) and self.recompute != "selective":
+        if mods != DEFAULT_RECOMPUTE_MODULES and self.recompute != "selective":
             raise PlanError(f"recompute_modules {','.join(mods)} chooses what selective recomputation re-runs: it "
                             f"needs --recompute selective (recompute is {self.recompute})")
         if "moe" in mods and "moe_act" in mods:
@@ -477,7 +478,7 @@ class ParallelPlan:
             raise PlanError(f"recompute op is torchtitan's per-op checkpointing of a dense block with SDPA flash "
                             f"attention; {model.name} with attention {self.attention} is not one: use --recompute "
                             f"selective or full")
-        if self.recompute == "selective" and self.recompute_modules != ("core_attn",):
+        if self.recompute == "selective" and self.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
             mods = self.recompute_modules
             if self.attention != "flash":
                 raise PlanError(f"recompute_modules {','.join(mods)}: modules other than core_attn are priced "
@@ -778,7 +779,7 @@ def selective_extra_flops(model, plan: "ParallelPlan", layer: int) -> float:
     """FLOPs one rank spends per micro-batch re-running the modules of ``plan.recompute_modules`` other than the
     attention core and the routed experts (``schedules.kernels.recompute_kernels``: the MLA up-projections, a
     dense MLP, the shared experts, the router); 0 for Megatron's default (core_attn only)."""
-    if plan.layer_recompute(layer) != "selective" or plan.recompute_modules == ("core_attn",):
+    if plan.layer_recompute(layer) != "selective" or plan.recompute_modules == DEFAULT_RECOMPUTE_MODULES:
         return 0.0
     from schedules.kernels import recompute_kernels
     from simulator.kernels import ATTENTION

@@ -46,6 +46,7 @@ from simulator.costs import CommRequest, CostModel
 from simulator.errors import ClusterSimError, DeadlockError, DeviceFailureError
 from simulator.program import (COLLECTIVE, COMPUTE, KERNEL_PRICED_SM_STREAMS, RECV, SEND, Programs, SyncTable, no_gc,
                                validate)
+from simulator.symmetry import rank_group_table, ranks_table
 
 _LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
 
@@ -376,24 +377,12 @@ class Engine:
         heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))     # env.schedule, inlined
 
     def _family_table(self, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(each rank's group id of ``family``, -1: none, the first group holding it as ``Programs.group_of``
-        finds it; the ranks of each group of ``family`` as rows padded with -1; group id -> its row), built
-        once per family: symmetric mode looks up the images of a class's communications with them."""
+        """(``symmetry.rank_group_table``, and the ``symmetry.ranks_table`` rows and group -> row) of ``family``,
+        built once per family: symmetric mode looks up the images of a class's communications with them."""
         hit = self._families.get(family)
         if hit is None:
-            groups = self.p.groups
-            gids = [i for i, g in enumerate(groups) if g.family == family]
-            width = max((len(groups[i].ranks) for i in gids), default=1)
-            rows = np.full((max(len(gids), 1), width), -1, dtype=np.int64)
-            row = np.zeros(len(groups), dtype=np.int64)
-            of = np.full(self.p.world_size, -1, dtype=np.int64)
-            for k, i in enumerate(gids):
-                rk = groups[i].ranks
-                rows[k, :len(rk)] = rk
-                row[i] = k
-            for i in reversed(gids):                # the first group holding a rank wins
-                of[list(groups[i].ranks)] = i
-            hit = self._families[family] = (of, rows, row)
+            rows, row = ranks_table(self.p, family)
+            hit = self._families[family] = (rank_group_table(self.p, family, rows, row), rows, row)
         return hit
 
     def _members(self, rep: int) -> np.ndarray:
@@ -431,8 +420,6 @@ class Engine:
                     members = self._members(rank)
                     og = of[members[members != rank]]
                     og = og[og >= 0]
-                    if i_self >= rows.shape[1] or i_peer >= rows.shape[1]:
-                        raise IndexError(f"group {op.group} has no position {max(i_self, i_peer)}")
                     a = rows[row[og], i_self]
                     b = rows[row[og], i_peer]
                     if (a < 0).any() or (b < 0).any():      # an image group shorter than the op's group

@@ -34,6 +34,39 @@ _FAULTY = "fault"          # reasons that start with it name a straggler or a fa
 SIG_DIGITS = 12          # costs equal to 12 significant digits are equal (float sums in another order)
 
 
+def ranks_table(programs: Programs, family: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the ranks of each group of ``family`` as rows padded with -1, group id -> its row)."""
+    groups = programs.groups
+    gids = [i for i, g in enumerate(groups) if g.family == family]
+    width = max((len(groups[i].ranks) for i in gids), default=0)
+    rows = np.full((max(len(gids), 1), max(width, 1)), -1, dtype=np.int64)
+    row = np.zeros(len(groups), dtype=np.int64)
+    for k, i in enumerate(gids):
+        rk = groups[i].ranks
+        rows[k, :len(rk)] = rk
+        row[i] = k
+    return rows, row
+
+
+def rank_group_table(programs: Programs, family: str, rows: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Each rank's group id of ``family`` (-1: none), as ``Programs.group_of`` finds it (the first group holding
+    the rank); ``rows``, ``row``: the family's ``ranks_table``."""
+    table = np.full(programs.world_size, -1, dtype=np.int64)
+    gids = np.flatnonzero([g.family == family for g in programs.groups])
+    if not len(gids):
+        return table
+    R = rows[row[gids]]
+    on = R >= 0
+    members = R[on]
+    ordered = np.sort(members)
+    if not (ordered[1:] == ordered[:-1]).any():     # each rank in one group of the family
+        table[members] = np.broadcast_to(gids[:, None], R.shape)[on]
+    else:                                           # the first group holding a rank, as group_of
+        for gid in gids[::-1].tolist():
+            table[list(programs.groups[gid].ranks)] = gid
+    return table
+
+
 class Refinement:
     """What ``refine_classes`` found: ``programs`` (one representative per refined class), ``splits``
     (coarse representative -> number of classes it became), ``reasons`` (coarse representative -> why its
@@ -227,39 +260,16 @@ class _Signatures:
         return ids[rows]
 
     def _ranks_table(self, family: str) -> tuple[np.ndarray, np.ndarray]:
-        """(the ranks of each group of ``family`` as rows padded with -1, group id -> its row)."""
+        """``ranks_table`` of ``family``, kept per refinement."""
         cache = self.__dict__.setdefault("_rank_rows", {})
         hit = cache.get(family)
         if hit is None:
-            gids = [i for i, g in enumerate(self.p.groups) if g.family == family]
-            width = max((len(self.p.groups[i].ranks) for i in gids), default=0)
-            rows = np.full((max(len(gids), 1), max(width, 1)), -1, dtype=np.int64)
-            row = np.zeros(len(self.p.groups), dtype=np.int64)
-            for k, i in enumerate(gids):
-                rk = self.p.groups[i].ranks
-                rows[k, :len(rk)] = rk
-                row[i] = k
-            hit = cache[family] = (rows, row)
+            hit = cache[family] = ranks_table(self.p, family)
         return hit
 
     def _group_table(self, families) -> dict[str, np.ndarray]:
-        """family -> each rank's group id (-1: none), as ``Programs.group_of`` finds them (first group)."""
-        n = self.p.world_size
-        table = {f: np.full(n, -1, dtype=np.int64) for f in families}
-        for f in table:
-            rows, row = self._ranks_table(f)
-            gids = np.flatnonzero([g.family == f for g in self.p.groups])
-            if not len(gids):
-                continue
-            R = rows[row[gids]]
-            on = R >= 0
-            members = R[on]
-            ordered = np.sort(members)
-            if not (ordered[1:] == ordered[:-1]).any():     # each rank in one group of the family
-                table[f][members] = np.broadcast_to(gids[:, None], R.shape)[on]
-            else:                                           # the first group holding a rank, as group_of
-                for gid in gids[::-1].tolist():
-                    table[f][list(self.p.groups[gid].ranks)] = gid
+        """family -> ``rank_group_table`` of it."""
+        table = {f: rank_group_table(self.p, f, *self._ranks_table(f)) for f in families}
         self._gof = table
         return table
 
