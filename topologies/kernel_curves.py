@@ -13,7 +13,7 @@ that finish first::
     compute = waves · 2·tm·tn·(K/s) / (eta · peak / sm_count) · (1 + k_half / (K/s))
     time    = t0 + max(compute, bytes / (beta · HBM bytes/s)),   bytes = 2·batch·(MK + KN + MN)·dtype
 
-``eta`` (sustained fraction of the datasheet peak under the power limit), ``k_half`` (per-tile prologue /
+``eta`` (fraction of the datasheet peak the microbenchmarks reach), ``k_half`` (per-tile prologue /
 epilogue cost in K), ``t0`` (launch and tail) and ``beta`` (achieved HBM fraction of small-K GEMMs) are
 fitted by least squares on log time over a fixed grid, with ``eta`` capped by the device's published
 maximum achievable matmul FLOP/s (ml-engineering's MAMF: the best of a brute-force search over shapes)
@@ -22,6 +22,15 @@ best one. (The XLA table's few points above MAMF, +2 % at most, are single un-th
 parameters of the nearest architecture that has one and keep their own peak, SM count and HBM bandwidth;
 one best-shape (MAMF) point, where published, sets their ``eta`` (fitted to that point, capped as for the
 sweeps so that no shape runs faster than it).
+
+Sustained rate. Those microbenchmarks time bursts: a GPU at its boost clock. A training job holds every GPU of
+a node at its power limit, where the clock settles lower. Where a device (or the same die at the same power
+limit) has a published sustained / burst pair (``gemm_sustained.csv``: ml-engineering's MSMF, the best rate a
+shape holds for 2 s at the power limit on an 8-GPU node under load, over MAMF, the best burst of the same run),
+``eta`` is multiplied by MSMF / MAMF (H100 SXM and H200: 0.888 BF16 and FP8; B200: 0.828 / 0.832) and capped at
+MSMF (no shape beats the best sustained rate measured). Elsewhere the
+burst rate stays, and the curve's ``source`` says so. Attention kernels keep their charts' (burst) rates: no
+sustained attention measurement is published.
 
 Attention model (per implementation, device, pass, causal mask and head dim): achieved FLOP/s against the
 sequence length s through the chart's measured points (``SeqCurve``: linear in log s between them,
@@ -48,6 +57,7 @@ DATA = Path(__file__).parent / "microbench"
 GEMM_CSV = DATA / "gemm.csv"
 ATTENTION_CSV = DATA / "attention_kernels.csv"
 FITS_JSON = DATA / "gemm_fits.json"
+SUSTAINED_CSV = DATA / "gemm_sustained.csv"
 
 TILES = ((128, 128), (128, 256))       # CUTLASS / cuBLAS tensor-core tile shapes on sm_80 / sm_90
 SPLITS = (1, 2, 4, 8, 16)
@@ -227,6 +237,52 @@ def _spec(device):
     return get_accelerator(device) if isinstance(device, str) else device
 
 
+# Which sustained-vs-burst measurement (gemm_sustained.csv) applies to which device: the same die at the same power
+# limit under the same load. Devices not listed keep the burst rate and say so (A100 SXM, H100 PCIe, the 500 W
+# H100-HBM2e, GB200's 1,200 W B200 dies, TPU, Ascend: no such measurement at their power limit).
+SUSTAINED_SOURCES = {
+    "H100-SXM": ("NVIDIA H200 SXM", "the same GH100 die (132 SMs, same peaks) at the same 700 W limit"),
+    "H200": ("NVIDIA H200 SXM", "this device"),
+    "B200": ("NVIDIA B200 SXM", "this device"),
+}
+
+
+@dataclass(frozen=True)
+class SustainedRate:
+    """The sustained / burst ratio of a device's best matmul rate (MSMF / MAMF of one mamf-finder run)."""
+
+    factor: float
+    msmf_flops_per_s: float
+    mamf_flops_per_s: float
+    source: str
+
+
+@lru_cache(maxsize=None)
+def sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
+    """MSMF / MAMF of the measurement SUSTAINED_SOURCES names for a device and dtype (bf16 | fp8), or None.
+
+    The GEMM sweeps and best-shape points are burst timings (the GPU at its boost clock); a training job holds
+    every GPU of the node at its power limit, where the clock settles lower. The ratio of the best rate a shape
+    holds over 2 s at the power limit (MSMF) to the best burst (MAMF), measured in one run on an 8-GPU node
+    with the other GPUs loaded, converts a burst rate into a sustained one. Measured with mamf-finder's
+    version-4 MAMF (median of the 5 fastest boost iterations), which can sit a little above the older
+    definition (mean of 100 iterations) behind our sweeps' caps, so the conversion errs slightly slow."""
+    entry = SUSTAINED_SOURCES.get(device_name)
+    if entry is None:
+        return None
+    hardware, why = entry
+    prefix = {"bf16": "BF16", "fp8": "FP8"}[dtype]
+    rows = [r for r in read_rows(SUSTAINED_CSV) if r["hardware"] == hardware and r["dtype"].startswith(prefix)]
+    if not rows:
+        return None
+    r = rows[0]
+    msmf, mamf = float(r["msmf_tflops_per_s"]) * 1e12, float(r["mamf_tflops_per_s"]) * 1e12
+    return SustainedRate(msmf / mamf, msmf, mamf,
+                         f"x {msmf / mamf:.3f} sustained at the power limit: MSMF / MAMF {msmf / 1e12:.0f} / "
+                         f"{mamf / 1e12:.0f} TFLOP/s of {hardware} {prefix} (mamf-finder v4, 8-GPU node under "
+                         f"load; {why})")
+
+
 @lru_cache(maxsize=None)
 def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
     """The GEMM curve for an accelerator (spec or spec name) and dtype (bf16 | fp8)."""
@@ -256,6 +312,14 @@ def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
             params = GemmParams(min(round(min(eta, 1.0), 3), cap), base.k_half, base.t0_s, base.beta,
                                 f"eta from the MAMF best shape of {mamf[0]} {mamf[1]}, capped at its "
                                 f"{cap * peak / 1e12:.1f} TFLOP/s; k_half, t0, beta from the Hopper fit")
+    sustained = sustained_rate(acc.name, dtype)
+    if sustained is None:
+        params = dataclasses.replace(params, source=f"{params.source}; burst rate (no sustained measurement "
+                                     "at this device's power limit)")
+    else:
+        # as the burst rate is capped at the best burst measured, the sustained one is capped at MSMF
+        eta = min(params.eta * sustained.factor, sustained.msmf_flops_per_s / peak)
+        params = dataclasses.replace(params, eta=eta, source=f"{params.source}; {sustained.source}")
     return GemmCurve(params, peak, acc.sm_count, acc.hbm_bytes_per_s, 1.0 if dtype == "fp8" else 2.0)
 
 

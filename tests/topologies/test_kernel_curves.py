@@ -158,7 +158,41 @@ def test_best_shape_point_devices_price_their_point_near_it(device, dtype):
     shapes, times = kc._gemm_points(kc.read_rows(kc.GEMM_CSV), hw, (pre,))
     b, m, n, k = map(int, shapes[0])
     rate = 2.0 * b * m * n * k / kc.gemm_curve(device, dtype).time_s(m, n, k, b)
-    assert 0.85 < rate / kc.mamf_flops_per_s(hw, pre) <= 1.0
+    sustained = kc.sustained_rate(device, dtype)
+    factor = sustained.factor if sustained is not None else 1.0
+    assert 0.85 < rate / (kc.mamf_flops_per_s(hw, pre) * factor) <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize("device,dtype,msmf,mamf", [
+    ("H100-SXM", "bf16", 755, 850), ("H100-SXM", "fp8", 1354, 1525), ("H200", "bf16", 755, 850),
+    ("H200", "fp8", 1354, 1525), ("B200", "bf16", 1439, 1737), ("B200", "fp8", 2788, 3350)])
+def test_sustained_rate_is_the_published_msmf_over_mamf(device, dtype, msmf, mamf):
+    """ml-engineering's table (8-GPU node under load): the sustained factor is MSMF / MAMF of one run, and the
+    device's curve is its burst curve slowed by it (or held at MSMF where that is lower)."""
+    s = kc.sustained_rate(device, dtype)
+    assert s.factor == pytest.approx(msmf / mamf, rel=1e-12)
+    fam = {"H100-SXM": "hopper", "H200": "hopper-h200" if dtype == "fp8" else "hopper"}.get(device)
+    c = kc.gemm_curve(device, dtype)
+    if fam is not None:
+        want = min(kc.gemm_params(fam, dtype).eta * msmf / mamf, msmf * 1e12 / c.peak_flops_per_s)
+        assert c.params.eta == pytest.approx(want, rel=1e-12)
+    assert "sustained at the power limit" in c.params.source and f"{msmf} / {mamf}" in c.params.source
+
+
+@pytest.mark.parametrize("device", ["A100-80GB", "A100-40GB", "GB200", "H100-PCIe", "H100-HBM2e"])
+def test_devices_without_a_sustained_measurement_keep_the_burst_rate_and_say_so(device):
+    assert kc.sustained_rate(device, "bf16") is None
+    c = kc.gemm_curve(device, "bf16")
+    assert "burst rate (no sustained measurement" in c.params.source
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.sampled_from(sorted(kc.SUSTAINED_SOURCES)), st.sampled_from(["bf16", "fp8"]), st.integers(64, 65536),
+       st.integers(64, 65536), st.integers(64, 65536))
+def test_no_shape_beats_the_published_sustained_best(device, dtype, m, n, k):
+    """MSMF is the best rate any searched shape held at the power limit: no priced shape runs faster."""
+    c = kc.gemm_curve(device, dtype)
+    assert 2.0 * m * n * k / c.time_s(m, n, k) <= kc.sustained_rate(device, dtype).msmf_flops_per_s * (1 + 1e-9)
 
 
 def test_cudnn_backward_speedup_is_the_charted_ratio():
