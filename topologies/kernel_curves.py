@@ -28,7 +28,8 @@ a node at its power limit, where the clock settles lower. Where a device (or the
 limit) has a published sustained / burst pair (``gemm_sustained.csv``: ml-engineering's MSMF, the best rate a
 shape holds for 2 s at the power limit on an 8-GPU node under load, over MAMF, the best burst of the same run),
 ``eta`` is multiplied by MSMF / MAMF (H100 SXM and H200: 0.888 BF16 and FP8; B200: 0.828 / 0.832) and capped at
-MSMF (no shape beats the best sustained rate measured). Elsewhere the
+MSMF (no shape beats the best sustained rate measured). The 500 W H100 (H100-HBM2e) takes the 700 W factor as an
+upper bound: a lower power limit only lowers the clock a saturated GPU holds. Elsewhere the
 burst rate stays, and the curve's ``source`` says so. Attention kernels keep their charts' (burst) rates: no
 sustained attention measurement is published.
 
@@ -238,10 +239,13 @@ def _spec(device):
 
 
 # Which sustained-vs-burst measurement (gemm_sustained.csv) applies to which device: the same die at the same power
-# limit under the same load. Devices not listed keep the burst rate and say so (A100 SXM, H100 PCIe, the 500 W
-# H100-HBM2e, GB200's 1,200 W B200 dies, TPU, Ascend: no such measurement at their power limit).
+# limit under the same load, or, as an upper bound, the same board at a higher limit (a lower power limit can only
+# lower the clock a saturated GPU holds). Devices not listed keep the burst rate and say so (A100 SXM, H100 PCIe,
+# GB200's 1,200 W B200 dies, TPU, Ascend: no such measurement at or above their power limit).
 SUSTAINED_SOURCES = {
     "H100-SXM": ("NVIDIA H200 SXM", "the same GH100 die (132 SMs, same peaks) at the same 700 W limit"),
+    "H100-HBM2e": ("NVIDIA H200 SXM", "an upper bound: the same GH100 die at 700 W, where this part runs at "
+                   "500 W and holds a lower clock still (unmeasured)"),
     "H200": ("NVIDIA H200 SXM", "this device"),
     "B200": ("NVIDIA B200 SXM", "this device"),
 }

@@ -89,12 +89,14 @@ H100_PCIE = _register(AcceleratorSpec(
 # H100 SXM5 with 96 GB HBM2e at 2.4 TB/s, as Meta's Grand Teton hosts carry it (run at a 500 W power limit):
 # torchtitan's benchmarks/llama3_h100_202412_torchtitan.md states the memory and its bandwidth, NVLink within a
 # host and 400 Gb/s RDMA per GPU, and that the peak FLOPS lies "between SXM and NVL" without knowing it. The
-# SXM5 peak here is therefore an upper bound, and the 500 W limit (lower sustained clocks) is not modelled.
+# SXM5 peak here is therefore an upper bound; its GEMMs take the H100 SXM's rate sustained at 700 W
+# (topologies.kernel_curves.SUSTAINED_SOURCES), also an upper bound: the further slowdown at 500 W is not measured.
 # 96 GB = six 16 GiB HBM2e stacks; usable capacity in H100 SXM's proportion (81,559 of 81,920 MiB) -> 97,871 MiB.
 H100_HBM2E = _register(AcceleratorSpec(
     "H100-HBM2e", 989.4 * TFLOPS, 1978.9 * TFLOPS, 97871 * MIB, 2.4 * TB, 450 * GB, 400 * GBIT,
     source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (96GB HBM2e, 2.4 TB/s, 400 Gb/s RDMA per GPU, "
-    "500 W limit not modelled); compute and SMs of H100 SXM5 (an upper bound: the source puts its peak between "
+    "500 W limit: GEMMs at H100 SXM's 700 W sustained rate, an upper bound); compute and SMs of H100 SXM5 (an "
+    "upper bound: the source puts its peak between "
     "SXM and NVL)", sm_count=132))
 
 # NVIDIA H200 datasheet (SXM): same Hopper compute as H100 SXM; 141 GB HBM3e (143,771 MiB in nvidia-smi) at 4.8 TB/s; NVLink 900 GB/s
