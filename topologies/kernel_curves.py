@@ -482,7 +482,8 @@ class AttentionCurve:
         return (f"{ATTENTION_KERNEL} (Triton stacks: {attention_series(self.family, 'triton')}; Transformer "
                 f"Engine: {attention_series(self.family, te)} forward{te_bwd}) fit to "
                 f"attention_kernels.csv ({ATTENTION_DATA[self.family]})"
-                + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else ""))
+                + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else "")
+                + "; burst rates (no sustained attention measurement is published)")
 
 
 def cudnn_backward_speedup(family: str, seq: float, head_dim: int) -> float:
