@@ -1,11 +1,11 @@
 """Sustained GEMM rate: one matmul shape run back to back for minutes, its achieved FLOP/s per time window.
 
-Why: the simulator's GEMM curves come from short microbenchmarks (ml-engineering's MAMF search times 100
-iterations of a shape after 50 warm-up ones; the XLA perf table, single timings), and `clustersim validate`
-finds the predictions' optimism growing with how compute-bound a run is (README, "Where the error lives").
-A GPU held at full tensor-core load for minutes heats up and its power management lowers the clocks; if its
-steady rate is below its first seconds', the curves are optimistic by that ratio under training load. This
-measures the ratio on one device, nothing else: no model constant is taken from it automatically.
+Why: the simulator's GEMM curves come from short (burst) microbenchmarks (ml-engineering's MAMF search; the
+XLA perf table, single timings). A GPU held at full tensor-core load for minutes reaches its power limit and
+its power management lowers the clocks; the simulator slows the burst curves by ml-engineering's published
+sustained / burst ratio (MSMF / MAMF, topologies/microbench/gemm_sustained.csv) where one exists for the
+device. This measures that ratio on one device, for one shape, to compare with it: no model constant is
+taken from it automatically.
 
     python -m traces.bench_sustained [--seconds 120] [--window 1] [--shape 8192,8192,8192] [--dtype bf16]
                                      [--out sustained.json]
