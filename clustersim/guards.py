@@ -6,7 +6,12 @@ H100s, full mode, 432k ops; resident-set growth over the run, CPython 3, 2026-11
 - engine + programs + metrics: 140-150 B/op (analytical and flow networks); 320 B/op under tracemalloc
   at 256 GPUs, where fixed costs weigh more -> ``ENGINE_BYTES_PER_OP = 400`` (headroom for Python builds);
 - the timeline DataFrame (report folders, Perfetto, plots): another ~730 B/op -> ``TIMELINE_BYTES_PER_OP = 800``;
-- time: 12 us/op analytical, 35 us/op with the flow network (same runs) -> ``SECONDS_PER_OP``.
+- time (the whole command, re-measured 2026-12-02 after issue 15's engine work; the 2-core development
+  machine runs 1.5-2.5x slower than this on loaded days): the same plan with global batch 512 (846k ops)
+  5.6 us/op analytical, 6.1 us/op with the flow network; the 16k-GPU Llama-3-405B flagship in full mode (flow,
+  14.7 M ops) 10.7 us/op and 155 B/op -> ``SECONDS_PER_OP`` (6 / 11 us: the flow network's figure from the
+  larger, more contended run). The memory figure above is a budget (it refuses runs), so the announcement
+  says "up to" for memory and "about" for time.
 
 The budget defaults to 70 % of the memory available now (``/proc/meminfo`` MemAvailable) and
 ``DEFAULT_MAX_OPS`` events. A full-mode run whose symmetric twin would fit is told to use symmetric mode.
@@ -21,8 +26,8 @@ from simulator.errors import ConfigError, ResourceLimitError
 
 ENGINE_BYTES_PER_OP = 400.0
 TIMELINE_BYTES_PER_OP = 800.0
-SECONDS_PER_OP = {"ideal": 12e-6, "analytical": 12e-6, "flow": 35e-6}
-DEFAULT_MAX_OPS = 50_000_000          # ~10 min analytical, ~30 min with the flow network
+SECONDS_PER_OP = {"ideal": 6e-6, "analytical": 6e-6, "flow": 11e-6}
+DEFAULT_MAX_OPS = 50_000_000          # ~5 min analytical, ~9 min with the flow network (this machine, unloaded)
 MEMORY_FRACTION = 0.7
 ANNOUNCE_ABOVE_OPS = 1_000_000       # full-mode runs above this many ops say first what they will cost
 FALLBACK_MEMORY_BYTES = 8e9           # when the available memory cannot be read
@@ -74,9 +79,9 @@ def estimate_line(est: BudgetEstimate, network: str = "analytical", timeline: bo
     per_op = ENGINE_BYTES_PER_OP + (TIMELINE_BYTES_PER_OP if timeline else 0.0)
     secs = est.seconds
     when = f"{secs:.0f} s" if secs < 120 else f"{secs / 60:.1f} min"
-    return (f"simulating {est.ops:,} ops: about {when} and {_fmt_bytes(est.memory_bytes)} of memory "
-            f"({SECONDS_PER_OP.get(network, SECONDS_PER_OP['flow']) * 1e6:.0f} us and {per_op:.0f} B per op, "
-            f"measured; see clustersim/guards.py)")
+    return (f"simulating {est.ops:,} ops: about {when} and up to {_fmt_bytes(est.memory_bytes)} of memory "
+            f"({SECONDS_PER_OP.get(network, SECONDS_PER_OP['flow']) * 1e6:.0f} us per op measured, {per_op:.0f} B "
+            f"per op budgeted; see clustersim/guards.py)")
 
 
 def _fmt_bytes(b: float) -> str:
