@@ -241,7 +241,10 @@ def _spec(device):
 # Which sustained-vs-burst measurement (gemm_sustained.csv) applies to which device: the same die at the same power
 # limit under the same load, or, as an upper bound, the same board at a higher limit (a lower power limit can only
 # lower the clock a saturated GPU holds). Devices not listed keep the burst rate and say so (A100 SXM, H100 PCIe,
-# GB200's 1,200 W B200 dies, TPU, Ascend: no such measurement at or above their power limit).
+# GB200's 1,200 W B200 dies, TPU, Ascend: no such measurement at or above their power limit). Where only a
+# measurement at a *lower* limit exists (A100 SXM at 400 W: ml-engineering's 300 W A100 PCIe, 0.905; GB200 at
+# 1,200 W: B200 at 1,000 W, 0.83) it bounds the factor from below only, and the faster end (burst) is kept: where
+# a bound is all there is, the model stays on its optimistic side, as for the 500 W H100 above.
 SUSTAINED_SOURCES = {
     "H100-SXM": ("NVIDIA H200 SXM", "the same GH100 die (132 SMs, same peaks) at the same 700 W limit"),
     "H100-HBM2e": ("NVIDIA H200 SXM", "an upper bound: the same GH100 die at 700 W, where this part runs at "
