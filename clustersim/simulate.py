@@ -93,6 +93,7 @@ def print_summary(outcome, console=None) -> None:
         ("TFLOP/s per GPU (model)", f"{m.tflops_per_gpu:.1f}"),
         ("MFU", f"{m.mfu:.1%}"),
         ("precision / stack", f"{getattr(p, 'dtype', 'bf16')} / {getattr(p, 'stack', '')}"),
+        *([("GEMM rate", rate)] if (rate := _gemm_rate(outcome)) else []),
         ("pipeline bubble", f"{m.bubble_fraction:.1%}"),
         ("exposed communication", f"{m.exposed_comm_fraction:.1%}"),
         ("overlap (comm hidden by compute)", f"{m.overlap_fraction:.1%}"),
@@ -112,6 +113,13 @@ def print_summary(outcome, console=None) -> None:
         console.print(f"[cyan]evidence (clustersim validate):[/cyan] {evidence_line(ev)}", highlight=False)
     for n in outcome.notes:
         console.print(f"[yellow]note:[/yellow] {n}")
+
+
+def _gemm_rate(outcome) -> str | None:
+    """The run's GEMM rating for the table (sustained, burst or calibrated), where a kernel model priced it."""
+    cost = getattr(outcome.cost, "base", outcome.cost)        # --network astra wraps the cluster's cost model
+    rate = getattr(cost, "gemm_rate", None)
+    return rate(getattr(outcome.plan, "dtype", "bf16")) if rate is not None else None
 
 
 def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool = True) -> list[Path]:

@@ -350,6 +350,11 @@ class ClusterCostModel:
                               "source": "topologies.variation (ml-engineering: 5% MAMF spread on an 8-GPU node)"}
         return d
 
+    def gemm_rate(self, dtype: str = "bf16") -> str | None:
+        """How this cluster's GEMMs of ``dtype`` are rated (KernelPricer.gemm_rate); None without the kernel
+        model (a flat compute efficiency)."""
+        return None if self.kernels is None else self.kernels.gemm_rate(dtype)
+
     def best_kernel_flops_per_s(self, dtype: str = "bf16") -> float:
         """The highest FLOP/s any kernel of a ``dtype`` plan reaches on this device (a bound for search
         pruning): BF16 GEMMs at the calibration's GEMM peak or the curve's sustained peak, FP8 GEMMs at

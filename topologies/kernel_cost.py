@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
-from topologies.kernel_curves import attention_curve, gemm_curve, has_attention_chart
+from topologies.kernel_curves import attention_curve, gemm_curve, gemm_rate_label, has_attention_chart
 from topologies.specs import AcceleratorSpec
 
 # Fraction of peak HBM bandwidth streaming kernels reach: STREAM-like copies reach ~85-90 % on A100/H100
@@ -101,11 +101,19 @@ class KernelPricer:
                          "bytes": k.bytes, "time_s": t, "tflops_per_s": k.flops / t / 1e12 if t > 0 else 0.0})
         return rows
 
+    def gemm_rate(self, dtype: str = "bf16") -> str:
+        """How GEMMs of ``dtype`` are rated on this device: a calibration's fit, or the curve's sustained or
+        burst rate (kernel_curves.gemm_rate_label)."""
+        if self.compute_fit is not None and dtype == "bf16":
+            return f"calibration ({self.compute_fit.device})"
+        return gemm_rate_label(self.acc, dtype)
+
     def describe(self) -> dict:
         """Which curves price this device (for results' provenance)."""
         g = self._gemm["bf16"].params
         return {
             "device": self.acc.name,
+            "gemm_rate": {dt: self.gemm_rate(dt) for dt in ("bf16", "fp8")},
             "gemm_bf16": ("calibration compute fit " + self.compute_fit.device) if self.compute_fit is not None
             else g.source,
             "gemm_fp8": self._gemm["fp8"].params.source,

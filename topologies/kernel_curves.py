@@ -290,6 +290,19 @@ def sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
                          f"load; {why})")
 
 
+def gemm_rate_label(device, dtype: str = "bf16") -> str:
+    """How a device's GEMM curve for ``dtype`` is rated, in a few words (results' pricing, simulate's table):
+    ``sustained xF (MSMF / MAMF)`` (``, upper bound`` where the measurement bounds it) or ``burst (...)``."""
+    acc = _spec(device)
+    if dtype == "fp8" and acc.peak_fp8_flops is None:
+        dtype = "bf16"                  # FP8 recipes run BF16 GEMMs there (gemm_curve)
+    s = sustained_rate(acc.name, dtype)
+    if s is None:
+        return "burst (no sustained measurement)"
+    bound = ", upper bound" if SUSTAINED_SOURCES[acc.name][1].startswith("an upper bound") else ""
+    return f"sustained x{s.factor:.3f} (MSMF / MAMF{bound})"
+
+
 @lru_cache(maxsize=None)
 def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
     """The GEMM curve for an accelerator (spec or spec name) and dtype (bf16 | fp8)."""

@@ -241,3 +241,11 @@ def test_a_lower_power_limit_never_sustains_more(dtype, m, n, k):
     low, high = kc.gemm_curve("H100-HBM2e", dtype), kc.gemm_curve("H100-SXM", dtype)
     assert low.time_s(m, n, k) >= high.time_s(m, n, k) * (1 - 1e-12)
     assert "upper bound" in low.params.source
+
+
+def test_gemm_rate_labels_name_the_basis():
+    assert kc.gemm_rate_label("H100-SXM", "bf16") == "sustained x0.888 (MSMF / MAMF)"
+    assert kc.gemm_rate_label("B200", "fp8") == "sustained x0.832 (MSMF / MAMF)"
+    assert kc.gemm_rate_label("H100-HBM2e", "bf16") == "sustained x0.888 (MSMF / MAMF, upper bound)"
+    assert kc.gemm_rate_label("GB200", "bf16").startswith("burst")
+    assert kc.gemm_rate_label("A100-80GB", "fp8") == kc.gemm_rate_label("A100-80GB", "bf16")
