@@ -180,9 +180,22 @@ RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
 #: (configure.sh: ``--config-name=${MODEL}-${MODEL_SIZE}-synth``), which sets
 #: ``activations_checkpoint_granularity: selective`` (Megatron's core-attention recomputation)
+#: The JAX rows of dgxc-benchmarking state their checkpoint policies in their configs, neither expressible exactly:
+#: MaxText (v25.02 8f5cbb3, maxtext/configure.sh: ``POLICY="save_qkv_proj"`` passed as ``remat_policy``) keeps only
+#: the q/k/v projections' outputs; Paxml (v24.11.1 35a9aec, paxml/paxml_mod_configs.py ``Synthetic175BCkpt``:
+#: ``CHECKPOINT_POLICY = SAVE_QKV_OUT_PROJ``) keeps those and the output projection's. Both re-run everything else
+#: in backward; full recomputation, the nearest we price, also re-runs those projections.
 CONFIG_RECOMPUTE = {
     ("Nemotron-4 340B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"):
         ("selective", "the benchmark's nemotron4-340b-synth.yaml sets activations_checkpoint_granularity: selective"),
+    ("Llama 3 70B", "8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad"):
+        ("full", "the benchmark's maxtext/configure.sh sets remat_policy=save_qkv_proj (only the q/k/v projections' "
+                 "outputs are kept): simulated as full recomputation, which also re-runs those projections"),
+    ("GPT-3 175B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"):
+        ("full", "the benchmark's paxml_mod_configs.py sets CHECKPOINT_POLICY = SAVE_QKV_OUT_PROJ (only the q/k/v "
+                 "and output projections' outputs are kept): simulated as full recomputation, which also re-runs "
+                 "those projections; its XLA flags turn cuDNN's fused attention off "
+                 "(--xla_gpu_enable_cudnn_fmha=false), priced here as FlashAttention all the same"),
 }
 
 #: Megatron-Core recompute modules a benchmark's launch script passes where its README table says nothing:

@@ -334,6 +334,17 @@ def test_unstated_checkpointing_comes_from_the_benchmarks_model_config():
     assert row_experiment(_row(**{**base, "activation_checkpointing": "full"}))[0]["recompute"] == "full"
 
 
+def test_jax_rows_take_the_checkpoint_policy_their_configs_state():
+    """MaxText's configure.sh (save_qkv_proj) and Paxml's 175B config (SAVE_QKV_OUT_PROJ) keep only projection
+    outputs: their rows run full recomputation (the nearest priced) and say what the config states, instead of
+    'activation checkpointing not stated'."""
+    rows = {r["id"]: r for r in load_runs()}
+    for rid, words in (("1", "save_qkv_proj"), ("6", "save_qkv_proj"), ("294", "SAVE_QKV_OUT_PROJ")):
+        kw, notes = row_experiment(rows[rid])
+        assert kw["recompute"] == "full" and any(words in n for n in notes), (rid, notes)
+        assert not any("not stated" in n for n in notes)
+
+
 def test_nvidia_recipes_with_tp_run_the_tp_communication_overlap():
     """NVIDIA's Megatron-Core recipes overlap TP communication (userbuffers) whenever TP > 1: with
     validate --tp-comm-overlap dense rows and Grok-1 (dgxc's configure.sh) run --tp-comm-overlap; TP 1,
