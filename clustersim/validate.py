@@ -194,8 +194,16 @@ CONFIG_RECOMPUTE = {
     ("GPT-3 175B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"):
         ("full", "the benchmark's paxml_mod_configs.py sets CHECKPOINT_POLICY = SAVE_QKV_OUT_PROJ (only the q/k/v "
                  "and output projections' outputs are kept): simulated as full recomputation, which also re-runs "
-                 "those projections; its XLA flags turn cuDNN's fused attention off "
-                 "(--xla_gpu_enable_cudnn_fmha=false), priced here as FlashAttention all the same"),
+                 "those projections (a third of a GPT-3 layer's GEMM FLOPs: slower than the run by that)"),
+}
+#: Attention a benchmark's flags state: dgxc-benchmarking v24.11.1's paxml/configure.sh runs XLA with cuDNN's fused
+#: attention and the Triton softmax fusion off (``--xla_gpu_enable_cudnn_fmha=false``,
+#: ``--xla_gpu_enable_triton_softmax_fusion=false``): the attention core runs unfused, its s×s scores through HBM,
+#: which ``--attention eager`` prices. (model, commit of the source document) -> (attention, note)
+CONFIG_ATTENTION = {
+    ("GPT-3 175B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"):
+        ("eager", "the benchmark's XLA flags turn cuDNN's fused attention off (--xla_gpu_enable_cudnn_fmha=false, "
+                  "Triton softmax fusion off too): the attention core runs unfused, priced as --attention eager"),
 }
 
 #: Megatron-Core recompute modules a benchmark's launch script passes where its README table says nothing:
@@ -359,9 +367,9 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     kw: dict = {"cluster": cluster}
     if hw == "H100" and "HBM2e" in row["hardware"]:
         kw["cluster"] = str(CLUSTER_FILES / GRAND_TETON)
-        notes.append("H100 96GB HBM2e (Grand Teton): its 2.4 TB/s and 96 GB as the source states, SXM5 compute at "
-                     "700 W (the source puts its peak between SXM and NVL; the 500 W limit is not modelled); "
-                     "reported in its own group")
+        notes.append("H100 96GB HBM2e (Grand Teton): its 2.4 TB/s and 96 GB as the source states, SXM5 compute with "
+                     "GEMMs at the 700 W H100's sustained rate, an upper bound (the source puts its peak between SXM "
+                     "and NVL; the further slowdown at 500 W is not modelled); reported in its own group")
     if "dtype" in fields:
         kw["dtype"] = prec
     elif prec != "bf16":
@@ -372,6 +380,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     reduce = composer_reduce_dtype(row) if stack == "llm-foundry" else None
     if reduce and "grad_reduce_dtype" in fields:
         kw["grad_reduce_dtype"] = reduce
+    attention = CONFIG_ATTENTION.get((row.get("model"), _commit_of(row.get("source", ""))))
+    if attention and "attention" in fields:
+        kw["attention"] = attention[0]
+        notes.append(attention[1])
     kernel = LAUNCH_SCRIPT_ATTENTION.get((row.get("model"), (row.get("release") or "").strip()))
     if kernel and "attention_kernel" in fields:
         kw["attention_kernel"] = kernel
