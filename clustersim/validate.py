@@ -176,7 +176,7 @@ RECIPE_RECOMPUTE = {
                                     "(not modelled: simulated as kept on the GPU)") for rel in RECIPE_RELEASES},
 }
 RECIPE_FRAMEWORK = "Megatron-Bridge"
-#: the same from a benchmark's model config: (model, commit of the source document) -> (recompute, note).
+#: the same from a benchmark's model config: (model, commit of the source document, framework) -> (recompute, note).
 #: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
 #: (configure.sh: ``--config-name=${MODEL}-${MODEL_SIZE}-synth``), which sets
 #: ``activations_checkpoint_granularity: selective`` (Megatron's core-attention recomputation)
@@ -186,12 +186,12 @@ RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: ``CHECKPOINT_POLICY = SAVE_QKV_OUT_PROJ``) keeps those and the output projection's. Both re-run everything else
 #: in backward; full recomputation, the nearest we price, also re-runs those projections.
 CONFIG_RECOMPUTE = {
-    ("Nemotron-4 340B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"):
+    ("Nemotron-4 340B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "NeMo"):
         ("selective", "the benchmark's nemotron4-340b-synth.yaml sets activations_checkpoint_granularity: selective"),
-    ("Llama 3 70B", "8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad"):
+    ("Llama 3 70B", "8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad", "MaxText"):
         ("full", "the benchmark's maxtext/configure.sh sets remat_policy=save_qkv_proj (only the q/k/v projections' "
                  "outputs are kept): simulated as full recomputation, which also re-runs those projections"),
-    ("GPT-3 175B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"):
+    ("GPT-3 175B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "Paxml"):
         ("full", "the benchmark's paxml_mod_configs.py sets CHECKPOINT_POLICY = SAVE_QKV_OUT_PROJ (only the q/k/v "
                  "and output projections' outputs are kept): simulated as full recomputation, which also re-runs "
                  "those projections (a third of a GPT-3 layer's GEMM FLOPs: slower than the run by that)"),
@@ -199,9 +199,9 @@ CONFIG_RECOMPUTE = {
 #: Attention a benchmark's flags state: dgxc-benchmarking v24.11.1's paxml/configure.sh runs XLA with cuDNN's fused
 #: attention and the Triton softmax fusion off (``--xla_gpu_enable_cudnn_fmha=false``,
 #: ``--xla_gpu_enable_triton_softmax_fusion=false``): the attention core runs unfused, its s×s scores through HBM,
-#: which ``--attention eager`` prices. (model, commit of the source document) -> (attention, note)
+#: which ``--attention eager`` prices. (model, commit of the source document, framework) -> (attention, note)
 CONFIG_ATTENTION = {
-    ("GPT-3 175B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"):
+    ("GPT-3 175B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "Paxml"):
         ("eager", "the benchmark's XLA flags turn cuDNN's fused attention off (--xla_gpu_enable_cudnn_fmha=false, "
                   "Triton softmax fusion off too): the attention core runs unfused, priced as --attention eager"),
 }
@@ -258,7 +258,19 @@ def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
         hit = RECIPE_RECOMPUTE.get((model, (row.get("release") or "").strip(), fsdp))
         if hit:
             return hit
-    return CONFIG_RECOMPUTE.get((model, _commit_of(row.get("source", ""))))
+    return _config_entry(CONFIG_RECOMPUTE, row)
+
+
+def _config_entry(table: dict, row: dict):
+    """A row's entry of a (model, commit of the source document, framework) table: one benchmark commit
+    documents several frameworks' runs of one model (dgxc-benchmarking v24.11.1: GPT-3 175B under NeMo and
+    Paxml), so the framework named in the key must be the row's."""
+    commit = _commit_of(row.get("source", ""))
+    fw = row.get("framework", "")
+    for (model, c, framework), value in table.items():
+        if model == row.get("model") and c == commit and framework in fw:
+            return value
+    return None
 
 
 def _commit_of(source: str) -> str | None:
@@ -380,7 +392,7 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     reduce = composer_reduce_dtype(row) if stack == "llm-foundry" else None
     if reduce and "grad_reduce_dtype" in fields:
         kw["grad_reduce_dtype"] = reduce
-    attention = CONFIG_ATTENTION.get((row.get("model"), _commit_of(row.get("source", ""))))
+    attention = _config_entry(CONFIG_ATTENTION, row)
     if attention and "attention" in fields:
         kw["attention"] = attention[0]
         notes.append(attention[1])

@@ -345,6 +345,13 @@ def test_jax_rows_take_the_checkpoint_policy_their_configs_state():
         assert not any("not stated" in n for n in notes)
         # Paxml's XLA flags turn cuDNN's fused attention off: its attention core runs unfused (eager)
         assert kw.get("attention") == ("eager" if rid == "294" else None)
+    # the same benchmark commit documents NeMo's GPT-3 175B runs too: their flags and checkpointing are NeMo's
+    nemo = [r for r in rows.values() if r["model"] == "GPT-3 175B" and "35a9aecc" in r["source"]
+            and "NeMo" in r["framework"]]
+    assert nemo
+    for r in nemo:
+        kw, notes = row_experiment(r)
+        assert "attention" not in kw and not any("paxml" in n or "XLA" in n for n in notes), (r["id"], kw, notes)
 
 
 def test_nvidia_recipes_with_tp_run_the_tp_communication_overlap():
