@@ -245,12 +245,13 @@ def _spec(device):
 # measurement at a *lower* limit exists (A100 SXM at 400 W: ml-engineering's 300 W A100 PCIe, 0.905; GB200 at
 # 1,200 W: B200 at 1,000 W, 0.83) it bounds the factor from below only, and the faster end (burst) is kept: where
 # a bound is all there is, the model stays on its optimistic side, as for the 500 W H100 above.
+# device -> (hardware in gemm_sustained.csv, why it applies, whether it only bounds the device's rate from above)
 SUSTAINED_SOURCES = {
-    "H100-SXM": ("NVIDIA H200 SXM", "the same GH100 die (132 SMs, same peaks) at the same 700 W limit"),
+    "H100-SXM": ("NVIDIA H200 SXM", "the same GH100 die (132 SMs, same peaks) at the same 700 W limit", False),
     "H100-HBM2e": ("NVIDIA H200 SXM", "an upper bound: the same GH100 die at 700 W, where this part runs at "
-                   "500 W and holds a lower clock still (unmeasured)"),
-    "H200": ("NVIDIA H200 SXM", "this device"),
-    "B200": ("NVIDIA B200 SXM", "this device"),
+                   "500 W and holds a lower clock still (unmeasured)", True),
+    "H200": ("NVIDIA H200 SXM", "this device", False),
+    "B200": ("NVIDIA B200 SXM", "this device", False),
 }
 
 
@@ -262,6 +263,12 @@ class SustainedRate:
     msmf_flops_per_s: float
     mamf_flops_per_s: float
     source: str
+    upper_bound: bool = False       # the measurement bounds the device's sustained rate from above only
+
+    @property
+    def label(self) -> str:
+        """In a few words, for results' pricing and simulate's table."""
+        return f"sustained x{self.factor:.3f} (MSMF / MAMF{', upper bound' if self.upper_bound else ''})"
 
 
 @lru_cache(maxsize=None)
@@ -277,7 +284,7 @@ def sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
     entry = SUSTAINED_SOURCES.get(device_name)
     if entry is None:
         return None
-    hardware, why = entry
+    hardware, why, upper_bound = entry
     prefix = {"bf16": "BF16", "fp8": "FP8"}[dtype]
     rows = [r for r in read_rows(SUSTAINED_CSV) if r["hardware"] == hardware and r["dtype"].startswith(prefix)]
     if not rows:
@@ -287,29 +294,28 @@ def sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
     return SustainedRate(msmf / mamf, msmf, mamf,
                          f"x {msmf / mamf:.3f} sustained at the power limit: MSMF / MAMF {msmf / 1e12:.0f} / "
                          f"{mamf / 1e12:.0f} TFLOP/s of {hardware} {prefix} (mamf-finder v4, 8-GPU node under "
-                         f"load; {why})")
+                         f"load; {why})", upper_bound)
 
 
 def gemm_rate_label(device, dtype: str = "bf16") -> str:
     """How a device's GEMM curve for ``dtype`` is rated, in a few words (results' pricing, simulate's table):
     ``sustained xF (MSMF / MAMF)`` (``, upper bound`` where the measurement bounds it) or ``burst (...)``."""
     acc = _spec(device)
-    if dtype == "fp8" and acc.peak_fp8_flops is None:
-        dtype = "bf16"                  # FP8 recipes run BF16 GEMMs there (gemm_curve)
-    s = sustained_rate(acc.name, dtype)
-    if s is None:
-        return "burst (no sustained measurement)"
-    bound = ", upper bound" if SUSTAINED_SOURCES[acc.name][1].startswith("an upper bound") else ""
-    return f"sustained x{s.factor:.3f} (MSMF / MAMF{bound})"
+    s = sustained_rate(acc.name, _gemm_dtype(acc, dtype))
+    return "burst (no sustained measurement)" if s is None else s.label
+
+
+def _gemm_dtype(acc, dtype: str) -> str:
+    """The dtype a device's GEMMs of ``dtype`` run in: FP8 recipes run BF16 GEMMs where there is no FP8 path."""
+    return "bf16" if dtype == "fp8" and acc.peak_fp8_flops is None else dtype
 
 
 @lru_cache(maxsize=None)
 def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
     """The GEMM curve for an accelerator (spec or spec name) and dtype (bf16 | fp8)."""
     acc = _spec(device)
+    dtype = _gemm_dtype(acc, dtype)
     peak = acc.peak_fp8_flops if dtype == "fp8" else acc.peak_bf16_flops
-    if peak is None:                      # no FP8 tensor path: FP8 recipes fall back to BF16 GEMMs
-        peak, dtype = acc.peak_bf16_flops, "bf16"
     fam = FAMILY.get(acc.name)
     if acc.name == "H200" and dtype == "fp8":
         fam = "hopper-h200"
