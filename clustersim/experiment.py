@@ -55,7 +55,7 @@ CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode":
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION,
            "attention_kernel": ATTENTION_KERNELS,
            "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS}
-MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
+MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
 
@@ -246,7 +246,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             if k in MODEL_FLAGS:
                 _check(isinstance(v, bool), f"{where}: {k}: expected true or false, got {v!r}")
             else:
-                custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k == "experts" else 1)
+                custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k in ("experts", "mtp_layers") else 1)
         if isinstance(exp.model, dict):
             exp.model = {**exp.model, **custom}
         elif isinstance(exp.model, str):
@@ -278,6 +278,9 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--layers", type=int), click.option("--hidden", type=int), click.option("--ffn", type=int),
         click.option("--heads", type=int), click.option("--kv-heads", type=int), click.option("--vocab", type=int),
         click.option("--experts", type=int), click.option("--top-k", type=int),
+        click.option("--mtp-layers", type=int, help="Multi-token-prediction modules (DeepSeek-V3: 1 by default; 0 "
+                     "turns them off): each runs a transformer layer, a 2h -> h projection and the shared LM head "
+                     "and loss on the last pipeline stage."),
         click.option("--gated-mlp/--no-gated-mlp", default=None,
                      help="SwiGLU MLP with 3 matrices (Llama) or a 2-matrix GELU MLP (GPT, the custom default)."),
         click.option("--tied-embeddings/--untied-embeddings", default=None, help="LM head shares the embedding."),
@@ -365,7 +368,7 @@ def simulate_options(f: Callable) -> Callable:
 
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
-               "experts", "top_k", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
+               "experts", "top_k", "mtp_layers", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "recompute_modules", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
@@ -428,6 +431,7 @@ class Outcome:
             "grad_reduce_dtype": _reduce_dtype(self.plan),
             "notes": list(self.notes), "calibration": self.calibration, "comm_by_axis": m.comm_by_axis,
             "model_params": self.model.param_count() if hasattr(self.model, "param_count") else None,
+            "mtp_layers": getattr(self.model, "mtp_layers", 0),
             "evidence": self.evidence(),
         }
         if self.cost is not None and hasattr(self.cost, "pricing"):

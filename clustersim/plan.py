@@ -28,7 +28,7 @@ from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, 
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
-SHAPE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k")
+SHAPE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers")
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -44,6 +44,8 @@ def model_options(f):
         click.option("--vocab", type=int, default=None, help="Custom model: vocabulary (default 51,200)."),
         click.option("--experts", type=int, default=None, help="Custom model: routed experts (MoE)."),
         click.option("--top-k", type=int, default=None, help="Custom model: experts per token (default 2)."),
+        click.option("--mtp-layers", type=int, default=None,
+                     help="Multi-token-prediction modules on the last stage (DeepSeek-V3: 1; 0 turns them off)."),
         click.option("--params", type=float, default=None,
                      help="Model given by its parameter count only (e.g. 7.5e9): memory questions only."),
     ]
@@ -238,8 +240,8 @@ def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = 
 
 
 def stage_table(model: ModelSpec, plan: ParallelPlan, peak_flops: float | None = None) -> list[dict]:
-    """Per pipeline stage: layers of each chunk (piece order of the chunks), whether it holds the embedding
-    / LM head, compute FLOPs per micro-batch per rank (forward + backward, recomputation excluded), that
+    """Per pipeline stage: transformer layers of each chunk (piece order of the chunks), whether it holds the
+    embedding / LM head, its multi-token-prediction modules (``mtp``), compute FLOPs per micro-batch per rank (forward + backward, recomputation excluded), that
     compute relative to the busiest stage, and with ``peak_flops`` its time at peak (s)."""
     from schedules import memory as mem
 
@@ -251,7 +253,10 @@ def stage_table(model: ModelSpec, plan: ParallelPlan, peak_flops: float | None =
         head = mem.holds_head(model, plan, s)
         if head:
             flops += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
-        rows.append({"stage": s, "layers": [len(ls) for ls in chunks],
+        mtp = sum(1 for ls in chunks for l in ls if l >= model.layers)     # MTP modules' layers (last piece)
+        if mtp:
+            flops += 3.0 * model.mtp_extra_flops(plan.seq, plan.micro_batch)
+        rows.append({"stage": s, "layers": [sum(1 for l in ls if l < model.layers) for ls in chunks], "mtp": mtp,
                      "first_layer": min((l for ls in chunks for l in ls), default=None),
                      "pieces": [plan.piece(s, c) for c in range(plan.chunks)],
                      "embedding": mem.holds_embedding(plan, s), "head": head, "flops_per_microbatch": flops / div})
@@ -327,7 +332,9 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
                               (f"recompute {p.recompute}" + (f" every {p.recompute_every}" if p.recompute_every > 1 else "")
                                + (f" ({','.join(p.recompute_modules)})" if p.recompute_modules != DEFAULT_RECOMPUTE_MODULES else ""),
                                p.recompute != "none")] if on]
-    con.print(f"[bold]{model.name}[/bold] ({model.param_count() / 1e9:,.2f} B parameters) on {rep['world_size']:,} GPUs: "
+    mtp = (f" + {model.mtp_layers} MTP module{'s' if model.mtp_layers > 1 else ''}, "
+           f"{model.mtp_param_count() / 1e9:,.2f} B") if model.mtp_layers and not model.params_only else ""
+    con.print(f"[bold]{model.name}[/bold] ({model.param_count() / 1e9:,.2f} B parameters{mtp}) on {rep['world_size']:,} GPUs: "
               f"{degrees} {' '.join(extras)}")
     if p.pp > 1:
         con.print(f"schedule {p.schedule}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
@@ -358,7 +365,8 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
         for c in ("stage", "layers", "holds", "TFLOPs", "rel. time") + (("ms at peak",) if at_peak else ()):
             t.add_column(c, justify="left" if c in ("layers", "holds") else "right")
         for r in rep["stages"]:
-            holds = " ".join(x for x, on in (("embedding", r["embedding"]), ("head", r["head"])) if on)
+            holds = " ".join(x for x, on in (("embedding", r["embedding"]), ("head", r["head"]),
+                                             (f"MTP x{r['mtp']}", r["mtp"])) if on)
             t.add_row(str(r["stage"]), "+".join(map(str, r["layers"])) + f" = {sum(r['layers'])}", holds,
                       f"{r['flops_per_microbatch'] / 1e12:,.2f}", f"{r['relative_time']:.3f}",
                       *((f"{r['time_at_peak_s'] * 1e3:,.1f}",) if at_peak else ()))

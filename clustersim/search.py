@@ -151,7 +151,8 @@ def plan_key(exp: Experiment) -> str:
 
 def stage_chunk_flops(model, plan) -> list[list[float]]:
     """FLOPs one rank of each pipeline stage executes per micro-batch, per model chunk: forward, both
-    backward halves and recomputation of its layers, split over tp·cp, plus the LM head on the last stage."""
+    backward halves and recomputation of its layers, split over tp·cp, plus the LM head (and the MTP modules'
+    projections and head passes) on the last stage."""
     from schedules.memory import holds_head, stage_chunks
     from schedules.plan import recompute_flops, selective_recompute_flops
     split = plan.tp * plan.cp
@@ -172,6 +173,8 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
                     f += recompute_flops(model, plan, layer) * split
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
                 f += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
+            if any(layer >= model.layers for layer in layers):      # the MTP modules' projections and head passes
+                f += 3.0 * model.mtp_extra_flops(plan.seq, plan.micro_batch)
             chunks.append(f / split)
         out.append(chunks)
     return out

@@ -59,11 +59,14 @@ MEMORY_PLOT_RANKS = 8
 
 
 def param_str(model) -> str:
-    """The model's parameter count for tables: "8.03 B" (MoE: "671.03 B (37.55 B active)")."""
+    """The model's parameter count for tables: "8.03 B" (MoE: "671.03 B (37.55 B active)"; with multi-token
+    prediction: "+ MTP x1 (11.61 B)")."""
     n = model.param_count()
+    mtp = getattr(model, "mtp_layers", 0)
+    extra = f" + MTP x{mtp} ({model.mtp_param_count() / 1e9:,.2f} B)" if mtp and not model.params_only else ""
     if getattr(model, "is_moe", False):
-        return f"{n / 1e9:,.2f} B ({model.active_param_count() / 1e9:,.2f} B active)"
-    return f"{n / 1e9:,.2f} B"
+        return f"{n / 1e9:,.2f} B ({model.active_param_count() / 1e9:,.2f} B active){extra}"
+    return f"{n / 1e9:,.2f} B{extra}"
 
 
 def print_summary(outcome, console=None) -> None:

@@ -492,6 +492,8 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw.update(recompute_of_selective(fw, ac))
     kw.update(gpus=gpus, seq=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, sp=tp > 1 and not megatron_2021,
               micro_batch=mbs, global_batch=gbs)
+    if base.mtp_layers:
+        _mtp_and_layout(row, base, pp, vp, kw, notes)
     etp = _int(row, "etp")
     if ep > 1 and etp and etp != tp:     # the recipe's expert TP (Megatron's default is tp): folded experts
         kw["etp"] = etp
@@ -501,6 +503,38 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         notes.append("torchtitan's async TP (micro-pipelined collective matmuls) is not modelled: its TP collectives "
                      "run in line, as the same table's vanilla-TP rows")
     return kw, notes
+
+
+#: Megatron-Bridge's DeepSeek-V3 recipe (src/megatron/bridge/recipes/deepseek/deepseek_v3.py, unchanged from
+#: v0.1.0rc4, NeMo 25.09, to v0.5.0): ``mtp_num_layers = 1`` (its performance configs keep it; the tables label
+#: the runs without it "w/o MTP") and, for these (pp, vp), ``set_deepseek_v3_pipeline_model_parallel_layout``'s
+#: layout: decoder layers per virtual stage in model order, the embedding with the first, the MTP module and the
+#: loss with the last (other (pp, vp) keep Megatron's default split: our balanced one).
+DEEPSEEK_V3_RECIPE_LAYOUTS = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
+                              (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}
+
+
+def _mtp_and_layout(row: dict, base, pp: int, vp: int, kw: dict, notes: list[str]) -> None:
+    """Multi-token prediction and pipeline layout of a run of a model with MTP modules (DeepSeek-V3): what
+    Megatron-Bridge's recipe sets, else (other frameworks, which do not state it) no MTP."""
+    label = f"{row.get('notes', '')} {row.get('model_label_in_source', '')}"
+    bridge = RECIPE_FRAMEWORK in row.get("framework", "")
+    if not bridge:
+        kw["mtp_layers"] = 0
+        notes.append("multi-token prediction not stated by the source: simulated without the MTP module")
+        return
+    if "w/o MTP" in label:
+        kw["mtp_layers"] = 0
+        notes.append("without the MTP module, as the table's model label says (w/o MTP)")
+    else:
+        notes.append(f"{base.mtp_layers} MTP module on the last pipeline stage (Megatron-Bridge's DeepSeek-V3 recipe: "
+                     f"mtp_num_layers = {base.mtp_layers})")
+    layout = DEEPSEEK_V3_RECIPE_LAYOUTS.get((pp, vp))
+    if layout and sum(layout) == base.layers and "stage_layers" not in kw:
+        kw["stage_layers"] = ",".join(map(str, layout))
+        notes.append(f"pipeline layout of Megatron-Bridge's DeepSeek-V3 recipe (PP{pp} VP{vp}): decoder layers "
+                     f"{','.join(map(str, layout))} per virtual stage, the embedding with the first, the MTP module "
+                     f"and the loss with the last")
 
 
 def runs_tp_overlap(row: dict, stack: str | None, tp: int, model) -> bool:

@@ -128,12 +128,13 @@ class _StageBuilder:
                              recompute=rc, f_rec=recompute_flops(m, p, l) if rc == "op" else
                              selective_extra_flops(m, p, l) if rc == "selective" else 0.0)
                     cache[key] = u
-                units.append(Unit(f"L{l}", l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
+                units.append(Unit(mem.layer_name(m, l), l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
                                   u.w_frac, u.transient, u.moe, recompute=u.recompute, f_rec=u.f_rec))
             if vs == self.nv - 1:
-                head = (m.head_params() / p.tp if mem.holds_head(m, p, self.s) else 0.0) + m.hidden  # + final norm
+                head = mem.head_unit_params(m, p, self.s)        # + final norm, MTP projections
                 act, act_w = mem.head_activation_bytes(m, p)
-                units.append(Unit("lm_head", None, head, 0.0, m.head_flops(p.seq, p.micro_batch) / div, 0.0, 0.0,
+                f_head = m.head_flops(p.seq, p.micro_batch) + m.mtp_extra_flops(p.seq, p.micro_batch)
+                units.append(Unit("lm_head", None, head, 0.0, f_head / div, 0.0, 0.0,
                                   act, act_w / act if act else 0.0, mem.head_transient_bytes(m, p), kind="head"))
             out.append(units)
         return out

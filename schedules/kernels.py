@@ -555,29 +555,48 @@ def _experts(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str, 
 
 
 def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
+    """The final norm, LM head and loss; then, with multi-token prediction, each MTP module's parts besides its
+    transformer layer (a layer unit of its own): the embedding of the shifted tokens, enorm and hnorm, eh_proj
+    (2h -> h, column-parallel) and its own final norm, pass through the shared head and loss. Megatron-Core runs
+    those parts before and after the module's layer; they are priced here, after it, on the same stream."""
     v = m.vocab / sh.tp
     T, h = sh.T, sh.h
-    if phase == FORWARD:
-        _norm(w, "final norm", sh.rows, h, False, False)
-        _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
-        if w.fused_ce:  # fused cross-entropy (Megatron vocab-parallel, flash-attn xentropy): one read of the logits
-            w.ew("cross-entropy (fused)", T * v * w.a)
-        else:
-            w.ew("logits float cast", T * v * (w.a + FP32))
-            w.ew("log_softmax", T * v * 2 * FP32)
-        for i in range(w.train_metrics):    # no-grad eager cross-entropies of the train metrics
-            w.ew(f"train metric {i + 1} logits float cast", T * v * (w.a + FP32))
-            w.ew(f"train metric {i + 1} log_softmax", T * v * 2 * FP32)
-        return
-    if phase != BACKWARD_WEIGHT:
-        if w.fused_ce:
-            w.ew("cross-entropy bwd (fused)", T * v * 2 * w.a)
-        else:
-            w.ew("log_softmax bwd", T * v * 3 * FP32)
-            w.ew("logits grad cast", T * v * (FP32 + w.a))
-    _linear(w, "lm head", phase, T, v, h, fp8_ok=False)
-    if phase != BACKWARD_WEIGHT:
-        _norm(w, "final norm", sh.rows, h, True, False)
+    for k in range(m.mtp_layers + 1):
+        pre = f"mtp {k} " if k else ""
+        if phase == FORWARD:
+            if k:
+                w.ew(f"{pre}embedding gather", T * h * 2 * w.a)
+                _norm(w, f"{pre}enorm", sh.rows, h, False, False)
+                _norm(w, f"{pre}hnorm", sh.rows, h, False, False)
+                _linear(w, f"{pre}eh_proj", phase, T, h / sh.tp, 2 * h)
+            _norm(w, f"{pre}final norm", sh.rows, h, False, False)
+            _linear(w, f"{pre}lm head", phase, T, v, h, fp8_ok=False)
+            if w.fused_ce:  # fused cross-entropy (Megatron vocab-parallel, flash-attn xentropy): one read of the logits
+                w.ew(f"{pre}cross-entropy (fused)", T * v * w.a)
+            else:
+                w.ew(f"{pre}logits float cast", T * v * (w.a + FP32))
+                w.ew(f"{pre}log_softmax", T * v * 2 * FP32)
+            if not k:
+                for i in range(w.train_metrics):    # no-grad eager cross-entropies of the train metrics
+                    w.ew(f"train metric {i + 1} logits float cast", T * v * (w.a + FP32))
+                    w.ew(f"train metric {i + 1} log_softmax", T * v * 2 * FP32)
+            continue
+        if phase != BACKWARD_WEIGHT:
+            if w.fused_ce:
+                w.ew(f"{pre}cross-entropy bwd (fused)", T * v * 2 * w.a)
+            else:
+                w.ew(f"{pre}log_softmax bwd", T * v * 3 * FP32)
+                w.ew(f"{pre}logits grad cast", T * v * (FP32 + w.a))
+        _linear(w, f"{pre}lm head", phase, T, v, h, fp8_ok=False)
+        if phase != BACKWARD_WEIGHT:
+            _norm(w, f"{pre}final norm", sh.rows, h, True, False)
+        if k:
+            _linear(w, f"{pre}eh_proj", phase, T, h / sh.tp, 2 * h)
+            if phase != BACKWARD_WEIGHT:
+                _norm(w, f"{pre}enorm", sh.rows, h, True, False)
+                _norm(w, f"{pre}hnorm", sh.rows, h, True, False)
+            if phase != BACKWARD_INPUT:     # into the last stage's embedding copy (scatter-add, as _embedding)
+                w.ew(f"{pre}embedding grad", sh.T * sh.h * (w.a + 2 * FP32))
 
 
 def _embedding(w: _Writer, sh: _Shape, vocab: int, phase: str, learned_positions: bool = False) -> None:

@@ -73,6 +73,11 @@ def chunk_layers(model: ModelSpec, plan: ParallelPlan) -> list[list[int]]:
     return plan.piece_layers(model)
 
 
+def layer_name(model: ModelSpec, layer: int) -> str:
+    """A layer's unit name in programs: ``L<i>``; an MTP module's layer ``MTP<k>`` (k from 1)."""
+    return f"L{layer}" if layer < model.layers else f"MTP{layer - model.layers + 1}"
+
+
 def stage_chunks(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[list[int]]:
     """Layers of each chunk held by pipeline stage ``stage`` (chunk c holds piece ``plan.piece(stage, c)``)."""
     vs = chunk_layers(model, plan)
@@ -89,6 +94,21 @@ def holds_head(model: ModelSpec, plan: ParallelPlan, stage: int) -> bool:
     under PP)."""
     last = any(plan.piece(stage, c) == plan.pieces - 1 for c in range(plan.chunks))
     return last and not (model.tied_embeddings and plan.pp == 1)
+
+
+def head_unit_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Dense parameters one rank of ``stage`` holds with the LM head: the head (a separate copy of tied
+    embeddings under PP), the final norm and the MTP modules' parts besides their layers (eh_proj, norms; under
+    PP the last stage also keeps a copy of the embedding for them, as Megatron-Core's ``mtp_process`` stage
+    does). 0 for a stage without the last model piece."""
+    if not any(plan.piece(stage, c) == plan.pieces - 1 for c in range(plan.chunks)):
+        return 0.0
+    n = model.hidden + (model.head_params() / plan.tp if holds_head(model, plan, stage) else 0.0)
+    if model.mtp_layers and not model.params_only:
+        n += model.mtp_layers * (2 * model.hidden * model.hidden / plan.tp + 3 * model.hidden)
+        if plan.pp > 1 and not holds_embedding(plan, stage):
+            n += model.embedding_params() / plan.tp
+    return n
 
 
 def layer_param_split(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float]:
@@ -117,10 +137,7 @@ def rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float
     dense, expert = stage_layer_params(model, plan, stage)
     if holds_embedding(plan, stage):
         dense += model.embedding_params() / plan.tp
-    if holds_head(model, plan, stage):
-        dense += model.head_params() / plan.tp
-    if any(plan.piece(stage, c) == plan.pieces - 1 for c in range(plan.chunks)):
-        dense += model.hidden          # final norm
+    dense += head_unit_params(model, plan, stage)      # LM head, final norm, MTP projections
     return dense, expert
 
 
@@ -254,10 +271,18 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
 
 def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
     """Tensors the final norm, LM head and vocabulary-parallel cross-entropy keep (fp32 softmax of the
-    logits: Megatron-Core ``VocabParallelCrossEntropy`` saves them in fp32; torchtitan upcasts the logits)."""
+    logits: Megatron-Core ``VocabParallelCrossEntropy`` saves them in fp32; torchtitan upcasts the logits), and
+    those of each MTP module besides its layer (its norms, eh_proj input and its own pass through the head)."""
     tok, e, h = plan.seq / plan.cp * plan.micro_batch, model.dtype_bytes, model.hidden
-    return [Saved("final norm input", e * tok * h, "sp", "B"), Saved("final norm output", e * tok * h, "sp", "W"),
-            Saved("cross-entropy softmax (fp32)", STATS_BYTES * tok * model.vocab, "tp", "B")]
+    out = [Saved("final norm input", e * tok * h, "sp", "B"), Saved("final norm output", e * tok * h, "sp", "W"),
+           Saved("cross-entropy softmax (fp32)", STATS_BYTES * tok * model.vocab, "tp", "B")]
+    for k in range(model.mtp_layers):     # each MTP module: its norms, eh_proj's input and its own head pass
+        out += [Saved(f"mtp {k + 1} enorm / hnorm inputs", 2 * e * tok * h, "sp", "B"),
+                Saved(f"mtp {k + 1} eh_proj input", 2 * e * tok * h, "sp", "W"),
+                Saved(f"mtp {k + 1} final norm input", e * tok * h, "sp", "B"),
+                Saved(f"mtp {k + 1} final norm output", e * tok * h, "sp", "W"),
+                Saved(f"mtp {k + 1} cross-entropy softmax (fp32)", STATS_BYTES * tok * model.vocab, "tp", "B")]
+    return out
 
 
 def head_transient_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
@@ -466,8 +491,7 @@ def max_layer_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
             best = max(best, sum(layer_param_split(model, plan, l)))
     if holds_embedding(plan, stage):
         best = max(best, model.embedding_params() / plan.tp)
-    if holds_head(model, plan, stage):
-        best = max(best, model.head_params() / plan.tp)
+    best = max(best, head_unit_params(model, plan, stage))
     return best
 
 
@@ -479,10 +503,9 @@ def fsdp_units(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[list[tu
     for c, layers in enumerate(stage_chunks(model, plan, stage)):
         vs = c * plan.pp + stage
         units = [("embedding", model.embedding_params() / plan.tp, 0.0)] if vs == 0 else []
-        units += [(f"L{l}", *layer_param_split(model, plan, l)) for l in layers]
+        units += [(layer_name(model, l), *layer_param_split(model, plan, l)) for l in layers]
         if vs == nv - 1:
-            head = model.head_params() / plan.tp if holds_head(model, plan, stage) else 0.0
-            units.append(("lm_head", head + model.hidden, 0.0))
+            units.append(("lm_head", head_unit_params(model, plan, stage), 0.0))
         out.append(units)
     return out
 

@@ -89,6 +89,13 @@ class ModelSpec:
                   (absolute position table added to the token embedding)
     dropout       hidden dropout on the residual branches (None = GPT-style models with a 2-matrix MLP
                   have it, gated Llama-style ones do not)
+    mtp_layers    multi-token-prediction modules (DeepSeek-V3: 1; config.json ``num_nextn_predict_layers``).
+                  Module k predicts token i+k+1: it normalises the previous depth's hidden state and the
+                  embedding of token i+k (enorm, hnorm), projects their concatenation (eh_proj, 2h -> h), runs
+                  one transformer layer of the model's last layer's kind and the shared LM head and loss.
+                  It shares the embedding and the LM head (Megatron-Core keeps a copy of the embedding on the
+                  last pipeline stage for it) and runs on the last model piece (Megatron-Core's default
+                  ``mtp_process`` placement). Its layer has index ``layers + k`` in per-layer functions.
     """
 
     name: str
@@ -116,6 +123,7 @@ class ModelSpec:
     total_params: float | None = None
     position_embedding: str = "rope"
     dropout: bool | None = None
+    mtp_layers: int = 0
 
     def __post_init__(self):
         if self.total_params is not None:
@@ -128,7 +136,7 @@ class ModelSpec:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
         for f in ("experts", "shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim",
-                  "v_head_dim"):
+                  "v_head_dim", "mtp_layers"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"model {self.name}: {f} must be a non-negative integer, got {v!r}")
@@ -180,7 +188,9 @@ class ModelSpec:
         return self.kv_lora_rank > 0
 
     def is_moe_layer(self, layer: int) -> bool:
-        return self.is_moe and layer >= self.first_dense_layers
+        """Whether layer ``layer`` has routed experts (an MTP module's layer, index >= layers, is of the last
+        layer's kind)."""
+        return self.is_moe and min(layer, self.layers - 1) >= self.first_dense_layers
 
     # ------------------------------------------------------------------ parameters
     def _mlp_params(self, width: int) -> int:
@@ -222,8 +232,20 @@ class ModelSpec:
         """LM head parameters (0 extra when tied, but the last stage still holds a copy under PP)."""
         return self.vocab * self.hidden
 
+    def mtp_extra_params(self) -> int:
+        """Parameters of one MTP module besides its transformer layer: eh_proj (2h x h) and its three norms
+        (enorm, hnorm, the final norm); the embedding and LM head are the model's."""
+        return 2 * self.hidden * self.hidden + 3 * self.hidden
+
+    def mtp_param_count(self) -> float:
+        """Parameters of the MTP modules (not in ``param_count``: DeepSeek-V3's 671 B leave its 14 B module out,
+        counting the shared embedding and head there)."""
+        if self.params_only or not self.mtp_layers:
+            return 0.0
+        return float(self.mtp_layers * (self.layer_params(self.layers) + self.mtp_extra_params()))
+
     def param_count(self) -> float:
-        """Total parameters (embedding, layers, final norm, untied LM head)."""
+        """Total parameters (embedding, layers, final norm, untied LM head; MTP modules: ``mtp_param_count``)."""
         if self.total_params is not None:
             return float(self.total_params)
         n = self.embedding_params() + sum(self.layer_params(i) for i in range(self.layers)) + self.hidden
@@ -267,6 +289,13 @@ class ModelSpec:
         self._require_shape()
         return 2.0 * seq * micro_batch * self.vocab * self.hidden
 
+    def mtp_extra_flops(self, seq: int, micro_batch: int) -> float:
+        """Forward FLOPs of the MTP modules besides their transformer layers: each module's eh_proj and its
+        pass through the shared LM head (B and W cost the same each)."""
+        self._require_shape()
+        t = float(seq) * micro_batch
+        return self.mtp_layers * (2.0 * t * 2 * self.hidden * self.hidden + self.head_flops(seq, micro_batch))
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -274,8 +303,11 @@ class ModelSpec:
 def model_flops_per_step(model: ModelSpec, seq: int, global_batch: int) -> float:
     """Model FLOPs of one training step (forward + backward, no recomputation): the MFU numerator.
 
-    Equals 6·N_active·tokens plus attention's 12·L·s·(heads·head_dim)·tokens, less the embedding lookup."""
-    per_seq = sum(model.layer_flops(i, seq, 1).total for i in range(model.layers)) + 3 * model.head_flops(seq, 1)
+    Equals 6·N_active·tokens plus attention's 12·L·s·(heads·head_dim)·tokens, less the embedding lookup; the MTP
+    modules' layers, projections and head passes count too (Megatron-Core's FLOP count includes them)."""
+    layers = range(model.layers + model.mtp_layers)
+    per_seq = sum(model.layer_flops(i, seq, 1).total for i in layers) + 3 * model.head_flops(seq, 1) \
+        + 3 * model.mtp_extra_flops(seq, 1)
     return per_seq * global_batch
 
 
@@ -297,7 +329,7 @@ def layer_flops_backward_weight(model: ModelSpec, layer: int, seq: int, micro_ba
 #   Llama 3 8B / 70B / 405B: Llama Team 2024 "The Llama 3 Herd of Models", table 3 (vocab 128,256).
 #   Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json.
 #   DeepSeek-V3: DeepSeek-AI 2024 tech report, sec. 4.2 and the released config.json (MLA, 1 shared +
-#   256 routed experts, top-8, first 3 layers dense). The multi-token-prediction module is not modelled.
+#   256 routed experts, top-8, first 3 layers dense, one multi-token-prediction module: num_nextn_predict_layers = 1).
 #: Megatron-LM's 2021 GPT family (Narayanan et al. 2021, table 1, and table 2's 174.6B): size -> (heads, hidden,
 #: layers); presets ``megatron-gpt-<size>`` (below). Their published runs predate FlashAttention.
 _MEGATRON_GPT_2021 = {"1.7b": (24, 2304, 24), "3.6b": (32, 3072, 30), "7.5b": (32, 4096, 36),
@@ -318,7 +350,7 @@ _PRESETS: dict[str, ModelSpec] = {
     "deepseek-v3": ModelSpec("deepseek-v3", layers=61, hidden=7168, ffn=18432, heads=128, kv_heads=128,
                              vocab=129280, experts=256, top_k=8, moe_ffn=2048, shared_experts=1,
                              first_dense_layers=3, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
-                             qk_rope_dim=64, v_head_dim=128),
+                             qk_rope_dim=64, v_head_dim=128, mtp_layers=1),
     # Llama 2 7B / 13B / 70B: Touvron et al. 2023, table 1 and the released config.json (vocab 32,000; 70B GQA 8).
     "llama2-7b": ModelSpec("llama2-7b", layers=32, hidden=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000),
     "llama2-13b": ModelSpec("llama2-13b", layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40, vocab=32000),
@@ -484,7 +516,8 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
                   moe_ffn=key("moe_intermediate_size", required=True), shared_experts=key("n_shared_experts", 0) or 0,
                   first_dense_layers=key("first_k_dense_replace", 0) or 0, head_dim=key("qk_nope_head_dim", required=True),
                   q_lora_rank=key("q_lora_rank") or 0, kv_lora_rank=key("kv_lora_rank", required=True),
-                  qk_rope_dim=key("qk_rope_head_dim", required=True), v_head_dim=key("v_head_dim", required=True))
+                  qk_rope_dim=key("qk_rope_head_dim", required=True), v_head_dim=key("v_head_dim", required=True),
+                  mtp_layers=count("num_nextn_predict_layers", 0) if key("num_nextn_predict_layers") is not None else 0)
     try:
         return ModelSpec(**kw)
     except TypeError as e:

@@ -572,11 +572,16 @@ class ParallelPlan:
         return tuple(out)
 
     def piece_layers(self, model) -> list[list[int]]:
-        """Layer indices of each model piece, in piece order."""
+        """Layer indices of each model piece, in piece order. The last piece also runs the model's
+        multi-token-prediction modules' layers (indices ``layers`` .. ``layers + mtp_layers - 1``; Megatron-Core
+        places them with the loss, on the last stage)."""
         out, start = [], 0
         for n in self.piece_layer_counts(model):
             out.append(list(range(start, start + n)))
             start += n
+        mtp = getattr(model, "mtp_layers", 0)
+        if mtp and out:
+            out[-1] += list(range(start, start + mtp))
         return out
 
     # ------------------------------------------------------------------ mesh
@@ -819,14 +824,18 @@ def _piece_layer_counts(plan: ParallelPlan, model) -> tuple[int, ...]:
 
 
 def _extra_cost(model, seq: int) -> tuple[float, float]:
-    """(embedding, LM head + loss) time relative to one transformer layer, from FLOPs (forward + both
-    backward halves). The lookup has no FLOPs; it counts as a token-sized epsilon so that ties give the
+    """(embedding, LM head + loss and the MTP modules) time relative to one transformer layer, from FLOPs
+    (forward + both backward halves). The lookup has no FLOPs; it counts as a token-sized epsilon so that ties give the
     first piece fewer layers (Llama 3 405B takes one layer off the first and the last stage, Dubey et al.
     2024, sec. 3.3.2)."""
     if getattr(model, "params_only", False):
         return 0.0, 0.0
     layer = sum(model.layer_flops(l, seq, 1).total for l in range(model.layers)) / model.layers
     head = 3.0 * model.head_flops(seq, 1)
+    mtp = getattr(model, "mtp_layers", 0)
+    if mtp:     # the MTP modules run on the last piece: their layers, projections and head passes
+        head += sum(model.layer_flops(model.layers + k, seq, 1).total for k in range(mtp)) \
+            + 3.0 * model.mtp_extra_flops(seq, 1)
     return 1e-6, head / layer
 
 
