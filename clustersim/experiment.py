@@ -50,11 +50,13 @@ DTYPES = ("bf16", "fp8")
 STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torchtitan-compile-loss")
 GRAD_REDUCE_DTYPES = ("auto", "bf16", "fp32")
 EXPERT_GRIDS = ("folded", "carved")
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")     # schedules.plan.MOE_DISPATCHERS
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION,
            "attention_kernel": ATTENTION_KERNELS,
-           "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS}
+           "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS,
+           "moe_dispatcher": MOE_DISPATCHERS}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
@@ -90,6 +92,7 @@ class Experiment:
     fsdp_prefetch: int = 1
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False        # Transformer Engine userbuffers TP overlap (megatron stack, tp > 1, sp)
+    moe_dispatcher: str = "alltoall"     # MoE token dispatcher: alltoall | deepep | hybridep (deduplicating)
     overlap_param_gather: bool = True
     skew: float = 0.0
     axis_order: str = "tp-cp-ep-dp-pp"
@@ -295,6 +298,10 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--expert-grid", type=click.Choice(EXPERT_GRIDS),
                      help="MoE with cp > 1: folded (Megatron-Core >= 0.10, the default: EP groups take CP peers "
                      "first) or carved (<= 0.9: EP inside data parallelism)."),
+        click.option("--moe-dispatcher", type=click.Choice(MOE_DISPATCHERS),
+                     help="MoE token dispatcher: alltoall (Megatron-Core's default: a token goes once per routed "
+                     "expert) | deepep | hybridep (its flex dispatcher: once per GPU holding one of the token's "
+                     "experts inside an NVLink domain, once per other domain across domains)."),
         click.option("--cp", type=int, help="Context-parallel degree."),
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage 0-3."),
         click.option("--fsdp", is_flag=True, default=None, help="Fully sharded data parallel (ZeRO-3 style)."),
@@ -368,7 +375,7 @@ def simulate_options(f: Callable) -> Callable:
 
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
-               "experts", "top_k", "mtp_layers", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
+               "experts", "top_k", "mtp_layers", "moe_dispatcher", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "recompute_modules", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
@@ -555,6 +562,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               attention=exp.attention, attention_kernel=exp.attention_kernel, dtype=exp.dtype,
               stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               grad_reduce_dtype=exp.grad_reduce_dtype, tp_comm_overlap=exp.tp_comm_overlap,
+              moe_dispatcher=exp.moe_dispatcher,
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
@@ -714,9 +722,9 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     if not symmetric and check_budget:
         # size the full run from its symmetric twin before building 16k programs
         from clustersim.guards import check_budget as guard
-        twin = build_programs(model, plan, world, symmetric=True)
+        twin = build_programs(model, plan, world, symmetric=True, scale_up_domain=cluster.domain_size)
         guard(twin.represented_op_count, "full", symmetric_ops=twin.op_count, timeline=timeline, network=exp.network)
-    programs = build_programs(model, plan, world, symmetric=symmetric)
+    programs = build_programs(model, plan, world, symmetric=symmetric, scale_up_domain=cluster.domain_size)
     if hasattr(cost, "bind"):
         cost = cost.bind(programs)
     if programs.symmetric:
@@ -727,7 +735,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
             if mode == "symmetric":
                 raise ConfigError(f"symmetric mode is not valid here: {e}; use --mode full") from None
             notes.append(f"symmetric mode not valid ({e}); simulated every rank")
-            programs = build_programs(model, plan, world, symmetric=False)
+            programs = build_programs(model, plan, world, symmetric=False, scale_up_domain=cluster.domain_size)
         else:
             programs = refined.programs
             if refined.note():

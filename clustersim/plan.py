@@ -23,7 +23,8 @@ from schedules.kernels import DTYPES, GRAD_REDUCE_DTYPES, STACKS, default_stack
 from schedules.memory import memory_per_rank
 from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
 from schedules.pipeline import SCHEDULES
-from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, RECOMPUTE, RESHARD, ParallelPlan,
+from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, MOE_DISPATCHERS, RECOMPUTE, RESHARD,
+                            ParallelPlan,
                             parse_memory_limit, parse_recompute_modules, parse_stage_layers)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
@@ -69,6 +70,9 @@ def plan_options(f):
         click.option("--expert-grid", type=click.Choice(EXPERT_GRIDS), default="folded", show_default=True,
                      help="MoE with cp > 1: Megatron-Core >= 0.10's expert grid (EP groups take CP peers first) or "
                           "<= 0.9's (EP inside data parallelism)."),
+        click.option("--moe-dispatcher", type=click.Choice(MOE_DISPATCHERS), default="alltoall", show_default=True,
+                     help="MoE token dispatcher: alltoall, or the deduplicating deepep / hybridep (a token once per "
+                          "destination GPU in an NVLink domain, once per other domain)."),
         click.option("--cp", type=int, default=1, show_default=True, help="Context parallel degree."),
         click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage."),
         click.option("--fsdp", is_flag=True, help="FSDP full sharding (ZeRO-3, per-layer units)."),
@@ -153,7 +157,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       memory_limit=None, attention: str = "flash",
                       fsdp_reshard_after_forward: str = "auto", dtype: str = "bf16", stack: str | None = None,
                       grad_reduce_dtype: str = "auto", etp: int | None = None, expert_grid: str = "folded",
-                      tp_comm_overlap: bool = False, **_ignored) -> ParallelPlan:
+                      tp_comm_overlap: bool = False, moe_dispatcher: str = "alltoall", **_ignored) -> ParallelPlan:
     """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp); stack None: megatron."""
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus), ("etp", etp)):
         if v is not None and (not isinstance(v, int) or v < 1):
@@ -177,7 +181,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                         attention=attention, fsdp_reshard_after_forward=fsdp_reshard_after_forward,
                         dtype=dtype, stack=stack or "megatron", grad_reduce_dtype=grad_reduce_dtype, etp=etp or 0,
                         expert_grid=expert_grid or "folded", tp_comm_overlap=bool(tp_comm_overlap),
-                        **parse_memory_limit(memory_limit, pp))
+                        moe_dispatcher=moe_dispatcher or "alltoall", **parse_memory_limit(memory_limit, pp))
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -206,10 +210,12 @@ def _params_only_comm(model: ModelSpec, plan: ParallelPlan) -> dict:
 
 
 def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = None,
-                world_size: int | None = None, peak_flops: float | None = None) -> dict:
+                world_size: int | None = None, peak_flops: float | None = None,
+                scale_up_domain: int | None = None) -> dict:
     """Validated plan, memory per rank class, fit, communication per step (bytes per rank, nccl-tests bus
     bytes, maximum over rank classes), pipeline stages (``stage_table``; with the device's dense bf16 peak
-    ``peak_flops`` their compute time at peak)."""
+    ``peak_flops`` their compute time at peak). ``scale_up_domain``: GPUs per NVLink domain (the --cluster's),
+    which decides what a deduplicating MoE dispatcher sends."""
     from schedules.generate import build_programs, comm_volume
 
     world_size = world_size or plan.world_size
@@ -218,7 +224,7 @@ def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = 
     if model.params_only:
         vol = _params_only_comm(model, plan)
     else:
-        vol = comm_volume(build_programs(model, plan, world_size))
+        vol = comm_volume(build_programs(model, plan, world_size, scale_up_domain=scale_up_domain))
     peak = max(d["total"] for d in mem.values())
     out = {
         "model": {"name": model.name, "parameters": model.param_count(),
@@ -314,7 +320,7 @@ def plan(cluster, hbm_gb, as_json, **kw):
         p = dataclasses.replace(p, stack=default_stack(c.accelerator.vendor))
     hbm = _device_memory(device, hbm_gb)
     peak = float(device.peak_bf16_flops) if device is not None and p.pp > 1 else None     # dense bf16 peak
-    rep = plan_report(model, p, hbm, gpus, peak)
+    rep = plan_report(model, p, hbm, gpus, peak, scale_up_domain=getattr(c, "domain_size", None))
     if as_json:
         click.echo(json.dumps(rep, indent=2, sort_keys=True, default=float))
         return

@@ -271,11 +271,12 @@ def ep_critical_comm_s(model, plan, cost) -> list[float]:
     and combine in the forward and in the backward, of micro-batch·seq/cp/tp·top_k·hidden activations),
     priced on the EP group of the stage's first rank: that rank's own serial work bounds the step. Zeros
     without expert parallelism."""
-    from schedules.generate import ep_dispatch_bytes
+    from schedules.generate import ep_destinations, ep_dispatch_bytes
     from simulator.costs import CommRequest
     if not model.is_moe or plan.ep == 1:
         return [0.0] * plan.pp
-    size = ep_dispatch_bytes(model, plan)
+    cluster = getattr(cost, "cluster", None)
+    size = ep_dispatch_bytes(model, plan, ep_destinations(model, plan, getattr(cluster, "domain_size", None)))
     out = []
     for s in range(plan.pp):
         first = plan.rank_of(pp=s)

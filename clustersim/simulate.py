@@ -83,6 +83,7 @@ def print_summary(outcome, console=None) -> None:
     plan_str = (f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else "") + (f" etp{p.expert_tp}" if p.folded else "") + (f" cp{p.cp}" if p.cp > 1 else "")
                 + (" sp" if getattr(p, "sp", False) else "") + (" tp-overlap" if getattr(p, "tp_comm_overlap", False) else "")
                 + (" fsdp" if getattr(p, "fsdp", False) else "")
+                + (f" {p.moe_dispatcher}" if getattr(p, "moe_dispatcher", "alltoall") != "alltoall" else "")
                 + (f" zero{p.zero}" if getattr(p, "zero", 0) else "")
                 + f" · {p.schedule}" + (f" v{p.virtual_stages}" if getattr(p, "virtual_stages", 1) > 1 else "")
                 + f" · mb {p.micro_batch} · gb {p.global_batch} · seq {p.seq}")

@@ -494,6 +494,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
               micro_batch=mbs, global_batch=gbs)
     if base.mtp_layers:
         _mtp_and_layout(row, base, pp, vp, kw, notes)
+    dispatcher = stated_moe_dispatcher(row, ep)
+    if dispatcher and "moe_dispatcher" in fields:
+        kw["moe_dispatcher"] = dispatcher[0]
+        notes.append(dispatcher[1])
     etp = _int(row, "etp")
     if ep > 1 and etp and etp != tp:     # the recipe's expert TP (Megatron's default is tp): folded experts
         kw["etp"] = etp
@@ -535,6 +539,38 @@ def _mtp_and_layout(row: dict, base, pp: int, vp: int, kw: dict, notes: list[str
         notes.append(f"pipeline layout of Megatron-Bridge's DeepSeek-V3 recipe (PP{pp} VP{vp}): decoder layers "
                      f"{','.join(map(str, layout))} per virtual stage, the embedding with the first, the MTP module "
                      f"and the loss with the last")
+
+
+#: MoE token dispatchers Megatron-Bridge's DeepSeek-V3 performance configs set (``moe_flex_dispatcher_backend``,
+#: scripts/performance/configs/deepseek/; the launcher keeps it unless told otherwise: --moe_flex_dispatcher_backend
+#: defaults to -1): v0.2.x (NeMo 25.11) HybridEP on GB200, DeepEP on H100, none (alltoall) on B200; v0.3.0-v0.5.x
+#: (NeMo 26.02-26.08) HybridEP everywhere but v0.5.0's B200 FP8-MX V2 config (PP8 VP2 EP32, NeMo 26.04.01): DeepEP.
+#: v0.1.x (NeMo 25.09) has no flex dispatcher (alltoall). (release, hardware class) -> backend; ("*", "B200", 32)
+#: the EP32 exception.
+BRIDGE_DEEPSEEK_DISPATCHER = {
+    ("NeMo 25.11", "GB200"): "hybridep", ("NeMo 25.11", "H100"): "deepep",
+    **{(rel, hw): "hybridep" for rel in ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06",
+                                         "NeMo 26.06.01", "NeMo 26.08") for hw in ("GB200", "B200", "H100")},
+    ("NeMo 26.04.01", "B200", 32): "deepep",
+}
+
+
+def stated_moe_dispatcher(row: dict, ep: int) -> tuple[str, str] | None:
+    """(moe_dispatcher, note) a DeepSeek-V3 row's recipe or source states: Megatron-Bridge's performance configs
+    (``BRIDGE_DEEPSEEK_DISPATCHER``), NeMo AutoModel's table notes naming DeepEP; None: alltoall."""
+    if row.get("model") != "DeepSeek-V3 671B" or ep <= 1:
+        return None
+    fw, rel = row.get("framework", ""), (row.get("release") or "").strip()
+    if "AutoModel" in fw and "DeepEP" in (row.get("notes") or ""):
+        return "deepep", "DeepEP dispatch, as the table's notes state (kernel optimizations: TE + DeepEP)"
+    if RECIPE_FRAMEWORK not in fw:
+        return None
+    hw = hardware_class(row.get("hardware", ""))
+    backend = BRIDGE_DEEPSEEK_DISPATCHER.get((rel, hw, ep)) or BRIDGE_DEEPSEEK_DISPATCHER.get((rel, hw))
+    if backend is None:
+        return None
+    return backend, (f"{'HybridEP' if backend == 'hybridep' else 'DeepEP'} dispatch (Megatron-Core's flex dispatcher), "
+                     f"as Megatron-Bridge's DeepSeek-V3 performance config of {rel} sets it")
 
 
 def runs_tp_overlap(row: dict, stack: str | None, tp: int, model) -> bool:

@@ -26,6 +26,7 @@ part W still needs under ZB-H1); gathered FSDP weights and unsharded gradients a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,7 +82,7 @@ class Template:
 
 class _StageBuilder:
     def __init__(self, model: ModelSpec, plan: ParallelPlan, stage: int, orders: list[list[Action]],
-                 load: float, families: dict[str, str]):
+                 load: float, families: dict[str, str], ep_copies: float | None = None):
         self.m, self.p, self.s = model, plan, stage
         self.orders = orders
         self.load = load
@@ -91,7 +92,8 @@ class _StageBuilder:
         self.tokens_rank = plan.micro_batch * plan.seq / plan.cp
         self.act_msg = self.tokens_rank * model.hidden * self.dt / (plan.tp if plan.sp else 1)
         self.tp_bytes = self.tokens_rank * model.hidden * self.dt
-        self.ep_bytes = ep_dispatch_bytes(model, plan)
+        self.ep_bytes = ep_dispatch_bytes(model, plan)            # top_k copies per token: what experts compute
+        self.ep_wire_bytes = ep_dispatch_bytes(model, plan, ep_copies)  # what the dispatcher sends (dedup)
         self.nv = plan.pieces
         self.units = self._units()
         self.zero = plan.zero_stage
@@ -692,7 +694,8 @@ class _StageBuilder:
             idx = self.coll(f"etp {item[1]}", item[1], "etp", self.ep_bytes * p.expert_tp, "compute", d,
                             strategy="ep", **kw)
         else:
-            idx = self.coll("ep all_to_all", "all_to_all", "ep", self.ep_bytes, "compute", d, strategy="ep", **kw)
+            idx = self.coll("ep all_to_all", "all_to_all", "ep", self.ep_wire_bytes, "compute", d, strategy="ep",
+                            **kw)
         return idx
 
     def _kernels(self, u: Unit, phase: str, item: str):
@@ -877,10 +880,47 @@ def _families(plan: ParallelPlan) -> dict[str, str]:
     return {"grad_dense": dense, "grad_expert": expert}
 
 
-def ep_dispatch_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+#: GPUs per scale-up (NVLink) domain assumed by ``build_programs`` when its caller names none: a DGX node
+DEFAULT_SCALE_UP_DOMAIN = 8
+
+
+def ep_dispatch_bytes(model: ModelSpec, plan: ParallelPlan, destinations: float | None = None) -> float:
     """Bytes one rank sends in an expert-parallel dispatch (or combine) all-to-all per micro-batch: its
-    sequence-parallel share of the micro-batch's tokens, top_k copies each, hidden-wide activations."""
-    return plan.micro_batch * plan.seq / plan.cp / plan.tp * model.top_k * model.hidden * model.dtype_bytes
+    sequence-parallel share of the micro-batch's tokens, ``destinations`` copies each (default top_k: the
+    alltoall dispatcher; ``ep_destinations`` for the deduplicating ones), hidden-wide activations."""
+    copies = model.top_k if destinations is None else destinations
+    return plan.micro_batch * plan.seq / plan.cp / plan.tp * copies * model.hidden * model.dtype_bytes
+
+
+def expected_distinct(experts: int, top_k: int, units: int) -> float:
+    """Expected number of ``units`` (GPUs or domains, each holding experts/units of the ``experts``) that hold
+    at least one of a token's ``top_k`` experts, for uniform routing (top_k distinct experts drawn at
+    random): units · (1 - C(experts - per, top_k) / C(experts, top_k)), per = experts / units."""
+    if units <= 1:
+        return float(units)
+    per = experts / units
+    if per == int(per):
+        miss = math.comb(experts - int(per), top_k) / math.comb(experts, top_k)
+    else:                       # experts not spread evenly: draws with replacement (an upper bound on misses)
+        miss = (1.0 - 1.0 / units) ** top_k
+    return units * (1.0 - miss)
+
+
+def ep_destinations(model: ModelSpec, plan: ParallelPlan, scale_up_domain: int | None = None) -> float:
+    """Copies of a token one dispatch (or combine) puts on the wire, per routed token: top_k under Megatron-
+    Core's alltoall dispatcher (one per routed expert, even two on one GPU). Its flex dispatcher with DeepEP or
+    HybridEP sends a token once to each GPU holding one of its experts when the EP group lies in one scale-up
+    domain (``expected_distinct`` over the EP ranks), and once to each other domain holding one across domains
+    (RDMA to the GPU of the same rail there, which forwards it over NVLink: ``expected_distinct`` over the
+    domains the group spans; the NVLink forwarding is not counted, nor DeepSeek's node-limited routing, which
+    caps the domains a token reaches). Uniform routing; the worst EP group of the plan."""
+    if plan.moe_dispatcher == "alltoall" or plan.ep <= 1 or not model.experts:
+        return float(model.top_k)
+    domain = scale_up_domain or DEFAULT_SCALE_UP_DOMAIN
+    groups = [g for g in plan.groups("ep") if len(g) > 1]
+    span = max((len({r // domain for r in g}) for g in groups), default=1)
+    units = len(groups[0]) if span == 1 and groups else span
+    return expected_distinct(model.experts, model.top_k, units)
 
 
 def ep_load(plan: ParallelPlan, e: int, capacity_factor: float | None) -> float:
@@ -893,11 +933,13 @@ def ep_load(plan: ParallelPlan, e: int, capacity_factor: float | None) -> float:
 
 
 def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None = None, *,
-                   symmetric: bool = True) -> Programs:
+                   symmetric: bool = True, scale_up_domain: int | None = None) -> Programs:
     """Programs of one training step of ``model`` under ``plan``.
 
     symmetric=True: one representative per class of identical ranks (stage x CP rank, x EP rank when the
-    routing is skewed), ``Programs.classes`` set; False: every rank, classes None."""
+    routing is skewed), ``Programs.classes`` set; False: every rank, classes None. ``scale_up_domain``: GPUs
+    per NVLink domain of the cluster (default ``DEFAULT_SCALE_UP_DOMAIN``), which decides what a deduplicating
+    MoE dispatcher sends (``ep_destinations``)."""
     if world_size is None:
         world_size = plan.world_size
     plan.validate(model, world_size)
@@ -922,6 +964,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
     orders = [list(plan.stage_order(s, model)) for s in range(plan.pp)]
     families = _families(plan)
     skewed = plan.skew > 0 and plan.ep > 1
+    ep_copies = ep_destinations(model, plan, scale_up_domain)
 
     templates: dict[tuple, Template] = {}
 
@@ -931,7 +974,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
         if t is None:
             load = ep_load(plan, e if skewed else 0, model.capacity_factor) if skewed else \
                 (1.0 if model.capacity_factor is None else min(1.0, model.capacity_factor))
-            t = templates[key] = _StageBuilder(model, plan, stage, orders, load, families).build()
+            t = templates[key] = _StageBuilder(model, plan, stage, orders, load, families, ep_copies).build()
             t.key = key
         return t
 

@@ -56,6 +56,10 @@ ATTENTION = ("flash", "eager")
 ATTENTION_KERNELS = ("auto", "flash2", "triton")      # FlashAttention kernels (schedules.kernels.ATTENTION_IMPL)
 RESHARD = ("auto", "true", "false")
 EXPERT_GRIDS = ("folded", "carved")
+#: MoE token dispatchers: Megatron-Core's alltoall (each token sent once per routed expert) and the
+#: deduplicating ones of its flex dispatcher, DeepEP and HybridEP (once per destination GPU inside a scale-up
+#: domain, once per destination domain across domains: RDMA to one GPU there, NVLink forwarding inside)
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
 
@@ -120,6 +124,10 @@ class ParallelPlan:
                          reduce-scatter of a layer runs beside the GEMM it feeds or drains, the GEMMs split
                          into chunks and some on fewer SMs (schedules.kernels.UB_OVERLAP); needs tp > 1, sp
                          and the megatron stack
+    moe_dispatcher       alltoall (Megatron-Core's alltoall dispatcher: a token goes once to each of its
+                         top_k experts' ranks) | deepep | hybridep (Megatron-Core's flex dispatcher: once to
+                         each GPU holding one of its experts within a scale-up domain, once to each other
+                         domain holding one across domains; see schedules.generate.ep_dispatch_bytes)
     """
 
     dp: int = 1
@@ -161,6 +169,7 @@ class ParallelPlan:
     etp: int = 0
     expert_grid: str = "folded"
     tp_comm_overlap: bool = False
+    moe_dispatcher: str = "alltoall"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -340,6 +349,8 @@ class ParallelPlan:
                             f"got {self.fsdp_reshard_after_forward!r}")
         if self.expert_grid not in EXPERT_GRIDS:
             raise PlanError(f"expert_grid must be one of {', '.join(EXPERT_GRIDS)}, got {self.expert_grid!r}")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise PlanError(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
         if self.tp_comm_overlap is True:
             why = ("it overlaps the TP collectives, so it needs --tp > 1" if self.tp <= 1 else
                    "Transformer Engine overlaps the sequence-parallel all-gathers and reduce-scatters, so it "
@@ -441,7 +452,7 @@ class ParallelPlan:
                 raise PlanError(f"{f} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
         for f in ("schedule", "recompute", "axis_order", "layer_split", "attention", "attention_kernel",
                   "fsdp_reshard_after_forward",
-                  "expert_grid"):
+                  "expert_grid", "moe_dispatcher"):
             v = getattr(self, f)
             if not isinstance(v, str):
                 raise PlanError(f"{f} must be a string, got {v!r}")

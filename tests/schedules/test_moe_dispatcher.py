@@ -1,0 +1,78 @@
+"""Deduplicating MoE dispatchers (Megatron-Core's flex dispatcher with DeepEP / HybridEP): the expected copies
+of a token on the wire against brute-force enumeration, and what the programs send and compute."""
+import dataclasses
+import itertools
+
+import pytest
+
+from schedules import build_programs, get_model
+from schedules.generate import ep_destinations, ep_dispatch_bytes, expected_distinct
+from schedules.plan import ParallelPlan
+from simulator.errors import PlanError
+
+MOE = dataclasses.replace(get_model("tiny-moe"), experts=16, top_k=4)
+SEQ = 128
+
+
+@pytest.mark.parametrize("experts, top_k, units", [(8, 2, 4), (16, 4, 8), (16, 4, 2), (12, 3, 3), (8, 8, 4)])
+def test_expected_distinct_matches_enumeration(experts, top_k, units):
+    """Every top_k subset of the experts equally likely (uniform routing); experts/units per unit, in order."""
+    per = experts // units
+    subsets = list(itertools.combinations(range(experts), top_k))
+    mean = sum(len({e // per for e in c}) for c in subsets) / len(subsets)
+    assert expected_distinct(experts, top_k, units) == pytest.approx(mean, rel=1e-12)
+
+
+def test_destinations_per_dispatcher_and_placement():
+    across = ParallelPlan(dp=16, ep=16, seq=SEQ, moe_dispatcher="deepep")     # 16 EP ranks over two 8-GPU nodes
+    inside = ParallelPlan(dp=8, ep=8, seq=SEQ, moe_dispatcher="hybridep")
+    assert ep_destinations(MOE, dataclasses.replace(across, moe_dispatcher="alltoall"), 8) == MOE.top_k
+    assert ep_destinations(MOE, inside, 8) == pytest.approx(expected_distinct(16, 4, 8))       # per GPU
+    assert ep_destinations(MOE, across, 8) == pytest.approx(expected_distinct(16, 4, 2))       # per node
+    assert ep_destinations(MOE, across, 16) == pytest.approx(expected_distinct(16, 4, 16))     # one domain
+    assert ep_destinations(MOE, across, 8) < ep_destinations(MOE, inside, 8) < MOE.top_k
+
+
+def test_programs_send_fewer_copies_and_compute_the_same():
+    base = ParallelPlan(dp=16, ep=16, seq=SEQ, global_batch=16)
+    dedup = dataclasses.replace(base, moe_dispatcher="deepep")
+    a, b = build_programs(MOE, base, scale_up_domain=8), build_programs(MOE, dedup, scale_up_domain=8)
+    r = next(iter(a.ops))
+    size = [op.size_bytes for op in a.ops[r] if op.collective == "all_to_all"]
+    size_d = [op.size_bytes for op in b.ops[r] if op.collective == "all_to_all"]
+    assert len(size) == len(size_d) > 0
+    assert size == pytest.approx([ep_dispatch_bytes(MOE, base)] * len(size))
+    assert size_d == pytest.approx([ep_dispatch_bytes(MOE, base) * expected_distinct(16, 4, 2) / MOE.top_k]
+                                   * len(size))
+    flops = [sum(op.flops for op in p.ops[r] if op.kind == "compute") for p in (a, b)]
+    assert flops[0] == flops[1]
+
+
+def test_dedup_never_slows_the_step():
+    from topologies import load_cluster
+    from topologies.cost import ClusterCostModel
+    from simulator.engine import run
+    cluster = load_cluster("dgx-h100", 16)
+    cost = ClusterCostModel(cluster)
+    base = ParallelPlan(dp=16, ep=16, seq=SEQ, global_batch=16)
+    t = [run(build_programs(MOE, dataclasses.replace(base, moe_dispatcher=d), scale_up_domain=cluster.domain_size),
+             cost).step_time_s for d in ("alltoall", "deepep")]
+    assert t[1] < t[0]
+
+
+def test_unknown_dispatcher_is_refused():
+    with pytest.raises(PlanError, match="moe_dispatcher"):
+        ParallelPlan(dp=2, ep=2, moe_dispatcher="nccl").validate(MOE, 2)
+
+
+def test_validate_takes_the_recipes_dispatcher():
+    from clustersim.validate import stated_moe_dispatcher
+    row = {"model": "DeepSeek-V3 671B", "framework": "Megatron-Bridge / Megatron-Core", "hardware": "B200 (DGX-B200)"}
+    assert stated_moe_dispatcher({**row, "release": "NeMo 26.04.01"}, 32)[0] == "deepep"
+    assert stated_moe_dispatcher({**row, "release": "NeMo 26.02"}, 8)[0] == "hybridep"
+    assert stated_moe_dispatcher({**row, "release": "NeMo 25.11"}, 8) is None          # v0.2.x B200: alltoall
+    assert stated_moe_dispatcher({**row, "release": "NeMo 25.09"}, 8) is None          # no flex dispatcher yet
+    auto = {"model": "DeepSeek-V3 671B", "framework": "NeMo AutoModel (PyTorch, FSDP2)", "hardware": "H100-SXM",
+            "notes": "kernel optimizations: TE + DeepEP"}
+    assert stated_moe_dispatcher(auto, 64)[0] == "deepep"
+    assert stated_moe_dispatcher({**auto, "model": "Grok-1 314B"}, 8) is None
