@@ -60,6 +60,7 @@ CLUSTERS = {"A100-40GB": "dgx-a100-40gb.yaml", "A100": "dgx-a100", "H100": "dgx-
 #: GB200 jobs of 64·k GPUs (not a multiple of the rack's 72) run on racks with 64 GPUs in use each (16 of 18
 #: compute trays): NVIDIA's Megatron-Bridge GB200 recipes, "64 GB200 GPUs in one NVLink domain"
 NVL72, NVL_IN_USE, GB200_64 = 72, 64, "gb200-nvl72-64.yaml"
+GB200_SLICE, GB200_8 = 8, "gb200-nvl72-8.yaml"      # 8 GPUs (two compute trays) of one rack
 #: the H100 96GB HBM2e hosts of torchtitan's benchmarks (Grand Teton; validation/clusters)
 GRAND_TETON = "grand-teton-h100.yaml"
 
@@ -410,7 +411,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
                      f"set seq_len = {seq}; its table does not state it")
     if not gpus or not seq:
         raise NotExpressible("GPU count or sequence length not stated")
-    if hw == "GB200" and gpus % NVL72 and not gpus % NVL_IN_USE:
+    if hw == "GB200" and gpus == GB200_SLICE:
+        kw["cluster"] = str(CLUSTER_FILES / GB200_8)
+        notes.append("8 GB200 GPUs as two compute trays of one NVL72 rack (one NVLink domain of 8)")
+    elif hw == "GB200" and gpus % NVL72 and not gpus % NVL_IN_USE:
         kw["cluster"] = str(CLUSTER_FILES / GB200_64)
         notes.append(f"{gpus} GB200 GPUs as {gpus // NVL_IN_USE} NVL72 rack(s) with 64 GPUs in use each "
                      "(Megatron-Bridge's GB200 recipes: 64 GPUs in one NVLink domain)")

@@ -245,6 +245,11 @@ def test_gb200_jobs_of_64k_gpus_run_on_racks_with_64_in_use():
     assert (cluster.domain_size, cluster.n_domains) == (64, 2)
     kw, _ = row_experiment(_row(**{**gb, "gbs": "144"}, gpus="144"), FIELDS)
     assert kw["cluster"] == "gb200-nvl72"
+    # 8 GPUs: two compute trays of one rack, one NVLink domain of 8
+    kw, notes = row_experiment(_row(**{**gb, "tp": "1", "gbs": "16"}, gpus="8"), FIELDS)
+    assert kw["cluster"].endswith("gb200-nvl72-8.yaml") and "two compute trays" in notes[0]
+    cluster = load_cluster_file(kw["cluster"], 8)
+    assert (cluster.domain_size, cluster.n_domains, cluster.accelerator.name) == (8, 1, "GB200")
 
 
 def test_llm_foundry_rows_reduce_gradients_as_their_composer_mode():
