@@ -26,6 +26,7 @@ part W still needs under ZB-H1); gathered FSDP weights and unsharded gradients a
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -892,18 +893,35 @@ def ep_dispatch_bytes(model: ModelSpec, plan: ParallelPlan, destinations: float 
     return plan.micro_batch * plan.seq / plan.cp / plan.tp * copies * model.hidden * model.dtype_bytes
 
 
-def expected_distinct(experts: int, top_k: int, units: int) -> float:
-    """Expected number of ``units`` (GPUs or domains, each holding experts/units of the ``experts``) that hold
-    at least one of a token's ``top_k`` experts, for uniform routing (top_k distinct experts drawn at
-    random): units · (1 - C(experts - per, top_k) / C(experts, top_k)), per = experts / units."""
+def expected_distinct(experts: int, top_k: int, units: int, groups: int = 0, group_topk: int = 0) -> float:
+    """Expected number of ``units`` (GPUs or domains, each holding experts/units of the ``experts`` in expert
+    order) that hold at least one of a token's ``top_k`` experts, for uniform routing: top_k distinct experts
+    at random, units · (1 - C(experts - per, top_k) / C(experts, top_k)), per = experts / units. With group-
+    limited routing (``groups`` groups of experts in expert order, a token's experts drawn from ``group_topk``
+    of them, DeepSeek-V3's 4 of 8): the groups at random, then top_k of their experts at random; exact over
+    every choice of groups (up to 100,000 of them; else as without groups, which counts more units)."""
     if units <= 1:
         return float(units)
-    per = experts / units
-    if per == int(per):
-        miss = math.comb(experts - int(per), top_k) / math.comb(experts, top_k)
-    else:                       # experts not spread evenly: draws with replacement (an upper bound on misses)
-        miss = (1.0 - 1.0 / units) ** top_k
-    return units * (1.0 - miss)
+    grouped = 0 < group_topk < groups and experts % groups == 0 and math.comb(groups, group_topk) <= 100_000
+    if not grouped or experts % units:
+        per = experts / units
+        if per == int(per):
+            miss = math.comb(experts - int(per), top_k) / math.comb(experts, top_k)
+        else:                   # experts not spread evenly: draws with replacement (an upper bound on misses)
+            miss = (1.0 - 1.0 / units) ** top_k
+        return units * (1.0 - miss)
+    per_g, per_u = experts // groups, experts // units
+    pool = group_topk * per_g
+    total = 0.0
+    choices = list(itertools.combinations(range(groups), group_topk))
+    for chosen in choices:
+        held: dict[int, int] = {}          # unit -> its experts among the chosen groups'
+        for g in chosen:
+            a, b = g * per_g, (g + 1) * per_g
+            for u in range(a // per_u, (b - 1) // per_u + 1):
+                held[u] = held.get(u, 0) + min(b, (u + 1) * per_u) - max(a, u * per_u)
+        total += sum(1.0 - math.comb(pool - m, top_k) / math.comb(pool, top_k) for m in held.values())
+    return total / len(choices)
 
 
 def ep_destinations(model: ModelSpec, plan: ParallelPlan, scale_up_domain: int | None = None) -> float:
@@ -912,15 +930,16 @@ def ep_destinations(model: ModelSpec, plan: ParallelPlan, scale_up_domain: int |
     HybridEP sends a token once to each GPU holding one of its experts when the EP group lies in one scale-up
     domain (``expected_distinct`` over the EP ranks), and once to each other domain holding one across domains
     (RDMA to the GPU of the same rail there, which forwards it over NVLink: ``expected_distinct`` over the
-    domains the group spans; the NVLink forwarding is not counted, nor DeepSeek's node-limited routing, which
-    caps the domains a token reaches). Uniform routing; the worst EP group of the plan."""
+    domains the group spans; the NVLink forwarding is not counted). Uniform routing within the model's
+    group-limited routing (DeepSeek-V3: 4 of 8 expert groups per token, which caps the GPUs and nodes a token
+    reaches); the worst EP group of the plan."""
     if plan.moe_dispatcher == "alltoall" or plan.ep <= 1 or not model.experts:
         return float(model.top_k)
     domain = scale_up_domain or DEFAULT_SCALE_UP_DOMAIN
     groups = [g for g in plan.groups("ep") if len(g) > 1]
     span = max((len({r // domain for r in g}) for g in groups), default=1)
     units = len(groups[0]) if span == 1 and groups else span
-    return expected_distinct(model.experts, model.top_k, units)
+    return expected_distinct(model.experts, model.top_k, units, model.router_groups, model.router_group_topk)
 
 
 def ep_load(plan: ParallelPlan, e: int, capacity_factor: float | None) -> float:

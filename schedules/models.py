@@ -77,6 +77,9 @@ class ModelSpec:
     first_dense_layers  leading layers with a dense MLP in an MoE model (DeepSeek-V3: 3)
     capacity_factor     expert capacity as a multiple of the uniform load; tokens beyond it are dropped
                         (None = dropless)
+    router_groups, router_group_topk: group-limited routing (DeepSeek-V3: the 256 experts in 8 groups of 32
+                        in expert order, a token's top_k chosen within its best 4 groups: config.json n_group /
+                        topk_group, Megatron-Core moe_router_num_groups / moe_router_group_topk); 0 = none
     gated_mlp     SwiGLU-style MLP with 3 matrices (Llama) instead of 2 (GPT)
     tied_embeddings  LM head shares the embedding matrix (GPT-3)
     head_dim      per-head width (default hidden / heads)
@@ -111,6 +114,8 @@ class ModelSpec:
     shared_experts: int = 0
     first_dense_layers: int = 0
     capacity_factor: float | None = None
+    router_groups: int = 0
+    router_group_topk: int = 0
     gated_mlp: bool = True
     tied_embeddings: bool = False
     head_dim: int | None = None
@@ -136,7 +141,7 @@ class ModelSpec:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
         for f in ("experts", "shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim",
-                  "v_head_dim", "mtp_layers"):
+                  "v_head_dim", "mtp_layers", "router_groups", "router_group_topk"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"model {self.name}: {f} must be a non-negative integer, got {v!r}")
@@ -162,6 +167,12 @@ class ModelSpec:
             raise ConfigError(f"model {self.name}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
         if self.experts < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
             raise ConfigError(f"model {self.name}: top_k {self.top_k} must be between 1 and experts {self.experts}")
+        if self.router_groups and not (self.experts and self.experts % self.router_groups == 0
+                                       and 1 <= self.router_group_topk <= self.router_groups
+                                       and self.top_k <= self.router_group_topk * self.experts // self.router_groups):
+            raise ConfigError(f"model {self.name}: router_groups {self.router_groups} must divide experts "
+                              f"{self.experts} and router_group_topk {self.router_group_topk} be 1..router_groups, "
+                              f"with room for top_k {self.top_k} experts in the chosen groups")
         if not 0 <= self.first_dense_layers <= self.layers:
             raise ConfigError(f"model {self.name}: first_dense_layers must be in 0..{self.layers}")
 
@@ -329,7 +340,8 @@ def layer_flops_backward_weight(model: ModelSpec, layer: int, seq: int, micro_ba
 #   Llama 3 8B / 70B / 405B: Llama Team 2024 "The Llama 3 Herd of Models", table 3 (vocab 128,256).
 #   Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json.
 #   DeepSeek-V3: DeepSeek-AI 2024 tech report, sec. 4.2 and the released config.json (MLA, 1 shared +
-#   256 routed experts, top-8, first 3 layers dense, one multi-token-prediction module: num_nextn_predict_layers = 1).
+#   256 routed experts, top-8, first 3 layers dense, one multi-token-prediction module:
+#   num_nextn_predict_layers = 1; group-limited routing: n_group 8, topk_group 4).
 #: Megatron-LM's 2021 GPT family (Narayanan et al. 2021, table 1, and table 2's 174.6B): size -> (heads, hidden,
 #: layers); presets ``megatron-gpt-<size>`` (below). Their published runs predate FlashAttention.
 _MEGATRON_GPT_2021 = {"1.7b": (24, 2304, 24), "3.6b": (32, 3072, 30), "7.5b": (32, 4096, 36),
@@ -350,7 +362,7 @@ _PRESETS: dict[str, ModelSpec] = {
     "deepseek-v3": ModelSpec("deepseek-v3", layers=61, hidden=7168, ffn=18432, heads=128, kv_heads=128,
                              vocab=129280, experts=256, top_k=8, moe_ffn=2048, shared_experts=1,
                              first_dense_layers=3, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
-                             qk_rope_dim=64, v_head_dim=128, mtp_layers=1),
+                             qk_rope_dim=64, v_head_dim=128, mtp_layers=1, router_groups=8, router_group_topk=4),
     # Llama 2 7B / 13B / 70B: Touvron et al. 2023, table 1 and the released config.json (vocab 32,000; 70B GQA 8).
     "llama2-7b": ModelSpec("llama2-7b", layers=32, hidden=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000),
     "llama2-13b": ModelSpec("llama2-13b", layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40, vocab=32000),
@@ -517,7 +529,9 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
                   first_dense_layers=key("first_k_dense_replace", 0) or 0, head_dim=key("qk_nope_head_dim", required=True),
                   q_lora_rank=key("q_lora_rank") or 0, kv_lora_rank=key("kv_lora_rank", required=True),
                   qk_rope_dim=key("qk_rope_head_dim", required=True), v_head_dim=key("v_head_dim", required=True),
-                  mtp_layers=count("num_nextn_predict_layers", 0) if key("num_nextn_predict_layers") is not None else 0)
+                  mtp_layers=count("num_nextn_predict_layers", 0) if key("num_nextn_predict_layers") is not None else 0,
+                  router_groups=(key("n_group") or 1) if (key("topk_group") or 1) < (key("n_group") or 1) else 0,
+                  router_group_topk=(key("topk_group") or 1) if (key("topk_group") or 1) < (key("n_group") or 1) else 0)
     try:
         return ModelSpec(**kw)
     except TypeError as e:

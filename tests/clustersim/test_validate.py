@@ -112,10 +112,10 @@ def test_summary_by_framework_splits_each_group_by_the_framework_family():
 
 
 def test_cli_subset_json_and_plot(tmp_path, capsys):
-    """A small subset end to end: a Megatron proxy row (H100), an llm-foundry row (A100), and a GB200 row of 8
-    GPUs (two trays) that neither the NVL72 preset nor its 64-per-rack variant holds (listed with its reason)."""
+    """A small subset end to end: a Megatron proxy row (H100), an llm-foundry row (A100), and a GB200 NVFP4 row
+    that this build cannot price (listed with its reason)."""
     png = tmp_path / "v.png"
-    assert main(["validate", "--ids", "54,510,584", "--json", "--plot", str(png)]) == 0
+    assert main(["validate", "--ids", "54,510,590", "--json", "--plot", str(png)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert png.stat().st_size > 1000
     rows = {r["id"]: r for r in out["rows"]}
@@ -131,7 +131,7 @@ def test_cli_subset_json_and_plot(tmp_path, capsys):
     assert {(s["group"], s["framework"]) for s in out["summary_by_framework"]} == \
         {("H100 BF16 dense", "NeMo"), ("A100 BF16 dense", "llm-foundry")}
     skipped = {s["id"]: s["reason"] for s in out["not_expressible"]}
-    assert "multiple of 72" in skipped["584"]
+    assert "NVFP4" in skipped["590"]
     assert out["error_correlations"] == []          # no group or stack of 20+ rows in the subset
 
 

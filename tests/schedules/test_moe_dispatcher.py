@@ -23,6 +23,35 @@ def test_expected_distinct_matches_enumeration(experts, top_k, units):
     assert expected_distinct(experts, top_k, units) == pytest.approx(mean, rel=1e-12)
 
 
+@pytest.mark.parametrize("experts, top_k, units, groups, group_topk", [
+    (16, 3, 2, 4, 2), (16, 3, 4, 4, 2), (16, 3, 8, 4, 2), (16, 4, 4, 8, 3), (24, 2, 3, 6, 2), (16, 2, 16, 4, 1)])
+def test_expected_distinct_under_group_limited_routing_matches_enumeration(experts, top_k, units, groups, group_topk):
+    """Every choice of group_topk groups equally likely, then every top_k subset of their experts."""
+    per_g, per_u = experts // groups, experts // units
+    total = count = 0
+    for chosen in itertools.combinations(range(groups), group_topk):
+        pool = [e for g in chosen for e in range(g * per_g, (g + 1) * per_g)]
+        subsets = list(itertools.combinations(pool, top_k))
+        total += sum(len({e // per_u for e in c}) for c in subsets) / len(subsets)
+        count += 1
+    assert expected_distinct(experts, top_k, units, groups, group_topk) == pytest.approx(total / count, rel=1e-12)
+    assert expected_distinct(experts, top_k, units, groups, group_topk) <= expected_distinct(experts, top_k, units)
+
+
+def test_deepseek_v3_routes_within_4_of_8_groups():
+    from schedules.models import model_from_hf_config
+    from tests.schedules.test_hf_config import DEEPSEEK_V3
+    m = get_model("deepseek-v3")
+    assert (m.router_groups, m.router_group_topk) == (8, 4)
+    hf = model_from_hf_config({**DEEPSEEK_V3, "n_group": 8, "topk_group": 4})
+    assert (hf.router_groups, hf.router_group_topk) == (8, 4)
+    assert model_from_hf_config(DEEPSEEK_V3).router_groups == 0
+    # EP64 over 8 nodes of 32 experts (one group each): a token reaches at most 4 nodes
+    plan = ParallelPlan(dp=64, ep=64, seq=SEQ, moe_dispatcher="deepep")
+    assert ep_destinations(m, plan, 8) == pytest.approx(expected_distinct(256, 8, 8, 8, 4)) and \
+        ep_destinations(m, plan, 8) < 4
+
+
 def test_destinations_per_dispatcher_and_placement():
     across = ParallelPlan(dp=16, ep=16, seq=SEQ, moe_dispatcher="deepep")     # 16 EP ranks over two 8-GPU nodes
     inside = ParallelPlan(dp=8, ep=8, seq=SEQ, moe_dispatcher="hybridep")
