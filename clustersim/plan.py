@@ -259,10 +259,11 @@ def stage_table(model: ModelSpec, plan: ParallelPlan, peak_flops: float | None =
         head = mem.holds_head(model, plan, s)
         if head:
             flops += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
-        mtp = sum(1 for ls in chunks for l in ls if l >= model.layers)     # MTP modules' layers (last piece)
+        mtp = sum(1 for ls in chunks for l in ls if model.is_mtp_layer(l))     # MTP modules' layers (last piece)
         if mtp:
             flops += 3.0 * model.mtp_extra_flops(plan.seq, plan.micro_batch)
-        rows.append({"stage": s, "layers": [sum(1 for l in ls if l < model.layers) for ls in chunks], "mtp": mtp,
+        rows.append({"stage": s, "layers": [sum(1 for l in ls if not model.is_mtp_layer(l)) for ls in chunks],
+                     "mtp": mtp,
                      "first_layer": min((l for ls in chunks for l in ls), default=None),
                      "pieces": [plan.piece(s, c) for c in range(plan.chunks)],
                      "embedding": mem.holds_embedding(plan, s), "head": head, "flops_per_microbatch": flops / div})
@@ -338,9 +339,8 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
                               (f"recompute {p.recompute}" + (f" every {p.recompute_every}" if p.recompute_every > 1 else "")
                                + (f" ({','.join(p.recompute_modules)})" if p.recompute_modules != DEFAULT_RECOMPUTE_MODULES else ""),
                                p.recompute != "none")] if on]
-    mtp = (f" + {model.mtp_layers} MTP module{'s' if model.mtp_layers > 1 else ''}, "
-           f"{model.mtp_param_count() / 1e9:,.2f} B") if model.mtp_layers and not model.params_only else ""
-    con.print(f"[bold]{model.name}[/bold] ({model.param_count() / 1e9:,.2f} B parameters{mtp}) on {rep['world_size']:,} GPUs: "
+    from clustersim.simulate import param_str
+    con.print(f"[bold]{model.name}[/bold] ({param_str(model)} parameters) on {rep['world_size']:,} GPUs: "
               f"{degrees} {' '.join(extras)}")
     if p.pp > 1:
         con.print(f"schedule {p.schedule}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")

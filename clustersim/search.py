@@ -173,7 +173,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
                     f += recompute_flops(model, plan, layer) * split
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
                 f += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
-            if any(layer >= model.layers for layer in layers):      # the MTP modules' projections and head passes
+            if any(map(model.is_mtp_layer, layers)):      # the MTP modules' projections and head passes
                 f += 3.0 * model.mtp_extra_flops(plan.seq, plan.micro_batch)
             chunks.append(f / split)
         out.append(chunks)

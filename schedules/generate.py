@@ -912,16 +912,16 @@ def expected_distinct(experts: int, top_k: int, units: int, groups: int = 0, gro
         return units * (1.0 - miss)
     per_g, per_u = experts // groups, experts // units
     pool = group_topk * per_g
+    draws = math.comb(pool, top_k)
     total = 0.0
-    choices = list(itertools.combinations(range(groups), group_topk))
-    for chosen in choices:
+    for chosen in itertools.combinations(range(groups), group_topk):
         held: dict[int, int] = {}          # unit -> its experts among the chosen groups'
         for g in chosen:
             a, b = g * per_g, (g + 1) * per_g
             for u in range(a // per_u, (b - 1) // per_u + 1):
                 held[u] = held.get(u, 0) + min(b, (u + 1) * per_u) - max(a, u * per_u)
-        total += sum(1.0 - math.comb(pool - m, top_k) / math.comb(pool, top_k) for m in held.values())
-    return total / len(choices)
+        total += sum(1.0 - math.comb(pool - m, top_k) / draws for m in held.values())
+    return total / math.comb(groups, group_topk)
 
 
 def ep_destinations(model: ModelSpec, plan: ParallelPlan, scale_up_domain: int | None = None) -> float:

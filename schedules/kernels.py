@@ -596,7 +596,7 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
                 _norm(w, f"{pre}enorm", sh.rows, h, True, False)
                 _norm(w, f"{pre}hnorm", sh.rows, h, True, False)
             if phase != BACKWARD_INPUT:     # into the last stage's embedding copy (scatter-add, as _embedding)
-                w.ew(f"{pre}embedding grad", sh.T * sh.h * (w.a + 2 * FP32))
+                w.ew(f"{pre}embedding grad", T * h * (w.a + 2 * FP32))
 
 
 def _embedding(w: _Writer, sh: _Shape, vocab: int, phase: str, learned_positions: bool = False) -> None:

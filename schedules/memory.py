@@ -75,7 +75,7 @@ def chunk_layers(model: ModelSpec, plan: ParallelPlan) -> list[list[int]]:
 
 def layer_name(model: ModelSpec, layer: int) -> str:
     """A layer's unit name in programs: ``L<i>``; an MTP module's layer ``MTP<k>`` (k from 1)."""
-    return f"L{layer}" if layer < model.layers else f"MTP{layer - model.layers + 1}"
+    return f"MTP{layer - model.layers + 1}" if model.is_mtp_layer(layer) else f"L{layer}"
 
 
 def stage_chunks(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[list[int]]:

@@ -198,6 +198,10 @@ class ModelSpec:
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
+    def is_mtp_layer(self, layer: int) -> bool:
+        """Whether layer index ``layer`` is an MTP module's layer (indices ``layers`` .. ``layers + mtp_layers - 1``)."""
+        return layer >= self.layers
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` has routed experts (an MTP module's layer, index >= layers, is of the last
         layer's kind)."""
