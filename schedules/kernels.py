@@ -25,7 +25,9 @@ Stacks (``plan.stack``)
                  F.layer_norm kernel (low_precision_layernorm), the attention core in the Triton
                  FlashAttention kernel (``attn_impl: triton``), flash-attn's fused cross-entropy (the
                  default ``loss_fn: fused_crossentropy``), and Composer's per-micro-batch train metrics
-                 (two eager cross-entropies over the logits, no gradient).
+                 (two eager cross-entropies over the logits, no gradient). Launched with
+                 ``attn_impl: flash`` (``--attention-kernel flash2``) the core is flash-attn 2's varlen
+                 kernel between the unpad gathers and the pad scatter of ``flash_attn_fn``.
 Attention is FlashAttention-2 in megatron and torchtitan (Megatron/TE's default backend on A100/H100 and
 torch SDPA's); the pricer picks each stack's attention curve (``ATTENTION_IMPL``).
 
@@ -72,12 +74,26 @@ ATTENTION_IMPL = {"megatron": "te", "torchtitan": "flash2", "llm-foundry": "trit
 #: chain of eager ops, the cross-entropy's fp32 copy of the logits (llm-foundry's MPT runs one F.layer_norm
 #: kernel and a fused cross-entropy); schedules.memory keeps what those ops save
 EAGER_POINTWISE = ("torchtitan",)
+#: stacks whose FlashAttention-2 path unpads the tokens around flash-attn's varlen kernel (``_varlen_core``):
+#: llm-foundry's flash_attn_fn; its Triton path and the other stacks take the padded (b, s, h, d) layout
+VARLEN_UNPAD_STACKS = ("llm-foundry",)
 #: stacks with a fused cross-entropy (Megatron's vocab-parallel one; flash-attn's xentropy kernel, llm-foundry's
 #: default loss_fn): one read of the logits, upcast in registers. The others run the loss eagerly on a fp32
 #: copy of the logits (torchtitan's ``cross_entropy(pred.float(), ...)``; under torch.compile too while
 #: torchtitan compiled the blocks only; a compiled loss is one Inductor kernel reading the bf16 logits)
 FUSED_CE_STACKS = ("megatron", "llm-foundry", "torchtitan-compile-loss")
 DTYPES = ("bf16", "fp8")
+
+
+def _unpads(stack: str, attention_impl: str) -> bool:
+    return stack in VARLEN_UNPAD_STACKS and attention_impl == "flash2"
+
+
+def unpads_tokens(plan: ParallelPlan) -> bool:
+    """Whether the plan's attention core runs on unpadded tokens (``_varlen_core``; FlashAttention only)."""
+    stack = getattr(plan, "stack", None) or "megatron"
+    kernel = getattr(plan, "attention_kernel", "auto")
+    return plan.attention == "flash" and _unpads(stack, ATTENTION_IMPL.get(stack) if kernel == "auto" else kernel)
 PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
 BF16, FP32 = 2, 4
 
@@ -249,6 +265,8 @@ class _Writer:
         # LanguagePerplexity, each a torch.nn.CrossEntropyLoss over the logits under autocast (fp32 math)
         self.train_metrics = 2 if stack == "llm-foundry" else 0
         self.attention_impl = ATTENTION_IMPL[stack] if attention_kernel == "auto" else attention_kernel
+        # llm-foundry's attn_impl: flash (flash_attn_fn) runs flash-attn's varlen kernel on unpadded tokens
+        self.unpad = _unpads(stack, self.attention_impl)
         self.fp8 = dtype == "fp8"
         self.out: list[Kernel] = []
 
@@ -453,8 +471,32 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
     # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block)
     if p.attention == "eager":
         _eager_core(w, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, _has_dropout(m))
+    elif w.unpad:
+        _varlen_core(w, sh, pass_, d_qk, d_v)
     else:
         w.attention("flash attention " + pass_, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+
+
+def _varlen_core(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float) -> None:
+    """llm-foundry's ``attn_impl: flash`` (llmfoundry/models/layers/attention.py ``flash_attn_fn``): Q, K and V
+    each go through flash-attn's ``bert_padding.unpad_input`` (IndexFirstAxis: a ``torch.gather`` of the
+    (b·s, width) rows, index broadcast: read and write every element) into flash-attn 2's varlen kernel, whose
+    output ``pad_input`` scatters back (IndexPutFirstAxis: a zeroed output, then the rows written: 3 passes).
+    Backward: the pad's gather of the output gradient (2 passes), the varlen kernel, then each unpad's
+    backward (a zeroed gradient and ``scatter_``: 3 passes). Every token is kept (pretraining has no padding),
+    so the varlen kernel runs the padded batch's shape. The host syncs of ``unpad_input`` (``nonzero``,
+    ``max().item()``) are not priced."""
+    q = sh.T * sh.heads * d_qk                  # elements per rank
+    k, v = sh.T * sh.kv * d_qk, sh.T * sh.kv * d_v
+    o = sh.T * sh.heads * d_v
+    if pass_ == "fwd":
+        w.ew("unpad q, k, v (flash-attn varlen)", 2 * w.a * (q + k + v))
+        w.attention("flash attention fwd", pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+        w.ew("pad attention output", 3 * w.a * o)
+        return
+    w.ew("pad attention output bwd", 2 * w.a * o)
+    w.attention("flash attention bwd", pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+    w.ew("unpad q, k, v bwd", 3 * w.a * (q + k + v))
 
 
 def _eager_core(w: _Writer, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS, recomputed_norms
+from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS, recomputed_norms, unpads_tokens
 from schedules.models import ModelSpec
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 
@@ -241,6 +241,9 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
                 Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", n2)]
     if f != e:
         out.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
+    if unpads_tokens(plan):
+        # llm-foundry's flash_attn_fn: the varlen kernel keeps its unpadded output, the projection the padded one
+        out.append(Saved("attention output, unpadded (flash-attn varlen)", e * tok * a * dv, "tp", "B"))
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
     if model.is_moe_layer(layer):
         routed = model.top_k * _load(model)

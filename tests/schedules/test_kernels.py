@@ -1,4 +1,6 @@
 """Layer-phase kernels: FLOPs agree with the model's FLOP counts, stacks differ as documented, caching."""
+import dataclasses
+
 import pytest
 
 from schedules.kernels import phase_kernels
@@ -180,6 +182,43 @@ def test_llm_foundry_stack_runs_triton_attention():
     # CUDA v1 overall). A100 chart, hdim 128 causal, fwd+bwd at 8k: FlashAttention 80, FlashAttention-2 182 TFLOP/s
     ratio = pricer.kernel_time_s(att_lf) / pricer.kernel_time_s(att_tt)
     assert ratio == pytest.approx(182 / 80, rel=0.15)
+
+
+def test_llm_foundry_flash_path_unpads_around_the_varlen_kernel():
+    """llm-foundry's attn_impl: flash (flash_attn_fn) gathers Q, K, V into unpadded rows (read + write each) and
+    scatters the output back into a zeroed tensor (3 passes); backward gathers the output gradient (2 passes)
+    and scatters each of dQ, dK, dV into a zeroed gradient (3 passes). Its Triton path, and flash2 under other
+    stacks, take the padded layout: none of these kernels. The varlen kernel keeps its unpadded output beside
+    the padded one the projection saves."""
+    from schedules.memory import saved_tensors
+
+    m = get_model("mpt-7b")
+    b, s = 2, 4096
+    plan = ParallelPlan(seq=s, micro_batch=b, stack="llm-foundry", attention_kernel="flash2")
+    el = b * s * m.heads * m.d_head             # elements of Q (MHA: K, V and the output alike)
+    names = lambda p, ph: {k.name: k.bytes for k in phase_kernels(m, p, 0, ph)
+                           if k.name.startswith(("unpad", "pad "))}
+    assert names(plan, "forward") == {"unpad q, k, v (flash-attn varlen)": 2 * 2 * 3 * el,
+                                      "pad attention output": 3 * 2 * el}
+    assert names(plan, "backward") == {"pad attention output bwd": 2 * 2 * el, "unpad q, k, v bwd": 3 * 2 * 3 * el}
+    fwd = [k.name for k in phase_kernels(m, plan, 0, "forward")]
+    i = fwd.index("flash attention fwd")
+    assert fwd[i - 1] == "unpad q, k, v (flash-attn varlen)" and fwd[i + 1] == "pad attention output"
+    for other in (dataclasses.replace(plan, attention_kernel="auto"), dataclasses.replace(plan, attention_kernel="triton"),
+                  dataclasses.replace(plan, stack="torchtitan"), dataclasses.replace(plan, stack="megatron")):
+        assert not names(other, "forward") and not names(other, "backward")
+    # the attention kernel itself is the padded one's: same FLOPs, same curve
+    att = lambda p: next((k.flops, k.impl) for k in phase_kernels(m, p, 0, "backward") if k.kind == ATTENTION)
+    assert att(plan) == att(dataclasses.replace(plan, stack="torchtitan"))
+    # GQA: K and V are kv_heads wide
+    g = get_model("llama3-8b")
+    q, kv = b * s * g.heads * g.d_head, b * s * g.kv_heads * g.d_head
+    assert {k.name: k.bytes for k in phase_kernels(g, plan, 0, "forward")}["unpad q, k, v (flash-attn varlen)"] == \
+        2 * 2 * (q + 2 * kv)
+    extra = {t.name: t.nbytes for t in saved_tensors(m, plan, 0)}
+    assert extra["attention output, unpadded (flash-attn varlen)"] == 2 * el
+    assert "attention output, unpadded (flash-attn varlen)" not in {
+        t.name for t in saved_tensors(m, dataclasses.replace(plan, attention_kernel="triton"), 0)}
 
 
 def test_torchtitan_eager_rmsnorm_is_its_chain_of_ops():
