@@ -109,11 +109,12 @@ class _Signal:
 
 class _Rendezvous:
     """One collective or p2p meeting; also the event its participants wait on (value: the start time)."""
-    __slots__ = ("needed", "arrived", "duration", "op", "rank", "start_s", "key", "callbacks", "_ok", "_value")
+    __slots__ = ("needed", "arrived", "hold", "duration", "op", "rank", "start_s", "key", "callbacks", "_ok", "_value")
 
     def __init__(self, needed: int, key):
         self.needed = needed          # how many simulated participants must arrive
         self.arrived: list[int] = []   # the simulated ranks that arrived, in order
+        self.hold: list[int] = []      # those whose SMs it holds against compute it can overlap (_overlaps_compute)
         self.duration = None          # max of members' fixed durations
         self.op = None
         self.rank = None
@@ -195,6 +196,7 @@ class Engine:
             self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
             self.compute_end = dict.fromkeys(programs.ops, 0.0)   # end of the rank's latest compute op
             self._share_cache: dict = {}
+            self._compute_streams: dict[int, set] = {}    # rank -> streams with compute ops (_overlaps_compute)
         if self._scan:
             self._find_fixed()
 
@@ -497,7 +499,7 @@ class Engine:
             if self.sm_share is not None:       # the contention-free time stands in for the SMs' hold
                 op = rv.op
                 if op.kind == COLLECTIVE:       # both cached per (group, kind, size)
-                    self._comm_started(rv.arrived, now, self._solo_time(op), self._share(op))
+                    self._comm_started(rv.hold, now, self._solo_time(op), self._share(op))
                 else:
                     self._hold_sms(rv, now, self.cost.comm_time_s(request))
             dur = self._fixed_req.get(id(request))
@@ -545,7 +547,7 @@ class Engine:
         real = None
         if op.kind != COLLECTIVE:
             real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
-        self._comm_started(rv.arrived, now, dur, self._share(op, real))
+        self._comm_started(rv.hold, now, dur, self._share(op, real))
 
     def _network_changed(self, nxt=False) -> None:
         """A communication started or ended now: once every other event of this instant has run (so
@@ -655,7 +657,7 @@ class Engine:
             self._fire(ended)
 
     # ------------------------------------------------------------------ streams
-    def _stream(self, rank: int, idxs: list[int]) -> Callable:
+    def _stream(self, rank: int, idxs: list[int], stream: str | None = None) -> Callable:
         """The stream (rank, ``idxs``) as a callback: ``resume(event)`` runs its ops in program order until
         one must wait (for a dependency, its own end, or peers), registers itself on that event and returns;
         SimPy's queue calls it again when the event is processed. This is the engine's hot loop.
@@ -679,6 +681,7 @@ class Engine:
         needed = self.needed
         targeted = self.targeted[rank]
         held = self.sm_share is not None
+        hold = held and self._overlaps_compute(rank, stream)     # this stream's communications hold SMs
         slowdown = self._slowdown
         is_finished = finished.__getitem__
         rendezvous = self.rendezvous
@@ -777,7 +780,7 @@ class Engine:
                     if dur is None:
                         dur = self._solo_time(op)
                     start[i] = now
-                    if held:
+                    if hold:
                         self._comm_started((rank,), now, dur, self._share(op))
                     if dur > 0:
                         wake.callbacks = own
@@ -789,7 +792,7 @@ class Engine:
                     # alone in its group and on its links whenever it runs: its closed-form end, no network
                     dur = fx[0]
                     start[i] = now
-                    if held:
+                    if hold:
                         comm_started((rank,), now, fx[1], fx[2])
                     wake.callbacks = own
                     cur = i
@@ -803,6 +806,8 @@ class Engine:
                         rv = new_rendezvous(key)
                     arrived = rv.arrived
                     arrived.append(rank)
+                    if hold:
+                        rv.hold.append(rank)
                     if op.duration_s is not None:
                         rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
                     if rv.op is None or kind == SEND:
@@ -816,6 +821,15 @@ class Engine:
 
         own.append(resume)
         return resume
+
+    def _overlaps_compute(self, rank: int, stream: str | None) -> bool:
+        """Whether communications on ``stream`` can overlap compute ops of ``rank``: a stream waits for each op
+        to end, so a communication on the only stream with compute ops never runs beside one (its SM hold
+        would slow nothing) and is not registered; a rank without compute ops has nothing to slow down."""
+        streams = self._compute_streams.get(rank)
+        if streams is None:
+            streams = self._compute_streams[rank] = {op.stream for op in self.p.ops[rank] if op.kind == COMPUTE}
+        return bool(streams) and streams != {stream}
 
     def _new_rendezvous(self, key) -> _Rendezvous:
         sid = key[0]
@@ -868,7 +882,7 @@ class Engine:
         for rank in self.p.ops:
             for stream, idxs in self._streams[rank].items():
                 self.stream_ops[(rank, stream)] = idxs
-                self._stream(rank, idxs)(None)
+                self._stream(rank, idxs, stream)(None)
         if self.until_s is not None:
             self.env.run(until=self.until_s)
         else:

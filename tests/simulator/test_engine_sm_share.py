@@ -60,3 +60,29 @@ def test_models_without_the_notion_are_unchanged():
     plain = run(_programs(comm_first=True), SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e9))
     zero = run(_programs(comm_first=True), HoldsSMs(0.0, flops_per_s=1e12, link_bytes_per_s=1e9))
     assert plain.end_s == zero.end_s
+
+
+def test_a_communication_on_the_only_compute_stream_slows_nothing():
+    """A stream waits for each op to end, so a collective on the one stream a rank computes on never runs beside
+    its compute: however many SMs it holds, the rank's compute times are those of a model without the notion
+    (the engine does not even register its hold), whichever engine path times it (rendezvous of two ranks, a
+    rank alone in its group)."""
+    for world in (1, 2):
+        progs = Programs(world_size=world, ops={})
+        g = progs.add_group(list(range(world)), "tp")
+        for r in range(world):
+            progs.ops[r] = [compute("c0", 1e12), collective("ar", "all_reduce", g, 2e9, deps=(0,)),
+                            compute("c1", 1e12, deps=(1,)), collective("ar2", "all_reduce", g, 1e9, deps=(2,)),
+                            compute("c2", 0.5e12, deps=(3,))]
+        plain = run(progs, SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e9))
+        held = run(progs, HoldsSMs(0.3, flops_per_s=1e12, link_bytes_per_s=1e9))
+        assert held.end_s == plain.end_s and held.start_s == plain.start_s
+    # the same collective on its own stream, beside compute: slowed as before
+    progs = Programs(world_size=2, ops={})
+    g = progs.add_group([0, 1], "tp")
+    for r in range(2):
+        progs.ops[r] = [collective("ar", "all_reduce", g, 2e9, stream="comm"), compute("c1", 1e12),
+                        compute("c2", 1e12, deps=(1,))]
+    held = run(progs, HoldsSMs(0.3, flops_per_s=1e12, link_bytes_per_s=1e9))
+    # the all-reduce [0, 2] starts under c1 [0, 1]: c2 owes c1's overlap and takes its own, 0.3 s each
+    assert held.end_s[0][2] == pytest.approx(2.6)
