@@ -66,6 +66,7 @@ class Unit:
     kind: str = "layer"              # layer | embedding | head
     recompute: str = "none"          # this layer's recomputation (``ParallelPlan.layer_recompute``)
     f_rec: float = 0.0               # op recompute: FLOPs of the GEMMs recomputed before backward
+    transient_b: float | None = None   # head: what its backward holds while the loss's gradient runs (None: transient)
 
 
 @dataclass
@@ -138,7 +139,8 @@ class _StageBuilder:
                 act, act_w = mem.head_activation_bytes(m, p)
                 f_head = m.head_flops(p.seq, p.micro_batch) + m.mtp_extra_flops(p.seq, p.micro_batch)
                 units.append(Unit("lm_head", None, head, 0.0, f_head / div, 0.0, 0.0,
-                                  act, act_w / act if act else 0.0, mem.head_transient_bytes(m, p), kind="head"))
+                                  act, act_w / act if act else 0.0, mem.head_transient_bytes(m, p), kind="head",
+                                  transient_b=mem.head_transient_bytes(m, p, backward=True)))
             out.append(units)
         return out
 
@@ -487,13 +489,13 @@ class _StageBuilder:
         elif a.phase == "B":
             if u.act:
                 free.append(("activations", u.act))
-            if u.transient:
-                alloc.append(("activations", u.transient)); free.append(("activations", u.transient))
+            if tb := (u.transient if u.transient_b is None else u.transient_b):
+                alloc.append(("activations", tb)); free.append(("activations", tb))
         elif a.phase == "Bi":
             if u.act * (1 - u.w_frac):
                 free.append(("activations", u.act * (1 - u.w_frac)))
-            if u.transient:
-                alloc.append(("activations", u.transient)); free.append(("activations", u.transient))
+            if tb := (u.transient if u.transient_b is None else u.transient_b):
+                alloc.append(("activations", tb)); free.append(("activations", tb))
         elif a.phase == "W" and u.act * u.w_frac:
             free.append(("activations", u.act * u.w_frac))
         if released:

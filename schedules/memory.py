@@ -288,16 +288,24 @@ def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
     return out
 
 
-def head_transient_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
-    """Bytes per rank live beside the head's saved tensors while the loss runs, forward and backward: the LM
-    head's logits in the activation dtype, plus their fp32 copy under torchtitan's eager cross-entropy
+def head_transient_bytes(model: ModelSpec, plan: ParallelPlan, backward: bool = False) -> float:
+    """Bytes per rank live beside the head's saved tensors while the loss runs. Forward: the LM head's logits
+    in the activation dtype, plus their fp32 copy under torchtitan's eager cross-entropy
     (``F.cross_entropy(pred.float(), ...)``, also under torch.compile while torchtitan compiled the blocks
-    only); a fused cross-entropy (Megatron's, flash-attn's, a compiled loss: ``FUSED_CE_STACKS``) upcasts in
-    registers. Backward mirrors it: the fp32 gradient of log_softmax and its cast back."""
+    only), which log_softmax reads while it writes its saved fp32 output; a fused cross-entropy (Megatron's,
+    flash-attn's, a compiled loss: ``FUSED_CE_STACKS``) upcasts in registers. Backward (``backward``): under
+    the eager loss the logits are gone (torchtitan's train step ``del pred`` before ``loss.backward()``;
+    the copy and the linear save neither) and log_softmax's backward holds nll_loss's fp32 gradient and
+    writes its own, both the logits' size, beside its saved output (8 bytes per logit; the cast back to the
+    activation dtype then needs 4 + 2); a fused loss writes the logits' gradient in their dtype."""
     if model.params_only or plan.attention == "eager":
         return 0.0
     tok = plan.seq / plan.cp * plan.micro_batch
-    per = model.dtype_bytes + (4 if plan.stack not in FUSED_CE_STACKS else 0)
+    eager = plan.stack not in FUSED_CE_STACKS
+    if backward:
+        per = 4 + 4 if eager else model.dtype_bytes
+    else:
+        per = model.dtype_bytes + (4 if eager else 0)
     return per * tok * model.vocab / plan.tp
 
 
@@ -457,7 +465,7 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
             held[c] += head
             wfrac[c] += head_w
             head_t[c] = head_transient_bytes(model, plan)
-            transient[c] = max(transient[c], head_t[c])
+            transient[c] = max(transient[c], head_transient_bytes(model, plan, backward=True))
     order = plan.stage_order(stage, model)
     cur = peak = 0.0
     for a in order:

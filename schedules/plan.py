@@ -485,6 +485,9 @@ class ParallelPlan:
                             f"use layer_split='balanced'")
         if self.ep > 1 and not model.is_moe:
             raise PlanError(f"ep({self.ep}) > 1 but {model.name} is a dense model (no experts); use --ep 1")
+        if self.moe_dispatcher != "alltoall" and not model.is_moe:
+            raise PlanError(f"moe_dispatcher {self.moe_dispatcher} dispatches tokens to experts, but {model.name} is a "
+                            f"dense model (no experts); leave --moe-dispatcher at its default (alltoall)")
         if self.recompute == "op" and (model.is_moe or model.is_mla or self.attention != "flash"):
             raise PlanError(f"recompute op is torchtitan's per-op checkpointing of a dense block with SDPA flash "
                             f"attention; {model.name} with attention {self.attention} is not one: use --recompute "

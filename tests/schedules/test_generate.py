@@ -89,7 +89,8 @@ def test_1f1b_holds_p_microbatches_on_stage0():
     # (LayersOnly runs the LM head in zero time: its activations and the logits beside them are allocated and
     # freed at one instant)
     mem = memory_per_rank(model, plan)
-    head = head_activation_bytes(model, plan)[0] + head_transient_bytes(model, plan)
+    head = head_activation_bytes(model, plan)[0] + max(head_transient_bytes(model, plan),
+                                                       head_transient_bytes(model, plan, backward=True))
     assert head > 0
     for rep in progs.ops:
         s = plan.stage_of(rep)
@@ -539,6 +540,10 @@ def test_logits_are_live_beside_the_head_while_the_loss_runs():
         cast = [k for k in phase_kernels(model, plan, None, "forward", part="head") if k.name == "logits float cast"]
         assert bool(cast) == (per == 6)
         assert head_transient_bytes(model, plan) == pytest.approx(per * tok * model.vocab)
+        # backward: the eager loss's two fp32 gradients (nll_loss's, log_softmax's) beside its saved output,
+        # the logits already freed; a fused loss writes the logits' gradient in their dtype
+        assert head_transient_bytes(model, plan, backward=True) == pytest.approx(
+            (8 if per == 6 else 2) * tok * model.vocab)
         progs, res = _step(model, plan, cost=SimpleCostModel())
         mem = memory_per_rank(model, plan)["stage0"]["total"]
         assert peak_memory(res, 0) == pytest.approx(mem)

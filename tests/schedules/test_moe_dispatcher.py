@@ -94,6 +94,14 @@ def test_unknown_dispatcher_is_refused():
         ParallelPlan(dp=2, ep=2, moe_dispatcher="nccl").validate(MOE, 2)
 
 
+def test_a_dispatcher_for_a_dense_model_is_refused():
+    """A dense model has no experts to dispatch to: asking for DeepEP there is a mistake, refused as --ep is."""
+    dense = get_model("llama3-8b")
+    ParallelPlan(dp=2).validate(dense, 2)
+    with pytest.raises(PlanError, match="dense model"):
+        ParallelPlan(dp=2, moe_dispatcher="deepep").validate(dense, 2)
+
+
 def test_validate_takes_the_recipes_dispatcher():
     from clustersim.validate import stated_moe_dispatcher
     row = {"model": "DeepSeek-V3 671B", "framework": "Megatron-Bridge / Megatron-Core", "hardware": "B200 (DGX-B200)"}
