@@ -183,6 +183,7 @@ class Engine:
         # communications of one serial channel alone on their links, timed without the network (_find_fixed)
         self._scan = self.fixed_channels and self._closed and hasattr(self.net, "solo_time_s") and not self.fail_at
         self._channels: dict = {}         # (set-up) distinct communication -> the streams that issue it
+        self._compute_streams: dict[int, set] = {}    # rank -> its streams with compute ops (_rendezvous_keys)
         self.rv_keys = self._rendezvous_keys()
         self._comm_cache: dict = {}
         self._requests: dict = {}         # flow network: one CommRequest per distinct communication
@@ -196,7 +197,6 @@ class Engine:
             self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
             self.compute_end = dict.fromkeys(programs.ops, 0.0)   # end of the rank's latest compute op
             self._share_cache: dict = {}
-            self._compute_streams: dict[int, set] = {}    # rank -> streams with compute ops (_overlaps_compute)
         if self._scan:
             self._find_fixed()
 
@@ -208,7 +208,7 @@ class Engine:
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
         recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
         p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
-        ranks and 16k-rank programs stay lean. It also fills ``targeted`` and ``_streams``."""
+        ranks and 16k-rank programs stay lean. It also fills ``targeted``, ``_streams`` and ``_compute_streams``."""
         cache: dict = {}
         pair_id: dict[tuple[int, int], int] = {}
         sid_of: dict[int, int] = {}
@@ -217,6 +217,7 @@ class Engine:
         pairs = self.p2p_pairs
         scan = self._scan
         channels = self._channels
+        compute_streams = self._compute_streams
         out = {}
         for rank, prog in self.p.ops.items():
             n = len(prog)
@@ -234,8 +235,10 @@ class Engine:
             # chase at run time; a rank with one stream gets a range)
             names = [op.stream for op in prog]
             streams = self._streams[rank] = dict.fromkeys(names)
+            comm_idx = [i for i, op in enumerate(prog) if op.kind != COMPUTE]
             if len(streams) == 1:
                 streams[names[0]] = range(n)
+                compute_streams[rank] = {names[0]} if len(comm_idx) < n else set()
             elif streams:
                 code = {name: c for c, name in enumerate(streams)}
                 codes = np.fromiter(map(code.__getitem__, names), dtype=np.intp, count=n)
@@ -243,7 +246,13 @@ class Engine:
                     idxs = array("l")
                     idxs.frombytes(np.flatnonzero(codes == c).astype(np.int_).tobytes())
                     streams[name] = idxs
-            for i in [i for i, op in enumerate(prog) if op.kind != COMPUTE]:
+                # a stream computes where it holds more ops than communications
+                ops_on = np.bincount(codes, minlength=len(code))
+                comm_on = np.bincount(codes[np.array(comm_idx, dtype=np.intp)], minlength=len(code))
+                compute_streams[rank] = {name for name, c in code.items() if ops_on[c] > comm_on[c]}
+            else:
+                compute_streams[rank] = set()
+            for i in comm_idx:
                 op = prog[i]
                 kind = op.kind
                 if kind == COLLECTIVE:
@@ -826,9 +835,7 @@ class Engine:
         """Whether communications on ``stream`` can overlap compute ops of ``rank``: a stream waits for each op
         to end, so a communication on the only stream with compute ops never runs beside one (its SM hold
         would slow nothing) and is not registered; a rank without compute ops has nothing to slow down."""
-        streams = self._compute_streams.get(rank)
-        if streams is None:
-            streams = self._compute_streams[rank] = {op.stream for op in self.p.ops[rank] if op.kind == COMPUTE}
+        streams = self._compute_streams[rank]
         return bool(streams) and streams != {stream}
 
     def _new_rendezvous(self, key) -> _Rendezvous:

@@ -86,3 +86,16 @@ def test_a_communication_on_the_only_compute_stream_slows_nothing():
     held = run(progs, HoldsSMs(0.3, flops_per_s=1e12, link_bytes_per_s=1e9))
     # the all-reduce [0, 2] starts under c1 [0, 1]: c2 owes c1's overlap and takes its own, 0.3 s each
     assert held.end_s[0][2] == pytest.approx(2.6)
+
+
+def test_a_communication_on_a_compute_stream_holds_against_the_ranks_other_compute_streams():
+    """Compute on two streams: a collective on one of them still runs beside the other's compute and slows
+    it (only a rank's sole compute stream is exempt)."""
+    progs = Programs(world_size=2, ops={})
+    g = progs.add_group([0, 1], "tp")
+    for r in range(2):
+        progs.ops[r] = [collective("ar", "all_reduce", g, 2e9), compute("side", 1e12, stream="aux"),
+                        compute("side2", 1e12, deps=(1,), stream="aux")]
+    held = run(progs, HoldsSMs(0.3, flops_per_s=1e12, link_bytes_per_s=1e9))
+    plain = run(progs, SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e9))
+    assert held.end_s[0][2] == pytest.approx(plain.end_s[0][2] + 0.6)
