@@ -600,9 +600,16 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
     """The final norm, LM head and loss; then, with multi-token prediction, each MTP module's parts besides its
     transformer layer (a layer unit of its own): the embedding of the shifted tokens, enorm and hnorm, eh_proj
     (2h -> h, column-parallel) and its own final norm, pass through the shared head and loss. Megatron-Core runs
-    those parts before and after the module's layer; they are priced here, after it, on the same stream."""
+    those parts before and after the module's layer; they are priced here, after it, on the same stream.
+
+    An eager loss (torchtitan's ``F.cross_entropy(pred.float(), ...)``) runs log_softmax as one kernel and, in
+    backward, nll_loss's zeroed gradient then log_softmax's backward. Under TP, torchtitan wraps it in
+    ``loss_parallel()`` (the default while TP is on) and DTensor runs torch.distributed.tensor.parallel.loss's
+    decomposition on each vocabulary shard: log_softmax as amax, x - max, exp, sum and - logsumexp, and one
+    fused nll_loss + log_softmax backward, (zeros + exp(logp)) * grad, each op a pass over the fp32 logits."""
     v = m.vocab / sh.tp
     T, h = sh.T, sh.h
+    loss_parallel = not w.fused_ce and sh.tp > 1
     for k in range(m.mtp_layers + 1):
         pre = f"mtp {k} " if k else ""
         if phase == FORWARD:
@@ -615,6 +622,9 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
             _linear(w, f"{pre}lm head", phase, T, v, h, fp8_ok=False)
             if w.fused_ce:  # fused cross-entropy (Megatron vocab-parallel, flash-attn xentropy): one read of the logits
                 w.ew(f"{pre}cross-entropy (fused)", T * v * w.a)
+            elif loss_parallel:
+                w.ew(f"{pre}logits float cast", T * v * (w.a + FP32))
+                w.ew(f"{pre}log_softmax (loss parallel: amax, x - max, exp, sum, - logsumexp)", T * v * 8 * FP32)
             else:
                 w.ew(f"{pre}logits float cast", T * v * (w.a + FP32))
                 w.ew(f"{pre}log_softmax", T * v * 2 * FP32)
@@ -626,7 +636,11 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
         if phase != BACKWARD_WEIGHT:
             if w.fused_ce:
                 w.ew(f"{pre}cross-entropy bwd (fused)", T * v * 2 * w.a)
+            elif loss_parallel:
+                w.ew(f"{pre}nll_loss + log_softmax bwd (loss parallel: zeros, exp, add, mul)", T * v * 8 * FP32)
+                w.ew(f"{pre}logits grad cast", T * v * (FP32 + w.a))
             else:
+                w.ew(f"{pre}nll_loss grad (zeros)", T * v * FP32)
                 w.ew(f"{pre}log_softmax bwd", T * v * 3 * FP32)
                 w.ew(f"{pre}logits grad cast", T * v * (FP32 + w.a))
         _linear(w, f"{pre}lm head", phase, T, v, h, fp8_ok=False)

@@ -297,12 +297,18 @@ def head_transient_bytes(model: ModelSpec, plan: ParallelPlan, backward: bool = 
     the eager loss the logits are gone (torchtitan's train step ``del pred`` before ``loss.backward()``;
     the copy and the linear save neither) and log_softmax's backward holds nll_loss's fp32 gradient and
     writes its own, both the logits' size, beside its saved output (8 bytes per logit; the cast back to the
-    activation dtype then needs 4 + 2); a fused loss writes the logits' gradient in their dtype."""
+    activation dtype then needs 4 + 2); a fused loss writes the logits' gradient in their dtype. Under TP the
+    eager loss is torchtitan's loss_parallel, whose decomposed ops hold more (below)."""
     if model.params_only or plan.attention == "eager":
         return 0.0
     tok = plan.seq / plan.cp * plan.micro_batch
     eager = plan.stack not in FUSED_CE_STACKS
-    if backward:
+    if eager and plan.tp > 1:
+        # torchtitan's loss_parallel (schedules.kernels._head): forward, beside the logits and their fp32 copy,
+        # x - max and its exp (the output, saved, replaces the exp); backward, beside the saved output, nll's
+        # zeroed gradient, exp of the output and their sum (then the product replaces the exp)
+        per = 4 * 3 if backward else model.dtype_bytes + 4 * 2
+    elif backward:
         per = 4 + 4 if eager else model.dtype_bytes
     else:
         per = model.dtype_bytes + (4 if eager else 0)

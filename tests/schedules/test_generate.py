@@ -528,6 +528,30 @@ def test_fsdp_without_pp_reduce_scatters_every_microbatch():
     assert len(_fsdp_ops(keep, 0, "all_gather")) == 4 * units
 
 
+def test_torchtitans_loss_parallel_holds_its_decomposed_log_softmax():
+    """Under TP torchtitan's eager loss is loss_parallel: DTensor runs log_softmax as amax, x - max, exp, sum,
+    - logsumexp on each vocabulary shard (8 fp32 passes instead of 2) and one nll_loss + log_softmax backward,
+    (zeros + exp(logp)) * grad (8 passes instead of 1 + 3). Memory beyond the saved fp32 output: forward the
+    logits, their fp32 copy and x - max beside its exp (2 + 8 bytes per logit), backward the zeroed gradient,
+    the exp and their sum (12); a fused loss and TP 1 are unchanged. The engine's memory timeline agrees."""
+    model = custom_model(layers=2, hidden=256, heads=8, vocab=50_000)
+    local = SEQ * model.vocab / 2
+    plan = ParallelPlan(seq=SEQ, tp=2, stack="torchtitan")
+    assert head_transient_bytes(model, plan) == pytest.approx(10 * local)
+    assert head_transient_bytes(model, plan, backward=True) == pytest.approx(12 * local)
+    for stack in ("megatron", "torchtitan-compile-loss"):
+        p = dataclasses.replace(plan, stack=stack)
+        assert head_transient_bytes(model, p) == head_transient_bytes(model, p, backward=True) == pytest.approx(2 * local)
+    ks = {ph: {k.name: k.bytes for k in phase_kernels(model, plan, None, ph, part="head")}
+          for ph in ("forward", "backward")}
+    assert ks["forward"]["log_softmax (loss parallel: amax, x - max, exp, sum, - logsumexp)"] == pytest.approx(32 * local)
+    assert ks["backward"]["nll_loss + log_softmax bwd (loss parallel: zeros, exp, add, mul)"] == pytest.approx(32 * local)
+    plain = {k.name for k in phase_kernels(model, dataclasses.replace(plan, tp=1), None, "backward", part="head")}
+    assert {"nll_loss grad (zeros)", "log_softmax bwd"} <= plain
+    progs, res = _step(model, plan, cost=SimpleCostModel())
+    assert peak_memory(res, 0) == pytest.approx(memory_per_rank(model, plan)["stage0"]["total"])
+
+
 def test_logits_are_live_beside_the_head_while_the_loss_runs():
     """The LM head's logits (activation dtype) and, under torchtitan's eager cross-entropy, their fp32 copy are
     live beside the saved fp32 softmax: closed form, and the engine's memory timeline reaches it."""
