@@ -482,6 +482,7 @@ class _StageBuilder:
             main = 0.0
         # memory events on the first / last op of the unit
         alloc, free = [], []
+        tb = u.transient if u.transient_b is None else u.transient_b     # held while the backward runs
         if a.phase == "F" and u.act:
             alloc.append(("activations", u.act))
             if u.kind == "head" and u.transient:     # the logits while the loss runs
@@ -489,12 +490,12 @@ class _StageBuilder:
         elif a.phase == "B":
             if u.act:
                 free.append(("activations", u.act))
-            if tb := (u.transient if u.transient_b is None else u.transient_b):
+            if tb:
                 alloc.append(("activations", tb)); free.append(("activations", tb))
         elif a.phase == "Bi":
             if u.act * (1 - u.w_frac):
                 free.append(("activations", u.act * (1 - u.w_frac)))
-            if tb := (u.transient if u.transient_b is None else u.transient_b):
+            if tb:
                 alloc.append(("activations", tb)); free.append(("activations", tb))
         elif a.phase == "W" and u.act * u.w_frac:
             free.append(("activations", u.act * u.w_frac))

@@ -83,6 +83,13 @@ VARLEN_UNPAD_STACKS = ("llm-foundry",)
 #: torchtitan compiled the blocks only; a compiled loss is one Inductor kernel reading the bf16 logits)
 FUSED_CE_STACKS = ("megatron", "llm-foundry", "torchtitan-compile-loss")
 DTYPES = ("bf16", "fp8")
+PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
+BF16, FP32 = 2, 4
+
+
+def _attention_impl(stack: str, attention_kernel: str = "auto") -> str:
+    """The FlashAttention kernel a stack runs (``ATTENTION_IMPL``) unless the plan names another."""
+    return ATTENTION_IMPL[stack] if attention_kernel == "auto" else attention_kernel
 
 
 def _unpads(stack: str, attention_impl: str) -> bool:
@@ -92,10 +99,7 @@ def _unpads(stack: str, attention_impl: str) -> bool:
 def unpads_tokens(plan: ParallelPlan) -> bool:
     """Whether the plan's attention core runs on unpadded tokens (``_varlen_core``; FlashAttention only)."""
     stack = getattr(plan, "stack", None) or "megatron"
-    kernel = getattr(plan, "attention_kernel", "auto")
-    return plan.attention == "flash" and _unpads(stack, ATTENTION_IMPL.get(stack) if kernel == "auto" else kernel)
-PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
-BF16, FP32 = 2, 4
+    return plan.attention == "flash" and _unpads(stack, _attention_impl(stack, getattr(plan, "attention_kernel", "auto")))
 
 
 def default_stack(vendor: str) -> str:
@@ -264,7 +268,7 @@ class _Writer:
         # _eval_train_metrics, Composer 0.14-0.17); llm-foundry's MPT registers LanguageCrossEntropy and
         # LanguagePerplexity, each a torch.nn.CrossEntropyLoss over the logits under autocast (fp32 math)
         self.train_metrics = 2 if stack == "llm-foundry" else 0
-        self.attention_impl = ATTENTION_IMPL[stack] if attention_kernel == "auto" else attention_kernel
+        self.attention_impl = _attention_impl(stack, attention_kernel)
         # llm-foundry's attn_impl: flash (flash_attn_fn) runs flash-attn's varlen kernel on unpadded tokens
         self.unpad = _unpads(stack, self.attention_impl)
         self.fp8 = dtype == "fp8"
@@ -622,12 +626,12 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
             _linear(w, f"{pre}lm head", phase, T, v, h, fp8_ok=False)
             if w.fused_ce:  # fused cross-entropy (Megatron vocab-parallel, flash-attn xentropy): one read of the logits
                 w.ew(f"{pre}cross-entropy (fused)", T * v * w.a)
-            elif loss_parallel:
-                w.ew(f"{pre}logits float cast", T * v * (w.a + FP32))
-                w.ew(f"{pre}log_softmax (loss parallel: amax, x - max, exp, sum, - logsumexp)", T * v * 8 * FP32)
             else:
                 w.ew(f"{pre}logits float cast", T * v * (w.a + FP32))
-                w.ew(f"{pre}log_softmax", T * v * 2 * FP32)
+                if loss_parallel:
+                    w.ew(f"{pre}log_softmax (loss parallel: amax, x - max, exp, sum, - logsumexp)", T * v * 8 * FP32)
+                else:
+                    w.ew(f"{pre}log_softmax", T * v * 2 * FP32)
             if not k:
                 for i in range(w.train_metrics):    # no-grad eager cross-entropies of the train metrics
                     w.ew(f"train metric {i + 1} logits float cast", T * v * (w.a + FP32))
@@ -636,12 +640,12 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
         if phase != BACKWARD_WEIGHT:
             if w.fused_ce:
                 w.ew(f"{pre}cross-entropy bwd (fused)", T * v * 2 * w.a)
-            elif loss_parallel:
-                w.ew(f"{pre}nll_loss + log_softmax bwd (loss parallel: zeros, exp, add, mul)", T * v * 8 * FP32)
-                w.ew(f"{pre}logits grad cast", T * v * (FP32 + w.a))
             else:
-                w.ew(f"{pre}nll_loss grad (zeros)", T * v * FP32)
-                w.ew(f"{pre}log_softmax bwd", T * v * 3 * FP32)
+                if loss_parallel:
+                    w.ew(f"{pre}nll_loss + log_softmax bwd (loss parallel: zeros, exp, add, mul)", T * v * 8 * FP32)
+                else:
+                    w.ew(f"{pre}nll_loss grad (zeros)", T * v * FP32)
+                    w.ew(f"{pre}log_softmax bwd", T * v * 3 * FP32)
                 w.ew(f"{pre}logits grad cast", T * v * (FP32 + w.a))
         _linear(w, f"{pre}lm head", phase, T, v, h, fp8_ok=False)
         if phase != BACKWARD_WEIGHT:

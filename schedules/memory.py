@@ -302,16 +302,16 @@ def head_transient_bytes(model: ModelSpec, plan: ParallelPlan, backward: bool = 
     if model.params_only or plan.attention == "eager":
         return 0.0
     tok = plan.seq / plan.cp * plan.micro_batch
-    eager = plan.stack not in FUSED_CE_STACKS
-    if eager and plan.tp > 1:
+    a = model.dtype_bytes
+    if plan.stack in FUSED_CE_STACKS:
+        per = a                         # the logits, then their gradient, in the activation dtype
+    elif plan.tp > 1:
         # torchtitan's loss_parallel (schedules.kernels._head): forward, beside the logits and their fp32 copy,
         # x - max and its exp (the output, saved, replaces the exp); backward, beside the saved output, nll's
         # zeroed gradient, exp of the output and their sum (then the product replaces the exp)
-        per = 4 * 3 if backward else model.dtype_bytes + 4 * 2
-    elif backward:
-        per = 4 + 4 if eager else model.dtype_bytes
+        per = 12 if backward else a + 8
     else:
-        per = model.dtype_bytes + (4 if eager else 0)
+        per = 8 if backward else a + 4
     return per * tok * model.vocab / plan.tp
 
 

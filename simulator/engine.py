@@ -666,7 +666,7 @@ class Engine:
             self._fire(ended)
 
     # ------------------------------------------------------------------ streams
-    def _stream(self, rank: int, idxs: list[int], stream: str | None = None) -> Callable:
+    def _stream(self, rank: int, idxs: list[int], stream: str) -> Callable:
         """The stream (rank, ``idxs``) as a callback: ``resume(event)`` runs its ops in program order until
         one must wait (for a dependency, its own end, or peers), registers itself on that event and returns;
         SimPy's queue calls it again when the event is processed. This is the engine's hot loop.
@@ -831,7 +831,7 @@ class Engine:
         own.append(resume)
         return resume
 
-    def _overlaps_compute(self, rank: int, stream: str | None) -> bool:
+    def _overlaps_compute(self, rank: int, stream: str) -> bool:
         """Whether communications on ``stream`` can overlap compute ops of ``rank``: a stream waits for each op
         to end, so a communication on the only stream with compute ops never runs beside one (its SM hold
         would slow nothing) and is not registered; a rank without compute ops has nothing to slow down."""

@@ -69,6 +69,7 @@ def test_the_cli_offers_the_stacks_and_dtypes_the_kernel_model_knows():
     assert experiment.GRAD_REDUCE_DTYPES == kernels.GRAD_REDUCE_DTYPES
     from schedules import plan
     assert experiment.EXPERT_GRIDS == plan.EXPERT_GRIDS
+    assert experiment.MOE_DISPATCHERS == plan.MOE_DISPATCHERS
     assert experiment.ATTENTION == plan.ATTENTION and experiment.ATTENTION_KERNELS == plan.ATTENTION_KERNELS
 
 
