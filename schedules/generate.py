@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedules import memory as mem
-from schedules.kernels import FSDP1_STACKS, optimizer_step_bytes, phase_kernels, ub_chunks, ub_segments
+from schedules.kernels import (FSDP1_STACKS, REPEAT_KV_STACKS, optimizer_step_bytes, phase_kernels, ub_chunks,
+                               ub_segments)
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops, selective_extra_flops
@@ -730,8 +731,8 @@ class _StageBuilder:
         m, p = self.m, self.p
         if m.is_mla:
             width = m.kv_lora_rank + m.qk_rope_dim
-        else:
-            width = 2 * m.kv_heads * m.d_head / p.tp
+        else:       # the attention kernel's K and V: expanded to the query heads under repeat_kv (torch's CP)
+            width = 2 * (m.heads if p.stack in REPEAT_KV_STACKS else m.kv_heads) * m.d_head / p.tp
         return self.tokens_rank * width * self.dt
 
     # data parallel ---------------------------------------------------------------------------------

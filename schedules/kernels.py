@@ -12,7 +12,9 @@ Stacks (``plan.stack``)
                  norms.py writes (x.float(), pow, mean, +eps, rsqrt, multiply, type_as, * weight; autograd
                  runs the chain backward), RoPE as cast + complex multiply + cast back, separate wq / wk /
                  wv and w1 / w3 GEMMs, SiLU and multiply as two kernels, plain residual adds, cross-entropy as float cast +
-                 log_softmax + its backward.
+                 log_softmax + its backward. Its Llama expands K and V to the query heads before attention
+                 (``repeat_kv``, a copy; the backward sums it back), under torch.compile too, until torchtitan
+                 #2259 (2026-01): the attention kernel saves, and context parallelism rotates, expanded K, V.
     torchtitan-compile
                  torchtitan under torch.compile: the same GEMMs and cross-entropy; Inductor fuses each
                  pointwise chain into one kernel (the RMSNorm, RoPE, SiLU x multiply). The loss stays eager
@@ -74,6 +76,12 @@ ATTENTION_IMPL = {"megatron": "te", "torchtitan": "flash2", "llm-foundry": "trit
 #: chain of eager ops, the cross-entropy's fp32 copy of the logits (llm-foundry's MPT runs one F.layer_norm
 #: kernel and a fused cross-entropy); schedules.memory keeps what those ops save
 EAGER_POINTWISE = ("torchtitan",)
+#: stacks whose attention expands K and V to the query heads before the attention kernel (GQA): torchtitan's
+#: Llama ``repeat_kv`` (models/llama/model.py: ``unsqueeze(3).expand(...).reshape(...)``, a copy, then
+#: ``F.scaled_dot_product_attention`` on the expanded K, V), eager and compiled, until torchtitan #2259
+#: (2026-01-27, ``enable_gqa``). SDPA then saves, and context parallelism rotates, the expanded K and V
+#: (schedules.memory, schedules.generate); the backward sums the repeats' gradients
+REPEAT_KV_STACKS = ("torchtitan",) + COMPILED_STACKS
 #: stacks whose FlashAttention-2 path unpads the tokens around flash-attn's varlen kernel (``_varlen_core``):
 #: llm-foundry's flash_attn_fn; its Triton path and the other stacks take the padded (b, s, h, d) layout
 VARLEN_UNPAD_STACKS = ("llm-foundry",)
@@ -261,6 +269,7 @@ class _Writer:
         self.eager_norm = stack in EAGER_POINTWISE
         self.compiled = stack in COMPILED_STACKS      # Inductor: one kernel per pointwise chain
         self.separate_qkv = stack == "torchtitan" or stack in COMPILED_STACKS   # wq, wk, wv linears
+        self.repeat_kv = stack in REPEAT_KV_STACKS
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
         # (flash-attn's xentropy CUDA kernel, modeling_mpt.py) reads bf16 logits and writes their gradient
         self.fused_ce = stack in FUSED_CE_STACKS
@@ -472,6 +481,22 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
     """The attention core on this rank's own KV block (the other cp-1 blocks are ``ring`` ops)."""
     d_qk = m.d_head + m.qk_rope_dim if m.is_mla else sh.d
     d_v = m.v_head_dim if m.is_mla else sh.d
+    # repeat_kv (REPEAT_KV_STACKS): K and V, each read at its kv heads and written at the query heads; the
+    # backward sums the gradient of the expanded K and V back (the same bytes)
+    repeat = w.repeat_kv and not m.is_mla and sh.heads > sh.kv
+    if repeat and pass_ == "fwd":
+        w.ew("repeat_kv (k, v to the query heads)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
+    _core_kernel(w, m, p, sh, pass_, d_qk, d_v)
+    if repeat and pass_ == "bwd":
+        w.ew("repeat_kv bwd (sum of the repeats)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
+
+
+def repeat_kv_bytes(tokens: float, heads: float, kv_heads: float, d_head: float, act_bytes: float) -> float:
+    """Bytes repeat_kv moves for K and V together: each read at ``kv_heads`` and written at ``heads`` (per rank)."""
+    return 2 * act_bytes * tokens * d_head * (kv_heads + heads)
+
+
+def _core_kernel(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str, d_qk: float, d_v: float) -> None:
     # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block)
     if p.attention == "eager":
         _eager_core(w, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, _has_dropout(m))

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS, recomputed_norms, unpads_tokens
+from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS, REPEAT_KV_STACKS, recomputed_norms, unpads_tokens
 from schedules.models import ModelSpec
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 
@@ -213,7 +213,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
         dqk, dv, kvh = model.d_head + model.qk_rope_dim, model.v_head_dim, a
     else:
         dqk = dv = model.d_head
-        kvh = model.kv_heads
+        # torchtitan's repeat_kv: the attention kernel saves K and V expanded to the query heads (its inputs)
+        kvh = model.heads if plan.stack in REPEAT_KV_STACKS else model.kv_heads
     # FP8 recipes save the inputs of the FP8 GEMMs in FP8 (1 byte) for the weight gradients; FlashAttention's
     # backward still reads its output in BF16, so the projection keeps an FP8 copy beside it
     f = 1 if getattr(plan, "dtype", "bf16") == "fp8" else e
@@ -231,7 +232,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
             out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
                     Saved("latent norm output", e * tok * lat, "sp", "W")]
     out += [Saved("q (rotated)", e * tok * a * dqk, "tp", "B", up),
-            Saved("k, v", e * tok * kvh * (dqk + dv), "tp", "B", up),
+            Saved("k, v" if kvh == model.kv_heads or model.is_mla else "k, v (expanded by repeat_kv)",
+                  e * tok * kvh * (dqk + dv), "tp", "B", up),
             Saved("attention output (projection input)", e * tok * a * dv, "tp", "W"),
             Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", ("core_attn",)),
             Saved("norm2 input", e * tok * h, "sp", "B"),

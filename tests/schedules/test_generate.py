@@ -148,6 +148,20 @@ def test_context_parallel_ring_passes_kv_blocks():
     assert {op.peer for op in progs.ops[0] if op.kind == "send" and op.strategy == "cp"} == {1}
 
 
+@pytest.mark.parametrize("stack, heads", [("megatron", 2), ("torchtitan", 8), ("torchtitan-compile", 8)])
+def test_context_parallel_kv_blocks_are_what_the_attention_kernel_reads(stack, heads):
+    """A forward ring step sends the rank's K and V block: at the kv heads (Megatron / Transformer Engine), at
+    the query heads under torchtitan's repeat_kv (torch's context parallelism rotates the attention kernel's
+    inputs); backward steps send K, V and their gradients (twice the bytes)."""
+    gqa = dataclasses.replace(TINY, kv_heads=2)
+    cp, tp = 2, 2
+    progs = build_programs(gqa, ParallelPlan(cp=cp, tp=tp, seq=SEQ, stack=stack))
+    tokens = SEQ // cp
+    block = tokens * 2 * (heads / tp) * gqa.d_head * gqa.dtype_bytes
+    sizes = sorted({op.size_bytes for op in progs.ops[0] if op.kind == "send" and op.strategy == "cp"})
+    assert sizes == [pytest.approx(block), pytest.approx(2 * block)]
+
+
 @pytest.mark.parametrize("recompute, overlap", [("none", False), ("selective", False), ("full", False),
                                                ("full", True), ("none", True)])
 def test_executed_flops_equal_model_flops(recompute, overlap):

@@ -259,10 +259,41 @@ def test_eager_stack_saves_what_its_eager_ops_keep():
     fused = sum(t.nbytes for t in saved_tensors(m, ParallelPlan(seq=4096, stack="megatron"), 0))
     eager = sum(t.nbytes for t in saved_tensors(m, ParallelPlan(seq=4096, stack="torchtitan"), 0))
     compiled = sum(t.nbytes for t in saved_tensors(m, ParallelPlan(seq=4096, stack="torchtitan-compile"), 0))
-    assert eager - fused == pytest.approx(2 * tok * m.hidden * (4 - 2 + 2) + tok * m.ffn * 2)
-    assert compiled == fused
+    # torchtitan (eager and compiled) saves K and V expanded to the query heads by repeat_kv
+    expanded = 2 * tok * (m.heads - m.kv_heads) * m.d_head * 2
+    assert eager - fused == pytest.approx(2 * tok * m.hidden * (4 - 2 + 2) + tok * m.ffn * 2 + expanded)
+    assert compiled == fused + expanded
     # Megatron's selective recomputation re-runs only the attention core: the eager pointwise saves stay (its
     # per-op checkpointing, recompute op, keeps none of them: tests/schedules/test_recompute.py)
     sel = dict(seq=4096, recompute="selective")
     kept = lambda stack: sum(t.nbytes for t in saved_tensors(m, ParallelPlan(stack=stack, **sel), 0) if not t.core)
     assert kept("torchtitan") - kept("megatron") == pytest.approx(eager - fused)
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "torchtitan-compile", "torchtitan-compile-loss"])
+@pytest.mark.parametrize("tp", [1, 8])
+def test_torchtitan_repeats_kv_heads_before_the_attention_kernel(stack, tp):
+    """torchtitan's Llama (before #2259) expands K and V to the query heads (repeat_kv: a copy) before SDPA:
+    forward reads K, V at the kv heads and writes them at the query heads, the backward sums the repeats back
+    (the same bytes); per rank under TP (70B on TP8: 8 query heads, 1 kv head). Other stacks, MHA models and
+    MLA have no such kernel."""
+    m = get_model("llama3-70b")
+    plan = ParallelPlan(tp=tp, sp=tp > 1, seq=4096, micro_batch=2, stack=stack)
+    tok, heads, kv = 4096 * 2, m.heads / tp, m.kv_heads / tp
+    expect = 2 * 2 * tok * m.d_head * (kv + heads)      # K and V, 2-byte activations
+    for phase, name in (("forward", "repeat_kv (k, v to the query heads)"),
+                        ("backward", "repeat_kv bwd (sum of the repeats)"),
+                        ("backward_input", "repeat_kv bwd (sum of the repeats)")):
+        ks = [k for k in phase_kernels(m, plan, 0, phase, recompute=False) if k.name.startswith("repeat_kv")]
+        assert [(k.name, k.kind) for k in ks] == [(name, ELEMENTWISE)]
+        assert ks[0].bytes == pytest.approx(expect)
+    assert not [k for k in phase_kernels(m, plan, 0, "backward_weight") if k.name.startswith("repeat_kv")]
+    # full recomputation re-runs the forward's copy before the backward's sum
+    full = dataclasses.replace(plan, recompute="full")
+    assert [k.name for k in phase_kernels(m, full, 0, "backward") if k.name.startswith("repeat_kv")] == \
+        ["repeat_kv (k, v to the query heads)", "repeat_kv bwd (sum of the repeats)"]
+    for other_model, other_stack in (("llama3-70b", "megatron"), ("llama3-70b", "llm-foundry"),
+                                     ("llama2-13b", stack), ("deepseek-v3", stack)):
+        om = get_model(other_model)
+        op = ParallelPlan(tp=tp, sp=tp > 1, seq=4096, stack=other_stack, ep=1)
+        assert not [k for ph in PHASES for k in phase_kernels(om, op, 0, ph) if k.name.startswith("repeat_kv")]
