@@ -16,7 +16,10 @@ Streams
                          embedding all-reduce
     pp_send_*, pp_recv_* one stream per pipeline neighbour and direction; receives are posted in the
                          sender's production order, compute waits on them
-    cp_send, cp_recv     ring attention: KV blocks passed around the CP group, one per ring step
+    cp_send, cp_recv     ring attention: KV blocks passed around the CP group, one per ring step (Transformer
+                         Engine's P2P ring); under torch's context parallelism (torchtitan stacks) one
+                         all-gather of the KV blocks per attention pass, and backward the fp32 dK, dV
+                         accumulators passed around the ring (``_gathered_ring_steps``)
 
 Per layer, micro-batch and phase (forward / backward, or backward-input and backward-weight for ZB-H1):
     [FSDP all-gather] -> [TP AG] attention (+ CP ring steps) [TP RS|AR] -> [EP a2a, experts, EP a2a]
@@ -33,8 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedules import memory as mem
-from schedules.kernels import (FSDP1_STACKS, REPEAT_KV_STACKS, optimizer_step_bytes, phase_kernels, ub_chunks,
-                               ub_segments)
+from schedules.kernels import (FSDP1_STACKS, REPEAT_KV_STACKS, TORCH_CP_STACKS, optimizer_step_bytes, phase_kernels,
+                               ub_chunks, ub_segments)
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops, selective_extra_flops
@@ -669,6 +672,8 @@ class _StageBuilder:
         """Ring attention after the op ``block_ready`` that attended to the rank's own KV block: item[4] steps
         that pass a KV block on and attend to the one received (item[3] FLOPs each); returns the last step's
         op, which carries ``free``."""
+        if self.p.stack in TORCH_CP_STACKS:
+            return self._gathered_ring_steps(u, a, item, block_ready, lab, free)
         name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
         kv = self._kv_bytes() * (2 if a.phase != "F" else 1)
         idx = block_ready
@@ -679,6 +684,36 @@ class _StageBuilder:
             fr = {"free": free} if free and step == item[4] - 1 else {}
             idx = self.comp(f"{name} ring", item[3], 0.0, (block_ready,), **lab, **fr,
                             kernels=self._kernels(u, a.phase, "ring"))
+        return idx
+
+    def _gathered_ring_steps(self, u: Unit, a: Action, item: tuple, block_ready: int, lab: dict, free=None) -> int:
+        """torch's context parallelism (``TORCH_CP_STACKS``): one all-gather of every rank's K, V block (the
+        gathered cp blocks), issued with the rank's own block and waited before the first of the item[4] other
+        blocks. Backward also passes the fp32 dK, dV accumulators on (twice the bf16 block's bytes): this rank's
+        after its own block, then after each other block the one received from the previous rank (its wait
+        before the accumulation), and a last hop brings each rank its own accumulated gradients, which the
+        layer's backward waits for (a zero-time op on the compute stream). Returns the last compute op, which
+        carries ``free``."""
+        name = u.name if u.kind != "layer" else f"{a.phase} {u.name}"
+        kv = self._kv_bytes()
+        backward = a.phase != "F"
+        gathered = self.coll("cp kv all-gather", "all_gather", "cp", kv * self.p.cp, "cp_send", (block_ready,),
+                             strategy="cp", **lab)
+        dkv = 2 * kv
+        if backward:
+            self.emit(Op(SEND, "cp dkv", "cp_send", (block_ready,), size_bytes=dkv, strategy="cp", **lab), ("cp", 1))
+        idx = block_ready
+        for step in range(item[4]):
+            fr = {"free": free} if free and step == item[4] - 1 and not backward else {}
+            idx = self.comp(f"{name} ring", item[3], 0.0, (gathered,) if step == 0 else (), **lab, **fr,
+                            kernels=self._kernels(u, a.phase, "ring"))
+            if backward:
+                got = self.emit(Op(RECV, "cp dkv", "cp_recv", (), size_bytes=dkv, strategy="cp", **lab), ("cp", -1))
+                self.emit(Op(SEND, "cp dkv", "cp_send", (idx, got), size_bytes=dkv, strategy="cp", **lab), ("cp", 1))
+        if backward:
+            got = self.emit(Op(RECV, "cp dkv", "cp_recv", (), size_bytes=dkv, strategy="cp", **lab), ("cp", -1))
+            idx = self.emit(Op("compute", "cp dkv wait", "compute", (got,), duration_s=0.0, strategy="cp",
+                               **lab, **({"free": free} if free else {})))
         return idx
 
     def _write_item(self, u: Unit, a: Action, item: tuple, d: tuple, kw: dict, lab: dict) -> int:

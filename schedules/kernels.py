@@ -15,6 +15,9 @@ Stacks (``plan.stack``)
                  log_softmax + its backward. Its Llama expands K and V to the query heads before attention
                  (``repeat_kv``, a copy; the backward sums it back), under torch.compile too, until torchtitan
                  #2259 (2026-01): the attention kernel saves, and context parallelism rotates, expanded K, V.
+                 Context parallelism is torch's (``TORCH_CP_STACKS``): its ring attention's elementwise passes
+                 (fp32 merges and gradient accumulators, K, V copies; ``_torch_cp_passes``) around the
+                 attention kernels, op by op in eager, fused under compile.
     torchtitan-compile
                  torchtitan under torch.compile: the same GEMMs and cross-entropy; Inductor fuses each
                  pointwise chain into one kernel (the RMSNorm, RoPE, SiLU x multiply). The loss stays eager
@@ -82,6 +85,13 @@ EAGER_POINTWISE = ("torchtitan",)
 #: (2026-01-27, ``enable_gqa``). SDPA then saves, and context parallelism rotates, the expanded K and V
 #: (schedules.memory, schedules.generate); the backward sums the repeats' gradients
 REPEAT_KV_STACKS = ("torchtitan",) + COMPILED_STACKS
+#: stacks whose context parallelism is torch's (``torch.distributed.tensor.experimental.context_parallel``, as
+#: torchtitan runs it): with torchtitan's default ``context_parallel_rotate_method = "allgather"`` each attention
+#: all-gathers every rank's K, V block once (waited after the rank's own, diagonal block), and the backward
+#: all-gathers them again and passes fp32 dK, dV accumulators around the ring, one hop per block
+#: (``_templated_ring_attention_backward``: accumulators in fp32, rotated by all-to-all permutes) and a last
+#: hop home (schedules.generate); the other stacks pass K, V blocks around a ring (Transformer Engine's P2P)
+TORCH_CP_STACKS = ("torchtitan",) + COMPILED_STACKS
 #: stacks whose FlashAttention-2 path unpads the tokens around flash-attn's varlen kernel (``_varlen_core``):
 #: llm-foundry's flash_attn_fn; its Triton path and the other stacks take the padded (b, s, h, d) layout
 VARLEN_UNPAD_STACKS = ("llm-foundry",)
@@ -270,6 +280,7 @@ class _Writer:
         self.compiled = stack in COMPILED_STACKS      # Inductor: one kernel per pointwise chain
         self.separate_qkv = stack == "torchtitan" or stack in COMPILED_STACKS   # wq, wk, wv linears
         self.repeat_kv = stack in REPEAT_KV_STACKS
+        self.torch_cp = stack in TORCH_CP_STACKS
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
         # (flash-attn's xentropy CUDA kernel, modeling_mpt.py) reads bf16 logits and writes their gradient
         self.fused_ce = stack in FUSED_CE_STACKS
@@ -487,8 +498,65 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
     if repeat and pass_ == "fwd":
         w.ew("repeat_kv (k, v to the query heads)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
     _core_kernel(w, m, p, sh, pass_, d_qk, d_v)
+    if w.torch_cp and p.cp > 1 and p.attention != "eager":
+        _torch_cp_passes(w, sh, pass_, d_qk, d_v, sh.heads if repeat or m.is_mla else sh.kv, own_block=True)
     if repeat and pass_ == "bwd":
         w.ew("repeat_kv bwd (sum of the repeats)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
+
+
+#: the elementwise kernels of torch's ring attention (``_torch_cp_passes``) run inside the attention op: per-op
+#: checkpointing saves that op's outputs and re-runs none of them (``op_policy``)
+TORCH_CP_PREFIX = "cp: "
+
+
+def _torch_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, kv_heads: float,
+                     own_block: bool) -> None:
+    """The elementwise passes of torch's context-parallel attention (``TORCH_CP_STACKS``;
+    torch/distributed/tensor/experimental/_attention.py, ``_templated_ring_attention`` and its backward, as of
+    early 2025) on this rank's own block (``own_block``: once per layer and pass) or on one other block (per
+    ring step, averaged over the CP ranks: with round-robin load balancing half the other blocks update the
+    whole output, half its second half through ``_partial_update``, a ``torch.cat`` that rewrites the tensor).
+    Eager (torchtitan without compile), op by op: forward, K, V ``.contiguous()`` (the attention's inputs are
+    transposed views), a ``torch.cat`` of K, V before each exchange but the last, each block's output cast to
+    fp32 and merged, out - sigmoid(lse_b - lse) * (out - out_b) (32 bytes per element), the final cast back;
+    backward, fp32 accumulators for dQ, dK, dV (zeroed, each block's gradient added: 8 + a bytes per element),
+    the K, V ``torch.cat`` and the fp32 dK, dV ``torch.cat`` before each hop, the final casts. Compiled
+    (torchtitan compiles each block with fullgraph=True, the ring attention traced into the graph): Inductor
+    fuses each chain into one pass over the tensors it reads and writes, and drops the K, V concatenations the
+    all-gather rotation never sends (all but the first): forward, the all-gather's K, V copy, the output's
+    fp32 accumulator (read it, the block's output, write it: 8 + a), the casts in and out; backward, the
+    all-gather's copy, each accumulation (8 + a, written straight into the next hop's buffer), the casts.
+    Elements per rank: q = T·heads·d_v (the output's), kv = T·kv_heads·(d_qk + d_v)."""
+    a, f = w.a, FP32
+    q = sh.T * sh.heads * d_v
+    kv = sh.T * kv_heads * (d_qk + d_v)
+    add = 2 * f + a                       # fp32 += bf16: read both, write fp32
+    part = 0.75 * (q + kv)                # elements a block's gradients cover, on average (half: a half)
+    rewrite = 0.5 * f * q                 # fused: half the blocks rewrite the output's other half (read, write)
+    if w.compiled:
+        if own_block:
+            w.ew(TORCH_CP_PREFIX + "k, v copy for the all-gather", 2 * a * kv)
+            w.ew(TORCH_CP_PREFIX + "fp32 accumulators: casts in and out",
+                 2 * (a + f) * (q if pass_ == "fwd" else q + kv))
+        elif pass_ == "fwd":
+            w.ew(TORCH_CP_PREFIX + "merge block output (fp32, fused)", add * 0.75 * q + rewrite)
+        else:
+            w.ew(TORCH_CP_PREFIX + "accumulate dq, dk, dv (fp32, fused)", add * part + 0.5 * f * (q + kv))
+        return
+    if pass_ == "fwd" and own_block:
+        w.ew(TORCH_CP_PREFIX + "k, v contiguous", 2 * a * kv)
+        w.ew(TORCH_CP_PREFIX + "output to fp32, then back", 2 * (a + f) * q)
+    elif pass_ == "fwd":
+        w.ew(TORCH_CP_PREFIX + "k, v cat for the exchange", 2 * a * kv)
+        w.ew(TORCH_CP_PREFIX + "merge block output (fp32)", (a + f + 8 * f) * 0.75 * q + 2 * rewrite)
+    elif own_block:
+        w.ew(TORCH_CP_PREFIX + "k, v contiguous", 2 * a * kv)
+        w.ew(TORCH_CP_PREFIX + "fp32 dq, dk, dv: zeros, add, casts back", (f + add + f + a) * (q + kv))
+        w.ew(TORCH_CP_PREFIX + "dk, dv cat for the hop (fp32)", 2 * f * kv)
+    else:
+        w.ew(TORCH_CP_PREFIX + "k, v cat for the exchange", 2 * a * kv)
+        w.ew(TORCH_CP_PREFIX + "accumulate dq, dk, dv (fp32)", add * part + 0.5 * 2 * f * (q + kv))
+        w.ew(TORCH_CP_PREFIX + "dk, dv cat for the hop (fp32)", 2 * f * kv)
 
 
 def repeat_kv_bytes(tokens: float, heads: float, kv_heads: float, d_head: float, act_bytes: float) -> float:
@@ -744,7 +812,7 @@ def op_policy(model: ModelSpec, kernels) -> tuple[list[Kernel], list[Kernel]]:
         if k.kind == GEMM:
             mm += 1
             (saved if mm % 2 else rec).append(k)
-        elif k.kind == ATTENTION:
+        elif k.kind == ATTENTION or k.name.startswith(TORCH_CP_PREFIX):
             saved.append(k)
         else:
             rec.append(k)
@@ -837,6 +905,10 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
             else ["bwd"])
         for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
             w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
+            if w.torch_cp:
+                repeat = w.repeat_kv and not model.is_mla and sh.heads > sh.kv
+                _torch_cp_passes(w, sh, ps, d_qk, d_v, sh.heads if repeat or model.is_mla else sh.kv,
+                                 own_block=False)
         if phase == BACKWARD_WEIGHT:
             w.out.clear()
     elif part == "head":

@@ -150,16 +150,69 @@ def test_context_parallel_ring_passes_kv_blocks():
 
 @pytest.mark.parametrize("stack, heads", [("megatron", 2), ("torchtitan", 8), ("torchtitan-compile", 8)])
 def test_context_parallel_kv_blocks_are_what_the_attention_kernel_reads(stack, heads):
-    """A forward ring step sends the rank's K and V block: at the kv heads (Megatron / Transformer Engine), at
-    the query heads under torchtitan's repeat_kv (torch's context parallelism rotates the attention kernel's
-    inputs); backward steps send K, V and their gradients (twice the bytes)."""
+    """The rank's K and V block is what the attention kernel reads: at the kv heads (Megatron / Transformer
+    Engine), at the query heads under torchtitan's repeat_kv. Megatron's ring sends it on each step forward and
+    K, V with their gradients backward (twice the bytes); torch's context parallelism all-gathers the cp blocks
+    and passes fp32 dK, dV accumulators (twice the bf16 block) backward."""
     gqa = dataclasses.replace(TINY, kv_heads=2)
     cp, tp = 2, 2
     progs = build_programs(gqa, ParallelPlan(cp=cp, tp=tp, seq=SEQ, stack=stack))
     tokens = SEQ // cp
     block = tokens * 2 * (heads / tp) * gqa.d_head * gqa.dtype_bytes
     sizes = sorted({op.size_bytes for op in progs.ops[0] if op.kind == "send" and op.strategy == "cp"})
-    assert sizes == [pytest.approx(block), pytest.approx(2 * block)]
+    gathers = {op.size_bytes for op in progs.ops[0] if op.kind == "collective" and op.strategy == "cp"}
+    if stack == "megatron":
+        assert sizes == [pytest.approx(block), pytest.approx(2 * block)] and not gathers
+    else:
+        assert sizes == [pytest.approx(2 * block)] and sorted(gathers) == [pytest.approx(cp * block)]
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_torch_context_parallelism_gathers_kv_and_passes_fp32_gradients_on(recompute):
+    """torchtitan's context parallelism (torch's, rotate method allgather): per layer and pass one all-gather of
+    the K, V blocks on the CP group, which the first other-block attention waits for; forward sends nothing;
+    backward sends cp fp32 dK, dV accumulators to the next CP rank (after its own block, then after each other
+    block, once the previous rank's has arrived) and receives cp, the last before the layer's backward goes on."""
+    cp = 4
+    plan = ParallelPlan(cp=cp, seq=SEQ, stack="torchtitan", recompute=recompute)
+    progs = build_programs(TINY, plan)
+    prog = progs.ops[0]
+    layer0 = [(i, op) for i, op in enumerate(prog) if op.layer == 0 and op.strategy == "cp"]
+    for phase in ("forward", "backward"):
+        ops = [(i, op) for i, op in layer0 if op.phase == phase]
+        gathers = [(i, op) for i, op in ops if op.kind == "collective"]
+        assert [(op.collective, progs.groups[op.group].family) for _, op in gathers] == [("all_gather", "cp")]
+        sends = [op for _, op in ops if op.kind == "send"]
+        recvs = [i for i, op in ops if op.kind == "recv"]
+        assert len(sends) == len(recvs) == (0 if phase == "forward" else cp)
+        assert {op.peer for op in sends} <= {1}
+        g = gathers[0][0]
+        first_ring = next(i for i, op in enumerate(prog) if op.kind == "compute" and op.layer == 0
+                          and op.phase == phase and op.name.endswith("ring"))
+        assert prog[first_ring].deps == (g,)
+        if phase == "backward":
+            wait = next(i for i, op in enumerate(prog) if op.name == "cp dkv wait" and op.layer == 0)
+            assert prog[wait].deps == (recvs[-1],) and prog[wait].duration_s == 0.0
+
+
+@pytest.mark.parametrize("plan", [
+    ParallelPlan(cp=4, dp=2, seq=SEQ, global_batch=4, stack="torchtitan", recompute="full"),
+    ParallelPlan(cp=2, tp=2, pp=2, dp=2, seq=SEQ, global_batch=8, stack="torchtitan-compile", sp=True,
+                 schedule="interleaved", virtual_stages=2),
+    ParallelPlan(cp=2, pp=2, dp=2, seq=SEQ, global_batch=8, stack="torchtitan", fsdp=True, schedule="zb-h1")])
+def test_torch_context_parallelism_runs_and_symmetric_equals_full(plan):
+    topologies = pytest.importorskip("topologies")
+    from topologies.cost import ClusterCostModel
+    model = dataclasses.replace(TINY, kv_heads=2)
+    full = build_programs(model, plan, symmetric=False)
+    validate(full)
+    assert sum(op.kind == "send" for p in full.ops.values() for op in p) == \
+        sum(op.kind == "recv" for p in full.ops.values() for op in p)
+    for cost in (SimpleCostModel(link_bytes_per_s=1e11, alpha_s=1e-6),
+                 ClusterCostModel(topologies.load_cluster("dgx-h100", plan.world_size), network="flow")):
+        t_full = run(full, cost).step_time_s
+        assert t_full > 0
+        assert run(build_programs(model, plan, symmetric=True), cost).step_time_s == pytest.approx(t_full, rel=1e-9)
 
 
 @pytest.mark.parametrize("recompute, overlap", [("none", False), ("selective", False), ("full", False),

@@ -297,3 +297,43 @@ def test_torchtitan_repeats_kv_heads_before_the_attention_kernel(stack, tp):
         om = get_model(other_model)
         op = ParallelPlan(tp=tp, sp=tp > 1, seq=4096, stack=other_stack, ep=1)
         assert not [k for ph in PHASES for k in phase_kernels(om, op, 0, ph) if k.name.startswith("repeat_kv")]
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "torchtitan-compile"])
+def test_torch_context_parallel_attention_passes(stack):
+    """torch's context-parallel attention (torchtitan) adds elementwise passes around the attention kernels:
+    on the rank's own block once per layer and pass, on each other block per ring step (averaged over the CP
+    ranks: half the blocks cover all the rank's queries, half the second half). Eager: K, V .contiguous(), the
+    K, V cat before each exchange, fp32 merges of the output (cast + 32 bytes) and fp32 dQ, dK, dV accumulators
+    (zeros, adds, cats, casts); compiled: each chain one fused pass (the all-gather's K, V copy, accumulations
+    read and write once). Closed forms per rank; Megatron's ring (Transformer Engine) has none; per-op
+    checkpointing keeps them (they run inside the attention op)."""
+    from schedules.kernels import op_policy
+    m = get_model("llama3-8b")
+    cp, seq = 4, 16384
+    plan = ParallelPlan(cp=cp, seq=seq, stack=stack)
+    a, f = 2, 4
+    T = seq / cp
+    q, kv = T * m.heads * m.d_head, T * m.heads * 2 * m.d_head       # K, V expanded by repeat_kv
+    add = 2 * f + a
+    cp_bytes = lambda kl: sum(k.bytes for k in kl if k.name.startswith("cp: "))
+    own_f = cp_bytes(phase_kernels(m, plan, 0, "forward"))
+    own_b = cp_bytes(phase_kernels(m, plan, 0, "backward", recompute=False))
+    step_f = cp_bytes(phase_kernels(m, plan, 0, "forward", part="ring"))
+    step_b = cp_bytes(phase_kernels(m, plan, 0, "backward", part="ring"))
+    if stack == "torchtitan":
+        assert own_f == pytest.approx(2 * a * kv + 2 * (a + f) * q)
+        assert own_b == pytest.approx(2 * a * kv + (2 * f + add + a) * (q + kv) + 2 * f * kv)
+        assert step_f == pytest.approx(2 * a * kv + (a + 9 * f) * 0.75 * q + f * q)
+        assert step_b == pytest.approx(2 * a * kv + add * 0.75 * (q + kv) + f * (q + kv) + 2 * f * kv)
+    else:
+        assert own_f == pytest.approx(2 * a * kv + 2 * (a + f) * q)
+        assert own_b == pytest.approx(2 * a * kv + 2 * (a + f) * (q + kv))
+        assert step_f == pytest.approx(add * 0.75 * q + 0.5 * f * q)
+        assert step_b == pytest.approx(add * 0.75 * (q + kv) + 0.5 * f * (q + kv))
+    assert cp_bytes(phase_kernels(m, ParallelPlan(seq=seq, stack=stack), 0, "forward")) == 0      # no CP
+    meg = ParallelPlan(cp=cp, seq=seq, stack="megatron")
+    assert cp_bytes(phase_kernels(m, meg, 0, "forward")) == cp_bytes(phase_kernels(m, meg, 0, "forward",
+                                                                                     part="ring")) == 0
+    saved, recomputed = op_policy(m, phase_kernels(m, plan, 0, "forward"))
+    assert cp_bytes(saved) == pytest.approx(own_f) and cp_bytes(recomputed) == 0
