@@ -132,7 +132,7 @@ class _StageBuilder:
                     d, e = mem.layer_param_split(m, p, l)
                     u = Unit("", l, d, e, (lf.forward - lf.experts) / div, lf.attn_core / div,
                              lf.experts * self.load / div, mem.layer_activation_bytes(m, p, l),
-                             mem.weight_grad_fraction(m, p, l), mem.recompute_transient_bytes(m, p, l), moe,
+                             mem.weight_grad_fraction(m, p, l), mem.backward_transient_bytes(m, p, l), moe,
                              recompute=rc, f_rec=recompute_flops(m, p, l) if rc == "op" else
                              selective_extra_flops(m, p, l) if rc == "selective" else 0.0)
                     cache[key] = u

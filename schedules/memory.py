@@ -60,7 +60,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from schedules.kernels import EAGER_POINTWISE, FUSED_CE_STACKS, REPEAT_KV_STACKS, recomputed_norms, unpads_tokens
+from schedules.kernels import (EAGER_POINTWISE, FUSED_CE_STACKS, REPEAT_KV_STACKS, TORCH_CP_STACKS, recomputed_norms,
+                               unpads_tokens)
 from schedules.models import ModelSpec
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 
@@ -457,6 +458,43 @@ def recompute_transient_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) 
     return 0.0
 
 
+def cp_transient_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+    """torch's context parallelism (``schedules.kernels.TORCH_CP_STACKS``) while a layer's attention backward
+    runs: the all-gathered K, V blocks (cp of them, in the activation dtype, expanded by repeat_kv where the
+    stack repeats), the own block's contiguous copy, and the fp32 accumulators of dQ and dK, dV beside the
+    fp32 dK, dV buffer of the hop in flight. 0 for other stacks and without CP. Bytes per rank."""
+    if plan.cp <= 1 or plan.stack not in TORCH_CP_STACKS or plan.attention == "eager":
+        return 0.0
+    tokens = plan.seq / plan.cp * plan.micro_batch
+    heads = model.heads / plan.tp
+    if model.is_mla:
+        d_qk, d_v, kvh = model.d_head + model.qk_rope_dim, model.v_head_dim, heads
+    else:
+        d_qk = d_v = model.d_head
+        kvh = heads if plan.stack in REPEAT_KV_STACKS else max(model.kv_heads / plan.tp, 1.0)
+    q, kv = tokens * heads * d_v, tokens * kvh * (d_qk + d_v)
+    return model.dtype_bytes * kv * (plan.cp + 1) + STATS_BYTES * (q + 2 * kv)
+
+
+#: the saved tensors of a layer's MLP or MoE block (``saved_tensors`` names): the backward runs that block
+#: first, so they are freed by the time the attention core's backward runs
+_MLP_SAVED = ("norm2", "fc1 output", "activation output", "silu output", "router", "permuted", "expert",
+              "shared expert")
+
+
+def backward_transient_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
+    """Bytes live beside the held activations while one layer's backward runs: what recomputation rebuilds
+    (``recompute_transient_bytes``), or, while the attention core's backward runs, what it rebuilt for the
+    attention block (the MLP block's part already freed, at most) beside torch's context-parallel buffers
+    (``cp_transient_bytes``), whichever is larger."""
+    rebuilt = recompute_transient_bytes(model, plan, layer)
+    cp = cp_transient_bytes(model, plan)
+    if not cp:
+        return rebuilt
+    mlp = sum(_per_rank(x, plan) for x in saved_tensors(model, plan, layer) if x.name.startswith(_MLP_SAVED))
+    return max(rebuilt, max(0.0, rebuilt - mlp) + cp)
+
+
 def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Peak activation bytes on ``stage`` walking its schedule (alloc at F, free at B / W)."""
     if model.params_only:
@@ -465,7 +503,7 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     held = [sum(layer_activation_bytes(model, plan, l) for l in ls) for ls in chunks]
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
-    transient = [max((recompute_transient_bytes(model, plan, l) for l in ls), default=0.0) for ls in chunks]
+    transient = [max((backward_transient_bytes(model, plan, l) for l in ls), default=0.0) for ls in chunks]
     head_t = [0.0] * plan.chunks
     for c in range(plan.chunks):        # the chunk holding the last model piece runs the LM head
         if plan.piece(stage, c) == plan.pieces - 1:

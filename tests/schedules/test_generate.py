@@ -686,3 +686,32 @@ def test_replayed_unit_ops_equal_written_ones(plan, model, monkeypatch):
     written = build_programs(model, plan, symmetric=False)
     got, want = fields(replayed), fields(written)
     assert got == want
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "torchtitan-compile", "megatron"])
+def test_torch_context_parallel_buffers_are_live_while_a_layer_backward_runs(stack):
+    """torch's context parallelism holds, while a layer's attention backward runs, the cp all-gathered K, V
+    blocks (expanded by repeat_kv), the own block's contiguous copy and fp32 dQ, dK, dV accumulators beside
+    the dK, dV hop buffer: closed form, and the engine's memory timeline reaches memory_per_rank's peak.
+    Transformer Engine's ring (megatron) keeps none of these."""
+    from schedules.memory import cp_transient_bytes
+    model = dataclasses.replace(TINY, kv_heads=2)
+    cp, tp = 2, 2
+    plan = ParallelPlan(cp=cp, tp=tp, pp=2, dp=2, seq=SEQ, global_batch=8, stack=stack)
+    tokens, heads = SEQ / cp, TINY.heads / tp
+    q, kv = tokens * heads * TINY.d_head, tokens * heads * 2 * TINY.d_head      # K, V at the query heads
+    expect = 0.0 if stack == "megatron" else 2 * kv * (cp + 1) + 4 * (q + 2 * kv)
+    assert cp_transient_bytes(model, plan) == pytest.approx(expect)
+    assert cp_transient_bytes(model, dataclasses.replace(plan, cp=1, dp=4)) == 0.0
+    full = dataclasses.replace(plan, recompute="full")
+    assert cp_transient_bytes(model, full) == pytest.approx(expect)
+    # beside full recomputation's rebuilt layer: at the attention backward the MLP block's part is freed
+    from schedules.memory import backward_transient_bytes, recompute_transient_bytes
+    rebuilt, during = recompute_transient_bytes(model, full, 0), backward_transient_bytes(model, full, 0)
+    assert max(rebuilt, expect) <= during <= rebuilt + expect
+    assert (during < rebuilt + expect) == (stack != "megatron")
+    progs = build_programs(model, plan)
+    res = run(progs, SimpleCostModel(flops_per_s=1e12, link_bytes_per_s=1e11))
+    mem = memory_per_rank(model, plan)
+    for rep in progs.ops:
+        assert peak_memory(res, rep) == pytest.approx(mem[f"stage{plan.stage_of(rep)}"]["total"])
