@@ -199,6 +199,27 @@ class Engine:
             self._share_cache: dict = {}
         if self._scan:
             self._find_fixed()
+        self._durations()
+
+    def _durations(self) -> None:
+        """Write the duration of each compute op without deps into its ``end`` slot, where the streams read it
+        (an op's end is written only when it ends; ``_run`` puts NaN back in the slots of ops that never end),
+        for the ranks whose op objects are their own: the run then reaches those ops without reading the
+        objects, which at scale sit scattered in memory, while here they are read in program order. Ranks
+        instantiated from a template another rank already holds (generated programs share their ops) skip it:
+        their ops are shared and stay in cache during the run."""
+        compute_time = self.cost.compute_time_s
+        seen: set[int] = set()
+        for rank, prog in self.p.ops.items():
+            first = next((op for op in prog if op.kind == COMPUTE), None)
+            if first is None or id(first) in seen:
+                continue
+            seen.add(id(first))
+            e = self.end[rank]
+            for i, op in enumerate(prog):
+                if op.kind == COMPUTE and not op.deps:
+                    d = op.duration_s
+                    e[i] = compute_time(rank, op) if d is None else d
 
     # ------------------------------------------------------------------ helpers
     def _rendezvous_keys(self) -> dict[int, list]:
@@ -726,27 +747,32 @@ class Engine:
                 if pos >= n:
                     return
                 i = idxs[pos]
-                op = prog[i]
-                deps = op.deps
-                if deps:
-                    for d in deps:
-                        if not finished[d]:
-                            ev = waiters.get(d)
-                            if ev is None:
-                                ev = waiters[d] = _Signal()
-                            ev.callbacks.append(resume)
-                            return
+                dur = end[i]            # a compute op without deps: its duration until it ends (_durations)
+                if dur != dur:
+                    op = prog[i]
+                    deps = op.deps
+                    if deps:
+                        for d in deps:
+                            if not finished[d]:
+                                ev = waiters.get(d)
+                                if ev is None:
+                                    ev = waiters[d] = _Signal()
+                                ev.callbacks.append(resume)
+                                return
+                    kind = op.kind
+                    if kind == COMPUTE:
+                        dur = op.duration_s
+                        if dur is None:
+                            dur = compute_time(rank, op)
+                else:
+                    kind = COMPUTE
                 pos += 1
                 now = env._now
                 if now >= fail_t:
                     pos = n
                     return
                 ready[i] = now
-                kind = op.kind
                 if kind == COMPUTE:
-                    dur = op.duration_s
-                    if dur is None:
-                        dur = compute_time(rank, op)
                     if held:
                         dur += slowdown(rank, now, dur)
                     start[i] = now
@@ -755,12 +781,17 @@ class Engine:
                     # depends on the ops in between and their own deps are done: same times, fewer events.
                     while pos < n and coalesce and not targeted[i]:
                         j = idxs[pos]
-                        nxt = prog[j]
-                        if nxt.kind != COMPUTE:
-                            break
-                        nd = nxt.deps
-                        if nd and not all(map(is_finished, nd)):
-                            break
+                        d2 = end[j]
+                        if d2 != d2:
+                            nxt = prog[j]
+                            if nxt.kind != COMPUTE:
+                                break
+                            nd = nxt.deps
+                            if nd and not all(map(is_finished, nd)):
+                                break
+                            d2 = nxt.duration_s
+                            if d2 is None:
+                                d2 = compute_time(rank, nxt)
                         end[i] = t
                         finished[i] = 1
                         if progress is not None:
@@ -768,9 +799,6 @@ class Engine:
                         i = j
                         pos += 1
                         ready[i] = start[i] = t
-                        d2 = nxt.duration_s
-                        if d2 is None:
-                            d2 = compute_time(rank, nxt)
                         if held:
                             d2 += slowdown(rank, t, d2)
                         t += d2
@@ -901,6 +929,11 @@ class Engine:
             raise self._deadlock(blocked)
         if self.progress is not None:
             self.progress(self.total_ops, self.total_ops)
+        for rank, fin in self.finished.items():
+            if 0 in fin:                # ops that never ended: no end time (their slot may hold a duration)
+                e = self.end[rank]
+                for i in np.flatnonzero(np.frombuffer(fin, dtype=np.uint8) == 0).tolist():
+                    e[i] = math.nan
         events = sum(sum(f) for f in self.finished.values())
         return SimResult(self.p, self.cost, self.start, self.end, self.ready, events,
                          time.perf_counter() - t_wall)

@@ -177,6 +177,34 @@ def test_until_stops_early_without_deadlock_error():
     assert any(math.isnan(e) for e in res.end_s[3])
 
 
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("until", [None, 4.0, 0.5])
+def test_precomputed_durations_leave_no_trace(shared, until):
+    """Compute ops without deps of ranks that own their op objects are priced before the run (their duration
+    sits in their end slot until they end); ranks sharing another rank's ops are priced as they run. Start and
+    end times equal an engine that prices every op as it runs, also when until_s stops the run (an op that
+    never ended has no end time)."""
+    from simulator.engine import Engine
+
+    class PricedAsTheyRun(Engine):
+        def _durations(self):
+            pass
+
+    cost = IdealCostModel(flops_per_s=1e12)
+    progs = Programs(world_size=2, ops={0: [], 1: []})
+    progs.ops[0] = [compute("a", 1e12), compute("b", 2e12), compute("c", 3e12, deps=(1,)), compute("d", 4e12)]
+    progs.ops[1] = list(progs.ops[0]) if shared else [op.copy() for op in progs.ops[0]]
+    got = Engine(progs, cost, until_s=until).run()
+    ref = PricedAsTheyRun(progs, cost, until_s=until).run()
+    same = lambda a, b: all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+    for r in (0, 1):
+        assert same(got.start_s[r], ref.start_s[r]) and same(got.end_s[r], ref.end_s[r])
+    if until is None:
+        assert list(got.end_s[1]) == [1.0, 3.0, 6.0, 10.0]
+    else:
+        assert math.isnan(got.end_s[1][3])
+
+
 def test_device_failure_reports_hung_ranks_like_a_watchdog():
     from simulator.errors import DeviceFailureError
     progs = toy_dp_pipeline(2, 4, 2)
