@@ -763,10 +763,15 @@ class _StageBuilder:
         return kl
 
     def _kv_bytes(self) -> float:
+        """Bytes of this rank's K, V block that context parallelism passes on: MLA's compressed latent (and
+        rotary key) in Transformer Engine's ring; torch's (``TORCH_CP_STACKS``) rotates the attention kernel's
+        inputs, K and V at the query heads under repeat_kv and MLA, else at the kv heads."""
         m, p = self.m, self.p
-        if m.is_mla:
+        if m.is_mla and p.stack not in TORCH_CP_STACKS:
             width = m.kv_lora_rank + m.qk_rope_dim
-        else:       # the attention kernel's K and V: expanded to the query heads under repeat_kv (torch's CP)
+        elif m.is_mla:
+            width = m.heads / p.tp * (m.d_head + m.qk_rope_dim + m.v_head_dim)
+        else:
             width = 2 * (m.heads if p.stack in REPEAT_KV_STACKS else m.kv_heads) * m.d_head / p.tp
         return self.tokens_rank * width * self.dt
 

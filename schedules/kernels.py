@@ -494,14 +494,19 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
     d_v = m.v_head_dim if m.is_mla else sh.d
     # repeat_kv (REPEAT_KV_STACKS): K and V, each read at its kv heads and written at the query heads; the
     # backward sums the gradient of the expanded K and V back (the same bytes)
-    repeat = w.repeat_kv and not m.is_mla and sh.heads > sh.kv
+    repeat = _repeats_kv(w, m, sh)
     if repeat and pass_ == "fwd":
         w.ew("repeat_kv (k, v to the query heads)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
     _core_kernel(w, m, p, sh, pass_, d_qk, d_v)
-    if w.torch_cp and p.cp > 1 and p.attention != "eager":
+    if w.torch_cp and p.cp > 1:
         _torch_cp_passes(w, sh, pass_, d_qk, d_v, sh.heads if repeat or m.is_mla else sh.kv, own_block=True)
     if repeat and pass_ == "bwd":
         w.ew("repeat_kv bwd (sum of the repeats)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
+
+
+def _repeats_kv(w: _Writer, m: ModelSpec, sh: _Shape) -> bool:
+    """Whether this stack's attention reads K and V expanded to the query heads (repeat_kv under GQA)."""
+    return w.repeat_kv and not m.is_mla and sh.heads > sh.kv
 
 
 #: the elementwise kernels of torch's ring attention (``_torch_cp_passes``) run inside the attention op: per-op
@@ -906,9 +911,8 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
         for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
             w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
             if w.torch_cp:
-                repeat = w.repeat_kv and not model.is_mla and sh.heads > sh.kv
-                _torch_cp_passes(w, sh, ps, d_qk, d_v, sh.heads if repeat or model.is_mla else sh.kv,
-                                 own_block=False)
+                _torch_cp_passes(w, sh, ps, d_qk, d_v,
+                                 sh.heads if _repeats_kv(w, model, sh) or model.is_mla else sh.kv, own_block=False)
         if phase == BACKWARD_WEIGHT:
             w.out.clear()
     elif part == "head":
