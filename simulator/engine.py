@@ -230,7 +230,7 @@ class Engine:
         recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
         p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
         ranks and 16k-rank programs stay lean. It also fills ``targeted``, ``_streams`` and ``_compute_streams``."""
-        cache: dict = {}
+        made_of: dict[int, list] = {}       # id -> its keys (id, 0), (id, 1), ... made so far, shared by ranks
         pair_id: dict[tuple[int, int], int] = {}
         sid_of: dict[int, int] = {}
         id_of = self.sync.id_of
@@ -292,8 +292,14 @@ class Engine:
                     continue
                 k = counters.get(ck, 0)
                 counters[ck] = k + 1
-                key = (sid, k)
-                keys[i] = cache.setdefault(key, key)
+                made = made_of.get(sid)
+                if made is None:
+                    made = made_of[sid] = []
+                if k < len(made):           # (the rank met keys 0..k-1 of this id: k <= len(made))
+                    keys[i] = made[k]
+                else:
+                    keys[i] = key = (sid, k)
+                    made.append(key)
                 if scan and kind != RECV:
                     # what _complete will ask the network for, and the stream that issues it (a send's
                     # request is built from the send side)
