@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedules import memory as mem
-from schedules.kernels import (FSDP1_STACKS, REPEAT_KV_STACKS, TORCH_CP_STACKS, optimizer_step_bytes, phase_kernels,
-                               ub_chunks, ub_segments)
+from schedules.kernels import (FSDP1_STACKS, TORCH_CP_STACKS, attention_head_dims, attention_kv_heads,
+                               optimizer_step_bytes, phase_kernels, ub_chunks, ub_segments)
 from schedules.models import ModelSpec, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops, selective_extra_flops
@@ -769,10 +769,8 @@ class _StageBuilder:
         m, p = self.m, self.p
         if m.is_mla and p.stack not in TORCH_CP_STACKS:
             width = m.kv_lora_rank + m.qk_rope_dim
-        elif m.is_mla:
-            width = m.heads / p.tp * (m.d_head + m.qk_rope_dim + m.v_head_dim)
         else:
-            width = 2 * (m.heads if p.stack in REPEAT_KV_STACKS else m.kv_heads) * m.d_head / p.tp
+            width = attention_kv_heads(m, p) * sum(attention_head_dims(m))
         return self.tokens_rank * width * self.dt
 
     # data parallel ---------------------------------------------------------------------------------

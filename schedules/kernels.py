@@ -490,8 +490,7 @@ def _attention_linears(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, part: s
 
 def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> None:
     """The attention core on this rank's own KV block (the other cp-1 blocks are ``ring`` ops)."""
-    d_qk = m.d_head + m.qk_rope_dim if m.is_mla else sh.d
-    d_v = m.v_head_dim if m.is_mla else sh.d
+    d_qk, d_v = attention_head_dims(m)
     # repeat_kv (REPEAT_KV_STACKS): K and V, each read at its kv heads and written at the query heads; the
     # backward sums the gradient of the expanded K and V back (the same bytes)
     repeat = _repeats_kv(w, m, sh)
@@ -499,7 +498,7 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
         w.ew("repeat_kv (k, v to the query heads)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
     _core_kernel(w, m, p, sh, pass_, d_qk, d_v)
     if w.torch_cp and p.cp > 1:
-        _torch_cp_passes(w, sh, pass_, d_qk, d_v, sh.heads if repeat or m.is_mla else sh.kv, own_block=True)
+        _torch_cp_passes(w, sh, pass_, d_qk, d_v, attention_kv_heads(m, p), own_block=True)
     if repeat and pass_ == "bwd":
         w.ew("repeat_kv bwd (sum of the repeats)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
 
@@ -507,6 +506,19 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
 def _repeats_kv(w: _Writer, m: ModelSpec, sh: _Shape) -> bool:
     """Whether this stack's attention reads K and V expanded to the query heads (repeat_kv under GQA)."""
     return w.repeat_kv and not m.is_mla and sh.heads > sh.kv
+
+
+def attention_head_dims(m: ModelSpec) -> tuple[float, float]:
+    """(d_qk, d_v): the query / key and value head widths the attention kernel reads (MLA: nope + rope keys)."""
+    return (m.d_head + m.qk_rope_dim, m.v_head_dim) if m.is_mla else (m.d_head, m.d_head)
+
+
+def attention_kv_heads(m: ModelSpec, p: ParallelPlan) -> float:
+    """K, V heads per rank the attention kernel reads: every query head under MLA and under repeat_kv
+    (``REPEAT_KV_STACKS``), else the model's kv heads (TP never splits them below one per rank)."""
+    if m.is_mla or p.stack in REPEAT_KV_STACKS:
+        return m.heads / p.tp
+    return max(m.kv_heads / p.tp, 1.0)
 
 
 #: the elementwise kernels of torch's ring attention (``_torch_cp_passes``) run inside the attention op: per-op
@@ -903,16 +915,14 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
     elif part == "experts":
         _experts(w, model, plan, sh, phase, load)
     elif part == "ring":
-        d_qk = model.d_head + model.qk_rope_dim if model.is_mla else sh.d
-        d_v = model.v_head_dim if model.is_mla else sh.d
+        d_qk, d_v = attention_head_dims(model)
         passes = ["fwd"] if phase == FORWARD else (
             ["fwd", "bwd"] if rc == "full" or (rc == "selective" and "core_attn" in plan.recompute_modules)
             else ["bwd"])
         for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
             w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
             if w.torch_cp:
-                _torch_cp_passes(w, sh, ps, d_qk, d_v,
-                                 sh.heads if _repeats_kv(w, model, sh) or model.is_mla else sh.kv, own_block=False)
+                _torch_cp_passes(w, sh, ps, d_qk, d_v, attention_kv_heads(model, plan), own_block=False)
         if phase == BACKWARD_WEIGHT:
             w.out.clear()
     elif part == "head":

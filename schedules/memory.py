@@ -60,8 +60,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from schedules.kernels import (EAGER_POINTWISE, FUSED_CE_STACKS, REPEAT_KV_STACKS, TORCH_CP_STACKS, recomputed_norms,
-                               unpads_tokens)
+from schedules.kernels import (EAGER_POINTWISE, FUSED_CE_STACKS, TORCH_CP_STACKS, attention_head_dims,
+                               attention_kv_heads, recomputed_norms, unpads_tokens)
 from schedules.models import ModelSpec
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 
@@ -214,8 +214,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
         dqk, dv, kvh = model.d_head + model.qk_rope_dim, model.v_head_dim, a
     else:
         dqk = dv = model.d_head
-        # torchtitan's repeat_kv: the attention kernel saves K and V expanded to the query heads (its inputs)
-        kvh = model.heads if plan.stack in REPEAT_KV_STACKS else model.kv_heads
+        # the attention kernel saves the K and V it reads: at the query heads under torchtitan's repeat_kv
+        kvh = attention_kv_heads(model, plan) * plan.tp
     # FP8 recipes save the inputs of the FP8 GEMMs in FP8 (1 byte) for the weight gradients; FlashAttention's
     # backward still reads its output in BF16, so the projection keeps an FP8 copy beside it
     f = 1 if getattr(plan, "dtype", "bf16") == "fp8" else e
@@ -463,16 +463,11 @@ def cp_transient_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     runs: the all-gathered K, V blocks (cp of them, in the activation dtype, expanded by repeat_kv where the
     stack repeats), the own block's contiguous copy, and the fp32 accumulators of dQ and dK, dV beside the
     fp32 dK, dV buffer of the hop in flight. 0 for other stacks and without CP. Bytes per rank."""
-    if plan.cp <= 1 or plan.stack not in TORCH_CP_STACKS or plan.attention == "eager":
+    if plan.cp <= 1 or plan.stack not in TORCH_CP_STACKS:
         return 0.0
     tokens = plan.seq / plan.cp * plan.micro_batch
-    heads = model.heads / plan.tp
-    if model.is_mla:
-        d_qk, d_v, kvh = model.d_head + model.qk_rope_dim, model.v_head_dim, heads
-    else:
-        d_qk = d_v = model.d_head
-        kvh = heads if plan.stack in REPEAT_KV_STACKS else max(model.kv_heads / plan.tp, 1.0)
-    q, kv = tokens * heads * d_v, tokens * kvh * (d_qk + d_v)
+    d_qk, d_v = attention_head_dims(model)
+    q, kv = tokens * model.heads / plan.tp * d_v, tokens * attention_kv_heads(model, plan) * (d_qk + d_v)
     return model.dtype_bytes * kv * (plan.cp + 1) + STATS_BYTES * (q + 2 * kv)
 
 

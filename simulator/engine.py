@@ -267,7 +267,7 @@ class Engine:
                     idxs = array("l")
                     idxs.frombytes(np.flatnonzero(codes == c).astype(np.int_).tobytes())
                     streams[name] = idxs
-                # a stream computes where it holds more ops than communications
+                # a stream computes where it holds a compute op (more ops than communications)
                 ops_on = np.bincount(codes, minlength=len(code))
                 comm_on = np.bincount(codes[np.array(comm_idx, dtype=np.intp)], minlength=len(code))
                 compute_streams[rank] = {name for name, c in code.items() if ops_on[c] > comm_on[c]}
