@@ -1,9 +1,12 @@
 """The SimPy engine: executes per-rank programs against a cost model and records when every op ran.
 
-SimPy's Environment is the clock and event queue; each (rank, stream) is a callback on it, not a SimPy
-process: when the event a stream waits for is processed (a dependency done, its own op ended, its peers
-arrived), the stream runs its next ops until one must wait again. Ops of a stream run in program order; an op
-first waits for its cross-stream ``deps``, then:
+SimPy's Environment is the clock; the event queue is a calendar (``Engine.calendar``): the events of one
+instant wait in one list, in the order they were scheduled, and a heap holds the distinct instants, so the
+events are processed in SimPy's order (time, priority, scheduling order) while ranks that run in lockstep
+(thousands of data-parallel replicas at one time) share one heap entry. Each (rank, stream) is a callback
+on the queue, not a SimPy process: when the event a stream waits for is processed (a dependency done, its
+own op ended, its peers arrived), the stream runs its next ops until one must wait again. Ops of a stream
+run in program order; an op first waits for its cross-stream ``deps``, then:
 
 - compute: lasts ``op.duration_s`` or ``cost.compute_time_s(rank, op)``;
 - collective: waits until every member of its group has reached its k-th collective on that group
@@ -97,7 +100,7 @@ class SimResult:
 
 
 class _Signal:
-    """A bare event for SimPy's queue: what ``Environment.step`` reads (``callbacks``, ``_ok``) and a value.
+    """A bare event for the queue: what ``Environment.step`` reads (``callbacks``, ``_ok``) and a value.
     Streams wait on these (dependency done, own op ended) instead of simpy Events and Timeouts."""
     __slots__ = ("callbacks", "_ok", "_value")
 
@@ -128,6 +131,7 @@ class _Rendezvous:
 class Engine:
     """Runs one step of ``programs`` against ``cost_model``. Use ``run()`` unless you need the object."""
 
+    calendar = True         # the event queue: one list per instant and a heap of instants (else SimPy's heap)
     inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
     closed_ends = True      # a communication starting alone on its links ends by its own event (see _communicate)
     fixed_channels = True   # communications no other can ever meet on their links skip the network (_find_fixed)
@@ -144,6 +148,17 @@ class Engine:
         self.p = programs
         self.cost = cost_model
         self.env = simpy.Environment()
+        # the calendar (see the module doc): instant -> its events at NORMAL priority, in scheduling order; a
+        # heap of those instants; _LAST events (one network settle per instant) in a heap of their own
+        self._cal: dict[float, list] = {}
+        self._times: list[float] = []
+        self._late: list[tuple] = []
+        self._bucket = None         # the list being processed (the events of now), and the next one's index
+        self._next = 0
+        if not self.calendar:
+            self._push = self._heap_push
+            self._push_last = self._heap_push_last
+            self._pending_now = self._heap_pending_now
         self.progress = progress
         self.until_s = until_s
         self.rep = programs.representative_of()
@@ -411,8 +426,36 @@ class Engine:
         """Succeed ``event`` ``delay`` seconds from now (what simpy.Timeout does, without a second event)."""
         event._ok = True
         event._value = value
-        env = self.env
-        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))     # env.schedule, inlined
+        self._push(self.env._now + delay, event)
+
+    # ------------------------------------------------------------------ the event queue
+    def _push(self, t: float, event) -> None:
+        """Queue ``event`` at time ``t`` (>= now), NORMAL priority: behind every event already queued then."""
+        bucket = self._cal.get(t)
+        if bucket is None:
+            self._cal[t] = [event]
+            heappush(self._times, t)
+        else:
+            bucket.append(event)
+
+    def _push_last(self, event) -> None:
+        """Queue ``event`` now, after every NORMAL event of this instant (those queued later included)."""
+        heappush(self._late, (self.env._now, next(self.env._eid), event))
+
+    def _pending_now(self) -> bool:
+        """Whether a NORMAL event is queued for now (it runs before anything scheduled from here on)."""
+        bucket = self._cal.get(self.env._now)
+        return bucket is not None and (bucket is not self._bucket or len(bucket) > self._next)
+
+    def _heap_push(self, t: float, event) -> None:          # calendar off: SimPy's queue
+        heappush(self.env._queue, (t, NORMAL, next(self.env._eid), event))
+
+    def _heap_push_last(self, event) -> None:
+        self.env.schedule(event, _LAST, 0)
+
+    def _heap_pending_now(self) -> bool:
+        queue = self.env._queue
+        return bool(queue) and queue[0][0] == self.env._now and queue[0][1] <= NORMAL
 
     def _family_table(self, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(``symmetry.rank_group_table``, and the ``symmetry.ranks_table`` rows and group -> row) of ``family``,
@@ -574,7 +617,7 @@ class Engine:
             self._closed_at[t] = [item]
             ev = _Signal(self._closed_callbacks)
             ev._value = t
-            heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+            self._push(t, ev)
         else:
             at.append(item)
 
@@ -601,7 +644,7 @@ class Engine:
             self._wake_at(nxt)
         else:
             self._settle_due = True
-            self.env.schedule(_Signal([self._settle_network]), _LAST, 0)
+            self._push_last(_Signal([self._settle_network]))
 
     def _settle_network(self, _event=None) -> None:
         """Last event of an instant with starts or ends: settle the network, wake up at its next end."""
@@ -624,7 +667,7 @@ class Engine:
         self._wake_t = t
         wake = _Signal(self._wake_callbacks)
         wake._value = self._net_gen
-        heappush(env._queue, (now + (t - now), NORMAL, next(env._eid), wake))      # env.schedule, inlined
+        self._push(now + (t - now), wake)       # (env.schedule's now + delay)
 
     def _on_network_wake(self, event) -> None:
         if event._value != self._net_gen:
@@ -661,13 +704,10 @@ class Engine:
         in this order: run them here instead (what they schedule still queues behind the last of them).
         The network's wake-up (_network_changed) is queued first either way: its events are older than
         anything their callbacks make."""
-        env = self.env
-        now = env._now
-        queue = env._queue
-        if not self.inline_ends or queue and queue[0][0] == now and queue[0][1] <= NORMAL:
-            eid = env._eid
+        if not self.inline_ends or self._pending_now():
+            now = self.env._now
             for rv in ended:
-                heappush(queue, (now + 0, NORMAL, next(eid), rv))
+                self._push(now + 0, rv)
             return
         for rv in ended:
             callbacks, rv.callbacks = rv.callbacks, None
@@ -696,13 +736,13 @@ class Engine:
     def _stream(self, rank: int, idxs: list[int], stream: str) -> Callable:
         """The stream (rank, ``idxs``) as a callback: ``resume(event)`` runs its ops in program order until
         one must wait (for a dependency, its own end, or peers), registers itself on that event and returns;
-        SimPy's queue calls it again when the event is processed. This is the engine's hot loop.
+        the queue calls it again when the event is processed. This is the engine's hot loop.
 
         It performs the steps of a SimPy process yielding those events (the engine before issue 15's second
         round), in the same order and scheduling the same events at the same times and priorities, without
         a generator, a Process or a Timeout object per op."""
         env = self.env
-        queue, eid = env._queue, env._eid      # env.schedule(ev, pri, d) is heappush(queue, (now + d, pri, next(eid), ev))
+        push = self._push                       # env.schedule(ev, NORMAL, d) is push(now + d, ev)
         prog = self.p.ops[rank]
         start, end, ready, finished = self.start[rank], self.end[rank], self.ready[rank], self.finished[rank]
         compute_time = self.cost.compute_time_s
@@ -744,7 +784,7 @@ class Engine:
                     if targeted[i]:             # only ops another op depends on can have waiters
                         w = waiters.pop(i, None)
                         if w is not None:
-                            heappush(queue, (env._now + 0, NORMAL, next(eid), w))
+                            push(env._now + 0, w)
                     if progress is not None:
                         self.done_ops += 1
                         if self.done_ops % 20000 == 0:
@@ -812,10 +852,10 @@ class Engine:
                         wake.callbacks = own
                         if t > fail_t:          # the device dies before the op ends: the stream stops
                             pos = n
-                            heappush(queue, (now + (fail_t - now), NORMAL, next(eid), wake))
+                            push(now + (fail_t - now), wake)
                             return
                         cur = i
-                        heappush(queue, (now + (t - now), NORMAL, next(eid), wake))
+                        push(now + (t - now), wake)
                         return
                 elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
                     # nobody to wait for (every member is represented by this rank): no rendezvous needed
@@ -828,7 +868,7 @@ class Engine:
                     if dur > 0:
                         wake.callbacks = own
                         cur = i
-                        heappush(queue, (now + dur, NORMAL, next(eid), wake))
+                        push(now + dur, wake)
                         return
                 elif fixed and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1 and op.duration_s is None \
                         and (fx := fixed.get((op.group, op.collective, op.size_bytes))) is not None:
@@ -918,16 +958,13 @@ class Engine:
                                       f"(ranks 0..{self.p.world_size - 1}; use full mode for per-rank faults)")
             if not t >= 0:
                 raise ClusterSimError(f"failure time of rank {rank} must be >= 0 s, got {t}")
-            self.env.schedule(_Signal([lambda _e, rank=rank: self.failed.add(rank)]), NORMAL, t)
+            self._push(self.env._now + t, _Signal([lambda _e, rank=rank: self.failed.add(rank)]))
         # every stream takes its first steps now, in order (SimPy would run its processes' starts first too)
         for rank in self.p.ops:
             for stream, idxs in self._streams[rank].items():
                 self.stream_ops[(rank, stream)] = idxs
                 self._stream(rank, idxs, stream)(None)
-        if self.until_s is not None:
-            self.env.run(until=self.until_s)
-        else:
-            self._loop()
+        self._loop(self.until_s)
         blocked = self._blocked()
         if blocked and self.failed:
             raise self._failure_report(blocked)
@@ -944,16 +981,55 @@ class Engine:
         return SimResult(self.p, self.cost, self.start, self.end, self.ready, events,
                          time.perf_counter() - t_wall)
 
-    def _loop(self) -> None:
-        """``env.run()`` without a method call per event: pop the next event, set the clock, run its callbacks
-        (every event the engine schedules succeeds, so SimPy's failure check has nothing to do)."""
+    def _loop(self, until: float | None = None) -> None:
+        """``env.run(until)`` on the calendar: take the earliest instant, set the clock, run the callbacks of
+        its events in the order they were queued (those queued for now meanwhile included), then that
+        instant's _LAST events, one at a time (a NORMAL event queued now by one of them runs before the next).
+        Every event the engine schedules succeeds, so SimPy's failure check has nothing to do. With ``until``,
+        events at or after it are left, and the clock ends there (what SimPy's run(until) does)."""
         env = self.env
-        queue = env._queue
-        while queue:
-            env._now, _, _, event = heappop(queue)
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
+        if not self.calendar:
+            if until is not None:
+                env.run(until=until)
+                return
+            queue = env._queue
+            while queue:
+                env._now, _, _, event = heappop(queue)
+                callbacks, event.callbacks = event.callbacks, None
+                for callback in callbacks:
+                    callback(event)
+            return
+        if until is not None and not until > env._now:
+            raise ValueError(f"until ({until}) must be greater than the current simulation time")
+        stop = math.inf if until is None else until
+        cal, times, late = self._cal, self._times, self._late
+        while True:
+            if times and (not late or times[0] <= late[0][0]):
+                t = times[0]
+                if t >= stop:
+                    break
+                env._now = t
+                bucket = self._bucket = cal[t]
+                i = 0
+                while i < len(bucket):
+                    event = bucket[i]
+                    i += 1
+                    self._next = i
+                    callbacks, event.callbacks = event.callbacks, None
+                    for callback in callbacks:
+                        callback(event)
+                self._bucket = None
+                del cal[t]
+                heappop(times)
+            elif late and late[0][0] < stop:
+                env._now, _, event = heappop(late)
+                callbacks, event.callbacks = event.callbacks, None
+                for callback in callbacks:
+                    callback(event)
+            else:
+                break
+        if until is not None:
+            env._now = until
 
     def _blocked(self) -> list[tuple[tuple[int, str], tuple]]:
         """Each (rank, stream) with unfinished ops and what its first unfinished op waits for."""

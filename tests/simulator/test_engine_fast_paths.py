@@ -1,8 +1,9 @@
 """The engine's and the flow network's fast paths against their general paths, to the last bit.
 
-Fast paths (issue 15, third round): the engine's own event loop and inlined scheduling instead of SimPy's
-``Environment.run`` / ``schedule``; a network wake-up reusing the settled network's last answer and running
-the communications that end then at once when nothing is queued before them; the flow network's rates
+Fast paths (issue 15, third round): the engine's own event loop on a calendar queue (a list per instant,
+a heap of instants) instead of SimPy's ``Environment.run`` / ``schedule`` on its heap of events; a network
+wake-up reusing the settled network's last answer and running the communications that end then at once
+when nothing is queued before them; the flow network's rates
 remembered per component (by its bundles' specs, in order) instead of solved again, and scans of a spec's
 neighbours (a component's search, a finish waking the others) stopping once every active one is met. The
 general paths are what ``ReferenceEngine`` and ``SolvingNetwork`` run. Random programs on two nodes of a
@@ -28,11 +29,12 @@ class ReferenceEngine(Engine):
     """The general paths: SimPy's own run loop, the network asked again after every wake-up, and every ended
     communication queued as an event."""
 
+    calendar = False
     inline_ends = False
     closed_ends = False
 
-    def _loop(self) -> None:
-        self.env.run()
+    def _loop(self, until=None) -> None:
+        self.env.run(until=until)
 
     def _network_changed(self, nxt=False) -> None:
         super()._network_changed(False)
@@ -139,6 +141,25 @@ def _compare(progs, engine, rel):
 @given(programs())
 def test_fast_paths_equal_general_paths_to_the_last_bit(progs):
     _compare(progs, OpenEngine, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(programs(), st.integers(0, 1000))
+def test_the_calendar_stops_at_until_as_simpy_does(progs, pick):
+    """A run cut at ``until_s`` (an instant where ops end, so events fall exactly on it, or between two): the
+    calendar leaves the events at and after it unprocessed, as SimPy's ``run(until)`` does on its heap."""
+    try:
+        whole = ReferenceEngine(progs, Costs(CLUSTER, network="flow")).run()
+    except DeadlockError:
+        return
+    ends = sorted({t for r in whole.end_s for t in whole.end_s[r] if t > 0})
+    if not ends:
+        return
+    t = ends[pick % len(ends)]
+    for until in (t, (t + ends[pick % len(ends) - 1]) / 2 if pick % len(ends) else t / 2):
+        general = ReferenceEngine(progs, Costs(CLUSTER, network="flow"), until_s=until).run()
+        fast = OpenEngine(progs, Costs(CLUSTER, network="flow"), until_s=until).run()
+        assert _times(fast) == _times(general)
 
 
 @settings(max_examples=120, deadline=None)
