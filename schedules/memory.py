@@ -499,14 +499,18 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     wfrac = [sum(weight_grad_fraction(model, plan, l) * layer_activation_bytes(model, plan, l) for l in ls)
              for ls in chunks]
     transient = [max((backward_transient_bytes(model, plan, l) for l in ls), default=0.0) for ls in chunks]
-    head_t = [0.0] * plan.chunks
+    head_t = [0.0] * plan.chunks        # the LM head's forward transient (the logits while the loss runs)
+    head_b = [0.0] * plan.chunks        # its backward transient
+    head_freed = [0.0] * plan.chunks    # what its backward frees before the layers' backward (B / W split: Bi)
+    head_freed_bi = [0.0] * plan.chunks
     for c in range(plan.chunks):        # the chunk holding the last model piece runs the LM head
         if plan.piece(stage, c) == plan.pieces - 1:
             head, head_w = head_activation_bytes(model, plan)
             held[c] += head
             wfrac[c] += head_w
             head_t[c] = head_transient_bytes(model, plan)
-            transient[c] = max(transient[c], head_transient_bytes(model, plan, backward=True))
+            head_b[c] = head_transient_bytes(model, plan, backward=True)
+            head_freed[c], head_freed_bi[c] = head, head - head_w
     order = plan.stage_order(stage, model)
     cur = peak = 0.0
     for a in order:
@@ -514,12 +518,13 @@ def activation_peak(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
         if a.phase == "F":
             cur += held[c]
             peak = max(peak, cur + head_t[c])
-        elif a.phase == "B":
-            peak = max(peak, cur + transient[c])
-            cur -= held[c]
-        elif a.phase == "Bi":
-            peak = max(peak, cur + transient[c])
-            cur -= held[c] - wfrac[c]
+        elif a.phase in ("B", "Bi"):
+            # a chunk's backward runs its units in reverse: the LM head first (its saved tensors freed at its
+            # end, but for what its weight gradient keeps under a B / W split), then the layers, the largest
+            # transient with every layer of the chunk still held (the first one's, for equal layers)
+            freed = head_freed[c] if a.phase == "B" else head_freed_bi[c]
+            peak = max(peak, cur + head_b[c], cur - freed + transient[c])
+            cur -= held[c] if a.phase == "B" else held[c] - wfrac[c]
         else:
             cur -= wfrac[c]
     return peak

@@ -481,6 +481,22 @@ def test_engine_memory_peak_vs_memory_per_rank(zero, reduce):
             assert expected["total"] - expected["buffers"] < peak_memory(res, rep) <= expected["total"]
 
 
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("gpipe", 1)])
+@pytest.mark.parametrize("stack, tp", [("megatron", 2), ("torchtitan", 1), ("llm-foundry", 2)])
+def test_memory_per_rank_is_the_engines_peak_on_the_head_stage_under_full_recomputation(schedule, v, stack, tp):
+    """A chunk's backward runs the LM head first and frees its saved tensors (under a B / W split, all but what
+    its weight gradient reads) before the layers rebuild theirs: memory_per_rank's peak is the engine's on
+    every stage, the LM head's included (it used to add the head's saved tensors to the rebuilt layer's)."""
+    for model in (TINY, get_model("tiny-moe")):
+        plan = ParallelPlan(pp=2, tp=tp, seq=SEQ, global_batch=16, recompute="full", stack=stack,
+                            schedule=schedule, virtual_stages=v)
+        progs = build_programs(model, plan)
+        res = run(progs, SimpleCostModel(flops_per_s=1e14, link_bytes_per_s=5e10))
+        mem = memory_per_rank(model, plan)
+        for rep in progs.ops:
+            assert peak_memory(res, rep) == pytest.approx(mem[f"stage{plan.stage_of(rep)}"]["total"], rel=1e-12)
+
+
 @pytest.mark.parametrize("schedule, p, m, v", [("zb-h2", 4, 8, 1), ("zb-v", 4, 8, 1), ("zb-auto", 4, 8, 1),
                                                ("dualpipe", 4, 8, 1), ("dualpipev", 4, 8, 1),
                                                ("interleaved", 4, 10, 2), ("interleaved", 3, 7, 3)])
