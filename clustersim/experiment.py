@@ -49,13 +49,14 @@ RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
 STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torchtitan-compile-loss")
 GRAD_REDUCE_DTYPES = ("auto", "bf16", "fp32")
+FP8_RECIPES = ("delayed", "current")        # schedules.kernels.FP8_RECIPES
 EXPERT_GRIDS = ("folded", "carved")
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")     # schedules.plan.MOE_DISPATCHERS
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION,
            "attention_kernel": ATTENTION_KERNELS,
-           "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS,
+           "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS, "fp8_recipe": FP8_RECIPES,
            "moe_dispatcher": MOE_DISPATCHERS}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
@@ -111,6 +112,7 @@ class Experiment:
     algorithm: str | None = None
     astra_system: str | None = None      # --network astra: ASTRA-sim system JSON (default: ring everywhere)
     dtype: str = "bf16"
+    fp8_recipe: str = "delayed"      # Transformer Engine's FP8 scaling (megatron stack): delayed | current
     stack: str | None = None         # None: the cluster's default (schedules.kernels.default_stack)
     grad_reduce_dtype: str = "auto"  # gradient reduction precision (auto: the stack's, schedules.kernels)
     gpu_variation: float | None = None   # relative std of GPU speed (None: topologies.variation's default)
@@ -356,6 +358,9 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--algorithm", help="Force a collective algorithm (ring, tree, hierarchical, ...)."),
         click.option("--dtype", type=click.Choice(DTYPES), help="GEMM precision: bf16 (default) or fp8 "
                      "(Transformer Engine FP8 GEMMs in the transformer blocks)."),
+        click.option("--fp8-recipe", type=click.Choice(FP8_RECIPES), help="Transformer Engine's FP8 scaling "
+                     "(megatron stack, --dtype fp8): delayed (default: scales from an amax history) or current "
+                     "(each tensor's amax read before its cast; norms write BF16, then a quantize kernel)."),
         click.option("--gpu-variation", type=float, help="Relative std of one GPU's sustained speed; compute runs at "
                      "the slowest of the job's GPUs (default 0.0176 on GPUs, from a 5% spread on an 8-GPU node; "
                      "0 turns it off)."),
@@ -380,7 +385,7 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp"
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
                "attention", "attention_kernel", "fsdp_reshard_after_forward", "dtype", "stack",
-               "calibration_scope", "gpu_variation", "grad_reduce_dtype")
+               "calibration_scope", "gpu_variation", "grad_reduce_dtype", "fp8_recipe")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -435,6 +440,7 @@ class Outcome:
             "mode": m.mode, "network": self.experiment.network, "cluster": self.experiment.cluster,
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
             "dtype": getattr(self.plan, "dtype", "bf16"), "stack": getattr(self.plan, "stack", None),
+            "fp8_recipe": getattr(self.plan, "fp8_recipe", "delayed"),
             "grad_reduce_dtype": _reduce_dtype(self.plan),
             "notes": list(self.notes), "calibration": self.calibration, "comm_by_axis": m.comm_by_axis,
             "model_params": self.model.param_count() if hasattr(self.model, "param_count") else None,
@@ -560,6 +566,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
               first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
               attention=exp.attention, attention_kernel=exp.attention_kernel, dtype=exp.dtype,
+              fp8_recipe=exp.fp8_recipe,
               stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               grad_reduce_dtype=exp.grad_reduce_dtype, tp_comm_overlap=exp.tp_comm_overlap,
               moe_dispatcher=exp.moe_dispatcher,

@@ -387,6 +387,9 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["dtype"] = prec
     elif prec != "bf16":
         raise NotExpressible("FP8 run: this build has no --dtype (BF16 only)")
+    if row["precision"].strip().upper() == "FP8-CS" and "fp8_recipe" in fields:
+        # Megatron-Bridge's FP8-CS recipes: Transformer Engine's Float8CurrentScaling
+        kw["fp8_recipe"] = "current"
     stack = stack_of(row["framework"], row.get("source", ""))
     if stack and "stack" in fields:
         kw["stack"] = stack

@@ -41,7 +41,10 @@ experts) run in FP8 (Transformer Engine delayed scaling; torchao float8 under to
 attention core, norms, the LM head and the optimizer stay BF16/FP32. FP8 adds cast kernels: the GEMM
 inputs that no fused kernel already writes in FP8 (TE writes row- and column-wise copies: read 2 bytes,
 write 2 per element), the gradient of each GEMM output in backward, and the weights once per step
-(Megatron's ``is_first_microbatch`` caching; amortised here over the step's micro-batches).
+(Megatron's ``is_first_microbatch`` caching; amortised here over the step's micro-batches). With
+``plan.fp8_recipe`` current (Transformer Engine's Float8CurrentScaling, megatron stack; ``FP8_RECIPES``) each
+of those casts first reads its input's amax (2 bytes per element), and the norms feeding FP8 GEMMs write BF16
+(with its amax) and are quantized by a cast of their own.
 
 Phases: forward; backward (input and weight gradients); backward_input; backward_weight; recomputation
 is prepended to backward and backward_input (``recompute_kernels``), per layer (``plan.layer_recompute``):
@@ -101,6 +104,15 @@ VARLEN_UNPAD_STACKS = ("llm-foundry",)
 #: torchtitan compiled the blocks only; a compiled loss is one Inductor kernel reading the bf16 logits)
 FUSED_CE_STACKS = ("megatron", "llm-foundry", "torchtitan-compile-loss")
 DTYPES = ("bf16", "fp8")
+#: Transformer Engine's FP8 scaling recipe (megatron stack): delayed (the scale from an amax history; the cast
+#: kernel updates the amax as it writes, and a norm feeding an FP8 GEMM writes FP8 itself) or current
+#: (Float8CurrentScaling: each tensor's scale from its own amax, taken before the cast). TE's
+#: Float8CurrentScalingQuantizer::quantize_impl (transformer_engine/pytorch/csrc/quantizer.cpp, read at
+#: d0067d0, TE 2.x) runs nvte_compute_amax (a read of the input), the scale, then nvte_quantize_v2; a
+#: LayerNormLinear's norm computes the amax of its BF16 output in the same kernel (FUSED_NORM_AMAX_FP8,
+#: extensions/normalization.cpp) and the output is quantized after it (quantize_with_amax). Megatron-Core's own
+#: SwiGLU and residual kernels are not TE's, so every other cast takes the amax read first.
+FP8_RECIPES = ("delayed", "current")
 PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
 BF16, FP32 = 2, 4
 
@@ -260,7 +272,12 @@ def optimizer_step_bytes(stack: str, params: float, param_bytes: float, grad_byt
     return params * EAGER_OPTIMIZER_STATE_PASSES * optimizer_bytes / 3
 
 
-def check_choice(stack: str, dtype: str, reduce_dtype: str = "auto") -> None:
+def check_choice(stack: str, dtype: str, reduce_dtype: str = "auto", fp8_recipe: str = "delayed") -> None:
+    if fp8_recipe not in FP8_RECIPES:
+        raise PlanError(f"unknown FP8 recipe {fp8_recipe!r}; choose one of {', '.join(FP8_RECIPES)}")
+    if fp8_recipe != "delayed" and stack != "megatron":
+        raise PlanError(f"FP8 recipe {fp8_recipe!r} is Transformer Engine's (the megatron stack); the {stack} "
+                        f"stack's FP8 casts are priced as that stack runs them")
     if reduce_dtype not in GRAD_REDUCE_DTYPES:
         raise PlanError(f"unknown gradient reduction dtype {reduce_dtype!r}; choose one of "
                         f"{', '.join(GRAD_REDUCE_DTYPES)}")
@@ -273,7 +290,8 @@ def check_choice(stack: str, dtype: str, reduce_dtype: str = "auto") -> None:
 class _Writer:
     """Collects kernels of one op; ``fp8`` GEMMs where the recipe runs them."""
 
-    def __init__(self, stack: str, dtype: str, act_bytes: int = BF16, attention_kernel: str = "auto"):
+    def __init__(self, stack: str, dtype: str, act_bytes: int = BF16, attention_kernel: str = "auto",
+                 fp8_recipe: str = "delayed"):
         self.a = act_bytes                      # bytes per activation element (the model's dtype_bytes)
         self.fused = stack == "megatron"
         self.eager_norm = stack in EAGER_POINTWISE
@@ -292,6 +310,8 @@ class _Writer:
         # llm-foundry's attn_impl: flash (flash_attn_fn) runs flash-attn's varlen kernel on unpadded tokens
         self.unpad = _unpads(stack, self.attention_impl)
         self.fp8 = dtype == "fp8"
+        # Transformer Engine's current scaling (FP8_RECIPES): an amax read before each cast, norms write BF16
+        self.current_scaling = self.fp8 and self.fused and fp8_recipe == "current"
         self.out: list[Kernel] = []
 
     def gemm(self, name: str, m: float, n: float, k: float, batch: float = 1, fp8_ok: bool = True) -> None:
@@ -307,9 +327,12 @@ class _Writer:
         if nbytes > 0:
             self.out.append(Kernel(name, ELEMENTWISE, 0.0, float(nbytes)))
 
-    def cast(self, name: str, elements: float) -> None:
-        """FP8 cast with amax of a self.a tensor (row- and column-wise FP8 copies)."""
+    def cast(self, name: str, elements: float, amax_known: bool = False) -> None:
+        """FP8 cast with amax of a self.a tensor (row- and column-wise FP8 copies); under current scaling
+        the tensor's amax is read first, unless the kernel that wrote it computed it (``amax_known``)."""
         if self.fp8:
+            if self.current_scaling and not amax_known:
+                self.ew(f"{name}: amax", elements * self.a)
             self.ew(name, elements * (self.a + 2))
 
     def attention(self, name: str, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
@@ -332,10 +355,11 @@ def _norm(w: _Writer, name: str, rows: float, h: int, back: bool, into_fp8_gemm:
     if back:
         w.ew(f"{name} bwd", rows * h * 3 * w.a)
         return
-    out_bytes = 1 if (w.fp8 and w.fused and into_fp8_gemm) else w.a      # TE LayerNormLinear writes FP8
+    # TE LayerNormLinear writes FP8 under delayed scaling; under current scaling BF16 and its amax, then quantizes
+    out_bytes = 1 if (w.fp8 and w.fused and into_fp8_gemm and not w.current_scaling) else w.a
     w.ew(name, rows * h * (w.a + out_bytes))
-    if w.fp8 and not w.fused and into_fp8_gemm:
-        w.cast(f"{name} fp8 cast", rows * h)
+    if w.fp8 and into_fp8_gemm and (not w.fused or w.current_scaling):
+        w.cast(f"{name} fp8 cast", rows * h, amax_known=w.current_scaling)
 
 
 def _eager_rmsnorm(w: _Writer, name: str, rows: float, h: int, back: bool) -> None:
@@ -804,7 +828,8 @@ def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: st
     check_choice(stack, dtype)
     moe = model.is_moe_layer(layer)
     rc = plan.layer_recompute(layer)
-    w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"))
+    w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
+                getattr(plan, "fp8_recipe", "delayed"))
     if part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, round(load, 9), rc, stack, dtype)
     return KernelList(f"{part} recompute ({rc})", w.out, stack, dtype)
@@ -902,7 +927,8 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
 
 @lru_cache(maxsize=4096)
 def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList:
-    w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"))
+    w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
+                getattr(plan, "fp8_recipe", "delayed"))
     sh = _Shape(model, plan)
     if phase in (BACKWARD, BACKWARD_INPUT) and part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, load, rc, stack, dtype)
@@ -934,6 +960,8 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
         params = (model.attention_params() + (0 if moe else model._mlp_params(model.ffn))) / plan.tp
         if part == "experts":
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
+        if w.current_scaling:
+            w.ew("fp8 weight amax (per step / micro-batches)", params * w.a / max(1, plan.num_microbatches))
         w.ew("fp8 weight cast (per step / micro-batches)", params * (w.a + 2) / max(1, plan.num_microbatches))
         w.ew("fp8 amax/scale update", 0.0)
     if getattr(plan, "tp_comm_overlap", False) and plan.tp > 1 and part in ("layer", "attention"):

@@ -116,6 +116,8 @@ class ParallelPlan:
     fsdp_reshard_after_forward  ZeRO-3/FSDP: free gathered parameters after each forward: auto (only without
                          PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
     dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
+    fp8_recipe           Transformer Engine's FP8 scaling (megatron stack): delayed | current
+                         (schedules.kernels.FP8_RECIPES: current reads each tensor's amax before its cast)
     stack                training stack whose kernels are priced: megatron | torchtitan | llm-foundry (schedules.kernels)
     grad_reduce_dtype    precision of the data-parallel gradient reduction: auto (the stack's: fp32 under
                          torchtitan and llm-foundry, the gradients' own under megatron) | bf16 | fp32
@@ -164,6 +166,7 @@ class ParallelPlan:
     attention_kernel: str = "auto"
     fsdp_reshard_after_forward: str = "auto"
     dtype: str = "bf16"
+    fp8_recipe: str = "delayed"
     stack: str = "megatron"
     grad_reduce_dtype: str = "auto"
     etp: int = 0
@@ -368,7 +371,7 @@ class ParallelPlan:
         if self.skew and self.ep == 1:
             raise PlanError("routing skew needs expert parallelism: set --ep > 1 or skew 0")
         from schedules.kernels import check_choice
-        check_choice(self.stack, self.dtype, self.grad_reduce_dtype)
+        check_choice(self.stack, self.dtype, self.grad_reduce_dtype, self.fp8_recipe)
         self.axes  # parses axis_order
         if self.global_batch is not None:
             per = self.micro_batch * self.dp

@@ -80,6 +80,14 @@ def test_fp8_passes_dtype_when_the_build_has_it():
     assert kw["dtype"] == "fp8" and kw["stack"] == "megatron"
 
 
+def test_fp8_cs_rows_run_transformer_engines_current_scaling():
+    fields = FIELDS | {"dtype", "stack", "fp8_recipe"}
+    assert row_experiment(_row(precision="FP8-CS"), fields)[0]["fp8_recipe"] == "current"
+    for other in ("FP8", "MXFP8", "FP8-MX"):
+        assert "fp8_recipe" not in row_experiment(_row(precision=other), fields)[0]      # delayed, the default
+    assert {r["id"] for r in load_runs() if r["precision"] == "FP8-CS"} >= {"16", "17", "18", "565", "584"}
+
+
 def test_hardware_and_throughput_fallbacks():
     assert [hardware_class(h) for h in ("A100 40GB (RoCE)", "A100 80GB", "H100 80GB", "GB200 (DGX-GB200)",
                                         "B200 (DGX-B200)", "B300 (DGX-B300)")] == \

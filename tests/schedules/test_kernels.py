@@ -81,6 +81,43 @@ def test_fp8_runs_block_gemms_in_fp8_and_adds_casts():
     assert not any("cast" in k.name for k in phase_kernels(m, ParallelPlan(seq=4096), 0, "backward"))
 
 
+@pytest.mark.parametrize("tp, sp", [(1, False), (2, True)])
+def test_fp8_current_scaling_reads_each_amax_before_its_cast(tp, sp):
+    """Transformer Engine's current scaling: every standalone cast of n elements is preceded by an amax read of
+    its 2-byte input (2n bytes); the norms feeding FP8 GEMMs write BF16 (2 + 2 bytes per element instead of
+    2 + 1) and are quantized by a cast whose amax the norm computed (no read); the weights' per-step cast reads
+    their amax too. GEMMs and every other kernel are unchanged; other stacks refuse the recipe."""
+    m = get_model("llama3-8b")
+    delayed = ParallelPlan(tp=tp, sp=sp, seq=4096, dtype="fp8", global_batch=4)
+    current = dataclasses.replace(delayed, fp8_recipe="current")
+    rows = 4096 / (tp if sp else 1)
+    for ph in ("forward", "backward"):
+        d = {k.name: k for k in phase_kernels(m, delayed, 0, ph)}
+        c = {k.name: k for k in phase_kernels(m, current, 0, ph)}
+        assert {n: k for n, k in c.items() if k.kind == GEMM} == {n: k for n, k in d.items() if k.kind == GEMM}
+        casts = [n for n in d if n.endswith("fp8 cast")]
+        assert casts
+        for n in casts:
+            assert c[f"{n}: amax"].bytes == pytest.approx(d[n].bytes / 4 * 2)      # n elements: (2 + 2) n -> 2 n
+        added = set(c) - set(d) - {f"{n}: amax" for n in casts}
+        if ph == "forward":
+            assert added == {"input norm fp8 cast", "post-attention norm fp8 cast",
+                             "fp8 weight amax (per step / micro-batches)"}
+            for norm in ("input norm", "post-attention norm"):
+                assert d[norm].bytes == pytest.approx(rows * m.hidden * 3)
+                assert c[norm].bytes == pytest.approx(rows * m.hidden * 4)
+                assert c[f"{norm} fp8 cast"].bytes == pytest.approx(rows * m.hidden * 4)
+            weights = d["fp8 weight cast (per step / micro-batches)"].bytes
+            assert c["fp8 weight amax (per step / micro-batches)"].bytes == pytest.approx(weights / 2)
+        else:
+            assert not added
+        assert all(c[n].bytes == d[n].bytes for n in d if "norm" not in n or n.endswith("bwd"))
+    with pytest.raises(PlanError, match="megatron"):
+        ParallelPlan(stack="torchtitan", dtype="fp8", fp8_recipe="current").validate(m, 1)
+    with pytest.raises(PlanError, match="FP8 recipe"):
+        ParallelPlan(dtype="fp8", fp8_recipe="mx").validate(m, 1)
+
+
 def test_experts_follow_routed_tokens_and_load():
     m = get_model("deepseek-v3")
     p = ParallelPlan(dp=8, ep=8, seq=4096)
