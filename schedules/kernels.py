@@ -44,7 +44,8 @@ write 2 per element), the gradient of each GEMM output in backward, and the weig
 (Megatron's ``is_first_microbatch`` caching; amortised here over the step's micro-batches). With
 ``plan.fp8_recipe`` current (Transformer Engine's Float8CurrentScaling, megatron stack; ``FP8_RECIPES``) each
 of those casts first reads its input's amax (2 bytes per element), and the norms feeding FP8 GEMMs write BF16
-(with its amax) and are quantized by a cast of their own.
+(with its amax) and are quantized by a cast of their own. torchtitan's float8 (torchao, tensorwise dynamic
+scaling, ``TORCHAO_FP8_STACKS``) reads each tensor's amax before its cast too.
 
 Phases: forward; backward (input and weight gradients); backward_input; backward_weight; recomputation
 is prepended to backward and backward_input (``recompute_kernels``), per layer (``plan.layer_recompute``):
@@ -88,6 +89,12 @@ EAGER_POINTWISE = ("torchtitan",)
 #: (2026-01-27, ``enable_gqa``). SDPA then saves, and context parallelism rotates, the expanded K and V
 #: (schedules.memory, schedules.generate); the backward sums the repeats' gradients
 REPEAT_KV_STACKS = ("torchtitan",) + COMPILED_STACKS
+#: stacks whose FP8 is torchao's float8 training (torchtitan's ``[float8]``): tensorwise dynamic scaling, each
+#: cast's scale from the tensor's own amax (torchao/float8/float8_scaling_utils.py ``hp_tensor_to_float8_dynamic``
+#: -> float8_utils.py ``tensor_to_amax``, ``torch.max(torch.abs(x))``: a reduction read of the tensor before the
+#: cast, a kernel of its own eager or compiled: a global reduction, read at torchao 36027d8), as Transformer
+#: Engine's current scaling
+TORCHAO_FP8_STACKS = ("torchtitan",) + COMPILED_STACKS
 #: stacks whose context parallelism is torch's (``torch.distributed.tensor.experimental.context_parallel``, as
 #: torchtitan runs it): with torchtitan's default ``context_parallel_rotate_method = "allgather"`` each attention
 #: all-gathers every rank's K, V block once (waited after the rank's own, diagonal block), and the backward
@@ -312,6 +319,8 @@ class _Writer:
         self.fp8 = dtype == "fp8"
         # Transformer Engine's current scaling (FP8_RECIPES): an amax read before each cast, norms write BF16
         self.current_scaling = self.fp8 and self.fused and fp8_recipe == "current"
+        # each cast reads its tensor's amax first: TE's current scaling, torchao's dynamic scaling
+        self.amax_read = self.current_scaling or (self.fp8 and stack in TORCHAO_FP8_STACKS)
         self.out: list[Kernel] = []
 
     def gemm(self, name: str, m: float, n: float, k: float, batch: float = 1, fp8_ok: bool = True) -> None:
@@ -331,7 +340,7 @@ class _Writer:
         """FP8 cast with amax of a self.a tensor (row- and column-wise FP8 copies); under current scaling
         the tensor's amax is read first, unless the kernel that wrote it computed it (``amax_known``)."""
         if self.fp8:
-            if self.current_scaling and not amax_known:
+            if self.amax_read and not amax_known:
                 self.ew(f"{name}: amax", elements * self.a)
             self.ew(name, elements * (self.a + 2))
 
@@ -960,7 +969,7 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
         params = (model.attention_params() + (0 if moe else model._mlp_params(model.ffn))) / plan.tp
         if part == "experts":
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
-        if w.current_scaling:
+        if w.amax_read:
             w.ew("fp8 weight amax (per step / micro-batches)", params * w.a / max(1, plan.num_microbatches))
         w.ew("fp8 weight cast (per step / micro-batches)", params * (w.a + 2) / max(1, plan.num_microbatches))
         w.ew("fp8 amax/scale update", 0.0)

@@ -118,6 +118,27 @@ def test_fp8_current_scaling_reads_each_amax_before_its_cast(tp, sp):
         ParallelPlan(dtype="fp8", fp8_recipe="mx").validate(m, 1)
 
 
+@pytest.mark.parametrize("stack", ["torchtitan", "torchtitan-compile", "torchtitan-compile-loss", "llm-foundry"])
+def test_torchao_dynamic_scaling_reads_each_amax_before_its_cast(stack):
+    """torchtitan's float8 is torchao's tensorwise dynamic scaling: every cast (inputs, gradients, the weights)
+    reads its tensor's amax first, 2 bytes per element; llm-foundry's FP8 is Transformer Engine's delayed
+    scaling (no amax read); BF16 has neither."""
+    m = get_model("llama3-8b")
+    p = ParallelPlan(seq=4096, dtype="fp8", stack=stack, global_batch=4)
+    for ph in ("forward", "backward"):
+        ks = {k.name: k for k in phase_kernels(m, p, 0, ph)}
+        casts = [n for n in ks if n.endswith("fp8 cast") or n.startswith("fp8 weight cast")]
+        assert casts
+        for n in casts:
+            amax = ks.get(n.replace("fp8 weight cast", "fp8 weight amax") if n.startswith("fp8 weight") else f"{n}: amax")
+            if stack == "llm-foundry":
+                assert amax is None
+            else:
+                assert amax.bytes == pytest.approx(ks[n].bytes / 4 * 2)
+        bf16 = phase_kernels(m, dataclasses.replace(p, dtype="bf16"), 0, ph)
+        assert not any("amax" in k.name or "fp8" in k.name for k in bf16)
+
+
 def test_experts_follow_routed_tokens_and_load():
     m = get_model("deepseek-v3")
     p = ParallelPlan(dp=8, ep=8, seq=4096)
