@@ -337,8 +337,9 @@ class _Writer:
             self.out.append(Kernel(name, ELEMENTWISE, 0.0, float(nbytes)))
 
     def cast(self, name: str, elements: float, amax_known: bool = False) -> None:
-        """FP8 cast with amax of a self.a tensor (row- and column-wise FP8 copies); under current scaling
-        the tensor's amax is read first, unless the kernel that wrote it computed it (``amax_known``)."""
+        """FP8 cast with amax of a self.a tensor (row- and column-wise FP8 copies); where each tensor's scale
+        comes from its own amax (``amax_read``: TE's current scaling, torchao's dynamic scaling) the amax is
+        read first, unless the kernel that wrote the tensor computed it (``amax_known``)."""
         if self.fp8:
             if self.amax_read and not amax_known:
                 self.ew(f"{name}: amax", elements * self.a)

@@ -130,7 +130,8 @@ def test_torchao_dynamic_scaling_reads_each_amax_before_its_cast(stack):
         casts = [n for n in ks if n.endswith("fp8 cast") or n.startswith("fp8 weight cast")]
         assert casts
         for n in casts:
-            amax = ks.get(n.replace("fp8 weight cast", "fp8 weight amax") if n.startswith("fp8 weight") else f"{n}: amax")
+            weights = n.startswith("fp8 weight")
+            amax = ks.get(n.replace("fp8 weight cast", "fp8 weight amax") if weights else f"{n}: amax")
             if stack == "llm-foundry":
                 assert amax is None
             else:
