@@ -49,7 +49,7 @@ RESHARD = ("auto", "true", "false")
 DTYPES = ("bf16", "fp8")
 STACKS = ("megatron", "torchtitan", "llm-foundry", "torchtitan-compile", "torchtitan-compile-loss")
 GRAD_REDUCE_DTYPES = ("auto", "bf16", "fp32")
-FP8_RECIPES = ("delayed", "current")        # schedules.kernels.FP8_RECIPES
+FP8_RECIPES = ("delayed", "current", "mxfp8")        # schedules.kernels.FP8_RECIPES
 EXPERT_GRIDS = ("folded", "carved")
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")     # schedules.plan.MOE_DISPATCHERS
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
@@ -359,8 +359,9 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--dtype", type=click.Choice(DTYPES), help="GEMM precision: bf16 (default) or fp8 "
                      "(Transformer Engine FP8 GEMMs in the transformer blocks)."),
         click.option("--fp8-recipe", type=click.Choice(FP8_RECIPES), help="Transformer Engine's FP8 scaling "
-                     "(megatron stack, --dtype fp8): delayed (default: scales from an amax history) or current "
-                     "(each tensor's amax read before its cast; norms write BF16, then a quantize kernel)."),
+                     "(megatron stack, --dtype fp8): delayed (default: scales from an amax history), current "
+                     "(each tensor's amax read before its cast; norms write BF16, then a quantize kernel) or mxfp8 "
+                     "(block scaling, Blackwell: a scale per 32 elements; norms write BF16, then a quantize)."),
         click.option("--gpu-variation", type=float, help="Relative std of one GPU's sustained speed; compute runs at "
                      "the slowest of the job's GPUs (default 0.0176 on GPUs, from a 5% spread on an 8-GPU node; "
                      "0 turns it off)."),

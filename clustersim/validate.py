@@ -390,6 +390,11 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     if row["precision"].strip().upper() == "FP8-CS" and "fp8_recipe" in fields:
         # Megatron-Bridge's FP8-CS recipes: Transformer Engine's Float8CurrentScaling
         kw["fp8_recipe"] = "current"
+    if (row["precision"].strip().upper() in ("MXFP8", "FP8-MX") and "fp8_recipe" in fields
+            and not MODEL_PRESETS.get(row["model"], "").startswith("deepseek")):
+        # MXFP8 block scaling; DeepSeek-V3's recipes fuse the norm's MXFP8 output from July 2026
+        # (NVTE_NORM_FWD_USE_CUDNN, Megatron-Bridge cce4953): those rows keep the fused-norm casts
+        kw["fp8_recipe"] = "mxfp8"
     stack = stack_of(row["framework"], row.get("source", ""))
     if stack and "stack" in fields:
         kw["stack"] = stack

@@ -44,8 +44,9 @@ write 2 per element), the gradient of each GEMM output in backward, and the weig
 (Megatron's ``is_first_microbatch`` caching; amortised here over the step's micro-batches). With
 ``plan.fp8_recipe`` current (Transformer Engine's Float8CurrentScaling, megatron stack; ``FP8_RECIPES``) each
 of those casts first reads its input's amax (2 bytes per element), and the norms feeding FP8 GEMMs write BF16
-(with its amax) and are quantized by a cast of their own. torchtitan's float8 (torchao, tensorwise dynamic
-scaling, ``TORCHAO_FP8_STACKS``) reads each tensor's amax before its cast too.
+(with its amax) and are quantized by a cast of their own; with mxfp8 (block scaling) the norms are unfused
+the same way and every cast also writes a scale byte per 32 elements, row- and column-wise. torchtitan's
+float8 (torchao, tensorwise dynamic scaling, ``TORCHAO_FP8_STACKS``) reads each tensor's amax before its cast.
 
 Phases: forward; backward (input and weight gradients); backward_input; backward_weight; recomputation
 is prepended to backward and backward_input (``recompute_kernels``), per layer (``plan.layer_recompute``):
@@ -118,8 +119,13 @@ DTYPES = ("bf16", "fp8")
 #: d0067d0, TE 2.x) runs nvte_compute_amax (a read of the input), the scale, then nvte_quantize_v2; a
 #: LayerNormLinear's norm computes the amax of its BF16 output in the same kernel (FUSED_NORM_AMAX_FP8,
 #: extensions/normalization.cpp) and the output is quantized after it (quantize_with_amax). Megatron-Core's own
-#: SwiGLU and residual kernels are not TE's, so every other cast takes the amax read first.
-FP8_RECIPES = ("delayed", "current")
+#: SwiGLU and residual kernels are not TE's, so every other cast takes the amax read first. mxfp8 (MXFP8
+#: block scaling, Blackwell): each quantize computes its 32-element blocks' scales in the same pass (no amax
+#: read) and writes an E8M0 scale per block, row- and column-wise; the norm's MXFP8 output is not fused
+#: (``Impl::UNFUSED`` unless NVTE_NORM_FWD_USE_CUDNN, which Megatron-Bridge's recipes set only for
+#: DeepSeek-V3 and only from July 2026): the norm writes BF16 and a quantize follows.
+FP8_RECIPES = ("delayed", "current", "mxfp8")
+MX_BLOCK = 32                       # elements per MXFP8 scale (one E8M0 byte each, row- and column-wise)
 PARTS = ("layer", "attention", "experts", "ring", "head", "embedding")
 BF16, FP32 = 2, 4
 
@@ -319,6 +325,7 @@ class _Writer:
         self.fp8 = dtype == "fp8"
         # Transformer Engine's current scaling (FP8_RECIPES): an amax read before each cast, norms write BF16
         self.current_scaling = self.fp8 and self.fused and fp8_recipe == "current"
+        self.mxfp8 = self.fp8 and self.fused and fp8_recipe == "mxfp8"       # block scales, unfused norm output
         # each cast reads its tensor's amax first: TE's current scaling, torchao's dynamic scaling
         self.amax_read = self.current_scaling or (self.fp8 and stack in TORCHAO_FP8_STACKS)
         self.out: list[Kernel] = []
@@ -343,7 +350,7 @@ class _Writer:
         if self.fp8:
             if self.amax_read and not amax_known:
                 self.ew(f"{name}: amax", elements * self.a)
-            self.ew(name, elements * (self.a + 2))
+            self.ew(name, elements * (self.a + 2 + (2 / MX_BLOCK if self.mxfp8 else 0.0)))
 
     def attention(self, name: str, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
                   d_v: float, causal: bool, share: float = 1.0) -> None:
@@ -366,9 +373,10 @@ def _norm(w: _Writer, name: str, rows: float, h: int, back: bool, into_fp8_gemm:
         w.ew(f"{name} bwd", rows * h * 3 * w.a)
         return
     # TE LayerNormLinear writes FP8 under delayed scaling; under current scaling BF16 and its amax, then quantizes
-    out_bytes = 1 if (w.fp8 and w.fused and into_fp8_gemm and not w.current_scaling) else w.a
+    unfused = w.current_scaling or w.mxfp8
+    out_bytes = 1 if (w.fp8 and w.fused and into_fp8_gemm and not unfused) else w.a
     w.ew(name, rows * h * (w.a + out_bytes))
-    if w.fp8 and into_fp8_gemm and (not w.fused or w.current_scaling):
+    if w.fp8 and into_fp8_gemm and (not w.fused or unfused):
         w.cast(f"{name} fp8 cast", rows * h, amax_known=w.current_scaling)
 
 
@@ -972,7 +980,8 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
         if w.amax_read:
             w.ew("fp8 weight amax (per step / micro-batches)", params * w.a / max(1, plan.num_microbatches))
-        w.ew("fp8 weight cast (per step / micro-batches)", params * (w.a + 2) / max(1, plan.num_microbatches))
+        w.ew("fp8 weight cast (per step / micro-batches)",
+             params * (w.a + 2 + (2 / MX_BLOCK if w.mxfp8 else 0.0)) / max(1, plan.num_microbatches))
         w.ew("fp8 amax/scale update", 0.0)
     if getattr(plan, "tp_comm_overlap", False) and plan.tp > 1 and part in ("layer", "attention"):
         w.out = _ub_overlap(w.out, dtype, plan.tp)

@@ -116,8 +116,9 @@ class ParallelPlan:
     fsdp_reshard_after_forward  ZeRO-3/FSDP: free gathered parameters after each forward: auto (only without
                          PP, as torchtitan) | true | false (see schedules.memory, FSDP residency)
     dtype                GEMM precision: bf16 | fp8 (FP8 transformer-block GEMMs, schedules.kernels)
-    fp8_recipe           Transformer Engine's FP8 scaling (megatron stack): delayed | current
-                         (schedules.kernels.FP8_RECIPES: current reads each tensor's amax before its cast)
+    fp8_recipe           Transformer Engine's FP8 scaling (megatron stack): delayed | current | mxfp8
+                         (schedules.kernels.FP8_RECIPES: current reads each tensor's amax before its cast;
+                         mxfp8 writes block scales and its norms write BF16 before a quantize)
     stack                training stack whose kernels are priced: megatron | torchtitan | llm-foundry (schedules.kernels)
     grad_reduce_dtype    precision of the data-parallel gradient reduction: auto (the stack's: fp32 under
                          torchtitan and llm-foundry, the gradients' own under megatron) | bf16 | fp32

@@ -83,8 +83,11 @@ def test_fp8_passes_dtype_when_the_build_has_it():
 def test_fp8_cs_rows_run_transformer_engines_current_scaling():
     fields = FIELDS | {"dtype", "stack", "fp8_recipe"}
     assert row_experiment(_row(precision="FP8-CS"), fields)[0]["fp8_recipe"] == "current"
-    for other in ("FP8", "MXFP8", "FP8-MX"):
-        assert "fp8_recipe" not in row_experiment(_row(precision=other), fields)[0]      # delayed, the default
+    assert "fp8_recipe" not in row_experiment(_row(precision="FP8"), fields)[0]      # delayed, the default
+    for mx in ("MXFP8", "FP8-MX"):
+        assert row_experiment(_row(precision=mx), fields)[0]["fp8_recipe"] == "mxfp8"
+        deepseek = _row(precision=mx, model="DeepSeek-V3 671B", tp="2", pp="4", ep="64", gpus="256", gbs="2048")
+        assert "fp8_recipe" not in row_experiment(deepseek, fields)[0]
     assert {r["id"] for r in load_runs() if r["precision"] == "FP8-CS"} >= {"16", "17", "18", "565", "584"}
 
 

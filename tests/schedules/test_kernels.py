@@ -118,6 +118,27 @@ def test_fp8_current_scaling_reads_each_amax_before_its_cast(tp, sp):
         ParallelPlan(dtype="fp8", fp8_recipe="mx").validate(m, 1)
 
 
+def test_mxfp8_unfuses_the_norms_and_writes_block_scales():
+    """MXFP8 (megatron stack): no amax read; every cast writes an E8M0 scale per 32 elements row- and
+    column-wise (2/32 bytes per element more than delayed); the norms feeding FP8 GEMMs write BF16 and are
+    quantized by a cast of their own, as under current scaling."""
+    m = get_model("llama3-8b")
+    delayed = ParallelPlan(seq=4096, dtype="fp8", global_batch=4)
+    mx = dataclasses.replace(delayed, fp8_recipe="mxfp8")
+    rows = 4096
+    for ph in ("forward", "backward"):
+        d = {k.name: k for k in phase_kernels(m, delayed, 0, ph)}
+        x = {k.name: k for k in phase_kernels(m, mx, 0, ph)}
+        assert not any("amax" in n for n in x if n != "fp8 amax/scale update")
+        for n in d:
+            if n.endswith("fp8 cast") or n.startswith("fp8 weight cast"):
+                assert x[n].bytes == pytest.approx(d[n].bytes * (4 + 2 / 32) / 4)
+        if ph == "forward":
+            for norm in ("input norm", "post-attention norm"):
+                assert x[norm].bytes == pytest.approx(rows * m.hidden * 4)
+                assert x[f"{norm} fp8 cast"].bytes == pytest.approx(rows * m.hidden * (4 + 2 / 32))
+
+
 @pytest.mark.parametrize("stack", ["torchtitan", "torchtitan-compile", "torchtitan-compile-loss", "llm-foundry"])
 def test_torchao_dynamic_scaling_reads_each_amax_before_its_cast(stack):
     """torchtitan's float8 is torchao's tensorwise dynamic scaling: every cast (inputs, gradients, the weights)
