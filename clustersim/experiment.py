@@ -112,7 +112,7 @@ class Experiment:
     algorithm: str | None = None
     astra_system: str | None = None      # --network astra: ASTRA-sim system JSON (default: ring everywhere)
     dtype: str = "bf16"
-    fp8_recipe: str = "delayed"      # Transformer Engine's FP8 scaling (megatron stack): delayed | current
+    fp8_recipe: str = "delayed"      # Transformer Engine's FP8 scaling (megatron stack): delayed | current | mxfp8
     stack: str | None = None         # None: the cluster's default (schedules.kernels.default_stack)
     grad_reduce_dtype: str = "auto"  # gradient reduction precision (auto: the stack's, schedules.kernels)
     gpu_variation: float | None = None   # relative std of GPU speed (None: topologies.variation's default)

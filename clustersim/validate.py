@@ -387,10 +387,11 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["dtype"] = prec
     elif prec != "bf16":
         raise NotExpressible("FP8 run: this build has no --dtype (BF16 only)")
-    if row["precision"].strip().upper() == "FP8-CS" and "fp8_recipe" in fields:
+    label = row["precision"].strip().upper()
+    if label == "FP8-CS" and "fp8_recipe" in fields:
         # Megatron-Bridge's FP8-CS recipes: Transformer Engine's Float8CurrentScaling
         kw["fp8_recipe"] = "current"
-    if (row["precision"].strip().upper() in ("MXFP8", "FP8-MX") and "fp8_recipe" in fields
+    if (label in ("MXFP8", "FP8-MX") and "fp8_recipe" in fields
             and not MODEL_PRESETS.get(row["model"], "").startswith("deepseek")):
         # MXFP8 block scaling; DeepSeek-V3's recipes fuse the norm's MXFP8 output from July 2026
         # (NVTE_NORM_FWD_USE_CUDNN, Megatron-Bridge cce4953): those rows keep the fused-norm casts

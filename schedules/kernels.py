@@ -328,6 +328,8 @@ class _Writer:
         self.mxfp8 = self.fp8 and self.fused and fp8_recipe == "mxfp8"       # block scales, unfused norm output
         # each cast reads its tensor's amax first: TE's current scaling, torchao's dynamic scaling
         self.amax_read = self.current_scaling or (self.fp8 and stack in TORCHAO_FP8_STACKS)
+        # bytes per element a cast moves: read the input, write row- and column-wise FP8 (+ MXFP8 block scales)
+        self.cast_bytes = self.a + 2 + (2 / MX_BLOCK if self.mxfp8 else 0.0)
         self.out: list[Kernel] = []
 
     def gemm(self, name: str, m: float, n: float, k: float, batch: float = 1, fp8_ok: bool = True) -> None:
@@ -350,7 +352,7 @@ class _Writer:
         if self.fp8:
             if self.amax_read and not amax_known:
                 self.ew(f"{name}: amax", elements * self.a)
-            self.ew(name, elements * (self.a + 2 + (2 / MX_BLOCK if self.mxfp8 else 0.0)))
+            self.ew(name, elements * self.cast_bytes)
 
     def attention(self, name: str, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
                   d_v: float, causal: bool, share: float = 1.0) -> None:
@@ -372,7 +374,8 @@ def _norm(w: _Writer, name: str, rows: float, h: int, back: bool, into_fp8_gemm:
     if back:
         w.ew(f"{name} bwd", rows * h * 3 * w.a)
         return
-    # TE LayerNormLinear writes FP8 under delayed scaling; under current scaling BF16 and its amax, then quantizes
+    # TE LayerNormLinear writes FP8 under delayed scaling; under current scaling (BF16 and its amax) and MXFP8
+    # (BF16) a quantize of its own follows
     unfused = w.current_scaling or w.mxfp8
     out_bytes = 1 if (w.fp8 and w.fused and into_fp8_gemm and not unfused) else w.a
     w.ew(name, rows * h * (w.a + out_bytes))
@@ -980,8 +983,7 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
         if w.amax_read:
             w.ew("fp8 weight amax (per step / micro-batches)", params * w.a / max(1, plan.num_microbatches))
-        w.ew("fp8 weight cast (per step / micro-batches)",
-             params * (w.a + 2 + (2 / MX_BLOCK if w.mxfp8 else 0.0)) / max(1, plan.num_microbatches))
+        w.ew("fp8 weight cast (per step / micro-batches)", params * w.cast_bytes / max(1, plan.num_microbatches))
         w.ew("fp8 amax/scale update", 0.0)
     if getattr(plan, "tp_comm_overlap", False) and plan.tp > 1 and part in ("layer", "attention"):
         w.out = _ub_overlap(w.out, dtype, plan.tp)

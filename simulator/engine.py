@@ -988,16 +988,8 @@ class Engine:
         Every event the engine schedules succeeds, so SimPy's failure check has nothing to do. With ``until``,
         events at or after it are left, and the clock ends there (what SimPy's run(until) does)."""
         env = self.env
-        if not self.calendar:
-            if until is not None:
-                env.run(until=until)
-                return
-            queue = env._queue
-            while queue:
-                env._now, _, _, event = heappop(queue)
-                callbacks, event.callbacks = event.callbacks, None
-                for callback in callbacks:
-                    callback(event)
+        if not self.calendar:       # the events are on SimPy's heap (_heap_push): its own loop runs them
+            env.run(until=until)
             return
         if until is not None and not until > env._now:
             raise ValueError(f"until ({until}) must be greater than the current simulation time")

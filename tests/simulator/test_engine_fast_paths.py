@@ -29,12 +29,9 @@ class ReferenceEngine(Engine):
     """The general paths: SimPy's own run loop, the network asked again after every wake-up, and every ended
     communication queued as an event."""
 
-    calendar = False
+    calendar = False        # SimPy's heap and its own Environment.run (Engine._loop)
     inline_ends = False
     closed_ends = False
-
-    def _loop(self, until=None) -> None:
-        self.env.run(until=until)
 
     def _network_changed(self, nxt=False) -> None:
         super()._network_changed(False)
