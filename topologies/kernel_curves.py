@@ -2,8 +2,9 @@
 
 Data: ``topologies/microbench/gemm.csv`` and ``attention_kernels.csv``, copied from
 ``../shared/validation`` (each row keeps its ``source``: OpenXLA's sm_90 matmul table, Azure's cuBLASLt
-runs, ml-engineering's MAMF best shapes, the FlashAttention-2/-3 benchmark charts). Nothing here is fitted
-to end-to-end training runs.
+runs, ml-engineering's MAMF best shapes, the FlashAttention-2/-3 benchmark charts), plus OpenXLA's sm_100
+(Blackwell) matmul table, BF16 and FP8, from a later TensorFlow commit. Nothing here is fitted to end-to-end
+training runs.
 
 GEMM model (per device and dtype). cuBLAS splits C[M,N] into tiles (tm × tn, the best of 128×128 and
 128×256, CUTLASS's Hopper/Ampere tile shapes) and, when the tiles do not fill the SMs, splits K (split-K
@@ -11,7 +12,9 @@ s ∈ {1, 2, 4, 8, 16} with K/s >= 256); the tiles run in waves of ``sm_count``.
 that finish first::
 
     compute = waves · 2·tm·tn·(K/s) / (eta · peak / sm_count) · (1 + k_half / (K/s))
-    time    = t0 + max(compute, bytes / (beta · HBM bytes/s)),   bytes = 2·batch·(MK + KN + MN)·dtype
+    time    = t0 + max(compute, bytes / (beta · HBM bytes/s)),   bytes = batch·((MK + KN)·dtype + 2·MN)
+
+(the output C is BF16 for BF16 and FP8 inputs alike).
 
 ``eta`` (fraction of the datasheet peak the microbenchmarks reach), ``k_half`` (per-tile prologue /
 epilogue cost in K), ``t0`` (launch and tail) and ``beta`` (achieved HBM fraction of small-K GEMMs) are
@@ -21,7 +24,14 @@ where there is one: the model's fastest shape runs at ``eta · peak``, so no sha
 best one. (The XLA table's few points above MAMF, +2 % at most, are single un-throttled timings.) Devices without their own sweep borrow the
 parameters of the nearest architecture that has one and keep their own peak, SM count and HBM bandwidth;
 one best-shape (MAMF) point, where published, sets their ``eta`` (fitted to that point, capped as for the
-sweeps so that no shape runs faster than it).
+sweeps so that no shape runs faster than it). B200 and GB200 (both sm_100, which the XLA table does not tell
+apart) take ``k_half``, ``t0`` and ``beta`` from the sm_100 sweep and ``eta`` from their own MAMF points: the
+sweep's per-tile cost in K is Blackwell's own (BF16 192, FP8 64 against Hopper's 32: a tile's k-loop is shorter
+on the faster tensor cores, its fixed cost not). Against Hopper's shape parameters, which they borrowed before,
+BF16 GEMMs of 256-2,048 rows run 8-12 % slower and training-size ones (4k-16k rows, 1k-28k columns, 4k-28k
+deep) 2-5 %; FP8 ones move by -1 to +3 %. The two sources disagree at GB200's BF16 best shape (4096 x 9728 x
+2048): the sweep's per-tile cost prices it 16 % below its measured 1,822 TFLOP/s (the capped eta keeps every
+shape at or below it).
 
 Sustained rate. Those microbenchmarks time bursts: a GPU at its boost clock. A training job holds every GPU of
 a node at its power limit, where the clock settles lower. Where a device (or the same die at the same power
@@ -102,8 +112,13 @@ def _effective_flops(shapes: np.ndarray, sm_count: int, k_half: float) -> np.nda
     return best
 
 
+OUT_BYTES = 2.0      # a GEMM's output is BF16 for BF16 and FP8 inputs alike (Transformer Engine's FP8 GEMMs, the
+                     # XLA table's f8e4m3fn x f8e4m3fn -> bf16)
+
+
 def gemm_bytes(b, m, n, k, dtype_bytes: float):
-    return dtype_bytes * b * (m * k + k * n + m * n)
+    """HBM bytes of a (b ×) m×n×k GEMM: inputs A, B at ``dtype_bytes`` per element, the output C in BF16."""
+    return b * (dtype_bytes * (m * k + k * n) + OUT_BYTES * m * n)
 
 
 @dataclass(frozen=True)
@@ -177,6 +192,10 @@ GEMM_SWEEPS = {
     ("hopper", "fp8"): (("H100 80GB HBM3", "NVIDIA H100 SXM"), ("FP8",), "H100-SXM"),
     ("hopper-h200", "fp8"): (("H200 141GB", "NVIDIA H200 SXM"), ("FP8",), "H200"),
     ("ampere", "bf16"): (("A100-SXM4-80GB", "NVIDIA A100 SXM"), ("FP16", "BF16"), "A100-80GB"),
+    # OpenXLA's sm_100 table (B200 and GB200 are both sm_100; the file does not say which ran it): fitted for its
+    # shape parameters (k_half, t0, beta); each Blackwell device's eta comes from its own best-shape point
+    ("blackwell", "bf16"): (("sm_100",), ("BF16",), "B200"),
+    ("blackwell", "fp8"): (("sm_100",), ("FP8",), "B200"),
 }
 # the best-shape point (ml-engineering MAMF) that caps each sweep's eta: (hardware in gemm.csv, dtype prefix)
 SWEEP_MAMF = {
@@ -190,6 +209,9 @@ MAMF_POINTS = {
 }
 FAMILY = {"H100-SXM": "hopper", "H100-PCIe": "hopper", "H100-HBM2e": "hopper", "H200": "hopper",
           "A100-80GB": "ampere", "A100-40GB": "ampere"}
+# devices without a sweep of their own whose architecture has one: its per-tile cost (k_half), launch time (t0)
+# and small-K bandwidth (beta) are theirs; the rest borrow Hopper's
+SHAPE_FAMILY = {"B200": "blackwell", "GB200": "blackwell"}
 
 
 @lru_cache(maxsize=None)
@@ -322,9 +344,10 @@ def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
     if fam is not None and (fam, dtype) in GEMM_SWEEPS:
         params = gemm_params(fam, dtype)
     else:
-        base = gemm_params("hopper", dtype)
+        shape_fam = SHAPE_FAMILY.get(acc.name, "hopper")
+        base = gemm_params(shape_fam, dtype)
         params = GemmParams(base.eta, base.k_half, base.t0_s, base.beta,
-                            f"Hopper {dtype} fit borrowed ({base.source})")
+                            f"{shape_fam.capitalize()} {dtype} fit borrowed ({base.source})")
         mamf = MAMF_POINTS.get((acc.name, dtype))
         if mamf is not None:
             shapes, times = _gemm_points(read_rows(GEMM_CSV), mamf[0], (mamf[1],))
@@ -337,7 +360,8 @@ def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
             cap = mamf_flops_per_s(*mamf) / peak
             params = GemmParams(min(round(min(eta, 1.0), 3), cap), base.k_half, base.t0_s, base.beta,
                                 f"eta from the MAMF best shape of {mamf[0]} {mamf[1]}, capped at its "
-                                f"{cap * peak / 1e12:.1f} TFLOP/s; k_half, t0, beta from the Hopper fit")
+                                f"{cap * peak / 1e12:.1f} TFLOP/s; k_half, t0, beta from the "
+                                f"{shape_fam.capitalize()} fit ({base.source})")
     sustained = sustained_rate(acc.name, dtype)
     if sustained is None:
         params = dataclasses.replace(params, source=f"{params.source}; burst rate (no sustained measurement "
