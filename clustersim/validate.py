@@ -177,6 +177,13 @@ RECIPE_RECOMPUTE = {
                                     "(not modelled: simulated as kept on the GPU)") for rel in RECIPE_RELEASES},
 }
 RECIPE_FRAMEWORK = "Megatron-Bridge"
+#: Megatron-Bridge releases whose performance scripts have no FP8 delayed scaling: from v0.2.0 (NeMo 25.11)
+#: scripts/performance/argument_parser.py offers ``--compute_dtype {bf16,fp8_cs,fp8_mx,fp8_sc,nvfp4}``, and its
+#: Llama workload configs (llama3 / llama31_workload_base_configs.py) exist only as ``*_FP8_CS_V*`` and
+#: ``*_FP8_MX_V*`` among the FP8 ones (checked at v0.3.0, v0.4.0, v0.5.0). Their summaries label the FP8_CS runs
+#: "FP8-CS" (NeMo 25.11) and "FP8" (NeMo 26.02 on), the FP8_MX ones "FP8-MX" / "MXFP8".
+CURRENT_SCALING_RELEASES = ("NeMo 25.11",) + RECIPE_RELEASES
+CURRENT_SCALING_MODELS = ("Llama 3 8B", "Llama 3 70B", "Llama 3.1 405B")
 #: the same from a benchmark's model config: (model, commit of the source document, framework) -> (recompute, note).
 #: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
 #: (configure.sh: ``--config-name=${MODEL}-${MODEL_SIZE}-synth``), which sets
@@ -249,6 +256,13 @@ def stated_recompute_modules(row: dict) -> tuple[tuple[str, ...], str] | None:
     if rec and (row.get("release") or "").strip() in rec[0]:
         return rec[1], f"Megatron-Bridge's {rec[2]}"
     return None
+
+
+def current_scaling_run(row: dict) -> bool:
+    """Whether a row labelled plain "FP8" ran Transformer Engine's current scaling: a Megatron-Bridge Llama run
+    of a release whose performance scripts have no delayed scaling (``CURRENT_SCALING_RELEASES``)."""
+    return (RECIPE_FRAMEWORK in row.get("framework", "") and row.get("model") in CURRENT_SCALING_MODELS
+            and (row.get("release") or "").strip() in CURRENT_SCALING_RELEASES)
 
 
 def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
@@ -391,6 +405,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     if label == "FP8-CS" and "fp8_recipe" in fields:
         # Megatron-Bridge's FP8-CS recipes: Transformer Engine's Float8CurrentScaling
         kw["fp8_recipe"] = "current"
+    elif label == "FP8" and "fp8_recipe" in fields and current_scaling_run(row):
+        kw["fp8_recipe"] = "current"
+        notes.append("FP8 as Megatron-Bridge's performance scripts of this release run it for this model: its "
+                     "FP8_CS config (Transformer Engine's current scaling; the scripts offer no delayed scaling)")
     if (label in ("MXFP8", "FP8-MX") and "fp8_recipe" in fields
             and not MODEL_PRESETS.get(row["model"], "").startswith("deepseek")):
         # MXFP8 block scaling; DeepSeek-V3's recipes fuse the norm's MXFP8 output from July 2026

@@ -84,6 +84,16 @@ def test_fp8_cs_rows_run_transformer_engines_current_scaling():
     fields = FIELDS | {"dtype", "stack", "fp8_recipe"}
     assert row_experiment(_row(precision="FP8-CS"), fields)[0]["fp8_recipe"] == "current"
     assert "fp8_recipe" not in row_experiment(_row(precision="FP8"), fields)[0]      # delayed, the default
+    # Megatron-Bridge's performance scripts of NeMo 25.11 on have no delayed scaling; their Llama FP8 runs are
+    # the FP8_CS configs, labelled "FP8" from NeMo 26.02
+    for release in ("NeMo 26.02", "NeMo 26.04.01", "NeMo 26.06"):
+        exp, notes = row_experiment(_row(precision="FP8", release=release), fields)
+        assert exp["fp8_recipe"] == "current" and any("FP8_CS" in n for n in notes)
+    assert "fp8_recipe" not in row_experiment(_row(precision="FP8", release="NeMo 25.09"), fields)[0]
+    assert "fp8_recipe" not in row_experiment(
+        _row(precision="FP8", release="NeMo 26.02", framework="NeMo / Megatron-Core"), fields)[0]
+    assert "fp8_recipe" not in row_experiment(
+        _row(precision="FP8", release="NeMo 26.02", model="Nemotron-4 340B"), fields)[0]
     for mx in ("MXFP8", "FP8-MX"):
         assert row_experiment(_row(precision=mx), fields)[0]["fp8_recipe"] == "mxfp8"
         deepseek = _row(precision=mx, model="DeepSeek-V3 671B", tp="2", pp="4", ep="64", gpus="256", gbs="2048")
