@@ -113,6 +113,7 @@ class Experiment:
     astra_system: str | None = None      # --network astra: ASTRA-sim system JSON (default: ring everywhere)
     dtype: str = "bf16"
     fp8_recipe: str = "delayed"      # Transformer Engine's FP8 scaling (megatron stack): delayed | current | mxfp8
+    fp8_param_gather: bool = False   # Megatron-Core --fp8-param-gather: FP8-only block weights, 1-byte param gather
     stack: str | None = None         # None: the cluster's default (schedules.kernels.default_stack)
     grad_reduce_dtype: str = "auto"  # gradient reduction precision (auto: the stack's, schedules.kernels)
     gpu_variation: float | None = None   # relative std of GPU speed (None: topologies.variation's default)
@@ -207,7 +208,8 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(value <= 3, f"{w}: ZeRO stage must be 0, 1, 2 or 3, got {value}")
         elif key == "fsdp_prefetch":
             value = _as_int(value, w, minimum=0)
-        elif key in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
+        elif key in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                     "fp8_param_gather"):
             _check(isinstance(value, bool), f"{w}: expected true or false, got {brief(value)}")
         elif key in ("bucket_mb", "params"):
             value = _as_float(value, w)
@@ -362,6 +364,10 @@ def simulate_options(f: Callable) -> Callable:
                      "(megatron stack, --dtype fp8): delayed (default: scales from an amax history), current "
                      "(each tensor's amax read before its cast; norms write BF16, then a quantize kernel) or mxfp8 "
                      "(block scaling, Blackwell: a scale per 32 elements; norms write BF16, then a quantize)."),
+        click.option("--fp8-param-gather/--no-fp8-param-gather", default=None,
+                     help="Megatron-Core's --fp8-param-gather (--dtype fp8, megatron stack, --zero 1 or 2): the "
+                          "transformer-block GEMM weights kept in FP8 only (no BF16 copy), the optimizer casting "
+                          "its updated shard and the parameter all-gather carrying 1 byte per such weight."),
         click.option("--gpu-variation", type=float, help="Relative std of one GPU's sustained speed; compute runs at "
                      "the slowest of the job's GPUs (default 0.0176 on GPUs, from a 5% spread on an 8-GPU node; "
                      "0 turns it off)."),
@@ -386,7 +392,7 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp"
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
                "attention", "attention_kernel", "fsdp_reshard_after_forward", "dtype", "stack",
-               "calibration_scope", "gpu_variation", "grad_reduce_dtype", "fp8_recipe")
+               "calibration_scope", "gpu_variation", "grad_reduce_dtype", "fp8_recipe", "fp8_param_gather")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -442,6 +448,7 @@ class Outcome:
             "model": self.model.name if hasattr(self.model, "name") else str(self.experiment.model),
             "dtype": getattr(self.plan, "dtype", "bf16"), "stack": getattr(self.plan, "stack", None),
             "fp8_recipe": getattr(self.plan, "fp8_recipe", "delayed"),
+            "fp8_param_gather": getattr(self.plan, "fp8_param_gather", False),
             "grad_reduce_dtype": _reduce_dtype(self.plan),
             "notes": list(self.notes), "calibration": self.calibration, "comm_by_axis": m.comm_by_axis,
             "model_params": self.model.param_count() if hasattr(self.model, "param_count") else None,
@@ -567,7 +574,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               layer_split=exp.layer_split, stage_layers=parse_stage_layers(exp.stage_layers),
               first_stage_layers=exp.first_stage_layers, last_stage_layers=exp.last_stage_layers,
               attention=exp.attention, attention_kernel=exp.attention_kernel, dtype=exp.dtype,
-              fp8_recipe=exp.fp8_recipe,
+              fp8_recipe=exp.fp8_recipe, fp8_param_gather=exp.fp8_param_gather,
               stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               grad_reduce_dtype=exp.grad_reduce_dtype, tp_comm_overlap=exp.tp_comm_overlap,
               moe_dispatcher=exp.moe_dispatcher,

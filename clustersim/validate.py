@@ -537,6 +537,16 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     if "async tp" in fw.lower() or "asynctp" in fw.lower():
         notes.append("torchtitan's async TP (micro-pipelined collective matmuls) is not modelled: its TP collectives "
                      "run in line, as the same table's vanilla-TP rows")
+    if RECIPE_FRAMEWORK in fw and kw.get("fp8_recipe") in ("current", "mxfp8"):
+        # Megatron-Bridge's bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set fp8_param_gather
+        if kw["fp8_recipe"] == "current" and kw.get("zero") in (1, 2) and "fp8_param_gather" in fields:
+            kw["fp8_param_gather"] = True
+            notes.append("FP8 parameters as the recipe keeps them (fp8_param_gather: no BF16 copy of the block "
+                         "weights, the distributed optimizer gathers 1 byte per weight)")
+        else:
+            notes.append("the recipe's fp8_param_gather is not modelled here (" +
+                         ("MXFP8 parameters" if kw["fp8_recipe"] == "mxfp8" else "with FSDP") +
+                         "): BF16 weights with FP8 copies, gathered in BF16")
     return kw, notes
 
 

@@ -160,16 +160,27 @@ def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
     return FP8_WEIGHT_COPY_BYTES * sum(stage_layer_params(model, plan, stage))
 
 
+def fp8_param_gather_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Parameters kept in FP8 only under Megatron-Core's ``--fp8-param-gather`` (``plan.fp8_param_gather``): the
+    transformer-block weights of the stage (no BF16 copy; 0 without it)."""
+    if not getattr(plan, "fp8_param_gather", False) or model.params_only:
+        return 0.0
+    return sum(stage_layer_params(model, plan, stage))
+
+
 def model_state_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[str, float]:
     """Resident parameters (with FP8 recipes' weight copies), gradients and optimizer state (bytes) of one rank
-    of ``stage``."""
+    of ``stage``. Under ``fp8_param_gather`` the block weights exist only as their FP8 row- and column-wise
+    copies: their BF16 bytes are not resident."""
     dense, expert = rank_params(model, plan, stage)
     dd, de = shard_degrees(plan)
     z = plan.zero_stage
     sharded = dense / dd + expert / de
     full = dense + expert
+    fp8_only = fp8_param_gather_params(model, plan, stage)        # zero 1 / 2 only (ParallelPlan checks)
     return {
-        "parameters": model.dtype_bytes * (sharded if z >= 3 else full) + fp8_weight_copy_bytes(model, plan, stage),
+        "parameters": model.dtype_bytes * ((sharded if z >= 3 else full) - fp8_only)
+        + fp8_weight_copy_bytes(model, plan, stage),
         "gradients": plan.grad_bytes_per_param * (sharded if z >= 2 else full),
         "optimizer": plan.optimizer_bytes_per_param * (sharded if z >= 1 else full),
     }

@@ -119,6 +119,10 @@ class ParallelPlan:
     fp8_recipe           Transformer Engine's FP8 scaling (megatron stack): delayed | current | mxfp8
                          (schedules.kernels.FP8_RECIPES: current reads each tensor's amax before its cast;
                          mxfp8 writes block scales and its norms write BF16 before a quantize)
+    fp8_param_gather     Megatron-Core's ``--fp8-param-gather`` (dtype fp8, megatron stack, distributed
+                         optimizer: zero 1 or 2): the transformer-block GEMM weights are kept in FP8 only (no
+                         BF16 copy), the optimizer casts its updated shard and the parameter all-gather carries
+                         1 byte per such weight (schedules.memory, schedules.generate, schedules.kernels)
     stack                training stack whose kernels are priced: megatron | torchtitan | llm-foundry (schedules.kernels)
     grad_reduce_dtype    precision of the data-parallel gradient reduction: auto (the stack's: fp32 under
                          torchtitan and llm-foundry, the gradients' own under megatron) | bf16 | fp32
@@ -168,6 +172,7 @@ class ParallelPlan:
     fsdp_reshard_after_forward: str = "auto"
     dtype: str = "bf16"
     fp8_recipe: str = "delayed"
+    fp8_param_gather: bool = False
     stack: str = "megatron"
     grad_reduce_dtype: str = "auto"
     etp: int = 0
@@ -373,6 +378,16 @@ class ParallelPlan:
             raise PlanError("routing skew needs expert parallelism: set --ep > 1 or skew 0")
         from schedules.kernels import check_choice
         check_choice(self.stack, self.dtype, self.grad_reduce_dtype, self.fp8_recipe)
+        if self.fp8_param_gather is True:
+            why = ("it keeps FP8 weights: it needs --dtype fp8" if self.dtype != "fp8" else
+                   f"it is Megatron-Core's: it needs --stack megatron (stack is {self.stack})"
+                   if self.stack != "megatron" else
+                   "it casts the distributed optimizer's shard: it needs --zero 1 or 2 (ZeRO-3 / FSDP with FP8 "
+                   "parameters is not modelled)" if self.zero_stage not in (1, 2) else
+                   "MXFP8 parameters (block scales, column-wise data quantized from the fp32 weights) are not "
+                   "modelled: use --fp8-recipe delayed or current" if self.fp8_recipe == "mxfp8" else None)
+            if why:
+                raise PlanError(f"--fp8-param-gather: {why}")
         self.axes  # parses axis_order
         if self.global_batch is not None:
             per = self.micro_batch * self.dp
@@ -444,7 +459,8 @@ class ParallelPlan:
                 raise PlanError(f"{f} must be a non-negative integer, got {v!r}")
         if self.global_batch is not None and (not is_int(self.global_batch) or self.global_batch < 1):
             raise PlanError(f"global_batch must be a positive integer (sequences per step), got {self.global_batch!r}")
-        for f in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
+        for f in ("sp", "fsdp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                  "fp8_param_gather"):
             v = getattr(self, f)
             if not isinstance(v, bool):
                 raise PlanError(f"{f} must be true or false, got {v!r}")

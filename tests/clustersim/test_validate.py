@@ -94,6 +94,20 @@ def test_fp8_cs_rows_run_transformer_engines_current_scaling():
         _row(precision="FP8", release="NeMo 26.02", framework="NeMo / Megatron-Core"), fields)[0]
     assert "fp8_recipe" not in row_experiment(
         _row(precision="FP8", release="NeMo 26.02", model="Nemotron-4 340B"), fields)[0]
+
+
+def test_megatron_bridge_fp8_recipes_keep_fp8_parameters():
+    """bf16_with_fp8_current_scaling_mixed sets fp8_param_gather: the current-scaling rows with the
+    distributed optimizer run with it; MXFP8 rows and FSDP rows say it is not modelled."""
+    fields = FIELDS | {"dtype", "stack", "fp8_recipe", "fp8_param_gather"}
+    for label, release in (("FP8-CS", "NeMo 25.11"), ("FP8", "NeMo 26.04")):
+        exp, notes = row_experiment(_row(precision=label, release=release), fields)
+        assert exp["zero"] == 1 and exp["fp8_param_gather"] is True and any("fp8_param_gather" in n for n in notes)
+    for row in (_row(precision="MXFP8", release="NeMo 26.04"), _row(precision="FP8-CS", fsdp="64", tp="1", pp="1",
+                                                                     vp="")):
+        exp, notes = row_experiment(row, fields)
+        assert "fp8_param_gather" not in exp and any("fp8_param_gather is not modelled" in n for n in notes)
+    assert "fp8_param_gather" not in row_experiment(_row(precision="FP8"), fields)[0]      # NeMo: delayed
     for mx in ("MXFP8", "FP8-MX"):
         assert row_experiment(_row(precision=mx), fields)[0]["fp8_recipe"] == "mxfp8"
         deepseek = _row(precision=mx, model="DeepSeek-V3 671B", tp="2", pp="4", ep="64", gpus="256", gbs="2048")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from schedules import build_programs, comm_volume, custom_model, get_model, memory_per_rank
 from schedules.kernels import phase_kernels
-from schedules.memory import head_activation_bytes, head_transient_bytes, rank_params
+from schedules.memory import head_activation_bytes, head_transient_bytes, rank_params, stage_layer_params
 from schedules.plan import ParallelPlan
 from simulator.costs import IdealCostModel, SimpleCostModel
 from simulator.errors import PlanError
@@ -458,6 +458,31 @@ def test_fp32_gradient_reduction_doubles_reduce_bytes_and_casts(stack):
     per_element = (2 + 4 + 4 + 4) if stack == "llm-foundry" else (2 + 4)
     assert len(prep) == len(rss) > 0
     assert sorted(o.mem_bytes for o in prep) == pytest.approx(sorted(o.size_bytes / 4 * per_element for o in rss))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_fp8_param_gather_gathers_one_byte_per_block_weight(overlap):
+    """--fp8-param-gather: the distributed optimizer's parameter all-gathers carry 1 byte per transformer-layer
+    weight and the model's 2 bytes for the rest (embedding, head); gradient reductions are unchanged; the
+    engine's memory peak is memory_per_rank's (ZeRO-1), the block weights' BF16 bytes gone."""
+    model = dataclasses.replace(get_model("llama3-8b"), layers=4)
+    kw = dict(dp=4, zero=1, seq=512, pp=2, global_batch=16, stage_layers=(2, 2), dtype="fp8",
+              fp8_recipe="current", overlap_param_gather=overlap)
+    base, pg = ParallelPlan(**kw), ParallelPlan(**kw, fp8_param_gather=True)
+    pa, pb = build_programs(model, base), build_programs(model, pg)
+    gathers = lambda prog: sum(o.size_bytes for o in prog if o.collective == "all_gather")
+    grads = lambda prog: [o.size_bytes for o in prog if o.kind == "collective" and o.collective != "all_gather"]
+    assert sorted(pa.ops) == sorted(pb.ops)
+    for rep in pa.ops:
+        blocks = sum(stage_layer_params(model, base, base.stage_of(rep)))     # the stage's layer weights
+        assert gathers(pa.ops[rep]) > gathers(pb.ops[rep]) > 0
+        assert gathers(pa.ops[rep]) - gathers(pb.ops[rep]) == pytest.approx(blocks * (2 - 1))
+        assert grads(pa.ops[rep]) == grads(pb.ops[rep])
+    progs = build_programs(model, pg)
+    res = run(progs, SimpleCostModel(flops_per_s=1e14, link_bytes_per_s=5e10))
+    mem = memory_per_rank(model, pg)
+    for rep in progs.ops:
+        assert peak_memory(res, rep) == pytest.approx(mem[f"stage{pg.stage_of(rep)}"]["total"])
 
 
 @pytest.mark.parametrize("zero, reduce", [(0, "bf16"), (1, "bf16"), (2, "bf16"), (3, "bf16"), (2, "fp32"),

@@ -118,6 +118,36 @@ def test_fp8_current_scaling_reads_each_amax_before_its_cast(tp, sp):
         ParallelPlan(dtype="fp8", fp8_recipe="mx").validate(m, 1)
 
 
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_fp8_param_gather_casts_the_optimizer_shard_and_transposes_the_weight(recipe):
+    """--fp8-param-gather: the per-step weight cast becomes the optimizer's cast of its fp32 shard (4 + 1 bytes
+    per shard element, plus a 4-byte amax read under current scaling) and a transpose of the gathered FP8
+    weight (1 + 1 bytes per element); every other kernel is unchanged."""
+    from schedules.kernels import MAIN_PARAM_BYTES
+    m = get_model("llama3-8b")
+    kw = dict(tp=2, sp=True, seq=4096, dtype="fp8", fp8_recipe=recipe, zero=1, dp=4, cp=2, global_batch=16)
+    base, pg = ParallelPlan(**kw), ParallelPlan(**kw, fp8_param_gather=True)
+    n_mb = base.num_microbatches
+    params = (m.attention_params() + m._mlp_params(m.ffn)) / 2      # the layer's GEMM weights on a TP rank
+    shard = params / (4 * 2)                                          # the optimizer's shard: dp x cp
+    for ph in ("forward", "backward"):
+        a = {k.name: k for k in phase_kernels(m, base, 0, ph)}
+        b = {k.name: k for k in phase_kernels(m, pg, 0, ph)}
+        weights = {n for n in a if n.startswith("fp8 weight")}
+        new = {n for n in b if n.startswith(("fp8 param", "fp8 weight"))}
+        assert {n: k for n, k in a.items() if n not in weights} == {n: k for n, k in b.items() if n not in new}
+        if ph == "forward":
+            assert b["fp8 param shard cast (per step / micro-batches)"].bytes == pytest.approx(
+                shard * (MAIN_PARAM_BYTES + 1) / n_mb)
+            assert b["fp8 weight transpose (per step / micro-batches)"].bytes == pytest.approx(params * 2 / n_mb)
+            amax = b.get("fp8 param shard amax (per step / micro-batches)")
+            assert (amax is not None) == (recipe == "current")
+            if amax is not None:
+                assert amax.bytes == pytest.approx(shard * MAIN_PARAM_BYTES / n_mb)
+        else:
+            assert not weights and not new
+
+
 def test_mxfp8_unfuses_the_norms_and_writes_block_scales():
     """MXFP8 (megatron stack): no amax read; every cast writes an E8M0 scale per 32 elements row- and
     column-wise (2/32 bytes per element more than delayed); the norms feeding FP8 GEMMs write BF16 and are

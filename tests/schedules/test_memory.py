@@ -7,6 +7,7 @@ import pytest
 from schedules.memory import head_activation_bytes, layer_activation_bytes, memory_per_rank
 from schedules.models import custom_model, get_model, model_from_params
 from schedules.plan import ParallelPlan
+from simulator.errors import PlanError
 
 GB = 1e9
 
@@ -171,6 +172,25 @@ def test_fp8_recipe_memory_closed_form():
     assert extra == pytest.approx(2 * blocks)
     fs = dict(kw, zero=3)
     assert model_state_bytes(m, ParallelPlan(**fs, dtype="fp8"), 0) == model_state_bytes(m, ParallelPlan(**fs), 0)
+
+
+def test_fp8_param_gather_keeps_block_weights_in_fp8_only():
+    """Megatron-Core --fp8-param-gather: the block weights lose their BF16 bytes (2 per block parameter) and
+    keep the FP8 row- and column-wise copies; the embedding, head and optimizer state are unchanged; it needs
+    fp8, the megatron stack and the distributed optimizer, and is refused with MXFP8."""
+    from schedules.memory import model_state_bytes
+    m = get_model("llama3-8b")
+    kw = dict(tp=2, sp=True, seq=4096, micro_batch=1, zero=1, dp=4, dtype="fp8", fp8_recipe="current")
+    base, pg = ParallelPlan(**kw), ParallelPlan(**kw, fp8_param_gather=True)
+    blocks = m.layers * m.layer_params(0) / 2
+    a, b = model_state_bytes(m, base, 0), model_state_bytes(m, pg, 0)
+    assert a["parameters"] - b["parameters"] == pytest.approx(m.dtype_bytes * blocks)
+    assert (a["gradients"], a["optimizer"]) == (b["gradients"], b["optimizer"])
+    for bad, why in ((dict(dtype="bf16", fp8_recipe="delayed"), "--dtype fp8"), (dict(stack="torchtitan",
+                     fp8_recipe="delayed"), "megatron"), (dict(zero=0), "--zero 1 or 2"), (dict(zero=3), "--zero 1 or 2"),
+                     (dict(fp8_recipe="mxfp8"), "MXFP8")):
+        with pytest.raises(PlanError, match=why):
+            ParallelPlan(**{**kw, **bad}, fp8_param_gather=True).validate(m, 8)
 
 
 @pytest.mark.parametrize("model_name, kw", [
