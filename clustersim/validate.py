@@ -184,6 +184,27 @@ RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: "FP8-CS" (NeMo 25.11) and "FP8" (NeMo 26.02 on), the FP8_MX ones "FP8-MX" / "MXFP8".
 CURRENT_SCALING_RELEASES = ("NeMo 25.11",) + RECIPE_RELEASES
 CURRENT_SCALING_MODELS = ("Llama 3 8B", "Llama 3 70B", "Llama 3.1 405B")
+#: FP8 parameters a benchmark's configs state for its FP8 runs: NeMo 1.x's ``model.fp8_params`` (Megatron-Core's
+#: fp8_param_gather). dgxc-benchmarking v24.11.1 (35a9aec), v25.01 (8f5cbb3) and e6afea3: llama3.1/configure.sh
+#: ``+model.fp8_params=$FP8_ENABLED``, nemotron/configure.sh ``+model.fp8_params=${FP8_ENABLED^}``,
+#: grok1/configure.sh ``model.fp8_params=${FP8_ENABLED^}``, nemo_megatron/gpt3_175b_hydra.yaml ``fp8_params: true``;
+#: at 741c886 and 85380ff the grok1 and GPT-3 ones as before (the Llama 3.1 and Nemotron runs there are NeMo 2.0
+#: scripts whose precision plugin at that release is not read here). (model, commit, framework) -> note
+_FP8_PARAMS_FILES = {"Grok-1 314B": "grok1/configure.sh", "GPT-3 175B": "nemo_megatron/gpt3_175b_hydra.yaml",
+                     "Llama 3.1 405B": "llama3.1/configure.sh", "Llama 3.1 70B": "llama3.1/configure.sh",
+                     "Llama 3.1 8B": "llama3.1/configure.sh", "Nemotron-4 15B": "nemotron/configure.sh",
+                     "Nemotron-4 340B": "nemotron/configure.sh"}
+CONFIG_FP8_PARAMS = {
+    **{(m, c, "NeMo"): f"FP8 parameters as the benchmark's {f} sets them (fp8_params: no BF16 copy of the block "
+                       f"weights, the distributed optimizer gathers 1 byte per weight)"
+       for m, f in _FP8_PARAMS_FILES.items()
+       for c in ("35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad",
+                 "e6afea3aea32cdbe8c7fdc4f5c385d11272152a3")},
+    **{(m, c, "NeMo"): f"FP8 parameters as the benchmark's {_FP8_PARAMS_FILES[m]} sets them (fp8_params: no BF16 "
+                       f"copy of the block weights, the distributed optimizer gathers 1 byte per weight)"
+       for m in ("Grok-1 314B", "GPT-3 175B")
+       for c in ("741c886025a7665a1d690c05ff12ac29c1be7252", "85380ffe02eac74e1d07e556b28cdcf7cce2d2f0")},
+}
 #: the same from a benchmark's model config: (model, commit of the source document, framework) -> (recompute, note).
 #: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
 #: (configure.sh: ``--config-name=${MODEL}-${MODEL_SIZE}-synth``), which sets
@@ -537,7 +558,12 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     if "async tp" in fw.lower() or "asynctp" in fw.lower():
         notes.append("torchtitan's async TP (micro-pipelined collective matmuls) is not modelled: its TP collectives "
                      "run in line, as the same table's vanilla-TP rows")
-    if RECIPE_FRAMEWORK in fw and kw.get("fp8_recipe") in ("current", "mxfp8"):
+    fp8_params = _config_entry(CONFIG_FP8_PARAMS, row) if kw.get("dtype") == "fp8" else None
+    if (fp8_params and kw.get("zero") in (1, 2) and kw.get("fp8_recipe", "delayed") != "mxfp8"
+            and "fp8_param_gather" in fields):
+        kw["fp8_param_gather"] = True
+        notes.append(fp8_params)
+    elif RECIPE_FRAMEWORK in fw and kw.get("fp8_recipe") in ("current", "mxfp8"):
         # Megatron-Bridge's bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set fp8_param_gather
         if kw["fp8_recipe"] == "current" and kw.get("zero") in (1, 2) and "fp8_param_gather" in fields:
             kw["fp8_param_gather"] = True

@@ -506,3 +506,18 @@ def test_torchtitan_pipeline_rows_take_the_defaults_of_their_commit():
     for rid, cp in (("382", 1), ("383", 2), ("384", 4), ("385", 8)):
         kw, _ = row_experiment(rows[rid], f)
         assert (kw["cp"], kw["dp"], kw["micro_batch"], kw["global_batch"]) == (cp, 8 // cp, 1, 8 * (8 // cp))
+
+
+def test_dgxc_nemo_fp8_rows_keep_the_fp8_parameters_their_configs_state():
+    """dgxc-benchmarking's NeMo 1.x configure scripts pass model.fp8_params for FP8 runs (v24.11.1 35a9aec:
+    llama3.1/configure.sh): those rows run with fp8_param_gather; BF16 rows, other commits and other
+    frameworks do not."""
+    fields = FIELDS | {"dtype", "stack", "fp8_recipe", "fp8_param_gather"}
+    src = "https://github.com/NVIDIA/dgxc-benchmarking/blob/{}/llama3.1/README.md"
+    kw = dict(model="Llama 3.1 70B", framework="NeMo (Megatron-Core)", precision="FP8")
+    exp, notes = row_experiment(_row(**kw, source=src.format("35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae")), fields)
+    assert exp["fp8_param_gather"] is True and any("llama3.1/configure.sh" in n for n in notes)
+    for other in (dict(precision="BF16"), dict(source=src.format("741c886025a7665a1d690c05ff12ac29c1be7252")),
+                  dict(framework="MaxText (JAX)")):
+        row = _row(**{**kw, "source": src.format("35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"), **other})
+        assert "fp8_param_gather" not in row_experiment(row, fields)[0]
