@@ -194,17 +194,17 @@ _FP8_PARAMS_FILES = {"Grok-1 314B": "grok1/configure.sh", "GPT-3 175B": "nemo_me
                      "Llama 3.1 405B": "llama3.1/configure.sh", "Llama 3.1 70B": "llama3.1/configure.sh",
                      "Llama 3.1 8B": "llama3.1/configure.sh", "Nemotron-4 15B": "nemotron/configure.sh",
                      "Nemotron-4 340B": "nemotron/configure.sh"}
-CONFIG_FP8_PARAMS = {
-    **{(m, c, "NeMo"): f"FP8 parameters as the benchmark's {f} sets them (fp8_params: no BF16 copy of the block "
-                       f"weights, the distributed optimizer gathers 1 byte per weight)"
-       for m, f in _FP8_PARAMS_FILES.items()
-       for c in ("35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad",
-                 "e6afea3aea32cdbe8c7fdc4f5c385d11272152a3")},
-    **{(m, c, "NeMo"): f"FP8 parameters as the benchmark's {_FP8_PARAMS_FILES[m]} sets them (fp8_params: no BF16 "
-                       f"copy of the block weights, the distributed optimizer gathers 1 byte per weight)"
-       for m in ("Grok-1 314B", "GPT-3 175B")
-       for c in ("741c886025a7665a1d690c05ff12ac29c1be7252", "85380ffe02eac74e1d07e556b28cdcf7cce2d2f0")},
+_FP8_PARAMS_COMMITS = {
+    **{c: tuple(_FP8_PARAMS_FILES) for c in ("35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae",
+                                            "8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad",
+                                            "e6afea3aea32cdbe8c7fdc4f5c385d11272152a3")},
+    **{c: ("Grok-1 314B", "GPT-3 175B") for c in ("741c886025a7665a1d690c05ff12ac29c1be7252",
+                                                  "85380ffe02eac74e1d07e556b28cdcf7cce2d2f0")},
 }
+CONFIG_FP8_PARAMS = {(m, c, "NeMo"): f"FP8 parameters as the benchmark's {_FP8_PARAMS_FILES[m]} sets them "
+                                     "(fp8_params: no BF16 copy of the block weights, the distributed optimizer "
+                                     "gathers 1 byte per weight)"
+                     for c, models in _FP8_PARAMS_COMMITS.items() for m in models}
 #: the same from a benchmark's model config: (model, commit of the source document, framework) -> (recompute, note).
 #: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
 #: (configure.sh: ``--config-name=${MODEL}-${MODEL_SIZE}-synth``), which sets
