@@ -826,21 +826,21 @@ class _StageBuilder:
                 out.append((role, b[0], b[1]))
         return out
 
-    def _param_bytes(self, n: float, members: list[tuple[int, str]]) -> float:
-        """Bytes of a parameter bucket of ``n`` parameters: the model's dtype, but 1 byte for the transformer
-        layers' weights under ``fp8_param_gather`` (Megatron-Core gathers the FP8 parameters)."""
+    def _param_bytes(self, role: str, n: float, members: list[tuple[int, str]]) -> float:
+        """Bytes of a ``role`` parameter bucket of ``n`` parameters: the model's dtype, but 1 byte for the
+        transformer layers' weights under ``fp8_param_gather`` (Megatron-Core gathers the FP8 parameters)."""
         if not getattr(self.p, "fp8_param_gather", False):
             return n * self.dt
-        names = set(members)
-        other = sum(sz for c, units in enumerate(self.units) for u in units
-                    if (c, u.name) in names and u.kind != "layer" for _, sz in self._gather_sizes(u))
+        by_key = {(c, u.name): u for c, units in enumerate(self.units) for u in units}
+        other = sum(sz for key in members if by_key[key].kind != "layer"        # embedding, head: BF16
+                    for r, sz in self._gather_sizes(by_key[key]) if r == role)
         return (n - other) * 1.0 + other * self.dt
 
     def _param_gathers_at_start(self) -> None:
         """ZeRO-1/2 with overlapped parameter gathers: the previous step's updated shards are all-gathered
         at the start of the step, each bucket before the first forward of its units."""
         for role, n, members in self._bucket_plan(forward=True):
-            idx = self.coll("zero param AG", "all_gather", self.fam[role], self._param_bytes(n, members),
+            idx = self.coll("zero param AG", "all_gather", self.fam[role], self._param_bytes(role, n, members),
                             "dp_comm", (), strategy="zero")
             self.dp_ops.append(idx)
             for key in members:
@@ -874,7 +874,7 @@ class _StageBuilder:
         opt = self.comp("optimizer step", ADAM_FLOPS_PER_PARAM * n_upd, states, deps, phase=OPTIMIZER)
         if self.zero in (1, 2) and not p.overlap_param_gather and self.dp_size > 1:
             for role, n, members in self._bucket_plan(forward=True):
-                self.coll("zero param AG", "all_gather", self.fam[role], self._param_bytes(n, members), "dp_comm",
+                self.coll("zero param AG", "all_gather", self.fam[role], self._param_bytes(role, n, members), "dp_comm",
                           (opt,), strategy="zero")
 
 

@@ -990,7 +990,9 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
             # weights to the FP8 parameter (TE cast_master_weights_to_fp8: read 4 bytes, write 1; current
             # scaling reads the shard's amax first); the gathered FP8 weight's column-wise copy is made by a
             # transpose (read 1 byte, write 1) at the step's first micro-batch
-            shard = params / max(1, plan.edp if part == "experts" else plan.dp * plan.cp)
+            from schedules.memory import shard_degrees       # (memory imports this module)
+            dense_shard, expert_shard = shard_degrees(plan)
+            shard = params / max(1, expert_shard if part == "experts" else dense_shard)
             if w.amax_read:
                 w.ew("fp8 param shard amax (per step / micro-batches)", shard * MAIN_PARAM_BYTES / n_mb)
             w.ew("fp8 param shard cast (per step / micro-batches)", shard * (MAIN_PARAM_BYTES + 1) / n_mb)
