@@ -48,10 +48,26 @@ MODEL_PRESETS = {
     "Llama 2 7B": "llama2-7b", "Llama 2 13B": "llama2-13b", "Llama 2 70B": "llama2-70b",
     "GPT-3 175B": "gpt3-175b", "Nemotron-4 15B": "nemotron4-15b", "Nemotron-4 340B": "nemotron4-340b",
     "Grok-1 314B": "grok1-314b", "DeepSeek-V3 671B": "deepseek-v3",
+    "GPT-3 5B": "gpt3-5b", "GPT-3 20B": "gpt3-20b", "Nemotron 8B": "nemotron3-8b", "Nemotron 22B": "nemotron3-22b",
+    # NeMo AutoModel's "Qwen3 MoE 30B" is Qwen3-30B-A3B (its performance summary's model column)
+    "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3 MoE 30B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
+    "Kimi K2": "kimi-k2",
     **{f"MPT-{n}": f"mpt-{n}" for n in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")},
     # Megatron-LM's GPT family (Narayanan et al. 2021; validation/megatron_lm_2021.csv): "Megatron GPT 1.7B" ...
     **{f"Megatron GPT {_published_size(n)}": n for n in MEGATRON_GPT_2021_PRESETS},
 }
+
+#: Models of the published runs without a preset, by name prefix, and what of their architecture is not modelled
+UNMODELLED_ARCHITECTURES = (
+    ("Nemotron-H", "hybrid Mamba-2 / attention layers (no Mamba layer is modelled)"),
+    ("Nemotron 3 ", "hybrid Mamba-2 / attention layers with MoE (no Mamba layer is modelled)"),
+    ("Nemotron V3", "hybrid Mamba-2 / attention layers with MoE (no Mamba layer is modelled)"),
+    ("GPT-OSS", "sliding-window attention (128 tokens) in every other layer and attention sinks are not modelled"),
+    ("Llama 4", "MoE in every other layer and chunked attention are not modelled"),
+    ("DeepSeek-V4", "its compressed sparse attention is not modelled"),
+    ("nanotron", "the Ultra-Scale Playbook's sweep models, run on Hopper GPUs of an unstated SKU at an unstated "
+                 "precision"),
+)
 
 # hardware class -> cluster preset (or a cluster file in validation/clusters)
 CLUSTERS = {"A100-40GB": "dgx-a100-40gb.yaml", "A100": "dgx-a100", "H100": "dgx-h100", "H200": "dgx-h200",
@@ -181,9 +197,11 @@ RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: scripts/performance/argument_parser.py offers ``--compute_dtype {bf16,fp8_cs,fp8_mx,fp8_sc,nvfp4}``, and its
 #: Llama workload configs (llama3 / llama31_workload_base_configs.py) exist only as ``*_FP8_CS_V*`` and
 #: ``*_FP8_MX_V*`` among the FP8 ones (checked at v0.3.0, v0.4.0, v0.5.0). Their summaries label the FP8_CS runs
-#: "FP8-CS" (NeMo 25.11) and "FP8" (NeMo 26.02 on), the FP8_MX ones "FP8-MX" / "MXFP8".
+#: "FP8-CS" (NeMo 25.11) and "FP8" (NeMo 26.02 on), the FP8_MX ones "FP8-MX" / "MXFP8". The same holds for the
+#: Qwen3 MoE configs (qwen/qwen3_workload_base_configs.py, e.g. QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 and
+#: QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1/V2 the only H100 FP8 ones; checked at v0.3.0, v0.4.0, v0.5.0).
 CURRENT_SCALING_RELEASES = ("NeMo 25.11",) + RECIPE_RELEASES
-CURRENT_SCALING_MODELS = ("Llama 3 8B", "Llama 3 70B", "Llama 3.1 405B")
+CURRENT_SCALING_MODELS = ("Llama 3 8B", "Llama 3 70B", "Llama 3.1 405B", "Qwen3-30B-A3B", "Qwen3-235B-A22B")
 #: FP8 parameters a benchmark's configs state for its FP8 runs: NeMo 1.x's ``model.fp8_params`` (Megatron-Core's
 #: fp8_param_gather). dgxc-benchmarking v24.11.1 (35a9aec), v25.01 (8f5cbb3) and e6afea3: llama3.1/configure.sh
 #: ``+model.fp8_params=$FP8_ENABLED``, nemotron/configure.sh ``+model.fp8_params=${FP8_ENABLED^}``,
@@ -224,15 +242,23 @@ CONFIG_RECOMPUTE = {
         ("full", "the benchmark's paxml_mod_configs.py sets CHECKPOINT_POLICY = SAVE_QKV_OUT_PROJ (only the q/k/v "
                  "and output projections' outputs are kept): simulated as full recomputation, which also re-runs "
                  "those projections (a third of a GPT-3 layer's GEMM FLOPs: slower than the run by that)"),
+    # Synthetic5BCkpt: CHECKPOINT_POLICY = SAVE_DOT_ONLY keeps every matmul's output and re-runs the elementwise
+    # ops in backward: no GEMM is recomputed, so no recomputation is the nearest (the re-run elementwise passes,
+    # a few percent of the step, are not priced: faster than the run by that)
+    ("GPT-3 5B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "Paxml"):
+        ("none", "the benchmark's paxml_mod_configs.py sets CHECKPOINT_POLICY = SAVE_DOT_ONLY (every matmul's output "
+                 "kept, elementwise ops re-run in backward): simulated without recomputation; the re-run elementwise "
+                 "passes are not priced"),
 }
 #: Attention a benchmark's flags state: dgxc-benchmarking v24.11.1's paxml/configure.sh runs XLA with cuDNN's fused
 #: attention and the Triton softmax fusion off (``--xla_gpu_enable_cudnn_fmha=false``,
 #: ``--xla_gpu_enable_triton_softmax_fusion=false``): the attention core runs unfused, its s×s scores through HBM,
 #: which ``--attention eager`` prices. (model, commit of the source document, framework) -> (attention, note)
 CONFIG_ATTENTION = {
-    ("GPT-3 175B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "Paxml"):
+    (model, "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "Paxml"):
         ("eager", "the benchmark's XLA flags turn cuDNN's fused attention off (--xla_gpu_enable_cudnn_fmha=false, "
-                  "Triton softmax fusion off too): the attention core runs unfused, priced as --attention eager"),
+                  "Triton softmax fusion off too): the attention core runs unfused, priced as --attention eager")
+    for model in ("GPT-3 175B", "GPT-3 5B")     # configure.sh sets the same XLA_FLAGS for both sizes
 }
 
 #: Megatron-Core recompute modules a benchmark's launch script passes where its README table says nothing:
@@ -280,8 +306,8 @@ def stated_recompute_modules(row: dict) -> tuple[tuple[str, ...], str] | None:
 
 
 def current_scaling_run(row: dict) -> bool:
-    """Whether a row labelled plain "FP8" ran Transformer Engine's current scaling: a Megatron-Bridge Llama run
-    of a release whose performance scripts have no delayed scaling (``CURRENT_SCALING_RELEASES``)."""
+    """Whether a row labelled plain "FP8" ran Transformer Engine's current scaling: a Megatron-Bridge Llama or
+    Qwen3 run of a release whose performance scripts have no delayed scaling (``CURRENT_SCALING_RELEASES``)."""
     return (RECIPE_FRAMEWORK in row.get("framework", "") and row.get("model") in CURRENT_SCALING_MODELS
             and (row.get("release") or "").strip() in CURRENT_SCALING_RELEASES)
 
@@ -393,7 +419,8 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         raise NotExpressible("the source's figures disagree with one another (CHECK in the data notes)")
     preset = MODEL_PRESETS.get(row["model"])
     if preset is None:
-        raise NotExpressible(f"no model preset for {row['model']!r}")
+        why = next((w for prefix, w in UNMODELLED_ARCHITECTURES if row["model"].startswith(prefix)), None)
+        raise NotExpressible(f"no model preset for {row['model']!r}" + (f": {why}" if why else ""))
     hw = hardware_class(row["hardware"])
     if hw is None:
         raise NotExpressible(f"no cluster preset for hardware {row['hardware']!r}")
@@ -551,6 +578,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["moe_dispatcher"] = dispatcher[0]
         notes.append(dispatcher[1])
     etp = _int(row, "etp")
+    if ep > 1 and not etp and RECIPE_FRAMEWORK in fw and row.get("model") in BRIDGE_ETP1_MODELS and tp > 1:
+        etp = 1
+        notes.append("expert tensor parallelism 1, as Megatron-Bridge's recipes for this model set it (the table "
+                     "leaves ETP empty)")
     if ep > 1 and etp and etp != tp:     # the recipe's expert TP (Megatron's default is tp): folded experts
         kw["etp"] = etp
     if tp_overlap and runs_tp_overlap(row, stack, tp, base) and "tp_comm_overlap" in fields:
@@ -575,6 +606,12 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
                          "): BF16 weights with FP8 copies, gathered in BF16")
     return kw, notes
 
+
+#: Megatron-Bridge MoE models whose recipes set expert_tensor_parallel_size = 1 (Megatron-Core's default is the
+#: TP size): v0.2.0 (NeMo 25.11) src/megatron/bridge/recipes/qwen/qwen3_moe.py (``expert_tensor_parallel_size: int =
+#: 1``), v0.3.0 scripts/performance/configs/{qwen/qwen3,deepseek/deepseek}_workload_base_configs.py
+#: (``expert_tensor_parallel_size=1``); rows whose table leaves ETP empty run it.
+BRIDGE_ETP1_MODELS = ("Qwen3-30B-A3B", "Qwen3-235B-A22B", "DeepSeek-V3 671B")
 
 #: Megatron-Bridge's DeepSeek-V3 recipe (src/megatron/bridge/recipes/deepseek/deepseek_v3.py, unchanged from
 #: v0.1.0rc4, NeMo 25.09, to v0.5.0): ``mtp_num_layers = 1`` (its performance configs keep it; the tables label

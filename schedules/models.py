@@ -399,6 +399,40 @@ _PRESETS: dict[str, ModelSpec] = {
                                       vocab=51200, gated_mlp=False, tied_embeddings=True,
                                       position_embedding="learned")
        for n, (a, d, L) in _MEGATRON_GPT_2021.items()},
+    # GPT 5B / 20B as NeMo runs them (NVIDIA/NeMo nemo/collections/llm/gpt/model/base.py GPTConfig5B: 24 layers,
+    # 4096 wide, ffn 16384, 32 heads; GPTConfig20B: 44 layers, 6144, ffn 24576, 48 heads; sequence 2048; GPTConfig's
+    # GPT-3 style defaults: learned absolute positions, shared input/output embeddings, GELU MLP, dropout);
+    # Paxml's GPT5B (paxml/contrib/gpu/scripts_gpu/configs.py: NUM_LAYERS 24, MODEL_DIMS 4096, HIDDEN_DIMS 16384,
+    # NUM_HEADS 32, DIMS_PER_HEAD 128) has the same shape. GPT-2 BPE vocabulary (50,257), as gpt3-175b.
+    "gpt3-5b": ModelSpec("gpt3-5b", layers=24, hidden=4096, ffn=16384, heads=32, kv_heads=32, vocab=50257,
+                         gated_mlp=False, tied_embeddings=True, position_embedding="learned"),
+    "gpt3-20b": ModelSpec("gpt3-20b", layers=44, hidden=6144, ffn=24576, heads=48, kv_heads=48, vocab=50257,
+                          gated_mlp=False, tied_embeddings=True, position_embedding="learned"),
+    # Nemotron-3 8B / 22B (NVIDIA/NeMo nemo/collections/llm/gpt/model/nemotron.py Nemotron3Config8B: 32 layers,
+    # 4096, ffn 16384, 32 heads, no query groups (MHA); Nemotron3Config22B: 40 layers, 6144, ffn 24576, 48 heads;
+    # NemotronConfig: squared-ReLU MLP, no biases, no dropout, untied embeddings, rotary on half of each head),
+    # the Nemotron tokenizer's 256,000 entries as nemotron4-*.
+    "nemotron3-8b": ModelSpec("nemotron3-8b", layers=32, hidden=4096, ffn=16384, heads=32, kv_heads=32,
+                              vocab=256000, gated_mlp=False, dropout=False),
+    "nemotron3-22b": ModelSpec("nemotron3-22b", layers=40, hidden=6144, ffn=24576, heads=48, kv_heads=48,
+                               vocab=256000, gated_mlp=False, dropout=False),
+    # Qwen3 MoE (Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B config.json; Qwen3 technical report, arXiv 2505.09388,
+    # table 2): every layer MoE (decoder_sparse_step 1, no mlp_only_layers), 128 experts top-8, no shared expert,
+    # GQA with 4 KV heads of 128, vocab 151,936, untied. 30B-A3B: 48 layers, 2048 wide, 32 heads, experts 768 wide;
+    # 235B-A22B: 94 layers, 4096, 64 heads, experts 1536 wide (30.5 B / 3.3 B and 235 B / 22 B parameters, total /
+    # active, as the model cards state). Not modelled: the per-head RMSNorm of Q and K (QK-norm), one small
+    # elementwise pass over Q and K per layer.
+    "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", layers=48, hidden=2048, ffn=6144, heads=32, kv_heads=4, head_dim=128,
+                               vocab=151936, experts=128, top_k=8, moe_ffn=768),
+    "qwen3-235b-a22b": ModelSpec("qwen3-235b-a22b", layers=94, hidden=4096, ffn=12288, heads=64, kv_heads=4,
+                                 head_dim=128, vocab=151936, experts=128, top_k=8, moe_ffn=1536),
+    # Kimi K2 (moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture): 61 layers, 7168 wide, MLA
+    # with 64 heads (q_lora 1536, kv_lora 512, no-RoPE 128 + RoPE 64 query/key dims, values 128), 384 routed experts
+    # 2048 wide top-8 and 1 shared, the first layer dense (ffn 18432), no group-limited routing (n_group 1), no
+    # MTP module, vocab 163,840, untied (1.03 T / 32.9 B parameters; the model card: 1 T / 32 B).
+    "kimi-k2": ModelSpec("kimi-k2", layers=61, hidden=7168, ffn=18432, heads=64, kv_heads=64, vocab=163840,
+                         experts=384, top_k=8, moe_ffn=2048, shared_experts=1, first_dense_layers=1, head_dim=128,
+                         q_lora_rank=1536, kv_lora_rank=512, qk_rope_dim=64, v_head_dim=128),
     # Small models for tests and quick experiments.
     "tiny": ModelSpec("tiny", layers=4, hidden=256, ffn=1024, heads=8, kv_heads=8, vocab=1024, gated_mlp=False),
     "tiny-moe": ModelSpec("tiny-moe", layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024,

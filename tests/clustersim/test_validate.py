@@ -66,7 +66,7 @@ def test_fsdp_framework_row_takes_local_batch_and_proxy_layers():
 
 
 @pytest.mark.parametrize("row, reason", [
-    (_row(precision="FP8"), "FP8"), (_row(precision="NVFP4"), "NVFP4"), (_row(model="Kimi K2"), "no model preset"),
+    (_row(precision="FP8"), "FP8"), (_row(precision="NVFP4"), "NVFP4"), (_row(model="Nemotron-H 56B"), "no model preset"),
     (_row(hardware="GB300 (DGX-GB300)"), "no cluster preset"), (_row(mbs=""), "micro-batch"),
     (_row(notes="CHECK: gbs"), "CHECK"), (_row(gbs="101"), "not a multiple"), (_row(task="sft"), "pre-training"),
 ])

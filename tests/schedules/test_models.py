@@ -7,10 +7,16 @@ from simulator.errors import ConfigError, UnknownPresetError
 
 # Published totals: GPT-3 175B (Brown et al. 2020), Llama 3 (Llama Team 2024: 8.03B, 70.6B, 405.9B from the
 # released checkpoints), Mixtral 8x22B (141B total, 39B active, Mistral AI), DeepSeek-V3 (671B, 37B active
-# without the MTP module; DeepSeek-AI 2024).
+# without the MTP module; DeepSeek-AI 2024), Qwen3 MoE (the model cards: 30.5B with 3.3B active, 235B with 22B
+# active).
 PUBLISHED = {"gpt3-175b": 175e9, "llama3-8b": 8.03e9, "llama3-70b": 70.6e9, "llama3-405b": 405.9e9,
-             "mixtral-8x22b": 141e9, "deepseek-v3": 671e9}
-ACTIVE = {"mixtral-8x22b": 39e9, "deepseek-v3": 37e9}
+             "mixtral-8x22b": 141e9, "deepseek-v3": 671e9, "qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9}
+ACTIVE = {"mixtral-8x22b": 39e9, "deepseek-v3": 37e9, "qwen3-30b-a3b": 3.3e9, "qwen3-235b-a22b": 22e9}
+# Sizes published to one or two digits only (Kimi K2's card: 1 T total, 32 B active; NeMo's names: GPT 5B / 20B,
+# Nemotron-3 8B / 22B): totals within 8% (Nemotron-3 8B counts 8.5 B, 2.1 B of them its 256k-entry embedding and
+# head), active counts within 5%.
+ROUNDED = {"kimi-k2": (1e12, 32e9), "gpt3-5b": (5e9, None), "gpt3-20b": (20e9, None), "nemotron3-8b": (8e9, None),
+           "nemotron3-22b": (22e9, None)}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -19,6 +25,15 @@ def test_param_counts_match_published(name):
     assert m.param_count() == pytest.approx(PUBLISHED[name], rel=0.01)
     if name in ACTIVE:
         assert m.active_param_count() == pytest.approx(ACTIVE[name], rel=0.03)
+
+
+@pytest.mark.parametrize("name", sorted(ROUNDED))
+def test_param_counts_match_rounded_published_sizes(name):
+    total, active = ROUNDED[name]
+    m = get_model(name)
+    assert m.param_count() == pytest.approx(total, rel=0.08)
+    if active:
+        assert m.active_param_count() == pytest.approx(active, rel=0.05)
 
 
 def test_presets_listed_and_unknown_names_list_them():
