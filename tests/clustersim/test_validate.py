@@ -39,6 +39,52 @@ def test_published_runs_are_verbatim_copies():
     assert set(ours) <= set(shared)
 
 
+@pytest.mark.skipif(not SHARED.is_file(), reason="shared validation data not present")
+def test_every_shared_row_is_copied_with_a_stable_id():
+    """Every row of the shared collection is in the copy (none dropped at copy time: validate lists what it
+    cannot express), and the ids the earlier copies gave keep naming the same rows."""
+    with SHARED.open(newline="") as f:
+        shared = [r for r in csv.DictReader(ln for ln in f if not ln.startswith("#"))]
+    rows = load_runs()
+    assert len(rows) == len(shared)
+    by_id = {r["id"]: r for r in rows}
+    assert (by_id["586"]["hardware"], by_id["586"]["model"], by_id["586"]["release"]) == \
+        ("GB200 (DGX-GB200)", "Llama 3.1 405B", "NeMo 25.11")
+    assert (by_id["466"]["model"], by_id["466"]["gpus"]) == ("MPT-70b", "64")
+    assert [r["id"] for r in rows] == [str(i) for i in range(1, len(rows) + 1)]
+
+
+def test_models_without_a_preset_say_what_is_not_modelled():
+    for model, why in (("GPT-OSS 120B", "sliding-window"), ("Nemotron 3 Super", "Mamba"),
+                       ("Llama 4 Maverick 400B", "chunked attention"), ("Nemotron-H 56B", "Mamba")):
+        with pytest.raises(NotExpressible, match=why):
+            row_experiment(_row(model=model), FIELDS)
+
+
+def test_qwen3_bridge_rows_run_the_recipes_expert_tp_and_current_scaling():
+    fields = FIELDS | {"dtype", "stack", "fp8_recipe"}
+    row = _row(model="Qwen3-235B-A22B", gpus="256", tp="2", pp="8", vp="4", ep="32", gbs="2048", precision="FP8",
+               release="NeMo 26.04")
+    exp, notes = row_experiment(row, fields)
+    assert (exp["model"], exp["etp"], exp["fp8_recipe"], exp["dp"]) == ("qwen3-235b-a22b", 1, "current", 16)
+    assert any("expert tensor parallelism 1" in n for n in notes)
+    # a stated ETP wins; other frameworks keep Megatron-Core's default (the TP size)
+    assert row_experiment(dict(row, etp="2"), fields)[0].get("etp") is None
+    nemo = dict(row, framework="NeMo (Megatron-Core)", release="NeMo 24.07")
+    exp, notes = row_experiment(nemo, fields)
+    assert "etp" not in exp and "fp8_recipe" not in exp and not any("expert tensor" in n for n in notes)
+
+
+def test_paxml_gpt5b_runs_unfused_attention_without_recomputation():
+    row = _row(model="GPT-3 5B", framework="Paxml (JAX)", gpus="16", gbs="64", mbs="4", tp="", pp="", vp="",
+               fsdp="", release="dgxc-benchmarking v24.11.1", seq_len="2048",
+               source="https://github.com/NVIDIA/dgxc-benchmarking/blob/35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae/"
+                      "paxml/README_5b.md")
+    exp, notes = row_experiment(row, FIELDS | {"attention"})
+    assert (exp["model"], exp["attention"], exp["recompute"], exp["fsdp"]) == ("gpt3-5b", "eager", "none", True)
+    assert any("SAVE_DOT_ONLY" in n for n in notes) and any("cudnn_fmha=false" in n for n in notes)
+
+
 def test_megatron_row_maps_to_its_plan():
     kw, notes = row_experiment(_row(), FIELDS)
     assert kw == dict(cluster="dgx-h100", model="llama3-70b", zero=1, schedule="interleaved", virtual_stages=5,
