@@ -24,7 +24,7 @@ EVIDENCE = ROOT / "validation" / "evidence.json"
 #: Accelerator preset -> the hardware name of validate's groups (clustersim.validate.group_of). Devices
 #: without published runs in the set (H100 PCIe, L40S, TPU v5p, Ascend 910C) have no evidence.
 HARDWARE_GROUP = {"H100-SXM": "H100", "H100-HBM2e": "H100-500W", "A100-80GB": "A100", "A100-40GB": "A100",
-                  "H200": "H200", "B200": "B200", "GB200": "GB200"}
+                  "H200": "H200", "B200": "B200", "GB200": "GB200", "B300": "B300", "GB300": "GB300"}
 
 
 def group_for(accelerator: str, dtype: str, moe: bool) -> str | None:

@@ -71,12 +71,15 @@ UNMODELLED_ARCHITECTURES = (
 
 # hardware class -> cluster preset (or a cluster file in validation/clusters)
 CLUSTERS = {"A100-40GB": "dgx-a100-40gb.yaml", "A100": "dgx-a100", "H100": "dgx-h100", "H200": "dgx-h200",
-            "B200": "dgx-b200", "GB200": "gb200-nvl72"}
+            "B200": "dgx-b200", "GB200": "gb200-nvl72", "B300": "dgx-b300", "GB300": "gb300-nvl72"}
 
 #: GB200 jobs of 64·k GPUs (not a multiple of the rack's 72) run on racks with 64 GPUs in use each (16 of 18
 #: compute trays): NVIDIA's Megatron-Bridge GB200 recipes, "64 GB200 GPUs in one NVLink domain"
-NVL72, NVL_IN_USE, GB200_64 = 72, 64, "gb200-nvl72-64.yaml"
-GB200_SLICE, GB200_8 = 8, "gb200-nvl72-8.yaml"      # 8 GPUs (two compute trays) of one rack
+NVL72, NVL_IN_USE, GB200_SLICE = 72, 64, 8     # GB200_SLICE: 8 GPUs (two compute trays) of one rack
+#: NVL72 hardware -> (racks with 64 GPUs in use, 8 GPUs of one rack): cluster files; GB300's recipes place their
+#: jobs as GB200's do (Megatron-Bridge's gb300 performance recipes: 64 HybridEP ranks per NVLink domain, as gb200's)
+NVL72_SLICES = {"GB200": ("gb200-nvl72-64.yaml", "gb200-nvl72-8.yaml"),
+                "GB300": ("gb300-nvl72-64.yaml", "gb300-nvl72-8.yaml")}
 #: the H100 96GB HBM2e hosts of torchtitan's benchmarks (Grand Teton; validation/clusters)
 GRAND_TETON = "grand-teton-h100.yaml"
 
@@ -110,11 +113,11 @@ def load_runs(path: str | Path = PUBLISHED) -> list[dict]:
 
 
 def hardware_class(hardware: str) -> str | None:
-    """'A100-40GB', 'A100', 'H100', 'H200', 'B200', 'GB200' or None (B300, GB300, unnamed Hopper SKU)."""
+    """'A100-40GB', 'A100', 'H100', 'H200', 'B200', 'GB200', 'B300', 'GB300' or None (an unnamed Hopper SKU)."""
     h = hardware.strip()
     if h.startswith("A100 40GB"):
         return "A100-40GB"
-    for cls in ("A100", "H100", "H200", "GB200", "B200"):
+    for cls in ("A100", "H100", "H200", "GB200", "B200", "GB300", "B300"):
         if h.startswith(cls):
             return cls
     return None
@@ -184,13 +187,28 @@ LAUNCH_SCRIPT_VP = {("Nemotron-4 340B", "741c886025a7665a1d690c05ff12ac29c1be725
 #: {FP8_CS,FP8_MX}_V2``: TP4 PP16 VP4 / VP8; llama3_workload_base_configs.py ``LLAMA3_70B_PRETRAIN_CONFIG_GB200_
 #: FP8_CS_V2``: Megatron FSDP, mbs 2, ``cpu_offloading_num_layers=40``). (model, NeMo release, FSDP) ->
 #: (recompute, note); the 70B runs' activation offloading to the Grace CPU is not modelled (simulated as kept).
+#: GB300: the same recipes (no recompute granularity set: Megatron-Core's default, none) with the GB300 configs of
+#: v0.2.0 (scripts/performance/configs/llama3/workload_base_configs.py ``LLAMA3_70B_GB300_FP8_CS_BASE_CONFIG``:
+#: Megatron FSDP, mbs 2, ``cpu_offloading_num_layers=20``; ``..._FP8_MX_...``: PP4 VP5) and v0.3.0-v0.5.0
+#: (``LLAMA3_70B_PRETRAIN_CONFIG_GB300_{FP8_CS,FP8_MX}_V*``, ``LLAMA31_405B_PRETRAIN_CONFIG_GB300_{FP8_CS,FP8_MX}_V2``:
+#: TP4 PP8 VP4 / TP2 PP8 CP2 VP4, no offloading). (hardware, model, NeMo release, FSDP) -> (recompute, note).
 RECIPE_RELEASES = ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06")
 RECIPE_RECOMPUTE = {
-    **{("Llama 3.1 405B", rel, False): ("none", "Megatron-Bridge's GB200 recipe (LLAMA31_405B_PRETRAIN_CONFIG_GB200_"
-                                        "*_V2) runs without activation recomputation") for rel in RECIPE_RELEASES},
-    **{("Llama 3 70B", rel, True): ("none", "Megatron-Bridge's GB200 recipe (LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_"
-                                    "V2) runs without recomputation and offloads 40 layers' activations to the CPU "
-                                    "(not modelled: simulated as kept on the GPU)") for rel in RECIPE_RELEASES},
+    **{("GB200", "Llama 3.1 405B", rel, False): ("none", "Megatron-Bridge's GB200 recipe (LLAMA31_405B_PRETRAIN_"
+                                                 "CONFIG_GB200_*_V2) runs without activation recomputation")
+       for rel in RECIPE_RELEASES},
+    **{("GB200", "Llama 3 70B", rel, True): ("none", "Megatron-Bridge's GB200 recipe (LLAMA3_70B_PRETRAIN_CONFIG_GB200_"
+                                             "FP8_CS_V2) runs without recomputation and offloads 40 layers' "
+                                             "activations to the CPU (not modelled: simulated as kept on the GPU)")
+       for rel in RECIPE_RELEASES},
+    **{("GB300", model, rel, fsdp): ("none", f"Megatron-Bridge's GB300 recipe ({cfg}) runs without activation "
+                                             f"recomputation{extra}")
+       for rel in ("NeMo 25.11",) + RECIPE_RELEASES
+       for model, fsdp, cfg, extra in (
+           ("Llama 3 70B", True, "LLAMA3_70B_*_GB300_FP8_CS_*: Megatron FSDP, mbs 2",
+            " and offloads 20 layers' activations to the CPU (not modelled: simulated as kept on the GPU)"),
+           ("Llama 3 70B", False, "LLAMA3_70B_*_GB300_FP8_MX_*: PP4 VP5", ""),
+           ("Llama 3.1 405B", False, "LLAMA31_405B_*_GB300_*", ""))},
 }
 RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: Megatron-Bridge releases whose performance scripts have no FP8 delayed scaling: from v0.2.0 (NeMo 25.11)
@@ -315,9 +333,10 @@ def current_scaling_run(row: dict) -> bool:
 def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
     """(recompute, note) that a row's benchmark recipe or model config states where its table does not."""
     model = row.get("model")
-    if (RECIPE_FRAMEWORK in row.get("framework", "") and hardware_class(row.get("hardware", "")) == "GB200"
-            and (row.get("precision") or "").strip() in ("FP8", "FP8-CS", "MXFP8")):
-        hit = RECIPE_RECOMPUTE.get((model, (row.get("release") or "").strip(), fsdp))
+    hw = hardware_class(row.get("hardware", ""))
+    if (RECIPE_FRAMEWORK in row.get("framework", "") and hw in ("GB200", "GB300")
+            and (row.get("precision") or "").strip() in ("FP8", "FP8-CS", "MXFP8", "FP8-MX")):
+        hit = RECIPE_RECOMPUTE.get((hw, model, (row.get("release") or "").strip(), fsdp))
         if hit:
             return hit
     return _config_entry(CONFIG_RECOMPUTE, row)
@@ -486,13 +505,13 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
                      f"set seq_len = {seq}; its table does not state it")
     if not gpus or not seq:
         raise NotExpressible("GPU count or sequence length not stated")
-    if hw == "GB200" and gpus == GB200_SLICE:
-        kw["cluster"] = str(CLUSTER_FILES / GB200_8)
-        notes.append("8 GB200 GPUs as two compute trays of one NVL72 rack (one NVLink domain of 8)")
-    elif hw == "GB200" and gpus % NVL72 and not gpus % NVL_IN_USE:
-        kw["cluster"] = str(CLUSTER_FILES / GB200_64)
-        notes.append(f"{gpus} GB200 GPUs as {gpus // NVL_IN_USE} NVL72 rack(s) with 64 GPUs in use each "
-                     "(Megatron-Bridge's GB200 recipes: 64 GPUs in one NVLink domain)")
+    if hw in NVL72_SLICES and gpus == GB200_SLICE:
+        kw["cluster"] = str(CLUSTER_FILES / NVL72_SLICES[hw][1])
+        notes.append(f"8 {hw} GPUs as two compute trays of one NVL72 rack (one NVLink domain of 8)")
+    elif hw in NVL72_SLICES and gpus % NVL72 and not gpus % NVL_IN_USE:
+        kw["cluster"] = str(CLUSTER_FILES / NVL72_SLICES[hw][0])
+        notes.append(f"{gpus} {hw} GPUs as {gpus // NVL_IN_USE} NVL72 rack(s) with 64 GPUs in use each "
+                     f"(Megatron-Bridge's {hw} recipes: 64 GPUs in one NVLink domain)")
     base = get_model(preset)
     layers = _int(row, "num_layers")
     kw["model"] = preset if layers in (None, base.layers) else {"base": preset, "layers": layers}

@@ -206,12 +206,15 @@ SWEEP_MAMF = {
 MAMF_POINTS = {
     ("B200", "bf16"): ("NVIDIA B200 SXM", "BF16"), ("B200", "fp8"): ("NVIDIA B200 SXM", "FP8"),
     ("GB200", "bf16"): ("NVIDIA GB200 SXM", "BF16"), ("GB200", "fp8"): ("NVIDIA GB200 SXM", "FP8"),
+    ("B300", "bf16"): ("NVIDIA B300 SXM", "BF16"), ("B300", "fp8"): ("NVIDIA B300 SXM", "FP8"),
 }
 FAMILY = {"H100-SXM": "hopper", "H100-PCIe": "hopper", "H100-HBM2e": "hopper", "H200": "hopper",
           "A100-80GB": "ampere", "A100-40GB": "ampere"}
 # devices without a sweep of their own whose architecture has one: its per-tile cost (k_half), launch time (t0)
 # and small-K bandwidth (beta) are theirs; the rest borrow Hopper's
-SHAPE_FAMILY = {"B200": "blackwell", "GB200": "blackwell"}
+# (Blackwell Ultra, sm_103, has no sweep of its own: B300 and GB300 take sm_100's; GB300 has no MAMF point either
+# and keeps that sweep's eta, B200's)
+SHAPE_FAMILY = {"B200": "blackwell", "GB200": "blackwell", "B300": "blackwell", "GB300": "blackwell"}
 
 
 @lru_cache(maxsize=None)

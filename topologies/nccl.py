@@ -35,10 +35,11 @@ NCCL_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce
 
 # GPU architecture (NCCL's compute-capability index) and host CPU vendor of each accelerator's reference
 # system: DGX A100 has 2x AMD EPYC 7742 (DGX A100 datasheet); DGX H100/H200/B200 Intel Xeon (8480C, 8570;
-# DGX user guides); GB200 NVL72 Grace (Arm); L40S (SM 8.9) counts as Ampere in NCCL's index (>= 80).
+# DGX user guides); GB200 / GB300 NVL72 Grace (Arm); L40S (SM 8.9) counts as Ampere in NCCL's index (>= 80);
+# Blackwell Ultra (SM 10.3) as Blackwell.
 ARCH = {"A100-80GB": "ampere", "H100-SXM": "hopper", "H100-HBM2e": "hopper", "H200": "hopper", "B200": "blackwell",
-        "GB200": "blackwell", "L40S": "ampere"}
-CPU = {"A100-80GB": "amd", "GB200": "arm"}
+        "GB200": "blackwell", "B300": "blackwell", "GB300": "blackwell", "L40S": "ampere"}
+CPU = {"A100-80GB": "amd", "GB200": "arm", "GB300": "arm"}
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,23 @@ GB200 = _register(AcceleratorSpec(
     "GB200", 2500 * TFLOPS, 5000 * TFLOPS, 189471 * MIB, 8 * TB, 900 * GB, 400 * GBIT,
     source="NVIDIA GB200 NVL72 datasheet; 148 SMs as B200", sm_count=148, device_names=("NVIDIA GB200",)))
 
+# Blackwell Ultra (sm_103). NVIDIA's own system descriptions in ai-dynamo/aiconfigurator (systems/b300_sxm.yaml and
+# gb300.yaml, citing the Blackwell Ultra datasheet): B300 (HGX / DGX B300) 2.25 PFLOPS BF16 and 4.5 PFLOPS FP8 dense
+# (4.5 / 9 with sparsity), 7.75 TB/s HBM3e (62 TB/s over 8 GPUs), 275,040 MiB in nvidia-smi, NVLink 5 900 GB/s per
+# direction, one ConnectX-8 800 Gb/s per GPU, 1,100 W; GB300 (NVL72) 2.5 / 5 PFLOPS dense, 8 TB/s, 284,208 MiB
+# in nvidia-smi, NVLink 5 900 GB/s, one ConnectX-8 800 Gb/s per GPU, 1,400 W. ml-engineering's accelerator
+# tables (compute/accelerator/README.md at 744d01e) give the same peaks (GB300 2,500 / 5,000, B300 2,250 / 4,500
+# TFLOPS). SM count: 148 as B200 (not on the datasheets; the sm_103 device-properties fixtures seen in public test
+# suites report 148).
+B300 = _register(AcceleratorSpec(
+    "B300", 2250 * TFLOPS, 4500 * TFLOPS, 275040 * MIB, 7.75 * TB, 900 * GB, 800 * GBIT,
+    source="NVIDIA Blackwell Ultra datasheet via ai-dynamo/aiconfigurator systems/b300_sxm.yaml (275,040 MiB in "
+           "nvidia-smi, 7.75 TB/s, CX-8 800 Gb/s); 148 SMs as B200", sm_count=148, device_names=("NVIDIA B300 SXM6 AC",)))
+GB300 = _register(AcceleratorSpec(
+    "GB300", 2500 * TFLOPS, 5000 * TFLOPS, 284208 * MIB, 8 * TB, 900 * GB, 800 * GBIT,
+    source="NVIDIA Blackwell Ultra datasheet via ai-dynamo/aiconfigurator systems/gb300.yaml (284,208 MiB in "
+           "nvidia-smi, 8 TB/s, CX-8 800 Gb/s); 148 SMs as B200", sm_count=148, device_names=("NVIDIA GB300",)))
+
 # NVIDIA A100 datasheet (80GB SXM): BF16 312 TFLOPS dense (624 with sparsity), no FP8; 80 GB HBM2e (81,920 MiB) at
 # 2,039 GB/s; NVLink 3 600 GB/s bidirectional -> 300 GB/s per direction; DGX A100: 8x ConnectX-6
 # 200 Gb/s HDR InfiniBand for the compute fabric.
@@ -162,7 +179,7 @@ L40S = _register(AcceleratorSpec(
     device_names=("NVIDIA L40S",)))
 
 _ALIASES = {"h100": "H100-SXM", "h100-sxm": "H100-SXM", "h100-hbm2e": "H100-HBM2e", "h100-96gb": "H100-HBM2e",
-            "h200": "H200", "b200": "B200", "gb200": "GB200",
+            "h200": "H200", "b200": "B200", "gb200": "GB200", "b300": "B300", "gb300": "GB300",
             "a100": "A100-80GB", "a100-80gb": "A100-80GB",
             "a100-40gb": "A100-40GB", "h100-pcie": "H100-PCIe", "tpu-v5p": "TPU-v5p", "v5p": "TPU-v5p",
             "ascend-910c": "Ascend-910C", "910c": "Ascend-910C", "l40s": "L40S"}
@@ -188,12 +205,14 @@ def get_accelerator(name: str) -> AcceleratorSpec:
 # Names as reported: "NVIDIA H100 80GB HBM3" (SXM5; the PCIe and NVL cards report "H100 PCIe" / "H100 NVL",
 # other boards and clocks), "NVIDIA H200" ("H200 NVL" is the PCIe card), "NVIDIA A100-SXM4-80GB"
 # ("A100 80GB PCIe" differs in HBM bandwidth and has no NVSwitch), "NVIDIA B200", "NVIDIA GB200",
-# "NVIDIA L40S"; TPU and Ascend chips by their model names.
+# "NVIDIA B300 SXM6 AC", "NVIDIA L40S"; TPU and Ascend chips by their model names.
 _DEVICE_NAMES = (
     ("H100-SXM", ("h100",), ("pcie", "nvl")),
     ("H200", ("h200",), ("nvl",)),
     ("GB200", ("gb200",), ()),
     ("B200", ("b200",), ("gb200",)),
+    ("GB300", ("gb300",), ()),
+    ("B300", ("b300",), ("gb300",)),
     ("A100-80GB", ("a100", "80g"), ("pcie",)),
     ("L40S", ("l40s",), ()),
     ("TPU-v5p", ("v5p",), ()),

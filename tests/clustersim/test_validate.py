@@ -75,6 +75,21 @@ def test_qwen3_bridge_rows_run_the_recipes_expert_tp_and_current_scaling():
     assert "etp" not in exp and "fp8_recipe" not in exp and not any("expert tensor" in n for n in notes)
 
 
+def test_gb300_rows_run_on_racks_of_64_with_the_recipes_recomputation():
+    fields = FIELDS | {"dtype", "stack", "fp8_recipe"}
+    row = _row(hardware="GB300 (DGX-GB300)", gpus="64", tp="1", pp="1", vp="", fsdp="64", gbs="256", mbs="2",
+               precision="FP8", release="NeMo 26.04")
+    exp, notes = row_experiment(row, fields)
+    assert exp["cluster"].endswith("gb300-nvl72-64.yaml") and exp["recompute"] == "none" and exp["fsdp"]
+    assert any("GB300 recipe" in n and "offloads 20 layers" in n for n in notes)
+    assert row_experiment(dict(row, gpus="8", fsdp="8", gbs="128"), fields)[0]["cluster"].endswith(
+        "gb300-nvl72-8.yaml")
+    b300, _ = row_experiment(_row(hardware="B300 (DGX-B300)", precision="MXFP8"), fields)
+    assert b300["cluster"] == "dgx-b300" and b300["fp8_recipe"] == "mxfp8"
+    from topologies.presets import load_cluster_file
+    assert load_cluster_file(exp["cluster"], 64).accelerator.name == "GB300"
+
+
 def test_paxml_gpt5b_runs_unfused_attention_without_recomputation():
     row = _row(model="GPT-3 5B", framework="Paxml (JAX)", gpus="16", gbs="64", mbs="4", tp="", pp="", vp="",
                fsdp="", release="dgxc-benchmarking v24.11.1", seq_len="2048",
@@ -113,7 +128,7 @@ def test_fsdp_framework_row_takes_local_batch_and_proxy_layers():
 
 @pytest.mark.parametrize("row, reason", [
     (_row(precision="FP8"), "FP8"), (_row(precision="NVFP4"), "NVFP4"), (_row(model="Nemotron-H 56B"), "no model preset"),
-    (_row(hardware="GB300 (DGX-GB300)"), "no cluster preset"), (_row(mbs=""), "micro-batch"),
+    (_row(hardware="Hopper GPUs, 8/node (SKU not stated)"), "no cluster preset"), (_row(mbs=""), "micro-batch"),
     (_row(notes="CHECK: gbs"), "CHECK"), (_row(gbs="101"), "not a multiple"), (_row(task="sft"), "pre-training"),
 ])
 def test_rows_not_expressible_say_why(row, reason):
@@ -163,8 +178,8 @@ def test_megatron_bridge_fp8_recipes_keep_fp8_parameters():
 
 def test_hardware_and_throughput_fallbacks():
     assert [hardware_class(h) for h in ("A100 40GB (RoCE)", "A100 80GB", "H100 80GB", "GB200 (DGX-GB200)",
-                                        "B200 (DGX-B200)", "B300 (DGX-B300)")] == \
-        ["A100-40GB", "A100", "H100", "GB200", "B200", None]
+                                        "B200 (DGX-B200)", "B300 (DGX-B300)", "Hopper GPUs, 8/node")] == \
+        ["A100-40GB", "A100", "H100", "GB200", "B200", "B300", None]
     assert published_tokens_per_gpu(_row()) == 1000
     assert published_tokens_per_gpu(_row(tokens_per_s_per_gpu="", tokens_per_s_total="6400")) == 100
     step = _row(tokens_per_s_per_gpu="", step_time_s="2", gbs="128", seq_len="1000")

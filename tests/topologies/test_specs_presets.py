@@ -5,8 +5,9 @@ from simulator.errors import ConfigError, TopologyError, UnknownPresetError
 from topologies import ACCELERATORS, get_accelerator, list_presets, load_cluster, load_cluster_file
 from topologies.specs import AcceleratorSpec
 
-REQUIRED = ["H100-SXM", "H200", "B200", "GB200", "A100-80GB", "TPU-v5p", "Ascend-910C"]
-PRESETS = ["cloudmatrix-384", "dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72", "pcie-ethernet-lab", "tpu-v5p"]
+REQUIRED = ["H100-SXM", "H200", "B200", "GB200", "B300", "GB300", "A100-80GB", "TPU-v5p", "Ascend-910C"]
+PRESETS = ["cloudmatrix-384", "dgx-a100", "dgx-b200", "dgx-b300", "dgx-h100", "dgx-h200", "gb200-nvl72", "gb300-nvl72",
+           "pcie-ethernet-lab", "tpu-v5p"]
 
 
 def test_accelerators_present_and_sane():
@@ -32,6 +33,25 @@ def test_device_memory_is_what_the_driver_reports():
     for name, nominal_gb in (("H100-SXM", 80), ("A100-80GB", 80), ("H200", 141), ("B200", 180), ("GB200", 186)):
         hbm = ACCELERATORS[name].hbm_bytes
         assert nominal_gb * 1e9 < hbm <= nominal_gb * 2**30, name
+    # Blackwell Ultra's 288 GB stacks: nvidia-smi shows 275,040 MiB (B300) and 284,208 MiB (GB300), below 288 GiB
+    for name, mib in (("B300", 275040), ("GB300", 284208)):
+        assert ACCELERATORS[name].hbm_bytes == mib * 2**20 < 288 * 2**30
+
+
+def test_blackwell_ultra_as_blackwell_with_an_800g_nic_and_its_own_gemm_points():
+    from topologies.kernel_curves import gemm_curve
+    from topologies.nccl import ARCH
+    b300, gb300, b200 = (ACCELERATORS[n] for n in ("B300", "GB300", "B200"))
+    assert (b300.peak_bf16_flops, gb300.peak_bf16_flops) == (b200.peak_bf16_flops, ACCELERATORS["GB200"].peak_bf16_flops)
+    assert b300.nic_bytes_per_s == gb300.nic_bytes_per_s == 2 * b200.nic_bytes_per_s == 100e9
+    assert ARCH["B300"] == ARCH["GB300"] == "blackwell"
+    from topologies.specs import accelerator_for_device
+    assert accelerator_for_device("NVIDIA B300 SXM6 AC") is b300 and accelerator_for_device("NVIDIA GB300") is gb300
+    assert accelerator_for_device("NVIDIA GB200") is ACCELERATORS["GB200"] and get_accelerator("b300") is b300
+    # B300's eta comes from its own MAMF point (1,769 TFLOP/s BF16 at 12288x18432x1024), capped there
+    c = gemm_curve("B300", "bf16")
+    assert "B300" in c.params.source
+    assert 2 * 12288 * 18432 * 1024 / c.time_s(12288, 18432, 1024) <= 1769.0e12 * 1.0001
 
 
 def test_unknown_accelerator_and_bad_spec():
