@@ -185,13 +185,13 @@ LAUNCH_SCRIPT_VP = {("Nemotron-4 340B", "741c886025a7665a1d690c05ff12ac29c1be725
 #: ``recompute_granularity = None`` (src/megatron/bridge/recipes/llama/llama3.py) and no recompute_num_layers
 #: (scripts/performance/configs/llama/llama31_workload_base_configs.py ``LLAMA31_405B_PRETRAIN_CONFIG_GB200_
 #: {FP8_CS,FP8_MX}_V2``: TP4 PP16 VP4 / VP8; llama3_workload_base_configs.py ``LLAMA3_70B_PRETRAIN_CONFIG_GB200_
-#: FP8_CS_V2``: Megatron FSDP, mbs 2, ``cpu_offloading_num_layers=40``). (model, NeMo release, FSDP) ->
-#: (recompute, note); the 70B runs' activation offloading to the Grace CPU is not modelled (simulated as kept).
-#: GB300: the same recipes (no recompute granularity set: Megatron-Core's default, none) with the GB300 configs of
-#: v0.2.0 (scripts/performance/configs/llama3/workload_base_configs.py ``LLAMA3_70B_GB300_FP8_CS_BASE_CONFIG``:
-#: Megatron FSDP, mbs 2, ``cpu_offloading_num_layers=20``; ``..._FP8_MX_...``: PP4 VP5) and v0.3.0-v0.5.0
+#: FP8_CS_V2``: Megatron FSDP, mbs 2, ``cpu_offloading_num_layers=40``). GB300: the same recipes (v0.2.0 and v0.3.0
+#: set no recompute granularity: Megatron-Core's default, none) with the GB300 configs of v0.2.0
+#: (scripts/performance/configs/llama3/workload_base_configs.py ``LLAMA3_70B_GB300_FP8_CS_BASE_CONFIG``: Megatron
+#: FSDP, mbs 2, ``cpu_offloading_num_layers=20``; ``..._FP8_MX_...``: PP4 VP5) and v0.3.0-v0.5.0
 #: (``LLAMA3_70B_PRETRAIN_CONFIG_GB300_{FP8_CS,FP8_MX}_V*``, ``LLAMA31_405B_PRETRAIN_CONFIG_GB300_{FP8_CS,FP8_MX}_V2``:
-#: TP4 PP8 VP4 / TP2 PP8 CP2 VP4, no offloading). (hardware, model, NeMo release, FSDP) -> (recompute, note).
+#: TP4 PP8 VP4 / TP2 PP8 CP2 VP4, no offloading). (hardware, model, NeMo release, FSDP) -> (recompute, note); the
+#: 70B runs' activation offloading to the Grace CPU is not modelled (simulated as kept).
 RECIPE_RELEASES = ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06")
 RECIPE_RECOMPUTE = {
     **{("GB200", "Llama 3.1 405B", rel, False): ("none", "Megatron-Bridge's GB200 recipe (LLAMA31_405B_PRETRAIN_"
@@ -297,12 +297,15 @@ LAUNCH_SCRIPT_RECOMPUTE_MODULES = {
 #: DEEPSEEK_V3_B200_*_BASE_CONFIG (v0.2.x) and DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 (v0.3.0-v0.4.x),
 #: recompute_modules=["mla_up_proj"]; B200 PP8 VP2 EP32: ..._B200_FP8_MX_V2 of v0.5.0, ["mla_up_proj", "mlp"];
 #: GB200 PP4 VP4 EP64: ..._GB200_BASE_CONFIG of v0.2.x (every precision) and ..._GB200_FP8_MX_V2 of v0.3.x,
-#: ["mla_up_proj"] (v0.4.x runs ["mlp"] there: the 26.04 rows, whose version is not certain, are left alone).
+#: ["mla_up_proj"] (v0.4.x runs ["mlp"] there: the 26.04 rows, whose version is not certain, are left alone);
+#: B300 PP8 EP8: ..._B300_V2 of v0.5.0 (every precision), ["mla_up_proj"].
 RECIPE_RECOMPUTE_MODULES = {
     ("DeepSeek-V3 671B", "B200", 16, 8): (("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04"),
                                           ("mla_up_proj",), "DEEPSEEK_V3_B200 performance config"),
     ("DeepSeek-V3 671B", "B200", 8, 32): (("NeMo 26.04.01",), ("mla_up_proj", "mlp"),
                                           "DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 (v0.5.0)"),
+    ("DeepSeek-V3 671B", "B300", 8, 8): (("NeMo 26.04.01",), ("mla_up_proj",),
+                                         "DEEPSEEK_V3_PRETRAIN_CONFIG_B300_V2 (v0.5.0: PP8, mbs 2)"),
     ("DeepSeek-V3 671B", "GB200", 4, 64): (("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01"), ("mla_up_proj",),
                                            "DEEPSEEK_V3_GB200 performance config"),
 }
@@ -666,14 +669,16 @@ def _mtp_and_layout(row: dict, base, pp: int, vp: int, kw: dict, notes: list[str
 
 #: MoE token dispatchers Megatron-Bridge's DeepSeek-V3 performance configs set (``moe_flex_dispatcher_backend``,
 #: scripts/performance/configs/deepseek/; the launcher keeps it unless told otherwise: --moe_flex_dispatcher_backend
-#: defaults to -1): v0.2.x (NeMo 25.11) HybridEP on GB200, DeepEP on H100, none (alltoall) on B200; v0.3.0-v0.5.x
-#: (NeMo 26.02-26.08) HybridEP everywhere but v0.5.0's B200 FP8-MX V2 config (PP8 VP2 EP32, NeMo 26.04.01): DeepEP.
+#: defaults to -1): v0.2.x (NeMo 25.11) HybridEP on GB200 and GB300, DeepEP on H100, none (alltoall) on B200;
+#: v0.3.0-v0.5.x (NeMo 26.02-26.08) HybridEP everywhere (B300 and GB300 included: DEEPSEEK_V3_PRETRAIN_CONFIG_
+#: {B300,GB300}_V1/V2) but v0.5.0's B200 FP8-MX V2 config (PP8 VP2 EP32, NeMo 26.04.01): DeepEP.
 #: v0.1.x (NeMo 25.09) has no flex dispatcher (alltoall). (release, hardware class) -> backend; ("*", "B200", 32)
 #: the EP32 exception.
 BRIDGE_DEEPSEEK_DISPATCHER = {
-    ("NeMo 25.11", "GB200"): "hybridep", ("NeMo 25.11", "H100"): "deepep",
+    ("NeMo 25.11", "GB200"): "hybridep", ("NeMo 25.11", "GB300"): "hybridep", ("NeMo 25.11", "H100"): "deepep",
     **{(rel, hw): "hybridep" for rel in ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06",
-                                         "NeMo 26.06.01", "NeMo 26.08") for hw in ("GB200", "B200", "H100")},
+                                         "NeMo 26.06.01", "NeMo 26.08")
+       for hw in ("GB200", "B200", "H100", "GB300", "B300")},
     ("NeMo 26.04.01", "B200", 32): "deepep",
 }
 

@@ -133,7 +133,8 @@ GB200 = _register(AcceleratorSpec(
 B300 = _register(AcceleratorSpec(
     "B300", 2250 * TFLOPS, 4500 * TFLOPS, 275040 * MIB, 7.75 * TB, 900 * GB, 800 * GBIT,
     source="NVIDIA Blackwell Ultra datasheet via ai-dynamo/aiconfigurator systems/b300_sxm.yaml (275,040 MiB in "
-           "nvidia-smi, 7.75 TB/s, CX-8 800 Gb/s); 148 SMs as B200", sm_count=148, device_names=("NVIDIA B300 SXM6 AC",)))
+           "nvidia-smi, 7.75 TB/s, CX-8 800 Gb/s); 148 SMs as B200", sm_count=148,
+    device_names=("NVIDIA B300 SXM6 AC",)))
 GB300 = _register(AcceleratorSpec(
     "GB300", 2500 * TFLOPS, 5000 * TFLOPS, 284208 * MIB, 8 * TB, 900 * GB, 800 * GBIT,
     source="NVIDIA Blackwell Ultra datasheet via ai-dynamo/aiconfigurator systems/gb300.yaml (284,208 MiB in "

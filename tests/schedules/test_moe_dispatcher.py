@@ -109,6 +109,15 @@ def test_validate_takes_the_recipes_dispatcher():
     assert stated_moe_dispatcher({**row, "release": "NeMo 26.02"}, 8)[0] == "hybridep"
     assert stated_moe_dispatcher({**row, "release": "NeMo 25.11"}, 8) is None          # v0.2.x B200: alltoall
     assert stated_moe_dispatcher({**row, "release": "NeMo 25.09"}, 8) is None          # no flex dispatcher yet
+    # Blackwell Ultra: HybridEP in every release with a config for it (GB300 from v0.2.0, B300 from v0.3.0)
+    gb300, b300 = {**row, "hardware": "GB300 (DGX-GB300)"}, {**row, "hardware": "B300 (DGX-B300)"}
+    assert stated_moe_dispatcher({**gb300, "release": "NeMo 25.11"}, 32)[0] == "hybridep"
+    assert stated_moe_dispatcher({**b300, "release": "NeMo 26.04.01"}, 8)[0] == "hybridep"
+    assert stated_moe_dispatcher({**b300, "release": "NeMo 25.11"}, 8) is None
+    from clustersim.validate import stated_recompute_modules
+    b300_v2 = {**b300, "release": "NeMo 26.04.01", "pp": "8", "ep": "8"}
+    assert stated_recompute_modules(b300_v2)[0] == ("mla_up_proj",)
+    assert stated_recompute_modules({**b300_v2, "release": "NeMo 26.06"}) is None      # a later config, not read
     auto = {"model": "DeepSeek-V3 671B", "framework": "NeMo AutoModel (PyTorch, FSDP2)", "hardware": "H100-SXM",
             "notes": "kernel optimizations: TE + DeepEP"}
     assert stated_moe_dispatcher(auto, 64)[0] == "deepep"
