@@ -51,7 +51,7 @@ def main(src: str | None = None) -> None:
         elif r["model"] not in MODEL_PRESETS:
             reasons["no model preset"] += 1
         elif hardware_class(r["hardware"]) is None:
-            reasons["no hardware preset (B300, GB300, unnamed Hopper SKU)"] += 1
+            reasons["no hardware preset (an unnamed Hopper SKU)"] += 1
     out.sort(key=lambda x: x[0])
     with PUBLISHED.open("w", newline="") as f:
         f.write(HEADER)
