@@ -237,9 +237,10 @@ _FP8_PARAMS_COMMITS = {
     **{c: ("Grok-1 314B", "GPT-3 175B") for c in ("741c886025a7665a1d690c05ff12ac29c1be7252",
                                                   "85380ffe02eac74e1d07e556b28cdcf7cce2d2f0")},
 }
+#: what running with FP8 parameters means here (the notes of the rows that do)
+FP8_PARAMS_MEANING = "no BF16 copy of the block weights, the distributed optimizer gathers 1 byte per weight"
 CONFIG_FP8_PARAMS = {(m, c, "NeMo"): f"FP8 parameters as the benchmark's {_FP8_PARAMS_FILES[m]} sets them "
-                                     "(fp8_params: no BF16 copy of the block weights, the distributed optimizer "
-                                     "gathers 1 byte per weight)"
+                                     f"(fp8_params: {FP8_PARAMS_MEANING})"
                      for c, models in _FP8_PARAMS_COMMITS.items() for m in models}
 #: the same from a benchmark's model config: (model, commit of the source document, framework) -> (recompute, note).
 #: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
@@ -620,8 +621,7 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         # Megatron-Bridge's bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set fp8_param_gather
         if kw["fp8_recipe"] == "current" and kw.get("zero") in (1, 2) and "fp8_param_gather" in fields:
             kw["fp8_param_gather"] = True
-            notes.append("FP8 parameters as the recipe keeps them (fp8_param_gather: no BF16 copy of the block "
-                         "weights, the distributed optimizer gathers 1 byte per weight)")
+            notes.append(f"FP8 parameters as the recipe keeps them (fp8_param_gather: {FP8_PARAMS_MEANING})")
         else:
             notes.append("the recipe's fp8_param_gather is not modelled here (" +
                          ("MXFP8 parameters" if kw["fp8_recipe"] == "mxfp8" else "with FSDP") +

@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -831,10 +832,15 @@ class _StageBuilder:
         transformer layers' weights under ``fp8_param_gather`` (Megatron-Core gathers the FP8 parameters)."""
         if not getattr(self.p, "fp8_param_gather", False):
             return n * self.dt
-        by_key = {(c, u.name): u for c, units in enumerate(self.units) for u in units}
-        other = sum(sz for key in members if by_key[key].kind != "layer"        # embedding, head: BF16
-                    for r, sz in self._gather_sizes(by_key[key]) if r == role)
+        unit = self._unit_by_key
+        other = sum(sz for key in members if unit[key].kind != "layer"        # embedding, head: BF16
+                    for r, sz in self._gather_sizes(unit[key]) if r == role)
         return (n - other) * 1.0 + other * self.dt
+
+    @cached_property
+    def _unit_by_key(self) -> dict[tuple[int, str], Unit]:
+        """(chunk, unit name) -> unit: the keys the buckets of ``_bucket_plan`` name their members by."""
+        return {(c, u.name): u for c, units in enumerate(self.units) for u in units}
 
     def _param_gathers_at_start(self) -> None:
         """ZeRO-1/2 with overlapped parameter gathers: the previous step's updated shards are all-gathered

@@ -285,9 +285,6 @@ def optimizer_step_bytes(stack: str, params: float, param_bytes: float, grad_byt
     return params * EAGER_OPTIMIZER_STATE_PASSES * optimizer_bytes / 3
 
 
-MAIN_PARAM_BYTES = 4     # the optimizer's fp32 main weights
-
-
 def check_choice(stack: str, dtype: str, reduce_dtype: str = "auto", fp8_recipe: str = "delayed") -> None:
     if fp8_recipe not in FP8_RECIPES:
         raise PlanError(f"unknown FP8 recipe {fp8_recipe!r}; choose one of {', '.join(FP8_RECIPES)}")
@@ -986,16 +983,16 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
         n_mb = max(1, plan.num_microbatches)
         if getattr(plan, "fp8_param_gather", False):
-            # Megatron-Core --fp8-param-gather: after the step the optimizer casts its shard of the fp32 main
-            # weights to the FP8 parameter (TE cast_master_weights_to_fp8: read 4 bytes, write 1; current
+            # Megatron-Core --fp8-param-gather: after the step the optimizer casts its shard of the fp32 (FP32
+            # bytes) main weights to the FP8 parameter (TE cast_master_weights_to_fp8: read 4 bytes, write 1; current
             # scaling reads the shard's amax first); the gathered FP8 weight's column-wise copy is made by a
             # transpose (read 1 byte, write 1) at the step's first micro-batch
             from schedules.memory import shard_degrees       # (memory imports this module)
             dense_shard, expert_shard = shard_degrees(plan)
             shard = params / max(1, expert_shard if part == "experts" else dense_shard)
             if w.amax_read:
-                w.ew("fp8 param shard amax (per step / micro-batches)", shard * MAIN_PARAM_BYTES / n_mb)
-            w.ew("fp8 param shard cast (per step / micro-batches)", shard * (MAIN_PARAM_BYTES + 1) / n_mb)
+                w.ew("fp8 param shard amax (per step / micro-batches)", shard * FP32 / n_mb)
+            w.ew("fp8 param shard cast (per step / micro-batches)", shard * (FP32 + 1) / n_mb)
             w.ew("fp8 weight transpose (per step / micro-batches)", params * 2 / n_mb)
         else:
             if w.amax_read:

@@ -379,15 +379,17 @@ class ParallelPlan:
         from schedules.kernels import check_choice
         check_choice(self.stack, self.dtype, self.grad_reduce_dtype, self.fp8_recipe)
         if self.fp8_param_gather is True:
-            why = ("it keeps FP8 weights: it needs --dtype fp8" if self.dtype != "fp8" else
-                   f"it is Megatron-Core's: it needs --stack megatron (stack is {self.stack})"
-                   if self.stack != "megatron" else
-                   "it casts the distributed optimizer's shard: it needs --zero 1 or 2 (ZeRO-3 / FSDP with FP8 "
-                   "parameters is not modelled)" if self.zero_stage not in (1, 2) else
-                   "MXFP8 parameters (block scales, column-wise data quantized from the fp32 weights) are not "
-                   "modelled: use --fp8-recipe delayed or current" if self.fp8_recipe == "mxfp8" else None)
-            if why:
-                raise PlanError(f"--fp8-param-gather: {why}")
+            for broken, why in (
+                    (self.dtype != "fp8", "it keeps FP8 weights: it needs --dtype fp8"),
+                    (self.stack != "megatron", f"it is Megatron-Core's: it needs --stack megatron (stack is "
+                                               f"{self.stack})"),
+                    (self.zero_stage not in (1, 2), "it casts the distributed optimizer's shard: it needs --zero 1 "
+                                                    "or 2 (ZeRO-3 / FSDP with FP8 parameters is not modelled)"),
+                    (self.fp8_recipe == "mxfp8", "MXFP8 parameters (block scales, column-wise data quantized from "
+                                                 "the fp32 weights) are not modelled: use --fp8-recipe delayed or "
+                                                 "current")):
+                if broken:
+                    raise PlanError(f"--fp8-param-gather: {why}")
         self.axes  # parses axis_order
         if self.global_batch is not None:
             per = self.micro_batch * self.dp

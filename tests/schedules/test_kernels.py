@@ -123,7 +123,7 @@ def test_fp8_param_gather_casts_the_optimizer_shard_and_transposes_the_weight(re
     """--fp8-param-gather: the per-step weight cast becomes the optimizer's cast of its fp32 shard (4 + 1 bytes
     per shard element, plus a 4-byte amax read under current scaling) and a transpose of the gathered FP8
     weight (1 + 1 bytes per element); every other kernel is unchanged."""
-    from schedules.kernels import MAIN_PARAM_BYTES
+    from schedules.kernels import FP32 as MAIN_PARAM_BYTES         # the optimizer's fp32 main weights
     m = get_model("llama3-8b")
     kw = dict(tp=2, sp=True, seq=4096, dtype="fp8", fp8_recipe=recipe, zero=1, dp=4, cp=2, global_batch=16)
     base, pg = ParallelPlan(**kw), ParallelPlan(**kw, fp8_param_gather=True)
