@@ -58,7 +58,10 @@ CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode":
            "attention_kernel": ATTENTION_KERNELS,
            "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS, "fp8_recipe": FP8_RECIPES,
            "moe_dispatcher": MOE_DISPATCHERS}
-MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers")
+MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers",
+                "sliding_window", "global_attention_every")
+#: model fields that may be 0 (the others are positive)
+ZERO_OK_FIELDS = ("experts", "mtp_layers", "sliding_window", "global_attention_every")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
 
@@ -253,7 +256,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             if k in MODEL_FLAGS:
                 _check(isinstance(v, bool), f"{where}: {k}: expected true or false, got {v!r}")
             else:
-                custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k in ("experts", "mtp_layers") else 1)
+                custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k in ZERO_OK_FIELDS else 1)
         if isinstance(exp.model, dict):
             exp.model = {**exp.model, **custom}
         elif isinstance(exp.model, str):
@@ -288,6 +291,10 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--mtp-layers", type=int, help="Multi-token-prediction modules (DeepSeek-V3: 1 by default; 0 "
                      "turns them off): each runs a transformer layer, a 2h -> h projection and the shared LM head "
                      "and loss on the last pipeline stage."),
+        click.option("--sliding-window", type=int, help="Sliding-window attention: keys each query attends to "
+                     "(Mistral 7B v0.1: 4096, GPT-OSS: 128; 0: none). The fused kernel skips the tiles outside it."),
+        click.option("--global-attention-every", type=int, help="With --sliding-window: every N-th layer attends to "
+                     "the whole sequence (GPT-OSS: 2, Gemma 3: 6; 0, the default: every layer slides)."),
         click.option("--gated-mlp/--no-gated-mlp", default=None,
                      help="SwiGLU MLP with 3 matrices (Llama) or a 2-matrix GELU MLP (GPT, the custom default)."),
         click.option("--tied-embeddings/--untied-embeddings", default=None, help="LM head shares the embedding."),
@@ -387,7 +394,7 @@ def simulate_options(f: Callable) -> Callable:
 
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
-               "experts", "top_k", "mtp_layers", "moe_dispatcher", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
+               "experts", "top_k", "mtp_layers", "sliding_window", "global_attention_every", "moe_dispatcher", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "recompute_modules", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",

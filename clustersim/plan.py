@@ -29,7 +29,8 @@ from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, 
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
-SHAPE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers")
+SHAPE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers",
+               "sliding_window", "global_attention_every")
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -47,6 +48,10 @@ def model_options(f):
         click.option("--top-k", type=int, default=None, help="Custom model: experts per token (default 2)."),
         click.option("--mtp-layers", type=int, default=None,
                      help="Multi-token-prediction modules on the last stage (DeepSeek-V3: 1; 0 turns them off)."),
+        click.option("--sliding-window", type=int, default=None,
+                     help="Sliding-window attention: keys each query attends to (GPT-OSS: 128; 0: none)."),
+        click.option("--global-attention-every", type=int, default=None,
+                     help="With --sliding-window: every N-th layer attends to the whole sequence (GPT-OSS: 2)."),
         click.option("--params", type=float, default=None,
                      help="Model given by its parameter count only (e.g. 7.5e9): memory questions only."),
     ]

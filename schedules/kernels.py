@@ -61,7 +61,7 @@ from __future__ import annotations
 import dataclasses
 from functools import lru_cache
 
-from schedules.models import ModelSpec
+from schedules.models import ModelSpec, causal_window_fraction
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 from simulator.errors import PlanError
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
@@ -330,6 +330,7 @@ class _Writer:
         self.amax_read = self.current_scaling or (self.fp8 and stack in TORCHAO_FP8_STACKS)
         # bytes per element a cast moves: read the input, write row- and column-wise FP8 (+ MXFP8 block scales)
         self.cast_bytes = self.a + 2 + (2 / MX_BLOCK if self.mxfp8 else 0.0)
+        self.window = 0         # the layer's sliding window (ModelSpec.attention_window; 0: none)
         self.out: list[Kernel] = []
 
     def gemm(self, name: str, m: float, n: float, k: float, batch: float = 1, fp8_ok: bool = True) -> None:
@@ -355,13 +356,17 @@ class _Writer:
             self.ew(name, elements * self.cast_bytes)
 
     def attention(self, name: str, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
-                  d_v: float, causal: bool, share: float = 1.0) -> None:
-        fwd = 2.0 * b * sq * skv * heads * (d_qk + d_v) * (0.5 if causal else 1.0) * share
+                  d_v: float, causal: bool, share: float = 1.0, window: int = 0) -> None:
+        """A fused attention kernel; ``window``: a causal sliding window's keys per query (0: none), whose
+        FLOPs are the pairs it keeps (``causal_window_fraction``)."""
+        window = window if causal and 0 < window < sq else 0
+        keep = causal_window_fraction(sq, window) if window else 1.0
+        fwd = 2.0 * b * sq * skv * heads * (d_qk + d_v) * (0.5 if causal else 1.0) * share * keep
         flops = fwd if pass_ == "fwd" else 2.5 * fwd
         io = self.a * b * heads * (sq * d_qk + skv * d_qk + skv * d_v + sq * d_v)   # Q, K, V, O
         self.out.append(Kernel(name, ATTENTION, flops, io * (1 if pass_ == "fwd" else 2.5), 0, 0, 0, int(b), "bf16",
                                pass_, int(sq), int(skv), int(round((d_qk + d_v) / 2)), int(heads), causal,
-                               self.attention_impl))
+                               self.attention_impl, window=int(window)))
 
 
 # ---------------------------------------------------------------------------------------------- pieces
@@ -627,13 +632,14 @@ def repeat_kv_bytes(tokens: float, heads: float, kv_heads: float, d_head: float,
 
 
 def _core_kernel(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str, d_qk: float, d_v: float) -> None:
-    # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block)
+    # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block); a sliding-window
+    # layer's fused kernel skips the tiles outside its window, an eager one computes every score and masks them
     if p.attention == "eager":
         _eager_core(w, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, _has_dropout(m))
     elif w.unpad:
         _varlen_core(w, sh, pass_, d_qk, d_v)
     else:
-        w.attention("flash attention " + pass_, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+        w.attention("flash attention " + pass_, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, window=w.window)
 
 
 def _varlen_core(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float) -> None:
@@ -650,11 +656,11 @@ def _varlen_core(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float) ->
     o = sh.T * sh.heads * d_v
     if pass_ == "fwd":
         w.ew("unpad q, k, v (flash-attn varlen)", 2 * w.a * (q + k + v))
-        w.attention("flash attention fwd", pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+        w.attention("flash attention fwd", pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, window=w.window)
         w.ew("pad attention output", 3 * w.a * o)
         return
     w.ew("pad attention output bwd", 2 * w.a * o)
-    w.attention("flash attention bwd", pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True)
+    w.attention("flash attention bwd", pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, window=w.window)
     w.ew("unpad q, k, v bwd", 3 * w.a * (q + k + v))
 
 
@@ -837,8 +843,9 @@ def phase_kernels(model: ModelSpec, plan: ParallelPlan, layer: int | None, phase
     if part not in PARTS:
         raise PlanError(f"unknown kernel part {part!r}; known: {', '.join(PARTS)}")
     moe = layer is not None and model.is_moe_layer(layer)
+    window = model.attention_window(layer) if layer is not None else 0
     rc = plan.layer_recompute(layer) if recompute else "none"
-    return _cached(model, plan, moe, phase, part, round(load, 9), rc, stack, dtype)
+    return _cached(model, plan, moe, window, phase, part, round(load, 9), rc, stack, dtype)
 
 
 def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: str = "layer",
@@ -851,6 +858,7 @@ def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: st
     rc = plan.layer_recompute(layer)
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
                 getattr(plan, "fp8_recipe", "delayed"))
+    w.window = model.attention_window(layer)
     if part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, round(load, 9), rc, stack, dtype)
     return KernelList(f"{part} recompute ({rc})", w.out, stack, dtype)
@@ -886,13 +894,14 @@ def op_policy(model: ModelSpec, kernels) -> tuple[list[Kernel], list[Kernel]]:
 
 
 def _recompute(w: _Writer, model, plan, moe, part, load, rc, stack, dtype) -> None:
-    """Append the recomputation of one layer part (mode ``rc``) to ``w``."""
+    """Append the recomputation of one layer part (mode ``rc``) to ``w`` (a layer of ``w.window``)."""
     if rc == "full":
-        w.out.extend(_cached(model, plan, moe, FORWARD, part, load, "none", stack, dtype).kernels)
+        w.out.extend(_cached(model, plan, moe, w.window, FORWARD, part, load, "none", stack, dtype).kernels)
     elif rc == "selective":
         _recompute_modules(w, model, plan, moe, part, load)
     elif rc == "op":
-        w.out.extend(op_policy(model, _cached(model, plan, moe, FORWARD, part, load, "none", stack, dtype))[1])
+        w.out.extend(op_policy(model, _cached(model, plan, moe, w.window, FORWARD, part, load, "none", stack,
+                                              dtype))[1])
 
 
 def recomputed_norms(m: ModelSpec, p: ParallelPlan, moe: bool) -> tuple[bool, bool]:
@@ -947,9 +956,11 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
 
 
 @lru_cache(maxsize=4096)
-def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList:
+def _cached(model, plan, moe, window, phase, part, load, rc, stack, dtype) -> KernelList:
+    """The kernels of one op of a layer kind: MoE or dense, its sliding window (0: none)."""
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
                 getattr(plan, "fp8_recipe", "delayed"))
+    w.window = window
     sh = _Shape(model, plan)
     if phase in (BACKWARD, BACKWARD_INPUT) and part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, load, rc, stack, dtype)
@@ -1001,6 +1012,6 @@ def _cached(model, plan, moe, phase, part, load, rc, stack, dtype) -> KernelList
         w.ew("fp8 amax/scale update", 0.0)
     if getattr(plan, "tp_comm_overlap", False) and plan.tp > 1 and part in ("layer", "attention"):
         w.out = _ub_overlap(w.out, dtype, plan.tp)
-    label = f"{'moe' if moe else 'dense'} {part} {phase}" if part in ("layer", "attention", "experts") else \
-        f"{part} {phase}"
+    kind = f"{'moe' if moe else 'dense'}{f' sliding-window ({window})' if window else ''}"
+    label = f"{kind} {part} {phase}" if part in ("layer", "attention", "experts") else f"{part} {phase}"
     return KernelList(label, w.out, stack, dtype)

@@ -6,6 +6,8 @@ FLOPs conventions (FLOPs = floating-point operations, a multiply-add counts 2):
 - Attention's quadratic term (Q·Kᵀ and scores·V) costs 4·b·s²·(heads·head_dim) forward, twice that for B
   (no weights, so W = 0). It is counted over the full s×s score matrix, as in Megatron-LM's and PaLM's MFU
   formulas (Narayanan et al. 2021, eq. 3; Chowdhery et al. 2022, app. B), not halved for the causal mask.
+  A sliding-window layer counts the share of that square its window keeps of the causal (query, key) pairs
+  (``causal_window_fraction``): w·s − w(w−1)/2 of s(s+1)/2 for a window of w < s keys.
 - MoE: router 2·h·E per token; each token visits top_k routed experts (plus the shared experts).
 - Embedding lookups cost no FLOPs; the LM head is a linear layer of V·h weights.
 Element-wise work (norms, activations, softmax) is not counted in FLOPs.
@@ -92,6 +94,12 @@ class ModelSpec:
                   (absolute position table added to the token embedding)
     dropout       hidden dropout on the residual branches (None = GPT-style models with a 2-matrix MLP
                   have it, gated Llama-style ones do not)
+    sliding_window  keys each query attends to in a sliding-window layer, itself included (Mistral 7B v0.1:
+                  4096, GPT-OSS: 128); 0 = every layer attends causally to the whole sequence
+    global_attention_every  with sliding_window: every n-th layer (layers n-1, 2n-1, ...) attends to the whole
+                  sequence and the others slide (GPT-OSS: 2, Gemma 3: 6); 0 = every layer slides (Mistral)
+    attention_sinks  a learned logit per head that joins every softmax row (GPT-OSS): ``heads`` parameters
+                  per layer; the kernel's extra column is not priced
     mtp_layers    multi-token-prediction modules (DeepSeek-V3: 1; config.json ``num_nextn_predict_layers``).
                   Module k predicts token i+k+1: it normalises the previous depth's hidden state and the
                   embedding of token i+k (enorm, hnorm), projects their concatenation (eh_proj, 2h -> h), runs
@@ -129,6 +137,9 @@ class ModelSpec:
     position_embedding: str = "rope"
     dropout: bool | None = None
     mtp_layers: int = 0
+    sliding_window: int = 0
+    global_attention_every: int = 0
+    attention_sinks: bool = False
 
     def __post_init__(self):
         if self.total_params is not None:
@@ -141,7 +152,8 @@ class ModelSpec:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
         for f in ("experts", "shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim",
-                  "v_head_dim", "mtp_layers", "router_groups", "router_group_topk"):
+                  "v_head_dim", "mtp_layers", "router_groups", "router_group_topk", "sliding_window",
+                  "global_attention_every"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"model {self.name}: {f} must be a non-negative integer, got {v!r}")
@@ -153,8 +165,13 @@ class ModelSpec:
         if cf is not None and (not isinstance(cf, (int, float)) or isinstance(cf, bool) or not math.isfinite(cf)
                                or cf <= 0):
             raise ConfigError(f"model {self.name}: capacity_factor must be a positive number or unset, got {cf!r}")
-        if not all(isinstance(getattr(self, f), bool) for f in ("gated_mlp", "tied_embeddings", "attention_bias")):
-            raise ConfigError(f"model {self.name}: gated_mlp, tied_embeddings and attention_bias must be true or false")
+        if not all(isinstance(getattr(self, f), bool) for f in ("gated_mlp", "tied_embeddings", "attention_bias",
+                                                                "attention_sinks")):
+            raise ConfigError(f"model {self.name}: gated_mlp, tied_embeddings, attention_bias and attention_sinks "
+                              f"must be true or false")
+        if self.global_attention_every and not self.sliding_window:
+            raise ConfigError(f"model {self.name}: global_attention_every {self.global_attention_every} needs a "
+                              f"sliding_window (the layers between the global ones slide)")
         if self.position_embedding not in POSITION_EMBEDDINGS:
             raise ConfigError(f"model {self.name}: position_embedding must be one of {', '.join(POSITION_EMBEDDINGS)},"
                               f" got {self.position_embedding!r}")
@@ -207,6 +224,14 @@ class ModelSpec:
         layer's kind)."""
         return self.is_moe and min(layer, self.layers - 1) >= self.first_dense_layers
 
+    def attention_window(self, layer: int) -> int:
+        """Keys per query of layer ``layer``'s attention: its sliding window, or 0 where it attends causally to
+        the whole sequence (an MTP module's layer, index >= layers, is of the last layer's kind)."""
+        if not self.sliding_window:
+            return 0
+        n = self.global_attention_every
+        return 0 if n and (min(layer, self.layers - 1) + 1) % n == 0 else self.sliding_window
+
     # ------------------------------------------------------------------ parameters
     def _mlp_params(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * width
@@ -220,7 +245,8 @@ class ModelSpec:
             kv_b = self.kv_lora_rank * a * (d + self.v_head_dim)
             return q + kv_a + kv_b + a * self.v_head_dim * h
         bias = (a * d + 2 * self.kv_heads * d) if self.attention_bias else 0
-        return h * a * d * 2 + 2 * h * self.kv_heads * d + bias
+        sinks = a if self.attention_sinks else 0
+        return h * a * d * 2 + 2 * h * self.kv_heads * d + bias + sinks
 
     def expert_params(self) -> int:
         """Parameters of one routed expert."""
@@ -292,6 +318,7 @@ class ModelSpec:
             core = 2.0 * micro_batch * seq * seq * self.heads * (self.d_head + self.qk_rope_dim + self.v_head_dim)
         else:
             core = 4.0 * micro_batch * seq * seq * self.heads * self.d_head
+        core *= causal_window_fraction(seq, self.attention_window(layer))
         if self.is_moe_layer(layer):
             router = 2.0 * t * h * self.experts
             experts = 2.0 * t * self.top_k * self.expert_params()
@@ -313,6 +340,16 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def causal_window_fraction(seq: float, window: int) -> float:
+    """The share of a causal attention's (query, key) pairs a sliding window of ``window`` keys (itself
+    included) keeps over ``seq`` tokens: (w·s − w(w−1)/2) / (s(s+1)/2); 1 without a window or where it spans
+    the sequence."""
+    s, w = float(seq), float(window)
+    if not window or w >= s:
+        return 1.0
+    return (w * s - w * (w - 1) / 2) / (s * (s + 1) / 2)
 
 
 def model_flops_per_step(model: ModelSpec, seq: int, global_batch: int) -> float:
@@ -433,6 +470,18 @@ _PRESETS: dict[str, ModelSpec] = {
     "kimi-k2": ModelSpec("kimi-k2", layers=61, hidden=7168, ffn=18432, heads=64, kv_heads=64, vocab=163840,
                          experts=384, top_k=8, moe_ffn=2048, shared_experts=1, first_dense_layers=1, head_dim=128,
                          q_lora_rank=1536, kv_lora_rank=512, qk_rope_dim=64, v_head_dim=128),
+    # GPT-OSS (openai/gpt-oss-120b and -20b config.json; OpenAI's gpt-oss model card, arXiv 2508.10925): 36 / 24
+    # layers, 2880 wide, 64 query heads and 8 KV heads of 64, biases on the attention projections, a learned sink
+    # logit per head, sliding-window attention of 128 tokens in every other layer (layer_types: sliding first,
+    # then full), 128 / 32 experts 2880 wide top-4 (SwiGLU with clamping), no shared expert, vocab 201,088,
+    # untied (116.8 B / 20.9 B parameters; the experts', the output projection's and the router's biases, 40 M
+    # in all, are not counted). Trained in BF16 here (the released MXFP4 expert weights are a post-training format).
+    "gpt-oss-120b": ModelSpec("gpt-oss-120b", layers=36, hidden=2880, ffn=2880, heads=64, kv_heads=8, head_dim=64,
+                              vocab=201088, experts=128, top_k=4, attention_bias=True, attention_sinks=True,
+                              sliding_window=128, global_attention_every=2),
+    "gpt-oss-20b": ModelSpec("gpt-oss-20b", layers=24, hidden=2880, ffn=2880, heads=64, kv_heads=8, head_dim=64,
+                             vocab=201088, experts=32, top_k=4, attention_bias=True, attention_sinks=True,
+                             sliding_window=128, global_attention_every=2),
     # Small models for tests and quick experiments.
     "tiny": ModelSpec("tiny", layers=4, hidden=256, ffn=1024, heads=8, kv_heads=8, vocab=1024, gated_mlp=False),
     "tiny-moe": ModelSpec("tiny-moe", layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024,
@@ -495,16 +544,33 @@ def load_model_file(path: str | Path) -> ModelSpec:
 
 # ---------------------------------------------------------------------------------------------- Hugging Face
 # config.json keys of the architectures we read (transformers' LlamaConfig, MistralConfig, MixtralConfig,
-# Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig, DeepseekV2Config, DeepseekV3Config). All of them use
-# a gated (SwiGLU) MLP, and all default tie_word_embeddings to false and num_key_value_heads to the heads.
+# Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig, DeepseekV2Config, DeepseekV3Config, GptOssConfig). All
+# of them use a gated (SwiGLU) MLP, and all default tie_word_embeddings to false and num_key_value_heads to the heads.
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-                  "deepseek_v3")
+                  "deepseek_v3", "gpt_oss")
+
+
+def _global_attention_every(layer_types, layers: int, where: str) -> int:
+    """``global_attention_every`` of a config's ``layer_types`` list ("sliding_attention" / "full_attention" per
+    layer): 0 when every layer slides, n when exactly layers n-1, 2n-1, ... attend to the whole sequence."""
+    if not isinstance(layer_types, list) or len(layer_types) != layers or \
+            not set(layer_types) <= {"sliding_attention", "full_attention"}:
+        raise ConfigError(f"{where}: layer_types must list 'sliding_attention' or 'full_attention' for each of the "
+                          f"{layers} layers")
+    full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+    if not full:
+        return 0
+    n = full[0] + 1
+    if full != [i for i in range(layers) if (i + 1) % n == 0]:
+        raise ConfigError(f"{where}: layer_types whose full-attention layers are not every n-th layer (layers n-1, "
+                          f"2n-1, ...) are not modelled")
+    return n
 
 
 def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
     """A ModelSpec from a Hugging Face ``config.json`` (path or parsed dict): dense Llama / Mistral / Qwen,
     MoE Mixtral / Qwen-MoE (a wider shared expert counts as several of the routed width), DeepSeek V2/V3 (MLA,
-    shared experts, dense first layers). Unknown architectures and shapes we cannot express are errors."""
+    shared experts, dense first layers), GPT-OSS (sliding-window layers, attention sinks). Unknown architectures and shapes we cannot express are errors."""
     if isinstance(source, dict):
         cfg, where = source, "config.json"
     else:
@@ -544,6 +610,24 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
               attention_bias=mtype in ("qwen2", "qwen2_moe") or flag("attention_bias"))
     if key("head_dim") is not None and mtype not in ("deepseek_v2", "deepseek_v3"):
         kw["head_dim"] = key("head_dim")
+    # sliding-window attention: Mistral's sliding_window (null: none) on every layer; Qwen's only where
+    # use_sliding_window is set (then on the layers from max_window_layers on); GPT-OSS's layer_types
+    window = key("sliding_window")
+    n_layers = count("num_hidden_layers", required=True, lo=1)
+    if mtype.startswith("qwen") and not flag("use_sliding_window"):
+        window = None
+    if window is not None and mtype != "gpt_oss" and key("layer_types") is None:
+        window = count("sliding_window", lo=1)
+        if mtype.startswith("qwen") and 0 < count("max_window_layers", 0) < n_layers:
+            raise ConfigError(f"{where}: sliding-window attention on the layers from max_window_layers on only is not "
+                              f"modelled (every layer, or none)")
+        kw["sliding_window"] = window
+    elif window is not None:
+        kw.update(sliding_window=count("sliding_window", lo=1),
+                  global_attention_every=_global_attention_every(key("layer_types"), n_layers, where))
+    if mtype == "gpt_oss":
+        kw.update(experts=key("num_local_experts", required=True),
+                  top_k=key("num_experts_per_tok") or key("experts_per_token", required=True), attention_sinks=True)
     if mtype == "mixtral":
         kw.update(experts=key("num_local_experts", required=True), top_k=key("num_experts_per_tok", 2))
     elif mtype in ("qwen2_moe", "qwen3_moe"):

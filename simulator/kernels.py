@@ -14,7 +14,8 @@ Kinds
     attention    fused attention core (FlashAttention); ``pass_`` fwd | bwd; ``seq_q``, ``seq_kv``,
                  ``head_dim``, ``heads`` (query heads on this rank), ``batch`` (sequences), ``causal``,
                  ``impl`` the kernel implementation (flash2 = FlashAttention-2, triton = the Triton
-                 FlashAttention of 2023-era stacks)
+                 FlashAttention of 2023-era stacks), ``window`` the keys per query of a sliding-window
+                 kernel (0: causal over the whole sequence)
     elementwise  memory-bound kernel (norm, rotary, activation, residual add, cast/amax, cross-entropy,
                  optimizer step); priced by ``bytes``
 """
@@ -49,6 +50,7 @@ class Kernel:
     impl: str = ""
     chunks: int = 1        # gemm: run as this many GEMMs of ceil(m / chunks) rows (communication overlap)
     sm_margin: int = 0     # gemm: SMs left to a concurrent communication kernel (not used by the GEMM)
+    window: int = 0        # attention: a sliding window's keys per query (0: none)
 
 
 class KernelList:

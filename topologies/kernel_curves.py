@@ -505,13 +505,13 @@ class AttentionCurve:
         impl = kern.impl or "flash2"
         if impl == "te":
             impl = TE_ATTENTION.get(self.family, "flash2")
+        seq = rate_seq(kern)
         speedup = 1.0
         if impl == "cudnn" and kern.pass_ != "fwd":
             # FlashAttention-2's backward for this mask, times cuDNN's charted speed-up over it (TE_ATTENTION)
-            speedup = cudnn_backward_speedup(self.family, max(kern.seq_kv, 1), kern.head_dim or 128)
+            speedup = cudnn_backward_speedup(self.family, seq, kern.head_dim or 128)
             impl = "flash2"
         fits = attention_fits(self.family, impl)
-        seq = max(kern.seq_kv, 1)
         d = kernel_head_dim(kern.head_dim, impl) if kern.head_dim else kern.head_dim
         flops = kern.flops * (d / kern.head_dim) if kern.head_dim else kern.flops   # padded tiles' work
         fb = _by_head_dim(fits, "fwd+bwd", kern.causal, d, seq)
@@ -533,6 +533,18 @@ class AttentionCurve:
                 f"attention_kernels.csv ({ATTENTION_DATA[self.family]})"
                 + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else "")
                 + "; burst rates (no sustained attention measurement is published)")
+
+
+def rate_seq(kern: Kernel) -> float:
+    """The sequence length at which an attention kernel's rate is read off the charts: its keys, or for a causal
+    sliding window of w keys (``Kernel.window``) 2w. Tile by tile, such a kernel gives each query row w keys
+    (past the first w rows), as causal attention over 2w tokens does on average, and it pays the same per-row
+    costs (loading Q, the softmax rescaling, writing O) and one partial diagonal tile per row of tiles (plus the
+    window's partial left edge, not priced). No chart measures a windowed kernel."""
+    seq = max(kern.seq_kv, 1)
+    if kern.window and kern.causal:
+        seq = min(seq, 2 * kern.window)
+    return seq
 
 
 def cudnn_backward_speedup(family: str, seq: float, head_dim: int) -> float:
