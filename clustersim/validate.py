@@ -51,7 +51,7 @@ MODEL_PRESETS = {
     "GPT-3 5B": "gpt3-5b", "GPT-3 20B": "gpt3-20b", "Nemotron 8B": "nemotron3-8b", "Nemotron 22B": "nemotron3-22b",
     # NeMo AutoModel's "Qwen3 MoE 30B" is Qwen3-30B-A3B (its performance summary's model column)
     "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3 MoE 30B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
-    "Kimi K2": "kimi-k2",
+    "Kimi K2": "kimi-k2", "GPT-OSS 120B": "gpt-oss-120b", "GPT-OSS 20B": "gpt-oss-20b",
     **{f"MPT-{n}": f"mpt-{n}" for n in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")},
     # Megatron-LM's GPT family (Narayanan et al. 2021; validation/megatron_lm_2021.csv): "Megatron GPT 1.7B" ...
     **{f"Megatron GPT {_published_size(n)}": n for n in MEGATRON_GPT_2021_PRESETS},
@@ -62,7 +62,6 @@ UNMODELLED_ARCHITECTURES = (
     ("Nemotron-H", "hybrid Mamba-2 / attention layers (no Mamba layer is modelled)"),
     ("Nemotron 3 ", "hybrid Mamba-2 / attention layers with MoE (no Mamba layer is modelled)"),
     ("Nemotron V3", "hybrid Mamba-2 / attention layers with MoE (no Mamba layer is modelled)"),
-    ("GPT-OSS", "sliding-window attention (128 tokens) in every other layer and attention sinks are not modelled"),
     ("Llama 4", "MoE in every other layer and chunked attention are not modelled"),
     ("DeepSeek-V4", "its compressed sparse attention is not modelled"),
     ("nanotron", "the Ultra-Scale Playbook's sweep models, run on Hopper GPUs of an unstated SKU at an unstated "
@@ -210,6 +209,15 @@ RECIPE_RECOMPUTE = {
            ("Llama 3 70B", False, "LLAMA3_70B_*_GB300_FP8_MX_*: PP4 VP5", ""),
            ("Llama 3.1 405B", False, "LLAMA31_405B_*_GB300_*", ""))},
 }
+#: GPT-OSS 120B in BF16: Megatron-Bridge's GB300 and B300 configs (GPT_OSS_120B_*_{GB300,B300}_BF16_V1 / V2,
+#: checked at v0.2.0-v0.5.0) set no recompute modules and capture attention and the router in CUDA graphs
+GPT_OSS_RELEASES = ("NeMo 25.11",) + RECIPE_RELEASES[:-1]          # the BF16 rows' releases, 25.11-26.04.01
+RECIPE_RECOMPUTE.update({
+    (hw, "GPT-OSS 120B", rel, False): ("none", f"Megatron-Bridge's {hw} config (GPT_OSS_120B_*_{hw}_BF16_V1 / V2, "
+                                               f"v0.2.0-v0.5.0) runs without activation recomputation")
+    for hw in ("GB300", "B300") for rel in GPT_OSS_RELEASES})
+#: the precisions whose rows RECIPE_RECOMPUTE speaks for, per model (default: the FP8 ones)
+RECIPE_RECOMPUTE_PRECISIONS = {"GPT-OSS 120B": ("BF16",)}
 RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: Megatron-Bridge releases whose performance scripts have no FP8 delayed scaling: from v0.2.0 (NeMo 25.11)
 #: scripts/performance/argument_parser.py offers ``--compute_dtype {bf16,fp8_cs,fp8_mx,fp8_sc,nvfp4}``, and its
@@ -309,6 +317,11 @@ RECIPE_RECOMPUTE_MODULES = {
                                          "DEEPSEEK_V3_PRETRAIN_CONFIG_B300_V2 (v0.5.0: PP8, mbs 2)"),
     ("DeepSeek-V3 671B", "GB200", 4, 64): (("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01"), ("mla_up_proj",),
                                            "DEEPSEEK_V3_GB200 performance config"),
+    # GPT-OSS 120B in BF16 (configs/gpt_oss, v0.2.0-v0.5.0, V1 and V2 alike): recompute_modules=["layernorm",
+    # "moe_act"] on H100 (PP4 EP8), B200 (EP64, or EP8 from v0.4.0's V2) and GB200 (EP64)
+    **{("GPT-OSS 120B", hw, pp, ep): (GPT_OSS_RELEASES, ("layernorm", "moe_act"),
+                                      f"GPT_OSS_120B_*_{hw}_BF16 performance config (v0.2.0-v0.5.0)")
+       for hw, pp, ep in (("H100", 4, 8), ("B200", 1, 64), ("B200", 1, 8), ("GB200", 1, 64))},
 }
 
 
@@ -338,8 +351,9 @@ def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
     """(recompute, note) that a row's benchmark recipe or model config states where its table does not."""
     model = row.get("model")
     hw = hardware_class(row.get("hardware", ""))
-    if (RECIPE_FRAMEWORK in row.get("framework", "") and hw in ("GB200", "GB300")
-            and (row.get("precision") or "").strip() in ("FP8", "FP8-CS", "MXFP8", "FP8-MX")):
+    precisions = RECIPE_RECOMPUTE_PRECISIONS.get(model, ("FP8", "FP8-CS", "MXFP8", "FP8-MX"))
+    if (RECIPE_FRAMEWORK in row.get("framework", "") and hw in ("GB200", "GB300", "B300")
+            and (row.get("precision") or "").strip() in precisions):
         hit = RECIPE_RECOMPUTE.get((hw, model, (row.get("release") or "").strip(), fsdp))
         if hit:
             return hit

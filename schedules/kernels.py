@@ -843,7 +843,8 @@ def phase_kernels(model: ModelSpec, plan: ParallelPlan, layer: int | None, phase
     if part not in PARTS:
         raise PlanError(f"unknown kernel part {part!r}; known: {', '.join(PARTS)}")
     moe = layer is not None and model.is_moe_layer(layer)
-    window = model.attention_window(layer) if layer is not None else 0
+    # the attention's window: the routed experts' kernels are the same in every layer of a kind
+    window = model.attention_window(layer) if layer is not None and part != "experts" else 0
     rc = plan.layer_recompute(layer) if recompute else "none"
     return _cached(model, plan, moe, window, phase, part, round(load, 9), rc, stack, dtype)
 
@@ -858,7 +859,7 @@ def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: st
     rc = plan.layer_recompute(layer)
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
                 getattr(plan, "fp8_recipe", "delayed"))
-    w.window = model.attention_window(layer)
+    w.window = model.attention_window(layer) if part != "experts" else 0
     if part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, round(load, 9), rc, stack, dtype)
     return KernelList(f"{part} recompute ({rc})", w.out, stack, dtype)

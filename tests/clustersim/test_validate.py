@@ -55,7 +55,7 @@ def test_every_shared_row_is_copied_with_a_stable_id():
 
 
 def test_models_without_a_preset_say_what_is_not_modelled():
-    for model, why in (("GPT-OSS 120B", "sliding-window"), ("Nemotron 3 Super", "Mamba"),
+    for model, why in (("DeepSeek-V4 Flash", "compressed sparse attention"), ("Nemotron 3 Super", "Mamba"),
                        ("Llama 4 Maverick 400B", "chunked attention"), ("Nemotron-H 56B", "Mamba")):
         with pytest.raises(NotExpressible, match=why):
             row_experiment(_row(model=model), FIELDS)

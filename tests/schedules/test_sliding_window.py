@@ -83,6 +83,8 @@ def test_window_kernels_run_the_kept_pairs_and_eager_attention_all_of_them(stack
     windows = {k.window for k in phase_kernels(oss, p, 0, "forward") if k.kind == ATTENTION}
     assert windows == {128}
     assert "sliding-window (128)" in phase_kernels(oss, p, 0, "forward").label
+    # the routed experts' kernels do not depend on the attention: one list for both layer kinds
+    assert phase_kernels(oss, p, 0, "forward", part="experts") is phase_kernels(oss, p, 1, "forward", part="experts")
     # full recomputation re-runs the layer's own (windowed) forward
     rc = dataclasses.replace(p, recompute="full")
     assert att(0, "backward", rc) == pytest.approx(att(0, "backward") + att(0, "forward"), rel=1e-12)
