@@ -59,9 +59,9 @@ CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode":
            "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS, "fp8_recipe": FP8_RECIPES,
            "moe_dispatcher": MOE_DISPATCHERS}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers",
-                "sliding_window", "global_attention_every")
+                "sliding_window", "attention_chunk", "global_attention_every", "moe_layer_every")
 #: model fields that may be 0 (the others are positive)
-ZERO_OK_FIELDS = ("experts", "mtp_layers", "sliding_window", "global_attention_every")
+ZERO_OK_FIELDS = ("experts", "mtp_layers", "sliding_window", "attention_chunk", "global_attention_every")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
 
 
@@ -293,13 +293,18 @@ def simulate_options(f: Callable) -> Callable:
                      "and loss on the last pipeline stage."),
         click.option("--sliding-window", type=int, help="Sliding-window attention: keys each query attends to "
                      "(Mistral 7B v0.1: 4096, GPT-OSS: 128; 0: none). The fused kernel skips the tiles outside it."),
-        click.option("--global-attention-every", type=int, help="With --sliding-window: every N-th layer attends to "
-                     "the whole sequence (GPT-OSS: 2, Gemma 3: 6; 0, the default: every layer slides)."),
+        click.option("--attention-chunk", type=int, help="Chunked attention (Llama 4: 8192): each query attends "
+                     "causally within its chunk of this many tokens (0: none)."),
+        click.option("--global-attention-every", type=int, help="With --sliding-window or --attention-chunk: every "
+                     "N-th layer attends to the whole sequence (GPT-OSS: 2, Gemma 3: 6, Llama 4: 4; 0, the default: "
+                     "every layer attends locally)."),
+        click.option("--moe-layer-every", type=int, help="MoE model: every N-th layer has routed experts, the others "
+                     "a dense MLP of width --ffn (Llama 4 Maverick: 2; default 1: every layer)."),
         click.option("--gated-mlp/--no-gated-mlp", default=None,
                      help="SwiGLU MLP with 3 matrices (Llama) or a 2-matrix GELU MLP (GPT, the custom default)."),
         click.option("--tied-embeddings/--untied-embeddings", default=None, help="LM head shares the embedding."),
         click.option("--model-config", type=click.Path(dir_okay=False),
-                     help="Hugging Face config.json (Llama, Mistral, Mixtral, Qwen, DeepSeek V2/V3)."),
+                     help="Hugging Face config.json (Llama, Mistral, Mixtral, Qwen, DeepSeek V2/V3, GPT-OSS, Llama 4)."),
         click.option("--tp", type=int, help="Tensor-parallel degree."),
         click.option("--pp", type=int, help="Pipeline-parallel degree (stages)."),
         click.option("--dp", type=int, help="Data-parallel degree (default: GPUs / (tp·pp·cp))."),
@@ -394,7 +399,8 @@ def simulate_options(f: Callable) -> Callable:
 
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
-               "experts", "top_k", "mtp_layers", "sliding_window", "global_attention_every", "moe_dispatcher", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
+               "experts", "top_k", "mtp_layers", "sliding_window", "attention_chunk", "global_attention_every",
+               "moe_layer_every", "moe_dispatcher", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "recompute_modules", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",

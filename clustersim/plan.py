@@ -30,7 +30,7 @@ from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
 SHAPE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers",
-               "sliding_window", "global_attention_every")
+               "sliding_window", "attention_chunk", "global_attention_every", "moe_layer_every")
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -50,8 +50,13 @@ def model_options(f):
                      help="Multi-token-prediction modules on the last stage (DeepSeek-V3: 1; 0 turns them off)."),
         click.option("--sliding-window", type=int, default=None,
                      help="Sliding-window attention: keys each query attends to (GPT-OSS: 128; 0: none)."),
+        click.option("--attention-chunk", type=int, default=None,
+                     help="Chunked attention: each query attends causally within its chunk (Llama 4: 8192; 0: none)."),
         click.option("--global-attention-every", type=int, default=None,
-                     help="With --sliding-window: every N-th layer attends to the whole sequence (GPT-OSS: 2)."),
+                     help="With --sliding-window or --attention-chunk: every N-th layer attends to the whole "
+                          "sequence (GPT-OSS: 2, Llama 4: 4)."),
+        click.option("--moe-layer-every", type=int, default=None,
+                     help="MoE model: every N-th layer has routed experts (Llama 4 Maverick: 2; default 1)."),
         click.option("--params", type=float, default=None,
                      help="Model given by its parameter count only (e.g. 7.5e9): memory questions only."),
     ]

@@ -72,7 +72,7 @@ class Unit:
     recompute: str = "none"          # this layer's recomputation (``ParallelPlan.layer_recompute``)
     f_rec: float = 0.0               # op recompute: FLOPs of the GEMMs recomputed before backward
     transient_b: float | None = None   # head: what its backward holds while the loss's gradient runs (None: transient)
-    window: int = 0                  # the layer's sliding attention window (ModelSpec.attention_window; 0: none)
+    local: tuple = ("", 0)           # the layer's local attention (ModelSpec.local_attention; ("", 0): global)
 
 
 @dataclass
@@ -127,8 +127,8 @@ class _StageBuilder:
             for l in layers:
                 moe = m.is_moe_layer(l)
                 rc = p.layer_recompute(l)
-                window = m.attention_window(l)
-                key = (moe, rc, window)
+                local = m.local_attention(l)
+                key = (moe, rc, local)
                 u = cache.get(key)
                 if u is None:
                     lf = m.layer_flops(l, p.seq, p.micro_batch)
@@ -137,10 +137,10 @@ class _StageBuilder:
                              lf.experts * self.load / div, mem.layer_activation_bytes(m, p, l),
                              mem.weight_grad_fraction(m, p, l), mem.backward_transient_bytes(m, p, l), moe,
                              recompute=rc, f_rec=recompute_flops(m, p, l) if rc == "op" else
-                             selective_extra_flops(m, p, l) if rc == "selective" else 0.0, window=window)
+                             selective_extra_flops(m, p, l) if rc == "selective" else 0.0, local=local)
                     cache[key] = u
                 units.append(Unit(mem.layer_name(m, l), l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
-                                  u.w_frac, u.transient, u.moe, recompute=u.recompute, f_rec=u.f_rec, window=u.window))
+                                  u.w_frac, u.transient, u.moe, recompute=u.recompute, f_rec=u.f_rec, local=u.local))
             if vs == self.nv - 1:
                 head = mem.head_unit_params(m, p, self.s)        # + final norm, MTP projections
                 act, act_w = mem.head_activation_bytes(m, p)
@@ -416,7 +416,7 @@ class _StageBuilder:
         recipe's ops with their own names, labels and dependencies (the same ops, written faster)."""
         back_grads = a.phase in ("B", "W") and self.zero >= 2 and (
             self.zero == 2 or self.p.pp == 1 or self.first_grad_action[a.chunk] == self.cur_action)
-        key = (u.kind, u.moe, u.window, u.recompute, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp,
+        key = (u.kind, u.moe, u.local, u.recompute, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp,
                u.act, u.w_frac, u.transient, u.f_rec, a.phase, released, back_grads)
         ops, refs = self.t.ops, self.t.refs
         start = len(ops)
@@ -743,7 +743,7 @@ class _StageBuilder:
 
     def _kernels(self, u: Unit, phase: str, item: str):
         """The shared KernelList of a compute op of unit ``u`` (schedules.kernels), cached per shape."""
-        key = (u.kind, u.moe, u.window, u.recompute, phase, item)
+        key = (u.kind, u.moe, u.local, u.recompute, phase, item)
         kl = self.kernel_lists.get(key)
         if kl is None:
             m, p, ph = self.m, self.p, PHASE[phase]

@@ -61,7 +61,7 @@ from __future__ import annotations
 import dataclasses
 from functools import lru_cache
 
-from schedules.models import ModelSpec, causal_window_fraction
+from schedules.models import GLOBAL_ATTENTION, ModelSpec, causal_window_fraction
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 from simulator.errors import PlanError
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
@@ -330,7 +330,7 @@ class _Writer:
         self.amax_read = self.current_scaling or (self.fp8 and stack in TORCHAO_FP8_STACKS)
         # bytes per element a cast moves: read the input, write row- and column-wise FP8 (+ MXFP8 block scales)
         self.cast_bytes = self.a + 2 + (2 / MX_BLOCK if self.mxfp8 else 0.0)
-        self.window = 0         # the layer's sliding window (ModelSpec.attention_window; 0: none)
+        self.local = GLOBAL_ATTENTION     # the layer's local attention (ModelSpec.local_attention)
         self.out: list[Kernel] = []
 
     def gemm(self, name: str, m: float, n: float, k: float, batch: float = 1, fp8_ok: bool = True) -> None:
@@ -632,14 +632,28 @@ def repeat_kv_bytes(tokens: float, heads: float, kv_heads: float, d_head: float,
 
 
 def _core_kernel(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str, d_qk: float, d_v: float) -> None:
-    # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block); a sliding-window
-    # layer's fused kernel skips the tiles outside its window, an eager one computes every score and masks them
+    # causal over this rank's s = seq/cp queries and keys (under CP: the ring's diagonal block); a layer of local
+    # attention runs its fused kernel on what it keeps (_flash), an eager one computes every score and masks them
     if p.attention == "eager":
         _eager_core(w, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, _has_dropout(m))
     elif w.unpad:
         _varlen_core(w, sh, pass_, d_qk, d_v)
     else:
-        w.attention("flash attention " + pass_, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, window=w.window)
+        _flash(w, "flash attention " + pass_, pass_, sh, d_qk, d_v)
+
+
+def _flash(w: _Writer, name: str, pass_: str, sh: _Shape, d_qk: float, d_v: float) -> None:
+    """The fused causal attention kernel of one layer over this rank's s queries and keys: a sliding window's
+    kernel skips the tiles outside the window (``Kernel.window``); chunked attention (Llama 4) is causal
+    attention within each chunk, a kernel over the b·s/c chunks of c tokens (and the shorter last one)."""
+    kind, n = w.local
+    if kind == "chunked" and n < sh.s:
+        full, rest = divmod(int(sh.s), n)
+        w.attention(name, pass_, sh.b * full, n, n, sh.heads, d_qk, d_v, True)
+        if rest:
+            w.attention(name + " (last chunk)", pass_, sh.b, rest, rest, sh.heads, d_qk, d_v, True)
+        return
+    w.attention(name, pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, window=n if kind == "sliding" else 0)
 
 
 def _varlen_core(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float) -> None:
@@ -656,11 +670,11 @@ def _varlen_core(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float) ->
     o = sh.T * sh.heads * d_v
     if pass_ == "fwd":
         w.ew("unpad q, k, v (flash-attn varlen)", 2 * w.a * (q + k + v))
-        w.attention("flash attention fwd", pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, window=w.window)
+        _flash(w, "flash attention fwd", pass_, sh, d_qk, d_v)
         w.ew("pad attention output", 3 * w.a * o)
         return
     w.ew("pad attention output bwd", 2 * w.a * o)
-    w.attention("flash attention bwd", pass_, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, True, window=w.window)
+    _flash(w, "flash attention bwd", pass_, sh, d_qk, d_v)
     w.ew("unpad q, k, v bwd", 3 * w.a * (q + k + v))
 
 
@@ -843,10 +857,10 @@ def phase_kernels(model: ModelSpec, plan: ParallelPlan, layer: int | None, phase
     if part not in PARTS:
         raise PlanError(f"unknown kernel part {part!r}; known: {', '.join(PARTS)}")
     moe = layer is not None and model.is_moe_layer(layer)
-    # the attention's window: the routed experts' kernels are the same in every layer of a kind
-    window = model.attention_window(layer) if layer is not None and part != "experts" else 0
+    # the layer's attention: the routed experts' kernels are the same in every layer of a kind
+    local = model.local_attention(layer) if layer is not None and part != "experts" else GLOBAL_ATTENTION
     rc = plan.layer_recompute(layer) if recompute else "none"
-    return _cached(model, plan, moe, window, phase, part, round(load, 9), rc, stack, dtype)
+    return _cached(model, plan, moe, local, phase, part, round(load, 9), rc, stack, dtype)
 
 
 def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: str = "layer",
@@ -859,7 +873,7 @@ def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: st
     rc = plan.layer_recompute(layer)
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
                 getattr(plan, "fp8_recipe", "delayed"))
-    w.window = model.attention_window(layer) if part != "experts" else 0
+    w.local = model.local_attention(layer) if part != "experts" else GLOBAL_ATTENTION
     if part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, round(load, 9), rc, stack, dtype)
     return KernelList(f"{part} recompute ({rc})", w.out, stack, dtype)
@@ -895,13 +909,13 @@ def op_policy(model: ModelSpec, kernels) -> tuple[list[Kernel], list[Kernel]]:
 
 
 def _recompute(w: _Writer, model, plan, moe, part, load, rc, stack, dtype) -> None:
-    """Append the recomputation of one layer part (mode ``rc``) to ``w`` (a layer of ``w.window``)."""
+    """Append the recomputation of one layer part (mode ``rc``) to ``w`` (a layer of ``w.local`` attention)."""
     if rc == "full":
-        w.out.extend(_cached(model, plan, moe, w.window, FORWARD, part, load, "none", stack, dtype).kernels)
+        w.out.extend(_cached(model, plan, moe, w.local, FORWARD, part, load, "none", stack, dtype).kernels)
     elif rc == "selective":
         _recompute_modules(w, model, plan, moe, part, load)
     elif rc == "op":
-        w.out.extend(op_policy(model, _cached(model, plan, moe, w.window, FORWARD, part, load, "none", stack,
+        w.out.extend(op_policy(model, _cached(model, plan, moe, w.local, FORWARD, part, load, "none", stack,
                                               dtype))[1])
 
 
@@ -957,11 +971,11 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
 
 
 @lru_cache(maxsize=4096)
-def _cached(model, plan, moe, window, phase, part, load, rc, stack, dtype) -> KernelList:
-    """The kernels of one op of a layer kind: MoE or dense, its sliding window (0: none)."""
+def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype) -> KernelList:
+    """The kernels of one op of a layer kind: MoE or dense, its local attention (``ModelSpec.local_attention``)."""
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
                 getattr(plan, "fp8_recipe", "delayed"))
-    w.window = window
+    w.local = local
     sh = _Shape(model, plan)
     if phase in (BACKWARD, BACKWARD_INPUT) and part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, load, rc, stack, dtype)
@@ -1013,6 +1027,7 @@ def _cached(model, plan, moe, window, phase, part, load, rc, stack, dtype) -> Ke
         w.ew("fp8 amax/scale update", 0.0)
     if getattr(plan, "tp_comm_overlap", False) and plan.tp > 1 and part in ("layer", "attention"):
         w.out = _ub_overlap(w.out, dtype, plan.tp)
-    kind = f"{'moe' if moe else 'dense'}{f' sliding-window ({window})' if window else ''}"
+    attention = {"sliding": " sliding-window", "chunked": " chunked"}.get(local[0], "")
+    kind = f"{'moe' if moe else 'dense'}{f'{attention} ({local[1]})' if local[0] else ''}"
     label = f"{kind} {part} {phase}" if part in ("layer", "attention", "experts") else f"{part} {phase}"
     return KernelList(label, w.out, stack, dtype)

@@ -6,8 +6,9 @@ FLOPs conventions (FLOPs = floating-point operations, a multiply-add counts 2):
 - Attention's quadratic term (Q·Kᵀ and scores·V) costs 4·b·s²·(heads·head_dim) forward, twice that for B
   (no weights, so W = 0). It is counted over the full s×s score matrix, as in Megatron-LM's and PaLM's MFU
   formulas (Narayanan et al. 2021, eq. 3; Chowdhery et al. 2022, app. B), not halved for the causal mask.
-  A sliding-window layer counts the share of that square its window keeps of the causal (query, key) pairs
-  (``causal_window_fraction``): w·s − w(w−1)/2 of s(s+1)/2 for a window of w < s keys.
+  A layer of local attention counts the share of that square it keeps of the causal (query, key) pairs
+  (``local_attention_fraction``): a sliding window of w < s keys w·s − w(w−1)/2 of s(s+1)/2, chunks of c < s
+  tokens (Llama 4: causal within each chunk) (c+1)/(s+1) where c divides s.
 - MoE: router 2·h·E per token; each token visits top_k routed experts (plus the shared experts).
 - Embedding lookups cost no FLOPs; the LM head is a linear layer of V·h weights.
 Element-wise work (norms, activations, softmax) is not counted in FLOPs.
@@ -96,8 +97,14 @@ class ModelSpec:
                   have it, gated Llama-style ones do not)
     sliding_window  keys each query attends to in a sliding-window layer, itself included (Mistral 7B v0.1:
                   4096, GPT-OSS: 128); 0 = every layer attends causally to the whole sequence
-    global_attention_every  with sliding_window: every n-th layer (layers n-1, 2n-1, ...) attends to the whole
-                  sequence and the others slide (GPT-OSS: 2, Gemma 3: 6); 0 = every layer slides (Mistral)
+    attention_chunk  chunked attention: each query attends causally within its chunk of this many tokens
+                  (Llama 4: 8192); 0 = none (at most one of sliding_window and attention_chunk)
+    global_attention_every  with sliding_window or attention_chunk: every n-th layer (layers n-1, 2n-1, ...)
+                  attends to the whole sequence, the others locally (GPT-OSS: 2, Gemma 3: 6, Llama 4: 4);
+                  0 = every layer attends locally (Mistral)
+    moe_layer_every  in an MoE model, every n-th layer (layers n-1, 2n-1, ... from first_dense_layers on)
+                  has routed experts, the others a dense MLP of width ffn (Llama 4 Maverick: 2; Hugging Face
+                  interleave_moe_layer_step / decoder_sparse_step); 1 = every layer
     attention_sinks  a learned logit per head that joins every softmax row (GPT-OSS): ``heads`` parameters
                   per layer; the kernel's extra column is not priced
     mtp_layers    multi-token-prediction modules (DeepSeek-V3: 1; config.json ``num_nextn_predict_layers``).
@@ -138,7 +145,9 @@ class ModelSpec:
     dropout: bool | None = None
     mtp_layers: int = 0
     sliding_window: int = 0
+    attention_chunk: int = 0
     global_attention_every: int = 0
+    moe_layer_every: int = 1
     attention_sinks: bool = False
 
     def __post_init__(self):
@@ -147,13 +156,13 @@ class ModelSpec:
             if not isinstance(tp, (int, float)) or isinstance(tp, bool) or not math.isfinite(tp) or tp <= 0:
                 raise ConfigError(f"model {self.name}: parameter count must be positive, got {self.total_params}")
             return
-        for f in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "top_k", "dtype_bytes"):
+        for f in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "top_k", "dtype_bytes", "moe_layer_every"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
         for f in ("experts", "shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim",
                   "v_head_dim", "mtp_layers", "router_groups", "router_group_topk", "sliding_window",
-                  "global_attention_every"):
+                  "attention_chunk", "global_attention_every"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"model {self.name}: {f} must be a non-negative integer, got {v!r}")
@@ -169,9 +178,13 @@ class ModelSpec:
                                                                 "attention_sinks")):
             raise ConfigError(f"model {self.name}: gated_mlp, tied_embeddings, attention_bias and attention_sinks "
                               f"must be true or false")
-        if self.global_attention_every and not self.sliding_window:
+        if self.sliding_window and self.attention_chunk:
+            raise ConfigError(f"model {self.name}: sliding_window and attention_chunk are two kinds of local "
+                              f"attention; give one")
+        if self.global_attention_every and not (self.sliding_window or self.attention_chunk):
             raise ConfigError(f"model {self.name}: global_attention_every {self.global_attention_every} needs a "
-                              f"sliding_window (the layers between the global ones slide)")
+                              f"sliding_window or an attention_chunk (the layers between the global ones attend "
+                              f"locally)")
         if self.position_embedding not in POSITION_EMBEDDINGS:
             raise ConfigError(f"model {self.name}: position_embedding must be one of {', '.join(POSITION_EMBEDDINGS)},"
                               f" got {self.position_embedding!r}")
@@ -222,15 +235,24 @@ class ModelSpec:
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` has routed experts (an MTP module's layer, index >= layers, is of the last
         layer's kind)."""
-        return self.is_moe and min(layer, self.layers - 1) >= self.first_dense_layers
+        i = min(layer, self.layers - 1)
+        return self.is_moe and i >= self.first_dense_layers and (i + 1) % self.moe_layer_every == 0
+
+    def local_attention(self, layer: int) -> tuple[str, int]:
+        """Layer ``layer``'s attention: ("sliding", w) for a sliding window of w keys, ("chunked", c) for causal
+        attention within chunks of c tokens, ("", 0) where it attends causally to the whole sequence (an MTP
+        module's layer, index >= layers, is of the last layer's kind)."""
+        if not (self.sliding_window or self.attention_chunk):
+            return GLOBAL_ATTENTION
+        n = self.global_attention_every
+        if n and (min(layer, self.layers - 1) + 1) % n == 0:
+            return GLOBAL_ATTENTION
+        return ("sliding", self.sliding_window) if self.sliding_window else ("chunked", self.attention_chunk)
 
     def attention_window(self, layer: int) -> int:
-        """Keys per query of layer ``layer``'s attention: its sliding window, or 0 where it attends causally to
-        the whole sequence (an MTP module's layer, index >= layers, is of the last layer's kind)."""
-        if not self.sliding_window:
-            return 0
-        n = self.global_attention_every
-        return 0 if n and (min(layer, self.layers - 1) + 1) % n == 0 else self.sliding_window
+        """Keys per query of layer ``layer``'s sliding window; 0 where it has none."""
+        kind, n = self.local_attention(layer)
+        return n if kind == "sliding" else 0
 
     # ------------------------------------------------------------------ parameters
     def _mlp_params(self, width: int) -> int:
@@ -318,7 +340,7 @@ class ModelSpec:
             core = 2.0 * micro_batch * seq * seq * self.heads * (self.d_head + self.qk_rope_dim + self.v_head_dim)
         else:
             core = 4.0 * micro_batch * seq * seq * self.heads * self.d_head
-        core *= causal_window_fraction(seq, self.attention_window(layer))
+        core *= local_attention_fraction(seq, self.local_attention(layer))
         if self.is_moe_layer(layer):
             router = 2.0 * t * h * self.experts
             experts = 2.0 * t * self.top_k * self.expert_params()
@@ -342,6 +364,9 @@ class ModelSpec:
         return dataclasses.asdict(self)
 
 
+GLOBAL_ATTENTION = ("", 0)      # ModelSpec.local_attention of a layer attending to the whole sequence
+
+
 def causal_window_fraction(seq: float, window: int) -> float:
     """The share of a causal attention's (query, key) pairs a sliding window of ``window`` keys (itself
     included) keeps over ``seq`` tokens: (w·s − w(w−1)/2) / (s(s+1)/2); 1 without a window or where it spans
@@ -350,6 +375,27 @@ def causal_window_fraction(seq: float, window: int) -> float:
     if not window or w >= s:
         return 1.0
     return (w * s - w * (w - 1) / 2) / (s * (s + 1) / 2)
+
+
+def causal_chunk_fraction(seq: int, chunk: int) -> float:
+    """The share of a causal attention's (query, key) pairs that attention within chunks of ``chunk`` tokens
+    keeps over ``seq`` tokens (each chunk causal on its own; the last one may be shorter); 1 without chunks or
+    where one chunk spans the sequence."""
+    s, c = int(seq), int(chunk)
+    if not c or c >= s:
+        return 1.0
+    full, rest = divmod(s, c)
+    return (full * c * (c + 1) / 2 + rest * (rest + 1) / 2) / (s * (s + 1) / 2)
+
+
+def local_attention_fraction(seq: int, local: tuple[str, int]) -> float:
+    """The share of the causal pairs a layer's attention keeps (``ModelSpec.local_attention``)."""
+    kind, n = local
+    if kind == "sliding":
+        return causal_window_fraction(seq, n)
+    if kind == "chunked":
+        return causal_chunk_fraction(seq, n)
+    return 1.0
 
 
 def model_flops_per_step(model: ModelSpec, seq: int, global_batch: int) -> float:
@@ -482,6 +528,15 @@ _PRESETS: dict[str, ModelSpec] = {
     "gpt-oss-20b": ModelSpec("gpt-oss-20b", layers=24, hidden=2880, ffn=2880, heads=64, kv_heads=8, head_dim=64,
                              vocab=201088, experts=32, top_k=4, attention_bias=True, attention_sinks=True,
                              sliding_window=128, global_attention_every=2),
+    # Llama 4 Maverick (meta-llama/Llama-4-Maverick-17B-128E config.json, text_config; Meta's model card: 400 B
+    # total, 17 B active): 48 layers, 5120 wide, 40 query / 8 KV heads of 128, every other layer MoE
+    # (interleave_moe_layer_step 2: layers 1, 3, ...) with 128 routed experts top-1 and one shared expert, 8192
+    # wide, the others a dense SwiGLU MLP 16384 wide (intermediate_size_mlp); chunked attention over 8192-token
+    # chunks except every fourth layer (no_rope_layers: those attend globally, without RoPE); vocab 202,048,
+    # untied. Not modelled: the QK L2-norm of its RoPE layers (one small elementwise pass).
+    "llama4-maverick": ModelSpec("llama4-maverick", layers=48, hidden=5120, ffn=16384, heads=40, kv_heads=8,
+                                 head_dim=128, vocab=202048, experts=128, top_k=1, moe_ffn=8192, shared_experts=1,
+                                 moe_layer_every=2, attention_chunk=8192, global_attention_every=4),
     # Small models for tests and quick experiments.
     "tiny": ModelSpec("tiny", layers=4, hidden=256, ffn=1024, heads=8, kv_heads=8, vocab=1024, gated_mlp=False),
     "tiny-moe": ModelSpec("tiny-moe", layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024,
@@ -547,7 +602,7 @@ def load_model_file(path: str | Path) -> ModelSpec:
 # Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig, DeepseekV2Config, DeepseekV3Config, GptOssConfig). All
 # of them use a gated (SwiGLU) MLP, and all default tie_word_embeddings to false and num_key_value_heads to the heads.
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-                  "deepseek_v3", "gpt_oss")
+                  "deepseek_v3", "gpt_oss", "llama4", "llama4_text")
 
 
 def _global_attention_every(layer_types, layers: int, where: str) -> int:
@@ -583,6 +638,11 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
             raise ConfigError(f"model config {p}: expected a JSON object")
         name = name or (p.parent.name if p.name == "config.json" and p.parent.name else p.stem)
     mtype = cfg.get("model_type")
+    if mtype == "llama4":           # Llama4ForConditionalGeneration: the language model's config is text_config
+        cfg = cfg.get("text_config")
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{where}: a llama4 config.json needs its text_config")
+        mtype = cfg.get("model_type", "llama4_text")
     if mtype not in HF_MODEL_TYPES:
         raise ConfigError(f"{where}: model_type {mtype!r} is not supported; known: {', '.join(HF_MODEL_TYPES)}")
 
@@ -625,15 +685,32 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
     elif window is not None:
         kw.update(sliding_window=count("sliding_window", lo=1),
                   global_attention_every=_global_attention_every(key("layer_types"), n_layers, where))
+    if mtype == "llama4_text":
+        # every fourth layer (no_rope_layers 0: NoPE) attends globally, the others within their chunk
+        nope = key("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n_layers)]
+        if not isinstance(nope, list) or len(nope) != n_layers:
+            raise ConfigError(f"{where}: no_rope_layers must give 0 or 1 for each of the {n_layers} layers")
+        kw.update(ffn=key("intermediate_size_mlp", required=True), experts=key("num_local_experts", required=True),
+                  top_k=key("num_experts_per_tok", 1), moe_ffn=key("intermediate_size", required=True),
+                  shared_experts=1, moe_layer_every=count("interleave_moe_layer_step", 1, lo=1))
+        if key("moe_layers") is not None and key("moe_layers") != list(range(kw["moe_layer_every"] - 1, n_layers,
+                                                                             kw["moe_layer_every"])):
+            raise ConfigError(f"{where}: moe_layers other than every interleave_moe_layer_step-th layer are not "
+                              f"modelled")
+        if key("attention_chunk_size") is not None:
+            kw.update(attention_chunk=count("attention_chunk_size", lo=1),
+                      global_attention_every=_global_attention_every(
+                          ["full_attention" if not r else "sliding_attention" for r in nope], n_layers, where))
     if mtype == "gpt_oss":
         kw.update(experts=key("num_local_experts", required=True),
                   top_k=key("num_experts_per_tok") or key("experts_per_token", required=True), attention_sinks=True)
     if mtype == "mixtral":
         kw.update(experts=key("num_local_experts", required=True), top_k=key("num_experts_per_tok", 2))
     elif mtype in ("qwen2_moe", "qwen3_moe"):
-        if key("decoder_sparse_step", 1) != 1 or key("mlp_only_layers"):
-            raise ConfigError(f"{where}: MoE layers interleaved with dense ones (decoder_sparse_step / "
-                              f"mlp_only_layers) are not modelled; only leading dense layers are")
+        if key("mlp_only_layers"):
+            raise ConfigError(f"{where}: dense layers listed by mlp_only_layers are not modelled; only leading dense "
+                              f"layers and every decoder_sparse_step-th layer MoE are")
+        kw["moe_layer_every"] = count("decoder_sparse_step", 1, lo=1)
         moe = count("moe_intermediate_size", required=True, lo=1)
         shared = count("shared_expert_intermediate_size", 0) if key("shared_expert_intermediate_size") is not None else 0
         if shared % moe:
