@@ -52,6 +52,7 @@ MODEL_PRESETS = {
     # NeMo AutoModel's "Qwen3 MoE 30B" is Qwen3-30B-A3B (its performance summary's model column)
     "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3 MoE 30B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
     "Kimi K2": "kimi-k2", "GPT-OSS 120B": "gpt-oss-120b", "GPT-OSS 20B": "gpt-oss-20b",
+    "Llama 4 Maverick 400B": "llama4-maverick",
     **{f"MPT-{n}": f"mpt-{n}" for n in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")},
     # Megatron-LM's GPT family (Narayanan et al. 2021; validation/megatron_lm_2021.csv): "Megatron GPT 1.7B" ...
     **{f"Megatron GPT {_published_size(n)}": n for n in MEGATRON_GPT_2021_PRESETS},
@@ -62,7 +63,6 @@ UNMODELLED_ARCHITECTURES = (
     ("Nemotron-H", "hybrid Mamba-2 / attention layers (no Mamba layer is modelled)"),
     ("Nemotron 3 ", "hybrid Mamba-2 / attention layers with MoE (no Mamba layer is modelled)"),
     ("Nemotron V3", "hybrid Mamba-2 / attention layers with MoE (no Mamba layer is modelled)"),
-    ("Llama 4", "MoE in every other layer and chunked attention are not modelled"),
     ("DeepSeek-V4", "its compressed sparse attention is not modelled"),
     ("nanotron", "the Ultra-Scale Playbook's sweep models, run on Hopper GPUs of an unstated SKU at an unstated "
                  "precision"),
@@ -177,6 +177,16 @@ LAUNCH_SCRIPT_ATTENTION = {(m, LLM_FOUNDRY_LARGE_SCALE): "flash2" for m in ("MPT
 #: (nemotron/launch.sh at 741c886 and 85380ff: ``MODEL_SIZE = 340b ... VP=12``, passed as ``-vp $VP``)
 LAUNCH_SCRIPT_VP = {("Nemotron-4 340B", "741c886025a7665a1d690c05ff12ac29c1be7252"): 12,
                     ("Nemotron-4 340B", "85380ffe02eac74e1d07e556b28cdcf7cce2d2f0"): 12}
+
+#: a layer count a README states and a later revision of it corrects, with the same measured numbers: (model,
+#: commit of the source document) -> (layers, note). dgxc-benchmarking v25.05 (68eaf7e) llama4/README.md lists
+#: Llama 4 Maverick with 32 layers; v25.05.01 (60d6fd3) lists the same runs (same step times) with 48, the
+#: model's own; its launch.sh sets no layer count, and GB200's PP2 x VP12 needs a multiple of 24 layers
+CORRECTED_LAYERS = {
+    ("Llama 4 Maverick 400B", "68eaf7e117bf16cb018861ce101e8f80925f74d8"):
+        (48, "48 layers: the benchmark's v25.05.01 README corrects this revision's 32 for the same measured runs "
+             "(its launch.sh sets no layer count; PP2 x VP12 needs a multiple of 24)"),
+}
 
 
 #: activation checkpointing a benchmark's recipe states where its published table does not: Megatron-Bridge
@@ -532,6 +542,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
                      f"(Megatron-Bridge's {hw} recipes: 64 GPUs in one NVLink domain)")
     base = get_model(preset)
     layers = _int(row, "num_layers")
+    corrected = CORRECTED_LAYERS.get((row.get("model"), _commit_of(row.get("source", ""))))
+    if corrected:
+        layers = corrected[0]
+        notes.append(corrected[1])
     kw["model"] = preset if layers in (None, base.layers) else {"base": preset, "layers": layers}
     if layers not in (None, base.layers):
         notes.append(f"proxy config with {layers} layers")

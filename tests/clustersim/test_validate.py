@@ -56,7 +56,7 @@ def test_every_shared_row_is_copied_with_a_stable_id():
 
 def test_models_without_a_preset_say_what_is_not_modelled():
     for model, why in (("DeepSeek-V4 Flash", "compressed sparse attention"), ("Nemotron 3 Super", "Mamba"),
-                       ("Llama 4 Maverick 400B", "chunked attention"), ("Nemotron-H 56B", "Mamba")):
+                       ("Nemotron 3 Nano", "Mamba"), ("Nemotron-H 56B", "Mamba")):
         with pytest.raises(NotExpressible, match=why):
             row_experiment(_row(model=model), FIELDS)
 
@@ -582,3 +582,15 @@ def test_dgxc_nemo_fp8_rows_keep_the_fp8_parameters_their_configs_state():
                   dict(framework="MaxText (JAX)")):
         row = _row(**{**kw, "source": src.format("35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae"), **other})
         assert "fp8_param_gather" not in row_experiment(row, fields)[0]
+
+
+def test_a_layer_count_a_later_readme_corrects_is_taken_corrected():
+    """dgxc-benchmarking v25.05 lists Llama 4 Maverick's runs with 32 layers, v25.05.01 the same measured runs with
+    48 (the model's): both rows run the 48-layer model, and the row says why."""
+    rows = {r["id"]: r for r in load_runs()}
+    old, new = rows["785"], rows["791"]
+    assert (old["num_layers"], new["num_layers"], old["step_time_s"]) == ("32", "48", new["step_time_s"])
+    exp_old, notes = row_experiment(old, FIELDS)
+    exp_new, _ = row_experiment(new, FIELDS)
+    assert exp_old["model"] == exp_new["model"] == "llama4-maverick"
+    assert any("corrects this revision's 32" in n for n in notes)
