@@ -497,6 +497,8 @@ def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phas
     if not back:
         _norm(w, "input norm", sh.rows, h, False, True)
         _attention_linears(w, m, sh, FORWARD, part="in")
+        if m.qk_norm:
+            _norm(w, "q, k norm", T * (sh.heads + sh.kv), sh.d, False, False)
         if m.position_embedding == "rope":
             _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
         _core(w, m, p, sh, "fwd")
@@ -509,6 +511,8 @@ def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phas
         _core(w, m, p, sh, "bwd")
         if m.position_embedding == "rope":
             _rotary(w, T, (sh.heads + sh.kv) * (m.qk_rope_dim if m.is_mla else sh.d))
+        if m.qk_norm:
+            _norm(w, "q, k norm", T * (sh.heads + sh.kv), sh.d, True, False)
         _attention_linears(w, m, sh, phase, part="in")
         _norm(w, "input norm", sh.rows, h, True, True)
 

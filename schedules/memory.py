@@ -243,6 +243,12 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
         for lat in ((model.q_lora_rank,) if model.q_lora_rank else ()) + (model.kv_lora_rank + model.qk_rope_dim,):
             out += [Saved("latent norm input", e * tok * lat, "sp", "B"),
                     Saved("latent norm output", e * tok * lat, "sp", "W")]
+    if model.qk_norm:         # each head's RMSNorm (Qwen3) keeps its input, the Q and K heads out of the QKV GEMM
+        qk = tok * (a + max(model.kv_heads, plan.tp)) * dqk      # (TP keeps at least one K head per rank)
+        out.append(Saved("q, k norm input", e * qk, "tp", "B"))
+        if eager:
+            out += [Saved("q, k norm fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * qk, "tp", "B"),
+                    Saved("q, k norm unweighted output (eager RMSNorm)", e * qk, "tp", "B")]
     out += [Saved("q (rotated)", e * tok * a * dqk, "tp", "B", up),
             Saved("k, v" if kvh == model.kv_heads or model.is_mla else "k, v (expanded by repeat_kv)",
                   e * tok * kvh * (dqk + dv), "tp", "B", up),

@@ -107,6 +107,8 @@ class ModelSpec:
                   interleave_moe_layer_step / decoder_sparse_step); 1 = every layer
     attention_sinks  a learned logit per head that joins every softmax row (GPT-OSS): ``heads`` parameters
                   per layer; the kernel's extra column is not priced
+    qk_norm       an RMSNorm over each query and key head before rotary (Qwen3: q_norm, k_norm): 2·head_dim
+                  parameters per layer, a norm kernel over Q and K each way
     mtp_layers    multi-token-prediction modules (DeepSeek-V3: 1; config.json ``num_nextn_predict_layers``).
                   Module k predicts token i+k+1: it normalises the previous depth's hidden state and the
                   embedding of token i+k (enorm, hnorm), projects their concatenation (eh_proj, 2h -> h), runs
@@ -149,6 +151,7 @@ class ModelSpec:
     global_attention_every: int = 0
     moe_layer_every: int = 1
     attention_sinks: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self):
         if self.total_params is not None:
@@ -175,9 +178,9 @@ class ModelSpec:
                                or cf <= 0):
             raise ConfigError(f"model {self.name}: capacity_factor must be a positive number or unset, got {cf!r}")
         if not all(isinstance(getattr(self, f), bool) for f in ("gated_mlp", "tied_embeddings", "attention_bias",
-                                                                "attention_sinks")):
-            raise ConfigError(f"model {self.name}: gated_mlp, tied_embeddings, attention_bias and attention_sinks "
-                              f"must be true or false")
+                                                                "attention_sinks", "qk_norm")):
+            raise ConfigError(f"model {self.name}: gated_mlp, tied_embeddings, attention_bias, attention_sinks and "
+                              f"qk_norm must be true or false")
         if self.sliding_window and self.attention_chunk:
             raise ConfigError(f"model {self.name}: sliding_window and attention_chunk are two kinds of local "
                               f"attention; give one")
@@ -268,7 +271,8 @@ class ModelSpec:
             return q + kv_a + kv_b + a * self.v_head_dim * h
         bias = (a * d + 2 * self.kv_heads * d) if self.attention_bias else 0
         sinks = a if self.attention_sinks else 0
-        return h * a * d * 2 + 2 * h * self.kv_heads * d + bias + sinks
+        qk_norm = 2 * d if self.qk_norm else 0
+        return h * a * d * 2 + 2 * h * self.kv_heads * d + bias + sinks + qk_norm
 
     def expert_params(self) -> int:
         """Parameters of one routed expert."""
@@ -503,12 +507,11 @@ _PRESETS: dict[str, ModelSpec] = {
     # table 2): every layer MoE (decoder_sparse_step 1, no mlp_only_layers), 128 experts top-8, no shared expert,
     # GQA with 4 KV heads of 128, vocab 151,936, untied. 30B-A3B: 48 layers, 2048 wide, 32 heads, experts 768 wide;
     # 235B-A22B: 94 layers, 4096, 64 heads, experts 1536 wide (30.5 B / 3.3 B and 235 B / 22 B parameters, total /
-    # active, as the model cards state). Not modelled: the per-head RMSNorm of Q and K (QK-norm), one small
-    # elementwise pass over Q and K per layer.
+    # active, as the model cards state), with an RMSNorm over each query and key head (q_norm, k_norm).
     "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", layers=48, hidden=2048, ffn=6144, heads=32, kv_heads=4, head_dim=128,
-                               vocab=151936, experts=128, top_k=8, moe_ffn=768),
+                               vocab=151936, experts=128, top_k=8, moe_ffn=768, qk_norm=True),
     "qwen3-235b-a22b": ModelSpec("qwen3-235b-a22b", layers=94, hidden=4096, ffn=12288, heads=64, kv_heads=4,
-                                 head_dim=128, vocab=151936, experts=128, top_k=8, moe_ffn=1536),
+                                 head_dim=128, vocab=151936, experts=128, top_k=8, moe_ffn=1536, qk_norm=True),
     # Kimi K2 (moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture): 61 layers, 7168 wide, MLA
     # with 64 heads (q_lora 1536, kv_lora 512, no-RoPE 128 + RoPE 64 query/key dims, values 128), 384 routed experts
     # 2048 wide top-8 and 1 shared, the first layer dense (ffn 18432), no group-limited routing (n_group 1), no
@@ -667,7 +670,8 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
               ffn=key("intermediate_size", required=True), heads=heads, kv_heads=key("num_key_value_heads") or heads,
               vocab=key("vocab_size", required=True), gated_mlp=True,
               tied_embeddings=flag("tie_word_embeddings"),
-              attention_bias=mtype in ("qwen2", "qwen2_moe") or flag("attention_bias"))
+              attention_bias=mtype in ("qwen2", "qwen2_moe") or flag("attention_bias"),
+              qk_norm=mtype in ("qwen3", "qwen3_moe"))      # Qwen3's attention: q_norm and k_norm on every layer
     if key("head_dim") is not None and mtype not in ("deepseek_v2", "deepseek_v3"):
         kw["head_dim"] = key("head_dim")
     # sliding-window attention: Mistral's sliding_window (null: none) on every layer; Qwen's only where

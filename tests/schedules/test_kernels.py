@@ -447,3 +447,28 @@ def test_torch_context_parallel_attention_passes(stack):
                                                                                      part="ring")) == 0
     saved, recomputed = op_policy(m, phase_kernels(m, plan, 0, "forward"))
     assert cp_bytes(saved) == pytest.approx(own_f) and cp_bytes(recomputed) == 0
+
+
+@pytest.mark.parametrize("stack", ["megatron", "torchtitan"])
+def test_qk_norm_normalises_each_query_and_key_head(stack):
+    """Qwen3's q_norm / k_norm: an RMSNorm over each head's width, after the QKV GEMM and before rotary; a fused
+    norm reads and writes Q and K once forward and moves three passes backward, and keeps its input for it."""
+    from schedules.memory import layer_activation_bytes
+    qwen = get_model("qwen3-30b-a3b")
+    plain = dataclasses.replace(qwen, qk_norm=False)
+    assert qwen.param_count() - plain.param_count() == qwen.layers * 2 * 128
+    p = ParallelPlan(tp=2, sp=True, seq=4096, micro_batch=1, ep=1, stack=stack)
+    T = 4096
+    elements = T * (32 + 4) / 2 * 128                     # this rank's Q and K heads (TP 2)
+    for ph, passes in (("forward", 2), ("backward", 3)):
+        kl = [k for k in phase_kernels(qwen, p, 0, ph, part="attention") if k.name.startswith("q, k norm")]
+        extra = sum(k.bytes for k in phase_kernels(qwen, p, 0, ph, part="attention")) - \
+            sum(k.bytes for k in phase_kernels(plain, p, 0, ph, part="attention"))
+        assert kl and extra == pytest.approx(sum(k.bytes for k in kl))
+        if stack == "megatron":
+            assert extra == pytest.approx(passes * 2 * elements)
+    names = [k.name for k in phase_kernels(qwen, p, 0, "forward", part="attention")]
+    assert names.index("q, k norm") < names.index("rotary (fused)") if stack == "megatron" else True
+    saved = layer_activation_bytes(qwen, p, 0) - layer_activation_bytes(plain, p, 0)
+    per_element = 2 if stack == "megatron" else 2 + (4 - 2) + 2     # eager: the fp32 copy and unweighted output
+    assert saved == pytest.approx(per_element * elements)
