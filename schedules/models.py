@@ -627,8 +627,10 @@ def _global_attention_every(layer_types, layers: int, where: str) -> int:
 
 def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
     """A ModelSpec from a Hugging Face ``config.json`` (path or parsed dict): dense Llama / Mistral / Qwen,
-    MoE Mixtral / Qwen-MoE (a wider shared expert counts as several of the routed width), DeepSeek V2/V3 (MLA,
-    shared experts, dense first layers), GPT-OSS (sliding-window layers, attention sinks). Unknown architectures and shapes we cannot express are errors."""
+    MoE Mixtral / Qwen-MoE (a wider shared expert counts as several of the routed width; MoE in every
+    decoder_sparse_step-th layer), DeepSeek V2/V3 (MLA, shared experts, dense first layers), GPT-OSS (sliding-window
+    layers, attention sinks), Llama 4 (chunked attention, MoE in every interleave_moe_layer_step-th layer).
+    Unknown architectures and shapes we cannot express are errors."""
     if isinstance(source, dict):
         cfg, where = source, "config.json"
     else:

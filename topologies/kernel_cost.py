@@ -93,6 +93,7 @@ class KernelPricer:
             t = self.kernel_time_s(k)
             shape = (f"{k.batch}x" if k.batch > 1 else "") + f"{k.m}x{k.n}x{k.k}" if k.kind == GEMM else (
                 f"b{k.batch} s{k.seq_q}x{k.seq_kv} h{k.heads} d{k.head_dim}{' causal' if k.causal else ''}"
+                f"{f' window {k.window}' if k.window else ''}"
                 if k.kind == ATTENTION else "")
             if k.kind == GEMM and (k.chunks > 1 or k.sm_margin):     # TP communication overlap (userbuffers)
                 shape += (f" in {k.chunks} chunks" if k.chunks > 1 else "") + (

@@ -594,3 +594,16 @@ def test_a_layer_count_a_later_readme_corrects_is_taken_corrected():
     exp_new, _ = row_experiment(new, FIELDS)
     assert exp_old["model"] == exp_new["model"] == "llama4-maverick"
     assert any("corrects this revision's 32" in n for n in notes)
+
+
+def test_gpt_oss_bf16_rows_run_megatron_bridges_recompute():
+    """Megatron-Bridge's GPT-OSS 120B BF16 configs (v0.2.0-v0.5.0): layernorm and moe_act recomputed on H100, B200
+    and GB200, nothing on GB300 and B300; the MXFP8 rows (later releases, configs not read) are left unstated."""
+    rows = {r["id"]: r for r in load_runs()}
+    h100, _ = row_experiment(rows["653"], FIELDS)
+    assert (h100["model"], h100["recompute"], tuple(h100["recompute_modules"])) == \
+        ("gpt-oss-120b", "selective", ("layernorm", "moe_act"))
+    gb300, notes = row_experiment(rows["836"], FIELDS)
+    assert gb300["recompute"] == "none" and any("GB300 config" in n for n in notes)
+    mx = row_experiment(rows["887"], FIELDS | {"dtype", "stack", "fp8_recipe"})[0]     # GB300 MXFP8, NeMo 26.06
+    assert "recompute" not in mx

@@ -148,3 +148,11 @@ def test_cli_window_flags_reach_the_model_and_shorten_the_step(capsys):
     assert main(["plan", "--layers", "4", "--hidden", "2048", "--heads", "16", "--seq", "16384", "--sliding-window",
                  "1024", "--cp", "2", "--gpus", "2"]) == 2
     assert "sliding-window" in capsys.readouterr().err
+
+
+def test_breakdown_names_the_window():
+    from topologies.kernel_cost import KernelPricer
+    from topologies.specs import get_accelerator
+    oss = get_model("gpt-oss-20b")
+    rows = KernelPricer(get_accelerator("H100-SXM")).breakdown(phase_kernels(oss, ParallelPlan(seq=4096), 0, "forward"))
+    assert [r["shape"] for r in rows if r["kind"] == ATTENTION] == ["b1 s4096x4096 h64 d64 causal window 128"]
