@@ -3,7 +3,9 @@ published training runs in the latest whole ``validate`` run.
 
 A simulation's *kind* is the summary group of ``clustersim validate`` (device × precision × dense/MoE, e.g.
 "H100 BF16 dense") and, within it, the training stack whose kernels priced it (megatron, llm-foundry,
-torchtitan...). ``python benchmarks/validate.py`` (the whole of validation/published_runs.csv, default
+torchtitan...); where the validation set has published runs of the simulated model preset itself, their
+statistics too (in its group, else on any hardware): a group can hide a model the simulator predicts worse
+than its neighbours (GPT-OSS among the MoE models). ``python benchmarks/validate.py`` (the whole of validation/published_runs.csv, default
 options) writes both summaries to ``validation/evidence.json`` next to benchmarks/results/validate.md.
 Nothing here adjusts a prediction: it says how far predictions like it were from measured runs.
 Errors are fractions: predicted / published tokens per second per GPU − 1 (positive = optimistic).
@@ -42,17 +44,33 @@ def _stats(errors: list[float], gpus: list[int]) -> dict:
             "mean_signed_error": sum(errors) / len(errors), "gpus": [min(gpus), max(gpus)]}
 
 
+ALL_GROUPS = "(all)"          # by_model: a preset's runs on every hardware and precision
+
+
+def row_preset(row: dict) -> str | None:
+    """The model preset a validate result row ran (its experiment's ``model``: a name, or a mapping whose
+    ``base`` is one, e.g. a proxy with fewer layers); None where the row has no experiment."""
+    m = (row.get("experiment") or {}).get("model")
+    return m.get("base") if isinstance(m, dict) else m
+
+
 def summarize_evidence(results: list[dict]) -> dict:
-    """Per group and per (group, stack) statistics of validate's result rows (``validate_rows``)."""
+    """Per group, per (group, stack) and per (model preset, group) statistics of validate's result rows
+    (``validate_rows``); ``by_model[preset]["(all)"]`` over every group."""
     by_group: dict[str, tuple[list, list]] = {}
     by_stack: dict[str, dict[str, tuple[list, list]]] = {}
+    by_model: dict[str, dict[str, tuple[list, list]]] = {}
     for r in results:
-        g, s = r["group"], r.get("stack") or "?"
-        for bucket in (by_group.setdefault(g, ([], [])), by_stack.setdefault(g, {}).setdefault(s, ([], []))):
+        g, s, m = r["group"], r.get("stack") or "?", row_preset(r)
+        buckets = [by_group.setdefault(g, ([], [])), by_stack.setdefault(g, {}).setdefault(s, ([], []))]
+        if m:
+            buckets += [by_model.setdefault(m, {}).setdefault(k, ([], [])) for k in (g, ALL_GROUPS)]
+        for bucket in buckets:
             bucket[0].append(r["error"])
             bucket[1].append(int(r["gpus"]))
     return {"groups": {g: _stats(*v) for g, v in sorted(by_group.items())},
-            "by_stack": {g: {s: _stats(*v) for s, v in sorted(d.items())} for g, d in sorted(by_stack.items())}}
+            "by_stack": {g: {s: _stats(*v) for s, v in sorted(d.items())} for g, d in sorted(by_stack.items())},
+            "by_model": {m: {k: _stats(*v) for k, v in sorted(d.items())} for m, d in sorted(by_model.items())}}
 
 
 def _commit() -> str | None:
@@ -84,17 +102,25 @@ def load_evidence(path: Path = EVIDENCE) -> dict | None:
 
 
 def evidence_for(accelerator: str, dtype: str, moe: bool, stack: str | None, path: Path = EVIDENCE,
-                 gpus: int | None = None) -> dict:
+                 gpus: int | None = None, model: str | None = None) -> dict:
     """What the validation set says about predictions of this kind: the group's statistics and, where runs
     of the same stack exist, that stack's (``stack_rows`` ...). ``rows`` 0 with a ``note`` when none.
     ``gpus``: the prediction's GPU count; beyond the largest published run of its kind, ``extrapolation``
-    says so (the evidence then covers smaller jobs only)."""
+    says so (the evidence then covers smaller jobs only). ``model``: the model preset simulated; where the set
+    has published runs of it, their statistics in this group, else on any hardware (``model_rows`` ...,
+    ``model_scope``: the group, or "all hardware")."""
     group = group_for(accelerator, dtype, moe)
     doc = load_evidence(path)
     out: dict = {"group": group, "stack": stack}
     if doc is None:
         return {**out, "rows": 0, "note": f"no evidence file ({Path(path).name}); run python benchmarks/validate.py"}
     out["source"] = f"{doc.get('generated_by')} ({doc.get('date')}, {doc.get('commit')})"
+    runs = doc.get("by_model", {}).get(model) if model else None
+    if runs:
+        scope = group if group in runs else ALL_GROUPS
+        out["model"] = model
+        out["model_scope"] = group if scope == group else "all hardware"
+        out.update({f"model_{k}": v for k, v in runs[scope].items()})
     g = doc.get("groups", {}).get(group) if group else None
     if g is None:
         where = accelerator if group is None else group
@@ -111,14 +137,19 @@ def evidence_for(accelerator: str, dtype: str, moe: bool, stack: str | None, pat
 def evidence_line(ev: dict) -> str:
     """One line for tables: 'vs 173 published H100 BF16 dense runs (8-2,304 GPUs): median |error| 8.6%, mean
     +9.1% (+ = predicted faster); megatron stack: 103 runs, median |error| 4.8%, mean +6.7%'."""
+    own = ""
+    if ev.get("model_rows"):
+        own = (f"; {ev['model']} itself: {ev['model_rows']} runs ({ev['model_scope']}), median |error| "
+               f"{ev['model_median_abs_error']:.1%}, mean {ev['model_mean_signed_error']:+.1%}")
     if not ev.get("rows"):
-        return ev.get("note", "none")
+        return ev.get("note", "none") + own
     lo, hi = ev["gpus"]
     line = (f"vs {ev['rows']} published {ev['group']} runs ({lo:,}-{hi:,} GPUs): median |error| "
             f"{ev['median_abs_error']:.1%}, mean {ev['mean_signed_error']:+.1%} (+ = predicted faster)")
     if ev.get("stack_rows"):
         line += (f"; {ev['stack']} stack: {ev['stack_rows']} runs, median |error| {ev['stack_median_abs_error']:.1%}, "
                  f"mean {ev['stack_mean_signed_error']:+.1%}")
+    line += own
     if ev.get("caveat"):
         line += f" (evidence {ev['caveat']})"
     if ev.get("extrapolation"):

@@ -483,7 +483,8 @@ class Outcome:
             return None
         from clustersim.evidence import evidence_for
         ev = evidence_for(acc, getattr(self.plan, "dtype", "bf16"), bool(getattr(self.model, "is_moe", False)),
-                          getattr(self.plan, "stack", None), gpus=getattr(self.metrics, "world_size", None))
+                          getattr(self.plan, "stack", None), gpus=getattr(self.metrics, "world_size", None),
+                          model=getattr(self.model, "name", None))
         # the published runs were predicted without a calibration, over a modelled network
         exp = self.experiment
         if ev.get("rows") and exp.calibration:

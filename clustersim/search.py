@@ -567,7 +567,7 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     stats["world_size"] = world
     from clustersim.evidence import evidence_for
     evidence = evidence_for(cluster.accelerator.name, base.dtype, bool(getattr(model, "is_moe", False)),
-                            stack_for(base, cluster), gpus=world)
+                            stack_for(base, cluster), gpus=world, model=getattr(model, "name", None))
     return {"top": fitting[:top_k], "evaluated": ok, "failed": [r for r in results if "error" in r],
             "stats": stats, "memory_capacity_bytes": capacity, "memory_limit_bytes": limit, "evidence": evidence}
 

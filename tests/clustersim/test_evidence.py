@@ -157,3 +157,25 @@ def test_evidence_says_when_a_run_is_beyond_the_published_scale(tmp_path, capsys
     assert big["extrapolation"].startswith("4,096 GPUs")
     assert main(args + ["--gpus", "16", "--global-batch", "8"]) == 0
     assert "extrapolation" not in json.loads(capsys.readouterr().out)["evidence"]
+
+
+def test_a_models_own_published_runs_join_its_evidence(tmp_path):
+    """Where the validation set has runs of the simulated preset, the evidence adds their statistics: in the
+    prediction's group where it has some, else over every group; proxies (fewer layers) count as the preset."""
+    rows = [{"group": "H100 BF16 MoE", "stack": "megatron", "error": e, "gpus": g, "experiment": {"model": m}}
+            for e, g, m in ((0.10, 8, "qwen3-30b-a3b"), (1.0, 64, "gpt-oss-120b"), (1.2, 64, "gpt-oss-120b"))]
+    rows.append({"group": "GB200 BF16 MoE", "stack": "megatron", "error": 0.9, "gpus": 64,
+                 "experiment": {"model": {"base": "gpt-oss-120b", "layers": 12}}})
+    doc = ev.summarize_evidence(rows)
+    assert doc["by_model"]["gpt-oss-120b"]["H100 BF16 MoE"]["rows"] == 2
+    assert doc["by_model"]["gpt-oss-120b"]["(all)"]["rows"] == 3
+    path = tmp_path / "evidence.json"
+    ev.write_evidence(rows, path)
+    ev.load_evidence.cache_clear()
+    got = ev.evidence_for("H100-SXM", "bf16", True, "megatron", path, model="gpt-oss-120b")
+    assert (got["rows"], got["model_rows"], got["model_scope"]) == (3, 2, "H100 BF16 MoE")
+    assert got["model_mean_signed_error"] == pytest.approx(1.1)
+    assert "gpt-oss-120b itself: 2 runs (H100 BF16 MoE), median |error| 110.0%, mean +110.0%" in ev.evidence_line(got)
+    b200 = ev.evidence_for("B200", "bf16", True, "megatron", path, model="gpt-oss-120b")     # no B200 group at all
+    assert b200["rows"] == 0 and b200["model_scope"] == "all hardware" and "itself: 3 runs" in ev.evidence_line(b200)
+    assert "model_rows" not in ev.evidence_for("H100-SXM", "bf16", True, "megatron", path, model="tiny-moe")
