@@ -86,3 +86,22 @@ def test_moe_every_other_layer_runs_expert_all_to_alls_in_those_layers_only():
     assert model_from_hf_config(qwen).moe_layer_every == 2
     with pytest.raises(ConfigError, match="mlp_only_layers"):
         model_from_hf_config({**qwen, "mlp_only_layers": [3]})
+
+
+@pytest.mark.parametrize("network", ["analytical", "flow"])
+def test_mixed_layer_kinds_agree_between_symmetric_and_full_mode(network, capsys):
+    """Stages that mix layer kinds (chunked and global attention, MoE and dense layers) run the same step
+    whether one representative per class is simulated or every rank."""
+    import json
+    from clustersim.cli import main
+    base = ["simulate", "--cluster", "dgx-h100", "--gpus", "16", "--layers", "8", "--hidden", "512", "--heads", "8",
+            "--experts", "4", "--top-k", "1", "--moe-layer-every", "2", "--attention-chunk", "256",
+            "--global-attention-every", "4", "--seq", "1024", "--pp", "2", "--ep", "2", "--global-batch", "32",
+            "--network", network, "--json"]
+    steps = []
+    for mode in ("symmetric", "full"):
+        assert main(base + ["--mode", mode]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["mode"] == mode
+        steps.append(out["step_time_s"])
+    assert steps[0] == pytest.approx(steps[1], rel=1e-9)
