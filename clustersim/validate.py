@@ -199,35 +199,36 @@ CORRECTED_LAYERS = {
 #: (scripts/performance/configs/llama3/workload_base_configs.py ``LLAMA3_70B_GB300_FP8_CS_BASE_CONFIG``: Megatron
 #: FSDP, mbs 2, ``cpu_offloading_num_layers=20``; ``..._FP8_MX_...``: PP4 VP5) and v0.3.0-v0.5.0
 #: (``LLAMA3_70B_PRETRAIN_CONFIG_GB300_{FP8_CS,FP8_MX}_V*``, ``LLAMA31_405B_PRETRAIN_CONFIG_GB300_{FP8_CS,FP8_MX}_V2``:
-#: TP4 PP8 VP4 / TP2 PP8 CP2 VP4, no offloading). (hardware, model, NeMo release, FSDP) -> (recompute, note); the
+#: TP4 PP8 VP4 / TP2 PP8 CP2 VP4, no offloading). (hardware, model, NeMo release, FSDP, precision class: these
+#: Llama recipes are FP8 ones) -> (recompute, note); the
 #: 70B runs' activation offloading to the Grace CPU is not modelled (simulated as kept).
 RECIPE_RELEASES = ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06")
+#: GPT-OSS 120B in BF16: Megatron-Bridge's GB300 and B300 configs (GPT_OSS_120B_*_{GB300,B300}_BF16_V1 / V2,
+#: checked at v0.2.0-v0.5.0) set no recompute modules and capture attention and the router in CUDA graphs
+GPT_OSS_RELEASES = ("NeMo 25.11",) + RECIPE_RELEASES[:-1]          # the BF16 rows' releases, 25.11-26.04.01
 RECIPE_RECOMPUTE = {
-    **{("GB200", "Llama 3.1 405B", rel, False): ("none", "Megatron-Bridge's GB200 recipe (LLAMA31_405B_PRETRAIN_"
-                                                 "CONFIG_GB200_*_V2) runs without activation recomputation")
+    **{("GB200", "Llama 3.1 405B", rel, False, "fp8"): ("none", "Megatron-Bridge's GB200 recipe (LLAMA31_405B_"
+                                                        "PRETRAIN_CONFIG_GB200_*_V2) runs without activation "
+                                                        "recomputation")
        for rel in RECIPE_RELEASES},
-    **{("GB200", "Llama 3 70B", rel, True): ("none", "Megatron-Bridge's GB200 recipe (LLAMA3_70B_PRETRAIN_CONFIG_GB200_"
-                                             "FP8_CS_V2) runs without recomputation and offloads 40 layers' "
-                                             "activations to the CPU (not modelled: simulated as kept on the GPU)")
+    **{("GB200", "Llama 3 70B", rel, True, "fp8"): ("none", "Megatron-Bridge's GB200 recipe (LLAMA3_70B_PRETRAIN_"
+                                                    "CONFIG_GB200_FP8_CS_V2) runs without recomputation and offloads "
+                                                    "40 layers' activations to the CPU (not modelled: simulated as "
+                                                    "kept on the GPU)")
        for rel in RECIPE_RELEASES},
-    **{("GB300", model, rel, fsdp): ("none", f"Megatron-Bridge's GB300 recipe ({cfg}) runs without activation "
-                                             f"recomputation{extra}")
+    **{("GB300", model, rel, fsdp, "fp8"): ("none", f"Megatron-Bridge's GB300 recipe ({cfg}) runs without "
+                                                    f"activation recomputation{extra}")
        for rel in ("NeMo 25.11",) + RECIPE_RELEASES
        for model, fsdp, cfg, extra in (
            ("Llama 3 70B", True, "LLAMA3_70B_*_GB300_FP8_CS_*: Megatron FSDP, mbs 2",
             " and offloads 20 layers' activations to the CPU (not modelled: simulated as kept on the GPU)"),
            ("Llama 3 70B", False, "LLAMA3_70B_*_GB300_FP8_MX_*: PP4 VP5", ""),
            ("Llama 3.1 405B", False, "LLAMA31_405B_*_GB300_*", ""))},
+    **{(hw, "GPT-OSS 120B", rel, False, "bf16"): ("none", f"Megatron-Bridge's {hw} config (GPT_OSS_120B_*_{hw}_"
+                                                          f"BF16_V1 / V2, v0.2.0-v0.5.0) runs without activation "
+                                                          f"recomputation")
+       for hw in ("GB300", "B300") for rel in GPT_OSS_RELEASES},
 }
-#: GPT-OSS 120B in BF16: Megatron-Bridge's GB300 and B300 configs (GPT_OSS_120B_*_{GB300,B300}_BF16_V1 / V2,
-#: checked at v0.2.0-v0.5.0) set no recompute modules and capture attention and the router in CUDA graphs
-GPT_OSS_RELEASES = ("NeMo 25.11",) + RECIPE_RELEASES[:-1]          # the BF16 rows' releases, 25.11-26.04.01
-RECIPE_RECOMPUTE.update({
-    (hw, "GPT-OSS 120B", rel, False): ("none", f"Megatron-Bridge's {hw} config (GPT_OSS_120B_*_{hw}_BF16_V1 / V2, "
-                                               f"v0.2.0-v0.5.0) runs without activation recomputation")
-    for hw in ("GB300", "B300") for rel in GPT_OSS_RELEASES})
-#: the precisions whose rows RECIPE_RECOMPUTE speaks for, per model (default: the FP8 ones)
-RECIPE_RECOMPUTE_PRECISIONS = {"GPT-OSS 120B": ("BF16",)}
 RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: Megatron-Bridge releases whose performance scripts have no FP8 delayed scaling: from v0.2.0 (NeMo 25.11)
 #: scripts/performance/argument_parser.py offers ``--compute_dtype {bf16,fp8_cs,fp8_mx,fp8_sc,nvfp4}``, and its
@@ -360,11 +361,9 @@ def current_scaling_run(row: dict) -> bool:
 def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
     """(recompute, note) that a row's benchmark recipe or model config states where its table does not."""
     model = row.get("model")
-    hw = hardware_class(row.get("hardware", ""))
-    precisions = RECIPE_RECOMPUTE_PRECISIONS.get(model, ("FP8", "FP8-CS", "MXFP8", "FP8-MX"))
-    if (RECIPE_FRAMEWORK in row.get("framework", "") and hw in ("GB200", "GB300", "B300")
-            and (row.get("precision") or "").strip() in precisions):
-        hit = RECIPE_RECOMPUTE.get((hw, model, (row.get("release") or "").strip(), fsdp))
+    if RECIPE_FRAMEWORK in row.get("framework", ""):
+        hw, release = hardware_class(row.get("hardware", "")), (row.get("release") or "").strip()
+        hit = RECIPE_RECOMPUTE.get((hw, model, release, fsdp, precision_class(row.get("precision") or "")))
         if hit:
             return hit
     return _config_entry(CONFIG_RECOMPUTE, row)

@@ -252,11 +252,6 @@ class ModelSpec:
             return GLOBAL_ATTENTION
         return ("sliding", self.sliding_window) if self.sliding_window else ("chunked", self.attention_chunk)
 
-    def attention_window(self, layer: int) -> int:
-        """Keys per query of layer ``layer``'s sliding window; 0 where it has none."""
-        kind, n = self.local_attention(layer)
-        return n if kind == "sliding" else 0
-
     # ------------------------------------------------------------------ parameters
     def _mlp_params(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * width

@@ -531,12 +531,12 @@ class ParallelPlan:
             raise PlanError(f"context parallelism (cp {self.cp}) runs ring attention, which merges its KV blocks "
                             f"with FlashAttention's log-sum-exp; no stack runs it with attention {self.attention}: "
                             f"use --attention flash or --cp 1")
-        local = max(getattr(model, "sliding_window", 0), getattr(model, "attention_chunk", 0))
+        local = model.sliding_window or model.attention_chunk          # (at most one is set)
         if self.cp > 1 and local and local < self.seq:
-            what = "sliding-window" if model.sliding_window else "chunked"
+            what, span = ("sliding-window", "window") if model.sliding_window else ("chunked", "chunk")
             raise PlanError(f"context parallelism (cp {self.cp}) with {model.name}'s {what} attention ({local} "
-                            f"tokens) is not modelled: its ring would skip the KV blocks outside the "
-                            f"{'window' if model.sliding_window else 'chunk'}; use --cp 1")
+                            f"tokens) is not modelled: its ring would skip the KV blocks outside the {span}; "
+                            f"use --cp 1")
         if model.is_moe and model.experts % self.ep:
             raise PlanError(f"ep({self.ep}) must divide the {model.experts} experts of {model.name}")
         if model.is_moe and model.expert_ffn % self.expert_tp:

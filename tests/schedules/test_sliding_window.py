@@ -35,12 +35,12 @@ def test_window_fraction_is_the_share_of_causal_pairs_kept(seq, window):
 
 def test_which_layers_slide():
     oss = get_model("gpt-oss-120b")
-    assert [oss.attention_window(i) for i in range(6)] == [128, 0, 128, 0, 128, 0]     # sliding first (layer_types)
+    assert [oss.local_attention(i) for i in range(4)] == [("sliding", 128), ("", 0)] * 2     # sliding first
     gemma = dataclasses.replace(get_model("llama3-8b"), sliding_window=1024, global_attention_every=6)
-    assert [i for i in range(12) if not gemma.attention_window(i)] == [5, 11]
+    assert [i for i in range(12) if not gemma.local_attention(i)[0]] == [5, 11]
     mistral = dataclasses.replace(get_model("llama3-8b"), sliding_window=4096)
-    assert {mistral.attention_window(i) for i in range(32)} == {4096}
-    assert get_model("llama3-8b").attention_window(3) == 0
+    assert {mistral.local_attention(i) for i in range(32)} == {("sliding", 4096)}
+    assert get_model("llama3-8b").local_attention(3) == ("", 0)
     with pytest.raises(ConfigError, match="needs a sliding_window"):
         dataclasses.replace(get_model("llama3-8b"), global_attention_every=2)
     with pytest.raises(ConfigError, match="sliding_window"):
