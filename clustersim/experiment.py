@@ -59,10 +59,12 @@ CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode":
            "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS, "fp8_recipe": FP8_RECIPES,
            "moe_dispatcher": MOE_DISPATCHERS}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers",
-                "sliding_window", "attention_chunk", "global_attention_every", "moe_layer_every")
+                "sliding_window", "attention_chunk", "global_attention_every", "moe_layer_every", "mamba_heads",
+                "mamba_head_dim", "mamba_state", "mamba_groups")
 #: model fields that may be 0 (the others are positive)
 ZERO_OK_FIELDS = ("experts", "mtp_layers", "sliding_window", "attention_chunk", "global_attention_every")
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings")      # true/false model fields (custom model or overrides)
+MODEL_TEXT = ("hybrid_pattern",)                    # string model fields (custom model or overrides)
 
 
 @dataclass
@@ -188,7 +190,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         if not isinstance(raw_key, str):
             raise ConfigError(f"{where}: option names must be strings, got {brief(raw_key)}")
         key = raw_key.replace("-", "_")
-        if key in MODEL_FIELDS or key in MODEL_FLAGS:
+        if key in MODEL_FIELDS or key in MODEL_FLAGS or key in MODEL_TEXT:
             if value is not None:
                 custom[key] = value
             continue
@@ -196,7 +198,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             key, value = "bucket_mb", (None if value is None else _as_float(value, f"{where}: bucket_bytes") / 1e6)
         if key not in names:
             raise ConfigError(f"{where}: unknown option {brief(raw_key)}; known: "
-                              f"{', '.join(sorted(names | set(MODEL_FIELDS) | set(MODEL_FLAGS)))}")
+                              f"{', '.join(sorted(names | set(MODEL_FIELDS) | set(MODEL_FLAGS) | set(MODEL_TEXT)))}")
         if value is None:
             continue
         kw[key] = value
@@ -255,6 +257,8 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         for k, v in custom.items():
             if k in MODEL_FLAGS:
                 _check(isinstance(v, bool), f"{where}: {k}: expected true or false, got {v!r}")
+            elif k in MODEL_TEXT:
+                _check(isinstance(v, str) and v != "", f"{where}: {k}: expected a non-empty string, got {brief(v)}")
             else:
                 custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k in ZERO_OK_FIELDS else 1)
         if isinstance(exp.model, dict):
@@ -300,11 +304,19 @@ def simulate_options(f: Callable) -> Callable:
                      "every layer attends locally)."),
         click.option("--moe-layer-every", type=int, help="MoE model: every N-th layer has routed experts, the others "
                      "a dense MLP of width --ffn (Llama 4 Maverick: 2; default 1: every layer)."),
+        click.option("--hybrid-pattern", help="Hybrid model (Nemotron-H): one character per layer, M a Mamba-2 "
+                     "mixer, * attention, - a dense MLP, E an MoE MLP (Megatron-Core's hybrid_override_pattern; "
+                     "its length is --layers)."),
+        click.option("--mamba-heads", type=int, help="Hybrid model: Mamba-2 heads (d_inner = heads x "
+                     "--mamba-head-dim)."),
+        click.option("--mamba-head-dim", type=int, help="Hybrid model: Mamba-2 head width (default 64)."),
+        click.option("--mamba-state", type=int, help="Hybrid model: Mamba-2 state size N (default 128)."),
+        click.option("--mamba-groups", type=int, help="Hybrid model: Mamba-2 B/C groups (default 8)."),
         click.option("--gated-mlp/--no-gated-mlp", default=None,
                      help="SwiGLU MLP with 3 matrices (Llama) or a 2-matrix GELU MLP (GPT, the custom default)."),
         click.option("--tied-embeddings/--untied-embeddings", default=None, help="LM head shares the embedding."),
         click.option("--model-config", type=click.Path(dir_okay=False),
-                     help="Hugging Face config.json (Llama, Mistral, Mixtral, Qwen, DeepSeek V2/V3, GPT-OSS, Llama 4)."),
+                     help="Hugging Face config.json (Llama, Mistral, Mixtral, Qwen, DeepSeek V2/V3, GPT-OSS, Llama 4, Nemotron-H)."),
         click.option("--tp", type=int, help="Tensor-parallel degree."),
         click.option("--pp", type=int, help="Pipeline-parallel degree (stages)."),
         click.option("--dp", type=int, help="Data-parallel degree (default: GPUs / (tp·pp·cp))."),
@@ -400,7 +412,8 @@ def simulate_options(f: Callable) -> Callable:
 
 OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp", "tied_embeddings", "layers", "hidden", "ffn", "heads", "kv_heads", "vocab",
                "experts", "top_k", "mtp_layers", "sliding_window", "attention_chunk", "global_attention_every",
-               "moe_layer_every", "moe_dispatcher", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
+               "moe_layer_every", "hybrid_pattern", "mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups",
+               "moe_dispatcher", "tp", "pp", "dp", "ep", "etp", "expert_grid", "cp", "zero", "fsdp", "sp", "tp_comm_overlap", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "seq", "recompute", "recompute_every", "recompute_modules", "bucket_mb", "network", "mode", "calibration",
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
@@ -540,6 +553,8 @@ def resolve_model(exp: Experiment):
             raise ConfigError(f"model override: {e}") from None
     if isinstance(exp.model, dict):
         fields = dict(exp.model)
+        if "hybrid_pattern" in fields:
+            fields.setdefault("layers", len(fields["hybrid_pattern"]))
         for k in ("layers", "hidden", "heads"):
             if k not in fields:
                 raise ConfigError(f"custom model needs --{k} (given: {', '.join(sorted(fields)) or 'nothing'})")

@@ -30,7 +30,8 @@ from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
 SHAPE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers",
-               "sliding_window", "attention_chunk", "global_attention_every", "moe_layer_every")
+               "sliding_window", "attention_chunk", "global_attention_every", "moe_layer_every", "hybrid_pattern",
+               "mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups")
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -57,6 +58,12 @@ def model_options(f):
                           "sequence (GPT-OSS: 2, Llama 4: 4)."),
         click.option("--moe-layer-every", type=int, default=None,
                      help="MoE model: every N-th layer has routed experts (Llama 4 Maverick: 2; default 1)."),
+        click.option("--hybrid-pattern", default=None,
+                     help="Hybrid model: one character per layer (M Mamba-2, * attention, - MLP, E MoE; Nemotron-H)."),
+        click.option("--mamba-heads", type=int, default=None, help="Hybrid model: Mamba-2 heads."),
+        click.option("--mamba-head-dim", type=int, default=None, help="Hybrid model: Mamba-2 head width (64)."),
+        click.option("--mamba-state", type=int, default=None, help="Hybrid model: Mamba-2 state size (128)."),
+        click.option("--mamba-groups", type=int, default=None, help="Hybrid model: Mamba-2 B/C groups (8)."),
         click.option("--params", type=float, default=None,
                      help="Model given by its parameter count only (e.g. 7.5e9): memory questions only."),
     ]
@@ -150,6 +157,8 @@ def model_from_options(model: str | None = None, params: float | None = None, **
             return dataclasses.replace(base, name=f"{base.name}-custom", **shape)
         except TypeError as e:
             raise ConfigError(f"model override: {e}") from None
+    if "hybrid_pattern" in shape:
+        shape.setdefault("layers", len(shape["hybrid_pattern"]))
     missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in shape]
     if missing:
         raise ConfigError(f"no model: give --model PRESET (or a YAML file), --params N, or a custom shape "

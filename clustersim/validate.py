@@ -53,6 +53,8 @@ MODEL_PRESETS = {
     "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3 MoE 30B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
     "Kimi K2": "kimi-k2", "GPT-OSS 120B": "gpt-oss-120b", "GPT-OSS 20B": "gpt-oss-20b",
     "Llama 4 Maverick 400B": "llama4-maverick",
+    # hybrid Mamba-2 models (ModelSpec.hybrid_pattern); NeMo AutoModel's "Nemotron V3 Nano 30B" is Nemotron 3 Nano
+    "Nemotron-H 56B": "nemotron-h-56b", "Nemotron 3 Nano": "nemotron-3-nano", "Nemotron V3 Nano 30B": "nemotron-3-nano",
     **{f"MPT-{n}": f"mpt-{n}" for n in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")},
     # Megatron-LM's GPT family (Narayanan et al. 2021; validation/megatron_lm_2021.csv): "Megatron GPT 1.7B" ...
     **{f"Megatron GPT {_published_size(n)}": n for n in MEGATRON_GPT_2021_PRESETS},
@@ -60,9 +62,14 @@ MODEL_PRESETS = {
 
 #: Models of the published runs without a preset, by name prefix, and what of their architecture is not modelled
 UNMODELLED_ARCHITECTURES = (
-    ("Nemotron-H", "hybrid Mamba-2 / attention layers (no Mamba layer is modelled)"),
-    ("Nemotron 3 ", "hybrid Mamba-2 / attention layers with MoE (no Mamba layer is modelled)"),
-    ("Nemotron V3", "hybrid Mamba-2 / attention layers with MoE (no Mamba layer is modelled)"),
+    ("Nemotron 3 Super", "hybrid Mamba-2 / attention / MoE layers whose shape is not read here (only Nemotron 3 "
+                         "Nano's is)"),
+    ("Nemotron V3 Super", "hybrid Mamba-2 / attention / MoE layers whose shape is not read here (only Nemotron 3 "
+                          "Nano's is)"),
+    ("Nemotron 3 Ultra", "hybrid Mamba-2 / attention / MoE layers whose shape is not read here (only Nemotron 3 "
+                         "Nano's is)"),
+    ("Nemotron V3 Ultra", "hybrid Mamba-2 / attention / MoE layers whose shape is not read here (only Nemotron 3 "
+                          "Nano's is)"),
     ("DeepSeek-V4", "its compressed sparse attention is not modelled"),
     ("nanotron", "the Ultra-Scale Playbook's sweep models, run on Hopper GPUs of an unstated SKU at an unstated "
                  "precision"),
@@ -228,6 +235,13 @@ RECIPE_RECOMPUTE = {
                                                           f"BF16_V1 / V2, v0.2.0-v0.5.0) runs without activation "
                                                           f"recomputation")
        for hw in ("GB300", "B300") for rel in GPT_OSS_RELEASES},
+    # Nemotron 3 Nano's Blackwell configs (scripts/performance/configs/nemotronh/nemotron_3_nano_workload_base_configs
+    # .py at v0.3.1, nemotron_3_workload_base_configs.py at v0.4.0-v0.5.1, perf_recipes/nemotronh/gb300 at v0.6.0:
+    # {B200,GB200,B300,GB300}_FP8_MX_V1, EP8, mbs 2 / 2 / 4 / 4) set no recompute (the recipe's granularity None)
+    **{(hw, "Nemotron 3 Nano", rel, False, "fp8"): ("none", f"Megatron-Bridge's Nemotron 3 Nano {hw} config "
+                                                            f"({hw}_FP8_MX_V1) runs without activation recomputation")
+       for hw in ("B200", "GB200", "B300", "GB300")
+       for rel in RECIPE_RELEASES + ("NeMo 26.06.01", "NeMo 26.08")},
 }
 RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: Megatron-Bridge releases whose performance scripts have no FP8 delayed scaling: from v0.2.0 (NeMo 25.11)
@@ -238,7 +252,8 @@ RECIPE_FRAMEWORK = "Megatron-Bridge"
 #: Qwen3 MoE configs (qwen/qwen3_workload_base_configs.py, e.g. QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 and
 #: QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1/V2 the only H100 FP8 ones; checked at v0.3.0, v0.4.0, v0.5.0).
 CURRENT_SCALING_RELEASES = ("NeMo 25.11",) + RECIPE_RELEASES
-CURRENT_SCALING_MODELS = ("Llama 3 8B", "Llama 3 70B", "Llama 3.1 405B", "Qwen3-30B-A3B", "Qwen3-235B-A22B")
+CURRENT_SCALING_MODELS = ("Llama 3 8B", "Llama 3 70B", "Llama 3.1 405B", "Qwen3-30B-A3B", "Qwen3-235B-A22B",
+                          "Nemotron 3 Nano")      # (its H100 FP8 config: H100_FP8_CS_V1, v0.3.1-v0.5.1)
 #: FP8 parameters a benchmark's configs state for its FP8 runs: NeMo 1.x's ``model.fp8_params`` (Megatron-Core's
 #: fp8_param_gather). dgxc-benchmarking v24.11.1 (35a9aec), v25.01 (8f5cbb3) and e6afea3: llama3.1/configure.sh
 #: ``+model.fp8_params=$FP8_ENABLED``, nemotron/configure.sh ``+model.fp8_params=${FP8_ENABLED^}``,
@@ -261,6 +276,12 @@ FP8_PARAMS_MEANING = "no BF16 copy of the block weights, the distributed optimiz
 CONFIG_FP8_PARAMS = {(m, c, "NeMo"): f"FP8 parameters as the benchmark's {_FP8_PARAMS_FILES[m]} sets them "
                                      f"(fp8_params: {FP8_PARAMS_MEANING})"
                      for c, models in _FP8_PARAMS_COMMITS.items() for m in models}
+#: dgxc-benchmarking v25.05 (68eaf7e) nemotronh/launch.sh runs NeMo's scripts/performance/llm/pretrain_nemotronh_56b.py
+#: at the NeMo commit its setup.sh pins (7a8f1cc): FP8 delayed scaling ("ds", the default; launch.sh passes no -fr)
+#: through bf16_with_fp8_mixed, which sets fp8_param_gather
+CONFIG_FP8_PARAMS[("Nemotron-H 56B", "68eaf7e117bf16cb018861ce101e8f80925f74d8", "NeMo")] = (
+    f"FP8 parameters as NeMo's pretrain_nemotronh_56b.py (bf16_with_fp8_mixed) sets them (fp8_param_gather: "
+    f"{FP8_PARAMS_MEANING})")
 #: the same from a benchmark's model config: (model, commit of the source document, framework) -> (recompute, note).
 #: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
 #: (configure.sh: ``--config-name=${MODEL}-${MODEL_SIZE}-synth``), which sets
@@ -271,6 +292,11 @@ CONFIG_FP8_PARAMS = {(m, c, "NeMo"): f"FP8 parameters as the benchmark's {_FP8_P
 #: ``CHECKPOINT_POLICY = SAVE_QKV_OUT_PROJ``) keeps those and the output projection's. Both re-run everything else
 #: in backward; full recomputation, the nearest we price, also re-runs those projections.
 CONFIG_RECOMPUTE = {
+    # dgxc-benchmarking v25.05 nemotronh: NeMo's performance script takes recompute layers and modules from
+    # model_configs_h100.csv, which has no Nemotron-H row: no recomputation
+    ("Nemotron-H 56B", "68eaf7e117bf16cb018861ce101e8f80925f74d8", "NeMo"):
+        ("none", "the benchmark's NeMo performance script (pretrain_nemotronh_56b.py) sets no activation "
+                 "recomputation (model_configs_h100.csv has no Nemotron-H row)"),
     ("Nemotron-4 340B", "35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae", "NeMo"):
         ("selective", "the benchmark's nemotron4-340b-synth.yaml sets activations_checkpoint_granularity: selective"),
     ("Llama 3 70B", "8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad", "MaxText"):
@@ -333,6 +359,12 @@ RECIPE_RECOMPUTE_MODULES = {
     **{("GPT-OSS 120B", hw, pp, ep): (GPT_OSS_RELEASES, ("layernorm", "moe_act"),
                                       f"GPT_OSS_120B_*_{hw}_BF16 performance config (v0.2.0-v0.5.0)")
        for hw, pp, ep in (("H100", 4, 8), ("B200", 1, 64), ("B200", 1, 8), ("GB200", 1, 64))},
+    # Nemotron 3 Nano on H100 (H100_FP8_CS_V1, v0.3.1-v0.5.1): recompute_modules=["moe", "layernorm", "core_attn",
+    # "moe_act"] (moe re-runs the whole MoE block, moe_act included)
+    ("Nemotron 3 Nano", "H100", 1, 8): (("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06"),
+                                        ("moe", "layernorm", "core_attn"),
+                                        "H100_FP8_CS_V1 Nemotron 3 Nano performance config (v0.3.1-v0.5.1; its "
+                                        "moe_act is part of moe)"),
 }
 
 
@@ -713,6 +745,9 @@ BRIDGE_DEEPSEEK_DISPATCHER = {
 def stated_moe_dispatcher(row: dict, ep: int) -> tuple[str, str] | None:
     """(moe_dispatcher, note) a DeepSeek-V3 row's recipe or source states: Megatron-Bridge's performance configs
     (``BRIDGE_DEEPSEEK_DISPATCHER``), NeMo AutoModel's table notes naming DeepEP; None: alltoall."""
+    if row.get("model") == "Nemotron 3 Nano" and ep > 1 and RECIPE_FRAMEWORK in row.get("framework", ""):
+        return "hybridep", ("HybridEP dispatch (Megatron-Core's flex dispatcher), as Megatron-Bridge's Nemotron 3 "
+                            "Nano performance configs set it on every GPU (v0.3.1-v0.6.0)")
     if row.get("model") != "DeepSeek-V3 671B" or ep <= 1:
         return None
     fw, rel = row.get("framework", ""), (row.get("release") or "").strip()
@@ -740,6 +775,7 @@ def runs_tp_overlap(row: dict, stack: str | None, tp: int, model) -> bool:
     DeepSeek recipes ``tp_comm_overlap=False``; other MoE rows keep their collectives in line."""
     fw = row.get("framework", "")
     return (stack == "megatron" and tp > 1 and any(k in fw for k in MEGATRON) and "AutoModel" not in fw
+            and not model.is_hybrid         # (dgxc v25.05's Nemotron-H: NeMo's performance_mode off, no overlap)
             and (not model.experts or row.get("model") in TP_OVERLAP_MOE)
             and "NVFP4" not in row.get("precision", "").upper())
 

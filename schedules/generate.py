@@ -73,6 +73,7 @@ class Unit:
     f_rec: float = 0.0               # op recompute: FLOPs of the GEMMs recomputed before backward
     transient_b: float | None = None   # head: what its backward holds while the loss's gradient runs (None: transient)
     local: tuple = ("", 0)           # the layer's local attention (ModelSpec.local_attention; ("", 0): global)
+    block: str = ""                  # a hybrid model's layer: its one block (ModelSpec.layer_kind: M, *, -, E)
 
 
 @dataclass
@@ -128,7 +129,8 @@ class _StageBuilder:
                 moe = m.is_moe_layer(l)
                 rc = p.layer_recompute(l)
                 local = m.local_attention(l)
-                key = (moe, rc, local)
+                block = m.layer_kind(l)
+                key = (moe, rc, local, block)
                 u = cache.get(key)
                 if u is None:
                     lf = m.layer_flops(l, p.seq, p.micro_batch)
@@ -137,10 +139,12 @@ class _StageBuilder:
                              lf.experts * self.load / div, mem.layer_activation_bytes(m, p, l),
                              mem.weight_grad_fraction(m, p, l), mem.backward_transient_bytes(m, p, l), moe,
                              recompute=rc, f_rec=recompute_flops(m, p, l) if rc == "op" else
-                             selective_extra_flops(m, p, l) if rc == "selective" else 0.0, local=local)
+                             selective_extra_flops(m, p, l) if rc == "selective" else 0.0, local=local,
+                             block=block)
                     cache[key] = u
                 units.append(Unit(mem.layer_name(m, l), l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
-                                  u.w_frac, u.transient, u.moe, recompute=u.recompute, f_rec=u.f_rec, local=u.local))
+                                  u.w_frac, u.transient, u.moe, recompute=u.recompute, f_rec=u.f_rec, local=u.local,
+                                  block=u.block))
             if vs == self.nv - 1:
                 head = mem.head_unit_params(m, p, self.s)        # + final norm, MTP projections
                 act, act_w = mem.head_activation_bytes(m, p)
@@ -416,7 +420,7 @@ class _StageBuilder:
         recipe's ops with their own names, labels and dependencies (the same ops, written faster)."""
         back_grads = a.phase in ("B", "W") and self.zero >= 2 and (
             self.zero == 2 or self.p.pp == 1 or self.first_grad_action[a.chunk] == self.cur_action)
-        key = (u.kind, u.moe, u.local, u.recompute, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp,
+        key = (u.kind, u.moe, u.local, u.block, u.recompute, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp,
                u.act, u.w_frac, u.transient, u.f_rec, a.phase, released, back_grads)
         ops, refs = self.t.ops, self.t.refs
         start = len(ops)
@@ -480,7 +484,7 @@ class _StageBuilder:
                 main, exp = main + u.f_main, exp + u.f_exp
             elif u.recompute == "selective":      # Megatron's recompute_modules (core_attn by default)
                 mods = p.recompute_modules
-                main += (u.f_core if "core_attn" in mods else 0.0) + u.f_rec
+                main += (u.f_core if "core_attn" in mods and u.block != "M" else 0.0) + u.f_rec
                 if "moe" in mods:
                     exp += u.f_exp
             elif u.recompute == "op":
@@ -542,9 +546,11 @@ class _StageBuilder:
             if ub:
                 attn = [("tp", "all_gather", "ub", 0, "qkv fprop")] + attn + \
                     [("tp", back_coll, "ub", ub_chunks(p.dtype, "proj fprop", p.tp), "proj fprop")]
-            elif tp:
+            elif tp and u.block not in ("-", "E"):     # (a hybrid model's MLP-only layer has no mixer block)
                 attn = ([("tp", "all_gather")] if p.sp else []) + attn + [("tp", back_coll)]
-            if u.moe:
+            if u.block in ("M", "*"):       # a hybrid model's mixer-only layer: no MLP block
+                mlp = []
+            elif u.moe:
                 a2a = [("ep",)] if ep else []
                 experts = [("c", exp, u.expert_params * self.dt)]
                 if p.folded:
@@ -743,7 +749,7 @@ class _StageBuilder:
 
     def _kernels(self, u: Unit, phase: str, item: str):
         """The shared KernelList of a compute op of unit ``u`` (schedules.kernels), cached per shape."""
-        key = (u.kind, u.moe, u.local, u.recompute, phase, item)
+        key = (u.kind, u.moe, u.local, u.block, u.recompute, phase, item)
         kl = self.kernel_lists.get(key)
         if kl is None:
             m, p, ph = self.m, self.p, PHASE[phase]

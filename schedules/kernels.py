@@ -59,6 +59,7 @@ Units: FLOPs, bytes (activations 2 bytes, fp32 4 bytes).
 from __future__ import annotations
 
 import dataclasses
+import math
 from functools import lru_cache
 
 from schedules.models import GLOBAL_ATTENTION, ModelSpec, causal_window_fraction
@@ -331,6 +332,7 @@ class _Writer:
         # bytes per element a cast moves: read the input, write row- and column-wise FP8 (+ MXFP8 block scales)
         self.cast_bytes = self.a + 2 + (2 / MX_BLOCK if self.mxfp8 else 0.0)
         self.local = GLOBAL_ATTENTION     # the layer's local attention (ModelSpec.local_attention)
+        self.kind = ""                    # the layer's hybrid-pattern block (ModelSpec.layer_kind)
         self.out: list[Kernel] = []
 
     def gemm(self, name: str, m: float, n: float, k: float, batch: float = 1, fp8_ok: bool = True) -> None:
@@ -719,6 +721,67 @@ def _eager_core(w: _Writer, pass_: str, b: float, sq: float, skv: float, heads: 
     w.gemm("attention scores (QK^T) dgrad dK", skv, d_qk, sq, bh, fp8_ok=False)
 
 
+def _ssd_gemms(m: ModelSpec, sh: _Shape) -> list[tuple[str, float, float, float, float]]:
+    """The SSD scan's matmuls on this rank (Dao & Gu 2024, sec. 6; mamba_ssm's Triton kernels
+    _bmm_chunk_fwd, _chunk_state_fwd, _chunk_scan_fwd): (name, m, n, k, batch) per chunk of Q tokens, each
+    batched over the micro-batch's chunks and this rank's heads (or B/C groups)."""
+    q = min(m.mamba_chunk, sh.s)
+    chunks = sh.b * math.ceil(sh.s / q)
+    heads, groups = m.mamba_heads / sh.tp, m.mamba_groups / sh.tp
+    n, p = m.mamba_state, m.mamba_head_dim
+    return [("ssd C·Bᵀ", q, q, n, chunks * groups), ("ssd chunk states", n, p, q, chunks * heads),
+            ("ssd intra-chunk outputs", q, p, q, chunks * heads), ("ssd inter-chunk outputs", q, p, n, chunks * heads)]
+
+
+def _mamba_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
+    """A Mamba-2 layer as Megatron-Core's MambaMixer runs it (norm fused into in_proj, mamba_ssm's fused
+    conv + scan, whose last kernel applies the gate silu(z), the mixer's group RMSNorm, out_proj) and its
+    residual. The SSD scan is priced as its matmuls at the
+    GEMM curve (BF16: the Triton kernels run tl.dot) and its chunk states' fp32 traffic at HBM bandwidth: no
+    SSD kernel measurement is in the data. Backward: the fused function recomputes the conv and the scan's
+    C·Bᵀ and chunk states, then runs two gradient matmuls per forward one."""
+    T, h, a = sh.T, sh.h, w.a
+    di, conv = m.mamba_inner / sh.tp, m.mamba_conv_width() / sh.tp
+    heads = m.mamba_heads / sh.tp
+    q = min(m.mamba_chunk, sh.s)
+    states = sh.b * math.ceil(sh.s / q) * heads * m.mamba_head_dim * m.mamba_state * FP32
+    gemms = _ssd_gemms(m, sh)
+    if phase == BACKWARD_WEIGHT:
+        _linear(w, "out_proj", phase, T, h, di)
+        _linear(w, "in_proj", phase, T, m.mamba_in_width() / sh.tp, h)
+        return
+    if phase == FORWARD:
+        _norm(w, "input norm", sh.rows, h, False, True)
+        _linear(w, "in_proj", phase, T, m.mamba_in_width() / sh.tp, h)
+        w.ew("conv1d + silu", T * conv * 2 * a)
+        w.ew("ssd dt softplus + cumsum", T * heads * (a + 2 * FP32))
+        for name, mm, nn, kk, batch in gemms:
+            w.gemm(name, mm, nn, kk, batch, fp8_ok=False)
+            if name == "ssd chunk states":
+                w.ew("ssd state passing", 3 * states)
+        w.ew("ssd gate y·silu(z) (in the scan kernel)", T * di * 2 * a)    # reads z, writes y beside the output
+        w.ew("group rmsnorm", T * di * 2 * a)
+        w.cast("out_proj input fp8 cast", T * di)
+        _linear(w, "out_proj", phase, T, h, di)
+        _residual(w, "mamba residual", sh.rows, h, _has_dropout(m), False)
+        return
+    _residual(w, "mamba residual", sh.rows, h, _has_dropout(m), True)
+    _linear(w, "out_proj", phase, T, h, di)
+    w.ew("group rmsnorm bwd", T * di * 3 * a)
+    w.ew("ssd gate bwd", T * di * 5 * a)          # reads z, y and the gradient, writes dz and dy
+    for name, mm, nn, kk, batch in gemms[:2]:       # recomputed: C·Bᵀ, the chunk states and their passing
+        w.gemm(f"{name} (recompute)", mm, nn, kk, batch, fp8_ok=False)
+    w.ew("ssd state passing (recompute)", 3 * states)
+    w.ew("ssd state passing bwd", 3 * states)
+    for name, mm, nn, kk, batch in gemms:           # the gradients of both operands of each matmul
+        w.gemm(f"{name} bwd (left)", mm, kk, nn, batch, fp8_ok=False)
+        w.gemm(f"{name} bwd (right)", kk, nn, mm, batch, fp8_ok=False)
+    w.ew("ssd dt bwd", T * heads * (2 * a + 2 * FP32))
+    w.ew("conv1d bwd (+ recompute)", T * conv * 5 * a)
+    _linear(w, "in_proj", phase, T, m.mamba_in_width() / sh.tp, h)
+    _norm(w, "input norm", sh.rows, h, True, True)
+
+
 def _mlp(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, width: float, rows: float, name: str,
          batch: float = 1) -> None:
     """A dense or expert MLP on ``rows`` tokens (per expert when batch > 1), ``width`` inner size per rank."""
@@ -863,8 +926,9 @@ def phase_kernels(model: ModelSpec, plan: ParallelPlan, layer: int | None, phase
     moe = layer is not None and model.is_moe_layer(layer)
     # the layer's attention: the routed experts' kernels are the same in every layer of a kind
     local = model.local_attention(layer) if layer is not None and part != "experts" else GLOBAL_ATTENTION
+    kind = model.layer_kind(layer) if layer is not None and part != "experts" else ""
     rc = plan.layer_recompute(layer) if recompute else "none"
-    return _cached(model, plan, moe, local, phase, part, round(load, 9), rc, stack, dtype)
+    return _cached(model, plan, moe, local, phase, part, round(load, 9), rc, stack, dtype, kind)
 
 
 def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: str = "layer",
@@ -878,6 +942,7 @@ def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: st
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
                 getattr(plan, "fp8_recipe", "delayed"))
     w.local = model.local_attention(layer) if part != "experts" else GLOBAL_ATTENTION
+    w.kind = model.layer_kind(layer) if part != "experts" else ""
     if part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, round(load, 9), rc, stack, dtype)
     return KernelList(f"{part} recompute ({rc})", w.out, stack, dtype)
@@ -915,12 +980,12 @@ def op_policy(model: ModelSpec, kernels) -> tuple[list[Kernel], list[Kernel]]:
 def _recompute(w: _Writer, model, plan, moe, part, load, rc, stack, dtype) -> None:
     """Append the recomputation of one layer part (mode ``rc``) to ``w`` (a layer of ``w.local`` attention)."""
     if rc == "full":
-        w.out.extend(_cached(model, plan, moe, w.local, FORWARD, part, load, "none", stack, dtype).kernels)
+        w.out.extend(_cached(model, plan, moe, w.local, FORWARD, part, load, "none", stack, dtype, w.kind).kernels)
     elif rc == "selective":
         _recompute_modules(w, model, plan, moe, part, load)
     elif rc == "op":
         w.out.extend(op_policy(model, _cached(model, plan, moe, w.local, FORWARD, part, load, "none", stack,
-                                              dtype))[1])
+                                              dtype, w.kind))[1])
 
 
 def recomputed_norms(m: ModelSpec, p: ParallelPlan, moe: bool) -> tuple[bool, bool]:
@@ -944,7 +1009,9 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
     sh = _Shape(m, p)
     T, h = sh.T, sh.h
     norm_in, norm_post = recomputed_norms(m, p, moe)
-    if part in ("layer", "attention"):
+    kind = getattr(w, "kind", "")
+    mixer, mlp = kind in ("", "*"), kind in ("", "-", "E")     # (a Mamba-2 block has no recompute module)
+    if part in ("layer", "attention") and mixer:
         if norm_in:
             _norm(w, "input norm", sh.rows, h, False, True)
         if "mla_up_proj" in mods and m.is_mla:
@@ -956,6 +1023,7 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
                 _rotary(w, T, (sh.heads + sh.kv) * m.qk_rope_dim)
         if "core_attn" in mods:
             _core(w, m, p, sh, "fwd")
+    if part in ("layer", "attention") and mlp:
         if norm_post:
             _norm(w, "post-attention norm", sh.rows, h, False, not moe)
         if moe:
@@ -975,20 +1043,31 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
 
 
 @lru_cache(maxsize=4096)
-def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype) -> KernelList:
-    """The kernels of one op of a layer kind: MoE or dense, its local attention (``ModelSpec.local_attention``)."""
+def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype, kind="") -> KernelList:
+    """The kernels of one op of a layer kind: MoE or dense, its local attention (``ModelSpec.local_attention``),
+    its hybrid-pattern block (``ModelSpec.layer_kind``: "" a transformer layer)."""
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
                 getattr(plan, "fp8_recipe", "delayed"))
     w.local = local
+    w.kind = kind
     sh = _Shape(model, plan)
+    mixer, mlp = (kind in ("", "*", "M")), (kind in ("", "-", "E"))
     if phase in (BACKWARD, BACKWARD_INPUT) and part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, load, rc, stack, dtype)
     if part in ("layer", "attention") and phase == FORWARD:
-        _attention_block(w, model, plan, sh, phase)
-        _mlp_block(w, model, sh, phase, moe)
+        if kind == "M":
+            _mamba_block(w, model, sh, phase)
+        elif mixer:
+            _attention_block(w, model, plan, sh, phase)
+        if mlp:
+            _mlp_block(w, model, sh, phase, moe)
     elif part in ("layer", "attention"):      # backward runs the MLP block's kernels first
-        _mlp_block(w, model, sh, phase, moe)
-        _attention_block(w, model, plan, sh, phase)
+        if mlp:
+            _mlp_block(w, model, sh, phase, moe)
+        if kind == "M":
+            _mamba_block(w, model, sh, phase)
+        elif mixer:
+            _attention_block(w, model, plan, sh, phase)
     elif part == "experts":
         _experts(w, model, plan, sh, phase, load)
     elif part == "ring":
@@ -1008,7 +1087,9 @@ def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype) -> Ker
         _embedding(w, sh, model.vocab, phase, model.position_embedding == "learned")
     if w.fp8 and part in ("layer", "attention", "experts") and phase == FORWARD:
         # FP8 weights: cast (row + column-wise) once per step, amortised over the micro-batches
-        params = (model.attention_params() + (0 if moe else model._mlp_params(model.ffn))) / plan.tp
+        params = {"": model.attention_params() + (0 if moe else model._mlp_params(model.ffn)),
+                  "M": model.mamba_linear_params(), "*": model.attention_params(), "-": model._mlp_params(model.ffn),
+                  "E": 0}[kind] / plan.tp
         if part == "experts":
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
         n_mb = max(1, plan.num_microbatches)
@@ -1032,6 +1113,8 @@ def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype) -> Ker
     if getattr(plan, "tp_comm_overlap", False) and plan.tp > 1 and part in ("layer", "attention"):
         w.out = _ub_overlap(w.out, dtype, plan.tp)
     attention = {"sliding": " sliding-window", "chunked": " chunked"}.get(local[0], "")
-    kind = f"{'moe' if moe else 'dense'}{f'{attention} ({local[1]})' if local[0] else ''}"
-    label = f"{kind} {part} {phase}" if part in ("layer", "attention", "experts") else f"{part} {phase}"
+    name = f"{'moe' if moe else 'dense'}{f'{attention} ({local[1]})' if local[0] else ''}"
+    if kind:
+        name = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}[kind]
+    label = f"{name} {part} {phase}" if part in ("layer", "attention", "experts") else f"{part} {phase}"
     return KernelList(label, w.out, stack, dtype)

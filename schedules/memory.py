@@ -234,7 +234,11 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     # its unweighted output (the weight gradient) instead of the bf16 input a fused norm keeps
     eager = plan.stack in EAGER_POINTWISE
     n1, n2, up = ("layernorm-input",), ("layernorm-post",), ("mla_up_proj",) if model.is_mla else ()
-    out = [Saved("norm1 input", e * tok * h, "sp", "B"),
+    kind = model.layer_kind(layer)
+    if kind == "M":
+        return mamba_saved_tensors(model, plan)
+    mixer, mlp_block = model.layer_blocks(layer)
+    out = [] if not mixer else [Saved("norm1 input", e * tok * h, "sp", "B"),
            Saved("norm1 output (QKV input)", f * tok * h, "sp", "W", n1)]
     if eager:
         out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", n1),
@@ -253,17 +257,20 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
             Saved("k, v" if kvh == model.kv_heads or model.is_mla else "k, v (expanded by repeat_kv)",
                   e * tok * kvh * (dqk + dv), "tp", "B", up),
             Saved("attention output (projection input)", e * tok * a * dv, "tp", "W"),
-            Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", ("core_attn",)),
-            Saved("norm2 input", e * tok * h, "sp", "B"),
-            Saved("norm2 output (MLP input)", f * tok * h, "sp", "W", n2)]
+            Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", ("core_attn",))]
+    norm2 = [Saved("norm2 input", e * tok * h, "sp", "B"), Saved("norm2 output (MLP input)", f * tok * h, "sp", "W", n2)]
     if eager:
-        out += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", n2),
-                Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", n2)]
+        norm2 += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", n2),
+                  Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", n2)]
+    extra = []      # (listed after norm2: a layer's tensors in this order, as they always were)
     if f != e:
-        out.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
+        extra.append(Saved("attention output fp8 copy (projection input)", f * tok * a * dv, "tp", "W"))
     if unpads_tokens(plan):
         # llm-foundry's flash_attn_fn: the varlen kernel keeps its unpadded output, the projection the padded one
-        out.append(Saved("attention output, unpadded (flash-attn varlen)", e * tok * a * dv, "tp", "B"))
+        extra.append(Saved("attention output, unpadded (flash-attn varlen)", e * tok * a * dv, "tp", "B"))
+    out = (out if mixer else []) + (norm2 if mlp_block else []) + (extra if mixer else [])
+    if not mlp_block:
+        return out
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
     if model.is_moe_layer(layer):
         routed = model.top_k * _load(model)
@@ -290,6 +297,25 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
         if eager and model.gated_mlp:     # eager SwiGLU: silu(w1 x) * w3 x, the multiply saves silu's output
             out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B", mlp))
     return out
+
+
+def mamba_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
+    """What a Mamba-2 layer saves for backward (Megatron-Core's MambaMixer on mamba_ssm's fused
+    ``mamba_split_conv1d_scan_combined``, which saves in_proj's output and the scan's output before the gate,
+    and recomputes the conv in backward; the mixer's own RMSNorm then keeps its input, the gated output): the
+    layer norm's input, in_proj's input (FP8 under FP8 recipes), in_proj's output (z, x, B, C, dt), the scan
+    output y, the gated y·silu(z), the group norm's fp32 statistics and its output (out_proj's input, FP8 under
+    FP8 recipes). The chunk states the scan passes between chunks are recomputed in its backward."""
+    tok, e, h = plan.seq / plan.cp * plan.micro_batch, model.dtype_bytes, model.hidden
+    f = 1 if getattr(plan, "dtype", "bf16") == "fp8" else e
+    di = model.mamba_inner
+    return [Saved("norm input", e * tok * h, "sp", "B"),
+            Saved("norm output (in_proj input)", f * tok * h, "sp", "W", ("layernorm-input",)),
+            Saved("in_proj output (z, x, B, C, dt)", e * tok * model.mamba_in_width(), "tp", "B"),
+            Saved("scan output y (before the gate)", e * tok * di, "tp", "B"),
+            Saved("gated y·silu(z) (the group norm's input)", e * tok * di, "tp", "B"),
+            Saved("group norm statistics", STATS_BYTES * tok * model.mamba_groups, "tp", "B"),
+            Saved("gated norm output (out_proj input)", f * tok * di, "tp", "W")]
 
 
 def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
@@ -396,7 +422,7 @@ def _layer_split_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, recompu
     A layer enters only through whether it is an MoE layer and its own recomputation (what saved_tensors,
     op_saved_tensors and phase_kernels read of it), so layers alike share one cached answer: a stage's walk
     asks it several times per layer, and a plan search for thousands of plans."""
-    key = (model, plan, model.is_moe_layer(layer), plan.layer_recompute(layer), recompute)
+    key = (model, plan, model.is_moe_layer(layer), model.layer_kind(layer), plan.layer_recompute(layer), recompute)
     hit = _SPLIT_CACHE.get(key)
     if hit is None:
         if len(_SPLIT_CACHE) >= _SPLIT_CACHE_MAX:

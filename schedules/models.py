@@ -59,7 +59,10 @@ class LayerFlops:
         return self.forward + self.backward_input + self.backward_weight
 
 
-POSITION_EMBEDDINGS = ("rope", "alibi", "learned")
+POSITION_EMBEDDINGS = ("rope", "alibi", "learned", "none")
+#: Sublayer kinds of a hybrid model's layer pattern (ModelSpec.hybrid_pattern, Megatron-Core's
+#: hybrid_override_pattern): a Mamba-2 mixer, self-attention, a dense MLP, an MoE MLP
+HYBRID_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,15 @@ class ModelSpec:
                   per layer; the kernel's extra column is not priced
     qk_norm       an RMSNorm over each query and key head before rotary (Qwen3: q_norm, k_norm): 2·head_dim
                   parameters per layer, a norm kernel over Q and K each way
+    hybrid_pattern  a hybrid model's layers, one character each (Megatron-Core's ``hybrid_override_pattern``,
+                  Nemotron-H): ``M`` a Mamba-2 mixer, ``*`` self-attention, ``-`` a dense MLP, ``E`` an MoE MLP, each
+                  a pre-norm residual block of its own; ``layers`` = its length. "" = every layer a transformer
+                  layer (attention, then MLP)
+    mamba_heads, mamba_head_dim, mamba_state, mamba_groups, mamba_conv, mamba_chunk: the Mamba-2 mixer (Dao & Gu
+                  2024, "Transformers are SSMs", sec. 7; Megatron-Core MambaMixer): inner width d_inner =
+                  mamba_heads·mamba_head_dim, state size N, B/C groups G, causal conv width, SSD chunk length Q.
+                  Its in_proj writes z, x (d_inner each), B, C (G·N each) and dt (one per head); a depthwise
+                  causal conv over x, B, C; the SSD scan; a gated RMSNorm of y·silu(z); out_proj back to hidden
     mtp_layers    multi-token-prediction modules (DeepSeek-V3: 1; config.json ``num_nextn_predict_layers``).
                   Module k predicts token i+k+1: it normalises the previous depth's hidden state and the
                   embedding of token i+k (enorm, hnorm), projects their concatenation (eh_proj, 2h -> h), runs
@@ -152,6 +164,13 @@ class ModelSpec:
     moe_layer_every: int = 1
     attention_sinks: bool = False
     qk_norm: bool = False
+    hybrid_pattern: str = ""
+    mamba_heads: int = 0
+    mamba_head_dim: int = 64
+    mamba_state: int = 128
+    mamba_groups: int = 8
+    mamba_conv: int = 4
+    mamba_chunk: int = 128
 
     def __post_init__(self):
         if self.total_params is not None:
@@ -208,6 +227,41 @@ class ModelSpec:
                               f"with room for top_k {self.top_k} experts in the chosen groups")
         if not 0 <= self.first_dense_layers <= self.layers:
             raise ConfigError(f"model {self.name}: first_dense_layers must be in 0..{self.layers}")
+        self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        pat = self.hybrid_pattern
+        if not isinstance(pat, str):
+            raise ConfigError(f"model {self.name}: hybrid_pattern must be a string of {''.join(HYBRID_KINDS)}")
+        for f in ("mamba_heads",):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"model {self.name}: {f} must be a non-negative integer, got {v!r}")
+        for f in ("mamba_head_dim", "mamba_state", "mamba_groups", "mamba_conv", "mamba_chunk"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
+        if not pat:
+            return
+        bad = sorted(set(pat) - set(HYBRID_KINDS))
+        if bad:
+            raise ConfigError(f"model {self.name}: hybrid_pattern has {''.join(bad)!r}; each layer is one of "
+                              + ", ".join(f"{c} ({k})" for c, k in HYBRID_KINDS.items()))
+        if len(pat) != self.layers:
+            raise ConfigError(f"model {self.name}: hybrid_pattern has {len(pat)} layers, layers is {self.layers}")
+        if "M" in pat and not self.mamba_heads:
+            raise ConfigError(f"model {self.name}: a hybrid_pattern with Mamba layers (M) needs mamba_heads")
+        if "M" in pat and self.mamba_heads % self.mamba_groups:
+            raise ConfigError(f"model {self.name}: mamba_heads {self.mamba_heads} is not a multiple of mamba_groups "
+                              f"{self.mamba_groups}")
+        if ("E" in pat) != self.is_moe:
+            raise ConfigError(f"model {self.name}: a hybrid_pattern {'with' if 'E' in pat else 'without'} MoE layers "
+                              f"(E) needs {'experts' if 'E' in pat else 'experts 0'}")
+        if self.first_dense_layers or self.moe_layer_every != 1 or self.mtp_layers:
+            raise ConfigError(f"model {self.name}: a hybrid_pattern names each layer's kind; first_dense_layers, "
+                              f"moe_layer_every and mtp_layers do not combine with it")
+        if self.sliding_window or self.attention_chunk or self.is_mla:
+            raise ConfigError(f"model {self.name}: local or latent attention in a hybrid model is not modelled")
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -235,11 +289,62 @@ class ModelSpec:
         """Whether layer index ``layer`` is an MTP module's layer (indices ``layers`` .. ``layers + mtp_layers - 1``)."""
         return layer >= self.layers
 
+    @property
+    def is_hybrid(self) -> bool:
+        """A hybrid model (``hybrid_pattern``): each layer one Mamba-2, attention, MLP or MoE block."""
+        return bool(self.hybrid_pattern)
+
+    def layer_kind(self, layer: int) -> str:
+        """Layer ``layer``'s character of ``hybrid_pattern`` (M, *, - or E), "" for a transformer layer."""
+        return self.hybrid_pattern[min(layer, self.layers - 1)] if self.hybrid_pattern else ""
+
+    def layer_blocks(self, layer: int) -> tuple[bool, bool]:
+        """(has a mixer block: attention or Mamba-2, has an MLP block: dense or MoE) of layer ``layer``."""
+        k = self.layer_kind(layer)
+        return k in ("", "*", "M"), k in ("", "-", "E")
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` has routed experts (an MTP module's layer, index >= layers, is of the last
         layer's kind)."""
         i = min(layer, self.layers - 1)
+        if self.hybrid_pattern:
+            return self.hybrid_pattern[i] == "E"
         return self.is_moe and i >= self.first_dense_layers and (i + 1) % self.moe_layer_every == 0
+
+    # ------------------------------------------------------------------ Mamba-2
+    @property
+    def mamba_inner(self) -> int:
+        """d_inner = mamba_heads · mamba_head_dim."""
+        return self.mamba_heads * self.mamba_head_dim
+
+    def mamba_in_width(self) -> int:
+        """in_proj's output width: z and x (d_inner each), B and C (groups · state each), dt (one per head)."""
+        return 2 * self.mamba_inner + 2 * self.mamba_groups * self.mamba_state + self.mamba_heads
+
+    def mamba_conv_width(self) -> int:
+        """Channels of the depthwise causal conv: x, B and C."""
+        return self.mamba_inner + 2 * self.mamba_groups * self.mamba_state
+
+    def mamba_linear_params(self) -> int:
+        """Weights of a Mamba-2 mixer's two linears, in_proj and out_proj (no biases, as Megatron-Core's
+        MambaMixer builds them)."""
+        return self.hidden * self.mamba_in_width() + self.mamba_inner * self.hidden
+
+    def mamba_params(self) -> int:
+        """Parameters of one Mamba-2 mixer: its linears, conv1d (weight and bias), dt_bias, A_log, D and the
+        gated norm's weight."""
+        c = self.mamba_conv_width()
+        return self.mamba_linear_params() + c * (self.mamba_conv + 1) + 3 * self.mamba_heads + self.mamba_inner
+
+    def ssd_flops(self, seq: int, micro_batch: int) -> float:
+        """Forward FLOPs of the SSD scan (Dao & Gu 2024, sec. 6: chunks of Q tokens, all matmuls) on one
+        micro-batch: C·Bᵀ within each chunk (2·t·Q·N per group), the chunk states Bᵀ·x (2·t·N·P per head),
+        the intra-chunk outputs (C·Bᵀ masked)·x (2·t·Q·P per head) and the inter-chunk outputs C·state
+        (2·t·N·P per head); the state passing between chunks (elementwise) is not counted."""
+        t = float(seq) * micro_batch
+        q, n, p, hh, g = min(self.mamba_chunk, seq), self.mamba_state, self.mamba_head_dim, self.mamba_heads, \
+            self.mamba_groups
+        return 2.0 * t * (q * n * g + hh * (2 * n * p + q * p))
 
     def local_attention(self, layer: int) -> tuple[str, int]:
         """Layer ``layer``'s attention: ("sliding", w) for a sliding window of w keys, ("chunked", c) for causal
@@ -275,6 +380,16 @@ class ModelSpec:
 
     def layer_params(self, layer: int) -> int:
         """Parameters of transformer layer ``layer`` (0-based), norms included."""
+        kind = self.layer_kind(layer)
+        if kind:        # a hybrid model's layer: one block and its pre-norm
+            if kind == "M":
+                return self.mamba_params() + self.hidden
+            if kind == "*":
+                return self.attention_params() + self.hidden
+            if kind == "-":
+                return self._mlp_params(self.ffn) + self.hidden
+            return (self.hidden * self.experts + self.experts * self.expert_params()
+                    + self.shared_experts * self.expert_params()) + self.hidden
         norms = 2 * self.hidden
         if self.is_moe_layer(layer):
             mlp = (self.hidden * self.experts + self.experts * self.expert_params()
@@ -334,12 +449,22 @@ class ModelSpec:
         self._require_shape()
         t = float(seq) * micro_batch
         h = self.hidden
-        attn_linear = 2.0 * t * self.attention_params()
+        kind = self.layer_kind(layer)
+        if kind == "M":         # the mixer's linears, and the SSD scan where attention has its core
+            return LayerFlops(2.0 * t * self.mamba_linear_params(), self.ssd_flops(seq, micro_batch),
+                              0.0, 0.0, 0.0, 0.0)
+        if kind == "-":
+            return LayerFlops(0.0, 0.0, 2.0 * t * self._mlp_params(self.ffn), 0.0, 0.0, 0.0)
+        attn_linear = 2.0 * t * self.attention_params() if kind != "E" else 0.0
         if self.is_mla:
             core = 2.0 * micro_batch * seq * seq * self.heads * (self.d_head + self.qk_rope_dim + self.v_head_dim)
         else:
             core = 4.0 * micro_batch * seq * seq * self.heads * self.d_head
         core *= local_attention_fraction(seq, self.local_attention(layer))
+        if kind == "E":
+            core = 0.0
+        if kind == "*":
+            return LayerFlops(attn_linear, core, 0.0, 0.0, 0.0, 0.0)
         if self.is_moe_layer(layer):
             router = 2.0 * t * h * self.experts
             experts = 2.0 * t * self.top_k * self.expert_params()
@@ -535,6 +660,34 @@ _PRESETS: dict[str, ModelSpec] = {
     "llama4-maverick": ModelSpec("llama4-maverick", layers=48, hidden=5120, ffn=16384, heads=40, kv_heads=8,
                                  head_dim=128, vocab=202048, experts=128, top_k=1, moe_ffn=8192, shared_experts=1,
                                  moe_layer_every=2, attention_chunk=8192, global_attention_every=4),
+    # Nemotron-H (hybrid Mamba-2 / attention; NVIDIA 2025, "Nemotron-H: A Family of Accurate and Efficient Hybrid
+    # Mamba-Transformer Models", arXiv 2504.03624; the layer patterns and shapes of Megatron-Bridge's
+    # NemotronHModelProvider8B / 47B / 56B, models/nemotronh/nemotron_h_provider.py at v0.3.0): each layer one
+    # Mamba-2 mixer (M), self-attention (*, GQA 8, no position embedding) or squared-ReLU MLP (-); Mamba heads of
+    # 64 with 8 B/C groups, conv 4, SSD chunks of 128 (Megatron-Core's MambaMixer defaults); vocab 131,072, untied,
+    # no dropout.
+    "nemotron-h-8b": ModelSpec("nemotron-h-8b", layers=52, hidden=4096, ffn=21504, heads=32, kv_heads=8,
+                               vocab=131072, gated_mlp=False, dropout=False, position_embedding="none",
+                               hybrid_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+                               mamba_heads=128, mamba_state=128),
+    "nemotron-h-47b": ModelSpec("nemotron-h-47b", layers=98, hidden=8192, ffn=30720, heads=64, kv_heads=8,
+                                vocab=131072, gated_mlp=False, dropout=False, position_embedding="none",
+                                hybrid_pattern="M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M"
+                                               "-M-M-M---MM---M-M*-M-M-M-M-M-",
+                                mamba_heads=256, mamba_state=256),
+    "nemotron-h-56b": ModelSpec("nemotron-h-56b", layers=118, hidden=8192, ffn=32768, heads=64, kv_heads=8,
+                                vocab=131072, gated_mlp=False, dropout=False, position_embedding="none",
+                                hybrid_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-"
+                                               "M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+                                mamba_heads=256, mamba_state=256),
+    # Nemotron 3 Nano 30B-A3B (Megatron-Bridge's Nemotron3NanoProvider, same file): 52 layers of Mamba-2 (64 heads
+    # of 64, state 128), attention (32 heads, 2 KV heads of 128) and MoE (128 experts 1856 wide top-6, squared ReLU,
+    # a shared expert of twice that width, counted as two of the routed width), hidden 2688.
+    "nemotron-3-nano": ModelSpec("nemotron-3-nano", layers=52, hidden=2688, ffn=1856, heads=32, kv_heads=2,
+                                 head_dim=128, vocab=131072, experts=128, top_k=6, moe_ffn=1856, shared_experts=2,
+                                 gated_mlp=False, dropout=False, position_embedding="none",
+                                 hybrid_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+                                 mamba_heads=64, mamba_state=128),
     # Small models for tests and quick experiments.
     "tiny": ModelSpec("tiny", layers=4, hidden=256, ffn=1024, heads=8, kv_heads=8, vocab=1024, gated_mlp=False),
     "tiny-moe": ModelSpec("tiny-moe", layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024,
@@ -600,7 +753,7 @@ def load_model_file(path: str | Path) -> ModelSpec:
 # Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig, DeepseekV2Config, DeepseekV3Config, GptOssConfig). All
 # of them use a gated (SwiGLU) MLP, and all default tie_word_embeddings to false and num_key_value_heads to the heads.
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-                  "deepseek_v3", "gpt_oss", "llama4", "llama4_text")
+                  "deepseek_v3", "gpt_oss", "llama4", "llama4_text", "nemotron_h")
 
 
 def _global_attention_every(layer_types, layers: int, where: str) -> int:
@@ -618,6 +771,57 @@ def _global_attention_every(layer_types, layers: int, where: str) -> int:
         raise ConfigError(f"{where}: layer_types whose full-attention layers are not every n-th layer (layers n-1, "
                           f"2n-1, ...) are not modelled")
     return n
+
+
+def _nemotron_h_from_hf(cfg: dict, name: str | None, where: str) -> ModelSpec:
+    """Nemotron-H / Nemotron 3 (transformers' NemotronHConfig): the layer pattern ``hybrid_override_pattern``,
+    the Mamba-2 mixer's ``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``, ``n_groups``,
+    ``conv_kernel``, ``chunk_size``, a squared-ReLU MLP (``mlp_hidden_act`` relu2), MoE layers (E) from
+    ``n_routed_experts`` (a shared expert of ``moe_shared_expert_intermediate_size`` counts as that many
+    experts of the routed width), attention without position embedding."""
+    from simulator.inputs import integer
+
+    def key(*names, default=None, required=False):
+        for k in names:
+            if cfg.get(k) is not None:
+                return cfg[k]
+        if required:
+            raise ConfigError(f"{where}: missing {names[0]!r} (a nemotron_h config.json has it)")
+        return default
+
+    def count(*names, default=None, lo=1):
+        return integer(key(*names, default=default, required=default is None), f"{where}: {names[0]}", lo=lo)
+
+    pattern = key("hybrid_override_pattern", required=True)
+    if not isinstance(pattern, str):
+        raise ConfigError(f"{where}: hybrid_override_pattern must be a string of M, *, - and E")
+    act = key("mlp_hidden_act", default="relu2")
+    if act not in ("relu2", "squared_relu"):
+        raise ConfigError(f"{where}: mlp_hidden_act {act!r} is not modelled (Nemotron-H's relu2 is)")
+    kw = dict(name=name or "nemotron_h", layers=count("num_hidden_layers"), hidden=count("hidden_size"),
+              ffn=count("intermediate_size"), heads=count("num_attention_heads"),
+              kv_heads=count("num_key_value_heads", "num_attention_heads"),
+              vocab=count("vocab_size"), gated_mlp=False, dropout=False, position_embedding="none",
+              tied_embeddings=bool(key("tie_word_embeddings", default=False)), hybrid_pattern=pattern,
+              mamba_heads=count("mamba_num_heads"), mamba_head_dim=count("mamba_head_dim", default=64),
+              mamba_state=count("ssm_state_size", default=128), mamba_groups=count("n_groups", "mamba_n_groups", default=8),
+              mamba_conv=count("conv_kernel", "mamba_d_conv", default=4),
+              mamba_chunk=count("chunk_size", "mamba_chunk_size", default=128))
+    head_dim = key("head_dim", "attention_head_dim")
+    if head_dim is not None:
+        kw["head_dim"] = integer(head_dim, f"{where}: head_dim", lo=1)
+    if "E" in pattern:
+        moe = count("moe_intermediate_size")
+        shared = count("moe_shared_expert_intermediate_size", default=0, lo=0)
+        if shared % moe:
+            raise ConfigError(f"{where}: moe_shared_expert_intermediate_size {shared} is not a multiple of "
+                              f"moe_intermediate_size {moe}")
+        kw.update(experts=count("n_routed_experts"), top_k=count("num_experts_per_tok"), moe_ffn=moe,
+                  shared_experts=shared // moe)
+    try:
+        return ModelSpec(**kw)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
@@ -645,6 +849,8 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
         mtype = cfg.get("model_type", "llama4_text")
     if mtype not in HF_MODEL_TYPES:
         raise ConfigError(f"{where}: model_type {mtype!r} is not supported; known: {', '.join(HF_MODEL_TYPES)}")
+    if mtype == "nemotron_h":
+        return _nemotron_h_from_hf(cfg, name, where)
 
     def key(k, default=None, required=False):
         v = cfg.get(k, default)

@@ -495,6 +495,8 @@ class ParallelPlan:
                             f"across TP ranks; use --tp <= {model.kv_heads}")
         if model.ffn % t or (model.is_moe and model.expert_ffn % t):
             raise PlanError(f"tp({t}) must divide the MLP width ({model.ffn}) of {model.name}")
+        if getattr(model, "is_hybrid", False):
+            self._validate_hybrid(model)
         chunks = self.pieces
         if model.layers < max(1, chunks - 2):
             raise PlanError(f"{model.name} has {model.layers} layers for {chunks} model pieces of pp {self.pp} × "
@@ -542,6 +544,20 @@ class ParallelPlan:
         if model.is_moe and model.expert_ffn % self.expert_tp:
             raise PlanError(f"etp({self.expert_tp}) must divide the expert MLP width ({model.expert_ffn}) of "
                             f"{model.name}")
+
+    def _validate_hybrid(self, model) -> None:
+        """What a hybrid (Mamba-2) model's plan can be: Megatron-Core shards a Mamba mixer's heads and B/C groups
+        over TP; the rest is not modelled."""
+        t = self.tp
+        if "M" in model.hybrid_pattern and (model.mamba_heads % t or model.mamba_groups % t):
+            raise PlanError(f"tp({t}) must divide the {model.mamba_heads} Mamba heads and {model.mamba_groups} B/C "
+                            f"groups of {model.name}")
+        why = ("context parallelism" if self.cp > 1 else
+               "--tp-comm-overlap" if self.tp_comm_overlap else
+               f"attention {self.attention}" if self.attention != "flash" else
+               "recompute op (torchtitan's per-op checkpointing)" if self.recompute == "op" else None)
+        if why:
+            raise PlanError(f"{why} with the hybrid (Mamba-2) model {model.name} is not modelled")
 
     def _check_stage_layers(self) -> None:
         sl = self.stage_layers
@@ -840,7 +856,8 @@ def selective_recompute_flops(model, plan: "ParallelPlan", layer: int, lf=None) 
     (``selective_extra_flops``). ``lf``: the layer's ``LayerFlops`` when the caller has it."""
     lf = lf or model.layer_flops(layer, plan.seq, plan.micro_batch)
     mods = plan.recompute_modules
-    return (lf.attn_core if "core_attn" in mods else 0.0) + (lf.experts if "moe" in mods else 0.0) \
+    core = lf.attn_core if "core_attn" in mods and model.layer_kind(layer) != "M" else 0.0   # (Mamba: its scan)
+    return core + (lf.experts if "moe" in mods else 0.0) \
         + selective_extra_flops(model, plan, layer) * plan.tp * plan.cp
 
 

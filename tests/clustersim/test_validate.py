@@ -56,9 +56,11 @@ def test_every_shared_row_is_copied_with_a_stable_id():
 
 def test_models_without_a_preset_say_what_is_not_modelled():
     for model, why in (("DeepSeek-V4 Flash", "compressed sparse attention"), ("Nemotron 3 Super", "Mamba"),
-                       ("Nemotron 3 Nano", "Mamba"), ("Nemotron-H 56B", "Mamba")):
+                       ("Nemotron V3 Ultra 550B", "Mamba")):
         with pytest.raises(NotExpressible, match=why):
             row_experiment(_row(model=model), FIELDS)
+    for model, preset in (("Nemotron 3 Nano", "nemotron-3-nano"), ("Nemotron-H 56B", "nemotron-h-56b")):
+        assert row_experiment(_row(model=model), FIELDS)[0]["model"] == preset      # hybrid Mamba-2 presets
 
 
 def test_qwen3_bridge_rows_run_the_recipes_expert_tp_and_current_scaling():
@@ -127,7 +129,7 @@ def test_fsdp_framework_row_takes_local_batch_and_proxy_layers():
 
 
 @pytest.mark.parametrize("row, reason", [
-    (_row(precision="FP8"), "FP8"), (_row(precision="NVFP4"), "NVFP4"), (_row(model="Nemotron-H 56B"), "no model preset"),
+    (_row(precision="FP8"), "FP8"), (_row(precision="NVFP4"), "NVFP4"), (_row(model="Nemotron 3 Super"), "no model preset"),
     (_row(hardware="Hopper GPUs, 8/node (SKU not stated)"), "no cluster preset"), (_row(mbs=""), "micro-batch"),
     (_row(notes="CHECK: gbs"), "CHECK"), (_row(gbs="101"), "not a multiple"), (_row(task="sft"), "pre-training"),
 ])
