@@ -62,14 +62,9 @@ MODEL_PRESETS = {
 
 #: Models of the published runs without a preset, by name prefix, and what of their architecture is not modelled
 UNMODELLED_ARCHITECTURES = (
-    ("Nemotron 3 Super", "hybrid Mamba-2 / attention / MoE layers whose shape is not read here (only Nemotron 3 "
-                         "Nano's is)"),
-    ("Nemotron V3 Super", "hybrid Mamba-2 / attention / MoE layers whose shape is not read here (only Nemotron 3 "
-                          "Nano's is)"),
-    ("Nemotron 3 Ultra", "hybrid Mamba-2 / attention / MoE layers whose shape is not read here (only Nemotron 3 "
-                         "Nano's is)"),
-    ("Nemotron V3 Ultra", "hybrid Mamba-2 / attention / MoE layers whose shape is not read here (only Nemotron 3 "
-                          "Nano's is)"),
+    *((prefix, "hybrid Mamba-2 / attention layers with LatentMoE (experts in a compressed latent width) and MTP, "
+               "not modelled (hybrid Mamba-2 models are, as Nemotron-H and Nemotron 3 Nano)")
+      for prefix in ("Nemotron 3 Super", "Nemotron V3 Super", "Nemotron 3 Ultra", "Nemotron V3 Ultra")),
     ("DeepSeek-V4", "its compressed sparse attention is not modelled"),
     ("nanotron", "the Ultra-Scale Playbook's sweep models, run on Hopper GPUs of an unstated SKU at an unstated "
                  "precision"),
