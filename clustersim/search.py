@@ -203,6 +203,9 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     # its attention block's (half); with etp = tp (Megatron-Core's grid with cp > 1) the experts' etp gathers
     # run on the same group with topk times the tokens, no cheaper than the dense layer's
     tp_moe = tp_s / 2 if plan.folded and plan.expert_tp < plan.tp and not model.shared_experts else tp_s
+    if model.is_hybrid:     # one block per layer, one TP collective pair: half a transformer layer's
+        tp_s /= 2
+        tp_moe = 0.0 if plan.folded and not model.shared_experts else tp_s
     chunk_t = [[max(f / rate, k) + tp_s * (n - n_moe) + (tp_moe + ep_s[s]) * n_moe
                 for f, k, (n, n_moe) in zip(ch, kch, counts)]
                for s, (ch, kch, counts) in enumerate(zip(flops, kern, _chunk_layer_counts(model, plan)))]
@@ -240,17 +243,17 @@ def kernel_chunk_times(model, plan, cost) -> list[list[float]]:
                 t += (plan.cp - 1) * pricer.time_s(phase_kernels(model, plan, layer, ph, part="ring")) * pace
         return t
 
-    per_kind: dict[bool, float] = {}
+    per_kind: dict[tuple, float] = {}      # by layer kind: MoE or dense, local attention, hybrid block
     out = []
     for s, stage in enumerate(chunks):
         row = []
         for c, layers in enumerate(stage):
             t = 0.0
             for layer in layers:
-                moe = model.is_moe_layer(layer)
-                if moe not in per_kind:
-                    per_kind[moe] = layer_s(layer)
-                t += per_kind[moe]
+                kind = (model.is_moe_layer(layer), model.local_attention(layer), model.layer_kind(layer))
+                if kind not in per_kind:
+                    per_kind[kind] = layer_s(layer)
+                t += per_kind[kind]
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
                 t += sum(pricer.time_s(phase_kernels(model, plan, None, ph, part="head")) for ph in phases)
             row.append(t)

@@ -744,7 +744,11 @@ def _mamba_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
     di, conv = m.mamba_inner / sh.tp, m.mamba_conv_width() / sh.tp
     heads = m.mamba_heads / sh.tp
     q = min(m.mamba_chunk, sh.s)
-    states = sh.b * math.ceil(sh.s / q) * heads * m.mamba_head_dim * m.mamba_state * FP32
+    # the chunk states (b, chunks, heads, P, N): _chunk_state_fwd writes them in fp32 (2 bytes beyond the
+    # matmul's output as counted), _state_passing_fwd reads them and writes the passed states in the activation
+    # dtype, which the inter-chunk matmul reads (counted there); its backward reads and writes fp32 gradients
+    states = sh.b * math.ceil(sh.s / q) * heads * m.mamba_head_dim * m.mamba_state
+    passing, passing_bwd = states * (FP32 - a + FP32 + a), states * (FP32 + FP32 + (FP32 - a) + a)
     gemms = _ssd_gemms(m, sh)
     if phase == BACKWARD_WEIGHT:
         _linear(w, "out_proj", phase, T, h, di)
@@ -758,7 +762,7 @@ def _mamba_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
         for name, mm, nn, kk, batch in gemms:
             w.gemm(name, mm, nn, kk, batch, fp8_ok=False)
             if name == "ssd chunk states":
-                w.ew("ssd state passing", 3 * states)
+                w.ew("ssd state passing", passing)
         w.ew("ssd gate y·silu(z) (in the scan kernel)", T * di * 2 * a)    # reads z, writes y beside the output
         w.ew("group rmsnorm", T * di * 2 * a)
         w.cast("out_proj input fp8 cast", T * di)
@@ -771,8 +775,8 @@ def _mamba_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
     w.ew("ssd gate bwd", T * di * 5 * a)          # reads z, y and the gradient, writes dz and dy
     for name, mm, nn, kk, batch in gemms[:2]:       # recomputed: C·Bᵀ, the chunk states and their passing
         w.gemm(f"{name} (recompute)", mm, nn, kk, batch, fp8_ok=False)
-    w.ew("ssd state passing (recompute)", 3 * states)
-    w.ew("ssd state passing bwd", 3 * states)
+    w.ew("ssd state passing (recompute)", passing)
+    w.ew("ssd state passing bwd", passing_bwd)
     for name, mm, nn, kk, batch in gemms:           # the gradients of both operands of each matmul
         w.gemm(f"{name} bwd (left)", mm, kk, nn, batch, fp8_ok=False)
         w.gemm(f"{name} bwd (right)", kk, nn, mm, batch, fp8_ok=False)

@@ -170,3 +170,22 @@ def test_validate_maps_the_nemotron_rows():
     kw, notes = row_experiment(rows["657"])
     assert kw["model"] == "nemotron-3-nano" and kw["moe_dispatcher"] == "hybridep"
     assert kw["recompute_modules"] == ("moe", "layernorm", "core_attn") and kw["fp8_recipe"] == "current"
+
+
+def test_search_bound_stays_below_the_simulated_step_for_hybrids():
+    """The search's step-time bound prices each layer by its own kind and one TP collective pair per hybrid
+    block: it never exceeds the simulated step (a bound above it would prune plans that can win)."""
+    from clustersim.experiment import (Experiment, build_cost_model, load_cluster_for, resolve_model, resolve_plan,
+                                       run_experiment)
+    from clustersim.search import lower_bound_s
+    shape = dict(layers=8, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=32000, hybrid_pattern="M-M*-E-M",
+                 mamba_heads=32, experts=8, top_k=2)
+    for tp, pp, ep, sp in ((2, 1, 1, True), (4, 2, 1, False), (2, 2, 2, True), (8, 1, 1, True)):
+        exp = Experiment(cluster="dgx-h100", gpus=16, model=dict(shape), global_batch=32, seq=2048,
+                         network="analytical", mode="symmetric", zero=1, tp=tp, pp=pp, ep=ep, sp=sp,
+                         dp=16 // (tp * pp))
+        model = resolve_model(exp)
+        plan = resolve_plan(exp, model, 16)
+        bound = lower_bound_s(exp, model, plan, build_cost_model(exp, load_cluster_for(exp)), 16)
+        step = run_experiment(exp, check_budget=False).metrics.step_time_s
+        assert 0 < bound <= step * (1 + 1e-9), (tp, pp, ep, bound, step)
