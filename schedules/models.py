@@ -739,6 +739,8 @@ def load_model_file(path: str | Path) -> ModelSpec:
     unknown = sorted(set(data) - fields)
     if unknown:
         raise ConfigError(f"model file {p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+    if isinstance(data.get("hybrid_pattern"), str):
+        data.setdefault("layers", len(data["hybrid_pattern"]))        # (a hybrid model: one layer per character)
     if base is not None:
         return dataclasses.replace(get_model(str(base)), **data)
     missing = [f for f in ("layers", "hidden", "heads") if f not in data]

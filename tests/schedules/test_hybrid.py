@@ -189,3 +189,16 @@ def test_search_bound_stays_below_the_simulated_step_for_hybrids():
         bound = lower_bound_s(exp, model, plan, build_cost_model(exp, load_cluster_for(exp)), 16)
         step = run_experiment(exp, check_budget=False).metrics.step_time_s
         assert 0 < bound <= step * (1 + 1e-9), (tp, pp, ep, bound, step)
+
+
+def test_model_file_takes_its_layers_from_the_pattern(tmp_path):
+    from schedules.models import load_model_file
+    f = tmp_path / "hybrid.yaml"
+    f.write_text('preset: nemotron-h-8b\nhybrid_pattern: "M-M*-M-"\n')
+    m = load_model_file(f)
+    assert (m.layers, m.layer_kind(3), m.mamba_heads) == (7, "*", 128)
+    f.write_text('hybrid_pattern: "M*-"\nmamba_heads: 16\nhidden: 512\nheads: 8\n')
+    assert load_model_file(f).layers == 3
+    f.write_text('hybrid_pattern: "M*-"\nlayers: 4\nmamba_heads: 16\nhidden: 512\nheads: 8\n')
+    with pytest.raises(ConfigError, match="3 layers, layers is 4"):
+        load_model_file(f)
