@@ -230,6 +230,25 @@ RECIPE_RECOMPUTE = {
                                                           f"BF16_V1 / V2, v0.2.0-v0.5.0) runs without activation "
                                                           f"recomputation")
        for hw in ("GB300", "B300") for rel in GPT_OSS_RELEASES},
+    # Qwen3-30B-A3B's MXFP8 configs on B300 and GB300 (QWEN3_30B_A3B_PRETRAIN_CONFIG_{B300,GB300}_FP8_MX_V1, mbs 8,
+    # qwen/qwen3_workload_base_configs.py at v0.3.0-v0.5.1; set_qwen3_common_configs clears the recipe's recompute),
+    # its H100 FP8-CS and Qwen3-235B-A22B's B200 FP8-MX configs of v0.2.0 (NeMo 25.11; their parallelism differs from
+    # the rows' in VP only, and every variant of the file's history sets no recompute), Llama 3 70B's GB200 FP8-CS
+    # config of v0.2.0 (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG: Megatron FSDP, mbs 2, 40 layers' activations
+    # offloaded to the CPU, not modelled)
+    **{(hw, "Qwen3-30B-A3B", rel, False, "fp8"): ("none", f"Megatron-Bridge's Qwen3-30B-A3B {hw} config "
+                                                          f"({hw}_FP8_MX_V1) runs without activation recomputation")
+       for hw in ("B300", "GB300")
+       for rel in ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06", "NeMo 26.06.01")},
+    ("H100", "Qwen3-30B-A3B", "NeMo 25.11", False, "fp8"): (
+        "none", "Megatron-Bridge's Qwen3-30B-A3B H100 FP8-CS config (v0.2.0) runs without activation recomputation"),
+    ("B200", "Qwen3-235B-A22B", "NeMo 25.11", False, "fp8"): (
+        "none", "Megatron-Bridge's Qwen3-235B-A22B B200 FP8-MX config (v0.2.0) runs without activation "
+                "recomputation"),
+    ("GB200", "Llama 3 70B", "NeMo 25.11", True, "fp8"): (
+        "none", "Megatron-Bridge's GB200 recipe (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG, v0.2.0) runs without "
+                "recomputation and offloads 40 layers' activations to the CPU (not modelled: simulated as kept on "
+                "the GPU)"),
     # Nemotron 3 Nano's Blackwell configs (scripts/performance/configs/nemotronh/nemotron_3_nano_workload_base_configs
     # .py at v0.3.1, nemotron_3_workload_base_configs.py at v0.4.0-v0.5.1, perf_recipes/nemotronh/gb300 at v0.6.0:
     # {B200,GB200,B300,GB300}_FP8_MX_V1, EP8, mbs 2 / 2 / 4 / 4) set no recompute (the recipe's granularity None)
@@ -332,34 +351,46 @@ LAUNCH_SCRIPT_RECOMPUTE_MODULES = {
     ("DeepSeek-V3 671B", "1f6d9f40e4117d7c71b726f86074ac01c29f87f5", "GB200"): ("core_attn",),
 }
 
-#: the same from Megatron-Bridge's performance configs (scripts/performance/configs/deepseek/, the default config
-#: variant v2), where the table's parallelism identifies the config and every release it may have come from
-#: sets the same modules: (model, hardware class, pp, ep) -> (releases, modules, config). B200 PP16 EP8:
-#: DEEPSEEK_V3_B200_*_BASE_CONFIG (v0.2.x) and DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 (v0.3.0-v0.4.x),
-#: recompute_modules=["mla_up_proj"]; B200 PP8 VP2 EP32: ..._B200_FP8_MX_V2 of v0.5.0, ["mla_up_proj", "mlp"];
-#: GB200 PP4 VP4 EP64: ..._GB200_BASE_CONFIG of v0.2.x (every precision) and ..._GB200_FP8_MX_V2 of v0.3.x,
-#: ["mla_up_proj"] (v0.4.x runs ["mlp"] there: the 26.04 rows, whose version is not certain, are left alone);
-#: B300 PP8 EP8: ..._B300_V2 of v0.5.0 (every precision), ["mla_up_proj"].
+#: the same from Megatron-Bridge's performance configs (scripts/performance/configs/<model>/, the default config
+#: variant v2; perf_recipes/ at v0.6.0), where the table's parallelism identifies the config: (model, hardware
+#: class, pp, ep) -> ((releases, modules, config), ...), releases by tag (docs/releases/software-versions.md and
+#: the docs' version list: NeMo 25.11 v0.2.x, 26.02 v0.3.0, 26.02.01 v0.3.1, 26.04 v0.4.0, 26.04.01 v0.4.2, 26.06
+#: v0.5.0; 26.06.01 v0.5.1 and 26.08 v0.6.0 by their tags' dates). B200 PP16 EP8: DEEPSEEK_V3_B200_*_BASE_CONFIG
+#: (v0.2.x) and DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 (v0.3.0-v0.4.0), recompute_modules=["mla_up_proj"];
+#: B200 PP8 VP2 EP32: ..._B200_FP8_MX_V2 of v0.4.2, ["mla_up_proj", "mlp"]. The others below.
 RECIPE_RECOMPUTE_MODULES = {
-    ("DeepSeek-V3 671B", "B200", 16, 8): (("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04"),
-                                          ("mla_up_proj",), "DEEPSEEK_V3_B200 performance config"),
-    ("DeepSeek-V3 671B", "B200", 8, 32): (("NeMo 26.04.01",), ("mla_up_proj", "mlp"),
-                                          "DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 (v0.5.0)"),
-    ("DeepSeek-V3 671B", "B300", 8, 8): (("NeMo 26.04.01",), ("mla_up_proj",),
-                                         "DEEPSEEK_V3_PRETRAIN_CONFIG_B300_V2 (v0.5.0: PP8, mbs 2)"),
-    ("DeepSeek-V3 671B", "GB200", 4, 64): (("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01"), ("mla_up_proj",),
-                                           "DEEPSEEK_V3_GB200 performance config"),
+    ("DeepSeek-V3 671B", "B200", 16, 8): ((("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04"),
+                                           ("mla_up_proj",), "DEEPSEEK_V3_B200 performance config"),),
+    ("DeepSeek-V3 671B", "B200", 8, 32): ((("NeMo 26.04.01",), ("mla_up_proj", "mlp"),
+                                           "DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 (v0.4.2)"),),
+    # B300 PP8 EP8 mbs 2: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_V2 of v0.4.2 (NeMo 26.04.01) and v0.5.0 (26.06)
+    ("DeepSeek-V3 671B", "B300", 8, 8): ((("NeMo 26.04.01", "NeMo 26.06"), ("mla_up_proj",),
+                                          "DEEPSEEK_V3_PRETRAIN_CONFIG_B300_V2 (v0.4.2, v0.5.0: PP8, mbs 2)"),),
+    # GB200 PP4 VP4 EP64: v0.2.x-v0.3.x ["mla_up_proj"], v0.4.0 and v0.4.2 (NeMo 26.04, 26.04.01) ["mlp"] (the
+    # dense layers' MLPs only), v0.5.0-v0.6.0 (26.06-26.08) ["mla_up_proj"] again
+    ("DeepSeek-V3 671B", "GB200", 4, 64): (
+        (("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01"), ("mla_up_proj",), "DEEPSEEK_V3_GB200 performance config"),
+        (("NeMo 26.04", "NeMo 26.04.01"), ("mlp",), "DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V2 (v0.4.0, v0.4.2)"),
+        (("NeMo 26.06", "NeMo 26.06.01", "NeMo 26.08"), ("mla_up_proj",),
+         "DeepSeek-V3 GB200 MXFP8 config (v0.5.0-v0.6.0)")),
+    # GB300 PP2 VP8 EP32 mbs 2: DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2 of v0.3.0-v0.4.2
+    ("DeepSeek-V3 671B", "GB300", 2, 32): ((("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01"),
+                                           ("mla_up_proj",), "DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2 "
+                                                             "(v0.3.0-v0.4.2)"),),
+    # Kimi K2 on GB300 (KIMI_K2_PRETRAIN_CONFIG_GB300_FP8_MX, kimi/kimi_workload_base_configs.py, v0.3.1-v0.5.0)
+    ("Kimi K2", "GB300", 4, 64): ((("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06"), ("mla_up_proj",),
+                                  "KIMI_K2_PRETRAIN_CONFIG_GB300_FP8_MX (v0.3.1-v0.5.0)"),),
     # GPT-OSS 120B in BF16 (configs/gpt_oss, v0.2.0-v0.5.0, V1 and V2 alike): recompute_modules=["layernorm",
     # "moe_act"] on H100 (PP4 EP8), B200 (EP64, or EP8 from v0.4.0's V2) and GB200 (EP64)
-    **{("GPT-OSS 120B", hw, pp, ep): (GPT_OSS_RELEASES, ("layernorm", "moe_act"),
-                                      f"GPT_OSS_120B_*_{hw}_BF16 performance config (v0.2.0-v0.5.0)")
+    **{("GPT-OSS 120B", hw, pp, ep): ((GPT_OSS_RELEASES, ("layernorm", "moe_act"),
+                                       f"GPT_OSS_120B_*_{hw}_BF16 performance config (v0.2.0-v0.5.0)"),)
        for hw, pp, ep in (("H100", 4, 8), ("B200", 1, 64), ("B200", 1, 8), ("GB200", 1, 64))},
     # Nemotron 3 Nano on H100 (H100_FP8_CS_V1, v0.3.1-v0.5.1): recompute_modules=["moe", "layernorm", "core_attn",
     # "moe_act"] (moe re-runs the whole MoE block, moe_act included)
-    ("Nemotron 3 Nano", "H100", 1, 8): (("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06"),
-                                        ("moe", "layernorm", "core_attn"),
-                                        "H100_FP8_CS_V1 Nemotron 3 Nano performance config (v0.3.1-v0.5.1; its "
-                                        "moe_act is part of moe)"),
+    ("Nemotron 3 Nano", "H100", 1, 8): ((("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06"),
+                                         ("moe", "layernorm", "core_attn"),
+                                         "H100_FP8_CS_V1 Nemotron 3 Nano performance config (v0.3.1-v0.5.1; its "
+                                         "moe_act is part of moe)"),),
 }
 
 
@@ -372,9 +403,11 @@ def stated_recompute_modules(row: dict) -> tuple[tuple[str, ...], str] | None:
         return hit, "the benchmark's launch script (--recompute_modules)"
     if RECIPE_FRAMEWORK not in row.get("framework", ""):
         return None
-    rec = RECIPE_RECOMPUTE_MODULES.get((row.get("model"), hw, _int(row, "pp", 1), _int(row, "ep", 1)))
-    if rec and (row.get("release") or "").strip() in rec[0]:
-        return rec[1], f"Megatron-Bridge's {rec[2]}"
+    release = (row.get("release") or "").strip()
+    for releases, modules, config in RECIPE_RECOMPUTE_MODULES.get((row.get("model"), hw, _int(row, "pp", 1),
+                                                                   _int(row, "ep", 1)), ()):
+        if release in releases:
+            return modules, f"Megatron-Bridge's {config}"
     return None
 
 

@@ -736,10 +736,10 @@ def _ssd_gemms(m: ModelSpec, sh: _Shape) -> list[tuple[str, float, float, float,
 def _mamba_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
     """A Mamba-2 layer as Megatron-Core's MambaMixer runs it (norm fused into in_proj, mamba_ssm's fused
     conv + scan, whose last kernel applies the gate silu(z), the mixer's group RMSNorm, out_proj) and its
-    residual. The SSD scan is priced as its matmuls at the
-    GEMM curve (BF16: the Triton kernels run tl.dot) and its chunk states' fp32 traffic at HBM bandwidth: no
-    SSD kernel measurement is in the data. Backward: the fused function recomputes the conv and the scan's
-    C·Bᵀ and chunk states, then runs two gradient matmuls per forward one."""
+    residual. The SSD scan is priced as its matmuls at the GEMM curve (BF16: the Triton kernels run tl.dot)
+    and its chunk states' traffic at HBM bandwidth: no SSD kernel measurement is in the data. Backward: the
+    fused function recomputes the conv and the scan's C·Bᵀ and chunk states, then runs two gradient matmuls
+    per forward one."""
     T, h, a = sh.T, sh.h, w.a
     di, conv = m.mamba_inner / sh.tp, m.mamba_conv_width() / sh.tp
     heads = m.mamba_heads / sh.tp
@@ -1013,8 +1013,7 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
     sh = _Shape(m, p)
     T, h = sh.T, sh.h
     norm_in, norm_post = recomputed_norms(m, p, moe)
-    kind = getattr(w, "kind", "")
-    mixer, mlp = kind in ("", "*"), kind in ("", "-", "E")     # (a Mamba-2 block has no recompute module)
+    mixer, mlp = w.kind in ("", "*"), w.kind in ("", "-", "E")     # (a Mamba-2 block has no recompute module)
     if part in ("layer", "attention") and mixer:
         if norm_in:
             _norm(w, "input norm", sh.rows, h, False, True)

@@ -609,3 +609,19 @@ def test_gpt_oss_bf16_rows_run_megatron_bridges_recompute():
     assert gb300["recompute"] == "none" and any("GB300 config" in n for n in notes)
     mx = row_experiment(rows["887"], FIELDS | {"dtype", "stack", "fp8_recipe"})[0]     # GB300 MXFP8, NeMo 26.06
     assert "recompute" not in mx
+
+
+def test_rows_run_the_recompute_their_bridge_configs_set():
+    """Megatron-Bridge's performance configs, read per release: DeepSeek-V3 on GB200 recomputes mla_up_proj, then
+    the dense MLPs only (v0.4.x), then mla_up_proj again; Qwen3-30B-A3B's MXFP8 configs on B300 / GB300 recompute
+    nothing; DeepSeek-V3 on GB300 and Kimi K2 recompute mla_up_proj."""
+    from clustersim.validate import load_runs
+    rows = {r["id"]: r for r in load_runs()}
+    expected = {"594": ("mla_up_proj",), "601": ("mlp",), "608": ("mlp",), "615": ("mla_up_proj",),
+                "620": ("mla_up_proj",), "835": ("mla_up_proj",), "820": ("mla_up_proj",), "847": ("mla_up_proj",)}
+    for rid, modules in expected.items():
+        exp, notes = row_experiment(rows[rid])
+        assert (exp["recompute"], tuple(exp["recompute_modules"])) == ("selective", modules), rid
+    for rid in ("800", "825", "844", "907", "652", "718", "583"):
+        exp, notes = row_experiment(rows[rid])
+        assert exp["recompute"] == "none" and any("without" in n and "recomputation" in n for n in notes), rid

@@ -117,7 +117,8 @@ def test_validate_takes_the_recipes_dispatcher():
     from clustersim.validate import stated_recompute_modules
     b300_v2 = {**b300, "release": "NeMo 26.04.01", "pp": "8", "ep": "8"}
     assert stated_recompute_modules(b300_v2)[0] == ("mla_up_proj",)
-    assert stated_recompute_modules({**b300_v2, "release": "NeMo 26.06"}) is None      # a later config, not read
+    assert stated_recompute_modules({**b300_v2, "release": "NeMo 26.06"})[0] == ("mla_up_proj",)  # v0.5.0's V2
+    assert stated_recompute_modules({**b300_v2, "release": "NeMo 26.06.01"}) is None   # v0.5.1's V2 is VP2 mbs 1
     auto = {"model": "DeepSeek-V3 671B", "framework": "NeMo AutoModel (PyTorch, FSDP2)", "hardware": "H100-SXM",
             "notes": "kernel optimizations: TE + DeepEP"}
     assert stated_moe_dispatcher(auto, 64)[0] == "deepep"

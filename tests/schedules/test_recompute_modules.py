@@ -173,7 +173,7 @@ def test_validate_takes_the_launch_scripts_modules():
     # Megatron-Bridge's performance configs, where the row's parallelism names the config
     assert V.row_experiment(rows["581"])[0]["recompute_modules"] == ("mla_up_proj",)        # GB200 PP4 EP64
     assert V.row_experiment(rows["572"])[0]["recompute_modules"] == ("mla_up_proj", "mlp")  # B200 PP8 EP32
-    assert "recompute_modules" not in V.row_experiment(rows["601"])[0]    # 26.04: v0.4 says mlp, v0.5 mla_up_proj
+    assert V.row_experiment(rows["601"])[0]["recompute_modules"] == ("mlp",)     # GB200 PP4 EP64, 26.04: v0.4.0
     assert "recompute_modules" not in V.row_experiment(rows["582"])[0]    # PP8 EP32 on GB200: no such config
 
 
@@ -188,6 +188,6 @@ def test_unstated_rows_try_the_light_modules_before_full_recomputation():
         "recompute_modules"] == ("core_attn", "layernorm", "moe_act")
     assert len(V.recompute_ladder({"model": "deepseek-v3", "stack": "megatron"}, "NeMo AutoModel (PyTorch)")) == 2
     rows = {r["id"]: r for r in V.load_runs()}
-    res = V.validate_rows([rows["601"]])[0]        # GB200 MXFP8, 26.04: the release's config is not certain
+    res = V.validate_rows([rows["582"]])[0]        # GB200 FP8-MX, 25.11, PP8 EP32: no such config was found
     assert tuple(res[0]["experiment"]["recompute_modules"]) == ("core_attn", "layernorm", "mla_up_proj", "moe_act")
     assert "--recompute-modules" in res[0]["notes"][-1]
