@@ -205,6 +205,7 @@ CORRECTED_LAYERS = {
 #: Llama recipes are FP8 ones) -> (recompute, note); the
 #: 70B runs' activation offloading to the Grace CPU is not modelled (simulated as kept).
 RECIPE_RELEASES = ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06")
+_QWEN3_30B_RELEASES = RECIPE_RELEASES + ("NeMo 26.06.01", "NeMo 26.08")
 #: GPT-OSS 120B in BF16: Megatron-Bridge's GB300 and B300 configs (GPT_OSS_120B_*_{GB300,B300}_BF16_V1 / V2,
 #: checked at v0.2.0-v0.5.0) set no recompute modules and capture attention and the router in CUDA graphs
 GPT_OSS_RELEASES = ("NeMo 25.11",) + RECIPE_RELEASES[:-1]          # the BF16 rows' releases, 25.11-26.04.01
@@ -231,15 +232,15 @@ RECIPE_RECOMPUTE = {
                                                           f"recomputation")
        for hw in ("GB300", "B300") for rel in GPT_OSS_RELEASES},
     # Qwen3-30B-A3B's MXFP8 configs on B300 and GB300 (QWEN3_30B_A3B_PRETRAIN_CONFIG_{B300,GB300}_FP8_MX_V1, mbs 8,
-    # qwen/qwen3_workload_base_configs.py at v0.3.0-v0.5.1; set_qwen3_common_configs clears the recipe's recompute),
+    # qwen/qwen3_workload_base_configs.py at v0.3.0-v0.5.1, set_qwen3_common_configs clearing the recipe's recompute;
+    # v0.6.0's perf_recipes/qwen/gb300/qwen3_moe.py qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config, None),
     # its H100 FP8-CS and Qwen3-235B-A22B's B200 FP8-MX configs of v0.2.0 (NeMo 25.11; their parallelism differs from
     # the rows' in VP only, and every variant of the file's history sets no recompute), Llama 3 70B's GB200 FP8-CS
     # config of v0.2.0 (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG: Megatron FSDP, mbs 2, 40 layers' activations
     # offloaded to the CPU, not modelled)
     **{(hw, "Qwen3-30B-A3B", rel, False, "fp8"): ("none", f"Megatron-Bridge's Qwen3-30B-A3B {hw} config "
                                                           f"({hw}_FP8_MX_V1) runs without activation recomputation")
-       for hw in ("B300", "GB300")
-       for rel in ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06", "NeMo 26.06.01")},
+       for hw in ("B300", "GB300") for rel in _QWEN3_30B_RELEASES},
     ("H100", "Qwen3-30B-A3B", "NeMo 25.11", False, "fp8"): (
         "none", "Megatron-Bridge's Qwen3-30B-A3B H100 FP8-CS config (v0.2.0) runs without activation recomputation"),
     ("B200", "Qwen3-235B-A22B", "NeMo 25.11", False, "fp8"): (
@@ -770,12 +771,30 @@ BRIDGE_DEEPSEEK_DISPATCHER = {
 }
 
 
+#: Other Megatron-Bridge MoE configs that set HybridEP (moe_flex_dispatcher_backend="hybridep"): (model, hardware
+#: class) -> (releases, configs). Qwen3-30B-A3B's MXFP8 configs on B300 and GB300 (QWEN3_30B_A3B_PRETRAIN_CONFIG_
+#: {B300,GB300}_FP8_MX_V1, v0.3.0-v0.5.1; perf_recipes/qwen/{b300,gb300}/qwen3_moe.py at v0.6.0); Nemotron 3 Nano's
+#: on every GPU (v0.3.1-v0.6.0)
+_QWEN3_30B_HYBRIDEP = ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06", "NeMo 26.06.01",
+                       "NeMo 26.08")
+BRIDGE_HYBRIDEP = {
+    ("Qwen3-30B-A3B", "B300"): (_QWEN3_30B_HYBRIDEP, "Qwen3-30B-A3B B300 MXFP8 performance configs"),
+    ("Qwen3-30B-A3B", "GB300"): (_QWEN3_30B_HYBRIDEP, "Qwen3-30B-A3B GB300 MXFP8 performance configs"),
+    **{("Nemotron 3 Nano", hw): (("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06", "NeMo 26.06.01",
+                                  "NeMo 26.08"), "Nemotron 3 Nano performance configs, on every GPU")
+       for hw in ("H100", "B200", "GB200", "B300", "GB300")},
+}
+
+
 def stated_moe_dispatcher(row: dict, ep: int) -> tuple[str, str] | None:
-    """(moe_dispatcher, note) a DeepSeek-V3 row's recipe or source states: Megatron-Bridge's performance configs
-    (``BRIDGE_DEEPSEEK_DISPATCHER``), NeMo AutoModel's table notes naming DeepEP; None: alltoall."""
-    if row.get("model") == "Nemotron 3 Nano" and ep > 1 and RECIPE_FRAMEWORK in row.get("framework", ""):
-        return "hybridep", ("HybridEP dispatch (Megatron-Core's flex dispatcher), as Megatron-Bridge's Nemotron 3 "
-                            "Nano performance configs set it on every GPU (v0.3.1-v0.6.0)")
+    """(moe_dispatcher, note) a MoE row's recipe or source states: Megatron-Bridge's performance configs
+    (``BRIDGE_DEEPSEEK_DISPATCHER``, ``BRIDGE_HYBRIDEP``), NeMo AutoModel's table notes naming DeepEP; None:
+    alltoall."""
+    rel = (row.get("release") or "").strip()
+    hybridep = BRIDGE_HYBRIDEP.get((row.get("model"), hardware_class(row.get("hardware", ""))))
+    if hybridep and ep > 1 and RECIPE_FRAMEWORK in row.get("framework", "") and rel in hybridep[0]:
+        return "hybridep", (f"HybridEP dispatch (Megatron-Core's flex dispatcher), as Megatron-Bridge's "
+                            f"{hybridep[1]} set it")
     if row.get("model") != "DeepSeek-V3 671B" or ep <= 1:
         return None
     fw, rel = row.get("framework", ""), (row.get("release") or "").strip()

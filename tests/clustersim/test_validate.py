@@ -625,3 +625,15 @@ def test_rows_run_the_recompute_their_bridge_configs_set():
     for rid in ("800", "825", "844", "907", "652", "718", "583"):
         exp, notes = row_experiment(rows[rid])
         assert exp["recompute"] == "none" and any("without" in n and "recomputation" in n for n in notes), rid
+
+
+def test_qwen3_blackwell_ultra_rows_run_hybridep_and_no_recompute():
+    """Qwen3-30B-A3B's MXFP8 configs on B300 / GB300 (v0.3.0-v0.6.0) set HybridEP and no recomputation; other
+    releases and hardware keep the alltoall dispatcher."""
+    from clustersim.validate import load_runs, stated_moe_dispatcher
+    rows = {r["id"]: r for r in load_runs()}
+    for rid in ("800", "825", "844", "916"):
+        exp, notes = row_experiment(rows[rid])
+        assert exp["moe_dispatcher"] == "hybridep" and exp["recompute"] == "none", rid
+    assert stated_moe_dispatcher(rows["652"], 8) is None           # H100, NeMo 25.11: alltoall
+    assert stated_moe_dispatcher(dict(rows["800"], release="NeMo 25.11"), 8) is None
