@@ -771,30 +771,52 @@ BRIDGE_DEEPSEEK_DISPATCHER = {
 }
 
 
-#: Other Megatron-Bridge MoE configs that set HybridEP (moe_flex_dispatcher_backend="hybridep"): (model, hardware
-#: class) -> (releases, configs). Qwen3-30B-A3B's MXFP8 configs on B300 and GB300 (QWEN3_30B_A3B_PRETRAIN_CONFIG_
-#: {B300,GB300}_FP8_MX_V1, v0.3.0-v0.5.1; perf_recipes/qwen/{b300,gb300}/qwen3_moe.py at v0.6.0); Nemotron 3 Nano's
-#: on every GPU (v0.3.1-v0.6.0)
-_QWEN3_30B_HYBRIDEP = ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06", "NeMo 26.06.01",
-                       "NeMo 26.08")
-BRIDGE_HYBRIDEP = {
-    ("Qwen3-30B-A3B", "B300"): (_QWEN3_30B_HYBRIDEP, "Qwen3-30B-A3B B300 MXFP8 performance configs"),
-    ("Qwen3-30B-A3B", "GB300"): (_QWEN3_30B_HYBRIDEP, "Qwen3-30B-A3B GB300 MXFP8 performance configs"),
-    **{("Nemotron 3 Nano", hw): (("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06", "NeMo 26.06.01",
-                                  "NeMo 26.08"), "Nemotron 3 Nano performance configs, on every GPU")
+#: Other Megatron-Bridge MoE configs that set the flex dispatcher (moe_flex_dispatcher_backend): (model, hardware
+#: class) -> ((releases, backend, configs), ...), read per release tag with each tag's own config lookup (from
+#: v0.4.0 a config without a backend forces alltoall over the model recipe's deepep; at v0.3.1 the Qwen perf file
+#: sets the type itself; GPT-OSS's v0.3.x scripts apply none). Rows whose parallelism matches no config of their
+#: release (Qwen3-30B-A3B H100 26.02.01, Qwen3-235B-A22B GB200 / GB300 25.11, GPT-OSS B200 / B300 26.02.01) are
+#: left at alltoall.
+_ALL_26 = ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06", "NeMo 26.06.01", "NeMo 26.08")
+BRIDGE_FLEX_DISPATCHER = {
+    ("Qwen3-30B-A3B", "B300"): ((_ALL_26, "hybridep", "Qwen3-30B-A3B B300 MXFP8 performance configs"),),
+    ("Qwen3-30B-A3B", "GB300"): ((_ALL_26, "hybridep", "Qwen3-30B-A3B GB300 MXFP8 performance configs"),),
+    ("Qwen3-30B-A3B", "GB200"): ((("NeMo 25.11",) + _ALL_26, "hybridep",
+                                  "Qwen3-30B-A3B GB200 MXFP8 performance configs"),),
+    ("Qwen3-30B-A3B", "B200"): ((("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01"), "hybridep",
+                                 "Qwen3-30B-A3B B200 MXFP8 performance configs (v0.3.1-v0.4.2)"),),
+    ("Qwen3-30B-A3B", "H100"): ((("NeMo 26.02",), "deepep", "QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (v0.3.0)"),
+                                (("NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06"), "hybridep",
+                                 "Qwen3-30B-A3B H100 FP8-CS performance configs (v0.4.0-v0.5.0)")),
+    ("Qwen3-235B-A22B", "GB200"): ((_ALL_26, "hybridep", "Qwen3-235B-A22B GB200 performance configs"),),
+    ("Qwen3-235B-A22B", "GB300"): ((_ALL_26, "hybridep", "Qwen3-235B-A22B GB300 performance configs"),),
+    ("Qwen3-235B-A22B", "B300"): ((("NeMo 26.04.01",), "hybridep", "Qwen3-235B-A22B B300 MXFP8 config (v0.4.2)"),),
+    ("GPT-OSS 120B", "B200"): ((("NeMo 26.04",), "hybridep", "GPT-OSS 120B B200 BF16 config (v0.4.0)"),),
+    ("GPT-OSS 120B", "GB200"): ((("NeMo 26.04", "NeMo 26.06", "NeMo 26.06.01", "NeMo 26.08"), "hybridep",
+                                 "GPT-OSS 120B GB200 configs (BF16 v0.4.0, MXFP8 v0.5.0-v0.6.0)"),),
+    ("GPT-OSS 120B", "B300"): ((("NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06"), "hybridep",
+                                "GPT-OSS 120B B300 configs (v0.4.0-v0.5.0)"),),
+    ("GPT-OSS 120B", "GB300"): ((("NeMo 26.06", "NeMo 26.06.01", "NeMo 26.08"), "hybridep",
+                                 "GPT-OSS 120B GB300 MXFP8 configs (v0.5.0-v0.6.0)"),),
+    ("Kimi K2", "GB300"): ((("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06"), "hybridep",
+                            "KIMI_K2_PRETRAIN_CONFIG_GB300 (v0.3.1-v0.5.0)"),),
+    **{("Nemotron 3 Nano", hw): ((("NeMo 26.02.01", "NeMo 26.04", "NeMo 26.04.01", "NeMo 26.06", "NeMo 26.06.01",
+                                   "NeMo 26.08"), "hybridep", "Nemotron 3 Nano performance configs, on every GPU"),)
        for hw in ("H100", "B200", "GB200", "B300", "GB300")},
 }
 
 
 def stated_moe_dispatcher(row: dict, ep: int) -> tuple[str, str] | None:
     """(moe_dispatcher, note) a MoE row's recipe or source states: Megatron-Bridge's performance configs
-    (``BRIDGE_DEEPSEEK_DISPATCHER``, ``BRIDGE_HYBRIDEP``), NeMo AutoModel's table notes naming DeepEP; None:
+    (``BRIDGE_DEEPSEEK_DISPATCHER``, ``BRIDGE_FLEX_DISPATCHER``), NeMo AutoModel's table notes naming DeepEP; None:
     alltoall."""
     rel = (row.get("release") or "").strip()
-    hybridep = BRIDGE_HYBRIDEP.get((row.get("model"), hardware_class(row.get("hardware", ""))))
-    if hybridep and ep > 1 and RECIPE_FRAMEWORK in row.get("framework", "") and rel in hybridep[0]:
-        return "hybridep", (f"HybridEP dispatch (Megatron-Core's flex dispatcher), as Megatron-Bridge's "
-                            f"{hybridep[1]} set it")
+    if ep > 1 and RECIPE_FRAMEWORK in row.get("framework", ""):
+        for releases, backend, config in BRIDGE_FLEX_DISPATCHER.get(
+                (row.get("model"), hardware_class(row.get("hardware", ""))), ()):
+            if rel in releases:
+                return backend, (f"{'HybridEP' if backend == 'hybridep' else 'DeepEP'} dispatch (Megatron-Core's "
+                                 f"flex dispatcher), as Megatron-Bridge's {config} set it")
     if row.get("model") != "DeepSeek-V3 671B" or ep <= 1:
         return None
     fw, rel = row.get("framework", ""), (row.get("release") or "").strip()

@@ -637,3 +637,10 @@ def test_qwen3_blackwell_ultra_rows_run_hybridep_and_no_recompute():
         assert exp["moe_dispatcher"] == "hybridep" and exp["recompute"] == "none", rid
     assert stated_moe_dispatcher(rows["652"], 8) is None           # H100, NeMo 25.11: alltoall
     assert stated_moe_dispatcher(dict(rows["800"], release="NeMo 25.11"), 8) is None
+    # the other Bridge MoE configs, per release: DeepEP at v0.3.0 and HybridEP from v0.4.0 for Qwen3-30B-A3B on H100
+    # (26.02.01's row matches no config of its release: alltoall), alltoall for Qwen3-235B-A22B on B200
+    assert stated_moe_dispatcher(rows["655"], 8)[0] == "deepep"
+    assert stated_moe_dispatcher(rows["663"], 16)[0] == "hybridep"
+    assert stated_moe_dispatcher(rows["659"], 8) is None
+    assert stated_moe_dispatcher(rows["733"], 8) is None
+    assert stated_moe_dispatcher(rows["749"], 64)[0] == "hybridep" and stated_moe_dispatcher(rows["755"], 64) is None
