@@ -39,7 +39,7 @@ import numpy as np
 from schedules import memory as mem
 from schedules.kernels import (FSDP1_STACKS, TORCH_CP_STACKS, attention_head_dims, attention_kv_heads,
                                optimizer_step_bytes, phase_kernels, ub_chunks, ub_segments)
-from schedules.models import ModelSpec, model_flops_per_step
+from schedules.models import ModelSpec, hybrid_blocks, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops, selective_extra_flops
 from simulator.calibration import bus_factor
@@ -546,9 +546,9 @@ class _StageBuilder:
             if ub:
                 attn = [("tp", "all_gather", "ub", 0, "qkv fprop")] + attn + \
                     [("tp", back_coll, "ub", ub_chunks(p.dtype, "proj fprop", p.tp), "proj fprop")]
-            elif tp and u.block not in ("-", "E"):     # (a hybrid model's MLP-only layer has no mixer block)
+            elif tp and hybrid_blocks(u.block)[0]:     # (a hybrid model's MLP-only layer has no mixer block)
                 attn = ([("tp", "all_gather")] if p.sp else []) + attn + [("tp", back_coll)]
-            if u.block in ("M", "*"):       # a hybrid model's mixer-only layer: no MLP block
+            if not hybrid_blocks(u.block)[1]:       # a hybrid model's mixer-only layer: no MLP block
                 mlp = []
             elif u.moe:
                 a2a = [("ep",)] if ep else []

@@ -62,7 +62,7 @@ import dataclasses
 import math
 from functools import lru_cache
 
-from schedules.models import GLOBAL_ATTENTION, ModelSpec, causal_window_fraction
+from schedules.models import GLOBAL_ATTENTION, ModelSpec, causal_window_fraction, hybrid_blocks
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 from simulator.errors import PlanError
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
@@ -1013,7 +1013,8 @@ def _recompute_modules(w: _Writer, m: ModelSpec, p: ParallelPlan, moe: bool, par
     sh = _Shape(m, p)
     T, h = sh.T, sh.h
     norm_in, norm_post = recomputed_norms(m, p, moe)
-    mixer, mlp = w.kind in ("", "*"), w.kind in ("", "-", "E")     # (a Mamba-2 block has no recompute module)
+    mixer, mlp = hybrid_blocks(w.kind)
+    mixer = mixer and w.kind != "M"        # (a Mamba-2 block has no recompute module)
     if part in ("layer", "attention") and mixer:
         if norm_in:
             _norm(w, "input norm", sh.rows, h, False, True)
@@ -1054,7 +1055,7 @@ def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype, kind="
     w.local = local
     w.kind = kind
     sh = _Shape(model, plan)
-    mixer, mlp = (kind in ("", "*", "M")), (kind in ("", "-", "E"))
+    mixer, mlp = hybrid_blocks(kind)
     if phase in (BACKWARD, BACKWARD_INPUT) and part in ("layer", "attention", "experts"):
         _recompute(w, model, plan, moe, part, load, rc, stack, dtype)
     if part in ("layer", "attention") and phase == FORWARD:

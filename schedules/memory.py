@@ -238,7 +238,7 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
     if kind == "M":
         return mamba_saved_tensors(model, plan)
     mixer, mlp_block = model.layer_blocks(layer)
-    out = [] if not mixer else [Saved("norm1 input", e * tok * h, "sp", "B"),
+    out = [Saved("norm1 input", e * tok * h, "sp", "B"),
            Saved("norm1 output (QKV input)", f * tok * h, "sp", "W", n1)]
     if eager:
         out += [Saved("norm1 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", n1),
@@ -258,7 +258,8 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
                   e * tok * kvh * (dqk + dv), "tp", "B", up),
             Saved("attention output (projection input)", e * tok * a * dv, "tp", "W"),
             Saved("softmax log-sum-exp", STATS_BYTES * tok * a, "tp", "B", ("core_attn",))]
-    norm2 = [Saved("norm2 input", e * tok * h, "sp", "B"), Saved("norm2 output (MLP input)", f * tok * h, "sp", "W", n2)]
+    norm2 = [Saved("norm2 input", e * tok * h, "sp", "B"),
+             Saved("norm2 output (MLP input)", f * tok * h, "sp", "W", n2)]
     if eager:
         norm2 += [Saved("norm2 fp32 input copy beyond the input (eager RMSNorm)", (4 - e) * tok * h, "sp", "B", n2),
                   Saved("norm2 unweighted output (eager RMSNorm)", e * tok * h, "sp", "B", n2)]
@@ -419,9 +420,9 @@ _SPLIT_CACHE_MAX = 20_000
 def _layer_split_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, recompute: str) -> tuple[float, float]:
     """(activation bytes one rank keeps per micro-batch, of which the W pass reads) without full recompute.
 
-    A layer enters only through whether it is an MoE layer and its own recomputation (what saved_tensors,
-    op_saved_tensors and phase_kernels read of it), so layers alike share one cached answer: a stage's walk
-    asks it several times per layer, and a plan search for thousands of plans."""
+    A layer enters only through whether it is an MoE layer, its hybrid block and its own recomputation (what
+    saved_tensors, op_saved_tensors and phase_kernels read of it), so layers alike share one cached answer: a
+    stage's walk asks it several times per layer, and a plan search for thousands of plans."""
     key = (model, plan, model.is_moe_layer(layer), model.layer_kind(layer), plan.layer_recompute(layer), recompute)
     hit = _SPLIT_CACHE.get(key)
     if hit is None:

@@ -65,6 +65,12 @@ POSITION_EMBEDDINGS = ("rope", "alibi", "learned", "none")
 HYBRID_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
+def hybrid_blocks(kind: str) -> tuple[bool, bool]:
+    """(a mixer block: attention or Mamba-2, an MLP block: dense or MoE) of a layer of ``ModelSpec.layer_kind``
+    ``kind`` ("" a transformer layer: both)."""
+    return kind in ("", "*", "M"), kind in ("", "-", "E")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A dense or MoE decoder-only transformer.
@@ -178,13 +184,14 @@ class ModelSpec:
             if not isinstance(tp, (int, float)) or isinstance(tp, bool) or not math.isfinite(tp) or tp <= 0:
                 raise ConfigError(f"model {self.name}: parameter count must be positive, got {self.total_params}")
             return
-        for f in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "top_k", "dtype_bytes", "moe_layer_every"):
+        for f in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "top_k", "dtype_bytes", "moe_layer_every",
+                  "mamba_head_dim", "mamba_state", "mamba_groups", "mamba_conv", "mamba_chunk"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
         for f in ("experts", "shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim",
                   "v_head_dim", "mtp_layers", "router_groups", "router_group_topk", "sliding_window",
-                  "attention_chunk", "global_attention_every"):
+                  "attention_chunk", "global_attention_every", "mamba_heads"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"model {self.name}: {f} must be a non-negative integer, got {v!r}")
@@ -233,14 +240,6 @@ class ModelSpec:
         pat = self.hybrid_pattern
         if not isinstance(pat, str):
             raise ConfigError(f"model {self.name}: hybrid_pattern must be a string of {''.join(HYBRID_KINDS)}")
-        for f in ("mamba_heads",):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ConfigError(f"model {self.name}: {f} must be a non-negative integer, got {v!r}")
-        for f in ("mamba_head_dim", "mamba_state", "mamba_groups", "mamba_conv", "mamba_chunk"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
         if not pat:
             return
         bad = sorted(set(pat) - set(HYBRID_KINDS))
@@ -300,8 +299,7 @@ class ModelSpec:
 
     def layer_blocks(self, layer: int) -> tuple[bool, bool]:
         """(has a mixer block: attention or Mamba-2, has an MLP block: dense or MoE) of layer ``layer``."""
-        k = self.layer_kind(layer)
-        return k in ("", "*", "M"), k in ("", "-", "E")
+        return hybrid_blocks(self.layer_kind(layer))
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` has routed experts (an MTP module's layer, index >= layers, is of the last
@@ -380,23 +378,15 @@ class ModelSpec:
 
     def layer_params(self, layer: int) -> int:
         """Parameters of transformer layer ``layer`` (0-based), norms included."""
-        kind = self.layer_kind(layer)
-        if kind:        # a hybrid model's layer: one block and its pre-norm
-            if kind == "M":
-                return self.mamba_params() + self.hidden
-            if kind == "*":
-                return self.attention_params() + self.hidden
-            if kind == "-":
-                return self._mlp_params(self.ffn) + self.hidden
-            return (self.hidden * self.experts + self.experts * self.expert_params()
-                    + self.shared_experts * self.expert_params()) + self.hidden
-        norms = 2 * self.hidden
-        if self.is_moe_layer(layer):
-            mlp = (self.hidden * self.experts + self.experts * self.expert_params()
-                   + self.shared_experts * self.expert_params())
-        else:
-            mlp = self._mlp_params(self.ffn)
-        return self.attention_params() + mlp + norms
+        mixer, mlp = self.layer_blocks(layer)      # each block with its pre-norm (a hybrid layer has one)
+        n = 0
+        if mixer:
+            n += (self.mamba_params() if self.layer_kind(layer) == "M" else self.attention_params()) + self.hidden
+        if mlp:
+            n += (self.hidden * self.experts + self.experts * self.expert_params()
+                  + self.shared_experts * self.expert_params() if self.is_moe_layer(layer)
+                  else self._mlp_params(self.ffn)) + self.hidden
+        return n
 
     def layer_expert_params(self, layer: int) -> int:
         """Parameters of the routed experts of a layer (sharded over ep)."""
@@ -449,21 +439,18 @@ class ModelSpec:
         self._require_shape()
         t = float(seq) * micro_batch
         h = self.hidden
-        kind = self.layer_kind(layer)
-        if kind == "M":         # the mixer's linears, and the SSD scan where attention has its core
-            return LayerFlops(2.0 * t * self.mamba_linear_params(), self.ssd_flops(seq, micro_batch),
-                              0.0, 0.0, 0.0, 0.0)
-        if kind == "-":
-            return LayerFlops(0.0, 0.0, 2.0 * t * self._mlp_params(self.ffn), 0.0, 0.0, 0.0)
-        attn_linear = 2.0 * t * self.attention_params() if kind != "E" else 0.0
-        if self.is_mla:
-            core = 2.0 * micro_batch * seq * seq * self.heads * (self.d_head + self.qk_rope_dim + self.v_head_dim)
-        else:
-            core = 4.0 * micro_batch * seq * seq * self.heads * self.d_head
-        core *= local_attention_fraction(seq, self.local_attention(layer))
-        if kind == "E":
-            core = 0.0
-        if kind == "*":
+        mixer, mlp = self.layer_blocks(layer)
+        attn_linear = core = 0.0
+        if self.layer_kind(layer) == "M":     # the mixer's linears, and the SSD scan where attention has its core
+            attn_linear, core = 2.0 * t * self.mamba_linear_params(), self.ssd_flops(seq, micro_batch)
+        elif mixer:
+            attn_linear = 2.0 * t * self.attention_params()
+            if self.is_mla:
+                core = 2.0 * micro_batch * seq * seq * self.heads * (self.d_head + self.qk_rope_dim + self.v_head_dim)
+            else:
+                core = 4.0 * micro_batch * seq * seq * self.heads * self.d_head
+            core *= local_attention_fraction(seq, self.local_attention(layer))
+        if not mlp:
             return LayerFlops(attn_linear, core, 0.0, 0.0, 0.0, 0.0)
         if self.is_moe_layer(layer):
             router = 2.0 * t * h * self.experts
