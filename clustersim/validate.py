@@ -732,11 +732,41 @@ DEEPSEEK_V3_RECIPE_LAYOUTS = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,),
                               (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}
 
 
+#: NeMo 2.x's DeepSeek-V3 performance script as NVIDIA's dgxc-benchmarking launches it: (model, commit of the
+#: source README) -> where that is read. deepseek_v3/pretraining/setup.sh of v25.05 (68eaf7e) and v25.05.04
+#: (1f6d9f4) pins NeMo 7a8f1cc ("Llmb nemo r2.3.0", 2025-06-02), and launch.sh runs its
+#: scripts/performance/llm/pretrain_deepseek_v3.py, which builds ``pretrain_recipe()``: that recipe's
+#: ``use_mtp=True`` default gives the model ``mtp_num_layers=1`` (nemo/collections/llm/recipes/deepseek_v3.py),
+#: and the script sets num_layers_in_first_pipeline_stage = 64 // pp - 1 and num_layers_in_last_pipeline_stage
+#: = 64 // pp - 2 (the stages between take 64 // pp; 61 layers in all for the PP the benchmark runs).
+NEMO_DEEPSEEK_PERF_SCRIPT = {
+    ("DeepSeek-V3 671B", commit): "NeMo 7a8f1cc's scripts/performance/llm/pretrain_deepseek_v3.py, which "
+                                  "dgxc-benchmarking's launch.sh runs"
+    for commit in ("68eaf7e117bf16cb018861ce101e8f80925f74d8", "1f6d9f40e4117d7c71b726f86074ac01c29f87f5")}
+
+
+def _nemo_deepseek_layout(pp: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage as NEMO_DEEPSEEK_PERF_SCRIPT's script sets them (one virtual stage)."""
+    mid = 64 // pp
+    return (mid - 1,) + (mid,) * (pp - 2) + (mid - 2,)
+
+
 def _mtp_and_layout(row: dict, base, pp: int, vp: int, kw: dict, notes: list[str]) -> None:
     """Multi-token prediction and pipeline layout of a run of a model with MTP modules (DeepSeek-V3): what
-    Megatron-Bridge's recipe sets, else (other frameworks, which do not state it) no MTP."""
+    Megatron-Bridge's recipe, or the NeMo performance script a benchmark launches, sets; else (other
+    frameworks, which do not state it) no MTP."""
     label = f"{row.get('notes', '')} {row.get('model_label_in_source', '')}"
     bridge = RECIPE_FRAMEWORK in row.get("framework", "")
+    script = NEMO_DEEPSEEK_PERF_SCRIPT.get((row.get("model"), _commit_of(row.get("source", ""))))
+    if script and not bridge:
+        notes.append(f"{base.mtp_layers} MTP module on the last pipeline stage ({script}: the recipe's "
+                     f"mtp_num_layers = 1)")
+        layout = _nemo_deepseek_layout(pp) if pp > 1 and 64 % pp == 0 and vp == 1 else None
+        if layout and sum(layout) == base.layers and "stage_layers" not in kw:
+            kw["stage_layers"] = ",".join(map(str, layout))
+            notes.append(f"pipeline layout of that script (PP{pp}): decoder layers {layout[0]} on the first stage, "
+                         f"{layout[-1]} on the last{f', {layout[1]} on the others' if pp > 2 else ''}")
+        return
     if not bridge:
         kw["mtp_layers"] = 0
         notes.append("multi-token prediction not stated by the source: simulated without the MTP module")

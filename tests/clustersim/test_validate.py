@@ -178,6 +178,29 @@ def test_megatron_bridge_fp8_recipes_keep_fp8_parameters():
     assert {r["id"] for r in load_runs() if r["precision"] == "FP8-CS"} >= {"16", "17", "18", "565", "584"}
 
 
+def test_deepseek_v3_multi_token_prediction_and_layout_as_each_recipe_sets_them():
+    """Megatron-Bridge's recipe and the NeMo 2.x performance script dgxc-benchmarking v25.05 launches both run
+    DeepSeek-V3 with one MTP module and their own pipeline layouts; a framework that states neither runs the
+    model without MTP on the default split."""
+    nemo = "https://github.com/NVIDIA/dgxc-benchmarking/blob/{}/deepseek_v3/pretraining/README.md"
+    base = dict(model="DeepSeek-V3 671B", framework="NeMo (Megatron-Core)", tp="2", ep="64", vp="", seq_len="4096")
+    for commit in ("68eaf7e117bf16cb018861ce101e8f80925f74d8", "1f6d9f40e4117d7c71b726f86074ac01c29f87f5"):
+        for pp, gpus, layout in (("4", "256", "15,16,16,14"), ("16", "1024", ",".join(["3"] + ["4"] * 14 + ["2"])),
+                                 ("8", "512", "7,8,8,8,8,8,8,6")):
+            kw, notes = row_experiment(_row(**base, pp=pp, gpus=gpus, gbs=str(8 * int(gpus)),
+                                            source=nemo.format(commit)), FIELDS)
+            assert kw["stage_layers"] == layout and sum(map(int, layout.split(","))) == 61
+            assert "mtp_layers" not in kw and any("1 MTP module" in n for n in notes)       # the preset's one module
+    other = "https://github.com/NVIDIA/dgxc-benchmarking/blob/" + "0" * 40 + "/deepseek_v3/pretraining/README.md"
+    kw, notes = row_experiment(_row(**base, pp="4", gpus="256", gbs="2048", source=other), FIELDS)
+    assert kw["mtp_layers"] == 0 and "stage_layers" not in kw
+    bridge = dict(base, framework="Megatron-Bridge / Megatron-Core", release="NeMo 26.02")
+    kw, notes = row_experiment(_row(**bridge, pp="4", gpus="256", gbs="2048"), FIELDS)
+    assert kw["stage_layers"] == "16,16,16,13" and "mtp_layers" not in kw
+    kw, notes = row_experiment(_row(**bridge, pp="4", gpus="256", gbs="2048", notes="w/o MTP"), FIELDS)
+    assert kw["mtp_layers"] == 0
+
+
 def test_hardware_and_throughput_fallbacks():
     assert [hardware_class(h) for h in ("A100 40GB (RoCE)", "A100 80GB", "H100 80GB", "GB200 (DGX-GB200)",
                                         "B200 (DGX-B200)", "B300 (DGX-B300)", "Hopper GPUs, 8/node")] == \
