@@ -714,7 +714,20 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
             notes.append("the recipe's fp8_param_gather is not modelled here (" +
                          ("MXFP8 parameters" if kw["fp8_recipe"] == "mxfp8" else "with FSDP") +
                          "): BF16 weights with FP8 copies, gathered in BF16")
+    if row.get("id") in SOURCE_FLAGS:
+        notes.append(SOURCE_FLAGS[row["id"]])
     return kw, notes
+
+
+#: published figures their own source flags, by row id: the flag in the source's words. The rows stay in every
+#: statistic (nothing is dropped for disagreeing with the model); the note says why they stand apart. Megatron-
+#: Bridge's performance summary (docs/performance-summary-archive.md, 26.06.01 table) footnotes its GPT-OSS 120B
+#: MXFP8 rows on GB300 and GB200 (20,288 and 18,304 tokens/s per GPU; the same configs published 33,166 /
+#: 28,947 in 26.06 and 33,024 / 28,672 in 26.08).
+SOURCE_FLAGS = {
+    row_id: "the source flags this figure: \"Performance regression in GPT-OSS 120B pre-training is a known issue "
+            "(NVIDIA/cudnn-frontend issue 256). It will be resolved with the next container release.\""
+    for row_id in ("771", "902")}
 
 
 #: Megatron-Bridge MoE models whose recipes set expert_tensor_parallel_size = 1 (Megatron-Core's default is the

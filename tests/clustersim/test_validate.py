@@ -201,6 +201,16 @@ def test_deepseek_v3_multi_token_prediction_and_layout_as_each_recipe_sets_them(
     assert kw["mtp_layers"] == 0
 
 
+def test_rows_their_source_flags_say_so_and_stay_in_the_statistics():
+    runs = {r["id"]: r for r in load_runs()}
+    for row_id, hardware, tokens in (("771", "GB200", "18304"), ("902", "GB300", "20288")):
+        row = runs[row_id]
+        assert (row["model"], row["precision"], row["tokens_per_s_per_gpu"]) == ("GPT-OSS 120B", "MXFP8", tokens)
+        assert row["hardware"].startswith(hardware) and "26.06.01" in json.dumps(row)
+        notes = row_experiment(row, FIELDS | {"dtype", "stack", "fp8_recipe"})[1]
+        assert any("cudnn-frontend issue 256" in n for n in notes)
+
+
 def test_hardware_and_throughput_fallbacks():
     assert [hardware_class(h) for h in ("A100 40GB (RoCE)", "A100 80GB", "H100 80GB", "GB200 (DGX-GB200)",
                                         "B200 (DGX-B200)", "B300 (DGX-B300)", "Hopper GPUs, 8/node")] == \
