@@ -297,6 +297,27 @@ CONFIG_FP8_PARAMS = {(m, c, "NeMo"): f"FP8 parameters as the benchmark's {_FP8_P
 CONFIG_FP8_PARAMS[("Nemotron-H 56B", "68eaf7e117bf16cb018861ce101e8f80925f74d8", "NeMo")] = (
     f"FP8 parameters as NeMo's pretrain_nemotronh_56b.py (bf16_with_fp8_mixed) sets them (fp8_param_gather: "
     f"{FP8_PARAMS_MEANING})")
+#: NeMo AutoModel's performance summary (docs/performance-summary.mdx at 36044ad, the rows' source) points to its
+#: benchmark configs (examples/benchmark/configs/*.yaml when the rows were written); each row's config as of the
+#: commit where the row's figures first appear (89e3a9f, 2025-10-06: DeepSeek-V3, Kimi K2, GPT-OSS; 32f0a9b,
+#: 2026-02-26: Qwen3 MoE 30B; bb0c0bf, 2026-02-25: Nemotron V3 Nano; 2013a4d, 2026-04-10: Llama3 70B's
+#: custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml) -> (config, revision, activation_checkpointing). Batch and
+#: parallelism match the table's, except GPT-OSS 120B's (PP2 EP16, global batch 256 against the table's PP1, 512):
+#: the table wins where it states a value.
+AUTOMODEL_COMMIT = "36044ad3d139363fb6c73c24af2e7c6b65ec52f6"
+AUTOMODEL_CONFIGS = {
+    "DeepSeek-V3 671B": ("deepseek_v3_te_deepep.yaml", "89e3a9f", True),
+    "Kimi K2": ("kimi_k2_te_deepep.yaml", "89e3a9f", True),
+    "GPT-OSS 20B": ("gptoss_20b_te_deepep.yaml", "89e3a9f", True),
+    "GPT-OSS 120B": ("gptoss_120b_te_deepep.yaml", "89e3a9f", False),
+    "Qwen3 MoE 30B": ("qwen3_moe_30b_te_deepep.yaml", "32f0a9b", True),
+    "Nemotron V3 Nano 30B": ("nemotron_nano_v3_te_deepep.yaml", "bb0c0bf", True),
+    "Llama 3 70B": ("custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml", "2013a4d", True),
+}
+#: expert parallelism those configs set where the table's EP column is empty ("-") for a model whose kernel
+#: optimizations name DeepEP (an expert-parallel dispatcher): model -> ep_size
+AUTOMODEL_EP = {"GPT-OSS 20B": 8, "GPT-OSS 120B": 16}
+
 #: the same from a benchmark's model config: (model, commit of the source document, framework) -> (recompute, note).
 #: dgxc-benchmarking v24.11.1 (35a9aec) runs Nemotron-4 340B from nemotron/nemotron4-340b-synth.yaml
 #: (configure.sh: ``--config-name=${MODEL}-${MODEL_SIZE}-synth``), which sets
@@ -307,6 +328,12 @@ CONFIG_FP8_PARAMS[("Nemotron-H 56B", "68eaf7e117bf16cb018861ce101e8f80925f74d8",
 #: ``CHECKPOINT_POLICY = SAVE_QKV_OUT_PROJ``) keeps those and the output projection's. Both re-run everything else
 #: in backward; full recomputation, the nearest we price, also re-runs those projections.
 CONFIG_RECOMPUTE = {
+    **{(model, AUTOMODEL_COMMIT, "AutoModel"): (
+        "full" if ac else "none",
+        f"NeMo AutoModel's {config} sets activation_checkpointing: {str(ac).lower()} (the benchmark config its "
+        f"performance summary points to, at {rev}, where the row's figures first appear)" +
+        ("" if ac else "; that config runs PP2 EP16 with global batch 256, the table PP1 with 512"))
+       for model, (config, rev, ac) in AUTOMODEL_CONFIGS.items()},
     # dgxc-benchmarking v25.05 nemotronh: NeMo's performance script takes recompute layers and modules from
     # model_configs_h100.csv, which has no Nemotron-H row: no recomputation
     ("Nemotron-H 56B", "68eaf7e117bf16cb018861ce101e8f80925f74d8", "NeMo"):
@@ -610,6 +637,12 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     if layers not in (None, base.layers):
         notes.append(f"proxy config with {layers} layers")
     tp, pp, cp, ep = (_int(row, k, 1) or 1 for k in ("tp", "pp", "cp", "ep"))
+    if _int(row, "ep") is None and "AutoModel" in row.get("framework", "") \
+            and _commit_of(row.get("source", "")) == AUTOMODEL_COMMIT and row.get("model") in AUTOMODEL_EP:
+        ep = AUTOMODEL_EP[row["model"]]
+        config, rev, _ = AUTOMODEL_CONFIGS[row["model"]]
+        notes.append(f"expert parallelism {ep}: the table leaves EP empty beside DeepEP; NeMo AutoModel's {config} "
+                     f"sets ep_size: {ep} (at {rev})")
     vp = _int(row, "vp", 1) or 1
     launch_vp = LAUNCH_SCRIPT_VP.get((row.get("model"), _commit_of(row.get("source", ""))))
     if not (row.get("vp") or "").strip() and launch_vp:
@@ -714,6 +747,9 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
             notes.append("the recipe's fp8_param_gather is not modelled here (" +
                          ("MXFP8 parameters" if kw["fp8_recipe"] == "mxfp8" else "with FSDP") +
                          "): BF16 weights with FP8 copies, gathered in BF16")
+    if "AutoModel" in fw and "FlexAttn" in (row.get("notes") or ""):
+        notes.append("its FlexAttention (PyTorch's flex_attention, as the table's kernel optimizations name it) is "
+                     "priced as cuDNN's fused attention: no FlexAttention measurement is in the kernel data")
     if row.get("id") in SOURCE_FLAGS:
         notes.append(SOURCE_FLAGS[row["id"]])
     return kw, notes
@@ -860,11 +896,11 @@ def stated_moe_dispatcher(row: dict, ep: int) -> tuple[str, str] | None:
             if rel in releases:
                 return backend, (f"{'HybridEP' if backend == 'hybridep' else 'DeepEP'} dispatch (Megatron-Core's "
                                  f"flex dispatcher), as Megatron-Bridge's {config} set it")
+    fw, rel = row.get("framework", ""), (row.get("release") or "").strip()
+    if ep > 1 and "AutoModel" in fw and "DeepEP" in (row.get("notes") or ""):
+        return "deepep", "DeepEP dispatch, as the table's notes state (kernel optimizations: ... DeepEP)"
     if row.get("model") != "DeepSeek-V3 671B" or ep <= 1:
         return None
-    fw, rel = row.get("framework", ""), (row.get("release") or "").strip()
-    if "AutoModel" in fw and "DeepEP" in (row.get("notes") or ""):
-        return "deepep", "DeepEP dispatch, as the table's notes state (kernel optimizations: TE + DeepEP)"
     if RECIPE_FRAMEWORK not in fw:
         return None
     hw = hardware_class(row.get("hardware", ""))

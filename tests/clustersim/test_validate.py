@@ -211,6 +211,26 @@ def test_rows_their_source_flags_say_so_and_stay_in_the_statistics():
         assert any("cudnn-frontend issue 256" in n for n in notes)
 
 
+def test_nemo_automodel_rows_run_what_their_benchmark_configs_set():
+    """AutoModel's performance summary points to its benchmark configs: activation checkpointing from them, EP
+    from them where the table leaves it empty beside DeepEP, and DeepEP for every MoE row whose kernel
+    optimizations name it (not only DeepSeek-V3's)."""
+    runs = {r["id"]: r for r in load_runs()}
+    fields = FIELDS | {"moe_dispatcher"}
+    expect = {"693": (16, "none"), "694": (8, "full"), "695": (32, "full"), "702": (8, "full"), "703": (8, "full"),
+              "291": (64, "full")}
+    for row_id, (ep, recompute) in expect.items():
+        row = runs[row_id]
+        assert "AutoModel" in row["framework"] and "DeepEP" in row["notes"]
+        kw, notes = row_experiment(row, fields)
+        assert (kw["ep"], kw["recompute"], kw["moe_dispatcher"]) == (ep, recompute, "deepep"), row_id
+        assert any("activation_checkpointing: " in n for n in notes)
+    assert runs["693"]["ep"] == "" and any("ep_size: 16" in n for n in row_experiment(runs["693"], fields)[1])
+    kw, notes = row_experiment(runs["293"], fields)              # dense Llama 3 70B: its config's checkpointing
+    assert kw["recompute"] == "full" and "moe_dispatcher" not in kw
+    assert any("FlexAttention" in n for n in row_experiment(runs["694"], fields)[1])
+
+
 def test_hardware_and_throughput_fallbacks():
     assert [hardware_class(h) for h in ("A100 40GB (RoCE)", "A100 80GB", "H100 80GB", "GB200 (DGX-GB200)",
                                         "B200 (DGX-B200)", "B300 (DGX-B300)", "Hopper GPUs, 8/node")] == \

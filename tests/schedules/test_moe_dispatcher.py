@@ -122,4 +122,6 @@ def test_validate_takes_the_recipes_dispatcher():
     auto = {"model": "DeepSeek-V3 671B", "framework": "NeMo AutoModel (PyTorch, FSDP2)", "hardware": "H100-SXM",
             "notes": "kernel optimizations: TE + DeepEP"}
     assert stated_moe_dispatcher(auto, 64)[0] == "deepep"
-    assert stated_moe_dispatcher({**auto, "model": "Grok-1 314B"}, 8) is None
+    assert stated_moe_dispatcher({**auto, "model": "Kimi K2"}, 32)[0] == "deepep"   # any MoE row naming DeepEP
+    assert stated_moe_dispatcher({**auto, "model": "Kimi K2"}, 1) is None            # no expert parallelism
+    assert stated_moe_dispatcher({**auto, "model": "Kimi K2", "notes": "kernel optimizations: TE"}, 32) is None
