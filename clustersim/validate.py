@@ -301,18 +301,18 @@ CONFIG_FP8_PARAMS[("Nemotron-H 56B", "68eaf7e117bf16cb018861ce101e8f80925f74d8",
 #: benchmark configs (examples/benchmark/configs/*.yaml when the rows were written); each row's config as of the
 #: commit where the row's figures first appear (89e3a9f, 2025-10-06: DeepSeek-V3, Kimi K2, GPT-OSS; 32f0a9b,
 #: 2026-02-26: Qwen3 MoE 30B; bb0c0bf, 2026-02-25: Nemotron V3 Nano; 2013a4d, 2026-04-10: Llama3 70B's
-#: custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml) -> (config, revision, activation_checkpointing). Batch and
-#: parallelism match the table's, except GPT-OSS 120B's (PP2 EP16, global batch 256 against the table's PP1, 512):
-#: the table wins where it states a value.
+#: custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml) -> (config, revision, activation_checkpointing, where the
+#: config's plan differs from the table's: the table wins where it states a value).
 AUTOMODEL_COMMIT = "36044ad3d139363fb6c73c24af2e7c6b65ec52f6"
 AUTOMODEL_CONFIGS = {
-    "DeepSeek-V3 671B": ("deepseek_v3_te_deepep.yaml", "89e3a9f", True),
-    "Kimi K2": ("kimi_k2_te_deepep.yaml", "89e3a9f", True),
-    "GPT-OSS 20B": ("gptoss_20b_te_deepep.yaml", "89e3a9f", True),
-    "GPT-OSS 120B": ("gptoss_120b_te_deepep.yaml", "89e3a9f", False),
-    "Qwen3 MoE 30B": ("qwen3_moe_30b_te_deepep.yaml", "32f0a9b", True),
-    "Nemotron V3 Nano 30B": ("nemotron_nano_v3_te_deepep.yaml", "bb0c0bf", True),
-    "Llama 3 70B": ("custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml", "2013a4d", True),
+    "DeepSeek-V3 671B": ("deepseek_v3_te_deepep.yaml", "89e3a9f", True, ""),
+    "Kimi K2": ("kimi_k2_te_deepep.yaml", "89e3a9f", True, ""),
+    "GPT-OSS 20B": ("gptoss_20b_te_deepep.yaml", "89e3a9f", True, ""),
+    "GPT-OSS 120B": ("gptoss_120b_te_deepep.yaml", "89e3a9f", False,
+                     "that config runs PP2 EP16 with global batch 256, the table PP1 with 512"),
+    "Qwen3 MoE 30B": ("qwen3_moe_30b_te_deepep.yaml", "32f0a9b", True, ""),
+    "Nemotron V3 Nano 30B": ("nemotron_nano_v3_te_deepep.yaml", "bb0c0bf", True, ""),
+    "Llama 3 70B": ("custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml", "2013a4d", True, ""),
 }
 #: expert parallelism those configs set where the table's EP column is empty ("-") for a model whose kernel
 #: optimizations name DeepEP (an expert-parallel dispatcher): model -> ep_size
@@ -331,9 +331,8 @@ CONFIG_RECOMPUTE = {
     **{(model, AUTOMODEL_COMMIT, "AutoModel"): (
         "full" if ac else "none",
         f"NeMo AutoModel's {config} sets activation_checkpointing: {str(ac).lower()} (the benchmark config its "
-        f"performance summary points to, at {rev}, where the row's figures first appear)" +
-        ("" if ac else "; that config runs PP2 EP16 with global batch 256, the table PP1 with 512"))
-       for model, (config, rev, ac) in AUTOMODEL_CONFIGS.items()},
+        f"performance summary points to, at {rev}, where the row's figures first appear)" + (differs and f"; {differs}"))
+       for model, (config, rev, ac, differs) in AUTOMODEL_CONFIGS.items()},
     # dgxc-benchmarking v25.05 nemotronh: NeMo's performance script takes recompute layers and modules from
     # model_configs_h100.csv, which has no Nemotron-H row: no recomputation
     ("Nemotron-H 56B", "68eaf7e117bf16cb018861ce101e8f80925f74d8", "NeMo"):
@@ -640,7 +639,7 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     if _int(row, "ep") is None and "AutoModel" in row.get("framework", "") \
             and _commit_of(row.get("source", "")) == AUTOMODEL_COMMIT and row.get("model") in AUTOMODEL_EP:
         ep = AUTOMODEL_EP[row["model"]]
-        config, rev, _ = AUTOMODEL_CONFIGS[row["model"]]
+        config, rev = AUTOMODEL_CONFIGS[row["model"]][:2]
         notes.append(f"expert parallelism {ep}: the table leaves EP empty beside DeepEP; NeMo AutoModel's {config} "
                      f"sets ep_size: {ep} (at {rev})")
     vp = _int(row, "vp", 1) or 1
