@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clustersim.evidence import write_evidence  # noqa: E402
 from clustersim.validate import (CORRELATES, error_correlations, load_runs, plot, summarize,  # noqa: E402
-                                 validate_rows)
+                                 summarize_by_cuda_graphs, validate_rows)
 
 
 def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
@@ -46,6 +46,15 @@ def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
             out.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {plan} | "
                        f"{r['published_tokens_per_s_per_gpu']:,.0f} | {r['predicted_tokens_per_s_per_gpu']:,.0f} | "
                        f"{r['error']:+.1%} |")
+    graphs = summarize_by_cuda_graphs(results)
+    if graphs:
+        out += ["", "Megatron-Bridge rows by what their performance configs capture in CUDA graphs "
+                    "(validation/bridge_cuda_graphs.csv; a diagnostic, not a fit: the model prices GPU work only):", "",
+                "| kind | CUDA graphs | rows | median abs error | p90 abs error | mean signed error |",
+                "|---|---|---:|---:|---:|---:|"]
+        for g in graphs:
+            out.append(f"| {g['kind']} | {g['cuda_graphs']} | {g['rows']} | {g['median_abs_error']:.1%} | "
+                       f"{g['p90_abs_error']:.1%} | {g['mean_signed_error']:+.1%} |")
     corr = error_correlations(results)
     if corr:
         names = [n for n, _ in CORRELATES]
@@ -90,7 +99,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps({"rows": results, "summary": summary,
-                                               "summary_by_framework": frameworks, "not_expressible": skipped,
+                                               "summary_by_framework": frameworks,
+                                               "summary_by_cuda_graphs": summarize_by_cuda_graphs(results),
+                                               "not_expressible": skipped,
                                                "error_correlations": error_correlations(results),
                                                "wall_time_s": time.perf_counter() - t0}, indent=1))
     plot(results, f"{out}.png")

@@ -30,6 +30,9 @@ from simulator.errors import ClusterSimError, ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "validation" / "published_runs.csv"
+#: CUDA graphs of the Megatron-Bridge performance config behind each Megatron-Bridge row (its header says how it was
+#: read): ``cuda_graphs_of``, ``summarize_by_cuda_graphs``
+BRIDGE_CUDA_GRAPHS = ROOT / "validation" / "bridge_cuda_graphs.csv"
 RUN_COLUMNS = ("model", "hardware", "precision", "framework", "gpus")     # read without a default
 CLUSTER_FILES = ROOT / "validation" / "clusters"
 GIB = 2**30
@@ -1085,10 +1088,56 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None,
             "mfu": m.mfu, "stack": out.plan.stack,
             # where the predicted step goes, to read an error against: bubble and exposed communication
             # (fractions of the step), and the comm per parallel axis
+            "cuda_graphs": cuda_graphs_of(row),
             "bubble_fraction": m.bubble_fraction, "exposed_comm_fraction": m.exposed_comm_fraction,
             "exposed_comm_by_axis": {ax: d["exposed_fraction"] for ax, d in m.comm_by_axis.items()},
         })
     return done, skipped
+
+
+_CUDA_GRAPHS: dict | None = None
+
+
+def cuda_graphs_of(row: dict) -> str | None:
+    """What the Megatron-Bridge performance config behind a Megatron-Bridge row captures in CUDA graphs
+    (``BRIDGE_CUDA_GRAPHS``): "full iteration" (the whole forward and backward replayed: no host launch work),
+    "partial: <scopes>" (Transformer Engine replays those modules; the rest launches from the host) or "none";
+    None for other rows. Our model prices GPU work only, as a fully captured run has it: a diagnostic to read
+    errors against, not an input to the prediction."""
+    global _CUDA_GRAPHS
+    if RECIPE_FRAMEWORK not in row.get("framework", ""):
+        return None
+    if _CUDA_GRAPHS is None:
+        import csv
+        with BRIDGE_CUDA_GRAPHS.open(newline="") as f:
+            _CUDA_GRAPHS = {(r["model"], r["hardware"], r["precision"], r["release"]): r
+                            for r in csv.DictReader(ln for ln in f if not ln.startswith("#"))}
+    hit = _CUDA_GRAPHS.get((row.get("model"), hardware_class(row.get("hardware", "")), row.get("precision"),
+                            (row.get("release") or "").strip()))
+    if hit is None:
+        return None
+    impl, scope = hit["cuda_graph_impl"], hit["cuda_graph_scope"].split()
+    if impl == "full_iteration" or (impl == "local" and scope == ["full_iteration"]):
+        return "full iteration"
+    if impl == "none":
+        return "none"
+    return "partial: " + ", ".join(scope)
+
+
+def summarize_by_cuda_graphs(results: list[dict]) -> list[dict]:
+    """Per (dense / MoE, what the rows' configs capture in CUDA graphs: full iteration, partial, none), over the
+    rows ``cuda_graphs_of`` knows: rows, median and 90th-percentile absolute error, mean signed error."""
+    groups: dict[tuple, list[float]] = {}
+    for r in results:
+        cg = r.get("cuda_graphs")
+        if cg:
+            kind = "MoE" if r["group"].endswith("MoE") else "dense"
+            groups.setdefault((kind, cg.split(":")[0]), []).append(r["error"])
+    order = {"full iteration": 0, "partial": 1, "none": 2}
+    return [{"kind": kind, "cuda_graphs": cg, "rows": len(e),
+             "median_abs_error": _percentile([abs(x) for x in e], 50),
+             "p90_abs_error": _percentile([abs(x) for x in e], 90), "mean_signed_error": sum(e) / len(e)}
+            for (kind, cg), e in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -1155,7 +1204,7 @@ def error_correlations(results: list[dict], min_rows: int = 20) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------- output
 def _print(results: list[dict], summary: list[dict], skipped: list[dict],
-           by_framework: list[dict] | None = None) -> None:
+           by_framework: list[dict] | None = None, by_cuda_graphs: list[dict] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -1189,6 +1238,15 @@ def _print(results: list[dict], summary: list[dict], skipped: list[dict],
             f.add_row(g["group"], g["framework"], str(g["rows"]), f"{g['median_abs_error']:.1%}",
                       f"{g['p90_abs_error']:.1%}", f"{g['mean_signed_error']:+.1%}")
         con.print(f)
+    if by_cuda_graphs:
+        g2 = Table(title="Megatron-Bridge rows by what their configs capture in CUDA graphs (a diagnostic: the model "
+                         "prices GPU work only)")
+        for c in ("kind", "CUDA graphs", "rows", "median |error|", "p90 |error|", "mean signed"):
+            g2.add_column(c, justify="left" if c in ("kind", "CUDA graphs") else "right")
+        for g in by_cuda_graphs:
+            g2.add_row(g["kind"], g["cuda_graphs"], str(g["rows"]), f"{g['median_abs_error']:.1%}",
+                       f"{g['p90_abs_error']:.1%}", f"{g['mean_signed_error']:+.1%}")
+        con.print(g2)
     if skipped:
         reasons: dict[str, int] = {}
         for x in skipped:
@@ -1276,10 +1334,11 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap)
         plot(results, plot_path)
     if as_json:
         click.echo(json.dumps({"rows": results, "summary": summary, "summary_by_framework": frameworks,
+                               "summary_by_cuda_graphs": summarize_by_cuda_graphs(results),
                                "not_expressible": skipped, "error_correlations": error_correlations(results)},
                               indent=1))
     else:
-        _print(results, summary, skipped, frameworks)
+        _print(results, summary, skipped, frameworks, summarize_by_cuda_graphs(results))
         if plot_path:
             click.echo(f"plot written to {plot_path}")
 

@@ -231,6 +231,37 @@ def test_nemo_automodel_rows_run_what_their_benchmark_configs_set():
     assert any("FlexAttention" in n for n in row_experiment(runs["694"], fields)[1])
 
 
+def test_cuda_graphs_of_megatron_bridge_rows_and_the_split_by_them():
+    """Every Megatron-Bridge row has the CUDA-graph capture of its performance config (bridge_cuda_graphs.csv), read
+    per release: full iteration from v0.5.0 on for the MXFP8 Qwen3 configs on GB200, none on H100, Transformer
+    Engine scopes for Nemotron 3 Nano on Blackwell; other frameworks' rows have none recorded."""
+    from clustersim.validate import MODEL_PRESETS, cuda_graphs_of, summarize_by_cuda_graphs
+    runs = load_runs()
+    bridge = [r for r in runs if "Megatron-Bridge" in r["framework"] and r["task"] == "pretrain"
+              and r["precision"] in ("BF16", "FP8", "FP8-CS", "FP8-MX", "MXFP8") and r["model"] in MODEL_PRESETS]
+    assert len(bridge) == 202 and all(cuda_graphs_of(r) for r in bridge)      # every one validate simulates
+    def one(model, hw, prec, release):
+        return next(cuda_graphs_of(r) for r in runs if r["model"] == model and r["hardware"].startswith(hw)
+                    and r["precision"] == prec and r.get("release") == release)
+    assert one("Qwen3-30B-A3B", "GB200", "MXFP8", "NeMo 26.06") == "full iteration"
+    assert one("Qwen3-30B-A3B", "GB200", "MXFP8", "NeMo 26.04.01") == "partial: moe_router, moe_preprocess"
+    assert one("Qwen3-30B-A3B", "H100", "FP8", "NeMo 26.06") == "none"
+    assert one("Nemotron 3 Nano", "GB200", "MXFP8", "NeMo 26.06") == "partial: attn, mamba, moe_router, moe_preprocess"
+    assert one("Llama 3 8B", "GB200", "FP8-CS", "NeMo 25.11") == "full iteration"       # impl local, full_iteration
+    assert cuda_graphs_of(_row(framework="NeMo (Megatron-Core)")) is None
+    rows = [{"group": "GB200 FP8 MoE", "cuda_graphs": "full iteration", "error": 0.1},
+            {"group": "GB200 FP8 MoE", "cuda_graphs": "full iteration", "error": -0.3},
+            {"group": "H100 FP8 MoE", "cuda_graphs": "partial: attn", "error": 0.5},
+            {"group": "H100 FP8 MoE", "cuda_graphs": "partial: moe_router", "error": 0.7},
+            {"group": "H100 BF16 dense", "cuda_graphs": "none", "error": 0.2},
+            {"group": "H100 BF16 dense", "cuda_graphs": None, "error": 9.0}]
+    split = {(g["kind"], g["cuda_graphs"]): g for g in summarize_by_cuda_graphs(rows)}
+    assert set(split) == {("MoE", "full iteration"), ("MoE", "partial"), ("dense", "none")}
+    assert split[("MoE", "full iteration")]["mean_signed_error"] == pytest.approx(-0.1)
+    assert split[("MoE", "full iteration")]["median_abs_error"] == pytest.approx(0.2)
+    assert split[("MoE", "partial")]["rows"] == 2 and split[("dense", "none")]["rows"] == 1
+
+
 def test_hardware_and_throughput_fallbacks():
     assert [hardware_class(h) for h in ("A100 40GB (RoCE)", "A100 80GB", "H100 80GB", "GB200 (DGX-GB200)",
                                         "B200 (DGX-B200)", "B300 (DGX-B300)", "Hopper GPUs, 8/node")] == \
