@@ -1223,30 +1223,22 @@ def _print(results: list[dict], summary: list[dict], skipped: list[dict],
                   f"{r['published_model_tflops_per_gpu']:.0f}" if r["published_model_tflops_per_gpu"] else "",
                   f"{r['predicted_model_tflops_per_gpu']:.0f}", mem)
     con.print(t)
-    s = Table(title="per group: error of tokens/s per GPU (predicted / published - 1)")
-    for c in ("group", "rows", "median |error|", "p90 |error|", "mean signed"):
-        s.add_column(c, justify="left" if c == "group" else "right")
-    for g in summary:
-        s.add_row(g["group"], str(g["rows"]), f"{g['median_abs_error']:.1%}", f"{g['p90_abs_error']:.1%}",
-                  f"{g['mean_signed_error']:+.1%}")
-    con.print(s)
-    if by_framework:
-        f = Table(title="per group and framework")
-        for c in ("group", "framework", "rows", "median |error|", "p90 |error|", "mean signed"):
-            f.add_column(c, justify="left" if c in ("group", "framework") else "right")
-        for g in by_framework:
-            f.add_row(g["group"], g["framework"], str(g["rows"]), f"{g['median_abs_error']:.1%}",
+    def stats(title: str, keys: dict[str, str], groups: list[dict]) -> None:
+        """A table of ``groups``: the ``keys`` columns (heading -> field), then rows and the three errors."""
+        t = Table(title=title)
+        for c in (*keys, "rows", "median |error|", "p90 |error|", "mean signed"):
+            t.add_column(c, justify="left" if c in keys else "right")
+        for g in groups:
+            t.add_row(*(str(g[k]) for k in keys.values()), str(g["rows"]), f"{g['median_abs_error']:.1%}",
                       f"{g['p90_abs_error']:.1%}", f"{g['mean_signed_error']:+.1%}")
-        con.print(f)
+        con.print(t)
+
+    stats("per group: error of tokens/s per GPU (predicted / published - 1)", {"group": "group"}, summary)
+    if by_framework:
+        stats("per group and framework", {"group": "group", "framework": "framework"}, by_framework)
     if by_cuda_graphs:
-        g2 = Table(title="Megatron-Bridge rows by what their configs capture in CUDA graphs (a diagnostic: the model "
-                         "prices GPU work only)")
-        for c in ("kind", "CUDA graphs", "rows", "median |error|", "p90 |error|", "mean signed"):
-            g2.add_column(c, justify="left" if c in ("kind", "CUDA graphs") else "right")
-        for g in by_cuda_graphs:
-            g2.add_row(g["kind"], g["cuda_graphs"], str(g["rows"]), f"{g['median_abs_error']:.1%}",
-                       f"{g['p90_abs_error']:.1%}", f"{g['mean_signed_error']:+.1%}")
-        con.print(g2)
+        stats("Megatron-Bridge rows by what their configs capture in CUDA graphs (a diagnostic: the model prices "
+              "GPU work only)", {"kind": "kind", "CUDA graphs": "cuda_graphs"}, by_cuda_graphs)
     if skipped:
         reasons: dict[str, int] = {}
         for x in skipped:
