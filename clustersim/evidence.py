@@ -56,21 +56,28 @@ def row_preset(row: dict) -> str | None:
 
 def summarize_evidence(results: list[dict]) -> dict:
     """Per group, per (group, stack) and per (model preset, group) statistics of validate's result rows
-    (``validate_rows``); ``by_model[preset]["(all)"]`` over every group."""
+    (``validate_rows``); ``by_model[preset]["(all)"]`` over every group; ``by_cuda_graphs[kind][capture]``
+    over the Megatron-Bridge rows by what their configs capture in CUDA graphs (kind "MoE" or "dense";
+    capture "full iteration", "partial" or "none": ``validate.cuda_graphs_of``)."""
     by_group: dict[str, tuple[list, list]] = {}
     by_stack: dict[str, dict[str, tuple[list, list]]] = {}
     by_model: dict[str, dict[str, tuple[list, list]]] = {}
+    by_graphs: dict[str, dict[str, tuple[list, list]]] = {}
     for r in results:
         g, s, m = r["group"], r.get("stack") or "?", row_preset(r)
         buckets = [by_group.setdefault(g, ([], [])), by_stack.setdefault(g, {}).setdefault(s, ([], []))]
         if m:
             buckets += [by_model.setdefault(m, {}).setdefault(k, ([], [])) for k in (g, ALL_GROUPS)]
+        if r.get("cuda_graphs"):
+            kind = "MoE" if g.endswith("MoE") else "dense"
+            buckets.append(by_graphs.setdefault(kind, {}).setdefault(r["cuda_graphs"].split(":")[0], ([], [])))
         for bucket in buckets:
             bucket[0].append(r["error"])
             bucket[1].append(int(r["gpus"]))
     return {"groups": {g: _stats(*v) for g, v in sorted(by_group.items())},
             "by_stack": {g: {s: _stats(*v) for s, v in sorted(d.items())} for g, d in sorted(by_stack.items())},
-            "by_model": {m: {k: _stats(*v) for k, v in sorted(d.items())} for m, d in sorted(by_model.items())}}
+            "by_model": {m: {k: _stats(*v) for k, v in sorted(d.items())} for m, d in sorted(by_model.items())},
+            "by_cuda_graphs": {k: {c: _stats(*v) for c, v in sorted(d.items())} for k, d in sorted(by_graphs.items())}}
 
 
 def _commit() -> str | None:
@@ -131,6 +138,9 @@ def evidence_for(accelerator: str, dtype: str, moe: bool, stack: str | None, pat
         out.update({f"stack_{k}": v for k, v in s.items()})
     if gpus is not None and gpus > g["gpus"][1]:
         out["extrapolation"] = f"{gpus:,} GPUs, beyond the largest published run of this kind ({g['gpus'][1]:,})"
+    graphs = doc.get("by_cuda_graphs", {}).get("MoE") if moe else None
+    if graphs:      # the model prices GPU work only: MoE runs split by how much host-side work graphs hide
+        out["cuda_graphs"] = graphs
     return out
 
 
@@ -154,6 +164,13 @@ def evidence_line(ev: dict) -> str:
         line += f" (evidence {ev['caveat']})"
     if ev.get("extrapolation"):
         line += f"; this run: {ev['extrapolation']}"
+    graphs = ev.get("cuda_graphs") or {}
+    if graphs.get("full iteration") and graphs.get("none"):
+        full, none = graphs["full iteration"], graphs["none"]
+        line += (f"; Megatron-Bridge MoE runs capturing whole iterations in CUDA graphs: {full['rows']}, median "
+                 f"|error| {full['median_abs_error']:.1%}, mean {full['mean_signed_error']:+.1%}; capturing none: "
+                 f"{none['rows']}, {none['median_abs_error']:.1%}, {none['mean_signed_error']:+.1%} (this "
+                 f"prediction stands for a graph-captured run: host-side work is not modelled)")
     return line
 
 

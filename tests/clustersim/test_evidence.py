@@ -62,6 +62,30 @@ def test_summary_statistics_by_hand(tmp_path):
     assert missing["rows"] == 0 and "benchmarks/validate.py" in missing["note"]
 
 
+def test_moe_evidence_splits_megatron_bridge_runs_by_cuda_graphs(tmp_path):
+    rows = [{"group": "GB200 FP8 MoE", "stack": "megatron", "error": e, "gpus": 8, "cuda_graphs": cg}
+            for e, cg in ((0.05, "full iteration"), (-0.15, "full iteration"), (0.6, "partial: attn"),
+                          (0.8, "none"), (0.4, "none"), (0.3, None))]
+    rows.append({"group": "GB200 FP8 dense", "stack": "megatron", "error": 0.2, "gpus": 8, "cuda_graphs": "none"})
+    doc = ev.summarize_evidence(rows)
+    assert set(doc["by_cuda_graphs"]) == {"MoE", "dense"}
+    moe = doc["by_cuda_graphs"]["MoE"]
+    assert {k: v["rows"] for k, v in moe.items()} == {"full iteration": 2, "partial": 1, "none": 2}
+    assert moe["full iteration"]["mean_signed_error"] == pytest.approx(-0.05)
+    assert moe["none"]["median_abs_error"] == pytest.approx(0.6)
+    path = tmp_path / "evidence.json"
+    ev.write_evidence(rows, path)
+    ev.load_evidence.cache_clear()
+    got = ev.evidence_for("GB200", "fp8", True, "megatron", path)
+    assert got["cuda_graphs"]["none"]["rows"] == 2
+    line = ev.evidence_line(got)
+    assert "capturing whole iterations in CUDA graphs: 2, median |error| 10.0%, mean -5.0%" in line
+    assert "capturing none: 2, 60.0%, +60.0%" in line and "host-side work is not modelled" in line
+    dense = ev.evidence_for("GB200", "fp8", False, "megatron", path)
+    assert "cuda_graphs" not in dense and "CUDA graphs" not in ev.evidence_line(dense)
+    ev.load_evidence.cache_clear()
+
+
 def _md_summary() -> dict:
     """The group table of the committed benchmarks/results/validate.md: group -> (rows, median, p90, mean) in %."""
     out = {}
