@@ -108,6 +108,15 @@ def test_committed_evidence_is_the_committed_validate_run():
         assert round(100 * g["p90_abs_error"], 1) == pytest.approx(p90, abs=0.051)
         assert round(100 * g["mean_signed_error"], 1) == pytest.approx(mean, abs=0.051)
         assert sum(s["rows"] for s in doc["by_stack"][group].values()) == rows
+    graphs = {}
+    for line in (ROOT / "benchmarks" / "results" / "validate.md").read_text().splitlines():
+        m = re.match(r"\| (MoE|dense) \| ([a-z ]+) \| (\d+) \| ([\d.]+)% \| ([\d.]+)% \| ([+-][\d.]+)% \|$", line)
+        if m:
+            graphs[(m.group(1), m.group(2))] = (int(m.group(3)), float(m.group(6)))
+    assert graphs and {(k, c) for k, d in doc["by_cuda_graphs"].items() for c in d} == set(graphs)
+    for (kind, capture), (rows, mean) in graphs.items():
+        s = doc["by_cuda_graphs"][kind][capture]
+        assert s["rows"] == rows and round(100 * s["mean_signed_error"], 1) == pytest.approx(mean, abs=0.051)
 
 
 def test_simulate_and_search_print_and_return_the_evidence(capsys):
