@@ -175,6 +175,18 @@ COMPOSER_REDUCE = {"PURE": "bf16", "DEFAULT": "fp32"}
 #: ``--fsdp_config_mixed_precision PURE`` never reaches mod_parameters, hence the table's MP Mode DEFAULT.
 LLM_FOUNDRY_LARGE_SCALE = "llm-foundry README (H100 80GB BF16 (Large Scale, >= 128 GPUs))"
 LAUNCH_SCRIPT_ATTENTION = {(m, LLM_FOUNDRY_LARGE_SCALE): "flash2" for m in ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")}
+#: the same where a benchmark's script sets Transformer Engine's attention backend: (model, commit of the source
+#: document) -> (kernel, note). dgxc-benchmarking v25.05's nemotronh launches NeMo 7a8f1cc's
+#: scripts/performance/llm/pretrain_nemotronh_56b.py, whose custom_env_vars set NVTE_FUSED_ATTN=0: TE's
+#: FlashAttention backend (flash-attn), not cuDNN's fused attention. The NeMo 25.04.01 container's flash-attn is
+#: taken as version 2 (FlashAttention-3 is a separate install TE uses when present; no source here says that
+#: container has it)
+SCRIPT_ATTENTION_BACKEND = {
+    ("Nemotron-H 56B", "68eaf7e117bf16cb018861ce101e8f80925f74d8"):
+        ("flash2", "FlashAttention-2: the benchmark's NeMo script (pretrain_nemotronh_56b.py) sets NVTE_FUSED_ATTN=0, "
+                   "Transformer Engine's flash-attn backend instead of cuDNN's (flash-attn 2 assumed: FlashAttention-3 "
+                   "is a separate install)"),
+}
 
 
 #: configurations a benchmark's own launch script states where its README table does not: (model, commit of
@@ -613,6 +625,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["attention_kernel"] = kernel
         notes.append("FlashAttention-2: the benchmark's sweep.py launches this model with --attn_impl flash and "
                      "flash-attn 2 (llm-foundry PR #838), not the stack's Triton kernel")
+    backend = SCRIPT_ATTENTION_BACKEND.get((row.get("model"), _commit_of(row.get("source", ""))))
+    if backend and "attention_kernel" in fields:
+        kw["attention_kernel"] = backend[0]
+        notes.append(backend[1])
     gpus = _int(row, "gpus")
     seq = _int(row, "seq_len")
     config_seq = CONFIG_SEQ_LEN.get(release_head(row))

@@ -262,6 +262,17 @@ def test_cuda_graphs_of_megatron_bridge_rows_and_the_split_by_them():
     assert split[("MoE", "partial")]["rows"] == 2 and split[("dense", "none")]["rows"] == 1
 
 
+def test_nemotron_h_runs_the_attention_backend_its_script_sets():
+    """NeMo's pretrain_nemotronh_56b.py (dgxc-benchmarking v25.05) sets NVTE_FUSED_ATTN=0: flash-attn, not cuDNN."""
+    runs = {r["id"]: r for r in load_runs()}
+    fields = FIELDS | {"attention_kernel", "dtype", "stack"}
+    for row_id in ("688", "689", "690"):
+        kw, notes = row_experiment(runs[row_id], fields)
+        assert kw["attention_kernel"] == "flash2" and any("NVTE_FUSED_ATTN=0" in n for n in notes)
+    other = dict(runs["688"], source=runs["688"]["source"].replace("68eaf7e", "0000000"))
+    assert "attention_kernel" not in row_experiment(other, fields)[0]
+
+
 def test_hardware_and_throughput_fallbacks():
     assert [hardware_class(h) for h in ("A100 40GB (RoCE)", "A100 80GB", "H100 80GB", "GB200 (DGX-GB200)",
                                         "B200 (DGX-B200)", "B300 (DGX-B300)", "Hopper GPUs, 8/node")] == \
@@ -465,7 +476,8 @@ def test_llm_foundry_large_scale_rows_run_the_attention_their_sweep_launched():
     flash2 = []
     for r in load_runs():
         try:
-            if row_experiment(r, _experiment_fields())[0].get("attention_kernel") == "flash2":
+            if row_experiment(r, _experiment_fields())[0].get("attention_kernel") == "flash2" \
+                    and "llm-foundry" in r["framework"]:
                 flash2.append(r["id"])
         except NotExpressible:
             pass
