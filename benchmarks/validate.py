@@ -24,18 +24,21 @@ from clustersim.validate import (CORRELATES, error_correlations, load_runs, plot
                                  summarize_by_cuda_graphs, validate_rows)
 
 
+def stats_table(keys: dict[str, str], groups: list[dict]) -> list[str]:
+    """Markdown lines of ``groups``: the ``keys`` columns (heading -> field), then rows and the three errors."""
+    out = ["| " + " | ".join(keys) + " | rows | median abs error | p90 abs error | mean signed error |",
+           "|" + "---|" * len(keys) + "---:|---:|---:|---:|"]
+    for g in groups:
+        out.append("| " + " | ".join(str(g[k]) for k in keys.values()) + f" | {g['rows']} | "
+                   f"{g['median_abs_error']:.1%} | {g['p90_abs_error']:.1%} | {g['mean_signed_error']:+.1%} |")
+    return out
+
+
 def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
              by_framework: list[dict] | None = None, per_row: bool = False) -> str:
-    out = ["| group | rows | median abs error | p90 abs error | mean signed error |", "|---|---:|---:|---:|---:|"]
-    for g in summary:
-        out.append(f"| {g['group']} | {g['rows']} | {g['median_abs_error']:.1%} | {g['p90_abs_error']:.1%} | "
-                   f"{g['mean_signed_error']:+.1%} |")
+    out = stats_table({"group": "group"}, summary)
     if by_framework:
-        out += ["", "| group | framework | rows | median abs error | p90 abs error | mean signed error |",
-                "|---|---|---:|---:|---:|---:|"]
-        for g in by_framework:
-            out.append(f"| {g['group']} | {g['framework']} | {g['rows']} | {g['median_abs_error']:.1%} | "
-                       f"{g['p90_abs_error']:.1%} | {g['mean_signed_error']:+.1%} |")
+        out += [""] + stats_table({"group": "group", "framework": "framework"}, by_framework)
     if per_row:
         out += ["", "| row | model | GPUs | plan | published tokens/s/GPU | predicted | error |",
                 "|---|---|---:|---|---:|---:|---:|"]
@@ -49,12 +52,8 @@ def markdown(results: list[dict], summary: list[dict], skipped: list[dict],
     graphs = summarize_by_cuda_graphs(results)
     if graphs:
         out += ["", "Megatron-Bridge rows by what their performance configs capture in CUDA graphs "
-                    "(validation/bridge_cuda_graphs.csv; a diagnostic, not a fit: the model prices GPU work only):", "",
-                "| kind | CUDA graphs | rows | median abs error | p90 abs error | mean signed error |",
-                "|---|---|---:|---:|---:|---:|"]
-        for g in graphs:
-            out.append(f"| {g['kind']} | {g['cuda_graphs']} | {g['rows']} | {g['median_abs_error']:.1%} | "
-                       f"{g['p90_abs_error']:.1%} | {g['mean_signed_error']:+.1%} |")
+                    "(validation/bridge_cuda_graphs.csv; a diagnostic, not a fit: the model prices GPU work only):", ""]
+        out += stats_table({"kind": "kind", "CUDA graphs": "cuda_graphs"}, graphs)
     corr = error_correlations(results)
     if corr:
         names = [n for n, _ in CORRELATES]

@@ -38,10 +38,8 @@ def group_for(accelerator: str, dtype: str, moe: bool) -> str | None:
 
 
 def _stats(errors: list[float], gpus: list[int]) -> dict:
-    from clustersim.validate import _percentile
-    return {"rows": len(errors), "median_abs_error": _percentile([abs(e) for e in errors], 50),
-            "p90_abs_error": _percentile([abs(e) for e in errors], 90),
-            "mean_signed_error": sum(errors) / len(errors), "gpus": [min(gpus), max(gpus)]}
+    from clustersim.validate import error_stats
+    return {**error_stats(errors), "gpus": [min(gpus), max(gpus)]}
 
 
 ALL_GROUPS = "(all)"          # by_model: a preset's runs on every hardware and precision
@@ -58,7 +56,8 @@ def summarize_evidence(results: list[dict]) -> dict:
     """Per group, per (group, stack) and per (model preset, group) statistics of validate's result rows
     (``validate_rows``); ``by_model[preset]["(all)"]`` over every group; ``by_cuda_graphs[kind][capture]``
     over the Megatron-Bridge rows by what their configs capture in CUDA graphs (kind "MoE" or "dense";
-    capture "full iteration", "partial" or "none": ``validate.cuda_graphs_of``)."""
+    capture "full iteration", "partial" or "none": ``validate.cuda_graph_bucket``)."""
+    from clustersim.validate import cuda_graph_bucket
     by_group: dict[str, tuple[list, list]] = {}
     by_stack: dict[str, dict[str, tuple[list, list]]] = {}
     by_model: dict[str, dict[str, tuple[list, list]]] = {}
@@ -68,9 +67,9 @@ def summarize_evidence(results: list[dict]) -> dict:
         buckets = [by_group.setdefault(g, ([], [])), by_stack.setdefault(g, {}).setdefault(s, ([], []))]
         if m:
             buckets += [by_model.setdefault(m, {}).setdefault(k, ([], [])) for k in (g, ALL_GROUPS)]
-        if r.get("cuda_graphs"):
-            kind = "MoE" if g.endswith("MoE") else "dense"
-            buckets.append(by_graphs.setdefault(kind, {}).setdefault(r["cuda_graphs"].split(":")[0], ([], [])))
+        graphs = cuda_graph_bucket(r)
+        if graphs:
+            buckets.append(by_graphs.setdefault(graphs[0], {}).setdefault(graphs[1], ([], [])))
         for bucket in buckets:
             bucket[0].append(r["error"])
             bucket[1].append(int(r["gpus"]))

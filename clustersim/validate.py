@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import click
@@ -1111,7 +1112,13 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None,
     return done, skipped
 
 
-_CUDA_GRAPHS: dict | None = None
+@lru_cache(maxsize=1)
+def _bridge_cuda_graphs() -> dict[tuple, dict]:
+    """``BRIDGE_CUDA_GRAPHS`` by (model, hardware class, precision label, release)."""
+    import csv
+    with BRIDGE_CUDA_GRAPHS.open(newline="") as f:
+        return {(r["model"], r["hardware"], r["precision"], r["release"]): r
+                for r in csv.DictReader(ln for ln in f if not ln.startswith("#"))}
 
 
 def cuda_graphs_of(row: dict) -> str | None:
@@ -1120,15 +1127,9 @@ def cuda_graphs_of(row: dict) -> str | None:
     "partial: <scopes>" (Transformer Engine replays those modules; the rest launches from the host) or "none";
     None for other rows. Our model prices GPU work only, as a fully captured run has it: a diagnostic to read
     errors against, not an input to the prediction."""
-    global _CUDA_GRAPHS
     if RECIPE_FRAMEWORK not in row.get("framework", ""):
         return None
-    if _CUDA_GRAPHS is None:
-        import csv
-        with BRIDGE_CUDA_GRAPHS.open(newline="") as f:
-            _CUDA_GRAPHS = {(r["model"], r["hardware"], r["precision"], r["release"]): r
-                            for r in csv.DictReader(ln for ln in f if not ln.startswith("#"))}
-    hit = _CUDA_GRAPHS.get((row.get("model"), hardware_class(row.get("hardware", "")), row.get("precision"),
+    hit = _bridge_cuda_graphs().get((row.get("model"), hardware_class(row.get("hardware", "")), row.get("precision"),
                             (row.get("release") or "").strip()))
     if hit is None:
         return None
@@ -1140,20 +1141,28 @@ def cuda_graphs_of(row: dict) -> str | None:
     return "partial: " + ", ".join(scope)
 
 
+CUDA_GRAPH_CAPTURES = ("full iteration", "partial", "none")
+
+
+def cuda_graph_bucket(result: dict) -> tuple[str, str] | None:
+    """(kind "MoE" or "dense", capture: one of ``CUDA_GRAPH_CAPTURES``) of a validate result row with a
+    ``cuda_graphs`` entry; None for the rest."""
+    cg = result.get("cuda_graphs")
+    if not cg:
+        return None
+    return ("MoE" if result["group"].endswith("MoE") else "dense"), cg.split(":")[0]
+
+
 def summarize_by_cuda_graphs(results: list[dict]) -> list[dict]:
-    """Per (dense / MoE, what the rows' configs capture in CUDA graphs: full iteration, partial, none), over the
-    rows ``cuda_graphs_of`` knows: rows, median and 90th-percentile absolute error, mean signed error."""
+    """Per ``cuda_graph_bucket`` (dense / MoE, what the rows' configs capture in CUDA graphs), over the rows
+    ``cuda_graphs_of`` knows: rows, median and 90th-percentile absolute error, mean signed error."""
     groups: dict[tuple, list[float]] = {}
     for r in results:
-        cg = r.get("cuda_graphs")
-        if cg:
-            kind = "MoE" if r["group"].endswith("MoE") else "dense"
-            groups.setdefault((kind, cg.split(":")[0]), []).append(r["error"])
-    order = {"full iteration": 0, "partial": 1, "none": 2}
-    return [{"kind": kind, "cuda_graphs": cg, "rows": len(e),
-             "median_abs_error": _percentile([abs(x) for x in e], 50),
-             "p90_abs_error": _percentile([abs(x) for x in e], 90), "mean_signed_error": sum(e) / len(e)}
-            for (kind, cg), e in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
+        bucket = cuda_graph_bucket(r)
+        if bucket:
+            groups.setdefault(bucket, []).append(r["error"])
+    return [{"kind": kind, "cuda_graphs": cg, **error_stats(e)}
+            for (kind, cg), e in sorted(groups.items(), key=lambda kv: (kv[0][0], CUDA_GRAPH_CAPTURES.index(kv[0][1])))]
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -1179,13 +1188,18 @@ def summarize(results: list[dict], by_framework: bool = False) -> list[dict]:
         groups.setdefault(key, []).append(r["error"])
     out = []
     for key in sorted(groups):
-        e = groups[key]
         row = {"group": key[0]}
         if by_framework:
             row["framework"] = key[1]
-        out.append({**row, "rows": len(e), "median_abs_error": _percentile([abs(x) for x in e], 50),
-                    "p90_abs_error": _percentile([abs(x) for x in e], 90), "mean_signed_error": sum(e) / len(e)})
+        out.append({**row, **error_stats(groups[key])})
     return out
+
+
+def error_stats(errors: list[float]) -> dict:
+    """rows, median and 90th-percentile absolute error, mean signed error of signed errors (fractions)."""
+    return {"rows": len(errors), "median_abs_error": _percentile([abs(x) for x in errors], 50),
+            "p90_abs_error": _percentile([abs(x) for x in errors], 90),
+            "mean_signed_error": sum(errors) / len(errors)}
 
 
 #: what a row's error is correlated with in ``error_correlations``: a name and how to read it off a result row
