@@ -1,13 +1,15 @@
 """Validation against published training runs: the whole of validation/published_runs.csv.
 
     python benchmarks/validate.py [--network analytical] [--out benchmarks/results/validate] [--tp-comm-overlap]
+                                  [--workers N]
                                   [--runs validation/megatron_lm_2021.csv --out benchmarks/results/validate_megatron_2021]
 
 Writes validate.json (rows, per-group and per-group-and-framework summaries, rows not expressible),
 validate.png (predicted vs published) and validate.md (both summary tables and the peak-memory comparison, as
 pasted in the README); the whole set under default options also writes validation/evidence.json, the
 per-group evidence `clustersim simulate` prints next to its predictions (clustersim.evidence). The rows are
-validation only: nothing is fitted to them. Takes about 2 s per row on one CPU core.
+validation only: nothing is fitted to them. Takes about 2 s per row on one CPU core; rows run side by side
+in one process per core (``--workers``).
 """
 from __future__ import annotations
 
@@ -85,12 +87,16 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "validate"))
     ap.add_argument("--tp-comm-overlap", action="store_true",
                     help="rows whose NVIDIA recipes overlap TP communication run --tp-comm-overlap")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes simulating rows side by side (default: one per CPU core, at most 8; the "
+                    "results do not depend on it)")
     ap.add_argument("--runs", default=None, help="published-runs CSV (default validation/published_runs.csv); "
                     "sets of up to 50 rows get a per-row table")
     args = ap.parse_args()
     rows = load_runs(args.runs) if args.runs else load_runs()
     t0 = time.perf_counter()
     results, skipped = validate_rows(rows, network=args.network, tp_overlap=args.tp_comm_overlap,
+                                     workers=args.workers,
                                      progress=lambda i, n: print(f"\r{i}/{n}", end="", file=sys.stderr))
     print(file=sys.stderr)
     summary = summarize(results)

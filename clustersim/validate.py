@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -1051,65 +1052,114 @@ def _fit_unstated_recompute(row: dict, kw: dict, notes: list[str], out, network:
     return out, kw
 
 
-def _experiment_fields() -> set[str]:
+@lru_cache(maxsize=1)
+def _experiment_fields() -> frozenset[str]:
     from clustersim.experiment import Experiment
-    return {f.name for f in dataclasses.fields(Experiment)}
+    return frozenset(f.name for f in dataclasses.fields(Experiment))
 
 
 # ---------------------------------------------------------------------------------------------- running
+#: rows per worker process from which ``validate_rows`` runs a pool by default (smaller sets run in this process:
+#: a worker's start and imports cost about a second)
+POOL_FROM_ROWS = 16
+#: worker processes at most by default: each holds its row's programs (up to ~1 GB for the largest rows)
+DEFAULT_MAX_WORKERS = 8
+
+
+def default_workers(rows: int) -> int:
+    """Worker processes ``validate_rows`` uses when not told: one per CPU core (at most DEFAULT_MAX_WORKERS)
+    once there are POOL_FROM_ROWS rows per worker; 1 (this process) below that."""
+    cores = os.cpu_count() or 1
+    return max(1, min(cores, DEFAULT_MAX_WORKERS, rows // POOL_FROM_ROWS))
+
+
 def validate_rows(rows: list[dict], network: str = "analytical", progress=None,
-                  tp_overlap: bool = False) -> tuple[list[dict], list[dict]]:
-    """Simulate every expressible row: (results, not expressible [{id, model, hardware, reason}]);
-    ``tp_overlap``: as ``row_experiment``."""
+                  tp_overlap: bool = False, workers: int | None = None) -> tuple[list[dict], list[dict]]:
+    """Simulate every expressible row: (results, not expressible [{id, model, hardware, reason}]), both in
+    the rows' order; ``tp_overlap``: as ``row_experiment``. ``workers``: processes that simulate rows side by
+    side (None: ``default_workers``; 1: all in this process). Each row is simulated on its own, so the results
+    do not depend on the number of workers. ``progress(done, total)`` is called as rows finish."""
+    workers = default_workers(len(rows)) if workers is None else max(1, int(workers))
+    outcomes: list = [None] * len(rows)
+    if workers > 1 and len(rows) > 1:
+        _run_in_pool(rows, network, tp_overlap, workers, outcomes, progress)
+    for n, row in enumerate(rows):
+        if outcomes[n] is None:         # in this process: all rows, or those a broken pool left
+            outcomes[n] = validate_row(row, n, network, tp_overlap)
+            if progress:
+                progress(sum(o is not None for o in outcomes), len(rows))
+    done = [res for ok, res in outcomes if ok]
+    skipped = [res for ok, res in outcomes if not ok]
+    return done, skipped
+
+
+def _run_in_pool(rows: list[dict], network: str, tp_overlap: bool, workers: int, outcomes: list,
+                 progress) -> None:
+    """Fill ``outcomes`` (by row index) from a pool of ``workers`` processes. A worker the OS kills (out of
+    memory with several large rows side by side) breaks the pool: the rows it left unanswered stay None and
+    ``validate_rows`` runs them in this process, one at a time."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(rows)))
+    try:
+        futures = {pool.submit(validate_row, row, n, network, tp_overlap): n for n, row in enumerate(rows)}
+        finished = 0
+        for f in as_completed(futures):
+            outcomes[futures[f]] = f.result()       # a row's own error (not a ClusterSimError) is raised here
+            finished += 1
+            if progress:
+                progress(finished, len(rows))
+    except BrokenProcessPool:
+        pass
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def validate_row(row: dict, n: int, network: str = "analytical", tp_overlap: bool = False) -> tuple[bool, dict]:
+    """One row (index ``n`` in its file, for an id-less row): (True, result) or (False, {id, ..., reason}) when it
+    cannot be expressed. A top-level function, so that a worker process can run it."""
     from clustersim.experiment import experiment_from_dict, headroom_note, run_experiment
 
-    fields = _experiment_fields()
-    done, skipped = [], []
-    for n, row in enumerate(rows):
-        rid = row.get("id") or str(n + 1)
-        ident = {"id": rid, "model": row["model"], "hardware": row["hardware"], "gpus": row["gpus"],
-                 "precision": row["precision"], "framework": row["framework"], "source": row.get("source", "")}
-        published = published_tokens_per_gpu(row)
-        try:
-            if published is None:
-                raise NotExpressible("no throughput figure")
-            kw, notes = row_experiment(row, fields, tp_overlap)
-            out = run_experiment(experiment_from_dict({**kw, "network": network}, where=f"row {rid}"))
-            out, kw = _fit_unstated_recompute(row, kw, notes, out, network, rid)
-        except ClusterSimError as e:
-            skipped.append({**ident, "reason": str(e)})
-            continue
-        finally:
-            if progress:
-                progress(n + 1, len(rows))
-        m = out.metrics
-        tight = headroom_note(m.peak_memory_bytes, m.memory_capacity_bytes)
-        if tight:
-            notes.append(tight)
-        elif m.memory_capacity_bytes and m.peak_memory_bytes > m.memory_capacity_bytes:
-            notes.append(f"the run fit; our memory model puts its peak at {m.peak_memory_bytes / GIB:.0f} GiB, over "
-                         f"the device's {m.memory_capacity_bytes / GIB:.0f} GiB")
-        gpus = out.plan.world_size
-        pred = m.tokens_per_s / gpus
-        tf_pub = _num(row, "model_tflops_per_gpu")
-        mem_pub = _num(row, "peak_memory_gib")
-        done.append({
-            **ident, "group": group_of(row), "experiment": kw, "notes": notes,
-            "published_tokens_per_s_per_gpu": published, "predicted_tokens_per_s_per_gpu": pred,
-            "error": pred / published - 1.0,
-            "published_model_tflops_per_gpu": tf_pub, "predicted_model_tflops_per_gpu": m.tflops_per_gpu,
-            "tflops_error": (m.tflops_per_gpu / tf_pub - 1.0) if tf_pub else None,
-            "published_step_time_s": _num(row, "step_time_s"), "predicted_step_time_s": m.step_time_s,
-            "published_peak_memory_gib": mem_pub, "predicted_peak_memory_gib": m.peak_memory_bytes / GIB,
-            "peak_memory_error": (m.peak_memory_bytes / GIB / mem_pub - 1.0) if mem_pub else None,
-            "mfu": m.mfu, "stack": out.plan.stack,
-            # where the predicted step goes, to read an error against: bubble and exposed communication
-            # (fractions of the step), and the comm per parallel axis
-            "cuda_graphs": cuda_graphs_of(row),
-            "bubble_fraction": m.bubble_fraction, "exposed_comm_fraction": m.exposed_comm_fraction,
-            "exposed_comm_by_axis": {ax: d["exposed_fraction"] for ax, d in m.comm_by_axis.items()},
-        })
-    return done, skipped
+    rid = row.get("id") or str(n + 1)
+    ident = {"id": rid, "model": row["model"], "hardware": row["hardware"], "gpus": row["gpus"],
+             "precision": row["precision"], "framework": row["framework"], "source": row.get("source", "")}
+    published = published_tokens_per_gpu(row)
+    try:
+        if published is None:
+            raise NotExpressible("no throughput figure")
+        kw, notes = row_experiment(row, _experiment_fields(), tp_overlap)
+        out = run_experiment(experiment_from_dict({**kw, "network": network}, where=f"row {rid}"))
+        out, kw = _fit_unstated_recompute(row, kw, notes, out, network, rid)
+    except ClusterSimError as e:
+        return False, {**ident, "reason": str(e)}
+    m = out.metrics
+    tight = headroom_note(m.peak_memory_bytes, m.memory_capacity_bytes)
+    if tight:
+        notes.append(tight)
+    elif m.memory_capacity_bytes and m.peak_memory_bytes > m.memory_capacity_bytes:
+        notes.append(f"the run fit; our memory model puts its peak at {m.peak_memory_bytes / GIB:.0f} GiB, over "
+                     f"the device's {m.memory_capacity_bytes / GIB:.0f} GiB")
+    gpus = out.plan.world_size
+    pred = m.tokens_per_s / gpus
+    tf_pub = _num(row, "model_tflops_per_gpu")
+    mem_pub = _num(row, "peak_memory_gib")
+    return True, {
+        **ident, "group": group_of(row), "experiment": kw, "notes": notes,
+        "published_tokens_per_s_per_gpu": published, "predicted_tokens_per_s_per_gpu": pred,
+        "error": pred / published - 1.0,
+        "published_model_tflops_per_gpu": tf_pub, "predicted_model_tflops_per_gpu": m.tflops_per_gpu,
+        "tflops_error": (m.tflops_per_gpu / tf_pub - 1.0) if tf_pub else None,
+        "published_step_time_s": _num(row, "step_time_s"), "predicted_step_time_s": m.step_time_s,
+        "published_peak_memory_gib": mem_pub, "predicted_peak_memory_gib": m.peak_memory_bytes / GIB,
+        "peak_memory_error": (m.peak_memory_bytes / GIB / mem_pub - 1.0) if mem_pub else None,
+        "mfu": m.mfu, "stack": out.plan.stack,
+        # where the predicted step goes, to read an error against: bubble and exposed communication
+        # (fractions of the step), and the comm per parallel axis
+        "cuda_graphs": cuda_graphs_of(row),
+        "bubble_fraction": m.bubble_fraction, "exposed_comm_fraction": m.exposed_comm_fraction,
+        "exposed_comm_by_axis": {ax: d["exposed_fraction"] for ax, d in m.comm_by_axis.items()},
+    }
 
 
 @lru_cache(maxsize=1)
@@ -1334,8 +1384,12 @@ def plot(results: list[dict], path: str | Path) -> Path:
 @click.option("--tp-comm-overlap", "tp_overlap", is_flag=True,
               help="Run the rows whose NVIDIA recipes overlap TP communication with --tp-comm-overlap (an "
                    "idealised model: see README).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes that simulate rows side by side (default: one per CPU core, at most "
+                   f"{DEFAULT_MAX_WORKERS}, once there are {POOL_FROM_ROWS} rows per process; 1: none). "
+                   "The results do not depend on it.")
 @click.pass_context
-def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap) -> None:
+def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap, workers) -> None:
     """Simulate published training runs and report the error per row and per group
     (hardware × precision × dense/MoE). Subcommands validate other parts of the model."""
     if ctx.invoked_subcommand is not None:
@@ -1349,7 +1403,7 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap)
         rows = [r for r in rows if any(o in r.get(k, "").lower() for k in ("model", "hardware", "framework"))]
     if not rows:
         raise ConfigError("no published runs match the selection")
-    results, skipped = validate_rows(rows, network=network, tp_overlap=tp_overlap)
+    results, skipped = validate_rows(rows, network=network, tp_overlap=tp_overlap, workers=workers)
     summary = summarize(results)
     frameworks = summarize(results, by_framework=True)
     if plot_path:

@@ -740,3 +740,51 @@ def test_qwen3_blackwell_ultra_rows_run_hybridep_and_no_recompute():
     assert stated_moe_dispatcher(rows["659"], 8) is None
     assert stated_moe_dispatcher(rows["733"], 8) is None
     assert stated_moe_dispatcher(rows["749"], 64)[0] == "hybridep" and stated_moe_dispatcher(rows["755"], 64) is None
+
+
+def test_rows_simulated_side_by_side_give_the_same_results_in_the_same_order():
+    """validate_rows with a pool of worker processes returns what it returns in one process (every field of every
+    row, skipped rows included), in the rows' order, whatever order the workers finish in."""
+    from clustersim.validate import validate_rows
+    rows = {r["id"]: r for r in load_runs()}
+    pick = [rows[i] for i in ("417", "526", "402", "403")] + [_row(task="lora"), _row(tokens_per_s_per_gpu="")]
+    calls = []
+    alone = validate_rows(pick, workers=1)
+    pooled = validate_rows(pick, workers=2, progress=lambda i, n: calls.append((i, n)))
+    assert json.dumps(pooled) == json.dumps(alone)
+    assert [r["id"] for r in pooled[0]] == ["417", "526", "402", "403"] and len(pooled[1]) == 2
+    assert calls[-1] == (6, 6) and [i for i, _ in calls] == sorted(i for i, _ in calls)
+
+
+def test_a_broken_worker_pool_leaves_its_rows_to_this_process(monkeypatch):
+    """A worker the OS kills (out of memory) breaks the pool: the rows it did not answer run in this process,
+    one at a time, and the results are complete."""
+    import concurrent.futures
+    from concurrent.futures.process import BrokenProcessPool
+    from clustersim.validate import validate_rows
+
+    class Broken:
+        def __init__(self, max_workers):
+            pass
+
+        def submit(self, fn, *args):
+            f = concurrent.futures.Future()
+            f.set_exception(BrokenProcessPool("a worker died"))
+            return f
+
+        def shutdown(self, wait=True, cancel_futures=False):
+            pass
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Broken)
+    rows = {r["id"]: r for r in load_runs()}
+    done, skipped = validate_rows([rows["417"], _row(task="lora")], workers=2)
+    assert [r["id"] for r in done] == ["417"] and len(skipped) == 1
+
+
+def test_default_workers_keep_small_sets_in_this_process(monkeypatch):
+    from clustersim import validate as V
+    monkeypatch.setattr(V.os, "cpu_count", lambda: 16)
+    assert V.default_workers(5) == 1 and V.default_workers(40) == 2
+    assert V.default_workers(803) == V.DEFAULT_MAX_WORKERS
+    monkeypatch.setattr(V.os, "cpu_count", lambda: None)
+    assert V.default_workers(803) == 1
