@@ -3,56 +3,47 @@ one plain loop over every rank's ops in program order, apart from the engine's s
 keys (the k-th op of a rank on a group, or on a (source, destination) pair, sends and receives counted apart),
 sync ids and p2p pair ids assigned in the same order, and the same distinct communications recorded for the
 fixed-channel scan (stream, first rank, op; None as stream once two streams issue one, with the last op)."""
+from collections import defaultdict
+
 from hypothesis import given, settings
 
 from simulator.engine import Engine
-from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, SyncTable
+from simulator.program import COLLECTIVE, RECV, SEND, SyncTable
 from tests.simulator.test_engine_fast_paths import CLUSTER, Costs, programs
 
 
 def reference(engine):
-    """The rules, one op at a time, with a SyncTable of its own (ids are assigned in the order first asked)."""
+    """The rules stated declaratively, with a SyncTable of its own (ids are assigned in the order first asked):
+    every communication op in (rank, index) order names an id; a rank's k-th op on a counter (a group's sync
+    id; a pair's sends; the same pair's receives) gets (id, k); a distinct communication (receives ask
+    nothing) keeps its first (stream, rank, op) unless two streams issue it, then (None, rank, op) of its last."""
     sync = SyncTable(engine.p, engine.rep)
-    made_of, pair_id, sid_of, pairs, channels, out = {}, {}, {}, [], {}, {}
-    for rank, prog in engine.p.ops.items():
-        keys = [None] * len(prog)
-        counters = {}
-        for i, op in enumerate(prog):
-            kind = op.kind
-            if kind == COMPUTE:
-                continue
-            if kind == COLLECTIVE:
-                g = op.group
-                ck = sid = sid_of.get(g)
-                if sid is None:
-                    ck = sid = sid_of[g] = sync.id_of(g)
-            elif kind in (SEND, RECV):
-                pair = (rank, engine.rep[op.peer]) if kind == SEND else (engine.rep[op.peer], rank)
-                sid = pair_id.get(pair)
-                if sid is None:
-                    sid = pair_id[pair] = -1 - len(pairs)
-                    pairs.append(pair)
-                ck = sid if kind == SEND else (sid,)
-            else:
-                continue
-            k = counters.get(ck, 0)
-            counters[ck] = k + 1
-            made = made_of.setdefault(sid, [])
-            if k < len(made):
-                keys[i] = made[k]
-            else:
-                keys[i] = key = (sid, k)
-                made.append(key)
-            if kind != RECV:
-                ch = (op.group, op.collective, op.size_bytes) if kind == COLLECTIVE else \
-                    ((rank, op.peer), op.group, op.size_bytes)
-                seen = channels.get(ch)
-                if seen is None:
-                    channels[ch] = (op.stream, rank, op)
-                elif seen[0] != op.stream:
-                    channels[ch] = (None, rank, op)
-        out[rank] = keys
-    return out, pairs, channels, sync
+    comm = [(rank, i, op) for rank, prog in engine.p.ops.items() for i, op in enumerate(prog)
+            if op.kind in (COLLECTIVE, SEND, RECV)]
+    gids = [op.group for _, _, op in comm if op.kind == COLLECTIVE]
+    sid = {g: sync.id_of(g) for g in dict.fromkeys(gids)}
+    pair_of = {(r, i): (r, engine.rep[op.peer]) if op.kind == SEND else (engine.rep[op.peer], r)
+               for r, i, op in comm if op.kind != COLLECTIVE}
+    pairs = list(dict.fromkeys(pair_of.values()))
+    pid = {pr: -1 - j for j, pr in enumerate(pairs)}
+    keys = {rank: [None] * len(prog) for rank, prog in engine.p.ops.items()}
+    counts = defaultdict(int)
+    for r, i, op in comm:
+        ident = sid[op.group] if op.kind == COLLECTIVE else pid[pair_of[(r, i)]]
+        counter = (r, op.kind if op.kind != COLLECTIVE else "c", ident)
+        keys[r][i] = (ident, counts[counter])
+        counts[counter] += 1
+    uses = defaultdict(list)
+    for r, i, op in comm:
+        if op.kind == COLLECTIVE:
+            uses[(op.group, op.collective, op.size_bytes)].append((op.stream, r, op))
+        elif op.kind == SEND:
+            uses[((r, op.peer), op.group, op.size_bytes)].append((op.stream, r, op))
+    channels = {}
+    for ch, us in uses.items():
+        one = all(u[0] == us[0][0] for u in us)
+        channels[ch] = us[0] if one else (None, us[-1][1], us[-1][2])
+    return keys, pairs, channels, sync
 
 
 class Scanning(Engine):
