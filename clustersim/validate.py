@@ -1403,7 +1403,13 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap,
         rows = [r for r in rows if any(o in r.get(k, "").lower() for k in ("model", "hardware", "framework"))]
     if not rows:
         raise ConfigError("no published runs match the selection")
-    results, skipped = validate_rows(rows, network=network, tp_overlap=tp_overlap, workers=workers)
+    import sys
+    from clustersim.simulate import DelayedProgress
+    bar = DelayedProgress("validating", delay_s=1.0, enabled=sys.stderr.isatty(), unit="rows")
+    try:
+        results, skipped = validate_rows(rows, network=network, tp_overlap=tp_overlap, workers=workers, progress=bar)
+    finally:
+        bar.close()
     summary = summarize(results)
     frameworks = summarize(results, by_framework=True)
     if plot_path:
