@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -1066,11 +1067,18 @@ POOL_FROM_ROWS = 16
 DEFAULT_MAX_WORKERS = 8
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS says, as in a container with a CPU limit)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def default_workers(rows: int) -> int:
-    """Worker processes ``validate_rows`` uses when not told: one per CPU core (at most DEFAULT_MAX_WORKERS)
-    once there are POOL_FROM_ROWS rows per worker; 1 (this process) below that."""
-    cores = os.cpu_count() or 1
-    return max(1, min(cores, DEFAULT_MAX_WORKERS, rows // POOL_FROM_ROWS))
+    """Worker processes ``validate_rows`` uses when not told: one per usable CPU core (at most
+    DEFAULT_MAX_WORKERS) once there are POOL_FROM_ROWS rows per worker; 1 (this process) below that."""
+    return max(1, min(usable_cores(), DEFAULT_MAX_WORKERS, rows // POOL_FROM_ROWS))
 
 
 def validate_rows(rows: list[dict], network: str = "analytical", progress=None,
@@ -1403,7 +1411,6 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap,
         rows = [r for r in rows if any(o in r.get(k, "").lower() for k in ("model", "hardware", "framework"))]
     if not rows:
         raise ConfigError("no published runs match the selection")
-    import sys
     from clustersim.simulate import DelayedProgress
     bar = DelayedProgress("validating", delay_s=1.0, enabled=sys.stderr.isatty(), unit="rows")
     try:

@@ -783,8 +783,17 @@ def test_a_broken_worker_pool_leaves_its_rows_to_this_process(monkeypatch):
 
 def test_default_workers_keep_small_sets_in_this_process(monkeypatch):
     from clustersim import validate as V
-    monkeypatch.setattr(V.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(V, "usable_cores", lambda: 16)
     assert V.default_workers(5) == 1 and V.default_workers(40) == 2
     assert V.default_workers(803) == V.DEFAULT_MAX_WORKERS
-    monkeypatch.setattr(V.os, "cpu_count", lambda: None)
+    monkeypatch.setattr(V, "usable_cores", lambda: 1)
     assert V.default_workers(803) == 1
+
+
+def test_usable_cores_follow_the_process_affinity(monkeypatch):
+    from clustersim import validate as V
+    monkeypatch.setattr(V.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert V.usable_cores() == 3
+    monkeypatch.delattr(V.os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(V.os, "cpu_count", lambda: None)
+    assert V.usable_cores() == 1
