@@ -1128,6 +1128,7 @@ def validate_row(row: dict, n: int, network: str = "analytical", tp_overlap: boo
     """One row (index ``n`` in its file, for an id-less row): (True, result) or (False, {id, ..., reason}) when it
     cannot be expressed. A top-level function, so that a worker process can run it."""
     from clustersim.experiment import experiment_from_dict, headroom_note, run_experiment
+    from topologies.kernel_cost import kernel_kind_shares
 
     rid = row.get("id") or str(n + 1)
     ident = {"id": rid, "model": row["model"], "hardware": row["hardware"], "gpus": row["gpus"],
@@ -1167,6 +1168,8 @@ def validate_row(row: dict, n: int, network: str = "analytical", tp_overlap: boo
         "cuda_graphs": cuda_graphs_of(row),
         "bubble_fraction": m.bubble_fraction, "exposed_comm_fraction": m.exposed_comm_fraction,
         "exposed_comm_by_axis": {ax: d["exposed_fraction"] for ax, d in m.comm_by_axis.items()},
+        # and how its compute time splits by kernel kind (GEMM, attention, elementwise), one rank's
+        "kernel_shares": kernel_kind_shares(out.programs, out.cost),
     }
 
 
@@ -1264,7 +1267,8 @@ def error_stats(errors: list[float]) -> dict:
 CORRELATES = (("predicted MFU", lambda r: r["mfu"]), ("bubble", lambda r: r["bubble_fraction"]),
               ("exposed comm", lambda r: r["exposed_comm_fraction"]),
               ("log2 GPUs", lambda r: math.log2(int(r["gpus"]))),
-              ("log2 seq", lambda r: math.log2(int(r["experiment"]["seq"]))))
+              ("log2 seq", lambda r: math.log2(int(r["experiment"]["seq"]))),
+              ("attention share", lambda r: (r.get("kernel_shares") or {}).get("attention", 0.0)))
 
 
 def error_correlations(results: list[dict], min_rows: int = 20) -> list[dict]:

@@ -174,6 +174,21 @@ def kernel_time_shares(programs, cost, rank: int | None = None, top: int = 5) ->
     return [{"kernel": k, "time_s": t, "share": t / total} for k, t in rows]
 
 
+def kernel_kind_shares(programs, cost, rank: int | None = None) -> dict[str, float]:
+    """Where one rank's kernel-priced compute time goes by kernel kind: {gemm, attention, elementwise: share}
+    (the rank ``_priced_lists`` picks; {} when no op is priced by its kernels)."""
+    r, lists = _priced_lists(programs, cost, rank)
+    if r is None:
+        return {}
+    by_kind: dict[str, float] = {}
+    pricer = cost.kernels
+    for kl, n in lists.values():
+        for k in kl.kernels:
+            by_kind[k.kind] = by_kind.get(k.kind, 0.0) + pricer.kernel_time_s(k) * n
+    total = sum(by_kind.values())
+    return {kind: t / total for kind, t in by_kind.items()} if total > 0 else {}
+
+
 def layer_breakdown(programs, cost, rank: int | None = None) -> dict:
     """Per-kernel time of every distinct layer phase of one rank's step: {rank, phases: [{label, ops,
     time_s, kernels: [rows of KernelPricer.breakdown]}]} (kernel-priced ops only)."""

@@ -629,7 +629,7 @@ def test_error_correlations_by_hand():
     from clustersim.validate import error_correlations
     rows = [{"group": "H100 BF16 dense", "stack": "megatron", "error": 0.01 * i, "mfu": 0.4 + 0.01 * i,
              "bubble_fraction": 0.1 - 0.002 * i, "exposed_comm_fraction": 0.05, "gpus": str(2 ** (3 + i % 4)),
-             "experiment": {"seq": 2 ** (9 + i % 5)}}
+             "experiment": {"seq": 2 ** (9 + i % 5)}, "kernel_shares": {"gemm": 0.9 - 0.02 * i, "attention": 0.02 * i}}
             for i in range(20)]
     rows += [{"group": "A100 BF16 dense", "stack": "torchtitan", "error": 0.1, "mfu": 0.5, "bubble_fraction": 0.0,
               "exposed_comm_fraction": 0.0, "gpus": "64", "experiment": {"seq": 4096}}] * 5
@@ -641,6 +641,7 @@ def test_error_correlations_by_hand():
     x = [3 + i % 4 for i in range(20)]
     assert c["log2 GPUs"] == pytest.approx(np.corrcoef(x, [0.01 * i for i in range(20)])[0, 1])
     assert c["log2 seq"] == pytest.approx(np.corrcoef([9 + i % 5 for i in range(20)], [0.01 * i for i in range(20)])[0, 1])
+    assert c["attention share"] == pytest.approx(1.0)      # rows without kernel shares (older files) count 0
 
 
 def test_torchtitan_pipeline_rows_take_the_defaults_of_their_commit():

@@ -12,7 +12,7 @@ from simulator.calibration import Calibration, ComputeFit, LayerFit
 from simulator.kernels import ELEMENTWISE, GEMM, Kernel, KernelList
 from simulator.program import FORWARD, Op
 from topologies.cost import ClusterCostModel
-from topologies.kernel_cost import MEMORY_EFFICIENCY, kernel_time_shares, layer_breakdown
+from topologies.kernel_cost import MEMORY_EFFICIENCY, kernel_kind_shares, kernel_time_shares, layer_breakdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,6 +76,34 @@ def test_reports_name_the_dominant_kernels(cluster):
     assert fwd["ops"] == model.layers * plan.num_microbatches
     assert fwd["time_s"] == pytest.approx(sum(k["time_s"] for k in fwd["kernels"]))
     assert fwd["time_s"] == pytest.approx(cost.kernels.time_s(phase_kernels(model, plan, 0, FORWARD)))
+
+
+def test_kernel_kind_shares_sum_to_one_and_attention_grows_with_the_sequence(cluster):
+    """The split of one rank's kernel time by kind: shares of the three kinds summing to 1, equal to the kinds'
+    kernel times summed over that rank's ops; attention's share grows with the sequence (its FLOPs per token
+    grow with it, the GEMMs' do not)."""
+    model = get_model("llama3-8b")
+    cost = ClusterCostModel(cluster)
+    shares = {}
+    for seq in (2048, 8192, 32768):
+        plan = ParallelPlan(dp=2, tp=8, seq=seq, global_batch=4, sp=True)
+        progs = build_programs(model, plan, 16, symmetric=True)
+        sh = kernel_kind_shares(progs, cost)
+        assert set(sh) == {"gemm", "attention", "elementwise"} and sum(sh.values()) == pytest.approx(1.0)
+        rank = next(iter(progs.ops))
+        t = {}
+        for op in progs.ops[rank]:
+            if op.kind == "compute" and op.kernels is not None and cost.prices_by_kernels(op):
+                for k in op.kernels.kernels:
+                    t[k.kind] = t.get(k.kind, 0.0) + cost.kernels.kernel_time_s(k)
+        assert sh["attention"] == pytest.approx(t["attention"] / sum(t.values()))
+        shares[seq] = sh["attention"]
+    assert shares[2048] < shares[8192] < shares[32768]
+    # a calibration's layer fits price the layers: only the kernel-priced ops (embedding, head) are counted
+    fitted = ClusterCostModel(cluster, calibration=Calibration(
+        compute=[], layers=[LayerFit("H100-SXM", p, 4e14, 0.0) for p in ("forward", "backward")]))
+    sh = kernel_kind_shares(progs, fitted)
+    assert "attention" not in sh and sum(sh.values()) == pytest.approx(1.0)
 
 
 def test_fp8_prices_faster_and_every_device_has_curves():
