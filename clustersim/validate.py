@@ -1105,11 +1105,15 @@ def _run_in_pool(rows: list[dict], network: str, tp_overlap: bool, workers: int,
                  progress) -> None:
     """Fill ``outcomes`` (by row index) from a pool of ``workers`` processes. A worker the OS kills (out of
     memory with several large rows side by side) breaks the pool: the rows it left unanswered stay None and
-    ``validate_rows`` runs them in this process, one at a time."""
+    ``validate_rows`` runs them in this process, one at a time; so do all rows where no pool can be made (a
+    sandbox without process semaphores)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(rows)))
+    try:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(rows)))
+    except (OSError, NotImplementedError, ImportError):
+        return
     try:
         futures = {pool.submit(validate_row, row, n, network, tp_overlap): n for n, row in enumerate(rows)}
         finished = 0

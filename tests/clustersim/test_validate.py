@@ -782,6 +782,19 @@ def test_a_broken_worker_pool_leaves_its_rows_to_this_process(monkeypatch):
     assert [r["id"] for r in done] == ["417"] and len(skipped) == 1
 
 
+def test_rows_run_in_this_process_where_no_pool_can_be_made(monkeypatch):
+    import concurrent.futures
+    from clustersim.validate import validate_rows
+
+    def refuse(max_workers):
+        raise OSError("sem_open: function not implemented")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", refuse)
+    rows = {r["id"]: r for r in load_runs()}
+    done, skipped = validate_rows([rows["417"], rows["402"]], workers=2)
+    assert [r["id"] for r in done] == ["417", "402"] and not skipped
+
+
 def test_default_workers_keep_small_sets_in_this_process(monkeypatch):
     from clustersim import validate as V
     monkeypatch.setattr(V, "usable_cores", lambda: 16)
