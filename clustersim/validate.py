@@ -1392,6 +1392,9 @@ def plot(results: list[dict], path: str | Path) -> Path:
                    "validation/megatron_lm_2021.csv, Megatron-LM's 2021 GPT runs on DGX A100).")
 @click.option("--only", "only", default=None, help="Keep rows whose model, hardware or framework contains TEXT.")
 @click.option("--ids", default=None, help="Comma-separated row ids to run.")
+@click.option("--group", "group", default=None,
+              help="Keep rows whose summary group (hardware × precision × dense/MoE, e.g. 'A100 BF16 dense') "
+                   "contains TEXT.")
 @click.option("--network", type=click.Choice(("ideal", "analytical", "flow")), default="analytical",
               show_default=True, help="Network model.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
@@ -1405,7 +1408,7 @@ def plot(results: list[dict], path: str | Path) -> Path:
                    f"{DEFAULT_MAX_WORKERS}, once there are {POOL_FROM_ROWS} rows per process; 1: none). "
                    "The results do not depend on it.")
 @click.pass_context
-def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap, workers) -> None:
+def validate(ctx, runs_path, only, ids, group, network, plot_path, as_json, tp_overlap, workers) -> None:
     """Simulate published training runs and report the error per row and per group
     (hardware × precision × dense/MoE). Subcommands validate other parts of the model."""
     if ctx.invoked_subcommand is not None:
@@ -1417,6 +1420,9 @@ def validate(ctx, runs_path, only, ids, network, plot_path, as_json, tp_overlap,
     if only:
         o = only.lower()
         rows = [r for r in rows if any(o in r.get(k, "").lower() for k in ("model", "hardware", "framework"))]
+    if group:
+        g = group.lower()
+        rows = [r for r in rows if g in group_of(r).lower()]
     if not rows:
         raise ConfigError("no published runs match the selection")
     from clustersim.simulate import DelayedProgress

@@ -811,3 +811,12 @@ def test_usable_cores_follow_the_process_affinity(monkeypatch):
     monkeypatch.delattr(V.os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(V.os, "cpu_count", lambda: None)
     assert V.usable_cores() == 1
+
+
+def test_group_keeps_the_rows_of_one_summary_group(capsys):
+    """--group selects rows by their summary group (case-insensitive substring), as the tables name them."""
+    assert main(["validate", "--group", "h200 fp8", "--json", "--workers", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rows"] and {r["group"] for r in out["rows"]} == {"H200 FP8 dense"}
+    assert [s["group"] for s in out["summary"]] == ["H200 FP8 dense"]
+    assert main(["validate", "--group", "no such group"]) == 2
