@@ -1452,6 +1452,8 @@ def validate(ctx, runs_path, only, ids, group, network, plot_path, as_json, tp_o
 
 from clustersim.evidence import evidence_command  # noqa: E402
 from clustersim.validate_collectives import collectives  # noqa: E402  (the subcommand's own module)
+from clustersim.validate_diff import diff_command  # noqa: E402
 
 validate.add_command(collectives)
 validate.add_command(evidence_command)
+validate.add_command(diff_command)
