@@ -10,6 +10,7 @@ The check a change to the model or to a row's mapping is read against: nothing h
 from __future__ import annotations
 
 import json
+import math
 
 import click
 
@@ -31,10 +32,12 @@ def load_run(path: str) -> dict[str, dict]:
     for n, r in enumerate(rows):
         if not isinstance(r, dict) or any(k not in r for k in ROW_FIELDS):
             raise ConfigError(f"{path}: row {n} lacks one of {', '.join(ROW_FIELDS)}")
+        if isinstance(r["id"], bool) or not isinstance(r["id"], (str, int)) or not isinstance(r["group"], str):
+            raise ConfigError(f"{path}: row {n}: id must be a string or integer and group a string")
         for k in ("published_tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu", "error"):
             v = r[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                raise ConfigError(f"{path}: row {r['id']!r}: {k} must be a number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"{path}: row {r['id']!r}: {k} must be a finite number, got {v!r}")
         if r["published_tokens_per_s_per_gpu"] <= 0:
             raise ConfigError(f"{path}: row {r['id']!r}: published_tokens_per_s_per_gpu must be > 0")
         if str(r["id"]) in out:

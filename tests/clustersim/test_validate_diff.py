@@ -64,7 +64,8 @@ def test_tolerance_and_the_command(tmp_path, capsys):
                                         ({"rows": [{"id": "1"}]}, "lacks one of"),
                                         ({"rows": [{**_row("1", "g", 1.0, 1.0),
                                                     "published_tokens_per_s_per_gpu": 0.0}]}, "must be > 0"),
-                                        ({"rows": [{**_row("1", "g", 1.0, 1.0), "error": "x"}]}, "must be a number"),
+                                        ({"rows": [{**_row("1", "g", 1.0, 1.0), "error": "x"}]}, "finite number"),
+                                        ({"rows": [{**_row("1", "g", 1.0, 1.0), "group": 3}]}, "group a string"),
                                         ({"rows": [_row("1", "g", 1.0, 1.0)] * 2}, "appears twice")])
 def test_files_that_are_not_validate_runs_are_clear_errors(tmp_path, doc, match, capsys):
     p = tmp_path / "bad.json"
