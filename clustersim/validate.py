@@ -1091,11 +1091,13 @@ def validate_rows(rows: list[dict], network: str = "analytical", progress=None,
     outcomes: list = [None] * len(rows)
     if workers > 1 and len(rows) > 1:
         _run_in_pool(rows, network, tp_overlap, workers, outcomes, progress)
+    finished = sum(o is not None for o in outcomes)
     for n, row in enumerate(rows):
         if outcomes[n] is None:         # in this process: all rows, or those a broken pool left
             outcomes[n] = validate_row(row, n, network, tp_overlap)
+            finished += 1
             if progress:
-                progress(sum(o is not None for o in outcomes), len(rows))
+                progress(finished, len(rows))
     done = [res for ok, res in outcomes if ok]
     skipped = [res for ok, res in outcomes if not ok]
     return done, skipped

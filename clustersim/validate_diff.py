@@ -57,18 +57,17 @@ def diff_runs(before: dict[str, dict], after: dict[str, dict], tolerance: float 
     for i in common:
         b, a = before[i], after[i]
         pb, pa = b["predicted_tokens_per_s_per_gpu"], a["predicted_tokens_per_s_per_gpu"]
-        change = abs(pa / pb - 1.0) if pb else (0.0 if pa == pb else float("inf"))
-        if (pa != pb) if tolerance == 0 else change > tolerance:
+        if pa != pb and (tolerance == 0 or not pb or abs(pa / pb - 1.0) > tolerance):
             moved.append({"id": i, "model": a["model"], "group": a["group"],
                           "published": a["published_tokens_per_s_per_gpu"], "predicted_before": pb,
                           "predicted_after": pa, "error_before": b["error"], "error_after": a["error"]})
+    errors: dict[str, tuple[list, list]] = {}        # group -> (errors before, errors after)
+    for side, run in enumerate((before, after)):
+        for r in run.values():
+            errors.setdefault(r["group"], ([], []))[side].append(r["error"])
     groups = []
-    names = list(dict.fromkeys([r["group"] for r in before.values()] + [r["group"] for r in after.values()]))
-    for g in sorted(names):
-        sb = [r["error"] for r in before.values() if r["group"] == g]
-        sa = [r["error"] for r in after.values() if r["group"] == g]
-        st_b = error_stats(sb) if sb else None
-        st_a = error_stats(sa) if sa else None
+    for g in sorted(errors):
+        st_b, st_a = (error_stats(e) if e else None for e in errors[g])
         if st_b != st_a:
             groups.append({"group": g, "before": st_b, "after": st_a})
     return {"only_before": sorted(set(before) - set(after), key=_id_key),

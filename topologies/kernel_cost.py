@@ -157,18 +157,27 @@ def _priced_lists(programs, cost, rank: int | None):
     return best[0], best[1]
 
 
-def kernel_time_shares(programs, cost, rank: int | None = None, top: int = 5) -> list[dict]:
-    """The kernels that dominate one rank's kernel-priced compute time: [{kernel, time_s, share}], largest
-    first (kernels of the same name summed over the step)."""
+def _kernel_time_by(programs, cost, rank: int | None, key) -> dict[str, float]:
+    """One rank's kernel-priced compute time (the rank ``_priced_lists`` picks) summed by ``key(kernel)``, in
+    seconds over the step; {} when no op is priced by its kernels."""
     r, lists = _priced_lists(programs, cost, rank)
     if r is None:
-        return []
-    by_name: dict[str, float] = {}
+        return {}
+    out: dict[str, float] = {}
     pricer = cost.kernels
     for kl, n in lists.values():
         for k in kl.kernels:
-            base = k.name.replace(" dgrad", "").replace(" wgrad", "")
-            by_name[base] = by_name.get(base, 0.0) + pricer.kernel_time_s(k) * n
+            name = key(k)
+            out[name] = out.get(name, 0.0) + pricer.kernel_time_s(k) * n
+    return out
+
+
+def kernel_time_shares(programs, cost, rank: int | None = None, top: int = 5) -> list[dict]:
+    """The kernels that dominate one rank's kernel-priced compute time: [{kernel, time_s, share}], largest
+    first (kernels of the same name summed over the step)."""
+    by_name = _kernel_time_by(programs, cost, rank, lambda k: k.name.replace(" dgrad", "").replace(" wgrad", ""))
+    if not by_name:
+        return []
     total = sum(by_name.values()) or 1.0
     rows = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
     return [{"kernel": k, "time_s": t, "share": t / total} for k, t in rows]
@@ -177,14 +186,7 @@ def kernel_time_shares(programs, cost, rank: int | None = None, top: int = 5) ->
 def kernel_kind_shares(programs, cost, rank: int | None = None) -> dict[str, float]:
     """Where one rank's kernel-priced compute time goes by kernel kind: {gemm, attention, elementwise: share}
     (the rank ``_priced_lists`` picks; {} when no op is priced by its kernels)."""
-    r, lists = _priced_lists(programs, cost, rank)
-    if r is None:
-        return {}
-    by_kind: dict[str, float] = {}
-    pricer = cost.kernels
-    for kl, n in lists.values():
-        for k in kl.kernels:
-            by_kind[k.kind] = by_kind.get(k.kind, 0.0) + pricer.kernel_time_s(k) * n
+    by_kind = _kernel_time_by(programs, cost, rank, lambda k: k.kind)
     total = sum(by_kind.values())
     return {kind: t / total for kind, t in by_kind.items()} if total > 0 else {}
 

@@ -641,7 +641,7 @@ def test_error_correlations_by_hand():
     x = [3 + i % 4 for i in range(20)]
     assert c["log2 GPUs"] == pytest.approx(np.corrcoef(x, [0.01 * i for i in range(20)])[0, 1])
     assert c["log2 seq"] == pytest.approx(np.corrcoef([9 + i % 5 for i in range(20)], [0.01 * i for i in range(20)])[0, 1])
-    assert c["attention share"] == pytest.approx(1.0)      # rows without kernel shares (older files) count 0
+    assert c["attention share"] == pytest.approx(1.0)
 
 
 def test_torchtitan_pipeline_rows_take_the_defaults_of_their_commit():
