@@ -37,10 +37,13 @@ Sustained rate. Those microbenchmarks time bursts: a GPU at its boost clock. A t
 a node at its power limit, where the clock settles lower. Where a device (or the same die at the same power
 limit) has a published sustained / burst pair (``gemm_sustained.csv``: ml-engineering's MSMF, the best rate a
 shape holds for 2 s at the power limit on an 8-GPU node under load, over MAMF, the best burst of the same run),
-``eta`` is multiplied by MSMF / MAMF (H100 SXM and H200: 0.888 BF16 and FP8; B200: 0.828 / 0.832) and capped at
-MSMF (no shape beats the best sustained rate measured). The 500 W H100 (H100-HBM2e) takes the 700 W factor as an
-upper bound: a lower power limit only lowers the clock a saturated GPU holds. Elsewhere the
-burst rate stays, and the curve's ``source`` says so. Attention kernels keep their charts' (burst) rates: no
+``eta`` is multiplied by MSMF / MAMF (H100 SXM and H200 BF16: 0.888; B200: 0.828 / 0.832) and capped at
+MSMF (no shape beats the best sustained rate measured). Azure's sweeps (H100 and H200 FP8, A100 FP16:
+``STEADY_STATE_SWEEPS``) are not bursts: each shape ran 10,000 warm-up and 1,000 timed iterations on one GPU,
+seconds to minutes at the power limit, so their fit is already the sustained rate (no factor; MSMF, where
+measured, still caps it), and the burst best-shape point of the same device caps ``eta`` without joining
+their fit. The 500 W H100 (H100-HBM2e) takes the 700 W rates as an upper bound: a lower power limit only
+lowers the clock a saturated GPU holds. Elsewhere the burst rate stays, and the curve's ``source`` says so. Attention kernels keep their charts' (burst) rates: no
 sustained attention measurement is published.
 
 Attention model (per implementation, device, pass, causal mask and head dim): achieved FLOP/s against the
@@ -189,13 +192,28 @@ def _gemm_points(rows, hardware: str, dtype_prefix: tuple) -> tuple[np.ndarray, 
 # BF16 / FP16 run at the same tensor-core rate on A100 and H100 (datasheets), so FP16 sweeps fit BF16.
 GEMM_SWEEPS = {
     ("hopper", "bf16"): (("sm_90", "NVIDIA H100 SXM"), ("BF16",), "H100-SXM"),
-    ("hopper", "fp8"): (("H100 80GB HBM3", "NVIDIA H100 SXM"), ("FP8",), "H100-SXM"),
-    ("hopper-h200", "fp8"): (("H200 141GB", "NVIDIA H200 SXM"), ("FP8",), "H200"),
-    ("ampere", "bf16"): (("A100-SXM4-80GB", "NVIDIA A100 SXM"), ("FP16", "BF16"), "A100-80GB"),
+    # Azure's steady-state sweeps (STEADY_STATE_SWEEPS): their own points only; the burst best-shape point of
+    # the same device caps eta (SWEEP_MAMF) but does not join a fit of sustained timings
+    ("hopper", "fp8"): (("H100 80GB HBM3",), ("FP8",), "H100-SXM"),
+    ("hopper-h200", "fp8"): (("H200 141GB",), ("FP8",), "H200"),
+    ("ampere", "bf16"): (("A100-SXM4-80GB",), ("FP16", "BF16"), "A100-80GB"),
     # OpenXLA's sm_100 table (B200 and GB200 are both sm_100; the file does not say which ran it): fitted for its
     # shape parameters (k_half, t0, beta); each Blackwell device's eta comes from its own best-shape point
     ("blackwell", "bf16"): (("sm_100",), ("BF16",), "B200"),
     ("blackwell", "fp8"): (("sm_100",), ("FP8",), "B200"),
+}
+# Sweeps timed at the power limit: Azure's AI-benchmarking-guide runs superbench's cublaslt_gemm on one GPU with
+# 10,000 warm-up and 1,000 timed iterations per shape (Benchmarks/GEMMCublasLt.py: -w 10000 -i 1000; the results
+# pages say "10,000 warmup iterations"): an 8192^3 FP8 GEMM on H100 is then ~9 s of continuous load, a 16384^3 FP16
+# one on A100 ~380 s, far past the 2 s in which MSMF settles. Their large shapes are sustained rates already (H100
+# FP8 16384^3: 1,377 TFLOP/s against the H200's MSMF of 1,354 on a loaded node), so no burst-to-sustained factor
+# applies to them (it did until the twenty-eighth session: H100 FP8 GEMMs priced 7-11% under the sweep's own
+# large-shape points). sweep -> the devices that run at the sweep GPU's power limit (the others of the family run
+# lower and take the sweep as an upper bound)
+STEADY_STATE_SWEEPS = {
+    ("hopper", "fp8"): ("H100-SXM",),
+    ("hopper-h200", "fp8"): ("H200",),
+    ("ampere", "bf16"): ("A100-80GB", "A100-40GB"),
 }
 # the best-shape point (ml-engineering MAMF) that caps each sweep's eta: (hardware in gemm.csv, dtype prefix)
 SWEEP_MAMF = {
@@ -265,11 +283,12 @@ def _spec(device):
 
 # Which sustained-vs-burst measurement (gemm_sustained.csv) applies to which device: the same die at the same power
 # limit under the same load, or, as an upper bound, the same board at a higher limit (a lower power limit can only
-# lower the clock a saturated GPU holds). Devices not listed keep the burst rate and say so (A100 SXM, H100 PCIe,
-# GB200's 1,200 W B200 dies, TPU, Ascend: no such measurement at or above their power limit). Where only a
-# measurement at a *lower* limit exists (A100 SXM at 400 W: ml-engineering's 300 W A100 PCIe, 0.905; GB200 at
-# 1,200 W: B200 at 1,000 W, 0.83) it bounds the factor from below only, and the faster end (burst) is kept: where
-# a bound is all there is, the model stays on its optimistic side, as for the 500 W H100 above.
+# lower the clock a saturated GPU holds). Devices not listed keep the burst rate and say so (H100 PCIe BF16,
+# GB200's 1,200 W B200 dies, TPU, Ascend: no such measurement at or above their power limit), unless their curve
+# is a sweep timed at the power limit (STEADY_STATE_SWEEPS: A100, H100 / H200 FP8). Where only a
+# measurement at a *lower* limit exists (GB200 at 1,200 W: B200 at 1,000 W, 0.83) it bounds the factor from
+# below only, and the faster end (burst) is kept: where a bound is all there is, the model stays on its
+# optimistic side, as for the 500 W H100 above.
 # device -> (hardware in gemm_sustained.csv, why it applies, whether it only bounds the device's rate from above)
 SUSTAINED_SOURCES = {
     "H100-SXM": ("NVIDIA H200 SXM", "the same GH100 die (132 SMs, same peaks) at the same 700 W limit", False),
@@ -289,6 +308,7 @@ class SustainedRate:
     mamf_flops_per_s: float
     source: str
     upper_bound: bool = False       # the measurement bounds the device's sustained rate from above only
+    why: str = ""                   # the measured GPU and dtype, and why it applies to this device
 
     @property
     def label(self) -> str:
@@ -300,7 +320,8 @@ class SustainedRate:
 def sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
     """MSMF / MAMF of the measurement SUSTAINED_SOURCES names for a device and dtype (bf16 | fp8), or None.
 
-    The GEMM sweeps and best-shape points are burst timings (the GPU at its boost clock); a training job holds
+    The best-shape points and the XLA sweeps are burst timings (the GPU at its boost clock; Azure's sweeps are not:
+    STEADY_STATE_SWEEPS, which take no factor); a training job holds
     every GPU of the node at its power limit, where the clock settles lower. The ratio of the best rate a shape
     holds over 2 s at the power limit (MSMF) to the best burst (MAMF), measured in one run on an 8-GPU node
     with the other GPUs loaded, converts a burst rate into a sustained one. Measured with mamf-finder's
@@ -319,15 +340,36 @@ def sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
     return SustainedRate(msmf / mamf, msmf, mamf,
                          f"x {msmf / mamf:.3f} sustained at the power limit: MSMF / MAMF {msmf / 1e12:.0f} / "
                          f"{mamf / 1e12:.0f} TFLOP/s of {hardware} {prefix} (mamf-finder v4, 8-GPU node under "
-                         f"load; {why})", upper_bound)
+                         f"load; {why})", upper_bound, f"{hardware} {prefix}, 8-GPU node under load; {why}")
 
 
 def gemm_rate_label(device, dtype: str = "bf16") -> str:
     """How a device's GEMM curve for ``dtype`` is rated, in a few words (results' pricing, simulate's table):
-    ``sustained xF (MSMF / MAMF)`` (``, upper bound`` where the measurement bounds it) or ``burst (...)``."""
+    ``sustained (sweep at the power limit...)`` for a steady-state sweep, ``sustained xF (MSMF / MAMF)`` for a
+    burst curve converted (``, upper bound`` where the measurement bounds the device's rate from above only), or
+    ``burst (...)``."""
     acc = _spec(device)
-    s = sustained_rate(acc.name, _gemm_dtype(acc, dtype))
+    dtype = _gemm_dtype(acc, dtype)
+    steady = _steady_state_sweep(acc, dtype)
+    if steady is not None:
+        capped = ", MSMF cap" if sustained_rate(acc.name, dtype) is not None else ""
+        return f"sustained (sweep at the power limit{capped}{'' if steady else ', upper bound'})"
+    s = sustained_rate(acc.name, dtype)
     return "burst (no sustained measurement)" if s is None else s.label
+
+
+def _sweep_family(acc, dtype: str) -> str | None:
+    """The family in GEMM_SWEEPS whose sweep prices ``acc`` in ``dtype`` (after _gemm_dtype), or None."""
+    fam = "hopper-h200" if acc.name == "H200" and dtype == "fp8" else FAMILY.get(acc.name)
+    return fam if fam is not None and (fam, dtype) in GEMM_SWEEPS else None
+
+
+def _steady_state_sweep(acc, dtype: str) -> bool | None:
+    """None if ``acc``'s curve in ``dtype`` is not fitted to a steady-state sweep (STEADY_STATE_SWEEPS); else
+    whether ``acc`` runs at that sweep GPU's power limit (True) or below it, so that the sweep bounds it (False)."""
+    fam = _sweep_family(acc, dtype)
+    devices = STEADY_STATE_SWEEPS.get((fam, dtype)) if fam is not None else None
+    return None if devices is None else acc.name in devices
 
 
 def _gemm_dtype(acc, dtype: str) -> str:
@@ -341,10 +383,8 @@ def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
     acc = _spec(device)
     dtype = _gemm_dtype(acc, dtype)
     peak = acc.peak_fp8_flops if dtype == "fp8" else acc.peak_bf16_flops
-    fam = FAMILY.get(acc.name)
-    if acc.name == "H200" and dtype == "fp8":
-        fam = "hopper-h200"
-    if fam is not None and (fam, dtype) in GEMM_SWEEPS:
+    fam = _sweep_family(acc, dtype)
+    if fam is not None:
         params = gemm_params(fam, dtype)
     else:
         shape_fam = SHAPE_FAMILY.get(acc.name, "hopper")
@@ -366,7 +406,19 @@ def gemm_curve(device, dtype: str = "bf16") -> GemmCurve:
                                 f"{cap * peak / 1e12:.1f} TFLOP/s; k_half, t0, beta from the "
                                 f"{shape_fam.capitalize()} fit ({base.source})")
     sustained = sustained_rate(acc.name, dtype)
-    if sustained is None:
+    steady = _steady_state_sweep(acc, dtype)
+    if steady is not None:
+        # timed at the power limit already: no burst-to-sustained factor; the best rate a loaded 8-GPU node
+        # sustained (MSMF), where measured, still caps it (the sweep ran one GPU with its neighbours idle)
+        src = f"{params.source}; sustained: the sweep ran each shape at the power limit (10,000 warm-up iterations)"
+        if not steady:
+            src += ", at a higher power limit than this device's: an upper bound"
+        eta = params.eta
+        if sustained is not None:
+            eta = min(eta, sustained.msmf_flops_per_s / peak)
+            src += f"; capped at MSMF {sustained.msmf_flops_per_s / 1e12:.0f} TFLOP/s ({sustained.why})"
+        params = dataclasses.replace(params, eta=eta, source=src)
+    elif sustained is None:
         params = dataclasses.replace(params, source=f"{params.source}; burst rate (no sustained measurement "
                                      "at this device's power limit)")
     else:

@@ -62,8 +62,8 @@ def test_breakdown_table_prints(capsys):
 
 
 def test_the_gemm_rate_is_named_in_the_table_and_the_json(capsys):
-    """H100's GEMMs run at the sustained rate (ml-engineering's MSMF / MAMF), A100's at the burst rate (no
-    sustained measurement at its power limit): the table says which, and `pricing.kernels.gemm_rate` too."""
+    """H100's BF16 GEMMs run at the burst curve slowed by ml-engineering's MSMF / MAMF, A100's at Azure's sweep
+    timed at its power limit: the table says which, and `pricing.kernels.gemm_rate` too."""
     assert main(BASE) == 0
     out = capsys.readouterr().out
     assert "GEMM rate" in out and "sustained x0.888 (MSMF / MAMF)" in out
@@ -71,8 +71,12 @@ def test_the_gemm_rate_is_named_in_the_table_and_the_json(capsys):
             "--seq", "2048", "--global-batch", "8"]
     assert main(a100 + ["--json"]) == 0
     rate = json.loads(capsys.readouterr().out)["pricing"]["kernels"]["gemm_rate"]
-    assert rate["bf16"].startswith("burst") and rate["fp8"] == rate["bf16"]      # no FP8 path on A100
+    assert rate["bf16"] == "sustained (sweep at the power limit)" and rate["fp8"] == rate["bf16"]  # no FP8 on A100
     assert main(a100) == 0
+    assert "sustained (sweep at the power limit)" in capsys.readouterr().out
+    gb200 = ["simulate", "--cluster", "gb200-nvl72", "--gpus", "72", "--model", "llama3-8b", "--tp", "8",
+             "--dp", "9", "--seq", "2048", "--global-batch", "72"]
+    assert main(gb200) == 0
     assert "burst (no sustained measurement)" in capsys.readouterr().out
 
 
