@@ -38,11 +38,12 @@ a node at its power limit, where the clock settles lower. Where a device (or the
 limit) has a published sustained / burst pair (``gemm_sustained.csv``: ml-engineering's MSMF, the best rate a
 shape holds for 2 s at the power limit on an 8-GPU node under load, over MAMF, the best burst of the same run),
 ``eta`` is multiplied by MSMF / MAMF (H100 SXM and H200 BF16: 0.888; B200: 0.828 / 0.832) and capped at
-MSMF (no shape beats the best sustained rate measured). Azure's sweeps (H100 and H200 FP8, A100 FP16:
+MSMF (no shape beats the best sustained rate measured). Azure's sweeps (H100, H200 and GB200 FP8, A100 FP16:
 ``STEADY_STATE_SWEEPS``) are not bursts: each shape ran 10,000 warm-up and 1,000 timed iterations on one GPU,
 seconds to minutes at the power limit, so their fit is already the sustained rate (no factor; MSMF, where
 measured, still caps it), and the burst best-shape point of the same device caps ``eta`` without joining
-their fit. The 500 W H100 (H100-HBM2e) takes the 700 W rates as an upper bound: a lower power limit only
+their fit. GB200's BF16 curve (no sweep) takes its FP8 sweep's best rate over its FP8 MAMF (0.804) as the
+factor (``SWEEP_SUSTAINED_TRANSFER``: MSMF / MAMF is dtype-independent to 0.5% where both are measured). The 500 W H100 (H100-HBM2e) takes the 700 W rates as an upper bound: a lower power limit only
 lowers the clock a saturated GPU holds. Elsewhere the burst rate stays, and the curve's ``source`` says so. Attention kernels keep their charts' (burst) rates: no
 sustained attention measurement is published.
 
@@ -77,7 +78,7 @@ TILES = ((128, 128), (128, 256))       # CUTLASS / cuBLAS tensor-core tile shape
 SPLITS = (1, 2, 4, 8, 16)
 MIN_SPLIT_K = 256
 # fit grid (documented so a reader can redo the fit)
-ETA_GRID = np.round(np.arange(0.60, 1.0001, 0.01), 3)
+ETA_GRID = np.round(np.arange(0.50, 1.0001, 0.01), 3)
 K_HALF_GRID = (0.0, 32.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 T0_GRID_S = np.round(np.arange(1.0, 10.01, 0.25), 2) * 1e-6
 BETA_GRID = np.round(np.arange(0.3, 1.0001, 0.05), 2)
@@ -197,6 +198,7 @@ GEMM_SWEEPS = {
     ("hopper", "fp8"): (("H100 80GB HBM3",), ("FP8",), "H100-SXM"),
     ("hopper-h200", "fp8"): (("H200 141GB",), ("FP8",), "H200"),
     ("ampere", "bf16"): (("A100-SXM4-80GB",), ("FP16", "BF16"), "A100-80GB"),
+    ("gb200", "fp8"): (("GB200 185GB",), ("FP8",), "GB200"),
     # OpenXLA's sm_100 table (B200 and GB200 are both sm_100; the file does not say which ran it): fitted for its
     # shape parameters (k_half, t0, beta); each Blackwell device's eta comes from its own best-shape point
     ("blackwell", "bf16"): (("sm_100",), ("BF16",), "B200"),
@@ -214,18 +216,27 @@ STEADY_STATE_SWEEPS = {
     ("hopper", "fp8"): ("H100-SXM",),
     ("hopper-h200", "fp8"): ("H200",),
     ("ampere", "bf16"): ("A100-80GB", "A100-40GB"),
+    ("gb200", "fp8"): ("GB200",),
 }
+# A device whose steady-state sweep covers one dtype only (GB200: FP8): the ratio of that sweep's best measured
+# rate to the device's best burst (MAMF) in the same dtype slows its burst curve in the other dtype, as MSMF /
+# MAMF does where measured (that ratio is the same in both dtypes to 0.5% on H200, 0.888 / 0.888, and B200,
+# 0.828 / 0.832). device -> the sweep (family, dtype)
+SWEEP_SUSTAINED_TRANSFER = {"GB200": ("gb200", "fp8")}
 # the best-shape point (ml-engineering MAMF) that caps each sweep's eta: (hardware in gemm.csv, dtype prefix)
 SWEEP_MAMF = {
     ("hopper", "bf16"): ("NVIDIA H100 SXM", "BF16"), ("hopper", "fp8"): ("NVIDIA H100 SXM", "FP8"),
     ("hopper-h200", "fp8"): ("NVIDIA H200 SXM", "FP8"), ("ampere", "bf16"): ("NVIDIA A100 SXM", "BF16"),
+    ("gb200", "fp8"): ("NVIDIA GB200 SXM", "FP8"),
 }
 # one best-shape point (ml-engineering MAMF) per device without a sweep: (hardware in gemm.csv, dtype prefix)
 MAMF_POINTS = {
     ("B200", "bf16"): ("NVIDIA B200 SXM", "BF16"), ("B200", "fp8"): ("NVIDIA B200 SXM", "FP8"),
-    ("GB200", "bf16"): ("NVIDIA GB200 SXM", "BF16"), ("GB200", "fp8"): ("NVIDIA GB200 SXM", "FP8"),
+    ("GB200", "bf16"): ("NVIDIA GB200 SXM", "BF16"),
     ("B300", "bf16"): ("NVIDIA B300 SXM", "BF16"), ("B300", "fp8"): ("NVIDIA B300 SXM", "FP8"),
 }
+# (device, dtype) priced by a sweep of its own in that dtype only
+DTYPE_SWEEP_FAMILY = {("H200", "fp8"): "hopper-h200", ("GB200", "fp8"): "gb200"}
 FAMILY = {"H100-SXM": "hopper", "H100-PCIe": "hopper", "H100-HBM2e": "hopper", "H200": "hopper",
           "A100-80GB": "ampere", "A100-40GB": "ampere"}
 # devices without a sweep of their own whose architecture has one: its per-tile cost (k_half), launch time (t0)
@@ -284,11 +295,10 @@ def _spec(device):
 # Which sustained-vs-burst measurement (gemm_sustained.csv) applies to which device: the same die at the same power
 # limit under the same load, or, as an upper bound, the same board at a higher limit (a lower power limit can only
 # lower the clock a saturated GPU holds). Devices not listed keep the burst rate and say so (H100 PCIe BF16,
-# GB200's 1,200 W B200 dies, TPU, Ascend: no such measurement at or above their power limit), unless their curve
-# is a sweep timed at the power limit (STEADY_STATE_SWEEPS: A100, H100 / H200 FP8). Where only a
-# measurement at a *lower* limit exists (GB200 at 1,200 W: B200 at 1,000 W, 0.83) it bounds the factor from
-# below only, and the faster end (burst) is kept: where a bound is all there is, the model stays on its
-# optimistic side, as for the 500 W H100 above.
+# B300 / GB300, TPU, Ascend: no such measurement at or above their power limit), unless their curve is a sweep
+# timed at the power limit (STEADY_STATE_SWEEPS: A100, H100 / H200 / GB200 FP8) or takes such a sweep's
+# sustained / burst ratio (SWEEP_SUSTAINED_TRANSFER: GB200 BF16). Where a bound is all there is, the model stays
+# on its optimistic side, as for the 500 W H100 above.
 # device -> (hardware in gemm_sustained.csv, why it applies, whether it only bounds the device's rate from above)
 SUSTAINED_SOURCES = {
     "H100-SXM": ("NVIDIA H200 SXM", "the same GH100 die (132 SMs, same peaks) at the same 700 W limit", False),
@@ -309,11 +319,12 @@ class SustainedRate:
     source: str
     upper_bound: bool = False       # the measurement bounds the device's sustained rate from above only
     why: str = ""                   # the measured GPU and dtype, and why it applies to this device
+    basis: str = "MSMF / MAMF"      # which two measurements the factor divides
 
     @property
     def label(self) -> str:
         """In a few words, for results' pricing and simulate's table."""
-        return f"sustained x{self.factor:.3f} (MSMF / MAMF{', upper bound' if self.upper_bound else ''})"
+        return f"sustained x{self.factor:.3f} ({self.basis}{', upper bound' if self.upper_bound else ''})"
 
 
 @lru_cache(maxsize=None)
@@ -329,7 +340,7 @@ def sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
     definition (mean of 100 iterations) behind our sweeps' caps, so the conversion errs slightly slow."""
     entry = SUSTAINED_SOURCES.get(device_name)
     if entry is None:
-        return None
+        return _transferred_sustained_rate(device_name, dtype)
     hardware, why, upper_bound = entry
     prefix = {"bf16": "BF16", "fp8": "FP8"}[dtype]
     rows = [r for r in read_rows(SUSTAINED_CSV) if r["hardware"] == hardware and r["dtype"].startswith(prefix)]
@@ -341,6 +352,27 @@ def sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
                          f"x {msmf / mamf:.3f} sustained at the power limit: MSMF / MAMF {msmf / 1e12:.0f} / "
                          f"{mamf / 1e12:.0f} TFLOP/s of {hardware} {prefix} (mamf-finder v4, 8-GPU node under "
                          f"load; {why})", upper_bound, f"{hardware} {prefix}, 8-GPU node under load; {why}")
+
+
+def _transferred_sustained_rate(device_name: str, dtype: str) -> SustainedRate | None:
+    """SWEEP_SUSTAINED_TRANSFER: the best rate of the device's steady-state sweep over its MAMF in the sweep's
+    dtype, as the sustained factor of its other dtype (None for the sweep's own dtype: the sweep prices it)."""
+    entry = SWEEP_SUSTAINED_TRANSFER.get(device_name)
+    if entry is None or entry[1] == dtype or (device_name, dtype) not in MAMF_POINTS:
+        return None
+    fam, sweep_dtype = entry
+    hardware, prefixes, _ = GEMM_SWEEPS[entry]
+    rows = [r for r in read_rows(GEMM_CSV) if r["hardware"].startswith(hardware) and r["dtype"].startswith(prefixes)]
+    best = max(float(r["tflops_per_s"]) for r in rows) * 1e12
+    burst = mamf_flops_per_s(*SWEEP_MAMF[entry])
+    mamf = mamf_flops_per_s(*MAMF_POINTS[(device_name, dtype)])
+    factor = best / burst
+    why = (f"{hardware[0]} {sweep_dtype.upper()}: its sweep's best rate at the power limit, {best / 1e12:.0f} "
+           f"TFLOP/s, over its best burst (MAMF), {burst / 1e12:.0f}; MSMF / MAMF is the same in both dtypes to 0.5% "
+           "on H200 and B200")
+    return SustainedRate(factor, factor * mamf, mamf,
+                         f"x {factor:.3f} sustained at the power limit: the {why}", False, why,
+                         f"{sweep_dtype.upper()} sweep / MAMF")
 
 
 def gemm_rate_label(device, dtype: str = "bf16") -> str:
@@ -360,7 +392,7 @@ def gemm_rate_label(device, dtype: str = "bf16") -> str:
 
 def _sweep_family(acc, dtype: str) -> str | None:
     """The family in GEMM_SWEEPS whose sweep prices ``acc`` in ``dtype`` (after _gemm_dtype), or None."""
-    fam = "hopper-h200" if acc.name == "H200" and dtype == "fp8" else FAMILY.get(acc.name)
+    fam = DTYPE_SWEEP_FAMILY.get((acc.name, dtype)) or FAMILY.get(acc.name)
     return fam if fam is not None and (fam, dtype) in GEMM_SWEEPS else None
 
 

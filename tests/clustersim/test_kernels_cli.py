@@ -74,9 +74,9 @@ def test_the_gemm_rate_is_named_in_the_table_and_the_json(capsys):
     assert rate["bf16"] == "sustained (sweep at the power limit)" and rate["fp8"] == rate["bf16"]  # no FP8 on A100
     assert main(a100) == 0
     assert "sustained (sweep at the power limit)" in capsys.readouterr().out
-    gb200 = ["simulate", "--cluster", "gb200-nvl72", "--gpus", "72", "--model", "llama3-8b", "--tp", "8",
+    gb300 = ["simulate", "--cluster", "gb300-nvl72", "--gpus", "72", "--model", "llama3-8b", "--tp", "8",
              "--dp", "9", "--seq", "2048", "--global-batch", "72"]
-    assert main(gb200) == 0
+    assert main(gb300) == 0
     assert "burst (no sustained measurement)" in capsys.readouterr().out
 
 

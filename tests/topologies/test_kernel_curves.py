@@ -60,10 +60,14 @@ def test_sm100_rows_are_integer_nanosecond_timings():
 
 def test_blackwell_devices_take_the_sm100_shape_parameters():
     """B200 and GB200 price GEMM shapes with the sm_100 sweep's per-tile cost, launch time and small-K bandwidth,
-    and their own best-shape (MAMF) point's eta; Hopper keeps its own."""
+    and their own best-shape (MAMF) point's eta (GB200's FP8 has a sweep of its own, Azure's); Hopper keeps its
+    own."""
     for dtype in ("bf16", "fp8"):
         bw = kc.gemm_params("blackwell", dtype)
         for dev in ("B200", "GB200"):
+            if (dev, dtype) == ("GB200", "fp8"):
+                assert kc.gemm_curve(dev, dtype).params.source.startswith("fit to 9 points of gemm.csv (GB200 185GB")
+                continue
             p = kc.gemm_curve(dev, dtype).params
             assert (p.k_half, p.t0_s, p.beta) == (bw.k_half, bw.t0_s, bw.beta)
             assert "sm_100" in p.source and "MAMF" in p.source
@@ -189,7 +193,7 @@ def test_no_shape_beats_the_published_best_shape(sweep, m, n, k):
     """MAMF is the best of a brute-force shape search on the device: the fitted curve stays below it, for the
     devices with a sweep and for those with the one best-shape point (B200, GB200)."""
     fam, dtype = sweep
-    device = {"hopper": "H100-SXM", "hopper-h200": "H200", "ampere": "A100-80GB"}.get(fam, fam)
+    device = {"hopper": "H100-SXM", "hopper-h200": "H200", "ampere": "A100-80GB", "gb200": "GB200"}.get(fam, fam)
     c = kc.gemm_curve(device, dtype)
     best = kc.mamf_flops_per_s(*(kc.SWEEP_MAMF.get(sweep) or kc.MAMF_POINTS[sweep]))
     assert 2.0 * m * n * k / c.time_s(m, n, k) <= best * (1 + 1e-9)
@@ -233,7 +237,7 @@ def test_sustained_rate_is_the_published_msmf_over_mamf(device, dtype, msmf, mam
 
 @pytest.mark.parametrize("device,dtype,hardware,prefix", [
     ("H100-SXM", "fp8", "H100 80GB HBM3", "FP8"), ("H200", "fp8", "H200 141GB", "FP8"),
-    ("A100-80GB", "bf16", "A100-SXM4-80GB", "FP16")])
+    ("A100-80GB", "bf16", "A100-SXM4-80GB", "FP16"), ("GB200", "fp8", "GB200 185GB", "FP8")])
 def test_a_sweep_timed_at_the_power_limit_is_priced_as_measured(device, dtype, hardware, prefix):
     """Azure's sweeps (10,000 warm-up iterations per shape) are sustained timings: the device's curve prices
     their shapes of 4096^3 and up within 5% of the measurement (a burst-to-sustained factor on top priced
@@ -249,7 +253,24 @@ def test_a_sweep_timed_at_the_power_limit_is_priced_as_measured(device, dtype, h
     assert kc.gemm_params(fam, dtype).source.startswith(f"fit to {len(times)} points")
 
 
-@pytest.mark.parametrize("device", ["GB200", "H100-PCIe"])
+def test_gb200_bf16_takes_the_sustained_over_burst_ratio_of_its_fp8_sweep():
+    """GB200 has a steady-state sweep in FP8 only (Azure's ND GB200 v6): its best measured rate over GB200's
+    FP8 best burst (MAMF) slows the BF16 burst curve, as MSMF / MAMF does on H200 and B200 (whose two dtypes
+    agree to 0.5%); the FP8 curve is the sweep itself, with no factor."""
+    s = kc.sustained_rate("GB200", "bf16")
+    assert s.factor == pytest.approx(2906.9 / 3615.6, rel=1e-12) and s.label == "sustained x0.804 (FP8 sweep / MAMF)"
+    assert kc.sustained_rate("GB200", "fp8") is None
+    c = kc.gemm_curve("GB200", "bf16")       # Blackwell's shape parameters, GB200's MAMF eta slowed by the factor
+    assert c.params.k_half == kc.gemm_params("blackwell", "bf16").k_half
+    assert "x 0.804 sustained at the power limit" in c.params.source
+    # B200 (MSMF / MAMF at 1,000 W) sustains less than GB200 (1,200 W) in both dtypes, each below its burst
+    for dtype in ("bf16", "fp8"):
+        g, b = kc.gemm_curve("GB200", dtype), kc.gemm_curve("B200", dtype)
+        assert b.time_s(8192, 8192, 8192) > g.time_s(8192, 8192, 8192)
+    assert 2.0 * 16384 ** 3 / kc.gemm_curve("GB200", "fp8").time_s(16384, 16384, 16384) < 3615.6e12 * 0.85
+
+
+@pytest.mark.parametrize("device", ["GB300", "H100-PCIe"])
 def test_devices_without_a_sustained_measurement_keep_the_burst_rate_and_say_so(device):
     assert kc.sustained_rate(device, "bf16") is None
     c = kc.gemm_curve(device, "bf16")
@@ -317,7 +338,8 @@ def test_gemm_rate_labels_name_the_basis():
     assert kc.gemm_rate_label("H100-SXM", "bf16") == "sustained x0.888 (MSMF / MAMF)"
     assert kc.gemm_rate_label("B200", "fp8") == "sustained x0.832 (MSMF / MAMF)"
     assert kc.gemm_rate_label("H100-HBM2e", "bf16") == "sustained x0.888 (MSMF / MAMF, upper bound)"
-    assert kc.gemm_rate_label("GB200", "bf16").startswith("burst")
+    assert kc.gemm_rate_label("GB300", "bf16").startswith("burst")
+    assert kc.gemm_rate_label("GB200", "fp8") == "sustained (sweep at the power limit)"
     assert kc.gemm_rate_label("A100-80GB", "fp8") == kc.gemm_rate_label("A100-80GB", "bf16")
     assert kc.gemm_rate_label("A100-80GB", "bf16") == "sustained (sweep at the power limit)"
     assert kc.gemm_rate_label("H100-SXM", "fp8") == "sustained (sweep at the power limit, MSMF cap)"
