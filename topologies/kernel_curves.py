@@ -3,8 +3,8 @@
 Data: ``topologies/microbench/gemm.csv`` and ``attention_kernels.csv``, copied from
 ``../shared/validation`` (each row keeps its ``source``: OpenXLA's sm_90 matmul table, Azure's cuBLASLt
 runs, ml-engineering's MAMF best shapes, the FlashAttention-2/-3 benchmark charts), plus OpenXLA's sm_100
-(Blackwell) matmul table, BF16 and FP8, from a later TensorFlow commit. Nothing here is fitted to end-to-end
-training runs.
+(Blackwell) matmul table, BF16 and FP8, from a later TensorFlow commit, and Azure's GB200 FP8 cuBLASLt sweep
+(its ND GB200 v6 results page). Nothing here is fitted to end-to-end training runs.
 
 GEMM model (per device and dtype). cuBLAS splits C[M,N] into tiles (tm × tn, the best of 128×128 and
 128×256, CUTLASS's Hopper/Ampere tile shapes) and, when the tiles do not fill the SMs, splits K (split-K
@@ -43,9 +43,10 @@ MSMF (no shape beats the best sustained rate measured). Azure's sweeps (H100, H2
 seconds to minutes at the power limit, so their fit is already the sustained rate (no factor; MSMF, where
 measured, still caps it), and the burst best-shape point of the same device caps ``eta`` without joining
 their fit. GB200's BF16 curve (no sweep) takes its FP8 sweep's best rate over its FP8 MAMF (0.804) as the
-factor (``SWEEP_SUSTAINED_TRANSFER``: MSMF / MAMF is dtype-independent to 0.5% where both are measured). The 500 W H100 (H100-HBM2e) takes the 700 W rates as an upper bound: a lower power limit only
-lowers the clock a saturated GPU holds. Elsewhere the burst rate stays, and the curve's ``source`` says so. Attention kernels keep their charts' (burst) rates: no
-sustained attention measurement is published.
+factor (``SWEEP_SUSTAINED_TRANSFER``: MSMF / MAMF is dtype-independent to 0.5% where both are measured). The
+500 W H100 (H100-HBM2e) takes the 700 W rates as an upper bound: a lower power limit only lowers the clock a
+saturated GPU holds. Elsewhere the burst rate stays, and the curve's ``source`` says so. Attention kernels keep
+their charts' (burst) rates: no sustained attention measurement is published.
 
 Attention model (per implementation, device, pass, causal mask and head dim): achieved FLOP/s against the
 sequence length s through the chart's measured points (``SeqCurve``: linear in log s between them,
@@ -360,7 +361,7 @@ def _transferred_sustained_rate(device_name: str, dtype: str) -> SustainedRate |
     entry = SWEEP_SUSTAINED_TRANSFER.get(device_name)
     if entry is None or entry[1] == dtype or (device_name, dtype) not in MAMF_POINTS:
         return None
-    fam, sweep_dtype = entry
+    _, sweep_dtype = entry
     hardware, prefixes, _ = GEMM_SWEEPS[entry]
     rows = [r for r in read_rows(GEMM_CSV) if r["hardware"].startswith(hardware) and r["dtype"].startswith(prefixes)]
     best = max(float(r["tflops_per_s"]) for r in rows) * 1e12
