@@ -4,7 +4,8 @@ Data: ``topologies/microbench/gemm.csv`` and ``attention_kernels.csv``, copied f
 ``../shared/validation`` (each row keeps its ``source``: OpenXLA's sm_90 matmul table, Azure's cuBLASLt
 runs, ml-engineering's MAMF best shapes, the FlashAttention-2/-3 benchmark charts), plus OpenXLA's sm_100
 (Blackwell) matmul table, BF16 and FP8, from a later TensorFlow commit, and Azure's GB200 FP8 cuBLASLt sweep
-(its ND GB200 v6 results page). Nothing here is fitted to end-to-end training runs.
+(its ND GB200 v6 results page) and GB300's (ND GB300 v6, in a fork of that guide). Nothing here is fitted to
+end-to-end training runs.
 
 GEMM model (per device and dtype). cuBLAS splits C[M,N] into tiles (tm × tn, the best of 128×128 and
 128×256, CUTLASS's Hopper/Ampere tile shapes) and, when the tiles do not fill the SMs, splits K (split-K
@@ -38,7 +39,7 @@ a node at its power limit, where the clock settles lower. Where a device (or the
 limit) has a published sustained / burst pair (``gemm_sustained.csv``: ml-engineering's MSMF, the best rate a
 shape holds for 2 s at the power limit on an 8-GPU node under load, over MAMF, the best burst of the same run),
 ``eta`` is multiplied by MSMF / MAMF (H100 SXM and H200 BF16: 0.888; B200: 0.828 / 0.832) and capped at
-MSMF (no shape beats the best sustained rate measured). Azure's sweeps (H100, H200 and GB200 FP8, A100 FP16:
+MSMF (no shape beats the best sustained rate measured). Azure's sweeps (H100, H200, GB200 and GB300 FP8, A100 FP16:
 ``STEADY_STATE_SWEEPS``) are not bursts: each shape ran 10,000 warm-up and 1,000 timed iterations on one GPU,
 seconds to minutes at the power limit, so their fit is already the sustained rate (no factor; MSMF, where
 measured, still caps it), and the burst best-shape point of the same device caps ``eta`` without joining
@@ -200,6 +201,7 @@ GEMM_SWEEPS = {
     ("hopper-h200", "fp8"): (("H200 141GB",), ("FP8",), "H200"),
     ("ampere", "bf16"): (("A100-SXM4-80GB",), ("FP16", "BF16"), "A100-80GB"),
     ("gb200", "fp8"): (("GB200 185GB",), ("FP8",), "GB200"),
+    ("gb300", "fp8"): (("GB300 288GB",), ("FP8",), "GB300"),
     # OpenXLA's sm_100 table (B200 and GB200 are both sm_100; the file does not say which ran it): fitted for its
     # shape parameters (k_half, t0, beta); each Blackwell device's eta comes from its own best-shape point
     ("blackwell", "bf16"): (("sm_100",), ("BF16",), "B200"),
@@ -218,6 +220,7 @@ STEADY_STATE_SWEEPS = {
     ("hopper-h200", "fp8"): ("H200",),
     ("ampere", "bf16"): ("A100-80GB", "A100-40GB"),
     ("gb200", "fp8"): ("GB200",),
+    ("gb300", "fp8"): ("GB300",),
 }
 # A device whose steady-state sweep covers one dtype only (GB200: FP8): the ratio of that sweep's best measured
 # rate to the device's best burst (MAMF) in the same dtype slows its burst curve in the other dtype, as MSMF /
@@ -237,13 +240,13 @@ MAMF_POINTS = {
     ("B300", "bf16"): ("NVIDIA B300 SXM", "BF16"), ("B300", "fp8"): ("NVIDIA B300 SXM", "FP8"),
 }
 # (device, dtype) priced by a sweep of its own in that dtype only
-DTYPE_SWEEP_FAMILY = {("H200", "fp8"): "hopper-h200", ("GB200", "fp8"): "gb200"}
+DTYPE_SWEEP_FAMILY = {("H200", "fp8"): "hopper-h200", ("GB200", "fp8"): "gb200", ("GB300", "fp8"): "gb300"}
 FAMILY = {"H100-SXM": "hopper", "H100-PCIe": "hopper", "H100-HBM2e": "hopper", "H200": "hopper",
           "A100-80GB": "ampere", "A100-40GB": "ampere"}
 # devices without a sweep of their own whose architecture has one: its per-tile cost (k_half), launch time (t0)
 # and small-K bandwidth (beta) are theirs; the rest borrow Hopper's
-# (Blackwell Ultra, sm_103, has no sweep of its own: B300 and GB300 take sm_100's; GB300 has no MAMF point either
-# and keeps that sweep's eta, B200's)
+# (Blackwell Ultra, sm_103, has no XLA sweep of its own: B300 and GB300 take sm_100's; GB300 has no MAMF point
+# either and keeps that sweep's eta, B200's, in BF16; its FP8 is Azure's GB300 sweep, STEADY_STATE_SWEEPS)
 SHAPE_FAMILY = {"B200": "blackwell", "GB200": "blackwell", "B300": "blackwell", "GB300": "blackwell"}
 
 
@@ -297,7 +300,7 @@ def _spec(device):
 # limit under the same load, or, as an upper bound, the same board at a higher limit (a lower power limit can only
 # lower the clock a saturated GPU holds). Devices not listed keep the burst rate and say so (H100 PCIe BF16,
 # B300 / GB300, TPU, Ascend: no such measurement at or above their power limit), unless their curve is a sweep
-# timed at the power limit (STEADY_STATE_SWEEPS: A100, H100 / H200 / GB200 FP8) or takes such a sweep's
+# timed at the power limit (STEADY_STATE_SWEEPS: A100, H100 / H200 / GB200 / GB300 FP8) or takes such a sweep's
 # sustained / burst ratio (SWEEP_SUSTAINED_TRANSFER: GB200 BF16). Where a bound is all there is, the model stays
 # on its optimistic side, as for the 500 W H100 above.
 # device -> (hardware in gemm_sustained.csv, why it applies, whether it only bounds the device's rate from above)

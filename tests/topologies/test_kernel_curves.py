@@ -237,7 +237,8 @@ def test_sustained_rate_is_the_published_msmf_over_mamf(device, dtype, msmf, mam
 
 @pytest.mark.parametrize("device,dtype,hardware,prefix", [
     ("H100-SXM", "fp8", "H100 80GB HBM3", "FP8"), ("H200", "fp8", "H200 141GB", "FP8"),
-    ("A100-80GB", "bf16", "A100-SXM4-80GB", "FP16"), ("GB200", "fp8", "GB200 185GB", "FP8")])
+    ("A100-80GB", "bf16", "A100-SXM4-80GB", "FP16"), ("GB200", "fp8", "GB200 185GB", "FP8"),
+    ("GB300", "fp8", "GB300 288GB", "FP8")])
 def test_a_sweep_timed_at_the_power_limit_is_priced_as_measured(device, dtype, hardware, prefix):
     """Azure's sweeps (10,000 warm-up iterations per shape) are sustained timings: the device's curve prices
     their shapes of 4096^3 and up within 5% of the measurement (a burst-to-sustained factor on top priced
@@ -339,6 +340,7 @@ def test_gemm_rate_labels_name_the_basis():
     assert kc.gemm_rate_label("B200", "fp8") == "sustained x0.832 (MSMF / MAMF)"
     assert kc.gemm_rate_label("H100-HBM2e", "bf16") == "sustained x0.888 (MSMF / MAMF, upper bound)"
     assert kc.gemm_rate_label("GB300", "bf16").startswith("burst")
+    assert kc.gemm_rate_label("GB300", "fp8") == "sustained (sweep at the power limit)"
     assert kc.gemm_rate_label("GB200", "fp8") == "sustained (sweep at the power limit)"
     assert kc.gemm_rate_label("A100-80GB", "fp8") == kc.gemm_rate_label("A100-80GB", "bf16")
     assert kc.gemm_rate_label("A100-80GB", "bf16") == "sustained (sweep at the power limit)"
