@@ -366,8 +366,8 @@ def _transferred_sustained_rate(device_name: str, dtype: str) -> SustainedRate |
         return None
     _, sweep_dtype = entry
     hardware, prefixes, _ = GEMM_SWEEPS[entry]
-    rows = [r for r in read_rows(GEMM_CSV) if r["hardware"].startswith(hardware) and r["dtype"].startswith(prefixes)]
-    best = max(float(r["tflops_per_s"]) for r in rows) * 1e12
+    shapes, times = _gemm_points(read_rows(GEMM_CSV), hardware, prefixes)
+    best = float((2.0 * shapes.prod(axis=1) / times).max())
     burst = mamf_flops_per_s(*SWEEP_MAMF[entry])
     mamf = mamf_flops_per_s(*MAMF_POINTS[(device_name, dtype)])
     factor = best / burst
