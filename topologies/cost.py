@@ -2,7 +2,8 @@
 
 Compute: roofline ``max(flops / achieved FLOP/s, mem_bytes / achieved HBM bytes/s)``. Achieved FLOP/s is
 the calibration's fit for the device when there is one (peak · F/(F+F½)), else peak dense bf16 ×
-``DEFAULT_COMPUTE_EFFICIENCY``; achieved HBM bandwidth is peak × ``DEFAULT_MEMORY_EFFICIENCY``. Ops of a
+``DEFAULT_COMPUTE_EFFICIENCY``; achieved HBM bandwidth is the device's measured streaming rate
+(``kernel_cost.stream_bandwidth``: BabelStream where measured, else peak × ``DEFAULT_MEMORY_EFFICIENCY``). Ops of a
 transformer layer (``op.layer`` set) use the calibration's layer fit for their phase when it has one
 (measured whole-layer forward / backward times: ``(F + F½) / peak``), still bounded below by memory time.
 
@@ -36,7 +37,7 @@ from topologies.cluster import Cluster
 from topologies import nccl
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
-from topologies.kernel_cost import KernelPricer
+from topologies.kernel_cost import KernelPricer, stream_bandwidth
 from topologies.variation import GPU_SPEED_SIGMA, MAX_SIGMA, slowest_gpu_factor
 from topologies.specs import AcceleratorSpec, same_device
 
@@ -54,8 +55,9 @@ _BACKWARD_PHASES = (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 # Engine GEMM benchmarks; e.g. ~230 of 312 TFLOPS on A100). A single-kernel figure, deliberately not an
 # end-to-end MFU: bubbles, communication and small ops are what the simulator adds on top.
 DEFAULT_COMPUTE_EFFICIENCY = 0.75
-# Fraction of peak HBM bandwidth streaming kernels reach (STREAM-like copies reach ~85-90 % on
-# A100/H100 HBM in vendor and independent microbenchmarks).
+# Fraction of peak HBM bandwidth streaming kernels reach on a device without its own BabelStream measurement
+# (kernel_cost.stream_bandwidth; STREAM-like copies reach ~85-90 % on A100/H100 HBM in vendor and independent
+# microbenchmarks).
 DEFAULT_MEMORY_EFFICIENCY = 0.85
 
 # Protocol efficiency per link type: the fraction of line rate a collective library moves.
@@ -222,7 +224,10 @@ class ClusterCostModel:
         # per-layer fits (layer benchmark): price ops that belong to a transformer layer, by phase
         self._layer_fits = {f.phase: f for f in (self._cal.layers if self._cal is not None else ())}
         self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
-        self._mem_per_s = acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
+        # memory-bound ops stream at the device's measured BabelStream rate where there is one
+        # (kernel_cost.stream_bandwidth); the flat what-if model keeps the datasheet x DEFAULT_MEMORY_EFFICIENCY
+        self._mem_per_s = (stream_bandwidth(acc)[0] if compute_efficiency is None
+                           else acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY)
         # kernel-level model (topologies.kernel_cost) for ops that carry their kernels; an explicit
         # compute_efficiency keeps the flat roofline (what-if studies)
         self.kernels = KernelPricer(acc, self._compute_fit) if compute_efficiency is None else None
