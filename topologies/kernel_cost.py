@@ -17,13 +17,12 @@
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
 from functools import lru_cache
 from pathlib import Path
 
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
-from topologies.kernel_curves import attention_curve, gemm_curve, gemm_rate_label, has_attention_chart
+from topologies.kernel_curves import attention_curve, gemm_curve, gemm_rate_label, has_attention_chart, read_rows
 from topologies.specs import AcceleratorSpec
 
 # Fraction of peak HBM bandwidth streaming kernels reach on a device without its own BabelStream measurement:
@@ -39,9 +38,8 @@ STREAM_KERNELS = ("Copy", "Mul", "Add", "Triad")
 def _stream_rows() -> dict[str, dict[str, float]]:
     """device -> {BabelStream kernel: bytes/s} from ``hbm_stream.csv``."""
     out: dict[str, dict[str, float]] = {}
-    with open(STREAM_CSV, newline="") as f:
-        for row in csv.DictReader(line for line in f if not line.startswith("#")):
-            out.setdefault(row["device"], {})[row["kernel"]] = float(row["tb_per_s"]) * 1e12
+    for row in read_rows(STREAM_CSV):
+        out.setdefault(row["device"], {})[row["kernel"]] = float(row["tb_per_s"]) * 1e12
     return out
 
 

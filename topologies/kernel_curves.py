@@ -586,6 +586,9 @@ def _by_head_dim(fits: dict, pass_: str, causal: bool, head_dim: int, seq: float
 class AttentionCurve:
     family: str
     scale: float = 1.0        # peak ratio to the family's measured device (devices without a chart)
+    #: FlashAttention-2's rate relative to the chart device where measured (``fa2_device_ratio``); 0: ``scale``
+    fa2_scale: float = 0.0
+    fa2_basis: str = ""
 
     def time_s(self, kern: Kernel) -> float:
         if kern.flops <= 0:
@@ -593,6 +596,7 @@ class AttentionCurve:
         impl = kern.impl or "flash2"
         if impl == "te":
             impl = TE_ATTENTION.get(self.family, "flash2")
+        scale = self.fa2_scale if impl == "flash2" and self.fa2_scale else self.scale
         seq = rate_seq(kern)
         speedup = 1.0
         if impl == "cudnn" and kern.pass_ != "fwd":
@@ -606,11 +610,11 @@ class AttentionCurve:
         fw = _by_head_dim(fits, "fwd", kern.causal, d, seq)
         if kern.pass_ == "fwd":
             rate = fw if fw is not None else fb
-            return flops / (rate * self.scale)
+            return flops / (rate * scale)
         f_fwd = flops / (FWD_BWD_FLOPS - 1.0)
         if fw is None:
-            return flops / (fb * self.scale * speedup)
-        return max(FWD_BWD_FLOPS * f_fwd / fb - f_fwd / fw, flops / fw) / (self.scale * speedup)
+            return flops / (fb * scale * speedup)
+        return max(FWD_BWD_FLOPS * f_fwd / fb - f_fwd / fw, flops / fw) / (scale * speedup)
 
     @property
     def source(self) -> str:
@@ -620,6 +624,7 @@ class AttentionCurve:
                 f"Engine: {attention_series(self.family, te)} forward{te_bwd}) fit to "
                 f"attention_kernels.csv ({ATTENTION_DATA[self.family]})"
                 + (f" scaled by peak ratio {self.scale:.3f}" if self.scale != 1.0 else "")
+                + (f"; FlashAttention-2 x{self.fa2_scale:.3f} ({self.fa2_basis})" if self.fa2_scale else "")
                 + "; burst rates (no sustained attention measurement is published)")
 
 
@@ -649,16 +654,51 @@ def has_attention_chart(device) -> bool:
     return _spec(device).name in FAMILY
 
 
+# FlashAttention-2 measured on one GPU of several devices at one configuration (Azure's runs of flash-attention's
+# benchmark script): device-to-device ratios, not a chart (attention_azure.csv says why).
+ATTENTION_AZURE_CSV = DATA / "attention_azure.csv"
+
+
+@lru_cache(maxsize=1)
+def _azure_fa2() -> dict[str, tuple[str, float]]:
+    """device -> (configuration, TFLOP/s) of FlashAttention-2 in attention_azure.csv."""
+    return {r["device"]: (r["config"], float(r["tflops_per_s"])) for r in read_rows(ATTENTION_AZURE_CSV)
+            if r["kernel"] == "FlashAttention-2"}
+
+
+def fa2_device_ratio(device) -> tuple[float, str] | None:
+    """(FlashAttention-2's rate on ``device`` / on H100-SXM, basis) for Blackwell devices, else None.
+
+    flash-attn 2's kernels are Ampere's (mma.sync tiles) on every GPU; Hopper's wgmma is FlashAttention-3's and
+    Blackwell's tcgen05 is cuDNN's and FlashAttention-4's. So on Blackwell FlashAttention-2 does not gain the
+    tensor-core peak ratio (x2.27 in BF16) the fused kernels are priced with: Azure's runs of the same script at
+    the same stated configuration measure GB200 at 373.9 against H100's 327.9 TFLOP/s (x1.140). B200, B300 and
+    GB300 run the same instruction path and take GB200's ratio (transferred: not measured on them)."""
+    acc = _spec(device)
+    if SHAPE_FAMILY.get(acc.name) != "blackwell":
+        return None
+    rows = _azure_fa2()
+    (cfg, gb200), (ref_cfg, h100) = rows["GB200"], rows["H100-SXM"]
+    if cfg != ref_cfg:
+        raise ValueError(f"attention_azure.csv: GB200 ({cfg}) and H100-SXM ({ref_cfg}) at different configurations")
+    basis = (f"Azure's FlashAttention-2 runs, GB200 / H100 {gb200} / {h100} TFLOP/s at {cfg}"
+             + ("" if acc.name == "GB200" else "; transferred from GB200"))
+    return gb200 / h100, basis
+
+
 @lru_cache(maxsize=None)
 def attention_curve(device) -> AttentionCurve:
-    """The attention curve of an accelerator: its family's chart, else Hopper's scaled by the BF16 peak."""
+    """The attention curve of an accelerator: its family's chart, else Hopper's scaled by the BF16 peak
+    (FlashAttention-2 on Blackwell by its measured ratio to H100 instead: ``fa2_device_ratio``)."""
     from topologies.specs import get_accelerator
     acc = _spec(device)
     fam = FAMILY.get(acc.name)
     ref = {"hopper": "H100-SXM", "ampere": "A100-80GB"}
     if fam is None:
         fam = "hopper"
-    return AttentionCurve(fam, round(acc.peak_bf16_flops / get_accelerator(ref[fam]).peak_bf16_flops, 4))
+    fa2 = fa2_device_ratio(acc) if fam == "hopper" and FAMILY.get(acc.name) is None else None
+    return AttentionCurve(fam, round(acc.peak_bf16_flops / get_accelerator(ref[fam]).peak_bf16_flops, 4),
+                          *((round(fa2[0], 4), fa2[1]) if fa2 else ()))
 
 
 def write_fits(path: Path = FITS_JSON) -> dict:
