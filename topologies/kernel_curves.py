@@ -671,7 +671,7 @@ def fa2_device_ratio(device) -> tuple[float, str] | None:
 
     flash-attn 2's kernels are Ampere's (mma.sync tiles) on every GPU; Hopper's wgmma is FlashAttention-3's and
     Blackwell's tcgen05 is cuDNN's and FlashAttention-4's. So on Blackwell FlashAttention-2 does not gain the
-    tensor-core peak ratio (x2.27 in BF16) the fused kernels are priced with: Azure's runs of the same script at
+    tensor-core peak ratio (x2.27-2.53 in BF16) the fused kernels are priced with: Azure's runs of the same script at
     the same stated configuration measure GB200 at 373.9 against H100's 327.9 TFLOP/s (x1.140). B200, B300 and
     GB300 run the same instruction path and take GB200's ratio (transferred: not measured on them)."""
     acc = _spec(device)
@@ -694,9 +694,9 @@ def attention_curve(device) -> AttentionCurve:
     acc = _spec(device)
     fam = FAMILY.get(acc.name)
     ref = {"hopper": "H100-SXM", "ampere": "A100-80GB"}
+    fa2 = fa2_device_ratio(acc) if fam is None else None        # no chart of its own
     if fam is None:
         fam = "hopper"
-    fa2 = fa2_device_ratio(acc) if fam == "hopper" and FAMILY.get(acc.name) is None else None
     return AttentionCurve(fam, round(acc.peak_bf16_flops / get_accelerator(ref[fam]).peak_bf16_flops, 4),
                           *((round(fa2[0], 4), fa2[1]) if fa2 else ()))
 
