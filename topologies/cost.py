@@ -37,7 +37,7 @@ from topologies.cluster import Cluster
 from topologies import nccl
 from topologies.collectives import ALGORITHMS, AUTO
 from topologies.flow import BundleSpec, FlowNetwork, UncontendedNetwork
-from topologies.kernel_cost import KernelPricer, stream_bandwidth
+from topologies.kernel_cost import MEMORY_EFFICIENCY, KernelPricer
 from topologies.variation import GPU_SPEED_SIGMA, MAX_SIGMA, slowest_gpu_factor
 from topologies.specs import AcceleratorSpec, same_device
 
@@ -55,10 +55,9 @@ _BACKWARD_PHASES = (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 # Engine GEMM benchmarks; e.g. ~230 of 312 TFLOPS on A100). A single-kernel figure, deliberately not an
 # end-to-end MFU: bubbles, communication and small ops are what the simulator adds on top.
 DEFAULT_COMPUTE_EFFICIENCY = 0.75
-# Fraction of peak HBM bandwidth streaming kernels reach on a device without its own BabelStream measurement
-# (kernel_cost.stream_bandwidth; STREAM-like copies reach ~85-90 % on A100/H100 HBM in vendor and independent
-# microbenchmarks).
-DEFAULT_MEMORY_EFFICIENCY = 0.85
+# Fraction of peak HBM bandwidth streaming kernels reach on a device without its own BabelStream measurement:
+# kernel_cost's figure (one constant for both models; the flat what-if roofline uses it on every device).
+DEFAULT_MEMORY_EFFICIENCY = MEMORY_EFFICIENCY
 
 # Protocol efficiency per link type: the fraction of line rate a collective library moves.
 # nvlink 0.80: nccl-tests ring all_reduce on 8x A100 / 8x H100 (NVSwitch) reports busbw ~230-240 of
@@ -224,13 +223,13 @@ class ClusterCostModel:
         # per-layer fits (layer benchmark): price ops that belong to a transformer layer, by phase
         self._layer_fits = {f.phase: f for f in (self._cal.layers if self._cal is not None else ())}
         self._flops_per_s = acc.peak_bf16_flops * self.compute_efficiency
-        # memory-bound ops stream at the device's measured BabelStream rate where there is one
-        # (kernel_cost.stream_bandwidth); the flat what-if model keeps the datasheet x DEFAULT_MEMORY_EFFICIENCY
-        self._mem_per_s = (stream_bandwidth(acc)[0] if compute_efficiency is None
-                           else acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY)
         # kernel-level model (topologies.kernel_cost) for ops that carry their kernels; an explicit
         # compute_efficiency keeps the flat roofline (what-if studies)
         self.kernels = KernelPricer(acc, self._compute_fit) if compute_efficiency is None else None
+        # memory-bound ops stream at the kernel model's rate (the device's measured BabelStream rate where there
+        # is one, kernel_cost.stream_bandwidth); the flat what-if model at the datasheet x DEFAULT_MEMORY_EFFICIENCY
+        self._mem_per_s = (self.kernels.mem_per_s if self.kernels is not None
+                           else acc.hbm_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY)
         if gpu_variation is not None and not (isinstance(gpu_variation, (int, float))
                                               and 0 <= gpu_variation < MAX_SIGMA):
             raise ConfigError(f"gpu_variation (relative std of GPU speed) must be in [0, {MAX_SIGMA}), "

@@ -52,8 +52,13 @@ def stream_bandwidth(acc: AcceleratorSpec) -> tuple[float, str]:
         bw = sum(measured[k] for k in STREAM_KERNELS) / len(STREAM_KERNELS)
         return bw, (f"BabelStream {bw / 1e12:.3g} TB/s (mean of Copy, Mul, Add, Triad; Azure AI-benchmarking-guide; "
                     f"{bw / acc.hbm_bytes_per_s:.3f} of HBM {acc.hbm_bytes_per_s / 1e12:.3g} TB/s)")
-    bw = acc.hbm_bytes_per_s * MEMORY_EFFICIENCY
-    return bw, f"HBM {acc.hbm_bytes_per_s / 1e12:.3g} TB/s x {MEMORY_EFFICIENCY} (no streaming measurement)"
+    bw, label = datasheet_bandwidth(acc, MEMORY_EFFICIENCY)
+    return bw, label + " (no streaming measurement)"
+
+
+def datasheet_bandwidth(acc: AcceleratorSpec, fraction: float) -> tuple[float, str]:
+    """(``fraction`` of the datasheet HBM bandwidth in bytes/s, its label)."""
+    return acc.hbm_bytes_per_s * fraction, f"HBM {acc.hbm_bytes_per_s / 1e12:.3g} TB/s x {fraction}"
 
 
 class KernelPricer:
@@ -63,11 +68,9 @@ class KernelPricer:
     def __init__(self, acc: AcceleratorSpec, compute_fit=None, memory_efficiency: float | None = None):
         self.acc = acc
         self.compute_fit = compute_fit
-        if memory_efficiency is None:
-            self.mem_per_s, self._stream_source = stream_bandwidth(acc)
-        else:                                   # an explicit fraction of the datasheet HBM bandwidth (what-if)
-            self.mem_per_s = acc.hbm_bytes_per_s * memory_efficiency
-            self._stream_source = f"HBM {acc.hbm_bytes_per_s / 1e12:.3g} TB/s x {memory_efficiency}"
+        # an explicit fraction of the datasheet HBM bandwidth overrides the measured rate (what-if)
+        self.mem_per_s, self._stream_source = (stream_bandwidth(acc) if memory_efficiency is None
+                                               else datasheet_bandwidth(acc, memory_efficiency))
         self._gemm = {dt: gemm_curve(acc, dt) for dt in ("bf16", "fp8")}
         self._attention = attention_curve(acc)
         self._attention_by_fit = compute_fit is not None and not has_attention_chart(acc)
