@@ -22,7 +22,14 @@ Communication kernels hold compute units: when the cost model says which share f
 communication holds (``comm_sm_fraction``; NCCL: one SM per channel), a compute op of that rank that
 overlaps it for o seconds takes f·o longer (the work the held SMs would have done runs after). A compute op
 starting during a communication is lengthened at its start; the overlap of a communication that starts
-while a compute op already runs is added to the rank's next compute op.
+while a compute op already runs is added to the rank's next compute op. A communication that starts at the
+instant a compute op starts counts as starting after it, whichever the queue reaches first: the order of
+events within one instant never changes a time.
+
+A stream runs the collectives it meets alone at a known time (symmetric mode: every member of the group is
+represented by its rank; the time is analytical, or the closed form of a communication alone on its links)
+right after the op before them, without an event each (``chain_comms``): a layer's TP all-reduces follow its
+compute op, and the stream wakes once at the last one's end.
 
 Symmetric mode (``Programs.classes`` set): only representatives are simulated; a group whose members are
 all represented by one rank synchronises with that rank alone, and the images of each communication
@@ -135,6 +142,7 @@ class Engine:
     inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
     closed_ends = True      # a communication starting alone on its links ends by its own event (see _communicate)
     fixed_channels = True   # communications no other can ever meet on their links skip the network (_find_fixed)
+    chain_comms = True      # collectives a stream meets alone at a known time follow the op before them (_stream)
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
@@ -208,12 +216,16 @@ class Engine:
         # communication kernels holding SMs (see the module doc); None: the cost model has no such notion
         self.sm_share = getattr(cost_model, "comm_sm_fraction", None)
         if self.sm_share is not None:
-            self.comm_busy: dict[int, list[tuple[float, float]]] = {r: [] for r in programs.ops}  # (end, share)
+            # (end, share, start) of each communication holding the rank's SMs; those not yet charged as debt
+            self.comm_busy: dict[int, list[tuple[float, float, float]]] = {r: [] for r in programs.ops}
+            self._fresh: dict[int, list[tuple[float, float, float]]] = {r: [] for r in programs.ops}
             self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
-            self.compute_end = dict.fromkeys(programs.ops, 0.0)   # end of the rank's latest compute op
+            self.compute_end = dict.fromkeys(programs.ops, 0.0)   # latest end of the rank's compute ops so far
             self._share_cache: dict = {}
         if self._scan:
             self._find_fixed()
+        # some group is met by one simulated rank alone (symmetric mode: a class holds the group)
+        self._chains = self.chain_comms and 1 in self.needed
         self._durations()
 
     def _durations(self) -> None:
@@ -529,31 +541,53 @@ class Engine:
         return f
 
     def _comm_started(self, ranks, now: float, dur: float, share: float) -> None:
-        """Communication on ``ranks`` holds ``share`` of their SMs over [now, now + dur]."""
+        """Communication on ``ranks`` holds ``share`` of their SMs over [now, now + dur]. Its overlap with a
+        compute op already running is charged to the rank's next compute op (``_slowdown``), once every compute
+        op of this instant has started: the order of events within one instant never matters."""
         if share <= 0.0 or dur <= 0.0:
             return
-        end = now + dur
+        entry = (now + dur, share, now)
         for r in ranks:
-            self.comm_busy[r].append((end, share))
-            ce = self.compute_end[r]
-            if ce > now:                    # a compute op already running loses the overlap
-                self.sm_debt[r] += share * (min(ce, end) - now)
+            self.comm_busy[r].append(entry)
+            self._fresh[r].append(entry)
 
     def _slowdown(self, rank: int, t: float, dur: float) -> float:
-        """Extra seconds of a compute op of ``rank`` starting at ``t`` for ``dur`` seconds."""
+        """Extra seconds of a compute op of ``rank`` starting at ``t`` (>= now) for ``dur`` seconds.
+
+        Communications that started at an earlier instant: their overlap with this op, plus (once, as debt)
+        their overlap with the compute ops that already ran when they started. Those that started at this
+        instant count as started after every compute op of the instant: they run beside this one, but its
+        time was fixed at its start (see the module doc)."""
+        now = self.env._now
         extra = self.sm_debt[rank]
         self.sm_debt[rank] = 0.0
+        ce = self.compute_end[rank]
+        fresh = self._fresh[rank]
+        if fresh:
+            keep = None
+            for end, f, s in fresh:
+                if s < now:
+                    if ce > s:
+                        extra += f * ((ce if ce < end else end) - s)
+                elif keep is None:
+                    keep = [(end, f, s)]
+                else:
+                    keep.append((end, f, s))
+            self._fresh[rank] = keep if keep is not None else []
         busy = self.comm_busy[rank]
         if busy:
             stop, ended = t + dur, False
-            for end, f in busy:
+            for end, f, s in busy:
                 if end > t:
-                    extra += f * ((end if end < stop else stop) - t)
+                    if s < now:
+                        extra += f * ((end if end < stop else stop) - t)
                 else:
                     ended = True
             if ended:                       # forget finished communications (rare: no list per op)
                 self.comm_busy[rank] = [x for x in busy if x[0] > t]
-        self.compute_end[rank] = t + dur + extra
+        e = t + dur + extra
+        if e > ce:
+            self.compute_end[rank] = e
         return extra
 
     # ------------------------------------------------------------------ communication
@@ -770,6 +804,45 @@ class Engine:
         joined = False      # cur is a communication: the event's value is its start time
         own = []            # the one callback of ``wake`` (filled below)
         wake = _Signal(own)  # the end of the stream's own compute op / solo collective (reused)
+        # collectives this stream meets alone at a known time follow the op before them without an event each:
+        # every member of the group is represented here, and the time is the analytical one (no contention)
+        # or the closed form of a communication alone on its links (_find_fixed); not where they hold SMs
+        chain = self._chains and coalesce and not hold and (solo_ok or bool(fixed))
+        solo_time = self._solo_time
+
+        def follow(i: int, t: float) -> tuple[int, float]:
+            """Op i (not waited for by another op) ends at t: run the collectives that follow it back to back
+            while each is met alone at a known time, its deps done, and the one before it not waited for.
+            Returns the last op run and its end (i and t when none follows)."""
+            nonlocal pos
+            while pos < n and not targeted[i]:
+                j = idxs[pos]
+                if end[j] == end[j]:            # a compute op's duration (_durations)
+                    break
+                op = prog[j]
+                if op.kind != COLLECTIVE or needed[rv_keys[j][0]] != 1:
+                    break
+                nd = op.deps
+                if nd and not all(map(is_finished, nd)):
+                    break
+                if solo_ok:
+                    d = op.duration_s
+                    if d is None:
+                        d = solo_time(op)
+                elif op.duration_s is None and (fx := fixed.get((op.group, op.collective, op.size_bytes))) \
+                        is not None:
+                    d = fx[0]
+                else:
+                    break
+                end[i] = t
+                finished[i] = 1
+                if progress is not None:
+                    self.done_ops += 1
+                i = j
+                pos += 1
+                ready[i] = start[i] = t
+                t = t + d
+            return i, t
 
         def resume(event) -> None:
             nonlocal pos, cur, joined
@@ -848,6 +921,14 @@ class Engine:
                         if held:
                             d2 += slowdown(rank, t, d2)
                         t += d2
+                    if chain and pos < n:
+                        # the stream would wake at now + (t - now) and start the collectives that follow then
+                        j, t2 = follow(i, now + (t - now))
+                        if j != i:
+                            wake.callbacks = own
+                            cur = j
+                            push(t2, wake)
+                            return
                     if t > now:
                         wake.callbacks = own
                         if t > fail_t:          # the device dies before the op ends: the stream stops
@@ -866,9 +947,12 @@ class Engine:
                     if hold:
                         self._comm_started((rank,), now, dur, self._share(op))
                     if dur > 0:
+                        t = now + dur
+                        if chain:
+                            i, t = follow(i, t)
                         wake.callbacks = own
                         cur = i
-                        push(now + dur, wake)
+                        push(t, wake)
                         return
                 elif fixed and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1 and op.duration_s is None \
                         and (fx := fixed.get((op.group, op.collective, op.size_bytes))) is not None:
@@ -878,6 +962,12 @@ class Engine:
                     if hold:
                         comm_started((rank,), now, fx[1], fx[2])
                     wake.callbacks = own
+                    if chain:
+                        j, t = follow(i, now + dur)
+                        if j != i:
+                            cur = j
+                            push(t, wake)
+                            return
                     cur = i
                     closed_end_at(now + dur, wake)      # ends as the network's closed-form end would
                     return

@@ -32,6 +32,7 @@ class ReferenceEngine(Engine):
     calendar = False        # SimPy's heap and its own Environment.run (Engine._loop)
     inline_ends = False
     closed_ends = False
+    chain_comms = False     # every collective waits for its own end event
 
     def _network_changed(self, nxt=False) -> None:
         super()._network_changed(False)
@@ -196,40 +197,43 @@ def test_a_closed_form_end_is_handed_back_when_a_neighbour_starts():
         assert fast.start_s[r][3] == max(fast.end_s[r][0], fast.end_s[r][2])
 
 
-def _meeting(compute_s: float) -> Programs:
+def _meeting(compute_s: float, compute_first: bool = False) -> Programs:
     """Ranks 0 and 1 all-reduce "a" over NVLink, then "b". Rank 1 computes "c" for ``compute_s`` from t = 0 on
-    another stream, then "d" (after a short "e" on a third stream): "d" starts when "c" ends, "b" when "a" ends;
-    when they start at the same instant, which goes first decides whether "d" is slowed by "b" holding SMs."""
+    another stream, then "d" (after a short "e" on a third stream): "d" starts when "c" ends, "b" when "a" ends.
+    "a" and "c" start at t = 0; ``compute_first`` lists "c" first in rank 1's program, so its stream reaches
+    it before rank 1 reaches "a" (else after)."""
     progs = Programs(world_size=16, ops={r: [] for r in range(16)})
     g = progs.add_group([0, 1], "tp")
     progs.ops[0] = [collective("a", "all_reduce", g, 2.0**27), collective("b", "all_reduce", g, 2.0**27)]
-    progs.ops[1] = [collective("a", "all_reduce", g, 2.0**27), compute("c", stream="compute", duration_s=compute_s),
-                    compute("e", stream="aux", duration_s=1e-5), collective("b", "all_reduce", g, 2.0**27),
-                    compute("d", stream="compute", deps=(2,), duration_s=1e-3)]
+    a, b = collective("a", "all_reduce", g, 2.0**27), collective("b", "all_reduce", g, 2.0**27)
+    c, e = compute("c", stream="compute", duration_s=compute_s), compute("e", stream="aux", duration_s=1e-5)
+    head = [c, a] if compute_first else [a, c]
+    progs.ops[1] = head + [e, b, compute("d", stream="compute", deps=(2,), duration_s=1e-3)]
     return progs
 
 
-def test_a_communication_ending_with_a_compute_op_resumes_after_it_as_queued():
-    """All-reduce "a" and compute op "c" end at the same instant; the end of "c" was queued first (the network
-    learns that "a" ends only when it wakes up then), so "d" starts before "b" holds the SMs, on both paths."""
-    import math
-
+@pytest.mark.parametrize("compute_first", [False, True])
+def test_communication_and_compute_starting_at_one_instant_do_not_depend_on_queue_order(compute_first):
+    """All-reduce "a" and compute op "c" start together at t = 0 and end together; "b" and "d" then start
+    together. Whichever the queue reaches first, a communication that starts at the instant a compute op starts
+    counts as starting after it: "c" is not lengthened, its overlap with "a" is owed by rank 1's next compute op
+    on its stream ("d", f·T), and "b" does not slow "d" at its start; the general paths agree to the last bit."""
     from simulator.costs import CommRequest
     cost = Costs(CLUSTER, network="flow")
     t_end = Engine(_meeting(1.0), cost).run().end_s[0][0]
     f = cost.comm_sm_fraction(CommRequest("all_reduce", (0, 1), 2.0**27))
     assert f > 0
-    d = t_end / (1 + f)         # the compute op runs d + f·d (SMs held by the all-reduce): find d ending at t_end
-    for _ in range(64):
-        if d + f * d == t_end:
-            break
-        d = math.nextafter(d, math.inf if d + f * d < t_end else -math.inf)
-    fast = Engine(_meeting(d), Costs(CLUSTER, network="flow")).run()
-    assert fast.end_s[1][1] == fast.end_s[0][0] == t_end
+    progs = _meeting(t_end, compute_first)
+    ci, ai = (0, 1) if compute_first else (1, 0)
+    fast = Engine(progs, Costs(CLUSTER, network="flow")).run()
+    assert fast.start_s[1][ci] == fast.start_s[1][ai] == 0.0
+    assert fast.end_s[1][ci] == fast.end_s[0][0] == t_end           # "c" not lengthened by "a"
     assert fast.start_s[1][4] == fast.start_s[1][3] == t_end
-    assert fast.end_s[1][4] == t_end + 1e-3         # not slowed: "b" started after it
-    general = ReferenceEngine(_meeting(d), Costs(CLUSTER, network="flow")).run()
+    assert fast.end_s[1][4] == t_end + 1e-3 + f * t_end           # "a"'s overlap with "c", owed by "d"
+    general = ReferenceEngine(_meeting(t_end, compute_first), Costs(CLUSTER, network="flow")).run()
     assert _times(fast) == _times(general)
+    other = Engine(_meeting(t_end, not compute_first), Costs(CLUSTER, network="flow")).run()
+    assert other.end_s[1][4] == fast.end_s[1][4] and other.step_time_s == fast.step_time_s
 
 
 class NetworkedEngine(Engine):
