@@ -767,150 +767,83 @@ class Engine:
             self._fire(ended)
 
     # ------------------------------------------------------------------ streams
-    def _stream(self, rank: int, idxs: list[int], stream: str) -> Callable:
-        """The stream (rank, ``idxs``) as a callback: ``resume(event)`` runs its ops in program order until
-        one must wait (for a dependency, its own end, or peers), registers itself on that event and returns;
-        the queue calls it again when the event is processed. This is the engine's hot loop.
+    def _stream_maker(self) -> Callable:
+        """``maker(rank)(idxs, stream)``: the stream (rank, ``idxs``) as a callback: ``resume(event)`` runs its ops
+        in program order until one must wait (for a dependency, its own end, or peers), registers itself on
+        that event and returns; the queue calls it again when the event is processed. This is the engine's
+        hot loop.
 
         It performs the steps of a SimPy process yielding those events (the engine before issue 15's second
         round), in the same order and scheduling the same events at the same times and priorities, without
-        a generator, a Process or a Timeout object per op."""
+        a generator, a Process or a Timeout object per op. What every stream reads is bound once per engine,
+        what a rank's streams share once per rank (one closure cell each, not one per stream: at 16k ranks a
+        cell is a cache line the streams of one instant need not fetch again)."""
         env = self.env
         push = self._push                       # env.schedule(ev, NORMAL, d) is push(now + d, ev)
-        prog = self.p.ops[rank]
-        start, end, ready, finished = self.start[rank], self.end[rank], self.ready[rank], self.finished[rank]
         compute_time = self.cost.compute_time_s
-        waiters = self.waiters[rank]
-        rv_keys = self.rv_keys[rank]
-        fail_t = self.fail_at.get(rank, math.inf)
-        coalesce = fail_t == math.inf
-        solo_ok = coalesce and not self.contention
         fixed = self.fixed          # (group, kind, size) -> (seconds, SM-hold seconds, share): see _find_fixed
         comm_started = self._comm_started
         closed_end_at = self._closed_end_at
         needed = self.needed
-        targeted = self.targeted[rank]
         held = self.sm_share is not None
-        hold = held and self._overlaps_compute(rank, stream)     # this stream's communications hold SMs
         slowdown = self._slowdown
-        is_finished = finished.__getitem__
         rendezvous = self.rendezvous
         new_rendezvous = self._new_rendezvous
         complete = self._complete
         progress = self.progress
-        n = len(idxs)
-        pos = 0             # next op of the stream to reach
-        cur = -1            # op whose end (or start, for communication) the stream waits for; -1: none
-        joined = False      # cur is a communication: the event's value is its start time
-        own = []            # the one callback of ``wake`` (filled below)
-        wake = _Signal(own)  # the end of the stream's own compute op / solo collective (reused)
-        # collectives this stream meets alone at a known time follow the op before them without an event each:
-        # every member of the group is represented here, and the time is the analytical one (no contention)
-        # or the closed form of a communication alone on its links (_find_fixed); not where they hold SMs
-        chain = self._chains and coalesce and not hold and (solo_ok or bool(fixed))
         solo_time = self._solo_time
+        contention = self.contention
+        chains = self._chains
 
-        def follow(i: int, t: float) -> tuple[int, float]:
-            """Op i (not waited for by another op) ends at t: run the collectives that follow it back to back
-            while each is met alone at a known time, its deps done, and the one before it not waited for.
-            Returns the last op run and its end (i and t when none follows)."""
-            nonlocal pos
-            while pos < n and not targeted[i]:
-                j = idxs[pos]
-                if end[j] == end[j]:            # a compute op's duration (_durations)
-                    break
-                op = prog[j]
-                if op.kind != COLLECTIVE or needed[rv_keys[j][0]] != 1:
-                    break
-                nd = op.deps
-                if nd and not all(map(is_finished, nd)):
-                    break
-                if solo_ok:
-                    d = op.duration_s
-                    if d is None:
-                        d = solo_time(op)
-                elif op.duration_s is None and (fx := fixed.get((op.group, op.collective, op.size_bytes))) \
-                        is not None:
-                    d = fx[0]
-                else:
-                    break
-                end[i] = t
-                finished[i] = 1
-                if progress is not None:
-                    self.done_ops += 1
-                i = j
-                pos += 1
-                ready[i] = start[i] = t
-                t = t + d
-            return i, t
+        def for_rank(rank: int) -> Callable:
+            prog = self.p.ops[rank]
+            start, end, ready, finished = self.start[rank], self.end[rank], self.ready[rank], self.finished[rank]
+            waiters = self.waiters[rank]
+            rv_keys = self.rv_keys[rank]
+            targeted = self.targeted[rank]
+            is_finished = finished.__getitem__
+            fail_t = self.fail_at.get(rank, math.inf)
+            coalesce = fail_t == math.inf
+            solo_ok = coalesce and not contention
 
-        def resume(event) -> None:
-            nonlocal pos, cur, joined
-            i = cur
-            while True:
-                if i >= 0:                      # op i ends now
-                    if joined:
-                        start[i] = event._value
-                        joined = False
-                    end[i] = env._now
-                    finished[i] = 1
-                    if targeted[i]:             # only ops another op depends on can have waiters
-                        w = waiters.pop(i, None)
-                        if w is not None:
-                            push(env._now + 0, w)
-                    if progress is not None:
-                        self.done_ops += 1
-                        if self.done_ops % 20000 == 0:
-                            progress(self.done_ops, self.total_ops)
-                    cur = -1
-                if pos >= n:
-                    return
-                i = idxs[pos]
-                dur = end[i]            # a compute op without deps: its duration until it ends (_durations)
-                if dur != dur:
-                    op = prog[i]
-                    deps = op.deps
-                    if deps:
-                        for d in deps:
-                            if not finished[d]:
-                                ev = waiters.get(d)
-                                if ev is None:
-                                    ev = waiters[d] = _Signal()
-                                ev.callbacks.append(resume)
-                                return
-                    kind = op.kind
-                    if kind == COMPUTE:
-                        dur = op.duration_s
-                        if dur is None:
-                            dur = compute_time(rank, op)
-                else:
-                    kind = COMPUTE
-                pos += 1
-                now = env._now
-                if now >= fail_t:
-                    pos = n
-                    return
-                ready[i] = now
-                if kind == COMPUTE:
-                    if held:
-                        dur += slowdown(rank, now, dur)
-                    start[i] = now
-                    t = now + dur
-                    # Coalesce the following compute ops of this stream into one wait when nobody else
-                    # depends on the ops in between and their own deps are done: same times, fewer events.
-                    while pos < n and coalesce and not targeted[i]:
+            def for_stream(idxs: Sequence[int], stream: str) -> Callable:
+                hold = held and self._overlaps_compute(rank, stream)     # this stream's communications hold SMs
+                n = len(idxs)
+                pos = 0             # next op of the stream to reach
+                cur = -1            # op whose end (or start, for communication) the stream waits for; -1: none
+                joined = False      # cur is a communication: the event's value is its start time
+                own = []            # the one callback of ``wake`` (filled below)
+                wake = _Signal(own)  # the end of the stream's own compute op / solo collective (reused)
+                # collectives this stream meets alone at a known time follow the op before them without an event
+                # each: every member of the group is represented here, and the time is the analytical one (no
+                # contention) or the closed form of a communication alone on its links (_find_fixed); not where
+                # they hold SMs
+                chain = chains and coalesce and not hold and (solo_ok or bool(fixed))
+
+                def follow(i: int, t: float) -> tuple[int, float]:
+                    """Op i (not waited for by another op) ends at t: run the collectives that follow it back to back
+                    while each is met alone at a known time, its deps done, and the one before it not waited for.
+                    Returns the last op run and its end (i and t when none follows)."""
+                    nonlocal pos
+                    while pos < n and not targeted[i]:
                         j = idxs[pos]
-                        d2 = end[j]
-                        if d2 != d2:
-                            nxt = prog[j]
-                            if nxt.kind != COMPUTE:
-                                break
-                            nd = nxt.deps
-                            if nd and not all(map(is_finished, nd)):
-                                break
-                            d2 = nxt.duration_s
-                            if d2 is None:
-                                d2 = compute_time(rank, nxt)
+                        if end[j] == end[j]:            # a compute op's duration (_durations)
+                            break
+                        op = prog[j]
+                        if op.kind != COLLECTIVE or needed[rv_keys[j][0]] != 1:
+                            break
+                        nd = op.deps
+                        if nd and not all(map(is_finished, nd)):
+                            break
+                        if solo_ok:
+                            d = op.duration_s
+                            if d is None:
+                                d = solo_time(op)
+                        elif op.duration_s is None and (fx := fixed.get((op.group, op.collective, op.size_bytes))) \
+                                is not None:
+                            d = fx[0]
+                        else:
+                            break
                         end[i] = t
                         finished[i] = 1
                         if progress is not None:
@@ -918,82 +851,163 @@ class Engine:
                         i = j
                         pos += 1
                         ready[i] = start[i] = t
-                        if held:
-                            d2 += slowdown(rank, t, d2)
-                        t += d2
-                    if chain and pos < n:
-                        # the stream would wake at now + (t - now) and start the collectives that follow then
-                        j, t2 = follow(i, now + (t - now))
-                        if j != i:
-                            wake.callbacks = own
-                            cur = j
-                            push(t2, wake)
-                            return
-                    if t > now:
-                        wake.callbacks = own
-                        if t > fail_t:          # the device dies before the op ends: the stream stops
-                            pos = n
-                            push(now + (fail_t - now), wake)
-                            return
-                        cur = i
-                        push(now + (t - now), wake)
-                        return
-                elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
-                    # nobody to wait for (every member is represented by this rank): no rendezvous needed
-                    dur = op.duration_s
-                    if dur is None:
-                        dur = self._solo_time(op)
-                    start[i] = now
-                    if hold:
-                        self._comm_started((rank,), now, dur, self._share(op))
-                    if dur > 0:
-                        t = now + dur
-                        if chain:
-                            i, t = follow(i, t)
-                        wake.callbacks = own
-                        cur = i
-                        push(t, wake)
-                        return
-                elif fixed and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1 and op.duration_s is None \
-                        and (fx := fixed.get((op.group, op.collective, op.size_bytes))) is not None:
-                    # alone in its group and on its links whenever it runs: its closed-form end, no network
-                    dur = fx[0]
-                    start[i] = now
-                    if hold:
-                        comm_started((rank,), now, fx[1], fx[2])
-                    wake.callbacks = own
-                    if chain:
-                        j, t = follow(i, now + dur)
-                        if j != i:
-                            cur = j
-                            push(t, wake)
-                            return
-                    cur = i
-                    closed_end_at(now + dur, wake)      # ends as the network's closed-form end would
-                    return
-                else:
-                    # arrive at the rendezvous; the last to arrive starts the communication
-                    key = rv_keys[i]
-                    rv = rendezvous.get(key)
-                    if rv is None:
-                        rv = new_rendezvous(key)
-                    arrived = rv.arrived
-                    arrived.append(rank)
-                    if hold:
-                        rv.hold.append(rank)
-                    if op.duration_s is not None:
-                        rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
-                    if rv.op is None or kind == SEND:
-                        rv.op, rv.rank = op, rank
-                    if len(arrived) == rv.needed:
-                        complete(rv, op)
-                    rv.callbacks.append(resume)
-                    cur, joined = i, True
-                    return
-                # op i took no time: it ends now (top of the loop)
+                        t = t + d
+                    return i, t
 
-        own.append(resume)
-        return resume
+                def resume(event) -> None:
+                    nonlocal pos, cur, joined
+                    i = cur
+                    while True:
+                        if i >= 0:                      # op i ends now
+                            if joined:
+                                start[i] = event._value
+                                joined = False
+                            end[i] = env._now
+                            finished[i] = 1
+                            if targeted[i]:             # only ops another op depends on can have waiters
+                                w = waiters.pop(i, None)
+                                if w is not None:
+                                    push(env._now + 0, w)
+                            if progress is not None:
+                                self.done_ops += 1
+                                if self.done_ops % 20000 == 0:
+                                    progress(self.done_ops, self.total_ops)
+                            cur = -1
+                        if pos >= n:
+                            return
+                        i = idxs[pos]
+                        dur = end[i]            # a compute op without deps: its duration until it ends (_durations)
+                        if dur != dur:
+                            op = prog[i]
+                            deps = op.deps
+                            if deps:
+                                for d in deps:
+                                    if not finished[d]:
+                                        ev = waiters.get(d)
+                                        if ev is None:
+                                            ev = waiters[d] = _Signal()
+                                        ev.callbacks.append(resume)
+                                        return
+                            kind = op.kind
+                            if kind == COMPUTE:
+                                dur = op.duration_s
+                                if dur is None:
+                                    dur = compute_time(rank, op)
+                        else:
+                            kind = COMPUTE
+                        pos += 1
+                        now = env._now
+                        if now >= fail_t:
+                            pos = n
+                            return
+                        ready[i] = now
+                        if kind == COMPUTE:
+                            if held:
+                                dur += slowdown(rank, now, dur)
+                            start[i] = now
+                            t = now + dur
+                            # Coalesce the following compute ops of this stream into one wait when nobody else
+                            # depends on the ops in between and their own deps are done: same times, fewer events.
+                            while pos < n and coalesce and not targeted[i]:
+                                j = idxs[pos]
+                                d2 = end[j]
+                                if d2 != d2:
+                                    nxt = prog[j]
+                                    if nxt.kind != COMPUTE:
+                                        break
+                                    nd = nxt.deps
+                                    if nd and not all(map(is_finished, nd)):
+                                        break
+                                    d2 = nxt.duration_s
+                                    if d2 is None:
+                                        d2 = compute_time(rank, nxt)
+                                end[i] = t
+                                finished[i] = 1
+                                if progress is not None:
+                                    self.done_ops += 1
+                                i = j
+                                pos += 1
+                                ready[i] = start[i] = t
+                                if held:
+                                    d2 += slowdown(rank, t, d2)
+                                t += d2
+                            if chain and pos < n:
+                                # the stream would wake at now + (t - now) and start the collectives that follow then
+                                j, t2 = follow(i, now + (t - now))
+                                if j != i:
+                                    wake.callbacks = own
+                                    cur = j
+                                    push(t2, wake)
+                                    return
+                            if t > now:
+                                wake.callbacks = own
+                                if t > fail_t:          # the device dies before the op ends: the stream stops
+                                    pos = n
+                                    push(now + (fail_t - now), wake)
+                                    return
+                                cur = i
+                                push(now + (t - now), wake)
+                                return
+                        elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
+                            # nobody to wait for (every member is represented by this rank): no rendezvous needed
+                            dur = op.duration_s
+                            if dur is None:
+                                dur = self._solo_time(op)
+                            start[i] = now
+                            if hold:
+                                self._comm_started((rank,), now, dur, self._share(op))
+                            if dur > 0:
+                                t = now + dur
+                                if chain:
+                                    i, t = follow(i, t)
+                                wake.callbacks = own
+                                cur = i
+                                push(t, wake)
+                                return
+                        elif fixed and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1 and op.duration_s is None \
+                                and (fx := fixed.get((op.group, op.collective, op.size_bytes))) is not None:
+                            # alone in its group and on its links whenever it runs: its closed-form end, no network
+                            dur = fx[0]
+                            start[i] = now
+                            if hold:
+                                comm_started((rank,), now, fx[1], fx[2])
+                            wake.callbacks = own
+                            if chain:
+                                j, t = follow(i, now + dur)
+                                if j != i:
+                                    cur = j
+                                    push(t, wake)
+                                    return
+                            cur = i
+                            closed_end_at(now + dur, wake)      # ends as the network's closed-form end would
+                            return
+                        else:
+                            # arrive at the rendezvous; the last to arrive starts the communication
+                            key = rv_keys[i]
+                            rv = rendezvous.get(key)
+                            if rv is None:
+                                rv = new_rendezvous(key)
+                            arrived = rv.arrived
+                            arrived.append(rank)
+                            if hold:
+                                rv.hold.append(rank)
+                            if op.duration_s is not None:
+                                rv.duration = op.duration_s if rv.duration is None else max(rv.duration, op.duration_s)
+                            if rv.op is None or kind == SEND:
+                                rv.op, rv.rank = op, rank
+                            if len(arrived) == rv.needed:
+                                complete(rv, op)
+                            rv.callbacks.append(resume)
+                            cur, joined = i, True
+                            return
+                        # op i took no time: it ends now (top of the loop)
+
+                own.append(resume)
+                return resume
+
+            return for_stream
+
+        return for_rank
 
     def _overlaps_compute(self, rank: int, stream: str) -> bool:
         """Whether communications on ``stream`` can overlap compute ops of ``rank``: a stream waits for each op
@@ -1050,10 +1064,12 @@ class Engine:
                 raise ClusterSimError(f"failure time of rank {rank} must be >= 0 s, got {t}")
             self._push(self.env._now + t, _Signal([lambda _e, rank=rank: self.failed.add(rank)]))
         # every stream takes its first steps now, in order (SimPy would run its processes' starts first too)
+        maker = self._stream_maker()
         for rank in self.p.ops:
+            streams_of_rank = maker(rank)
             for stream, idxs in self._streams[rank].items():
                 self.stream_ops[(rank, stream)] = idxs
-                self._stream(rank, idxs, stream)(None)
+                streams_of_rank(idxs, stream)(None)
         self._loop(self.until_s)
         blocked = self._blocked()
         if blocked and self.failed:
