@@ -1053,8 +1053,12 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
 
     templates: dict[tuple, Template] = {}
 
+    def templates_key(stage: int, e: int) -> tuple:
+        """The template of pipeline stage ``stage`` and EP rank ``e`` (the EP rank matters when routing is skewed)."""
+        return (stage, e if skewed else 0)
+
     def template(stage: int, e: int) -> Template:
-        key = (stage, e if skewed else 0)
+        key = templates_key(stage, e)
         t = templates.get(key)
         if t is None:
             load = ep_load(plan, e if skewed else 0, model.capacity_factor) if skewed else \
@@ -1099,6 +1103,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
     ub = mem.userbuffer_bytes(model, plan)
     if ub:                                   # TP-overlap userbuffers: resident all step
         static = {s: {**d, "buffers": d.get("buffers", 0.0) + ub} for s, d in static.items()}
+    progs.templates = {}
     with no_gc():           # millions of new objects and no cycles
         if symmetric:
             progs.classes = {}
@@ -1106,13 +1111,16 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                 rep = ranks[0] if plan.folded else plan.rank_of(cp=cpc, dp=e, pp=s)
                 assert rep in ranks
                 progs.ops[rep] = instantiate(template(s, e), rep)
+                progs.templates[rep] = templates_key(s, e)
                 progs.classes[rep] = tuple(ranks)
                 progs.static_memory[rep] = dict(static[s])
         else:
             ep_of = plan.ep_indices()
             for r in range(world_size):
                 c = plan.coords(r)
-                progs.ops[r] = instantiate(template(c["pp"], int(ep_of[r])), r)
+                e = int(ep_of[r])
+                progs.ops[r] = instantiate(template(c["pp"], e), r)
+                progs.templates[r] = templates_key(c["pp"], e)
                 progs.static_memory[r] = static[c["pp"]]
     progs.tokens_per_step = float(plan.tokens_per_step)
     progs.model_flops_per_step = model_flops_per_step(model, plan.seq, plan.effective_global_batch)

@@ -256,90 +256,169 @@ class Engine:
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
         recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
         p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
-        ranks and 16k-rank programs stay lean. It also fills ``targeted``, ``_streams`` and ``_compute_streams``."""
-        made_of: dict[int, list] = {}       # id -> its keys (id, 0), (id, 1), ... made so far, shared by ranks
-        pair_id: dict[tuple[int, int], int] = {}
-        sid_of: dict[int, int] = {}
-        id_of = self.sync.id_of
-        rep = self.rep
-        pairs = self.p2p_pairs
-        scan = self._scan
-        channels = self._channels
-        compute_streams = self._compute_streams
+        ranks and 16k-rank programs stay lean. It also fills ``targeted``, ``_streams`` and ``_compute_streams``.
+
+        Ranks of one template (``Programs.templates``) share those three, and their keys follow the first such
+        rank's: each of its rendezvous *slots* (the ops of one group or pair, found by the first op on it) holds
+        the same op indices, k = 0, 1, ... in order, on every rank of the template; only the slot's id differs,
+        read from the rank's own op at the slot's first index."""
+        self._made_of: dict[int, list] = {}     # id -> its keys (id, 0), (id, 1), ... made so far, shared by ranks
+        self._pair_id: dict[tuple[int, int], int] = {}
+        self._sid_of: dict[int, int] = {}
+        templates = self.p.templates or {}
+        plans: dict = {}        # template key -> what its ranks share (_template_keys)
+        self.templated: set[int] = set()      # the ranks set up from their template's plan
         out = {}
         for rank, prog in self.p.ops.items():
-            n = len(prog)
-            keys = [None] * n
-            counters: dict = {}
-            # targeted: 1 at every index some op's deps name (one numpy store, not a Python loop per op)
-            deps = list(chain.from_iterable([op.deps for op in prog]))
-            if deps:
-                mark = np.zeros(n, dtype=np.uint8)
-                mark[np.array(deps, dtype=np.intp)] = 1
-                self.targeted[rank] = bytearray(mark.tobytes())
-            else:
-                self.targeted[rank] = bytearray(n)
-            # streams in order of first appearance, each its op indices (compact: no int object per op index to
-            # chase at run time; a rank with one stream gets a range)
-            names = [op.stream for op in prog]
-            streams = self._streams[rank] = dict.fromkeys(names)
-            comm_idx = [i for i, op in enumerate(prog) if op.kind != COMPUTE]
-            if len(streams) == 1:
-                streams[names[0]] = range(n)
-                compute_streams[rank] = {names[0]} if len(comm_idx) < n else set()
-            elif streams:
-                code = {name: c for c, name in enumerate(streams)}
-                codes = np.fromiter(map(code.__getitem__, names), dtype=np.intp, count=n)
-                for name, c in code.items():
-                    idxs = array("l")
-                    idxs.frombytes(np.flatnonzero(codes == c).astype(np.int_).tobytes())
-                    streams[name] = idxs
-                # a stream computes where it holds a compute op (more ops than communications)
-                ops_on = np.bincount(codes, minlength=len(code))
-                comm_on = np.bincount(codes[np.array(comm_idx, dtype=np.intp)], minlength=len(code))
-                compute_streams[rank] = {name for name, c in code.items() if ops_on[c] > comm_on[c]}
-            else:
-                compute_streams[rank] = set()
-            for i in comm_idx:
-                op = prog[i]
-                kind = op.kind
-                if kind == COLLECTIVE:
-                    g = op.group
-                    ck = sid = sid_of.get(g)
-                    if sid is None:
-                        ck = sid = sid_of[g] = id_of(g)
-                elif kind == SEND or kind == RECV:
-                    pair = (rank, rep[op.peer]) if kind == SEND else (rep[op.peer], rank)
-                    sid = pair_id.get(pair)
-                    if sid is None:
-                        sid = pair_id[pair] = -1 - len(pairs)
-                        pairs.append(pair)
-                    ck = sid if kind == SEND else (sid,)     # a rank may send to and receive from itself
-                else:
+            tkey = templates.get(rank)
+            plan = plans.get(tkey) if tkey is not None else None
+            if plan is not None:
+                keys = self._template_keys(rank, prog, plan)
+                if keys is not None:
+                    out[rank] = keys
+                    self.templated.add(rank)
                     continue
-                k = counters.get(ck, 0)
-                counters[ck] = k + 1
-                made = made_of.get(sid)
-                if made is None:
-                    made = made_of[sid] = []
-                if k < len(made):           # (the rank met keys 0..k-1 of this id: k <= len(made))
-                    keys[i] = made[k]
-                else:
-                    keys[i] = key = (sid, k)
-                    made.append(key)
-                if scan and kind != RECV:
-                    # what _complete will ask the network for, and the stream that issues it (a send's
-                    # request is built from the send side)
-                    ch = (op.group, op.collective, op.size_bytes) if kind == COLLECTIVE else \
-                        ((rank, op.peer), op.group, op.size_bytes)
-                    seen = channels.get(ch)
-                    if seen is None:
-                        channels[ch] = (op.stream, rank, op)
-                    elif seen[0] != op.stream:
-                        channels[ch] = (None, rank, op)
+            keys, plan = self._rank_keys(rank, prog)
             out[rank] = keys
+            if tkey is not None and tkey not in plans:
+                plans[tkey] = plan
         self.needed = [len(m) for m in self.sync.members]
         return out
+
+    def _ck(self, rank: int, op) -> tuple[int, object]:
+        """(sync id, counter key) of communication ``op`` of ``rank``: a collective counts per group, a send per
+        (source, destination) pair, a recv per pair too but apart from sends (a rank may send to itself)."""
+        kind = op.kind
+        if kind == COLLECTIVE:
+            g = op.group
+            sid = self._sid_of.get(g)
+            if sid is None:
+                sid = self._sid_of[g] = self.sync.id_of(g)
+            return sid, sid
+        rep = self.rep
+        pair = (rank, rep[op.peer]) if kind == SEND else (rep[op.peer], rank)
+        sid = self._pair_id.get(pair)
+        if sid is None:
+            sid = self._pair_id[pair] = -1 - len(self.p2p_pairs)
+            self.p2p_pairs.append(pair)
+        return sid, (sid if kind == SEND else (sid,))
+
+    def _made(self, sid: int, count: int) -> list:
+        """The keys (sid, 0) ... (sid, count - 1), made once and shared by every rank that meets there."""
+        made = self._made_of.get(sid)
+        if made is None:
+            made = self._made_of[sid] = []
+        while len(made) < count:
+            made.append((sid, len(made)))
+        return made
+
+    def _rank_keys(self, rank: int, prog) -> tuple[list, tuple]:
+        """Rank ``rank``'s keys, op by op; also its targeted ops, streams and compute streams, and what ranks of
+        its template share: (targeted, streams, compute streams, slots (first index, op indices), channels)."""
+        n = len(prog)
+        keys = [None] * n
+        # targeted: 1 at every index some op's deps name (one numpy store, not a Python loop per op)
+        deps = list(chain.from_iterable([op.deps for op in prog]))
+        if deps:
+            mark = np.zeros(n, dtype=np.uint8)
+            mark[np.array(deps, dtype=np.intp)] = 1
+            targeted = bytearray(mark.tobytes())
+        else:
+            targeted = bytearray(n)
+        self.targeted[rank] = targeted
+        # streams in order of first appearance, each its op indices (compact: no int object per op index to
+        # chase at run time; a rank with one stream gets a range)
+        names = [op.stream for op in prog]
+        streams = self._streams[rank] = dict.fromkeys(names)
+        comm_idx = [i for i, op in enumerate(prog) if op.kind != COMPUTE]
+        if len(streams) == 1:
+            streams[names[0]] = range(n)
+            compute = {names[0]} if len(comm_idx) < n else set()
+        elif streams:
+            code = {name: c for c, name in enumerate(streams)}
+            codes = np.fromiter(map(code.__getitem__, names), dtype=np.intp, count=n)
+            for name, c in code.items():
+                idxs = array("l")
+                idxs.frombytes(np.flatnonzero(codes == c).astype(np.int_).tobytes())
+                streams[name] = idxs
+            # a stream computes where it holds a compute op (more ops than communications)
+            ops_on = np.bincount(codes, minlength=len(code))
+            comm_on = np.bincount(codes[np.array(comm_idx, dtype=np.intp)], minlength=len(code))
+            compute = {name for name, c in code.items() if ops_on[c] > comm_on[c]}
+        else:
+            compute = set()
+        self._compute_streams[rank] = compute
+        first: dict = {}            # counter key -> index of its first op (the slot)
+        slots: dict[int, list[int]] = {}
+        scan = self._scan
+        channels = self._channels
+        mine: dict = {}             # this rank's channel -> (stream or None, op index)
+        for i in comm_idx:
+            op = prog[i]
+            kind = op.kind
+            if kind != COLLECTIVE and kind != SEND and kind != RECV:
+                continue
+            sid, ck = self._ck(rank, op)
+            f = first.get(ck)
+            if f is None:
+                f = first[ck] = i
+                slots[f] = []
+            at = slots[f]
+            made = self._made(sid, len(at) + 1)
+            keys[i] = made[len(at)]
+            at.append(i)
+            if scan and kind != RECV:
+                # what _complete will ask the network for, and the stream that issues it (a send's request is
+                # built from the send side)
+                ch = (op.group, op.collective, op.size_bytes) if kind == COLLECTIVE else \
+                    ((rank, op.peer), op.group, op.size_bytes)
+                seen = mine.get(ch)
+                if seen is None:
+                    mine[ch] = [op.stream, i, i]
+                else:
+                    seen[2] = i
+                    if seen[0] != op.stream:
+                        seen[0] = None
+        for ch, (stream, i, last) in mine.items():
+            self._add_channel(ch, stream, rank, prog[i], prog[last])
+        plan = (targeted, streams, compute, [(f, at) for f, at in slots.items()], list(mine.values()))
+        return keys, plan
+
+    def _add_channel(self, ch, stream, rank: int, first, last) -> None:
+        """Channel ``ch`` issued by ``rank`` from ``stream`` (None: from more than one; ``first`` and ``last``: its
+        first and last op there): a channel issued from two streams, by one rank or by two, has no single
+        stream (see _find_fixed); it keeps its first (stream, rank, op), or (None, rank, op) of its last op."""
+        seen = self._channels.get(ch)
+        if seen is None:
+            self._channels[ch] = (stream, rank, first) if stream is not None else (None, rank, last)
+        elif stream is None or seen[0] != stream:
+            self._channels[ch] = (None, rank, last)
+
+    def _template_keys(self, rank: int, prog, plan) -> list | None:
+        """Rank ``rank``'s keys from its template's ``plan`` (``_rank_keys``); None where its slots do not map to
+        distinct groups and pairs as the template's did (then it takes the op-by-op path)."""
+        targeted, streams, compute, slots, chans = plan
+        if len(prog) != len(targeted):
+            return None
+        keys = [None] * len(prog)
+        cks = set()
+        for f, at in slots:
+            sid, ck = self._ck(rank, prog[f])
+            if ck in cks or self._ck(rank, prog[at[-1]])[1] != ck:
+                return None
+            cks.add(ck)
+            for i, key in zip(at, self._made(sid, len(at))):
+                keys[i] = key
+        self.targeted[rank] = targeted
+        self._streams[rank] = streams
+        self._compute_streams[rank] = compute
+        if self._scan:
+            for stream, i, last in chans:
+                op = prog[i]
+                ch = (op.group, op.collective, op.size_bytes) if op.kind == COLLECTIVE else \
+                    ((rank, op.peer), op.group, op.size_bytes)
+                self._add_channel(ch, stream, rank, op, prog[last])
+        return keys
 
     def _failures_by_representative(self, failures: dict[int, float]) -> dict[int, float]:
         """Device failures keyed by the simulated ranks. In symmetric mode a failing rank's class must fail with

@@ -134,12 +134,36 @@ def _axis_codes(programs) -> np.ndarray:
                     + [AXES.index("other")], dtype=np.int64)
 
 
-def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray | None = None) -> RankMetrics:
-    prog = result.programs.ops[rank]
-    start = np.asarray(result.start_s[rank], dtype=float)
-    end = np.asarray(result.end_s[rank], dtype=float)
+def _structure(result, rank: int, axis_codes: np.ndarray | None, shared: dict | None):
+    """What rank_metrics reads from a rank's ops, whatever their times: (compute-op mask, each op's axis code,
+    FLOPs of its compute ops, its memory events' ops and bytes (``_memory_structure``)). Ranks of one template
+    (``Programs.templates``: alike but for their groups and peers) share it through ``shared``."""
+    p = result.programs
+    key = p.templates.get(rank) if shared is not None and p.templates else None
+    hit = shared.get(key) if key is not None else None
+    if hit is not None and hit[0] == len(p.ops[rank]):
+        return hit[1]
+    prog = p.ops[rank]
     kinds = [op.kind == COMPUTE for op in prog]
     is_compute = np.frombuffer(bytes(kinds), dtype=np.bool_) if kinds else np.zeros(0, dtype=bool)
+    codes = _axis_codes(p) if axis_codes is None else axis_codes
+    other = len(codes) - 1                  # axis_of: "other" for no group or an unknown one
+    g = np.array([-1 if op.group is None else op.group for op in prog], dtype=np.int64)
+    axes = codes[np.where((g >= 0) & (g < other), g, other)]
+    flops = float(sum([op.flops for op in prog if op.kind == COMPUTE]))
+    out = (is_compute, axes, flops, _memory_structure(prog))
+    if key is not None:
+        shared[key] = (len(prog), out)
+    return out
+
+
+def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray | None = None,
+                 shared: dict | None = None) -> RankMetrics:
+    """One rank's metrics. ``shared``: a dict kept across the ranks of one result (what ranks of one template
+    share is read from their ops once)."""
+    start = np.asarray(result.start_s[rank], dtype=float)
+    end = np.asarray(result.end_s[rank], dtype=float)
+    is_compute, axes, flops, memory = _structure(result, rank, axis_codes, shared)
     done = ~np.isnan(end)
     # the ops that ran for some time (a comparison with NaN is False), in start order (stable): every
     # union below is of these, selected with masks
@@ -155,10 +179,6 @@ def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray |
     by_axis = {}
     m = np.flatnonzero(done & ~is_compute)         # communication that ended
     if len(m):
-        codes = _axis_codes(result.programs) if axis_codes is None else axis_codes
-        other = len(codes) - 1                  # axis_of: "other" for no group or an unknown one
-        g = np.array([-1 if op.group is None else op.group for op in prog], dtype=np.int64)
-        axes = codes[np.where((g >= 0) & (g < other), g, other)]
         axes_sorted = axes[order]
         # the axes of some communication that ended, in AXES order (asking for an index keeps numpy.ma unimported)
         for k in np.unique(axes[m], return_index=True)[0].tolist():
@@ -167,40 +187,46 @@ def rank_metrics(result, rank: int, step_time_s: float, axis_codes: np.ndarray |
             sel |= cS
             with_comp = _sorted_union(S[sel], E[sel])     # the axis's communication or compute
             by_axis[AXES[k]] = (total, with_comp - comp)
-    flops = float(sum([op.flops for op in prog if op.kind == COMPUTE]))
     cost = result.cost_model
     return RankMetrics(
         rank=rank, represents=result.programs.multiplicity(rank),
         end_s=float(np.nanmax(end)) if done.any() else 0.0,
         compute_s=comp, comm_s=comm, exposed_comm_s=comm - overlap, overlap_s=overlap,
         idle_s=max(0.0, step_time_s - both), executed_flops=flops,
-        peak_memory_bytes=peak_memory(result, rank),
+        peak_memory_bytes=_peak(result, rank, memory),
         memory_capacity_bytes=float(cost.memory_capacity_bytes(rank)),
         comm_by_axis=by_axis,
     )
 
 
-def _memory_events(result, rank: int, categories: bool):
-    """``memory_events`` (categories: None unless asked)."""
-    prog = result.programs.ops[rank]
+def _memory_structure(prog) -> tuple:
+    """(op index of each alloc, its bytes, op index of each free, its bytes, the ops with allocs, the ops with
+    frees) of a program: what its memory events are, whatever their times."""
     allocs = [op.alloc for op in prog]
     frees = [op.free for op in prog]
     n = len(prog)
     ops_a = list(compress(range(n), allocs))           # the ops with memory events (most have none)
     ops_f = list(compress(range(n), frees))
-    ai = [i for i in ops_a for _ in allocs[i]]          # op index, bytes of each alloc / free
-    ab = [b for i in ops_a for _, b in allocs[i]]
-    fi = [i for i in ops_f for _ in frees[i]]
-    fb = [b for i in ops_f for _, b in frees[i]]
-    if not ai and not fi:
+    ai = np.asarray([i for i in ops_a for _ in allocs[i]], dtype=np.int64)     # op index, bytes of each event
+    ab = np.asarray([b for i in ops_a for _, b in allocs[i]], dtype=float)
+    fi = np.asarray([i for i in ops_f for _ in frees[i]], dtype=np.int64)
+    fb = np.asarray([b for i in ops_f for _, b in frees[i]], dtype=float)
+    return ai, ab, fi, fb, ops_a, ops_f
+
+
+def _memory_events(result, rank: int, categories: bool, structure: tuple | None = None):
+    """``memory_events`` (categories: None unless asked); ``structure``: the rank's ``_memory_structure``."""
+    prog = result.programs.ops[rank]
+    ai, ab, fi, fb, ops_a, ops_f = _memory_structure(prog) if structure is None else structure
+    if not len(ai) and not len(fi):
         return np.zeros(0), np.zeros(0), []
-    st = np.asarray(result.start_s[rank], dtype=float)[np.asarray(ai, dtype=np.int64)]
-    en = np.asarray(result.end_s[rank], dtype=float)[np.asarray(fi, dtype=np.int64)]
+    st = np.asarray(result.start_s[rank], dtype=float)[ai]
+    en = np.asarray(result.end_s[rank], dtype=float)[fi]
     ok_a, ok_f = ~np.isnan(st), ~np.isnan(en)              # ops that started / ended
     times = np.concatenate((st[ok_a], en[ok_f]))
     if not len(times):
         return np.zeros(0), np.zeros(0), []
-    deltas = np.concatenate((np.asarray(ab, dtype=float)[ok_a], -np.asarray(fb, dtype=float)[ok_f]))
+    deltas = np.concatenate((ab[ok_a], -fb[ok_f]))
     n_a = int(np.count_nonzero(ok_a))
     order = np.zeros(len(times), dtype=np.int64)
     order[:n_a] = 1
@@ -208,8 +234,8 @@ def _memory_events(result, rank: int, categories: bool):
     idx = np.lexsort((order, times))
     if not categories:
         return times[idx], deltas[idx], None
-    cats = list(compress([c for i in ops_a for c, _ in allocs[i]], ok_a.tolist())) + \
-        list(compress([c for i in ops_f for c, _ in frees[i]], ok_f.tolist()))
+    cats = list(compress([c for i in ops_a for c, _ in prog[i].alloc], ok_a.tolist())) + \
+        list(compress([c for i in ops_f for c, _ in prog[i].free], ok_f.tolist()))
     return times[idx], deltas[idx], list(map(cats.__getitem__, idx.tolist()))
 
 
@@ -221,8 +247,12 @@ def memory_events(result, rank: int):
 
 def peak_memory(result, rank: int) -> float:
     """Static memory plus the highest level reached by the rank's alloc/free events (bytes)."""
+    return _peak(result, rank, None)
+
+
+def _peak(result, rank: int, structure: tuple | None) -> float:
     static = sum(result.programs.static_memory.get(rank, {}).values())
-    _, deltas, _ = _memory_events(result, rank, False)
+    _, deltas, _ = _memory_events(result, rank, False, structure)
     if len(deltas) == 0:
         return float(static)
     return float(static + max(0.0, np.max(np.cumsum(deltas))))
@@ -237,7 +267,8 @@ def compute_metrics(result, per_rank: bool = True) -> Metrics:
     # once for every rank: NaN times of ops that never ran; the cyclic collector paused (the per-rank
     # arrays and lists make no cycles, and at 16k ranks its collections walk the millions of ops again)
     with np.errstate(invalid="ignore"), no_gc():
-        rms = [rank_metrics(result, r, T, codes) for r in ranks]
+        shared: dict = {}
+        rms = [rank_metrics(result, r, T, codes, shared) for r in ranks]
     weights = np.array([rm.represents for rm in rms], dtype=float)
     W = weights.sum()
     cost = result.cost_model

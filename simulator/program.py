@@ -184,6 +184,12 @@ class Programs:
     static_memory  rank -> {category: bytes} resident for the whole step (parameters, optimizer ...).
     tokens_per_step, model_flops_per_step: for tokens/s and MFU (whole job, model FLOPs without
                    recomputation).
+    templates      optional rank -> template key, a promise of whoever built the programs: ranks with one key
+                   have programs alike op by op in every field but their groups and peers (each group of the
+                   same family; a rank holds one group per family), which stand in the same relation to each
+                   rank. The engine and the metrics then work out once per template what does not depend on
+                   groups and peers (schedules.build_programs fills it, class refinement keeps it; None: no
+                   promise).
     """
 
     world_size: int
@@ -194,6 +200,7 @@ class Programs:
     tokens_per_step: float = 0.0
     model_flops_per_step: float = 0.0
     meta: dict = field(default_factory=dict)
+    templates: dict[int, object] | None = None
 
     # ------------------------------------------------------------------ groups
     def add_group(self, ranks: Iterable[int], family: str = "custom") -> int:

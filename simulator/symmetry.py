@@ -136,7 +136,7 @@ def refine_classes(programs: Programs, cost, max_rounds: int = 64) -> Refinement
     reasons = {r: sig.reason(r, colour) for r, n in splits.items() if n > 1}
     new = Programs(world_size=programs.world_size, ops={}, groups=programs.groups, classes={},
                    tokens_per_step=programs.tokens_per_step, model_flops_per_step=programs.model_flops_per_step,
-                   meta=dict(programs.meta))
+                   meta=dict(programs.meta), templates=None if programs.templates is None else {})
     if "_group_index" in programs.__dict__:
         new.__dict__["_group_index"] = programs.__dict__["_group_index"]
     clones: dict = {}
@@ -145,6 +145,8 @@ def refine_classes(programs: Programs, cost, max_rounds: int = 64) -> Refinement
             old = coarse_of[members[0]]
             rep = old if old in members else members[0]
             new.ops[rep] = programs.ops[old] if rep == old else sig.reinstantiate(old, rep, clones)
+            if programs.templates is not None and old in programs.templates:
+                new.templates[rep] = programs.templates[old]    # groups and peers resolved alike for rep
             new.classes[rep] = tuple(members)
             if old in programs.static_memory:
                 new.static_memory[rep] = dict(programs.static_memory[old])

@@ -11,7 +11,7 @@ from schedules.models import custom_model
 from schedules.plan import ParallelPlan
 from simulator.engine import Engine
 from simulator.errors import DeadlockError
-from simulator.program import Programs, collective, compute, send, recv
+from simulator.program import Programs, collective, compute, recv, send, validate
 from simulator.symmetry import refine_classes
 from topologies import load_cluster
 from topologies.cost import ClusterCostModel
@@ -88,15 +88,17 @@ def tp_like_programs(draw):
                 prog.append(collective(f"tp{e}.{k}", draw(st.sampled_from(["all_reduce", "all_gather"])), own[r],
                                        draw(sizes), stream="compute",
                                        duration_s=draw(st.sampled_from([None, None, 2e-5]))))
-        elif kind == "shared":
+        elif kind == "shared":          # the members agree on its size (validate's rule)
+            size = draw(sizes)
             for r in range(n):
-                progs.ops[r].append(collective(f"dp{e}", "all_reduce", shared, draw(sizes), stream="dp",
+                progs.ops[r].append(collective(f"dp{e}", "all_reduce", shared, size, stream="dp",
                                                deps=(len(progs.ops[r]) - 1,) if progs.ops[r] else ()))
         else:
             a, b = draw(st.lists(st.integers(0, n - 1), min_size=2, max_size=2, unique=True))
-            progs.ops[a].append(send(f"s{e}", b, draw(sizes), stream="pp",
+            size = draw(sizes)
+            progs.ops[a].append(send(f"s{e}", b, size, stream="pp",
                                      deps=(len(progs.ops[a]) - 1,) if progs.ops[a] else ()))
-            progs.ops[b].append(recv(f"r{e}", a, draw(sizes), stream="pp"))
+            progs.ops[b].append(recv(f"r{e}", a, size, stream="pp"))
     return progs
 
 
@@ -106,6 +108,7 @@ CLUSTER = load_cluster("dgx-h100", 16)
 @settings(max_examples=150, deadline=None)
 @given(tp_like_programs(), st.sampled_from(["analytical", "flow"]))
 def test_chained_collectives_equal_unchained_to_the_last_bit(progs, network):
+    validate(progs)                 # valid programs: their members agree on every collective
     chained = _same(progs, lambda: ClusterCostModel(CLUSTER, network=network))
     event(f"{network}: chained {chained}")
 

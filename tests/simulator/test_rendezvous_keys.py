@@ -5,10 +5,12 @@ sync ids and p2p pair ids assigned in the same order, and the same distinct comm
 fixed-channel scan (stream, first rank, op; None as stream once two streams issue one, with the last op)."""
 from collections import defaultdict
 
+import pytest
 from hypothesis import given, settings
 
+from schedules import build_programs
 from simulator.engine import Engine
-from simulator.program import COLLECTIVE, RECV, SEND, SyncTable
+from simulator.program import COLLECTIVE, RECV, SEND, Programs, SyncTable, compute, recv, send
 from tests.simulator.test_engine_fast_paths import CLUSTER, Costs, programs
 
 
@@ -89,3 +91,61 @@ def test_class_mode_programs_of_an_uneven_placement():
     _, _, _, cost, _, progs, _, _, _ = _setup(exp, False, False, None)
     assert progs.classes is not None and len(progs.ops) > 7      # 7 stages split by placement (14 classes)
     _check(Scanning(progs, cost))
+
+
+def _without_templates(progs):
+    from dataclasses import replace
+    return replace(progs, templates=None)
+
+
+def _same_set_up(progs, cost):
+    """The set-up shared per template equals the op-by-op one: keys, ids, channels (order included) and the
+    targeted ops, streams and compute streams of every rank; and both follow the per-op rules."""
+    fast, slow = Scanning(progs, cost), Scanning(_without_templates(progs), cost)
+    _check(fast)
+    assert fast.rv_keys == slow.rv_keys and fast.p2p_pairs == slow.p2p_pairs and fast.needed == slow.needed
+    assert fast.targeted == slow.targeted and fast._compute_streams == slow._compute_streams
+    assert {r: {k: list(v) for k, v in s.items()} for r, s in fast._streams.items()} == \
+        {r: {k: list(v) for k, v in s.items()} for r, s in slow._streams.items()}
+    if fast._scan:
+        assert [(ch, s, r, id(op)) for ch, (s, r, op) in fast.gathered.items()] == \
+            [(ch, s, r, id(op)) for ch, (s, r, op) in slow.gathered.items()]
+    assert not slow.templated
+    assert fast.run().step_time_s == slow.run().step_time_s
+    return fast
+
+
+@pytest.mark.parametrize("plan, network", [
+    (dict(tp=2, pp=4, dp=2, schedule="interleaved", virtual_stages=2, zero=1), "flow"),
+    (dict(tp=2, pp=2, dp=4, schedule="1f1b", fsdp=True), "flow"),            # next and prev stage are one rank
+    (dict(tp=2, pp=2, dp=2, cp=2, schedule="zb", sp=True), "analytical"),
+    (dict(tp=1, pp=2, dp=8, ep=4, schedule="1f1b", moe=True), "flow"),
+])
+def test_ranks_of_one_template_share_their_set_up(plan, network):
+    from schedules.models import custom_model
+    from schedules.plan import ParallelPlan
+    from topologies import load_cluster
+    from topologies.cost import ClusterCostModel
+    moe = plan.pop("moe", False)
+    model = custom_model(layers=8, hidden=256, heads=8, vocab=4000, **(dict(experts=8, top_k=2) if moe else {}))
+    p = ParallelPlan(global_batch=8 * plan["dp"], seq=256, **plan)
+    progs = build_programs(model, p, p.world_size, symmetric=False)
+    assert progs.templates and len(set(progs.templates.values())) < len(progs.ops)
+    cluster = load_cluster("dgx-h100", p.world_size, gpus_per_node=4, leaf_down=3, rail_optimised=False)
+    fast = _same_set_up(progs, ClusterCostModel(cluster, network=network))
+    assert len(fast.templated) == len(progs.ops) - len(set(progs.templates.values()))
+
+
+def test_a_rank_unlike_its_template_takes_the_op_by_op_path():
+    """A broken promise is caught where it shows: rank 2 claims rank 0's template, but its two sends go to one
+    peer (rank 0's went to two), so its two slots would share one pair; rank 3's program is longer."""
+    progs = Programs(world_size=16, ops={})
+    a, b = send("a", 1, 1e6), send("b", 3, 1e6)
+    progs.ops[0] = [a, b]
+    progs.ops[1] = [recv("a", 0, 1e6)]
+    progs.ops[2] = [send("a", 1, 1e6), send("b", 1, 1e6)]
+    progs.ops[1] += [recv("a", 2, 1e6), recv("b", 2, 1e6)]
+    progs.ops[3] = [recv("b", 0, 1e6), send("x", 4, 1e6), compute("c")]
+    progs.ops[4] = [recv("x", 3, 1e6)]
+    progs.templates = {0: "t", 2: "t", 3: "t"}
+    assert not _same_set_up(progs, Costs(CLUSTER, network="flow")).templated
