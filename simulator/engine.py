@@ -231,22 +231,36 @@ class Engine:
     def _durations(self) -> None:
         """Write the duration of each compute op without deps into its ``end`` slot, where the streams read it
         (an op's end is written only when it ends; ``_run`` puts NaN back in the slots of ops that never end),
-        for the ranks whose op objects are their own: the run then reaches those ops without reading the
-        objects, which at scale sit scattered in memory, while here they are read in program order. Ranks
-        instantiated from a template another rank already holds (generated programs share their ops) skip it:
-        their ops are shared and stay in cache during the run."""
+        in set-up, in program order: the run then reaches those ops without reading their objects or asking
+        the cost model. Ranks of one template (``Programs.templates``) on one kind of device
+        (``cost.device_key``: ranks that compute alike) copy one array of them, worked out once."""
         compute_time = self.cost.compute_time_s
-        seen: set[int] = set()
+        templates = self.p.templates or {}
+        device_key = getattr(self.cost, "device_key", None)
+        made: dict = {}
+        seen: set[int] = set()          # first compute ops of the programs without a template, written
         for rank, prog in self.p.ops.items():
-            first = next((op for op in prog if op.kind == COMPUTE), None)
-            if first is None or id(first) in seen:
-                continue
-            seen.add(id(first))
-            e = self.end[rank]
-            for i, op in enumerate(prog):
-                if op.kind == COMPUTE and not op.deps:
-                    d = op.duration_s
-                    e[i] = compute_time(rank, op) if d is None else d
+            tkey = templates.get(rank)
+            key = (tkey, device_key(rank), len(prog)) if tkey is not None and device_key is not None else None
+            durations = made.get(key) if key is not None else None
+            if key is None:
+                # ranks instantiated from ops another rank already holds (shared objects: in cache during the
+                # run) are left to the run, as are programs without compute ops
+                first = next((op for op in prog if op.kind == COMPUTE), None)
+                if first is None or id(first) in seen:
+                    continue
+                seen.add(id(first))
+            if durations is None:
+                durations = array("d", self.end[rank])
+                for i, op in enumerate(prog):
+                    if op.kind == COMPUTE and not op.deps:
+                        d = op.duration_s
+                        durations[i] = compute_time(rank, op) if d is None else d
+                if key is not None:
+                    made[key] = durations
+                self.end[rank] = durations if key is None else array("d", durations)
+            else:
+                self.end[rank] = array("d", durations)
 
     # ------------------------------------------------------------------ helpers
     def _rendezvous_keys(self) -> dict[int, list]:

@@ -327,10 +327,16 @@ def _validate(programs: Programs) -> None:
     # a program checked before (found by its last op or its length) passed already; no set of every op
     seen_last: dict[int, list] = {}
     seen_len: dict[int, list] = {}
+    templates = programs.templates if isinstance(programs.templates, dict) else {}
+    graph_of: dict = {}         # template key -> length of the program whose deps and streams passed
     for rank, prog in programs.ops.items():
         if not isinstance(prog, list):
             raise ProgramError(f"rank {rank}: a program must be a list of Op objects")
-        _check_rank_graph(rank, prog)
+        tkey = templates.get(rank)
+        if tkey is None or graph_of.get(tkey) != len(prog):
+            _check_rank_graph(rank, prog)       # (ranks of one template share their deps and streams)
+            if tkey is not None:
+                graph_of.setdefault(tkey, len(prog))
         n_ops = len(prog)
         before = (seen_last.get(id(prog[-1])) or seen_len.get(n_ops)) if n_ops else None
         if before is not None and len(before) != n_ops:

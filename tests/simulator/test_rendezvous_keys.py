@@ -149,3 +149,27 @@ def test_a_rank_unlike_its_template_takes_the_op_by_op_path():
     progs.ops[4] = [recv("x", 3, 1e6)]
     progs.templates = {0: "t", 2: "t", 3: "t"}
     assert not _same_set_up(progs, Costs(CLUSTER, network="flow")).templated
+
+
+@pytest.mark.parametrize("faults", [dict(stragglers={3: 1.3, 9: 1.1}), dict(jitter=0.05)])
+def test_durations_shared_per_template_follow_each_ranks_device(faults):
+    """Compute durations are worked out once per template and kind of device (``cost.device_key``): a
+    straggler's (its factor in its key) and every rank's under jitter (the rank in its key) stay its own;
+    every op's times equal the run without templates."""
+    from array import array
+
+    from schedules.models import custom_model
+    from schedules.plan import ParallelPlan
+    from topologies import load_cluster
+    from topologies.cost import ClusterCostModel
+    from topologies.faults import FaultSpec, apply_faults
+    p = ParallelPlan(tp=2, pp=2, dp=4, global_batch=8, seq=256, schedule="1f1b", zero=1)
+    cluster = load_cluster("dgx-h100", p.world_size)
+    progs = build_programs(custom_model(layers=4, hidden=256, heads=8, vocab=4000), p, p.world_size, symmetric=False)
+    cost, _ = apply_faults(ClusterCostModel(cluster, network="flow"), cluster, FaultSpec(**faults), p.world_size)
+    if hasattr(cost, "bind"):
+        cost = cost.bind(progs)
+    a, b = Engine(progs, cost).run(), Engine(_without_templates(progs), cost).run()
+    assert {r: array("d", e).tobytes() for r, e in a.end_s.items()} == \
+        {r: array("d", e).tobytes() for r, e in b.end_s.items()}
+    assert a.end_s[3][-1] != a.end_s[2][-1] or faults.get("jitter")
