@@ -219,7 +219,6 @@ class Engine:
             # (end, share, start) of each communication holding the rank's SMs; those not yet charged as debt
             self.comm_busy: dict[int, list[tuple[float, float, float]]] = {r: [] for r in programs.ops}
             self._fresh: dict[int, list[tuple[float, float, float]]] = {r: [] for r in programs.ops}
-            self.sm_debt = dict.fromkeys(programs.ops, 0.0)       # seconds owed by the next compute op
             self.compute_end = dict.fromkeys(programs.ops, 0.0)   # latest end of the rank's compute ops so far
             self._share_cache: dict = {}
         if self._scan:
@@ -242,7 +241,6 @@ class Engine:
         for rank, prog in self.p.ops.items():
             tkey = templates.get(rank)
             key = (tkey, device_key(rank), len(prog)) if tkey is not None and device_key is not None else None
-            durations = made.get(key) if key is not None else None
             if key is None:
                 # ranks instantiated from ops another rank already holds (shared objects: in cache during the
                 # run) are left to the run, as are programs without compute ops
@@ -250,15 +248,15 @@ class Engine:
                 if first is None or id(first) in seen:
                     continue
                 seen.add(id(first))
+            durations = made.get(key)
             if durations is None:
-                durations = array("d", self.end[rank])
+                durations = self.end[rank]
                 for i, op in enumerate(prog):
                     if op.kind == COMPUTE and not op.deps:
                         d = op.duration_s
                         durations[i] = compute_time(rank, op) if d is None else d
                 if key is not None:
-                    made[key] = durations
-                self.end[rank] = durations if key is None else array("d", durations)
+                    made[key] = array("d", durations)       # the template's own copy
             else:
                 self.end[rank] = array("d", durations)
 
@@ -652,21 +650,14 @@ class Engine:
         instant count as started after every compute op of the instant: they run beside this one, but its
         time was fixed at its start (see the module doc)."""
         now = self.env._now
-        extra = self.sm_debt[rank]
-        self.sm_debt[rank] = 0.0
+        extra = 0.0
         ce = self.compute_end[rank]
         fresh = self._fresh[rank]
-        if fresh:
-            keep = None
+        if fresh:                           # the debt of the communications not yet charged
             for end, f, s in fresh:
-                if s < now:
-                    if ce > s:
-                        extra += f * ((ce if ce < end else end) - s)
-                elif keep is None:
-                    keep = [(end, f, s)]
-                else:
-                    keep.append((end, f, s))
-            self._fresh[rank] = keep if keep is not None else []
+                if s < now and ce > s:
+                    extra += f * ((ce if ce < end else end) - s)
+            self._fresh[rank] = [x for x in fresh if x[2] >= now]     # those of this instant wait
         busy = self.comm_busy[rank]
         if busy:
             stop, ended = t + dur, False
