@@ -11,6 +11,12 @@ bundles keep their rate and the rest go on. A bundle finishes when ``integral of
 recomputed when bundles start or end, only over the connected components of bundles sharing links with
 them (max-min allocations decompose over components). A bundle that starts while nothing else is active on
 any of its links is a component of its own: it gets its solo rate at once (no re-solve, nothing else changes).
+Who shares links is indexed two ways, by the shape of the communication (its *spec*). A narrow spec (a
+transfer or a small collective: few links) is looked up on its links among the *active* specs (``_on_link``),
+so starting, ending or finding a component costs its few links and what is active on them, not the hundreds
+of transfers that ever used a spine link at 16k GPUs. A wide spec (symmetric images, a collective across
+many nodes: thousands of links, few neighbours) keeps the set of specs sharing a link with it and a count of
+the active ones, as every narrow spec does of its wide neighbours.
 
 Two bundles that want all of one link therefore get half of it each; a bundle alone finishes in exactly
 its analytical time T. Approximation: a bundle's phases and latency are smeared into one average demand
@@ -95,9 +101,10 @@ class FlowNetwork:
     """Max-min fair fluid network over a cost model's link table (``capacity``: effective bytes/s per
     directed link). ``bundle_of(request) -> (T, link ids, bytes per link)`` comes from the cost model."""
 
+    wide_links = 64           # a spec with more links is indexed by its neighbours, one with fewer by its links
+    stop_early = True         # scans of a wide spec's neighbours stop once every active one is met (same order)
     solo_shortcut = True      # a bundle starting alone on its links takes its solo rate without a re-solve
     memo_rates = True         # a component solved before (the same specs in the same order) reuses its rates
-    stop_early = True         # scans of a spec's neighbours stop once every active one is met (same order)
     canonical_order = True    # a component is solved with its bundles in the order of their spec ids
 
     def __init__(self, capacity, bundle_of, lazy: bool = True):
@@ -106,16 +113,19 @@ class FlowNetwork:
         self._bundle_of = bundle_of
         self.lazy = lazy
         self.active: dict[Hashable, _Bundle] = {}
-        # Who shares links, kept per *spec* (a cost model hands out one BundleSpec per distinct
-        # communication, reused by every start of it): a spec's links are indexed once, not at every start
-        # and finish, so a communication with thousands of links (symmetric images) costs O(1) to start.
+        # Bundles are grouped per *spec* (a cost model hands out one BundleSpec per distinct communication,
+        # reused by every start of it); who shares links is indexed by link (narrow specs) or by neighbour (wide
+        # ones): see the module's docstring.
         self._spec_id: dict[int, int] = {}       # id(spec) -> spec id
         self._specs: list = []                   # spec id -> the spec (kept alive: its id() stays unique)
         self._spec_keys: list[set] = []          # spec id -> keys of its active bundles
-        self._spec_nbrs: list[set] = []          # spec id -> spec ids sharing a link with it
-        self._busy_nbrs: list[int] = []          # spec id -> how many of those have active bundles
         self._solo: list = []                    # spec id -> its rate when alone (computed on first use)
-        self._link_specs: dict[int, set] = {}    # link -> spec ids using it
+        self._wide: list[bool] = []              # spec id -> more than wide_links links
+        self._nbrs: list[set] = []               # spec id -> wide: the specs sharing a link; narrow: the wide ones
+        self._busy: list[int] = []               # spec id -> how many of those have active bundles
+        self._link_specs: dict[int, set] = {}    # link -> ids of the specs using it
+        self._link_wide: dict[int, set] = {}     # link -> ids of the wide specs using it
+        self._on_link: dict[int, set] = {}       # link -> ids of the narrow specs with active bundles on it
         self._owned: set = set()                 # spec ids built here from tuples: forgotten when idle
         self._heap: list = []
         self._seq = 0
@@ -155,9 +165,7 @@ class FlowNetwork:
             b.spec = sid
             keys = self._spec_keys[sid]
             if not keys:
-                if self._spec_nbrs[sid]:
-                    self._activate(sid, 1)
-                if not self._busy_nbrs[sid] and self.solo_shortcut:
+                if self._activate(sid) and self.solo_shortcut:
                     # alone on all its links: a component of its own, whose max-min rate is its solo rate
                     keys.add(key)
                     y = self._solo[sid]
@@ -255,18 +263,10 @@ class FlowNetwork:
             mine.discard(key)
             if mine:
                 dirty.update(mine)
-            elif self._spec_nbrs[sid]:
-                self._activate(sid, -1)
-            left = self._busy_nbrs[sid]     # active neighbours: their bundles speed up (stop once all are met)
-            if left:
-                if not self.stop_early:
-                    left = -1
-                for t in self._spec_nbrs[sid]:
-                    if keys[t]:
-                        dirty.update(keys[t])
-                        left -= 1
-                        if not left:
-                            break
+            else:
+                self._deactivate(sid)
+            for t in self._active_nbrs(sid):        # the active bundles sharing its links speed up
+                dirty.update(keys[t])
             if not mine and sid in self._owned:
                 self._forget(sid)
         if not self.lazy:
@@ -305,11 +305,62 @@ class FlowNetwork:
         self._seq += 1
         heapq.heappush(self._heap, (b.completion(), self._seq, b.key, b.version))
 
-    def _activate(self, sid: int, step: int) -> None:
-        """Spec ``sid`` got its first active bundle (step 1) or lost its last (-1): tell its neighbours."""
-        busy = self._busy_nbrs
-        for t in self._spec_nbrs[sid]:
-            busy[t] += step
+    def _activate(self, sid: int) -> bool:
+        """Spec ``sid`` gets its first active bundle: count it in its wide neighbours (a wide spec: in all its
+        neighbours), enter it on its links (narrow). Returns whether it is alone on its links."""
+        busy = self._busy
+        alone = not busy[sid]
+        for t in self._nbrs[sid]:
+            busy[t] += 1
+        if not self._wide[sid]:
+            on_link = self._on_link
+            for l in self._specs[sid].link_list:
+                on = on_link.get(l)
+                if on is None:
+                    on_link[l] = {sid}
+                else:
+                    if on:
+                        alone = False
+                    on.add(sid)
+        return alone
+
+    def _deactivate(self, sid: int) -> None:
+        """Spec ``sid`` lost its last active bundle: undo ``_activate``."""
+        busy = self._busy
+        for t in self._nbrs[sid]:
+            busy[t] -= 1
+        if not self._wide[sid]:
+            on_link = self._on_link
+            for l in self._specs[sid].link_list:
+                on_link[l].discard(sid)
+
+    def _active_nbrs(self, sid: int):
+        """The other specs with active bundles on ``sid``'s links: a narrow spec finds the narrow ones on its
+        links and counts off its wide neighbours; a wide spec counts off all its neighbours (scans stop once
+        every active one is met)."""
+        keys = self._spec_keys
+        left = self._busy[sid]
+        if self._wide[sid]:
+            out = []
+        else:
+            out = set()
+            on_link = self._on_link
+            for l in self._specs[sid].link_list:
+                on = on_link.get(l)
+                if on:
+                    out.update(on)
+            out.discard(sid)
+        if left:
+            if not self.stop_early:
+                left = -1
+            add = out.append if self._wide[sid] else out.add
+            for t in self._nbrs[sid]:
+                if keys[t]:
+                    add(t)
+                    left -= 1
+                    if not left:
+                        break
+        return out
 
     def _solo_rate(self, sid: int) -> float:
         """Rate of spec ``sid``'s bundle alone on its links (what ``max_min_rates`` gives one bundle)."""
@@ -324,7 +375,7 @@ class FlowNetwork:
         return max_min_rates([spec.links], [spec.demand], self.capacity, [spec.ref])[0].item()
 
     def _register(self, spec: BundleSpec, owned: bool) -> int:
-        """The spec id of ``spec``, indexing its links (and the specs it shares them with) on first use."""
+        """The spec id of ``spec`` (a new one on first use)."""
         sid = self._spec_id.get(id(spec))
         if sid is not None:
             return sid
@@ -333,37 +384,51 @@ class FlowNetwork:
         sid = self._spec_id[id(spec)] = len(self._specs)
         self._specs.append(spec)
         self._spec_keys.append(set())
-        nbrs = set()
-        self._spec_nbrs.append(nbrs)
         self._solo.append(None)
-        link_specs = self._link_specs
-        for l in spec.link_list:
+        links = spec.link_list
+        wide = len(links) > self.wide_links
+        link_specs, link_wide = self._link_specs, self._link_wide
+        nbrs = set()            # wide: every spec sharing a link; narrow: the wide ones
+        for l in links:
             on = link_specs.get(l)
             if on is None:
-                link_specs[l] = {sid}
-            elif sid not in on:
+                on = link_specs[l] = set()
+            if wide:
                 nbrs.update(on)
-                on.add(sid)
+                w = link_wide.get(l)
+                if w is None:
+                    link_wide[l] = {sid}
+                else:
+                    w.add(sid)
+            else:
+                w = link_wide.get(l)
+                if w:
+                    nbrs.update(w)
+            on.add(sid)
+        nbrs.discard(sid)
+        for t in nbrs:          # a wide neighbour learns of every spec, a narrow one of the wide ones
+            self._nbrs[t].add(sid)
         keys = self._spec_keys
-        for t in nbrs:
-            self._spec_nbrs[t].add(sid)
-        self._busy_nbrs.append(sum(1 for t in nbrs if keys[t]))
+        self._wide.append(wide)
+        self._nbrs.append(nbrs)
+        self._busy.append(sum(1 for t in nbrs if keys[t]))
         if owned:
             self._owned.add(sid)
         return sid
 
     def _forget(self, sid: int) -> None:
-        """Drop an idle spec's link index (specs built here from tuples are not reused)."""
+        """Drop an idle spec and its link index (specs built here from tuples are not reused)."""
         spec = self._specs[sid]
-        for l in spec.link_list:
-            on = self._link_specs.get(l)
-            if on is not None:
-                on.discard(sid)
-                if not on:
-                    del self._link_specs[l]
-        for t in self._spec_nbrs[sid]:
-            self._spec_nbrs[t].discard(sid)
-        self._spec_nbrs[sid] = self._spec_keys[sid] = self._solo[sid] = None
+        for index in (self._link_specs, self._link_wide):
+            for l in spec.link_list:
+                on = index.get(l)
+                if on is not None:
+                    on.discard(sid)
+                    if not on:
+                        del index[l]
+        for t in self._nbrs[sid]:
+            self._nbrs[t].discard(sid)
+        self._nbrs[sid] = self._spec_keys[sid] = self._solo[sid] = None
         del self._spec_id[id(spec)]
         self._specs[sid] = None
         self._owned.discard(sid)
@@ -380,26 +445,15 @@ class FlowNetwork:
         seen = set(seeds)
         active = self.active
         keys = self._spec_keys
-        nbrs = self._spec_nbrs
         stack = list({active[k].spec for k in seeds if active[k].spec is not None})
         seen_specs = set(stack)
-        busy = self._busy_nbrs
-        stop_early = self.stop_early
         while stack:
             sid = stack.pop()
             seen.update(keys[sid])
-            left = busy[sid]            # how many of its neighbours are active: stop once all are met
-            if left:
-                if not stop_early:
-                    left = -1
-                for t in nbrs[sid]:
-                    if keys[t]:
-                        if t not in seen_specs:
-                            seen_specs.add(t)
-                            stack.append(t)
-                        left -= 1
-                        if not left:
-                            break
+            for t in self._active_nbrs(sid):
+                if t not in seen_specs:
+                    seen_specs.add(t)
+                    stack.append(t)
         return list(seen)
 
     def _resolve(self, keys, now_s: float) -> None:

@@ -4,8 +4,8 @@ Fast paths (issue 15, third round): the engine's own event loop on a calendar qu
 a heap of instants) instead of SimPy's ``Environment.run`` / ``schedule`` on its heap of events; a network
 wake-up reusing the settled network's last answer and running the communications that end then at once
 when nothing is queued before them; the flow network's rates
-remembered per component (by its bundles' specs, in order) instead of solved again, and scans of a spec's
-neighbours (a component's search, a finish waking the others) stopping once every active one is met. The
+remembered per component (by its bundles' specs, in order) instead of solved again, and scans of a wide
+spec's neighbours (a component's search, a finish waking the others) stopping once every active one is met. The
 general paths are what ``ReferenceEngine`` and ``SolvingNetwork`` run. Random programs on two nodes of a
 flow-network cluster (NVLink alone or shared, NICs shared by cross-node groups and transfers, SMs held by
 communication), with durations and sizes from small sets so that many events share an instant, must give
@@ -39,7 +39,7 @@ class ReferenceEngine(Engine):
 
 
 class SolvingNetwork(FlowNetwork):
-    """Every component solved again; every neighbour of a spec scanned."""
+    """Every component solved again; every neighbour of a wide spec scanned."""
 
     memo_rates = False
     stop_early = False

@@ -223,9 +223,11 @@ def test_contention_only_slows_and_lazy_equals_eager(items):
 @settings(max_examples=25, deadline=None)
 @given(st.data())
 def test_spec_index_equals_whole_network_reference(data):
-    """The link-sharing index kept per BundleSpec (reused specs, and specs built from tuples and forgotten
-    when idle) gives the finish times of a reference that recomputes every active bundle together at each
-    event (max-min allocations decompose over components, so only rounding may differ)."""
+    """The link-sharing index (reused specs, and specs built from tuples and forgotten when idle) gives the
+    finish times of a reference that recomputes every active bundle together at each event (max-min
+    allocations decompose over components, so only rounding may differ); narrow specs (looked up on their
+    links among the active ones), wide ones (keeping their neighbours and a count of the active ones) and any
+    mix of the two give the same times to the last bit."""
     from topologies.flow import BundleSpec, FlowNetwork
     n_links = data.draw(st.integers(2, 6))
     cap = np.array(data.draw(st.lists(st.floats(1.0, 10.0), min_size=n_links, max_size=n_links)))
@@ -246,6 +248,12 @@ def test_spec_index_equals_whole_network_reference(data):
     owned = drive(FlowNetwork(cap, lambda i: tuple(specs[i])), starts)
     whole = drive(WholeNetwork(cap, lambda i: specs[i]), starts)
     assert cached == owned
+    for wide in (0, 1, 2):              # every spec wide; those of 2-3 links; those of 3
+        class Mixed(FlowNetwork):
+            wide_links = wide
+
+        assert drive(Mixed(cap, lambda i: specs[i]), starts) == cached
+        assert drive(Mixed(cap, lambda i: tuple(specs[i])), starts) == cached
     for k, t in whole.items():
         assert cached[k] == pytest.approx(t, rel=1e-9, abs=1e-12)
 
