@@ -878,6 +878,8 @@ class Engine:
         solo_time = self._solo_time
         contention = self.contention
         chains = self._chains
+        alone = 1 in needed         # some collective is met by one simulated rank (else no op is tried for it)
+        fixed_alone = alone and bool(fixed)
 
         def for_rank(rank: int) -> Callable:
             prog = self.p.ops[rank]
@@ -888,7 +890,7 @@ class Engine:
             is_finished = finished.__getitem__
             fail_t = self.fail_at.get(rank, math.inf)
             coalesce = fail_t == math.inf
-            solo_ok = coalesce and not contention
+            solo_ok = coalesce and not contention and alone
 
             def for_stream(idxs: Sequence[int], stream: str) -> Callable:
                 hold = held and self._overlaps_compute(rank, stream)     # this stream's communications hold SMs
@@ -902,7 +904,7 @@ class Engine:
                 # each: every member of the group is represented here, and the time is the analytical one (no
                 # contention) or the closed form of a communication alone on its links (_find_fixed); not where
                 # they hold SMs
-                chain = chains and coalesce and not hold and (solo_ok or bool(fixed))
+                chain = chains and coalesce and not hold and (solo_ok or fixed_alone)
 
                 def follow(i: int, t: float) -> tuple[int, float]:
                     """Op i (not waited for by another op) ends at t: run the collectives that follow it back to back
@@ -1048,7 +1050,7 @@ class Engine:
                                 cur = i
                                 push(t, wake)
                                 return
-                        elif fixed and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1 and op.duration_s is None \
+                        elif fixed_alone and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1 and op.duration_s is None \
                                 and (fx := fixed.get((op.group, op.collective, op.size_bytes))) is not None:
                             # alone in its group and on its links whenever it runs: its closed-form end, no network
                             dur = fx[0]
