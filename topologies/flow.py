@@ -265,8 +265,19 @@ class FlowNetwork:
                 dirty.update(mine)
             else:
                 self._deactivate(sid)
-            for t in self._active_nbrs(sid):        # the active bundles sharing its links speed up
-                dirty.update(keys[t])
+            # the active bundles sharing its links speed up
+            if self._wide[sid]:
+                for t in self._active_wide(sid, self._nbrs[sid]):
+                    dirty.update(keys[t])
+            else:
+                on_link = self._on_link
+                for l in self._specs[sid].link_list:
+                    for t in on_link[l]:
+                        if t != sid:
+                            dirty.update(keys[t])
+                if self._busy[sid]:
+                    for t in self._active_wide(sid, self._nbrs[sid]):
+                        dirty.update(keys[t])
             if not mine and sid in self._owned:
                 self._forget(sid)
         if not self.lazy:
@@ -334,29 +345,16 @@ class FlowNetwork:
             for l in self._specs[sid].link_list:
                 on_link[l].discard(sid)
 
-    def _active_nbrs(self, sid: int):
-        """The other specs with active bundles on ``sid``'s links: a narrow spec finds the narrow ones on its
-        links and counts off its wide neighbours; a wide spec counts off all its neighbours (scans stop once
-        every active one is met)."""
+    def _active_wide(self, sid: int, nbrs) -> list:
+        """The specs of ``nbrs`` (``sid``'s neighbours: all of a wide spec's, a narrow one's wide ones) with active
+        bundles, counted off ``_busy``: the scan stops once every active one is met."""
         keys = self._spec_keys
-        left = self._busy[sid]
-        if self._wide[sid]:
-            out = []
-        else:
-            out = set()
-            on_link = self._on_link
-            for l in self._specs[sid].link_list:
-                on = on_link.get(l)
-                if on:
-                    out.update(on)
-            out.discard(sid)
+        left = self._busy[sid] if self.stop_early else -1
+        out = []
         if left:
-            if not self.stop_early:
-                left = -1
-            add = out.append if self._wide[sid] else out.add
-            for t in self._nbrs[sid]:
+            for t in nbrs:
                 if keys[t]:
-                    add(t)
+                    out.append(t)
                     left -= 1
                     if not left:
                         break
@@ -447,13 +445,21 @@ class FlowNetwork:
         keys = self._spec_keys
         stack = list({active[k].spec for k in seeds if active[k].spec is not None})
         seen_specs = set(stack)
+        wide, nbrs, busy, specs, on_link = self._wide, self._nbrs, self._busy, self._specs, self._on_link
         while stack:
             sid = stack.pop()
             seen.update(keys[sid])
-            for t in self._active_nbrs(sid):
-                if t not in seen_specs:
-                    seen_specs.add(t)
-                    stack.append(t)
+            if not wide[sid]:               # the narrow specs active on its links (itself among them)
+                for l in specs[sid].link_list:
+                    for t in on_link[l]:
+                        if t not in seen_specs:
+                            seen_specs.add(t)
+                            stack.append(t)
+            if busy[sid]:                   # its active wide neighbours (a wide spec: all its active ones)
+                for t in self._active_wide(sid, nbrs[sid]):
+                    if t not in seen_specs:
+                        seen_specs.add(t)
+                        stack.append(t)
         return list(seen)
 
     def _resolve(self, keys, now_s: float) -> None:
