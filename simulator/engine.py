@@ -223,8 +223,10 @@ class Engine:
             self._share_cache: dict = {}
         if self._scan:
             self._find_fixed()
-        # some group is met by one simulated rank alone (symmetric mode: a class holds the group)
-        self._chains = self.chain_comms and 1 in self.needed
+        # some group is met by one simulated rank alone (symmetric mode: a class holds the group); else no
+        # collective is tried for the paths that need no rendezvous
+        self._alone = 1 in self.needed
+        self._chains = self.chain_comms and self._alone
         self._durations()
 
     def _durations(self) -> None:
@@ -363,7 +365,6 @@ class Engine:
         first: dict = {}            # counter key -> index of its first op (the slot)
         slots: dict[int, list[int]] = {}
         scan = self._scan
-        channels = self._channels
         mine: dict = {}             # this rank's channel -> (stream or None, op index)
         for i in comm_idx:
             op = prog[i]
@@ -382,8 +383,7 @@ class Engine:
             if scan and kind != RECV:
                 # what _complete will ask the network for, and the stream that issues it (a send's request is
                 # built from the send side)
-                ch = (op.group, op.collective, op.size_bytes) if kind == COLLECTIVE else \
-                    ((rank, op.peer), op.group, op.size_bytes)
+                ch = self._channel(rank, op)
                 seen = mine.get(ch)
                 if seen is None:
                     mine[ch] = [op.stream, i, i]
@@ -395,6 +395,14 @@ class Engine:
             self._add_channel(ch, stream, rank, prog[i], prog[last])
         plan = (targeted, streams, compute, [(f, at) for f, at in slots.items()], list(mine.values()))
         return keys, plan
+
+    @staticmethod
+    def _channel(rank: int, op) -> tuple:
+        """What ``_complete`` asks the network for when ``rank`` issues ``op`` (a collective, or a send: a
+        transfer's request is built from the send side): (group, kind, size) or ((source, peer), group, size)."""
+        if op.kind == COLLECTIVE:
+            return op.group, op.collective, op.size_bytes
+        return (rank, op.peer), op.group, op.size_bytes
 
     def _add_channel(self, ch, stream, rank: int, first, last) -> None:
         """Channel ``ch`` issued by ``rank`` from ``stream`` (None: from more than one; ``first`` and ``last``: its
@@ -427,9 +435,7 @@ class Engine:
         if self._scan:
             for stream, i, last in chans:
                 op = prog[i]
-                ch = (op.group, op.collective, op.size_bytes) if op.kind == COLLECTIVE else \
-                    ((rank, op.peer), op.group, op.size_bytes)
-                self._add_channel(ch, stream, rank, op, prog[last])
+                self._add_channel(self._channel(rank, op), stream, rank, op, prog[last])
         return keys
 
     def _failures_by_representative(self, failures: dict[int, float]) -> dict[int, float]:
@@ -878,7 +884,7 @@ class Engine:
         solo_time = self._solo_time
         contention = self.contention
         chains = self._chains
-        alone = 1 in needed         # some collective is met by one simulated rank (else no op is tried for it)
+        alone = self._alone
         fixed_alone = alone and bool(fixed)
 
         def for_rank(rank: int) -> Callable:
@@ -1038,10 +1044,10 @@ class Engine:
                             # nobody to wait for (every member is represented by this rank): no rendezvous needed
                             dur = op.duration_s
                             if dur is None:
-                                dur = self._solo_time(op)
+                                dur = solo_time(op)
                             start[i] = now
                             if hold:
-                                self._comm_started((rank,), now, dur, self._share(op))
+                                comm_started((rank,), now, dur, self._share(op))
                             if dur > 0:
                                 t = now + dur
                                 if chain:

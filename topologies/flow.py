@@ -265,19 +265,17 @@ class FlowNetwork:
                 dirty.update(mine)
             else:
                 self._deactivate(sid)
-            # the active bundles sharing its links speed up
-            if self._wide[sid]:
-                for t in self._active_wide(sid, self._nbrs[sid]):
-                    dirty.update(keys[t])
-            else:
+            # the active bundles sharing its links speed up: narrow ones on its links (a narrow spec), the
+            # counted neighbours (a wide spec: all its active ones; a narrow one: its wide ones)
+            if not self._wide[sid]:
                 on_link = self._on_link
                 for l in self._specs[sid].link_list:
                     for t in on_link[l]:
                         if t != sid:
                             dirty.update(keys[t])
-                if self._busy[sid]:
-                    for t in self._active_wide(sid, self._nbrs[sid]):
-                        dirty.update(keys[t])
+            if self._busy[sid]:
+                for t in self._active_wide(sid, self._nbrs[sid]):
+                    dirty.update(keys[t])
             if not mine and sid in self._owned:
                 self._forget(sid)
         if not self.lazy:
