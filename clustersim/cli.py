@@ -135,9 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _one_line(msg: str, limit: int = 400) -> str:
-    line = " ".join(str(msg).split())
-    return line if len(line) <= limit else line[:limit] + "..."
+def _one_line(msg: str, limit: int = 2000) -> str:
+    """``msg`` on one line (its lines joined by " | ", runs of whitespace made one space), cut after ``limit``
+    characters with a note saying how much was left out (a plan's or a deadlock's report can name
+    thousands of ranks; ``--debug`` prints the whole message with its traceback)."""
+    line = " | ".join(part for part in (" ".join(x.split()) for x in str(msg).splitlines()) if part)
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]} ... ({len(line) - limit:,} more characters; --debug prints them)"
 
 
 def _user_error(msg: str) -> int:

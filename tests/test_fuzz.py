@@ -641,6 +641,19 @@ def assert_one_line_error(rc, err, code=2):
     return lines[0]
 
 
+def test_long_errors_keep_their_lines_apart_and_say_what_was_cut():
+    """An unknown preset names every preset (it was cut mid-name at 400 characters); a watchdog report's lines
+    stay apart (" | ") on the one line; a message past the limit says how much it left out."""
+    from clustersim.cli import _one_line
+    from schedules.models import _PRESETS as MODEL_PRESETS
+    rc, _, err = run_cli(["simulate", "--model", "nope"])
+    line = assert_one_line_error(rc, err)
+    assert all(name in line for name in MODEL_PRESETS) and "more characters" not in line
+    assert _one_line("hang:\n  rank 0  waits\n\n  rank 1 waits") == "hang: | rank 0 waits | rank 1 waits"
+    cut = _one_line("x" * 2500)
+    assert cut == "x" * 2000 + " ... (500 more characters; --debug prints them)"
+
+
 _X = '{"ph":"X","cat":"cpu_op","name":"ProfilerStep#1","pid":1,"tid":1,"ts":0,"dur":100}'
 
 
