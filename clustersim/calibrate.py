@@ -26,7 +26,8 @@ def _check_output(path: Path, flag: str, suffixes: tuple[str, ...]) -> None:
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="PNG with every fit against its measured points")
 @click.option("--allow-mixed", is_flag=True,
-              help="use a folder whose files disagree on ranks, steps or manifest (files of different runs)")
+              help="use a folder whose files disagree on ranks, steps or manifest (files of different runs), "
+                   "and fit a collective measured on different devices as one")
 def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None, allow_mixed: bool) -> None:
     """Fit compute efficiency and collective alpha-beta from trace folders/files (TRACE_DIR ...) and
     collective benchmarks (a `clustersim collect --bench collectives` folder or its manifest.json)."""

@@ -18,7 +18,9 @@ collectives  per (kind, backend, group size, scope), time = alpha + size · bus_
              one collective is min(end) - max(start) over its members when all members are in the trace and
              share a clock (a member's duration includes waiting for the others), else the shortest member
              duration; gloo runs FSDP's reduce_scatter as an all_reduce of the whole buffer, so gloo points
-             are filed under what gloo ran (``impl``).
+             are filed under what gloo ran (``impl``). Points measured on different devices are not fitted
+             together (an A100 and a V100 node have different interconnects): a TraceError says so, unless
+             ``allow_mixed``.
 
 ``plot(calibration, path)`` draws every fit against its measured points. Units: seconds, bytes, FLOPs.
 """
@@ -255,6 +257,13 @@ def layer_samples(manifest: dict, where: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _device_set(names) -> str:
+    """The devices a source ran on, as one label (sorted, distinct): collective samples of different labels
+    are not fitted together (``calibrate``)."""
+    found = sorted({str(n) for n in names if n})
+    return ", ".join(found) if found else "unknown"
+
+
 # --------------------------------------------------------------------------------------------- calibrate
 def calibrate(sources, *, min_points: int = 1, allow_mixed: bool = False) -> Calibration:
     """Fit a Calibration from trace files/folders and collective-benchmark manifests (or their folders)."""
@@ -280,6 +289,7 @@ def calibrate(sources, *, min_points: int = 1, allow_mixed: bool = False) -> Cal
         if manifest is not None and manifest.get("mode") == "bench":
             b = bench_samples(manifest, str(src))
             b["source"] = str(src)
+            b["devices"] = _device_set(manifest.get("devices") or [])
             colls.append(b)
             used.append({"path": str(src), "kind": "collective benchmark", "backend": manifest.get("backend"),
                          "devices": sorted(set(manifest.get("devices") or []))})
@@ -297,6 +307,7 @@ def calibrate(sources, *, min_points: int = 1, allow_mixed: bool = False) -> Cal
         gemms.append(g)
         t = transfer_times(trace)
         scope = (manifest or {}).get("scope") or _scope(trace)
+        devices = _device_set(devnames.values() if devnames else [trace.device(r) for r in trace.ranks])
         if not t.empty:
             t = t[t["kind"].isin(["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                                   "reduce"])]
@@ -307,11 +318,11 @@ def calibrate(sources, *, min_points: int = 1, allow_mixed: bool = False) -> Cal
             partial = t[~t["complete"].astype(bool)]
             partial = partial.groupby(cols, dropna=False, as_index=False)["transfer_s"].median()
             colls.append(pd.concat([t.loc[t["complete"].astype(bool), cols + ["transfer_s"]], partial],
-                                   ignore_index=True))
+                                   ignore_index=True).assign(devices=devices))
         p = _p2p_pairs(trace)
         if not p.empty:
-            colls.append(p.assign(kind="p2p", group_size=2, scope=scope)[
-                ["kind", "backend", "group_size", "scope", "size_bytes", "transfer_s"]])
+            colls.append(p.assign(kind="p2p", group_size=2, scope=scope, devices=devices)[
+                ["kind", "backend", "group_size", "scope", "size_bytes", "transfer_s", "devices"]])
         used.append({"path": str(src), "kind": "trace", "ranks": trace.rank_ids, "world_size": trace.world_size,
                      "backend": trace.backend, "devices": sorted({trace.device(r) for r in trace.ranks}),
                      "files": [f.name for f in trace_files(src)][:16],
@@ -341,7 +352,14 @@ def calibrate(sources, *, min_points: int = 1, allow_mixed: bool = False) -> Cal
     if not c.empty:
         c = c.dropna(subset=["size_bytes", "transfer_s"])
         c = c.assign(backend=c["backend"].fillna("unknown"))
+        c = c.assign(devices=c["devices"].fillna("unknown") if "devices" in c else "unknown")
         for (kind, backend, n, scope), d in c.groupby(["kind", "backend", "group_size", "scope"]):
+            kinds_of_device = sorted(d["devices"].unique())
+            if len(kinds_of_device) > 1 and not allow_mixed:
+                raise TraceError(
+                    f"{kind} ({backend}, {int(n)} ranks, {scope}-node) was measured on different devices "
+                    f"({'; '.join(kinds_of_device)}): one fit would mix their interconnects. Calibrate each "
+                    f"device's traces and benchmarks separately, or pass --allow-mixed to fit them together")
             if d["size_bytes"].nunique() >= min_points and n >= 2:
                 try:
                     cal.collectives.append(fit_collective(kind, int(n), scope, backend, d["size_bytes"].to_numpy(),

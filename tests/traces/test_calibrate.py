@@ -95,7 +95,7 @@ def test_complete_collectives_fit_their_mean_partial_ones_their_median(tmp_path,
     assert dict((s, t) for s, t in ar.points) == pytest.approx({1e6: 4e-3, 4e6: 1e-3})
 
 
-def _bench_manifest(path: Path, kinds=("all_reduce", "all_gather", "p2p")) -> Path:
+def _bench_manifest(path: Path, kinds=("all_reduce", "all_gather", "p2p"), devices=("CPU", "CPU")) -> Path:
     rows = []
     for kind in kinds:
         n = 2
@@ -107,8 +107,24 @@ def _bench_manifest(path: Path, kinds=("all_reduce", "all_gather", "p2p")) -> Pa
     path.mkdir(parents=True, exist_ok=True)
     (path / "manifest.json").write_text(json.dumps({
         "format": "clustersim-trace-manifest", "version": 1, "mode": "bench", "backend": "gloo",
-        "world_size": 2, "scope": "intra", "devices": ["CPU", "CPU"], "results": rows}))
+        "world_size": 2, "scope": "intra", "devices": list(devices), "results": rows}))
     return path
+
+
+def test_collectives_of_different_devices_are_not_fitted_together(tmp_path):
+    """Two benchmarks of one collective on different devices would make one fit of two interconnects: a clear
+    error naming both, unless allow_mixed; two runs on the same device fit together."""
+    a = _bench_manifest(tmp_path / "a", kinds=("all_reduce",), devices=("NVIDIA A100-SXM4-80GB",) * 2)
+    b = _bench_manifest(tmp_path / "b", kinds=("all_reduce",), devices=("Tesla V100-SXM2-32GB",) * 2)
+    with pytest.raises(TraceError, match="different devices.*A100.*V100.*--allow-mixed"):
+        calibrate([a, b])
+    mixed = calibrate([a, b], allow_mixed=True)
+    assert len(mixed.collectives) == 1 and len(mixed.collectives[0].points) == 11
+    same = calibrate([a, _bench_manifest(tmp_path / "c", kinds=("all_reduce",), devices=("NVIDIA A100-SXM4-80GB",) * 2)])
+    assert len(same.collectives) == 1
+    # different devices on different collectives are fine (nothing is mixed)
+    other = calibrate([a, _bench_manifest(tmp_path / "d", kinds=("all_gather",), devices=("Tesla V100-SXM2-32GB",) * 2)])
+    assert {c.kind for c in other.collectives} == {"all_reduce", "all_gather"}
 
 
 def test_benchmark_manifest(tmp_path):
