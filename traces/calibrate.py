@@ -354,11 +354,11 @@ def calibrate(sources, *, min_points: int = 1, allow_mixed: bool = False) -> Cal
         c = c.assign(backend=c["backend"].fillna("unknown"))
         c = c.assign(devices=c["devices"].fillna("unknown") if "devices" in c else "unknown")
         for (kind, backend, n, scope), d in c.groupby(["kind", "backend", "group_size", "scope"]):
-            kinds_of_device = sorted(d["devices"].unique())
-            if len(kinds_of_device) > 1 and not allow_mixed:
+            labels = sorted(d["devices"].unique())
+            if len(labels) > 1 and not allow_mixed:
                 raise TraceError(
                     f"{kind} ({backend}, {int(n)} ranks, {scope}-node) was measured on different devices "
-                    f"({'; '.join(kinds_of_device)}): one fit would mix their interconnects. Calibrate each "
+                    f"({'; '.join(labels)}): one fit would mix their interconnects. Calibrate each "
                     f"device's traces and benchmarks separately, or pass --allow-mixed to fit them together")
             if d["size_bytes"].nunique() >= min_points and n >= 2:
                 try:
