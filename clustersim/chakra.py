@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from simulator import atomic
 from simulator.errors import TraceError
 
 
@@ -82,7 +83,7 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
         from simulator.export import lane_ranks, write_perfetto, write_timeline
         o = Path(out)
         o.mkdir(parents=True, exist_ok=True)
-        (o / "result.json").write_text(json.dumps({k: _jsonable(v) for k, v in summary.items()}, indent=1) + "\n")
+        atomic.write_text(o / "result.json", json.dumps({k: _jsonable(v) for k, v in summary.items()}, indent=1) + "\n")
         lanes = lane_ranks(result)
         write_timeline(result, o / "timeline.csv", ranks=lanes)
         write_perfetto(result, o / "trace.json", ranks=lanes)
@@ -126,8 +127,8 @@ def _make_export():
                            preferred_dataset_splits=4, local_mem_bw_Bps=acc.hbm_bytes_per_s, roofline_enabled=True,
                            peak_perf_flops=acc.peak_bf16_flops)
         o = Path(out)
-        (o / "network.yml").write_text(net.to_yaml())
-        (o / "system.json").write_text(sysc.to_json(len(net.dims)))
+        atomic.write_text(o / "network.yml", net.to_yaml())
+        atomic.write_text(o / "system.json", sysc.to_json(len(net.dims)))
         click.echo(f"wrote {len(paths) - 1} Chakra ETs ({o}/{prefix}.<rank>.et), comm_groups.json, network.yml, "
                    f"system.json; simulated step time {outcome.metrics.step_time_s:.6g} s")
         click.echo(f"ASTRA-sim: --workload-configuration={o}/{prefix} --comm-group-configuration={o}/comm_groups.json "

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import click
 
+from simulator import atomic
+
 ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT / "validation" / "evidence.json"
 
@@ -94,7 +96,7 @@ def write_evidence(results: list[dict], path: Path = EVIDENCE, command: str = "p
            "conditions": "published runs' plans, analytical network, no calibration; error = predicted / "
                          "published tokens/s per GPU - 1",
            **summarize_evidence(results)}
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    atomic.write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return path
 
 

@@ -334,15 +334,12 @@ def format_report(rep: GoodputReport) -> str:
 def read_simulate_result(path: str) -> tuple[int, float]:
     """(world size, step time s) from a ``clustersim simulate --json`` output or a report folder's result.json."""
     from pathlib import Path
+
+    from simulator.inputs import load_json
     p = Path(path)
     if p.is_dir():
         p = p / "result.json"
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--result: {p} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--result: {p} is not a simulate result (JSON): {e}") from None
+    d = load_json(p, "--result", err=ConfigError)      # bounded read: a JSON result, not /dev/zero
     if not isinstance(d, dict):
         raise ConfigError(f"--result: {p} is not a simulate result (expected a JSON object)")
     world, step = d.get("world_size"), d.get("step_time_s")

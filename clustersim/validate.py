@@ -29,6 +29,7 @@ from pathlib import Path
 import click
 
 from schedules.models import MEGATRON_GPT_2021_PRESETS
+from simulator import atomic
 from simulator.errors import ClusterSimError, ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1382,7 +1383,7 @@ def plot(results: list[dict], path: str | Path) -> Path:
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=120)
+    atomic.write_with(out, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)
     return out
 

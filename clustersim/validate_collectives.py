@@ -32,6 +32,7 @@ from pathlib import Path
 
 import click
 
+from simulator import atomic
 from simulator.errors import ConfigError
 from topologies import nccl_constants as NCCL_C
 
@@ -479,7 +480,7 @@ def plot(rows: list[Row], path: Path, labels=None) -> None:
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic.write_with(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
 
 

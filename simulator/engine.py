@@ -142,7 +142,7 @@ class Engine:
     inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
     closed_ends = True      # a communication starting alone on its links ends by its own event (see _communicate)
     fixed_channels = True   # communications no other can ever meet on their links skip the network (_find_fixed)
-    chain_comms = True      # collectives a stream meets alone at a known time follow the op before them (_stream)
+    chain_comms = True      # collectives a stream meets alone at a known time follow the op before them (follow)
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):

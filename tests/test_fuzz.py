@@ -757,6 +757,29 @@ def test_unbounded_files_are_read_with_a_limit():
     assert "larger than" in assert_one_line_error(rc, err)
     rc, _, err = run_cli(["simulate", "-c", "/dev/urandom"])
     assert "larger than" in assert_one_line_error(rc, err)
+    rc, _, err = run_cli(["goodput", "--result", "/dev/zero", "--mtbf-hours", "50000", "--checkpoint-cost-s", "60", "--restart-s", "600"])
+    assert "larger than" in assert_one_line_error(rc, err)
+
+
+def test_replicated_chakra_et_is_read_with_the_limit(tmp_path, monkeypatch):
+    """``replicate_programs`` read its one rank file without a bound (every other rank file had one; the CLI
+    reads it through ``load_programs`` first, a Python caller need not)."""
+    from simulator.errors import TraceError
+    from traces.chakra import reader
+    monkeypatch.setattr(reader, "ET_LIMIT_BYTES", 1 << 20)
+    (tmp_path / "w.0.et").write_bytes(b"\0" * (2 << 20))
+    with pytest.raises(TraceError, match="larger than"):
+        reader.replicate_programs(tmp_path / "w", (4,))
+
+
+def test_goodput_result_errors_name_the_file(tmp_path):
+    for content, needle in ((None, "does not exist"), ("not json", "not valid JSON"), ("[1]", "expected a JSON object")):
+        p = tmp_path / "r.json"
+        if content is not None:
+            p.write_text(content)
+        rc, _, err = run_cli(["goodput", "--result", p, "--mtbf-hours", "50000", "--checkpoint-cost-s", "60", "--restart-s", "600"])
+        assert needle in assert_one_line_error(rc, err) and "r.json" in err
+        p.unlink(missing_ok=True)
 
 
 def test_yaml_alias_bomb_is_rejected_without_expanding_it(tmp_path):

@@ -17,7 +17,8 @@ scope intra|inter) replaces the predicted time.
 
 Calibration scope: only fits measured on the cluster's device (``topologies.specs.same_device``: "NVIDIA H100
 80GB HBM3" is H100-SXM) and collective fits of its backend (``collective_backend``) apply; a calibration
-that covers neither is refused unless ``calibration_scope="any"``. ``calibration_notes`` lists what applies.
+whose compute fits cover another device only, or whose collective fits cover another backend only, is refused
+unless ``calibration_scope="any"``. ``calibration_notes`` lists what applies.
 Networks: ``analytical`` (no contention), ``flow``
 (max-min fair sharing, topologies.flow), ``ideal`` (communication is free).
 """

@@ -68,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator import atomic
 from simulator.kernels import Kernel
 
 DATA = Path(__file__).parent / "microbench"
@@ -704,7 +705,7 @@ def attention_curve(device) -> AttentionCurve:
 def write_fits(path: Path = FITS_JSON) -> dict:
     """Refit every GEMM sweep and write the parameters to ``path``."""
     out = {f"{fam}/{dt}": dataclasses.asdict(fit_gemm_sweep(fam, dt)) for fam, dt in GEMM_SWEEPS}
-    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    atomic.write_text(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
     return out
 
 

@@ -24,7 +24,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from simulator import atomic
 
 DTYPES = ("bf16", "fp16", "fp32")
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(res, indent=1)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        atomic.write_text(args.out, text + "\n")
     else:
         print(text)
     s = res["summary"]

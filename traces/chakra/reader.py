@@ -412,7 +412,7 @@ def replicate_programs(prefix: str | Path, dims: tuple[int, ...], comm_groups=No
     for n in dims:
         world *= n
     report = ChakraReport(files=1)
-    data = Path(files[0]).read_bytes()
+    data = read_bytes(files[0], "Chakra ET", ET_LIMIT_BYTES, TraceError)     # bounded, as every rank file
     meta, nodes, unknown = parse_et(data, str(files[0]))
     report.unknown_fields.update(unknown)
     report.version = meta.get("version", "") or next(

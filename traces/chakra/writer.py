@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simulator import atomic
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Op, Programs
 from traces.chakra import schema as S
 from traces.chakra.wire import delimited, encode, write_varint
@@ -137,7 +138,7 @@ def write_workload(programs: Programs, out_dir: str | Path, prefix: str = "workl
         paths.append(p)
     groups = {pg_name(g): list(programs.groups[g].ranks) for g in sorted(enc.used_groups)}
     gp = out / "comm_groups.json"
-    gp.write_text(json.dumps(groups, indent=1) + "\n")
+    atomic.write_text(gp, json.dumps(groups, indent=1) + "\n")
     return paths + [gp]
 
 
