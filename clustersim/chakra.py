@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from simulator import atomic
-from simulator.errors import TraceError
+from simulator.errors import ConfigError, TraceError
 
 
 @click.group("chakra")
@@ -111,6 +111,9 @@ def _make_export():
     def export(out, prefix, **options):
         """Write a simulated experiment's programs as one Chakra ET per rank, plus an ASTRA-sim network YAML,
         system JSON and communicator-group JSON approximating the cluster."""
+        if not prefix or prefix.startswith(".") or any(c in prefix for c in "/\\") or prefix != prefix.strip():
+            raise ConfigError(f"--prefix {prefix!r}: a plain file-name prefix, without folders or a leading dot "
+                              f"(the ETs go into --out as <prefix>.<rank>.et)")
         from topologies.astra import AstraSystem, COLLECTIVE_KEYS
         from traces.chakra.writer import write_workload
         exp = experiment_from_options(**options)

@@ -120,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("aborted", err=True)
         return 130
-    except click.ClickException as e:
-        e.show()
-        return 2
+    except click.ClickException as e:          # bad options: one line too, with where to find the right ones
+        ctx = getattr(e, "ctx", None)
+        where = f" ({' '.join(['clustersim', *ctx.command_path.split()[1:], '--help'])})" if ctx else ""
+        return _user_error(f"{e.format_message()}{where}")
     except click.exceptions.Exit as e:
         return e.exit_code
     except OSError as e:

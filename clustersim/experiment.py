@@ -538,21 +538,20 @@ def resolve_model(exp: Experiment):
             if isinstance(v, int) and not isinstance(v, bool):
                 _as_int(v, f"{exp.model_config}: {f.name}", minimum=None)
         fields = {k: v for k, v in exp.model.items() if k != "base"} if isinstance(exp.model, dict) else {}
-        try:
-            return dataclasses.replace(base, **fields)
-        except TypeError as e:
-            raise ConfigError(f"model override: {e}") from None
+        models.check_model_fields(fields, "model override")
+        return dataclasses.replace(base, **fields)
     if exp.params is not None and exp.model in (None, "llama3-8b") and not isinstance(exp.model, dict):
         return models.model_from_params(exp.params)
     if isinstance(exp.model, dict) and "base" in exp.model:
         fields = {k: v for k, v in exp.model.items() if k != "base"}
+        if not isinstance(exp.model["base"], str):
+            raise ConfigError(f"model: base must name a preset, got {exp.model['base']!r}")
         base = models.get_model(exp.model["base"])
-        try:
-            return dataclasses.replace(base, **fields)
-        except TypeError as e:
-            raise ConfigError(f"model override: {e}") from None
+        models.check_model_fields(fields, "model override")
+        return dataclasses.replace(base, **fields)
     if isinstance(exp.model, dict):
         fields = dict(exp.model)
+        models.check_model_fields(fields, "model")
         if "hybrid_pattern" in fields:
             fields.setdefault("layers", len(fields["hybrid_pattern"]))
         for k in ("layers", "hidden", "heads"):

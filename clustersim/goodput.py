@@ -42,6 +42,9 @@ MAX_FAILURE_EVENTS = 20_000_000
 # Longest time any input may be (s): ~31,700 years, beyond any run or MTBF worth analysing; larger values
 # only overflow the closed forms (M·50, exp) and the sweep.
 MAX_TIME_S = 1e12
+# Most Monte-Carlo trajectories: each costs a few numpy calls per sweep point (100,000 take ~35 s on a
+# 2-core machine); the standard error at the default 64 is already printed beside the estimate.
+MAX_TRIALS = 100_000
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class GoodputConfig:
     def __post_init__(self):
         _positive_int("gpus", self.gpus)
         _positive_int("trials", self.trials)
+        if self.trials > MAX_TRIALS:
+            raise ResourceLimitError(f"goodput: {self.trials:,} trials exceed the budget of {MAX_TRIALS:,} "
+                                     f"(the standard error falls as 1/sqrt(trials): a few thousand suffice)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise ConfigError(f"goodput: seed must be an integer >= 0, got {self.seed!r}")
         _finite("mtbf_device_s", self.mtbf_device_s, strict=True)

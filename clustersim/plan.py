@@ -342,7 +342,12 @@ def plan(cluster, hbm_gb, as_json, **kw):
     peak = float(device.peak_bf16_flops) if device is not None and p.pp > 1 else None     # dense bf16 peak
     rep = plan_report(model, p, hbm, gpus, peak, scale_up_domain=getattr(c, "domain_size", None))
     if as_json:
-        click.echo(json.dumps(rep, indent=2, sort_keys=True, default=float))
+        try:
+            text = json.dumps(rep, indent=2, sort_keys=True, default=float, allow_nan=False)
+        except ValueError:      # a figure overflowed (e.g. --params 1e308): no invalid JSON on stdout
+            raise ConfigError("plan: a memory or communication figure is not finite (is --params or a size "
+                              "beyond any real model?)") from None
+        click.echo(text)
         return
     _print(rep, model, p)
 

@@ -55,16 +55,17 @@ def parse_ranks(text: str, world: int) -> tuple[int, ...]:
 
 
 def parse_settings(settings) -> dict:
-    """KEY=VALUE pairs (values parsed as YAML scalars) -> overrides for topologies.load_cluster."""
-    import yaml
+    """KEY=VALUE pairs (values parsed as YAML scalars, ``simulator.yamlio``: 5e10 is a number) -> overrides
+    for topologies.load_cluster."""
+    from simulator.yamlio import load_yaml_text
     out = {}
     for item in settings:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
         try:
-            out[k.strip()] = yaml.safe_load(v)
-        except yaml.YAMLError:
+            out[k.strip()] = load_yaml_text(v, f"--set {item!r}")
+        except ConfigError:
             raise ConfigError(f"--set {item!r}: cannot read value {v!r}") from None
     return out
 

@@ -1383,7 +1383,7 @@ def plot(results: list[dict], path: str | Path) -> Path:
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     out = Path(path)
-    atomic.write_with(out, lambda tmp: fig.savefig(tmp, dpi=120))
+    atomic.write_with(out, lambda tmp: fig.savefig(tmp, dpi=120, format=out.suffix.lstrip(".").lower() or "png"))
     plt.close(fig)
     return out
 
@@ -1416,9 +1416,14 @@ def validate(ctx, runs_path, only, ids, group, network, plot_path, as_json, tp_o
     (hardware × precision × dense/MoE). Subcommands validate other parts of the model."""
     if ctx.invoked_subcommand is not None:
         return
+    if plot_path:
+        from clustersim.calibrate import PLOT_SUFFIXES, _check_output
+        _check_output(Path(plot_path), "--plot", PLOT_SUFFIXES)        # before minutes of simulation
     rows = load_runs(runs_path or PUBLISHED)
-    if ids:
+    if ids is not None:
         want = {x.strip() for x in ids.split(",") if x.strip()}
+        if not want:
+            raise ConfigError("--ids names no row id (give e.g. --ids 1,2)")
         rows = [r for r in rows if r.get("id") in want]
     if only:
         o = only.lower()

@@ -480,7 +480,7 @@ def plot(rows: list[Row], path: Path, labels=None) -> None:
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.tight_layout()
-    atomic.write_with(path, lambda tmp: fig.savefig(tmp, dpi=110))
+    atomic.write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png"))
     plt.close(fig)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.errors import ConfigError, UnknownPresetError
+from simulator.inputs import brief
 
 
 @dataclass(frozen=True)
@@ -712,6 +713,30 @@ def model_from_params(params: float, name: str | None = None, dtype_bytes: int =
                      vocab=1, dtype_bytes=dtype_bytes, total_params=float(params))
 
 
+_FIELD_TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
+                "str": ((str,), "text")}
+
+
+def check_model_fields(data: dict, where: str) -> None:
+    """Raise ConfigError naming the first key of a user's model mapping (a model file, an experiment's inline
+    ``model:``, a preset override) that is not a ModelSpec field or whose value has the wrong type (an int
+    where a count is expected, not a list or a bool; None only where the field allows it)."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(ModelSpec)}
+    unknown = sorted(str(k) for k in data if k not in types)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(types))}")
+    for key, value in data.items():
+        ann = types[key]
+        if value is None and "None" in ann:
+            continue
+        base = ann.split("|")[0].strip()
+        if base not in _FIELD_TYPES:
+            continue
+        ok, what = _FIELD_TYPES[base]
+        if isinstance(value, bool) and base != "bool" or not isinstance(value, ok):
+            raise ConfigError(f"{where}: {key} must be {what}{' or null' if 'None' in ann else ''}, got {brief(value)}")
+
+
 def load_model_file(path: str | Path) -> ModelSpec:
     """A model from a YAML file whose keys are ModelSpec fields (``preset: NAME`` may name a base)."""
     from simulator.yamlio import load_yaml
@@ -721,11 +746,8 @@ def load_model_file(path: str | Path) -> ModelSpec:
     if not isinstance(data, dict):
         raise ConfigError(f"model file {p}: expected a mapping of ModelSpec fields, got {type(data).__name__}")
     data = dict(data)
-    fields = {f.name for f in dataclasses.fields(ModelSpec)}
     base = data.pop("preset", None)
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise ConfigError(f"model file {p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+    check_model_fields(data, f"model file {p}")
     if isinstance(data.get("hybrid_pattern"), str):
         data.setdefault("layers", len(data["hybrid_pattern"]))        # (a hybrid model: one layer per character)
     if base is not None:

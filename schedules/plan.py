@@ -436,8 +436,9 @@ class ParallelPlan:
             if self.expert_tp == self.tp:       # folded only because dp does not hold ep
                 raise PlanError(f"ep({self.ep}) must divide dp({self.dp}) (experts carved out of data parallelism), "
                                 f"or {fold}; use --dp a multiple of {self.ep}, --etp 1 or a smaller --ep")
+            others = " or ".join(dict.fromkeys(f"--etp {e}" for e in (1, self.tp)))
             raise PlanError(f"with etp({self.expert_tp}) other than tp({self.tp}) the experts fold: {fold}; use "
-                            f"--etp 1, --etp {self.tp} or a smaller --ep")
+                            f"{others} or a smaller --ep")
         if self.cp > 1 and self.seq % (2 * self.cp):
             raise PlanError(f"seq {self.seq} must be divisible by 2·cp = {2 * self.cp} (load-balanced ring attention)")
         if self.sp and self.seq % (self.tp * self.cp):

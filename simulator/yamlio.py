@@ -1,9 +1,13 @@
 """Safe YAML loading shared by every input file (experiments, cluster presets, model files).
 
 ``yaml.SafeLoader`` (no Python objects from tags) plus rejection of duplicate keys, which YAML itself would
-silently resolve to the last one. Every problem becomes a ConfigError naming the file.
+silently resolve to the last one, and numbers in exponent form without a dot or a signed exponent (``5e10``,
+``2.5e9``) read as numbers, as YAML 1.2 and JSON read them (YAML 1.1, PyYAML's, reads them as text). Every
+problem becomes a ConfigError naming the file.
 """
 from __future__ import annotations
+
+import re
 
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,10 @@ def _construct_mapping(loader, node, deep=False):
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# after SafeLoader's own int and float patterns (which keep everything they match): 5e10, 5.0e10, -1e-3, .5E2
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                       re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                                       list("-+.0123456789"))
 
 
 def load_yaml_text(text: str, where: str) -> Any:

@@ -1224,3 +1224,77 @@ def test_vectorised_interval_union_and_difference_match_the_plain_loop(ivs, hole
         {t for a, b in zip(hs, he) for t in range(int(a), int(b))}
     assert {t for a, b in zip(ds, de) for t in range(int(a), int(b))} == covered
     assert all(a < b for a, b in zip(ds, de)) and all(b1 <= a2 for b1, a2 in zip(de, ds[1:]))
+
+
+# ---------------------------------------------------------------------------------------------- thirty-second session
+# A robustness hunt (949 CLI invocations) found these inputs ending in an internal error (exit 3), a hang, invalid
+# JSON or a misleading message; each must now be one clear line with exit 2.
+@pytest.mark.parametrize("model, needle", [
+    ("{layers: 2, hidden: 64, heads: 4, bogus: 1}", "unknown key(s) bogus"),
+    ("{layers: 2, hidden: 64, heads: 4, experts: [1]}", "experts must be an integer"),
+    ("{layers: 2, hidden: 64, heads: 4, name: [1]}", "name must be text"),
+    ("{hidden: 64, heads: 4, hybrid_pattern: 7}", "hybrid_pattern must be text"),
+    ("{base: llama3-8b, layers: x}", "layers must be an integer"),
+    ("{base: [1], layers: 2}", "base must name a preset"),
+])
+def test_inline_model_fields_are_type_checked(tmp_path, model, needle):
+    p = tmp_path / "m.yaml"
+    p.write_text(f"model: {model}\ngpus: 8\ntp: 1\nglobal_batch: 8\n")
+    rc, _, err = run_cli(["simulate", "-c", p])
+    assert needle in assert_one_line_error(rc, err)
+    f = tmp_path / "mf.yaml"
+    f.write_text(model.strip("{}").replace(", ", "\n").replace(": ", ": ") + "\n")
+    if "base" not in model:
+        rc, _, err = run_cli(["plan", "-m", f, "--gpus", "8"])
+        assert "must be" in assert_one_line_error(rc, err) or "unknown key" in err
+
+
+@pytest.mark.parametrize("rule, needle", [
+    ("{default: 16, multiple_of: 0}", "gpus.multiple_of must be a positive integer"),
+    ("{default: 16, min: 64, max: 8}", "gpus.max (8) is below gpus.min (64)"),
+    ("{default: 16, max: x}", "gpus.max must be a positive integer"),
+])
+def test_cluster_gpu_rules_are_checked(tmp_path, rule, needle):
+    p = tmp_path / "c.yaml"
+    p.write_text(f"preset: dgx-h100\ngpus: {rule}\n")
+    rc, _, err = run_cli(["topology", p])
+    assert needle in assert_one_line_error(rc, err)
+
+
+def test_exponent_numbers_read_as_numbers_in_yaml_and_set(tmp_path):
+    """YAML 1.1 (PyYAML) reads 5.0e10 and 5e10 as text; every input of ours reads them as numbers."""
+    from simulator.yamlio import load_yaml_text
+    assert load_yaml_text("[5e10, 5.0e10, -1e-3, .5E2, 5, 1e, e5]", "x") == [5e10, 5e10, -1e-3, 50.0, 5, "1e", "e5"]
+    rc, out, err = run_cli(["topology", "dgx-h100", "--gpus", "16", "--set", "nic_bandwidth=5.0e10"])
+    assert rc == 0 and "NIC 50.0 GB/s" in out, err
+
+
+def test_bad_runs_of_validate_goodput_plan_and_chakra_are_one_line(tmp_path):
+    for args, needle in (
+            (["validate", "--ids", ""], "--ids names no row id"),                       # ran all 946 rows
+            (["validate", "--ids", "1", "--plot", tmp_path / "p.txt"], "expected a .png"),   # exit 3 after the run
+            (["validate", "--ids", "1", "--plot", tmp_path / "p"], "expected a .png"),       # a 0-byte file
+            (["goodput", "--gpus", "16", "--mtbf-hours", "50000", "--checkpoint-cost-s", "30", "--restart-s", "600",
+              "--trials", "10000000"], "exceed the budget"),                             # hung
+            (["plan", "--params", "1e308", "--hbm-gb", "80", "--json"], "not finite"),     # printed Infinity
+            (["chakra", "export", "--cluster", "dgx-h100", "--gpus", "8", "--model", "tiny", "--tp", "2",
+              "--global-batch", "4", "--out", tmp_path / "ex", "--prefix", "../evil"], "plain file-name prefix"),
+            (["simulate", "--gpus", "abc"], "(clustersim simulate --help)"),            # click's 4-line usage block
+    ):
+        rc, out, err = run_cli(args)
+        assert needle in assert_one_line_error(rc, err), args
+    assert not (tmp_path / "evil.0.et").exists()
+
+
+def test_communicator_group_ranks_outside_the_workload_are_refused(tmp_path):
+    import json
+    rc, _, err = run_cli(["chakra", "export", "--cluster", "dgx-h100", "--gpus", "8", "--model", "tiny", "--tp", "2",
+                          "--global-batch", "4", "--out", tmp_path / "ex"])
+    assert rc == 0, err
+    groups = json.loads((tmp_path / "ex" / "comm_groups.json").read_text())
+    name = next(iter(groups))
+    for bad, needle in ((groups[name][:-1] + [99], "outside 0..7"), ([groups[name][0]] + groups[name], "a rank twice")):
+        (tmp_path / "cg.json").write_text(json.dumps({**groups, name: bad}))
+        rc, _, err = run_cli(["chakra", "run", tmp_path / "ex" / "workload", "--network", tmp_path / "ex" / "network.yml",
+                              "--comm-group", tmp_path / "cg.json"])
+        assert needle in assert_one_line_error(rc, err)

@@ -121,7 +121,12 @@ def _gpus(cfg: dict, gpus, where: str) -> int:
         raise ConfigError(f"{where}: say how many GPUs (--gpus N)")
     if isinstance(n, bool) or not isinstance(n, int):
         raise ConfigError(f"{where}: gpus must be an integer, got {n!r}")
-    mult, lo, hi = int(rule.get("multiple_of", 1)), int(rule.get("min", 1)), rule.get("max")
+    mult, lo, hi = rule.get("multiple_of", 1), rule.get("min", 1), rule.get("max")
+    for key, v in (("multiple_of", mult), ("min", lo), ("max", hi)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{where}: gpus.{key} must be a positive integer, got {v!r}")
+    if hi is not None and hi < lo:
+        raise ConfigError(f"{where}: gpus.max ({hi}) is below gpus.min ({lo})")
     if n < lo or (hi is not None and n > hi) or n % mult:
         allowed = f"a multiple of {mult} from {lo}" + (f" to {hi}" if hi is not None else "")
         raise ConfigError(f"{where} takes {allowed} GPUs; got {n}")

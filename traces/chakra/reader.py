@@ -154,6 +154,11 @@ class _Groups:
             ranks = self.comm_groups[str(pg)]
             if rank not in ranks:
                 raise TraceError(f"{where}: rank {rank} runs a collective on group {pg!r}, which does not hold it")
+            bad = [r for r in ranks if not 0 <= r < self.world_size]
+            if bad or len(set(ranks)) != len(ranks):
+                what = f"rank(s) {bad[:8]} outside 0..{self.world_size - 1}" if bad else "a rank twice"
+                raise TraceError(f"{where}: communicator group {pg!r} {list(ranks)[:16]} names {what} "
+                                 f"(the workload has {self.world_size} ranks)")
             return ranks, f"pg:{pg}"
         if self.dims is None:
             return tuple(range(self.world_size)), "world"
