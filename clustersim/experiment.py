@@ -631,9 +631,8 @@ def build_cost_model(exp: Experiment, cluster):
 def load_cluster_for(exp: Experiment):
     import topologies
     if exp.cluster.endswith((".yaml", ".yml")):
-        cluster = topologies.load_cluster_file(exp.cluster)
-        if exp.gpus is not None and exp.gpus != cluster.world_size:
-            cluster = topologies.load_cluster_file(exp.cluster, gpus=exp.gpus)
+        # built once, at the size asked for (a file valid for --gpus need not be valid at its default size)
+        cluster = topologies.load_cluster_file(exp.cluster, gpus=exp.gpus)
     else:
         cluster = topologies.load_cluster(exp.cluster, exp.gpus)
     if exp.gpus is None:

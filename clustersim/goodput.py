@@ -380,10 +380,12 @@ def goodput(gpus, result_path, mtbf_hours, checkpoint_interval_min, checkpoint_c
         step_time_s = step if step_time_s is None else step_time_s
     if gpus is None:
         raise ConfigError("goodput: give --gpus N or --result FILE (a simulate --json output)")
-    for name, v in (("--mtbf-hours", mtbf_hours), ("--days", days), ("--checkpoint-interval-min",
-                                                                      checkpoint_interval_min)):
+    for name, v, unit_s, unit in (("--mtbf-hours", mtbf_hours, HOUR_S, "hours"), ("--days", days, DAY_S, "days"),
+                                  ("--checkpoint-interval-min", checkpoint_interval_min, 60.0, "minutes")):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise ConfigError(f"goodput: {name} must be a finite number > 0, got {v}")
+        if v is not None and v * unit_s > MAX_TIME_S:      # said in the option's own unit
+            raise ConfigError(f"goodput: {name} must be at most {MAX_TIME_S / unit_s:.3g} {unit}, got {v:g}")
     cfg = GoodputConfig(
         gpus=gpus, mtbf_device_s=mtbf_hours * HOUR_S, checkpoint_s=checkpoint_cost_s, restart_s=restart_s,
         horizon_s=days * DAY_S,

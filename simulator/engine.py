@@ -1285,6 +1285,16 @@ class Engine:
                 _, i = st
                 info.update(op=i, op_repr=repr(self._member_op(rank, m, prog[i])) if i is not None else "",
                             waits_for=[], reason=f"device failed at t={self.fail_at[rank]:.6g}s")
+            elif st[0] == "in_flight":
+                _, i = st
+                info.update(op=i, op_repr=repr(self._member_op(rank, m, prog[i])), waits_for=[],
+                            reason="its communication started but never ends (a link on its path has no usable "
+                                   "bandwidth: failed, or degraded to a vanishing share)")
+            elif st[0] == "compute":
+                _, i = st
+                info.update(op=i, op_repr=repr(self._member_op(rank, m, prog[i])), waits_for=[],
+                            reason="its compute op never ends (an infinite or unrepresentable duration: a device "
+                                   "or calibration with vanishing throughput)")
             else:
                 info.update(op=None, op_repr="", waits_for=[], reason=st[0])
             out.append(info)
@@ -1322,8 +1332,10 @@ class Engine:
                  for b in infos[:20]]
         more = f"\n  ... and {len(infos) - 20} more blocked streams" if len(infos) > 20 else ""
         ranks = sorted({b["rank"] for b in infos})
+        endless = sum(b["state"] in ("in_flight", "compute") for b in infos)
+        why = (f"; {endless} of them in an op that never ends (not a wait between ranks)" if endless else "")
         msg = (f"deadlock at t={self.env.now:.6g}s: {len(infos)} stream(s) of {len(ranks)} rank(s) can never "
-               f"progress:\n  " + "\n  ".join(lines) + more)
+               f"progress{why}:\n  " + "\n  ".join(lines) + more)
         return DeadlockError(msg, blocked=infos)
 
 

@@ -1298,3 +1298,29 @@ def test_communicator_group_ranks_outside_the_workload_are_refused(tmp_path):
         rc, _, err = run_cli(["chakra", "run", tmp_path / "ex" / "workload", "--network", tmp_path / "ex" / "network.yml",
                               "--comm-group", tmp_path / "cg.json"])
         assert needle in assert_one_line_error(rc, err)
+
+
+def test_a_cluster_file_is_built_at_the_size_asked_for(tmp_path):
+    """A custom cluster valid for --gpus 16 but not at its preset's default size (1,024 GPUs on 4-port leaves)
+    was refused by simulate, which built it at the default size first; topology --gpus 16 accepted it."""
+    p = tmp_path / "c.yaml"
+    p.write_text("preset: dgx-h100\nfabric: {leaf_down: 4}\n")
+    rc, out, err = run_cli(["simulate", "-m", "tiny", "--gpus", "16", "--cluster", p, "--global-batch", "16", "--json"])
+    assert rc == 0, err
+
+
+def test_a_communication_that_never_ends_is_named_as_such():
+    """A link degraded to a vanishing share left its transfer in flight forever: the report listed it as
+    'op None : in_flight'; it now names the op and why, and the headline says an op never ends."""
+    rc, _, err = run_cli(["simulate", "--cluster", "dgx-h100", "--gpus", "16", "-m", "tiny", "--tp", "8",
+                          "--global-batch", "16", "--network", "flow", "--degrade-link", "0:nvswitch.0:1e-200",
+                          "--mode", "full"])
+    line = assert_one_line_error(rc, err)
+    assert "in an op that never ends" in line and "communication started but never ends" in line
+    assert "op None" not in line
+
+
+def test_goodput_limits_are_said_in_the_options_unit():
+    rc, _, err = run_cli(["goodput", "--gpus", "16", "--mtbf-hours", "1e9", "--checkpoint-cost-s", "30",
+                          "--restart-s", "600"])
+    assert "--mtbf-hours must be at most 2.78e+08 hours" in assert_one_line_error(rc, err)
