@@ -850,7 +850,8 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
                               f"{','.join(map(str, vals))}")
     for s in space.schedules:
         if s not in ("gpipe", "1f1b", "interleaved", "zb"):
-            raise ConfigError(f"--schedules: unknown schedule {s!r}")
+            raise ConfigError(f"--schedules: the search tries gpipe, 1f1b, interleaved and zb, not {s!r} (simulate "
+                              f"or compare one plan under any schedule)")
     for r in space.recompute:
         if split_recompute(r)[0] not in ("none", "selective", "full", "op"):
             raise ConfigError(f"--recompute: unknown value {r!r}; choose from none, selective, full, op, "

@@ -1324,3 +1324,14 @@ def test_goodput_limits_are_said_in_the_options_unit():
     rc, _, err = run_cli(["goodput", "--gpus", "16", "--mtbf-hours", "1e9", "--checkpoint-cost-s", "30",
                           "--restart-s", "600"])
     assert "--mtbf-hours must be at most 2.78e+08 hours" in assert_one_line_error(rc, err)
+
+
+def test_messages_say_what_to_do_not_which_class_refused():
+    for args, needle in (
+            (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--nccl-version", "99.0.0"],
+             "leave the option out for the newest model"),
+            (["search", "--gpus", "16", "-m", "tiny", "--global-batch", "16", "--schedules", "zb-v"],
+             "the search tries gpipe, 1f1b, interleaved and zb"),
+    ):
+        rc, _, err = run_cli(args)
+        assert needle in assert_one_line_error(rc, err), args

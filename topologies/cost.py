@@ -170,7 +170,8 @@ class ClusterCostModel:
         self.nccl_version = nccl_version
         self._nccl_release = nccl.parse_version(nccl_version)
         if nccl_version is not None and not nccl.C.OLDEST_RELEASE <= self._nccl_release:
-            raise ConfigError(f"NCCL version {nccl_version!r}: give a release from 2.18 on, e.g. 2.18.5 or 2.27.7")
+            raise ConfigError(f"NCCL version {nccl_version!r}: the tuner tables are NCCL 2's from 2.18 on; give such a "
+                              f"release (e.g. 2.18.5 or 2.27.7), or leave the option out for the newest model")
         self._nccl_comms: dict = {}
         self._nccl_choices: dict = {}
         if compute_efficiency is not None and not (0 < compute_efficiency <= 1):

@@ -453,8 +453,9 @@ def apply_link_faults(cost_model, cluster, faults: FaultSpec):
     if rebuild is not None:
         return rebuild(new_cluster)
     if not isinstance(cost_model, ClusterCostModel):
-        raise ConfigError(f"faults: link failures and degradation need a topology-aware cost model "
-                          f"(topologies.cost.ClusterCostModel), got {type(cost_model).__name__}")
+        raise ConfigError(f"faults: link failures and degradation need the cluster's own network model "
+                          f"(--network analytical or flow); {type(cost_model).__name__} (e.g. --network astra, a "
+                          f"multi-dimensional view of the cluster) has no links to fail")
     return ClusterCostModel(new_cluster, network=cost_model.network_mode, calibration=cost_model.calibration,
                             algorithm=cost_model.algorithm,
                             compute_efficiency=None if cost_model.kernels is not None else cost_model.compute_efficiency,
