@@ -368,7 +368,7 @@ def read_simulate_result(path: str) -> tuple[int, float]:
               help="Seconds from a failure to training again (detection + reschedule + reload).")
 @click.option("--days", type=float, default=30.0, show_default=True, help="Wall-clock length of the run (days).")
 @click.option("--step-time-s", type=float, default=None, help="Training step time (s): intervals are whole steps.")
-@click.option("--trials", type=int, default=64, show_default=True, help="Monte-Carlo trajectories.")
+@click.option("--trials", type=int, default=64, show_default=True, help="Monte-Carlo trajectories (at most 100,000).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def goodput(gpus, result_path, mtbf_hours, checkpoint_interval_min, checkpoint_cost_s, restart_s, days, step_time_s,
