@@ -848,6 +848,8 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         if vals is not None and (min(vals) < 1 or (gpus and any(gpus % v for v in vals))):
             raise ConfigError(f"--{what}: every degree must be >= 1 and divide the {gpus} GPUs, got "
                               f"{','.join(map(str, vals))}")
+    if gpus and all(gpus % c for c in space.cp):       # (a list may hold degrees some GPU counts cannot take)
+        raise ConfigError(f"--cp: no degree of {','.join(map(str, space.cp))} divides the {gpus} GPUs")
     for s in space.schedules:
         if s not in ("gpipe", "1f1b", "interleaved", "zb"):
             raise ConfigError(f"--schedules: the search tries gpipe, 1f1b, interleaved and zb, not {s!r} (simulate "
@@ -859,6 +861,10 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
                       network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack,
                       tp_comm_overlap=tp_comm_overlap, attention=attention, attention_kernel=attention_kernel)
+    from clustersim.experiment import resolve_model as model_of
+    if space.ep is not None and max(space.ep) > 1 and not getattr(model_of(base), "experts", 0):
+        raise ConfigError(f"--ep {','.join(map(str, space.ep))}: {base.model} is a dense model (no experts to "
+                          f"place); leave --ep out, or search an MoE model")
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
     from clustersim.simulate import DelayedProgress
     import sys

@@ -1332,6 +1332,10 @@ def test_messages_say_what_to_do_not_which_class_refused():
              "leave the option out for the newest model"),
             (["search", "--gpus", "16", "-m", "tiny", "--global-batch", "16", "--schedules", "zb-v"],
              "the search tries gpipe, 1f1b, interleaved and zb"),
+            (["search", "--gpus", "8", "-m", "tiny", "--global-batch", "16", "--cp", "3", "--no-cache"],
+             "no degree of 3 divides the 8 GPUs"),                  # was 'no plan ... try more GPUs'
+            (["search", "--gpus", "8", "-m", "tiny", "--global-batch", "16", "--ep", "2", "--no-cache"],
+             "tiny is a dense model"),
     ):
         rc, _, err = run_cli(args)
         assert needle in assert_one_line_error(rc, err), args
