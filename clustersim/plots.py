@@ -635,13 +635,15 @@ def gantt(results, path=None, ranks=None, max_lanes: int = DEFAULT_MAX_LANES, ti
     return fig
 
 
-def save(fig: Figure, path) -> Path:
-    """Write ``fig`` (format from the suffix) and return the path."""
+def save(fig: Figure, path, *, dpi: float | None = None, tight: bool = True) -> Path:
+    """Write ``fig`` atomically (format from the suffix, PNG without one: the temporary file's name must not
+    choose it) at ``dpi`` (default the figure's) and return the path."""
     from simulator.atomic import write_with
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = path.suffix.lstrip(".").lower() or None
-    return write_with(path, lambda tmp: fig.savefig(tmp, dpi=fig.dpi, bbox_inches="tight", format=fmt))
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    return write_with(path, lambda tmp: fig.savefig(tmp, dpi=dpi or fig.dpi, bbox_inches="tight" if tight else None,
+                                                    format=fmt))
 
 
 # ---------------------------------------------------------------------------------------------- memory

@@ -861,8 +861,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
                       network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack,
                       tp_comm_overlap=tp_comm_overlap, attention=attention, attention_kernel=attention_kernel)
-    from clustersim.experiment import resolve_model as model_of
-    if space.ep is not None and max(space.ep) > 1 and not getattr(model_of(base), "experts", 0):
+    if space.ep is not None and max(space.ep) > 1 and not getattr(resolve_model(base), "experts", 0):
         raise ConfigError(f"--ep {','.join(map(str, space.ep))}: {base.model} is a dense model (no experts to "
                           f"place); leave --ep out, or search an MoE model")
     cache_path = None if no_cache else Path(cache_dir or default_cache_dir()) / "search.jsonl"
@@ -884,7 +883,6 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     from rich.console import Console
     from rich.table import Table
     st = out["stats"]
-    from clustersim.experiment import resolve_model
     from clustersim.simulate import param_str
     t = Table(title=f"top {top_k} plans · {model} ({param_str(resolve_model(base))} parameters) on {gpus} × {cluster} "
                     f"· global batch {global_batch} · seq {seq}")

@@ -29,7 +29,6 @@ from pathlib import Path
 import click
 
 from schedules.models import MEGATRON_GPT_2021_PRESETS
-from simulator import atomic
 from simulator.errors import ClusterSimError, ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1382,8 +1381,8 @@ def plot(results: list[dict], path: str | Path) -> Path:
     ax.set_title("clustersim validate: published training runs")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    out = Path(path)
-    atomic.write_with(out, lambda tmp: fig.savefig(tmp, dpi=120, format=out.suffix.lstrip(".").lower() or "png"))
+    from clustersim.plots import save
+    out = save(fig, path, dpi=120, tight=False)
     plt.close(fig)
     return out
 

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import click
 
-from simulator import atomic
 from simulator.errors import ConfigError
 from topologies import nccl_constants as NCCL_C
 
@@ -480,7 +479,8 @@ def plot(rows: list[Row], path: Path, labels=None) -> None:
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.tight_layout()
-    atomic.write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png"))
+    from clustersim.plots import save
+    save(fig, path, dpi=110, tight=False)
     plt.close(fig)
 
 

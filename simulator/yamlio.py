@@ -8,7 +8,6 @@ problem becomes a ConfigError naming the file.
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 from typing import Any
 

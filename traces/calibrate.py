@@ -352,7 +352,6 @@ def calibrate(sources, *, min_points: int = 1, allow_mixed: bool = False) -> Cal
     if not c.empty:
         c = c.dropna(subset=["size_bytes", "transfer_s"])
         c = c.assign(backend=c["backend"].fillna("unknown"))
-        c = c.assign(devices=c["devices"].fillna("unknown") if "devices" in c else "unknown")
         for (kind, backend, n, scope), d in c.groupby(["kind", "backend", "group_size", "scope"]):
             labels = sorted(d["devices"].unique())
             if len(labels) > 1 and not allow_mixed:
