@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from simulator.errors import ConfigError
 
 
@@ -20,10 +21,10 @@ def _check_output(path: Path, flag: str, suffixes: tuple[str, ...]) -> None:
 
 
 @click.command("calibrate")
-@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", "output", type=click.Path(path_type=Path), default=Path("calibration.json"),
+@click.argument("sources", nargs=-1, required=True, type=NonEmptyPath(path_type=Path))
+@click.option("-o", "--output", "output", type=NonEmptyPath(path_type=Path), default=Path("calibration.json"),
               show_default=True, help="calibration JSON to write")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+@click.option("--plot", "plot_path", type=NonEmptyPath(path_type=Path), default=None,
               help="PNG with every fit against its measured points")
 @click.option("--allow-mixed", is_flag=True,
               help="use a folder whose files disagree on ranks, steps or manifest (files of different runs), "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from simulator import atomic
 from simulator.errors import ConfigError, TraceError
 
@@ -24,11 +25,11 @@ def _jsonable(v):
 
 @chakra.command("run")
 @click.argument("et_prefix")
-@click.option("--network", "network_file", required=True, type=click.Path(dir_okay=False),
+@click.option("--network", "network_file", required=True, type=NonEmptyPath(dir_okay=False),
               help="ASTRA-sim analytical network YAML (topology, npus_count, bandwidth GB/s, latency ns per dim).")
-@click.option("--system", "system_file", type=click.Path(dir_okay=False),
+@click.option("--system", "system_file", type=NonEmptyPath(dir_okay=False),
               help="ASTRA-sim system JSON (collective algorithm per dimension, chunking, roofline).")
-@click.option("--comm-group", "comm_group_file", type=click.Path(dir_okay=False),
+@click.option("--comm-group", "comm_group_file", type=NonEmptyPath(dir_okay=False),
               help="ASTRA-sim communicator-group JSON ({name: [ranks]}) for nodes with pg_name.")
 @click.option("--network-mode", type=click.Choice(["analytical", "flow"]), default="analytical", show_default=True,
               help="analytical: ASTRA-sim's congestion-unaware model. flow: the same times for a communication "
@@ -36,7 +37,7 @@ def _jsonable(v):
 @click.option("--replicate", is_flag=True,
               help="A single rank file stands for every NPU of the network (its copies are identical).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--out", type=click.Path(file_okay=False), help="Write result.json, timeline.csv, trace.json (Perfetto).")
+@click.option("--out", type=NonEmptyPath(file_okay=False), help="Write result.json, timeline.csv, trace.json (Perfetto).")
 def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode, replicate, as_json, out):
     """Simulate the Chakra ETs ET_PREFIX.<rank>.et (what ASTRA-sim's --workload-configuration takes)."""
     from simulator.engine import run
@@ -106,7 +107,7 @@ def _make_export():
 
     @click.command("export")
     @simulate_options
-    @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the ETs and configurations.")
+    @click.option("--out", required=True, type=NonEmptyPath(file_okay=False), help="Folder for the ETs and configurations.")
     @click.option("--prefix", default="workload", show_default=True, help="ET file prefix (<prefix>.<rank>.et).")
     def export(out, prefix, **options):
         """Write a simulated experiment's programs as one Chakra ET per rank, plus an ASTRA-sim network YAML,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from traces.launch import STRATEGIES, launch
 
 
@@ -37,7 +38,7 @@ from traces.launch import STRATEGIES, launch
 @click.option("--size-factor", type=int, default=2, show_default=True, help="benchmark: ratio of successive sizes")
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True,
               help="seconds before the run is killed")
-@click.option("--out", "out", type=click.Path(file_okay=False), required=True, help="output directory")
+@click.option("--out", "out", type=NonEmptyPath(file_okay=False), required=True, help="output directory")
 def collect(strategy, nproc, steps, active, layers, hidden, heads, seq, batch, vocab, ffn, bucket_cap_mb,
             microbatches, experts, top_k, capacity_factor, dtype, backend, bench, max_bytes, size_factor, timeout_s, out):
     """Train a small Llama-style model with STRATEGY under torch.profiler (or benchmark collectives or

@@ -39,6 +39,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from clustersim.paths import NonEmptyPath
 from clustersim.runs import PlanRun, formatted_table, metrics_table, plan_runs  # noqa: F401  (plan_runs: API)
 from simulator.errors import ConfigError, OutputError
 
@@ -323,11 +324,11 @@ def _compare_command():
     @simulate_options
     @click.option("--schedules", help="Comma-separated pipeline schedules to compare, e.g. "
                   "1f1b,interleaved,zb-h1,zb-v,zb-auto,dualpipe.")
-    @click.option("--out", type=click.Path(file_okay=False), help="Folder for pictures, metrics and Perfetto JSON.")
-    @click.option("--report", type=click.Path(dir_okay=False), help="Self-contained HTML report to write.")
+    @click.option("--out", type=NonEmptyPath(file_okay=False), help="Folder for pictures, metrics and Perfetto JSON.")
+    @click.option("--report", type=NonEmptyPath(dir_okay=False), help="Self-contained HTML report to write.")
     @click.option("--title", help="Title of the pictures and the report.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every plan's metrics.")
-    @click.option("--trace", "trace_path", type=click.Path(exists=True),
+    @click.option("--trace", "trace_path", type=NonEmptyPath(exists=True),
                   help="A measured Kineto trace (file or folder of per-rank files) to show next to the plans.")
     @click.option("--trace-step", type=int, help="ProfilerStep#N of --trace to show (default: the last on all ranks).")
     @click.option("--max-lanes", type=click.IntRange(2, 400),

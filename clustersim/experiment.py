@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from schedules.pipeline import SCHEDULES as _SCHEDULES
 from simulator.calibration import CALIBRATION_SCOPES
 from simulator.errors import ConfigError, PlanError, ProgramError
@@ -284,7 +285,7 @@ def load_experiment(path: str | Path) -> Experiment:
 def simulate_options(f: Callable) -> Callable:
     """Add every ``simulate`` option to a click command (shared by simulate, compare, search...)."""
     opts = [
-        click.option("-c", "--config", "config", type=click.Path(dir_okay=False), help="YAML experiment file."),
+        click.option("-c", "--config", "config", type=NonEmptyPath(dir_okay=False), help="YAML experiment file."),
         click.option("--cluster", help="Cluster preset (see `clustersim topology --list`) or a YAML file."),
         click.option("--gpus", type=int, help="Number of GPUs (ranks)."),
         click.option("--model", "-m", help="Model preset (llama3-8b, llama3-70b, llama3-405b, gpt3-175b, ...)."),
@@ -315,7 +316,7 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--gated-mlp/--no-gated-mlp", default=None,
                      help="SwiGLU MLP with 3 matrices (Llama) or a 2-matrix GELU MLP (GPT, the custom default)."),
         click.option("--tied-embeddings/--untied-embeddings", default=None, help="LM head shares the embedding."),
-        click.option("--model-config", type=click.Path(dir_okay=False),
+        click.option("--model-config", type=NonEmptyPath(dir_okay=False),
                      help="Hugging Face config.json (Llama, Mistral, Mixtral, Qwen, DeepSeek V2/V3, GPT-OSS, Llama 4, Nemotron-H)."),
         click.option("--tp", type=int, help="Tensor-parallel degree."),
         click.option("--pp", type=int, help="Pipeline-parallel degree (stages)."),
@@ -364,7 +365,7 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--memory-limit", help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes (40GB)."),
         click.option("--network", type=click.Choice(NETWORKS),
                      help="ideal (free) | analytical | flow (contention) | astra (ASTRA-sim's analytical model)."),
-        click.option("--astra-system", type=click.Path(dir_okay=False),
+        click.option("--astra-system", type=NonEmptyPath(dir_okay=False),
                      help="--network astra: ASTRA-sim system JSON (collective algorithm per dimension, chunking)."),
         click.option("--attention", type=click.Choice(ATTENTION),
                      help="Attention kernel: flash (default, no s×s scores kept) | eager (the s×s scores go "
@@ -377,7 +378,7 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--fsdp-reshard-after-forward", type=click.Choice(RESHARD),
                      help="FSDP: free gathered parameters after each forward (auto: only without PP)."),
         click.option("--mode", type=click.Choice(MODES), help="symmetric (default where valid) | full per-rank."),
-        click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
+        click.option("--calibration", type=NonEmptyPath(dir_okay=False), help="Calibration JSON (clustersim calibrate)."),
         click.option("--calibration-scope", type=click.Choice(CALIBRATION_SCOPES),
                      help="matching (default): use only fits of the cluster's device and backend, refuse a "
                           "calibration that covers neither; any: apply it whatever it was measured on."),
@@ -539,7 +540,7 @@ def resolve_model(exp: Experiment):
                 _as_int(v, f"{exp.model_config}: {f.name}", minimum=None)
         fields = {k: v for k, v in exp.model.items() if k != "base"} if isinstance(exp.model, dict) else {}
         models.check_model_fields(fields, "model override")
-        return dataclasses.replace(base, **fields)
+        return models.check_moe_fields(fields, dataclasses.replace(base, **fields), "model override")
     if exp.params is not None and exp.model in (None, "llama3-8b") and not isinstance(exp.model, dict):
         return models.model_from_params(exp.params)
     if isinstance(exp.model, dict) and "base" in exp.model:
@@ -548,7 +549,7 @@ def resolve_model(exp: Experiment):
             raise ConfigError(f"model: base must name a preset, got {exp.model['base']!r}")
         base = models.get_model(exp.model["base"])
         models.check_model_fields(fields, "model override")
-        return dataclasses.replace(base, **fields)
+        return models.check_moe_fields(fields, dataclasses.replace(base, **fields), "model override")
     if isinstance(exp.model, dict):
         fields = dict(exp.model)
         models.check_model_fields(fields, "model")
@@ -557,7 +558,7 @@ def resolve_model(exp: Experiment):
         for k in ("layers", "hidden", "heads"):
             if k not in fields:
                 raise ConfigError(f"custom model needs --{k} (given: {', '.join(sorted(fields)) or 'nothing'})")
-        return models.custom_model(**fields)
+        return models.check_moe_fields(fields, models.custom_model(**fields), "model")
     if exp.model is None:
         raise ConfigError("no model: give --model PRESET or --layers/--hidden/--heads")
     if exp.model.endswith((".yaml", ".yml")):
@@ -616,6 +617,9 @@ def resolve_plan(exp: Experiment, model, world_size: int):
 def build_cost_model(exp: Experiment, cluster):
     from simulator.calibration import Calibration
     from topologies.cost import ClusterCostModel
+    if exp.astra_system is not None and exp.network != "astra":
+        raise ConfigError(f"--astra-system configures --network astra's collectives (network is {exp.network}): "
+                          f"add --network astra or drop --astra-system")
     cal = Calibration.load(exp.calibration) if exp.calibration else None
     if exp.network == "astra":
         # per-dimension collective algorithms and chunking as ASTRA-sim's analytical backend (issue 14)
@@ -683,9 +687,10 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         if was and not (symmetric and not timeline and process_runs_one_simulation()):
             gc.enable()
     metrics.wall_time_s = time.perf_counter() - t0
-    note = headroom_note(metrics.peak_memory_bytes, metrics.memory_capacity_bytes)
-    if note:
-        notes.append(note)
+    for note in (headroom_note(metrics.peak_memory_bytes, metrics.memory_capacity_bytes),
+                 getattr(getattr(base_cost, "base", base_cost), "forced_algorithm_note", lambda: None)()):
+        if note:
+            notes.append(note)
     return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)
 
 
@@ -709,13 +714,21 @@ def stack_for(exp: Experiment, cluster) -> str:
     return exp.stack or default_stack(cluster.accelerator.vendor)
 
 
-def check_device_dtype(dtype: str, accelerator) -> None:
+def check_device_dtype(dtype: str, accelerator, fp8_recipe: str = "delayed") -> None:
     """Refuse a precision the device cannot run: FP8 GEMMs need an FP8 tensor-core path (Transformer Engine
     and torchao's Float8 both require CUDA compute capability 8.9 or newer: Ada, Hopper, Blackwell). A100,
-    TPU v5p and Ascend 910C have none (``AcceleratorSpec.peak_fp8_flops`` is None)."""
+    TPU v5p and Ascend 910C have none (``AcceleratorSpec.peak_fp8_flops`` is None). MXFP8's block-scaled GEMMs
+    are Blackwell's (Transformer Engine's MXFP8 recipe requires compute capability 10.0): refused on a device
+    the NCCL model knows as Ampere or Hopper."""
     if dtype == "fp8" and getattr(accelerator, "peak_fp8_flops", None) is None:
         raise PlanError(f"--dtype fp8: {accelerator.name} has no FP8 tensor cores (FP8 training needs an FP8 GEMM "
                         f"path: Ada, Hopper or Blackwell GPUs); use --dtype bf16")
+    from topologies.nccl import ARCH
+    arch = ARCH.get(getattr(accelerator, "name", None))
+    if dtype == "fp8" and fp8_recipe == "mxfp8" and arch in ("ampere", "hopper"):
+        raise PlanError(f"--fp8-recipe mxfp8: {accelerator.name} is a {arch.title()} GPU, and MXFP8's block-scaled "
+                        f"GEMMs need Blackwell tensor cores (Transformer Engine requires compute capability 10.0); "
+                        f"use --fp8-recipe delayed or current")
 
 
 def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
@@ -726,13 +739,16 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     world = cluster.world_size
     model = resolve_model(exp)
     exp.stack = stack_for(exp, cluster)
-    check_device_dtype(exp.dtype, cluster.accelerator)
+    check_device_dtype(exp.dtype, cluster.accelerator, exp.fp8_recipe)
     plan = resolve_plan(exp, model, world)
     cost = build_cost_model(exp, cluster)
     base_cost = cost
     priced_by = getattr(cost, "base", cost)       # --network astra wraps the cluster's cost model
     cost_summary = priced_by.calibration_summary() if hasattr(priced_by, "calibration_summary") else "none"
     notes: list[str] = list(getattr(priced_by, "calibration_notes", ()))
+    if plan.sp and plan.tp == 1:
+        notes.append("--sp does nothing at tp 1 (sequence parallelism splits the tensor-parallel group's activations; "
+                     "Megatron-LM turns it off there)")
     if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
         notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
     elif plan.schedule == "interleaved" and exp.virtual_stages is None:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 import click
 import numpy as np
 
+from clustersim.paths import NonEmptyPath
 from simulator.errors import ConfigError, ResourceLimitError
 
 HOUR_S = 3600.0
@@ -88,6 +89,10 @@ class GoodputConfig:
             _finite("interval_s", self.interval_s, strict=True)
         if self.step_time_s is not None:
             _finite("step_time_s", self.step_time_s, strict=True)
+            if self.step_time_s > self.horizon_s:
+                raise ConfigError(f"goodput: one training step ({self.step_time_s:g} s) is longer than the run "
+                                  f"({self.horizon_s:g} s = {self.horizon_s / 86400:g} days): no step would "
+                                  f"complete; raise --days or check --step-time-s")
 
     @property
     def system_mtbf_s(self) -> float:
@@ -358,7 +363,7 @@ def read_simulate_result(path: str) -> tuple[int, float]:
 
 @click.command("goodput")
 @click.option("--gpus", type=int, help="Devices in the job (default: the --result's world size).")
-@click.option("--result", "result_path", type=click.Path(),
+@click.option("--result", "result_path", type=NonEmptyPath(),
               help="A `clustersim simulate --json` output (or --out folder): GPUs and step time from it.")
 @click.option("--mtbf-hours", type=float, required=True, help="Mean time between failures of ONE device (hours).")
 @click.option("--checkpoint-interval-min", type=float, default=None,

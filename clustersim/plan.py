@@ -21,7 +21,8 @@ import click
 
 from schedules.kernels import DTYPES, GRAD_REDUCE_DTYPES, STACKS, default_stack
 from schedules.memory import memory_per_rank
-from schedules.models import ModelSpec, custom_model, get_model, load_model_file, model_flops_per_step, model_from_params
+from schedules.models import (ModelSpec, check_moe_fields, custom_model, get_model, load_model_file, model_flops_per_step,
+                             model_from_params)
 from schedules.pipeline import SCHEDULES
 from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, MOE_DISPATCHERS, RECOMPUTE, RESHARD,
                             ParallelPlan,
@@ -154,16 +155,17 @@ def model_from_options(model: str | None = None, params: float | None = None, **
         if not shape:
             return base
         try:
-            return dataclasses.replace(base, name=f"{base.name}-custom", **shape)
+            spec = dataclasses.replace(base, name=f"{base.name}-custom", **shape)
         except TypeError as e:
             raise ConfigError(f"model override: {e}") from None
+        return check_moe_fields(shape, spec, "model override")
     if "hybrid_pattern" in shape:
         shape.setdefault("layers", len(shape["hybrid_pattern"]))
     missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in shape]
     if missing:
         raise ConfigError(f"no model: give --model PRESET (or a YAML file), --params N, or a custom shape "
                           f"(missing {', '.join(missing)})")
-    return custom_model(**shape)
+    return check_moe_fields(shape, custom_model(**shape), "model")
 
 
 def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1,
@@ -335,7 +337,7 @@ def plan(cluster, hbm_gb, as_json, **kw):
     device = None if c is None else c.device(0)
     if c is not None:
         from clustersim.experiment import check_device_dtype
-        check_device_dtype(p.dtype, c.accelerator)
+        check_device_dtype(p.dtype, c.accelerator, p.fp8_recipe)
     if kw.get("stack") is None and c is not None:      # the stack simulate prices on this cluster by default
         p = dataclasses.replace(p, stack=default_stack(c.accelerator.vendor))
     hbm = _device_memory(device, hbm_gb)

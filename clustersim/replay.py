@@ -6,17 +6,18 @@ from pathlib import Path
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from simulator.inputs import json_safe
 
 
 @click.command("replay")
-@click.argument("trace_dir", type=click.Path(path_type=Path))
+@click.argument("trace_dir", type=NonEmptyPath(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @click.option("--cluster", default=None, help="what-if: simulate the collectives on this cluster preset")
 @click.option("--gpus", type=int, default=None, help="GPUs of the --cluster preset (default: the preset's default size; the trace's ranks sit on its first GPUs)")
 @click.option("--network", type=click.Choice(["analytical", "flow"]), default="analytical", show_default=True,
               help="network model of --cluster")
-@click.option("--calibration", type=click.Path(path_type=Path), default=None,
+@click.option("--calibration", type=NonEmptyPath(path_type=Path), default=None,
               help="calibration JSON: with --cluster, for its cost model; alone, time the trace's collectives "
                    "with its alpha-beta fits")
 @click.option("--scale-bandwidth", type=float, default=1.0, show_default=True,

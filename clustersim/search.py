@@ -30,6 +30,7 @@ from pathlib import Path
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from simulator.errors import ClusterSimError, ConfigError
 from clustersim.experiment import Experiment, resolve_model, resolve_plan
 from schedules.kernels import DTYPES, STACKS
@@ -464,7 +465,7 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     t0 = time.perf_counter()
     space = space or SearchSpace()
     cluster = load_cluster_for(base)
-    check_device_dtype(base.dtype, cluster.accelerator)
+    check_device_dtype(base.dtype, cluster.accelerator, base.fp8_recipe)
     world = cluster.world_size
     model = resolve_model(base)
     if base.global_batch is None:
@@ -775,7 +776,7 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--seq", type=int, default=4096, show_default=True, help="Sequence length (tokens).")
 @click.option("--network", type=click.Choice(["ideal", "analytical", "flow"]), default="analytical",
               show_default=True)
-@click.option("--calibration", type=click.Path(dir_okay=False))
+@click.option("--calibration", type=NonEmptyPath(dir_okay=False))
 @click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True,
               help="GEMM precision (fp8: Transformer Engine FP8 GEMMs).")
 @click.option("--stack", type=click.Choice(STACKS),
@@ -808,9 +809,9 @@ def _check_plot_path(path: Path) -> None:
                    "--tp-comm-overlap`; megatron stack; split-backward schedules are then not tried).")
 @click.option("--workers", type=int, help="Local worker processes (default: CPU count).")
 @click.option("--scheduler", help="Dask scheduler address tcp://HOST:PORT (else a local process pool).")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Result cache (default ~/.cache/clustersim).")
+@click.option("--cache-dir", type=NonEmptyPath(file_okay=False), help="Result cache (default ~/.cache/clustersim).")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the cache.")
-@click.option("--pareto", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
+@click.option("--pareto", type=NonEmptyPath(dir_okay=False), help="Write the Pareto plot (PNG).")
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, attention, attention_kernel,
            top_k, micro_batches, schedules, recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold,

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from clustersim.experiment import experiment_from_options, run_experiment, simulate_options
+from clustersim.paths import NonEmptyPath
 
 
 class DelayedProgress:
@@ -168,7 +169,7 @@ def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool
 
 @click.command("simulate")
 @simulate_options
-@click.option("--out", type=click.Path(file_okay=False), help="Write a report folder (JSON, timeline, Perfetto, PNGs).")
+@click.option("--out", type=NonEmptyPath(file_okay=False), help="Write a report folder (JSON, timeline, Perfetto, PNGs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (stable contract, see README).")
 @click.option("--breakdown", is_flag=True, help="Per-kernel time of each layer phase (also in --json and --out).")
 @click.option("--force", is_flag=True, help="Write into a non-empty --out that no clustersim run wrote.")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from simulator.calibration import Calibration, bus_factor
 from simulator.costs import CommRequest
 from simulator.errors import ConfigError
@@ -204,11 +205,11 @@ def _describe_text(d: dict) -> str:
               help="Force NCCL's protocol, as NCCL_PROTO does (default: NCCL's choice per size).")
 @click.option("--nccl-version", default=None, metavar="X.Y.Z",
               help="NCCL release whose tuner picks algorithm and protocol (2.18 on; default: the newest model).")
-@click.option("--calibration", type=click.Path(dir_okay=False), default=None, help="Calibration JSON.")
+@click.option("--calibration", type=NonEmptyPath(dir_okay=False), default=None, help="Calibration JSON.")
 @click.option("--min-bytes", type=int, default=KIB, show_default=True)
 @click.option("--max-bytes", type=int, default=4 * GIB, show_default=True)
 @click.option("--factor", type=int, default=2, show_default=True, help="Size step factor.")
-@click.option("--draw", "draw_path", type=click.Path(dir_okay=False), default=None, help="Draw the graph to PNG.")
+@click.option("--draw", "draw_path", type=NonEmptyPath(dir_okay=False), default=None, help="Draw the graph to PNG.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a preset setting, e.g. --set oversubscription=2 --set rail_optimised=false.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

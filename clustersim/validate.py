@@ -28,6 +28,7 @@ from pathlib import Path
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from schedules.models import MEGATRON_GPT_2021_PRESETS
 from simulator.errors import ClusterSimError, ConfigError
 
@@ -1389,7 +1390,7 @@ def plot(results: list[dict], path: str | Path) -> Path:
 
 # ---------------------------------------------------------------------------------------------- command
 @click.group("validate", invoke_without_command=True)
-@click.option("--runs", "runs_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--runs", "runs_path", type=NonEmptyPath(dir_okay=False), default=None,
               help="Published-runs CSV (default: validation/published_runs.csv; also shipped: "
                    "validation/megatron_lm_2021.csv, Megatron-LM's 2021 GPT runs on DGX A100).")
 @click.option("--only", "only", default=None, help="Keep rows whose model, hardware or framework contains TEXT.")
@@ -1399,7 +1400,7 @@ def plot(results: list[dict], path: str | Path) -> Path:
                    "contains TEXT.")
 @click.option("--network", type=click.Choice(("ideal", "analytical", "flow")), default="analytical",
               show_default=True, help="Network model.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", "plot_path", type=NonEmptyPath(dir_okay=False), default=None,
               help="Write predicted vs published (log axes, y = x, ±10% band) to FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print rows, summary and the rows not expressible as JSON.")
 @click.option("--tp-comm-overlap", "tp_overlap", is_flag=True,

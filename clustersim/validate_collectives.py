@@ -32,6 +32,7 @@ from pathlib import Path
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from simulator.errors import ConfigError
 from topologies import nccl_constants as NCCL_C
 
@@ -497,10 +498,10 @@ def _row_dict(r: Row) -> dict:
 
 
 @click.command("collectives")
-@click.option("--data", default=None, type=click.Path(file_okay=False),
+@click.option("--data", default=None, type=NonEmptyPath(file_okay=False),
               help="Folder with collectives.csv and moe_alltoall.csv (default: shared/validation beside the repo).")
 @click.option("--rows", "show_rows", is_flag=True, help="Also print every expressible row.")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--plot", "plot_path", default=None, type=NonEmptyPath(dir_okay=False),
               help="Plot busbw vs size per hardware (published points, predicted line) to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def collectives(data, show_rows, plot_path, as_json):

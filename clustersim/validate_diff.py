@@ -14,6 +14,7 @@ import math
 
 import click
 
+from clustersim.paths import NonEmptyPath
 from simulator.errors import ConfigError
 from simulator.inputs import load_json
 
@@ -88,8 +89,8 @@ def _stats_text(s: dict | None) -> str:
 
 
 @click.command("diff")
-@click.argument("before", type=click.Path(dir_okay=False))
-@click.argument("after", type=click.Path(dir_okay=False))
+@click.argument("before", type=NonEmptyPath(dir_okay=False))
+@click.argument("after", type=NonEmptyPath(dir_okay=False))
 @click.option("--tolerance", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
               help="A row moved when its prediction changed by more than this (relative; 0: any change).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")

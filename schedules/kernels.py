@@ -289,6 +289,9 @@ def optimizer_step_bytes(stack: str, params: float, param_bytes: float, grad_byt
 def check_choice(stack: str, dtype: str, reduce_dtype: str = "auto", fp8_recipe: str = "delayed") -> None:
     if fp8_recipe not in FP8_RECIPES:
         raise PlanError(f"unknown FP8 recipe {fp8_recipe!r}; choose one of {', '.join(FP8_RECIPES)}")
+    if fp8_recipe != "delayed" and dtype != "fp8":
+        raise PlanError(f"FP8 recipe {fp8_recipe!r} applies to FP8 training (dtype is {dtype}): add --dtype fp8 or "
+                        f"drop --fp8-recipe")
     if fp8_recipe != "delayed" and stack != "megatron":
         raise PlanError(f"FP8 recipe {fp8_recipe!r} is Transformer Engine's (the megatron stack); the {stack} "
                         f"stack's FP8 casts are priced as that stack runs them")

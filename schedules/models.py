@@ -737,6 +737,25 @@ def check_model_fields(data: dict, where: str) -> None:
             raise ConfigError(f"{where}: {key} must be {what}{' or null' if 'None' in ann else ''}, got {brief(value)}")
 
 
+#: fields that only a model with routed experts reads (a dense model given one ignores it)
+MOE_ONLY_FIELDS = ("top_k", "moe_ffn", "shared_experts", "first_dense_layers", "capacity_factor", "router_groups",
+                   "router_group_topk", "moe_layer_every")
+
+
+def check_moe_fields(data: dict, model: "ModelSpec", where: str) -> "ModelSpec":
+    """``model`` unless the user's mapping ``data`` sets an MoE-only field to other than its default on a model
+    without routed experts: then a ConfigError naming it (it would be silently ignored)."""
+    if model.experts:
+        return model
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+    given = [k for k in MOE_ONLY_FIELDS if k in data and data[k] != defaults[k]]
+    if given:
+        flags = ", ".join(f"{k} (--{k.replace('_', '-')})" for k in given)
+        raise ConfigError(f"{where}: {flags} applies to MoE models, and {model.name} is dense (experts 0): "
+                          f"give experts (--experts N) or drop it")
+    return model
+
+
 def load_model_file(path: str | Path) -> ModelSpec:
     """A model from a YAML file whose keys are ModelSpec fields (``preset: NAME`` may name a base)."""
     from simulator.yamlio import load_yaml
@@ -751,12 +770,12 @@ def load_model_file(path: str | Path) -> ModelSpec:
     if isinstance(data.get("hybrid_pattern"), str):
         data.setdefault("layers", len(data["hybrid_pattern"]))        # (a hybrid model: one layer per character)
     if base is not None:
-        return dataclasses.replace(get_model(str(base)), **data)
+        return check_moe_fields(data, dataclasses.replace(get_model(str(base)), **data), f"model file {p}")
     missing = [f for f in ("layers", "hidden", "heads") if f not in data]
     if missing:
         raise ConfigError(f"model file {p}: missing {', '.join(missing)} (or give `preset: NAME`)")
     data.setdefault("name", p.stem)
-    return custom_model(**data)
+    return check_moe_fields(data, custom_model(**data), f"model file {p}")
 
 
 # ---------------------------------------------------------------------------------------------- Hugging Face

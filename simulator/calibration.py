@@ -245,6 +245,10 @@ class Calibration:
 # Plausibility bounds of fitted values: far outside any device, so they only stop absurd fits and typos.
 MAX_PEAK_FLOPS_PER_S = 1e18      # 1 EFLOP/s per device: ~50x a B200's dense FP4 peak (NVIDIA datasheet, 2e16)
 MAX_BUSBW_BYTES_PER_S = 1e15     # 1 PB/s: ~500x NVLink 5 (1.8e12 B/s per GPU, NVIDIA datasheet)
+# floors: a fit below them prices an op at years (a 1e-300 peak made every op never end, reported as a
+# deadlock at t=0); our slowest fits, a 2-core CPU under gloo, are ~1e10 FLOP/s and ~1e8 B/s
+MIN_PEAK_FLOPS_PER_S = 1e6       # 1 MFLOP/s
+MIN_BUSBW_BYTES_PER_S = 1e3      # 1 kB/s
 MAX_SECONDS = 3600.0             # alpha / op overhead above an hour is not a latency
 MAX_GROUP_SIZE = 1 << 24         # ranks in one collective
 KINDS = COLLECTIVE_KINDS + ("gather", "scatter", "p2p")
@@ -279,13 +283,13 @@ def _fields(d: dict, cls, where: str) -> dict:
     for k, v in d.items():
         w = f"{where}.{k}"
         if k == "peak_flops_per_s":
-            out[k] = number(v, w, lo=0, lo_open=True, hi=MAX_PEAK_FLOPS_PER_S)
+            out[k] = number(v, w, lo=MIN_PEAK_FLOPS_PER_S, hi=MAX_PEAK_FLOPS_PER_S)
         elif k == "half_saturation_flops":
             out[k] = number(v, w, lo=0, hi=1e30)
         elif k in ("op_overhead_s", "alpha_s"):
             out[k] = number(v, w, lo=0, hi=MAX_SECONDS)
         elif k == "busbw_bytes_per_s":
-            out[k] = number(v, w, lo=0, lo_open=True, hi=MAX_BUSBW_BYTES_PER_S)
+            out[k] = number(v, w, lo=MIN_BUSBW_BYTES_PER_S, hi=MAX_BUSBW_BYTES_PER_S)
         elif k == "group_size":
             out[k] = integer(v, w, lo=1, hi=MAX_GROUP_SIZE)
         elif k == "kind":

@@ -1339,3 +1339,68 @@ def test_messages_say_what_to_do_not_which_class_refused():
     ):
         rc, _, err = run_cli(args)
         assert needle in assert_one_line_error(rc, err), args
+
+
+def test_options_that_would_be_silently_ignored_are_refused(tmp_path):
+    """Each of these ran and printed a result that had ignored the option (or, for --out '', wrote nothing)."""
+    sim = ["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8"]
+    for args, needle in (
+            (sim + ["--out", ""], "empty path"),
+            (["calibrate", " "], "empty path"),
+            (sim + ["--astra-system", tmp_path / "s.json"], "add --network astra or drop --astra-system"),
+            (sim + ["--fp8-recipe", "current"], "add --dtype fp8 or drop --fp8-recipe"),
+            (sim + ["--dtype", "fp8", "--fp8-recipe", "mxfp8"], "need Blackwell tensor cores"),      # on H100
+            (sim + ["--top-k", "4"], "top_k (--top-k) applies to MoE models"),
+            (["simulate", "--layers", "2", "--hidden", "256", "--heads", "4", "--moe-layer-every", "2", "--gpus", "8",
+              "--global-batch", "8"], "moe_layer_every (--moe-layer-every) applies to MoE models"),
+            (["plan", "-m", "llama3-8b", "--gpus", "8", "--top-k", "2"], "applies to MoE models"),
+    ):
+        rc, _, err = run_cli(args)
+        assert needle in assert_one_line_error(rc, err), args
+    p = tmp_path / "m.yaml"
+    p.write_text("preset: llama3-8b\ntop_k: 2\n")
+    rc, _, err = run_cli(["plan", "-m", p, "--gpus", "8"])
+    assert "applies to MoE models" in assert_one_line_error(rc, err)
+    # the same options where they apply still run
+    rc, _, err = run_cli(["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--cluster", "dgx-b200",
+                          "--dtype", "fp8", "--fp8-recipe", "mxfp8", "--json"])
+    assert rc == 0, err
+    rc, _, err = run_cli(["simulate", "--layers", "2", "--hidden", "256", "--heads", "4", "--experts", "8",
+                          "--top-k", "2", "--gpus", "8", "--global-batch", "8", "--json"])
+    assert rc == 0, err
+
+
+def test_options_that_do_nothing_here_say_so_in_notes():
+    import json
+    rc, out, err = run_cli(["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--sp", "--json"])
+    assert rc == 0, err
+    assert any("--sp does nothing at tp 1" in n for n in json.loads(out)["notes"])
+    # NVLS reduces inside a node's NVSwitch: not on A100's switches at all, on H100 not across nodes
+    base = ["simulate", "-m", "tiny", "--gpus", "16", "--tp", "2", "--global-batch", "16", "--json",
+            "--algorithm", "nvls"]
+    rc, out, err = run_cli(base + ["--cluster", "dgx-a100"])
+    notes = json.loads(out)["notes"]
+    assert rc == 0 and any("--algorithm nvls applies to none of this run's collectives" in n for n in notes), notes
+    rc, out, err = run_cli(base + ["--cluster", "dgx-h100"])
+    notes = json.loads(out)["notes"]
+    assert rc == 0 and any("--algorithm nvls priced all_reduce, but not every group's" in n for n in notes), notes
+    rc, out, err = run_cli(base[:-1] + ["ring"])
+    assert rc == 0 and not any("--algorithm" in n for n in json.loads(out)["notes"])
+
+
+def test_goodput_refuses_a_step_longer_than_the_run():
+    """It printed 'training steps per run: 0' beside a goodput of 0.71 (useful time of a step never finished)."""
+    rc, _, err = run_cli(["goodput", "--gpus", "1024", "--mtbf-hours", "50000", "--checkpoint-cost-s", "10",
+                          "--restart-s", "600", "--step-time-s", "200000", "--days", "1"])
+    assert "no step would complete" in assert_one_line_error(rc, err)
+
+
+def test_calibration_fits_below_any_processor_are_refused(tmp_path):
+    """A 1e-300 FLOP/s peak made every op never end, reported as a deadlock at t=0."""
+    import json
+    cal = json.loads((ROOT / "traces" / "data" / "h100.json").read_text())
+    cal["compute"][0]["peak_flops_per_s"] = 1e-300
+    (tmp_path / "c.json").write_text(json.dumps(cal))
+    rc, _, err = run_cli(["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--calibration",
+                          tmp_path / "c.json"])
+    assert "peak_flops_per_s: must be >= 1e+06" in assert_one_line_error(rc, err)

@@ -188,6 +188,10 @@ class ClusterCostModel:
             self._cal, self.calibration_notes = calibration.for_target(
                 acc.name, lambda d: same_device(d, acc), self.backend, calibration_scope)
         self.algorithm = algorithm
+        # collective kinds the forced algorithm priced, and kinds where it did not apply to some group (there
+        # NCCL's own choice, or the fastest route-level algorithm, priced them): forced_algorithm_note
+        self.forced_applied: set[str] = set()
+        self.forced_missed: set[str] = set()
         self.compute_efficiency = DEFAULT_COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
         # NCCL's model carries the protocols' efficiency itself: under it the route-level loads bound
         # time at line rate (they bind where the fabric is narrower: oversubscription, faults, sharing)
@@ -540,6 +544,8 @@ class ClusterCostModel:
             forced = _LINK_ALGO[forced]
         if forced is not None:
             c = self._algo_cost(kind, gpus, forced)
+            if choice is None:
+                (self.forced_missed if c is None else self.forced_applied).add(kind)
             if c is not None:
                 return c
         best = None
@@ -606,6 +612,8 @@ class ClusterCostModel:
         if algo in ("rings", "hierarchical", "direct", "torus"):      # route-level algorithms: links model
             return None
         c = nccl.choose(comm, kind, size, algo, self.protocol)
+        if algo is not None:
+            (self.forced_missed if c is None else self.forced_applied).add(kind)
         if c is None and (algo is not None or self.protocol is not None):
             c = nccl.choose(comm, kind, size)             # forced one does not apply here: NCCL's default
         return c
@@ -636,6 +644,19 @@ class ClusterCostModel:
                 if request.kind == "p2p":           # + the route's wire latency (hops)
                     t += self.cluster.path_latency_s(self._path(gpus[0], gpus[1])[0])
         return (algo.time_s(request.size_bytes) if t is None else t), algo
+
+    def forced_algorithm_note(self) -> str | None:
+        """What became of a forced ``algorithm``: a note where it did not price every collective (None where it
+        did, or where none is forced)."""
+        if self.algorithm is None or not self.forced_missed:
+            return None
+        missed = ", ".join(sorted(self.forced_missed))
+        if not self.forced_applied:
+            return (f"--algorithm {self.algorithm} applies to none of this run's collectives ({missed}): NCCL's own "
+                    f"choice (or the fastest route-level algorithm) priced them")
+        return (f"--algorithm {self.algorithm} priced {', '.join(sorted(self.forced_applied))}, but not every group's "
+                f"{missed} (it does not apply there): those ran NCCL's own choice (or the fastest route-level "
+                f"algorithm)")
 
     def comm_time_s(self, request: CommRequest) -> float:
         """Uncontended seconds of a collective or transfer (0 with network="ideal")."""

@@ -242,6 +242,7 @@ class RankInfo:
     base_time_ns: int | None = None
     start_abs_us: float = 0.0       # first event, on the common clock (baseTimeNanoseconds applied)
     thread_names: dict = field(default_factory=dict)
+    negative_durations: int = 0     # complete events whose negative "dur" was read as 0 (repaired, see replay)
 
     @property
     def device(self) -> str:
@@ -316,6 +317,7 @@ class _RankParser:
         self.min_ts = math.inf
         self.intern: dict[str, str] = {}
         self.ids: dict = {}
+        self.negative_durations = 0         # CPU / GPU events whose negative duration was read as 0
 
     def _id(self, v):
         """``_hid(v)``, one shared object per distinct id (millions of rows hold a few distinct ids)."""
@@ -334,6 +336,8 @@ class _RankParser:
             if ts is None:
                 return
             if dur is None or dur < 0:
+                if dur is not None and (cat in CPU_CATS or cat in GPU_CATS):
+                    self.negative_durations += 1
                 dur = 0.0
             args = e.get("args") or {}
             if not isinstance(args, dict):
@@ -443,7 +447,8 @@ def _rank_info(path: Path, meta: dict, rp: _RankParser, fallback_rank: int) -> R
     return RankInfo(rank=rank, path=path, world_size=ws if ws > 0 else None, backend=di.get("backend"),
                     devices=devices, distributed_info=di, process_groups=pgs,
                     host=host if isinstance(host, (str, int, float)) else None,
-                    base_time_ns=base, thread_names={t: n for (p, t), n in rp.thread_names.items()})
+                    base_time_ns=base, thread_names={t: n for (p, t), n in rp.thread_names.items()},
+                    negative_durations=rp.negative_durations)
 
 
 # --------------------------------------------------------------------------------------------- nesting

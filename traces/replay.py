@@ -510,6 +510,12 @@ def _peer_notes(plan: ReplayPlan, trace: Trace, comm_what_if: bool) -> list[str]
     if comm_what_if and not linked:
         notes.append("the communication what-if changes nothing: no collective or transfer of the trace has its "
                      "peers in it (record every rank)")
+    bad = {info.path.name: info.negative_durations for info in trace.ranks.values() if info.negative_durations}
+    if bad:
+        notes.append(f"{sum(bad.values()):,} event(s) with a negative duration read as 0 s ("
+                     + ", ".join(f"{name}: {n:,}" for name, n in sorted(bad.items())[:4])
+                     + (", ..." if len(bad) > 4 else "") + "): a profiler clock glitch or an edited file; "
+                     "measured and replayed times that hold them are not to be trusted")
     return notes
 
 

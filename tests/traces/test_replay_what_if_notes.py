@@ -29,3 +29,22 @@ def test_cli_column_is_change_in_what_if_mode_and_error_otherwise():
     r = CliRunner().invoke(replay_cmd, [str(DDP)])
     header = next(line for line in r.output.splitlines() if "measured (ms)" in line)
     assert header.split()[-1] == "error"
+
+
+def test_negative_durations_are_counted_in_the_notes(tmp_path):
+    """A negative "dur" (clock glitch, edited file) is read as 0 s, and replay says so instead of silently
+    replaying the repaired trace."""
+    import gzip
+    import json
+    for name in ("manifest.json", "rank0.json.gz", "rank1.json.gz"):
+        data = (DDP / name).read_bytes()
+        if name == "rank1.json.gz":
+            trace = json.loads(gzip.decompress(data))
+            kernels = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("dur", 0) > 0]
+            for e in kernels[:3]:
+                e["dur"] = -e["dur"]
+            data = gzip.compress(json.dumps(trace).encode())
+        (tmp_path / name).write_bytes(data)
+    notes = replay(tmp_path)["notes"]
+    assert any("3 event(s) with a negative duration read as 0 s (rank1.json.gz: 3)" in n for n in notes), notes
+    assert not any("negative duration" in n for n in replay(DDP)["notes"])
