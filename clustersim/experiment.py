@@ -123,6 +123,9 @@ class Experiment:
     stack: str | None = None         # None: the cluster's default (schedules.kernels.default_stack)
     grad_reduce_dtype: str = "auto"  # gradient reduction precision (auto: the stack's, schedules.kernels)
     gpu_variation: float | None = None   # relative std of GPU speed (None: topologies.variation's default)
+    lora_rank: int = 0               # LoRA fine-tuning: adapters of this rank, the model frozen (0: train every weight)
+    lora_targets: tuple[str, ...] | None = None   # linears with adapters (None: qkv, proj, fc1, fc2)
+    packed_doc_tokens: int = 0       # sequences packed from documents of this many tokens (attention within each)
     faults: dict = field(default_factory=dict)
     name: str | None = None
 
@@ -209,6 +212,11 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         if key in ("gpus", "tp", "pp", "dp", "ep", "etp", "cp", "virtual_stages", "micro_batch", "global_batch", "seq",
                    "first_stage_layers", "last_stage_layers", "recompute_every"):
             value = _as_int(value, w)
+        elif key in ("lora_rank", "packed_doc_tokens"):
+            value = _as_int(value, w, minimum=0)
+        elif key == "lora_targets":
+            from schedules.plan import parse_lora_targets
+            value = parse_lora_targets(value, w)
         elif key == "zero":
             value = _as_int(value, w, minimum=0)
             _check(value <= 3, f"{w}: ZeRO stage must be 0, 1, 2 or 3, got {value}")
@@ -404,6 +412,14 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--grad-reduce-dtype", type=click.Choice(GRAD_REDUCE_DTYPES),
                      help="Precision of the data-parallel gradient reduction: auto (default: the stack's, fp32 "
                           "under torchtitan and llm-foundry, the gradients' own (bf16) under megatron), bf16 or fp32."),
+        click.option("--lora-rank", type=int, help="LoRA fine-tuning: rank-R adapters beside the --lora-targets "
+                     "linears of every layer, the model frozen (no weight gradients; gradients, optimizer state "
+                     "and data-parallel reduction for the adapters only). 0 (default): every weight trains."),
+        click.option("--lora-targets", help="With --lora-rank: comma-separated linears with adapters, of qkv, proj, "
+                     "fc1, fc2 (default: all four, Megatron-Bridge's LoRA default)."),
+        click.option("--packed-doc-tokens", type=int, help="Sequences packed from documents of N tokens "
+                     "(fine-tuning data with per-document attention masks): attention within each document. "
+                     "For documents of varying length N = Σ sᵢ² / seq."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -419,7 +435,8 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp"
                "algorithm", "fsdp_prefetch", "overlap_grad_reduce", "skew", "axis_order", "layer_split",
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
                "attention", "attention_kernel", "fsdp_reshard_after_forward", "dtype", "stack",
-               "calibration_scope", "gpu_variation", "grad_reduce_dtype", "fp8_recipe", "fp8_param_gather")
+               "calibration_scope", "gpu_variation", "grad_reduce_dtype", "fp8_recipe", "fp8_param_gather",
+               "lora_rank", "lora_targets", "packed_doc_tokens")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -530,7 +547,16 @@ def _plan_dict(plan) -> dict:
 
 
 def resolve_model(exp: Experiment):
-    """The ModelSpec an experiment names (preset, custom mapping, YAML file, or parameter count)."""
+    """The ModelSpec an experiment names (preset, custom mapping, YAML file, or parameter count), its attention
+    confined to packed documents where ``packed_doc_tokens`` says so (schedules.models.packed)."""
+    from schedules import models
+    model = _named_model(exp)
+    if exp.packed_doc_tokens:
+        return models.packed(model, exp.packed_doc_tokens, exp.seq)
+    return model
+
+
+def _named_model(exp: Experiment):
     from schedules import models
     if exp.model_config is not None:
         base = models.model_from_hf_config(exp.model_config)
@@ -579,7 +605,8 @@ def virtual_stages(exp: Experiment, model) -> int:
 
 def resolve_plan(exp: Experiment, model, world_size: int):
     """The validated ParallelPlan of an experiment (dp defaults to GPUs / (tp·pp·cp))."""
-    from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan, parse_memory_limit, parse_stage_layers
+    from schedules.plan import (DEFAULT_RECOMPUTE_MODULES, LORA_TARGETS, ParallelPlan, parse_memory_limit,
+                                parse_stage_layers)
 
     from clustersim.guards import check_budget
     # every layer runs at least a forward and a backward op: a model the resource guard refuses on that
@@ -594,6 +621,8 @@ def resolve_plan(exp: Experiment, model, world_size: int):
         dp = world_size // denom
         exp.dp = dp
     global_batch = exp.global_batch if exp.global_batch is not None else dp * exp.micro_batch * max(exp.pp, 1) * 2
+    if exp.lora_targets is not None and not exp.lora_rank:
+        raise ConfigError("--lora-targets names the linears of LoRA adapters: give --lora-rank R (> 0) too")
     kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, etp=exp.etp or 0, expert_grid=exp.expert_grid, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
@@ -606,7 +635,8 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               fp8_recipe=exp.fp8_recipe, fp8_param_gather=exp.fp8_param_gather,
               stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               grad_reduce_dtype=exp.grad_reduce_dtype, tp_comm_overlap=exp.tp_comm_overlap,
-              moe_dispatcher=exp.moe_dispatcher,
+              moe_dispatcher=exp.moe_dispatcher, lora_rank=exp.lora_rank,
+              lora_targets=exp.lora_targets or LORA_TARGETS,
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
@@ -746,6 +776,14 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     priced_by = getattr(cost, "base", cost)       # --network astra wraps the cluster's cost model
     cost_summary = priced_by.calibration_summary() if hasattr(priced_by, "calibration_summary") else "none"
     notes: list[str] = list(getattr(priced_by, "calibration_notes", ()))
+    if plan.lora_rank:
+        from schedules.memory import lora_rank_params, rank_params
+        trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp
+        notes.append(f"LoRA rank {plan.lora_rank} on {', '.join(plan.lora_targets)}: {trainable / 1e6:,.1f} M adapter "
+                     f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")
+    if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens:
+        notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "
+                     f"causally within its document (priced as chunked attention)")
     if plan.sp and plan.tp == 1:
         notes.append("--sp does nothing at tp 1 (sequence parallelism splits the tensor-parallel group's activations; "
                      "Megatron-LM turns it off there)")

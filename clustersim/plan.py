@@ -261,7 +261,8 @@ def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = 
         "tokens_per_step": plan.tokens_per_step,
     }
     if not model.params_only:
-        out["model_flops_per_step"] = model_flops_per_step(model, plan.seq, plan.effective_global_batch)
+        out["model_flops_per_step"] = model_flops_per_step(model, plan.seq, plan.effective_global_batch,
+                                                           plan.lora_rank, plan.lora_targets)
         out["stages"] = stage_table(model, plan, peak_flops)
     return out
 

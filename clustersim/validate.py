@@ -565,8 +565,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
 
     fields = experiment_fields if experiment_fields is not None else _experiment_fields()
     notes: list[str] = []
-    if row.get("task", "pretrain") != "pretrain":
-        raise NotExpressible(f"task {row['task']!r}: only pre-training steps are simulated")
+    task = row.get("task", "pretrain") or "pretrain"
+    if task not in ("pretrain", "sft", "lora"):
+        raise NotExpressible(f"task {task!r}: pre-training, SFT and LoRA steps are simulated")
+    finetune = finetune_settings(row) if task != "pretrain" else None       # NotExpressible where unknown
     if "CHECK" in row.get("notes", ""):
         raise NotExpressible("the source's figures disagree with one another (CHECK in the data notes)")
     preset = MODEL_PRESETS.get(row["model"])
@@ -772,9 +774,55 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
     if "AutoModel" in fw and "FlexAttn" in (row.get("notes") or ""):
         notes.append("its FlexAttention (PyTorch's flex_attention, as the table's kernel optimizations name it) is "
                      "priced as cuDNN's fused attention: no FlexAttention measurement is in the kernel data")
+    if finetune is not None:
+        if any(k not in fields for k in finetune[0]):
+            raise NotExpressible("fine-tuning: this build has no --lora-rank / --packed-doc-tokens")
+        kw.update(finetune[0])
+        notes.append(finetune[1])
     if row.get("id") in SOURCE_FLAGS:
         notes.append(SOURCE_FLAGS[row["id"]])
     return kw, notes
+
+
+#: Packed SQuAD as Megatron-Bridge's FLOP counter states it for the Llama 3 tokenizer
+#: (src/megatron/bridge/training/utils/flop_utils.py, PR #2416): Σ sᵢ² = 842,603 per packed 4,096-token
+#: sequence, i.e. documents of 842,603 / 4,096 = 206 tokens each for the same attention FLOPs
+#: (schedules.models.packed). No statistic is published for the Llama 2 tokenizer.
+SQUAD_PACKED_SUM_SQ_4096 = 842_603
+SQUAD_DOC_TOKENS = round(SQUAD_PACKED_SUM_SQ_4096 / 4096)
+
+
+def finetune_settings(row: dict) -> tuple[dict, str]:
+    """(Experiment keyword arguments, note) of a fine-tuning row's recipe (task sft or lora), from what its
+    framework's configs of that release set (docs/validation-notes.md, "Fine-tuning rows"); NotExpressible
+    where they are not known."""
+    task, fw = row["task"], row.get("framework", "")
+    release = (row.get("release") or "").strip()
+    packed = {"packed_doc_tokens": SQUAD_DOC_TOKENS}
+    if RECIPE_FRAMEWORK in fw and release.startswith("NeMo 26.06") and _int(row, "seq_len") == 4096:
+        if task == "lora":
+            return ({"lora_rank": 16, "lora_targets": ("qkv",), **packed},
+                    f"LoRA as Megatron-Bridge's Llama 3 70B fine-tuning performance config runs it (v0.5.0 "
+                    f"llama3_llm_finetune.py, llama3_70b_peft_config: dim 16, alpha 32, on linear_qkv only) on "
+                    f"SQuAD packed to 4,096 tokens (documents of {SQUAD_DOC_TOKENS} tokens: Σ sᵢ² = 842,603 per "
+                    f"sequence, its FLOP counter's figure)")
+        return ({}, "SFT: every weight trains on 4,096-token sequences as in pre-training; whether the runs packed "
+                    "SQuAD (attention within each document, less of it) is not published: attention over the "
+                    "whole sequence is priced, as the recipe's FLOP counter counts it (an upper bound on its time)")
+    if "NeMo (Megatron-Core)" in fw and release.startswith("NeMo 24.07") and _int(row, "seq_len") == 4096:
+        lora = {"lora_rank": 32, "lora_targets": ("qkv",)} if task == "lora" else {}
+        what = ("LoRA (adapter dim 32 on attention_qkv, NeMo-Framework-Launcher 24.07 conf/peft/llama/sft.yaml "
+                "and NeMo 1's default target)" if task == "lora" else "SFT (every weight trains)")
+        return ({**lora, **packed},
+                f"{what} on SQuAD v1.1 packed to 4,096 tokens (examples/peft/llama/h100/*.sh); documents of "
+                f"{SQUAD_DOC_TOKENS} tokens, the Llama 3 tokenizer's packing statistic (none is published for "
+                f"Llama 2's, whose tokens are more per document: attention a little more than priced)")
+    if "AutoModel" in fw and _commit_of(row.get("source", "")) == AUTOMODEL_COMMIT and task == "lora":
+        return ({"lora_rank": 16, "lora_targets": ("qkv", "proj", "fc1", "fc2")},
+                "LoRA as NeMo AutoModel's configs at 36044ad set it: dim 16, alpha 32 on every *_proj linear "
+                "(q, k, v, o, gate, up, down: priced as one adapter beside each fused linear), mock data (one "
+                "unpacked 4,096-token sequence per sample)")
+    raise NotExpressible(f"task {task!r}: what the {fw} {release} fine-tuning recipe ran is not known here")
 
 
 #: published figures their own source flags, by row id: the flag in the source's words. The rows stay in every

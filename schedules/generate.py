@@ -39,7 +39,7 @@ import numpy as np
 from schedules import memory as mem
 from schedules.kernels import (FSDP1_STACKS, TORCH_CP_STACKS, attention_head_dims, attention_kv_heads,
                                optimizer_step_bytes, phase_kernels, ub_chunks, ub_segments)
-from schedules.models import ModelSpec, hybrid_blocks, model_flops_per_step
+from schedules.models import ModelSpec, hybrid_blocks, lora_layer_params, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops, selective_extra_flops
 from simulator.calibration import bus_factor
@@ -74,6 +74,7 @@ class Unit:
     transient_b: float | None = None   # head: what its backward holds while the loss's gradient runs (None: transient)
     local: tuple = ("", 0)           # the layer's local attention (ModelSpec.local_attention; ("", 0): global)
     block: str = ""                  # a hybrid model's layer: its one block (ModelSpec.layer_kind: M, *, -, E)
+    lora_params: float = 0.0         # LoRA: the unit's adapter parameters per rank (what trains, see _grad_sizes)
 
 
 @dataclass
@@ -117,6 +118,7 @@ class _StageBuilder:
     def _units(self) -> list[list[Unit]]:
         m, p = self.m, self.p
         div = p.tp * p.cp
+        lora = lora_layer_params(m, p.lora_rank, p.lora_targets) / p.tp if p.lora_rank else 0.0
         out = []
         cache: dict[bool, Unit] = {}
         for c, layers in enumerate(mem.stage_chunks(m, p, self.s)):
@@ -144,7 +146,7 @@ class _StageBuilder:
                     cache[key] = u
                 units.append(Unit(mem.layer_name(m, l), l, u.dense_params, u.expert_params, u.f_main, u.f_core, u.f_exp, u.act,
                                   u.w_frac, u.transient, u.moe, recompute=u.recompute, f_rec=u.f_rec, local=u.local,
-                                  block=u.block))
+                                  block=u.block, lora_params=lora))
             if vs == self.nv - 1:
                 head = mem.head_unit_params(m, p, self.s)        # + final norm, MTP projections
                 act, act_w = mem.head_activation_bytes(m, p)
@@ -324,12 +326,20 @@ class _StageBuilder:
         return out
 
     def _gather_sizes(self, u: Unit) -> list[tuple[str, float]]:
+        """(role, parameters) of the unit that ZeRO-3 / FSDP gathers (every parameter, frozen or not)."""
         out = []
         if u.dense_params and self.dp_size > 1:
             out.append(("grad_dense", u.dense_params))
         if u.expert_params and self.edp_size > 1:
             out.append(("grad_expert", u.expert_params))
         return out
+
+    def _grad_sizes(self, u: Unit) -> list[tuple[str, float]]:
+        """(role, parameters) of the unit that take gradients (reduced over data parallelism, updated, and
+        under ZeRO-1/2 gathered after the update): every parameter, or under LoRA the adapters alone."""
+        if not self.p.lora_rank:
+            return self._gather_sizes(u)
+        return [("grad_dense", u.lora_params)] if u.lora_params and self.dp_size > 1 else []
 
     def _ensure_gathers(self, upto: int) -> None:
         pf = self.p.fsdp_prefetch
@@ -471,13 +481,15 @@ class _StageBuilder:
         pbytes = (u.dense_params + u.expert_params) * self.dt
         # FLOPs of this phase (per rank)
         lin_main = u.f_main - u.f_core
+        # LoRA: no weight gradients of the frozen model; the adapters' FLOPs (each pass as a forward)
+        wgrad, f_lora = (0.0, 2.0 * u.lora_params * p.micro_batch * p.seq / p.cp) if p.lora_rank else (1.0, 0.0)
         if a.phase == "F":
-            main, exp = u.f_main, u.f_exp
+            main, exp = u.f_main + f_lora, u.f_exp
         elif a.phase == "W":
-            main, exp = lin_main, u.f_exp
+            main, exp = lin_main * wgrad + f_lora, u.f_exp * wgrad
         else:
-            main = lin_main + 2 * u.f_core + (lin_main if a.phase == "B" else 0.0)
-            exp = u.f_exp * (2 if a.phase == "B" else 1)
+            main = lin_main + 2 * u.f_core + (lin_main * wgrad + f_lora if a.phase == "B" else 0.0) + f_lora
+            exp = u.f_exp * (1 + wgrad if a.phase == "B" else 1)
             if u.kind != "layer":
                 pass                # recomputation applies to transformer layers only
             elif u.recompute == "full":
@@ -515,7 +527,7 @@ class _StageBuilder:
         if back and a.phase != "Bi" and self.zero >= 2 and (
                 self.zero == 2 or p.pp == 1 or self.first_grad_action[a.chunk] == self.cur_action):
             # unsharded gradients until their reduce-scatter (ZeRO-3 under PP: accumulated over the step)
-            alloc += [("buffers", n * p.grad_buffer_bytes_per_param) for _, n in self._gather_sizes(u)]
+            alloc += [("buffers", n * p.grad_buffer_bytes_per_param) for _, n in self._grad_sizes(u)]
         memb = pbytes + u.act
         back_coll = "reduce_scatter" if p.sp else "all_reduce"
         if u.kind == "embedding":
@@ -799,7 +811,7 @@ class _StageBuilder:
             # precision) on the compute stream (``foreach_reduce_scatter_copy_in``): read g, write r bytes per
             # element. FSDP1 casts its flat gradient to the reduction's precision where it differs
             # (``_post_backward_hook``), then divides it in place (pre-divide): read g, write r; read + write r
-            n = sum(n for _, n in self._gather_sizes(u))
+            n = sum(n for _, n in self._grad_sizes(u))
             g, r = self.p.grad_bytes_per_param, self.p.grad_reduce_bytes
             fsdp1 = self.p.stack in FSDP1_STACKS
             cast = g + r if r != g else 0.0         # FSDP1's cast of the flat gradient, where the precisions differ
@@ -808,7 +820,7 @@ class _StageBuilder:
             if n:
                 last = self.comp(f"fsdp {what} {u.name}", 0.0, n * per, (last,), layer=u.layer,
                                  microbatch=a.mb, phase=PHASE[a.phase], strategy="fsdp")
-        for role, n in self._gather_sizes(u):
+        for role, n in self._grad_sizes(u):
             self.dp_ops.append(self.coll(f"fsdp RS {u.name}", "reduce_scatter", self.fam[role],
                                          n * self.p.grad_reduce_bytes, "dp_comm", (last,),
                                          free=(("buffers", n * self.p.grad_buffer_bytes_per_param),),
@@ -823,7 +835,7 @@ class _StageBuilder:
         for c in chunks:
             units = self.units[c] if forward else list(reversed(self.units[c]))
             for u in units:
-                for role, n in self._gather_sizes(u):
+                for role, n in self._grad_sizes(u):
                     b = cur[role]
                     b[0] += n
                     b[1].append((c, u.name))
@@ -838,7 +850,7 @@ class _StageBuilder:
     def _param_bytes(self, role: str, n: float, members: list[tuple[int, str]]) -> float:
         """Bytes of a ``role`` parameter bucket of ``n`` parameters: the model's dtype, but 1 byte for the
         transformer layers' weights under ``fp8_param_gather`` (Megatron-Core gathers the FP8 parameters)."""
-        if not getattr(self.p, "fp8_param_gather", False):
+        if not getattr(self.p, "fp8_param_gather", False) or self.p.lora_rank:     # LoRA: BF16 adapters only
             return n * self.dt
         unit = self._unit_by_key
         other = sum(sz for key in members if unit[key].kind != "layer"        # embedding, head: BF16
@@ -868,11 +880,12 @@ class _StageBuilder:
             for role, n, _ in self._bucket_plan(forward=False):
                 self.dp_ops.append(self.coll(f"dp grad {kind}", kind, self.fam[role], n * p.grad_reduce_bytes,
                                              "dp_comm", (last,), strategy="dp" if self.zero == 0 else "zero"))
-        if p.pp > 1 and self.m.tied_embeddings and self.s in (0, p.pp - 1) and layout(p.schedule) == "loop":
+        if p.pp > 1 and self.m.tied_embeddings and self.s in (0, p.pp - 1) and layout(p.schedule) == "loop" \
+                and not p.lora_rank:        # (a frozen embedding takes no gradient)
             size = self.m.embedding_params() / p.tp * p.grad_reduce_bytes
             self.dp_ops.append(self.coll("embedding grad all_reduce", "all_reduce", "embed", size, "dp_comm",
                                          (last,), strategy="pp"))
-        dense, expert = mem.rank_params(self.m, p, self.s)
+        dense, expert = mem.trainable_rank_params(self.m, p, self.s)
         if self.zero >= 1:
             n_upd = dense / max(1, self.dp_size) + expert / max(1, self.edp_size)
         else:
@@ -917,7 +930,7 @@ class _Buckets:
         self.cur = {"grad_dense": [0.0, None], "grad_expert": [0.0, None]}
 
     def add(self, u: Unit, last: int) -> None:
-        for role, n in self.b._gather_sizes(u):
+        for role, n in self.b._grad_sizes(u):
             c = self.cur[role]
             c[0] += n
             c[1] = last
@@ -1123,7 +1136,8 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                 progs.templates[r] = templates_key(c["pp"], e)
                 progs.static_memory[r] = static[c["pp"]]
     progs.tokens_per_step = float(plan.tokens_per_step)
-    progs.model_flops_per_step = model_flops_per_step(model, plan.seq, plan.effective_global_batch)
+    progs.model_flops_per_step = model_flops_per_step(model, plan.seq, plan.effective_global_batch, plan.lora_rank,
+                                                      plan.lora_targets)
     progs.meta = {"model": model.name, "plan": plan.to_dict(), "schedule": plan.schedule,
                   "stage_layers": [[l for c in mem.stage_chunks(model, plan, s) for l in c] for s in range(plan.pp)],
                   "generator": "schedules.build_programs"}

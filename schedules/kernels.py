@@ -336,7 +336,17 @@ class _Writer:
         self.cast_bytes = self.a + 2 + (2 / MX_BLOCK if self.mxfp8 else 0.0)
         self.local = GLOBAL_ATTENTION     # the layer's local attention (ModelSpec.local_attention)
         self.kind = ""                    # the layer's hybrid-pattern block (ModelSpec.layer_kind)
+        self.frozen = False               # LoRA: the model's weights take no gradient (no weight-gradient GEMMs)
+        self.lora_rank = 0                # LoRA adapters' rank beside the lora_targets linears (0: none)
+        self.lora_targets: tuple = ()
         self.out: list[Kernel] = []
+
+    def lora(self, plan) -> "_Writer":
+        """This writer for ``plan``'s LoRA fine-tuning (``ParallelPlan.lora_rank``; nothing without it)."""
+        rank = getattr(plan, "lora_rank", 0)
+        self.frozen, self.lora_rank = rank > 0, rank
+        self.lora_targets = getattr(plan, "lora_targets", ()) if rank else ()
+        return self
 
     def gemm(self, name: str, m: float, n: float, k: float, batch: float = 1, fp8_ok: bool = True) -> None:
         m, n, k, batch = int(round(m)), int(round(n)), int(round(k)), max(1, int(round(batch)))
@@ -459,17 +469,47 @@ def _activation(w: _Writer, rows: float, width: float, gated: bool, back: bool, 
 
 
 def _linear(w: _Writer, name: str, phase: str, m: float, n: float, k: float, batch: float = 1,
-            fp8_ok: bool = True) -> None:
-    """A linear layer y[m,n] = x[m,k]·W[k,n] (per expert when batch > 1) in one phase."""
+            fp8_ok: bool = True, target: str = "") -> None:
+    """A linear layer y[m,n] = x[m,k]·W[k,n] (per expert when batch > 1) in one phase. Under LoRA (``w.frozen``)
+    its weight takes no gradient, and a linear named in ``w.lora_targets`` (``target``) has an adapter."""
     if phase == FORWARD:
         w.gemm(name, m, n, k, batch, fp8_ok)
+        if target in w.lora_targets:
+            _lora_adapter(w, name, phase, m, n, k)
         return
-    if fp8_ok and w.fp8:
+    if target in w.lora_targets:
+        _lora_adapter(w, name, phase, m, n, k)
+    if fp8_ok and w.fp8 and not (w.frozen and phase == BACKWARD_WEIGHT):
         w.cast(f"{name} grad fp8 cast", batch * m * n)
     if phase in (BACKWARD, BACKWARD_INPUT):
         w.gemm(f"{name} dgrad", m, k, n, batch, fp8_ok)
-    if phase in (BACKWARD, BACKWARD_WEIGHT):
+    if phase in (BACKWARD, BACKWARD_WEIGHT) and not w.frozen:
         w.gemm(f"{name} wgrad", n, k, m, batch, fp8_ok)
+
+
+def _lora_adapter(w: _Writer, name: str, phase: str, m: float, n: float, k: float) -> None:
+    """A LoRA adapter beside linear ``name`` (Megatron-Bridge ``peft/utils.py::ParallelLinearAdapter`` and
+    ``peft/lora_layers.py::LoRALinear``): linear_in A (k → r) and linear_out B (r → n) in BF16 whatever the base
+    GEMMs' precision, the output scaled by alpha / r (one elementwise pass), then added to the base output.
+    Backward: the scale's gradient, B's and A's input and weight gradients, and the adapter's input gradient
+    summed into the base linear's. Per rank the adapters are sharded like the base weight (A gathered over the
+    TP group for a column-parallel target: its r columns are few; the TP collectives of the adapters, a few
+    KiB to a few MB per layer, are not priced)."""
+    r = w.lora_rank
+    if phase == FORWARD:
+        w.gemm(f"{name} lora A", m, r, k, fp8_ok=False)
+        w.gemm(f"{name} lora B", m, n, r, fp8_ok=False)
+        w.ew(f"{name} lora scale", 2 * w.a * m * n)
+        w.ew(f"{name} lora add", 3 * w.a * m * n)
+        return
+    if phase in (BACKWARD, BACKWARD_INPUT):
+        w.ew(f"{name} lora scale bwd", 2 * w.a * m * n)
+        w.gemm(f"{name} lora B dgrad", m, r, n, fp8_ok=False)
+        w.gemm(f"{name} lora A dgrad", m, k, r, fp8_ok=False)
+        w.ew(f"{name} lora input grad add", 3 * w.a * m * k)
+    if phase in (BACKWARD, BACKWARD_WEIGHT):
+        w.gemm(f"{name} lora B wgrad", n, r, m, fp8_ok=False)
+        w.gemm(f"{name} lora A wgrad", r, k, m, fp8_ok=False)
 
 
 class _Shape:
@@ -540,11 +580,11 @@ def _attention_linears(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, part: s
             _linear(w, "kv up", phase, T, heads * (m.d_head + m.v_head_dim), m.kv_lora_rank)
         elif w.separate_qkv:     # torchtitan's Attention: wq, wk, wv (models/llama/model.py)
             for nm, n in (("wq", heads), ("wk", sh.kv), ("wv", sh.kv)):
-                _linear(w, nm, phase, T, n * sh.d, h)
+                _linear(w, nm, phase, T, n * sh.d, h, target="qkv")
         else:
-            _linear(w, "qkv", phase, T, (heads + 2 * sh.kv) * sh.d, h)
+            _linear(w, "qkv", phase, T, (heads + 2 * sh.kv) * sh.d, h, target="qkv")
     if part in ("out", "both"):
-        _linear(w, "attention proj", phase, T, h, heads * (m.v_head_dim if m.is_mla else sh.d))
+        _linear(w, "attention proj", phase, T, h, heads * (m.v_head_dim if m.is_mla else sh.d), target="proj")
 
 
 def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> None:
@@ -796,17 +836,19 @@ def _mlp(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, width: float, rows: f
     back = phase != FORWARD
     up = [("fc1 (gate+up)", 2 * width)] if (gated and w.fused) else (
         [("w1 (gate)", width), ("w3 (up)", width)] if gated else [("fc1", width)])
+    dense = name == "mlp"           # LoRA adapters sit beside a dense MLP's linears (not experts')
+    fc1, fc2 = ("fc1", "fc2") if dense else ("", "")
     if not back:
         for nm, n in up:
-            _linear(w, f"{name} {nm}", phase, rows, n, h, batch)
+            _linear(w, f"{name} {nm}", phase, rows, n, h, batch, target=fc1)
         _activation(w, rows * batch, width, gated, False, w.fp8)
-        _linear(w, f"{name} fc2", phase, rows, h, width, batch)
+        _linear(w, f"{name} fc2", phase, rows, h, width, batch, target=fc2)
     else:
-        _linear(w, f"{name} fc2", phase, rows, h, width, batch)
+        _linear(w, f"{name} fc2", phase, rows, h, width, batch, target=fc2)
         if phase != BACKWARD_WEIGHT:
             _activation(w, rows * batch, width, gated, True, False)
         for nm, n in up:
-            _linear(w, f"{name} {nm}", phase, rows, n, h, batch)
+            _linear(w, f"{name} {nm}", phase, rows, n, h, batch, target=fc1)
 
 
 def _mlp_block(w: _Writer, m: ModelSpec, sh: _Shape, phase: str, moe: bool) -> None:
@@ -904,7 +946,7 @@ def _head(w: _Writer, m: ModelSpec, sh: _Shape, phase: str) -> None:
             if phase != BACKWARD_WEIGHT:
                 _norm(w, f"{pre}enorm", sh.rows, h, True, False)
                 _norm(w, f"{pre}hnorm", sh.rows, h, True, False)
-            if phase != BACKWARD_INPUT:     # into the last stage's embedding copy (scatter-add, as _embedding)
+            if phase != BACKWARD_INPUT and not w.frozen:     # into the last stage's embedding copy (as _embedding)
                 w.ew(f"{pre}embedding grad", T * h * (w.a + 2 * FP32))
 
 
@@ -913,7 +955,7 @@ def _embedding(w: _Writer, sh: _Shape, vocab: int, phase: str, learned_positions
         w.ew("embedding gather", sh.T * sh.h * 2 * w.a)
         if learned_positions:
             w.ew("position embedding add", sh.T * sh.h * 3 * w.a)
-    elif phase != BACKWARD_INPUT:
+    elif phase != BACKWARD_INPUT and not w.frozen:
         # dense fp32 gradient zeroed, then scatter-added (read + write) per token
         w.ew("embedding grad", vocab / sh.tp * sh.h * FP32 + sh.T * sh.h * (w.a + 2 * FP32))
 
@@ -947,7 +989,7 @@ def recompute_kernels(model: ModelSpec, plan: ParallelPlan, layer: int, part: st
     moe = model.is_moe_layer(layer)
     rc = plan.layer_recompute(layer)
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
-                getattr(plan, "fp8_recipe", "delayed"))
+                getattr(plan, "fp8_recipe", "delayed")).lora(plan)
     w.local = model.local_attention(layer) if part != "experts" else GLOBAL_ATTENTION
     w.kind = model.layer_kind(layer) if part != "experts" else ""
     if part in ("layer", "attention", "experts"):
@@ -1054,7 +1096,7 @@ def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype, kind="
     """The kernels of one op of a layer kind: MoE or dense, its local attention (``ModelSpec.local_attention``),
     its hybrid-pattern block (``ModelSpec.layer_kind``: "" a transformer layer)."""
     w = _Writer(stack, dtype, model.dtype_bytes, getattr(plan, "attention_kernel", "auto"),
-                getattr(plan, "fp8_recipe", "delayed"))
+                getattr(plan, "fp8_recipe", "delayed")).lora(plan)
     w.local = local
     w.kind = kind
     sh = _Shape(model, plan)

@@ -62,7 +62,7 @@ from typing import NamedTuple
 
 from schedules.kernels import (EAGER_POINTWISE, FUSED_CE_STACKS, TORCH_CP_STACKS, attention_head_dims,
                                attention_kv_heads, recomputed_norms, unpads_tokens)
-from schedules.models import ModelSpec
+from schedules.models import ModelSpec, lora_layer_params
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
@@ -168,21 +168,43 @@ def fp8_param_gather_params(model: ModelSpec, plan: ParallelPlan, stage: int) ->
     return sum(stage_layer_params(model, plan, stage))
 
 
+def lora_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """LoRA adapter parameters one rank of ``stage`` holds (``plan.lora_rank``; 0 without LoRA): those of its
+    transformer layers, sharded over TP like the linears they sit beside."""
+    if not getattr(plan, "lora_rank", 0) or model.params_only:
+        return 0.0
+    layers = sum(len(c) for c in stage_chunks(model, plan, stage))
+    return layers * lora_layer_params(model, plan.lora_rank, plan.lora_targets) / plan.tp
+
+
+def trainable_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters one rank of ``stage`` trains (gradients, optimizer state, data-parallel
+    reduction) before ZeRO sharding: every parameter, or under LoRA only the adapters (the model is frozen)."""
+    if getattr(plan, "lora_rank", 0):
+        return lora_rank_params(model, plan, stage), 0.0
+    return rank_params(model, plan, stage)
+
+
 def model_state_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[str, float]:
     """Resident parameters (with FP8 recipes' weight copies), gradients and optimizer state (bytes) of one rank
     of ``stage``. Under ``fp8_param_gather`` the block weights exist only as their FP8 row- and column-wise
-    copies: their BF16 bytes are not resident."""
+    copies: their BF16 bytes are not resident. Under LoRA the frozen model's weights are resident (sharded only
+    by ZeRO-3 / FSDP: Megatron's distributed optimizer shards what trains) beside the adapters, and gradients
+    and optimizer state are the adapters' alone."""
     dense, expert = rank_params(model, plan, stage)
     dd, de = shard_degrees(plan)
     z = plan.zero_stage
     sharded = dense / dd + expert / de
     full = dense + expert
     fp8_only = fp8_param_gather_params(model, plan, stage)        # zero 1 / 2 only (ParallelPlan checks)
+    t_dense, t_expert = trainable_rank_params(model, plan, stage)
+    t_sharded, t_full = t_dense / dd + t_expert / de, t_dense + t_expert
+    adapters = lora_rank_params(model, plan, stage)
     return {
         "parameters": model.dtype_bytes * ((sharded if z >= 3 else full) - fp8_only)
-        + fp8_weight_copy_bytes(model, plan, stage),
-        "gradients": plan.grad_bytes_per_param * (sharded if z >= 2 else full),
-        "optimizer": plan.optimizer_bytes_per_param * (sharded if z >= 1 else full),
+        + fp8_weight_copy_bytes(model, plan, stage) + model.dtype_bytes * adapters / (dd if z >= 3 else 1),
+        "gradients": plan.grad_bytes_per_param * (t_sharded if z >= 2 else t_full),
+        "optimizer": plan.optimizer_bytes_per_param * (t_sharded if z >= 1 else t_full),
     }
 
 
@@ -271,7 +293,7 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
         extra.append(Saved("attention output, unpadded (flash-attn varlen)", e * tok * a * dv, "tp", "B"))
     out = (out if mixer else []) + (norm2 if mlp_block else []) + (extra if mixer else [])
     if not mlp_block:
-        return out
+        return _lora_saved(plan, out, e / f)
     fc1 = 2 if model.gated_mlp else 1          # SwiGLU's fc1 writes gate and up
     if model.is_moe_layer(layer):
         routed = model.top_k * _load(model)
@@ -297,7 +319,33 @@ def saved_tensors(model: ModelSpec, plan: ParallelPlan, layer: int) -> list[Save
                 Saved("activation output (fc2 input)", f * tok * model.ffn, "tp", "W", mlp)]
         if eager and model.gated_mlp:     # eager SwiGLU: silu(w1 x) * w3 x, the multiply saves silu's output
             out.append(Saved("silu output (eager SwiGLU)", e * tok * model.ffn, "tp", "B", mlp))
-    return out
+    return _lora_saved(plan, out, e / f)
+
+
+#: LoRA: the saved input of each target linear (what its weight gradient would read), by tensor name
+LORA_INPUTS = {"norm1 output (QKV input)": "qkv", "attention output (projection input)": "proj",
+               "norm2 output (MLP input)": "fc1", "activation output (fc2 input)": "fc2"}
+
+
+def _lora_saved(plan: ParallelPlan, out: list[Saved], bf16_per_saved: float = 1.0) -> list[Saved]:
+    """A layer's saved tensors under LoRA (``plan.lora_rank``): a frozen linear's input is not kept for a weight
+    gradient (Transformer Engine and autograd save it only for a weight that requires one), so every tensor
+    only the W pass reads goes, but a target linear's adapter keeps its BF16 input for A's weight gradient
+    (read in W), and FlashAttention's backward still reads its output (the projection's input, then read in
+    B). The adapters' rank-r intermediates (a few hundred KiB per layer) are not counted. ``bf16_per_saved``:
+    BF16 bytes per byte the recipe saves a GEMM input in (2 under FP8 recipes, which save FP8 copies)."""
+    if not getattr(plan, "lora_rank", 0):
+        return out
+    kept = []
+    for t in out:
+        target = LORA_INPUTS.get(t.name)
+        if t.name == "attention output (projection input)":
+            kept.append(t if target in plan.lora_targets else t._replace(reader="B"))
+        elif target in plan.lora_targets:
+            kept.append(t._replace(nbytes=t.nbytes * bf16_per_saved))
+        elif t.reader != "W":
+            kept.append(t)
+    return kept
 
 
 def mamba_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
@@ -332,7 +380,7 @@ def head_saved_tensors(model: ModelSpec, plan: ParallelPlan) -> list[Saved]:
                 Saved(f"mtp {k + 1} final norm input", e * tok * h, "sp", "B"),
                 Saved(f"mtp {k + 1} final norm output", e * tok * h, "sp", "W"),
                 Saved(f"mtp {k + 1} cross-entropy softmax (fp32)", STATS_BYTES * tok * model.vocab, "tp", "B")]
-    return out
+    return _lora_saved(plan, out)       # LoRA: a frozen head keeps no input for its weight gradient
 
 
 def head_transient_bytes(model: ModelSpec, plan: ParallelPlan, backward: bool = False) -> float:
@@ -687,8 +735,10 @@ def _transient_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) ->
     if z >= 3:
         return 0.0 if model.params_only else fsdp_buffer_bytes(model, plan, stage)
     if z == 2:
-        dense, expert = rank_params(model, plan, stage)
-        unit = max(plan.bucket_bytes, plan.grad_buffer_bytes_per_param * max_layer_params(model, plan, stage))
+        dense, expert = trainable_rank_params(model, plan, stage)
+        layer = (lora_layer_params(model, plan.lora_rank, plan.lora_targets) / plan.tp if plan.lora_rank
+                 else max_layer_params(model, plan, stage))
+        unit = max(plan.bucket_bytes, plan.grad_buffer_bytes_per_param * layer)
         return min(2 * unit, plan.grad_buffer_bytes_per_param * (dense + expert))
     return 0.0
 

@@ -510,12 +510,52 @@ def local_attention_fraction(seq: int, local: tuple[str, int]) -> float:
     return 1.0
 
 
-def model_flops_per_step(model: ModelSpec, seq: int, global_batch: int) -> float:
+def packed(model: ModelSpec, doc_tokens: int, seq: int) -> ModelSpec:
+    """``model`` trained on sequences of ``seq`` tokens packed from documents of ``doc_tokens`` tokens each
+    (fine-tuning data such as SQuAD, packed with per-document attention masks: THD ``cu_seqlens``): every layer
+    attends causally within its document, which is chunked attention of chunk ``doc_tokens`` (the FLOPs and the
+    fused kernels over b·s/d documents, ``local_attention``). Real documents vary in length: for
+    Σ sᵢ² per sequence, ``doc_tokens`` = Σ sᵢ² / seq gives the same attention FLOPs. A model with its own
+    local attention is refused (packing within windows is not modelled)."""
+    if not isinstance(doc_tokens, int) or isinstance(doc_tokens, bool) or doc_tokens < 1:
+        raise ConfigError(f"packed_doc_tokens must be a positive number of tokens, got {doc_tokens!r}")
+    if doc_tokens >= seq:
+        return model
+    if model.sliding_window or model.attention_chunk:
+        raise ConfigError(f"{model.name} already attends locally (sliding window or chunks): packed documents "
+                          f"(--packed-doc-tokens) within local attention are not modelled")
+    return dataclasses.replace(model, attention_chunk=doc_tokens, global_attention_every=0)
+
+
+def lora_target_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(k, n) of each linear a LoRA adapter can sit beside (whole, before TP): y[·, n] = x[·, k]·W."""
+    a, kv, d, h = model.heads, model.kv_heads, model.d_head, model.hidden
+    return {"qkv": (h, (a + 2 * kv) * d), "proj": (a * d, h),
+            "fc1": (h, (2 if model.gated_mlp else 1) * model.ffn), "fc2": (model.ffn, h)}
+
+
+def lora_layer_params(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
+    """Parameters of one layer's LoRA adapters (A: k×r and B: r×n per target linear; whole, before TP)."""
+    if not rank:
+        return 0
+    shapes = lora_target_shapes(model)
+    return sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+def model_flops_per_step(model: ModelSpec, seq: int, global_batch: int, lora_rank: int = 0,
+                         lora_targets: tuple[str, ...] = ()) -> float:
     """Model FLOPs of one training step (forward + backward, no recomputation): the MFU numerator.
 
     Equals 6·N_active·tokens plus attention's 12·L·s·(heads·head_dim)·tokens, less the embedding lookup; the MTP
-    modules' layers, projections and head passes count too (Megatron-Core's FLOP count includes them)."""
+    modules' layers, projections and head passes count too (Megatron-Core's FLOP count includes them). LoRA
+    (``lora_rank`` > 0): the frozen weights' forward and input gradients (4·N·tokens, no weight gradients),
+    the attention core's forward and backward, and the adapters' 6·N_adapter·tokens."""
     layers = range(model.layers + model.mtp_layers)
+    if lora_rank:
+        per_seq = sum(2 * lf.linear + 3 * lf.attn_core for lf in (model.layer_flops(i, seq, 1) for i in layers)) \
+            + 2 * model.head_flops(seq, 1) + 2 * model.mtp_extra_flops(seq, 1) \
+            + 6.0 * seq * model.layers * lora_layer_params(model, lora_rank, lora_targets)
+        return per_seq * global_batch
     per_seq = sum(model.layer_flops(i, seq, 1).total for i in layers) + 3 * model.head_flops(seq, 1) \
         + 3 * model.mtp_extra_flops(seq, 1)
     return per_seq * global_batch

@@ -60,6 +60,7 @@ EXPERT_GRIDS = ("folded", "carved")
 #: deduplicating ones of its flex dispatcher, DeepEP and HybridEP (once per destination GPU inside a scale-up
 #: domain, once per destination domain across domains: RDMA to one GPU there, NVLink forwarding inside)
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")   # linears that can carry LoRA adapters (all four: the default)
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
 
@@ -135,6 +136,13 @@ class ParallelPlan:
                          top_k experts' ranks) | deepep | hybridep (Megatron-Core's flex dispatcher: once to
                          each GPU holding one of its experts within a scale-up domain, once to each other
                          domain holding one across domains; see schedules.generate.ep_dispatch_bytes)
+    lora_rank            LoRA fine-tuning (Hu et al. 2021): 0 trains every weight; r > 0 freezes the whole model
+                         (no weight gradients, gradients and optimizer state only for the adapters) and adds
+                         rank-r adapters (x·A·B, A: k×r, B: r×n, BF16) beside the ``lora_targets`` linears of
+                         every dense transformer layer (schedules.kernels, schedules.memory, schedules.generate)
+    lora_targets         the linears that carry adapters: any of qkv, proj (attention output), fc1, fc2
+                         (Megatron-Bridge's LoRA default: all four; NeMo 1 and Megatron-Bridge's Llama 3 70B
+                         performance configs: qkv only)
     """
 
     dp: int = 1
@@ -179,6 +187,8 @@ class ParallelPlan:
     expert_grid: str = "folded"
     tp_comm_overlap: bool = False
     moe_dispatcher: str = "alltoall"
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     # ------------------------------------------------------------------ derived
     @property
@@ -479,6 +489,12 @@ class ParallelPlan:
             v = getattr(self, f)
             if not isinstance(v, str):
                 raise PlanError(f"{f} must be a string, got {v!r}")
+        if not is_int(self.lora_rank) or self.lora_rank < 0:
+            raise PlanError(f"lora_rank must be a non-negative integer (0: full training), got {self.lora_rank!r}")
+        t = self.lora_targets
+        if not isinstance(t, tuple) or not t or not all(isinstance(x, str) for x in t) \
+                or set(t) - set(LORA_TARGETS) or len(set(t)) != len(t):
+            raise PlanError(f"lora_targets must name each at most once some of {', '.join(LORA_TARGETS)}, got {t!r}")
 
     def _validate_model(self, model) -> None:
         if model.params_only:
@@ -508,6 +524,10 @@ class ParallelPlan:
             raise PlanError(f"{model.name} has {model.layers} layers, not divisible by pp×virtual_stages = "
                             f"{self.pp}×{self.virtual_stages} = {chunks}; choose a divisor of {model.layers} or "
                             f"use layer_split='balanced'")
+        if self.lora_rank and (model.is_moe or model.is_mla or getattr(model, "is_hybrid", False)):
+            what = "an MoE" if model.is_moe else "an MLA" if model.is_mla else "a hybrid Mamba"
+            raise PlanError(f"LoRA (--lora-rank) is modelled for dense attention models; {model.name} is {what} model "
+                            f"(adapters beside experts, latent projections or Mamba mixers are not modelled)")
         if self.ep > 1 and not model.is_moe:
             raise PlanError(f"ep({self.ep}) > 1 but {model.name} is a dense model (no experts); use --ep 1")
         if self.moe_dispatcher != "alltoall" and not model.is_moe:
@@ -824,19 +844,30 @@ def recompute_flops(model, plan: "ParallelPlan", layer: int) -> float:
     return recompute_kernels(model, plan, layer).flops
 
 
-def parse_recompute_modules(value, where: str = "--recompute-modules") -> tuple[str, ...]:
-    """Megatron-Core recompute module names from a comma-separated string or a list (YAML)."""
+def _parse_names(value, where: str, known: tuple[str, ...], what: str) -> list[str]:
+    """Names out of ``known`` from a comma-separated string or a list (YAML); ConfigError naming ``where``."""
     if isinstance(value, str):
         items = [x.strip() for x in value.split(",")]
     elif isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
         items = [x.strip() for x in value]
     else:
-        raise ConfigError(f"{where}: expected module names (a comma-separated string or a list), got {brief(value)}")
-    bad = [x for x in items if x not in RECOMPUTE_MODULES]
+        raise ConfigError(f"{where}: expected {what} names (a comma-separated string or a list), got {brief(value)}")
+    bad = [x for x in items if x not in known]
     if not items or bad:
-        raise ConfigError(f"{where}: unknown recompute module(s) {', '.join(map(repr, bad or items))}; choose from "
-                          f"{', '.join(RECOMPUTE_MODULES)}")
-    return tuple(items)
+        raise ConfigError(f"{where}: unknown {what}(s) {', '.join(map(repr, bad or items))}; choose from "
+                          f"{', '.join(known)}")
+    return items
+
+
+def parse_recompute_modules(value, where: str = "--recompute-modules") -> tuple[str, ...]:
+    """Megatron-Core recompute module names from a comma-separated string or a list (YAML)."""
+    return tuple(_parse_names(value, where, RECOMPUTE_MODULES, "recompute module"))
+
+
+def parse_lora_targets(value, where: str = "--lora-targets") -> tuple[str, ...]:
+    """LoRA target linears from a comma-separated string or a list (YAML), in LORA_TARGETS order."""
+    items = _parse_names(value, where, LORA_TARGETS, "LoRA target")
+    return tuple(t for t in LORA_TARGETS if t in items)
 
 
 def selective_extra_flops(model, plan: "ParallelPlan", layer: int) -> float:

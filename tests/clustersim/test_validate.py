@@ -131,11 +131,30 @@ def test_fsdp_framework_row_takes_local_batch_and_proxy_layers():
 @pytest.mark.parametrize("row, reason", [
     (_row(precision="FP8"), "FP8"), (_row(precision="NVFP4"), "NVFP4"), (_row(model="Nemotron 3 Super"), "no model preset"),
     (_row(hardware="Hopper GPUs, 8/node (SKU not stated)"), "no cluster preset"), (_row(mbs=""), "micro-batch"),
-    (_row(notes="CHECK: gbs"), "CHECK"), (_row(gbs="101"), "not a multiple"), (_row(task="sft"), "pre-training"),
+    (_row(notes="CHECK: gbs"), "CHECK"), (_row(gbs="101"), "not a multiple"),
+    (_row(task="sft"), "fine-tuning recipe ran is not known"), (_row(task="rlhf"), "pre-training, SFT and LoRA"),
 ])
 def test_rows_not_expressible_say_why(row, reason):
     with pytest.raises(NotExpressible, match=reason):
         row_experiment(row, FIELDS)
+
+
+def test_fine_tuning_rows_run_their_recipes():
+    """LoRA and SFT rows (docs/validation-notes.md, "Fine-tuning rows"): Megatron-Bridge's Llama 3 70B LoRA on
+    linear_qkv, dim 16, packed SQuAD (Σ sᵢ² = 842,603 per 4,096 tokens: documents of 206); NeMo 24.07's dim 32;
+    AutoModel's dim 16 on every projection, unpacked mock data; SFT as full training."""
+    rows = {r["id"]: r for r in load_runs()}
+    fields = _experiment_fields()
+    kw, notes = row_experiment(rows["668"], fields)
+    assert (kw["lora_rank"], kw["lora_targets"], kw["packed_doc_tokens"]) == (16, ("qkv",), 206)
+    assert any("linear_qkv" in n for n in notes)
+    kw, _ = row_experiment(rows["675"], fields)
+    assert (kw["lora_rank"], kw["lora_targets"], kw["packed_doc_tokens"]) == (32, ("qkv",), 206)
+    kw, _ = row_experiment(rows["696"], fields)
+    assert (kw["lora_rank"], kw["lora_targets"]) == (16, ("qkv", "proj", "fc1", "fc2"))
+    assert "packed_doc_tokens" not in kw
+    kw, notes = row_experiment(rows["669"], fields)
+    assert "lora_rank" not in kw and "packed_doc_tokens" not in kw and any("SFT" in n for n in notes)
 
 
 def test_fp8_passes_dtype_when_the_build_has_it():
