@@ -569,6 +569,9 @@ def _named_model(exp: Experiment):
         return models.check_moe_fields(fields, dataclasses.replace(base, **fields), "model override")
     if exp.params is not None and exp.model in (None, "llama3-8b") and not isinstance(exp.model, dict):
         return models.model_from_params(exp.params)
+    if exp.params is not None:
+        raise ConfigError("--params describes a model by its size alone; do not combine it with --model or shape "
+                          "flags")
     if isinstance(exp.model, dict) and "base" in exp.model:
         fields = {k: v for k, v in exp.model.items() if k != "base"}
         if not isinstance(exp.model["base"], str):
@@ -647,6 +650,9 @@ def resolve_plan(exp: Experiment, model, world_size: int):
 def build_cost_model(exp: Experiment, cluster):
     from simulator.calibration import Calibration
     from topologies.cost import ClusterCostModel
+    if exp.calibration_scope != "matching" and not exp.calibration:
+        raise ConfigError(f"--calibration-scope {exp.calibration_scope} says which fits of a --calibration file "
+                          f"apply: give --calibration too")
     if exp.astra_system is not None and exp.network != "astra":
         raise ConfigError(f"--astra-system configures --network astra's collectives (network is {exp.network}): "
                           f"add --network astra or drop --astra-system")

@@ -24,9 +24,9 @@ from schedules.memory import memory_per_rank
 from schedules.models import (ModelSpec, check_moe_fields, custom_model, get_model, load_model_file, model_flops_per_step,
                              model_from_params)
 from schedules.pipeline import SCHEDULES
-from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, MOE_DISPATCHERS, RECOMPUTE, RESHARD,
-                            ParallelPlan,
-                            parse_memory_limit, parse_recompute_modules, parse_stage_layers)
+from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, LORA_TARGETS, MOE_DISPATCHERS,
+                            RECOMPUTE, RESHARD, ParallelPlan, parse_lora_targets, parse_memory_limit,
+                            parse_recompute_modules, parse_stage_layers)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -323,8 +323,13 @@ def _gb(b: float) -> str:
 @plan_options
 @click.option("--cluster", default=None, help="Cluster preset whose device memory decides the fit (e.g. dgx-h100).")
 @click.option("--hbm-gb", type=float, default=None, help="Device memory in GB (instead of --cluster).")
+@click.option("--lora-rank", type=int, default=0, show_default=True,
+              help="LoRA fine-tuning: rank-R adapters, the model frozen (as `simulate --lora-rank`).")
+@click.option("--lora-targets", default=None, help="With --lora-rank: linears with adapters (qkv,proj,fc1,fc2).")
+@click.option("--packed-doc-tokens", type=int, default=0, show_default=True,
+              help="Sequences packed from documents of N tokens (as `simulate --packed-doc-tokens`).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
-def plan(cluster, hbm_gb, as_json, **kw):
+def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, **kw):
     """Validate a parallel plan; print memory per rank and communication per step.
 
     \b
@@ -333,6 +338,14 @@ def plan(cluster, hbm_gb, as_json, **kw):
     """
     model = model_from_options(**kw)
     p = plan_from_options(**kw)
+    if lora_targets is not None and not lora_rank:
+        raise ConfigError("--lora-targets names the linears of LoRA adapters: give --lora-rank R (> 0) too")
+    if lora_rank:
+        p = dataclasses.replace(p, lora_rank=lora_rank, lora_targets=parse_lora_targets(lora_targets)
+                                if lora_targets is not None else LORA_TARGETS)
+    if packed_doc_tokens:
+        from schedules.models import packed
+        model = packed(model, packed_doc_tokens, p.seq)
     gpus = kw.get("gpus") or p.world_size
     c = _load_cluster(cluster, gpus)
     device = None if c is None else c.device(0)
@@ -365,7 +378,8 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
                               (f"zero{p.zero_stage}", p.zero_stage), ("fsdp", p.fsdp),
                               (f"recompute {p.recompute}" + (f" every {p.recompute_every}" if p.recompute_every > 1 else "")
                                + (f" ({','.join(p.recompute_modules)})" if p.recompute_modules != DEFAULT_RECOMPUTE_MODULES else ""),
-                               p.recompute != "none")] if on]
+                               p.recompute != "none"),
+                              (f"lora{p.lora_rank}({','.join(p.lora_targets)})", p.lora_rank)] if on]
     from clustersim.simulate import param_str
     con.print(f"[bold]{model.name}[/bold] ({param_str(model)} parameters) on {rep['world_size']:,} GPUs: "
               f"{degrees} {' '.join(extras)}")

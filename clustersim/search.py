@@ -157,6 +157,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
     from schedules.memory import holds_head, stage_chunks
     from schedules.plan import recompute_flops, selective_recompute_flops
     split = plan.tp * plan.cp
+    frozen = bool(plan.lora_rank)       # LoRA: no weight gradients (the adapters' few FLOPs left out: a bound)
     out = []
     for s in range(plan.pp):
         chunks = []
@@ -164,7 +165,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
             f = 0.0
             for layer in layers:
                 lf = model.layer_flops(layer, plan.seq, plan.micro_batch)
-                f += lf.total
+                f += lf.total - (lf.backward_weight if frozen else 0.0)
                 rc = plan.layer_recompute(layer)
                 if rc == "full":
                     f += lf.forward
@@ -173,7 +174,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
                 elif rc == "op":        # torchtitan's per-op checkpointing: the GEMMs it does not save
                     f += recompute_flops(model, plan, layer) * split
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
-                f += 3.0 * model.head_flops(plan.seq, plan.micro_batch)
+                f += (2.0 if frozen else 3.0) * model.head_flops(plan.seq, plan.micro_batch)
             if any(map(model.is_mtp_layer, layers)):      # the MTP modules' projections and head passes
                 f += 3.0 * model.mtp_extra_flops(plan.seq, plan.micro_batch)
             chunks.append(f / split)
@@ -214,8 +215,13 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     stage_t = [sum(ch) for ch in chunk_t]
     bound = m * max(stage_t)
     if plan.pp > 1 and plan.schedule != "zb":
+        # the first stage idles while micro-batch 0 travels the pipeline and back, and again while the last
+        # one does, less the warm-up forwards and cool-down backwards it runs meanwhile: with every chunk c
+        # at least c_min and its own at most c_0, at least (p-1)·(2·c_min - c_0) in all; (p-1)·c_min for a
+        # balanced pipeline (a first stage heavier than the rest, as a frozen LoRA head can leave it, idles less)
         smallest_chunk = min(min(ch) for ch in chunk_t)
-        bound = max(bound, m * stage_t[0] + (plan.pp - 1) * smallest_chunk)
+        idle = min(smallest_chunk, 2 * smallest_chunk - max(chunk_t[0]))
+        bound = max(bound, m * stage_t[0] + (plan.pp - 1) * max(0.0, idle))
     return bound
 
 
@@ -708,6 +714,8 @@ def describe(res: dict) -> str:
         s += f"({'+'.join(mods)})"
     if p.get("tp_comm_overlap"):
         s += " tp-overlap"
+    if p.get("lora_rank"):
+        s += f" lora{p['lora_rank']}"
     return s
 
 
@@ -807,6 +815,11 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--tp-comm-overlap", is_flag=True,
               help="Plans with tp > 1 run Transformer Engine's TP communication overlap (as `simulate "
                    "--tp-comm-overlap`; megatron stack; split-backward schedules are then not tried).")
+@click.option("--lora-rank", type=int, default=0, show_default=True,
+              help="Search plans for LoRA fine-tuning with adapters of this rank (as `simulate --lora-rank`).")
+@click.option("--lora-targets", default=None, help="With --lora-rank: the linears with adapters (qkv,proj,fc1,fc2).")
+@click.option("--packed-doc-tokens", type=int, default=0, show_default=True,
+              help="Sequences packed from documents of N tokens (as `simulate --packed-doc-tokens`).")
 @click.option("--workers", type=int, help="Local worker processes (default: CPU count).")
 @click.option("--scheduler", help="Dask scheduler address tcp://HOST:PORT (else a local process pool).")
 @click.option("--cache-dir", type=NonEmptyPath(file_okay=False), help="Result cache (default ~/.cache/clustersim).")
@@ -815,7 +828,8 @@ def _check_plot_path(path: Path) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype, stack, attention, attention_kernel,
            top_k, micro_batches, schedules, recompute_opts, zero_opts, cp_opts, tp_opts, pp_opts, ep_opts, fold,
-           max_memory_fraction, tp_comm_overlap, workers, scheduler, cache_dir, no_cache, pareto, as_json):
+           max_memory_fraction, tp_comm_overlap, lora_rank, lora_targets, packed_doc_tokens, workers, scheduler,
+           cache_dir, no_cache, pareto, as_json):
     """Search parallel plans for MODEL on GPUS of CLUSTER; print the top k and a Pareto plot."""
     from simulator.inputs import brief
 
@@ -859,9 +873,16 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         if split_recompute(r)[0] not in ("none", "selective", "full", "op"):
             raise ConfigError(f"--recompute: unknown value {r!r}; choose from none, selective, full, op, "
                               f"selective:MODULE+MODULE (Megatron recompute modules)")
+    if lora_rank < 0 or packed_doc_tokens < 0:
+        raise ConfigError("--lora-rank and --packed-doc-tokens must be >= 0")
+    if lora_targets is not None and not lora_rank:
+        raise ConfigError("--lora-targets names the linears of LoRA adapters: give --lora-rank R (> 0) too")
+    from schedules.plan import parse_lora_targets
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
                       network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack,
-                      tp_comm_overlap=tp_comm_overlap, attention=attention, attention_kernel=attention_kernel)
+                      tp_comm_overlap=tp_comm_overlap, attention=attention, attention_kernel=attention_kernel,
+                      lora_rank=lora_rank, packed_doc_tokens=packed_doc_tokens,
+                      lora_targets=None if lora_targets is None else parse_lora_targets(lora_targets))
     if space.ep is not None and max(space.ep) > 1 and not getattr(resolve_model(base), "experts", 0):
         raise ConfigError(f"--ep {','.join(map(str, space.ep))}: {base.model} is a dense model (no experts to "
                           f"place); leave --ep out, or search an MoE model")

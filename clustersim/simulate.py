@@ -86,6 +86,7 @@ def print_summary(outcome, console=None) -> None:
                 + (" fsdp" if getattr(p, "fsdp", False) else "")
                 + (f" {p.moe_dispatcher}" if getattr(p, "moe_dispatcher", "alltoall") != "alltoall" else "")
                 + (f" zero{p.zero}" if getattr(p, "zero", 0) else "")
+                + (f" lora{p.lora_rank}({','.join(p.lora_targets)})" if getattr(p, "lora_rank", 0) else "")
                 + f" · {p.schedule}" + (f" v{p.virtual_stages}" if getattr(p, "virtual_stages", 1) > 1 else "")
                 + f" · mb {p.micro_batch} · gb {p.global_batch} · seq {p.seq}")
     rows = [

@@ -1354,6 +1354,9 @@ def test_options_that_would_be_silently_ignored_are_refused(tmp_path):
             (["simulate", "--layers", "2", "--hidden", "256", "--heads", "4", "--moe-layer-every", "2", "--gpus", "8",
               "--global-batch", "8"], "moe_layer_every (--moe-layer-every) applies to MoE models"),
             (["plan", "-m", "llama3-8b", "--gpus", "8", "--top-k", "2"], "applies to MoE models"),
+            (sim + ["--params", "1e9"], "do not combine it with --model"),                 # ran tiny instead
+            (sim + ["--calibration-scope", "any"], "give --calibration too"),
+            (["replay", ROOT / "traces" / "samples" / "cpu-gloo-ddp", "--network", "flow"], "give --cluster too"),
     ):
         rc, _, err = run_cli(args)
         assert needle in assert_one_line_error(rc, err), args

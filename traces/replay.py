@@ -553,6 +553,8 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
         what_if.append(f"collectives timed by the calibration's alpha-beta fits ({trace.backend})")
     if gpus is not None and cluster is None:
         raise ConfigError("--gpus applies to a what-if --cluster; give --cluster too")
+    if network != "analytical" and cluster is None:
+        raise ConfigError(f"--network {network} models a what-if --cluster's network; give --cluster too")
     if scale_compute != 1.0:
         what_if.append(f"compute x{1 / scale_compute:.3g} time")
     if scale_bandwidth != 1.0:

@@ -336,3 +336,19 @@ def test_search_tries_megatron_recompute_modules_and_bounds_them(capsys):
     assert main(["search", "--cluster", "dgx-h100", "--gpus", "8", "--model", "llama3-8b", "--global-batch", "8",
                  "--recompute", "selective:attn", "--no-cache"]) == 2
     assert "'attn'" in capsys.readouterr().err
+
+
+def test_search_for_lora_bounds_its_frozen_plans():
+    """`search --lora-rank`: every candidate fine-tunes (the plan carries the rank), and the bound, which leaves
+    out the frozen weights' gradients, stays below every simulated step; LoRA's memory fits plans that full
+    training does not."""
+    base = Experiment(cluster="dgx-h100", gpus=16, model="llama3-70b", global_batch=32, seq=4096,
+                      network="analytical", mode="symmetric")
+    space = SearchSpace(micro_batches=(1,), schedules=("1f1b",), recompute=("none",), zero=(1,), cp=(1,))
+    lora = run_search(dataclasses.replace(base, lora_rank=16, lora_targets=("qkv",)), top_k=5, space=space,
+                      workers=1)
+    assert lora["evaluated"] and all(r["plan"]["lora_rank"] == 16 for r in lora["evaluated"])
+    for r in lora["evaluated"]:
+        assert r["lower_bound_s"] <= r["step_time_s"] * (1 + 1e-9), describe(r)
+    with pytest.raises(ClusterSimError, match="do not fit"):        # full training of 70B on 16 GPUs
+        run_search(base, top_k=5, space=space, workers=1)

@@ -145,3 +145,21 @@ def test_cli_runs_lora_and_says_so(capsys):
     assert code == 2 and "give --lora-rank" in err
     code, out, err = _run(capsys, *base, "--lora-rank", "8", "--lora-targets", "qkv,gate")
     assert code == 2 and "unknown LoRA target" in err
+
+
+def test_plan_and_search_take_the_lora_options(capsys):
+    args = ["plan", "-m", "llama3-70b", "--gpus", "8", "--tp", "2", "--pp", "4", "--seq", "4096", "--global-batch",
+            "32", "--cluster", "dgx-h100", "--sp", "--zero", "1", "--json"]
+    code, out, err = _run(capsys, *args)
+    full = json.loads(out)
+    code, out, err = _run(capsys, *args, "--lora-rank", "16", "--lora-targets", "qkv")
+    assert code == 0, err
+    lora = json.loads(out)
+    assert not full["fits_in_memory"] and lora["fits_in_memory"]
+    assert lora["peak_memory_bytes"] < full["peak_memory_bytes"] / 3
+    code, out, err = _run(capsys, "search", "--gpus", "16", "-m", "llama3-70b", "--global-batch", "32", "--seq",
+                          "4096", "--lora-rank", "16", "--lora-targets", "qkv", "--packed-doc-tokens", "206",
+                          "--no-cache", "--micro-batches", "1", "--recompute", "none", "--schedules", "1f1b",
+                          "--top-k", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["top"][0]["plan"]["lora_rank"] == 16
