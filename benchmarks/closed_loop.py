@@ -108,7 +108,7 @@ def model_and_plan(manifest: dict):
         dp=p["dp"], tp=p["tp"], pp=p["pp"], ep=p["ep"], zero=0 if p["fsdp"] else p["zero_stage"], fsdp=p["fsdp"],
         micro_batch=p["micro_batch"], global_batch=p["global_batch"], seq=m["seq"], schedule="1f1b",
         bucket_bytes=p.get("bucket_cap_mb", 25) * 2**20, grad_bytes_per_param=dtype_bytes,
-        overlap_grad_reduce=overlap, fsdp_prefetch=1 if overlap else 0,
+        overlap_grad_reduce=overlap, fsdp_prefetch=1 if overlap or not p["fsdp"] else 0,
         stack="torchtitan")          # the collector trains in eager PyTorch: unfused kernels
     return model, plan
 

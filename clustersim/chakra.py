@@ -137,8 +137,29 @@ def _make_export():
                    f"system.json; simulated step time {outcome.metrics.step_time_s:.6g} s")
         click.echo(f"ASTRA-sim: --workload-configuration={o}/{prefix} --comm-group-configuration={o}/comm_groups.json "
                    f"--network-configuration={o}/network.yml --system-configuration={o}/system.json")
+        for note in list(outcome.notes) + export_left_out(exp):
+            click.echo(f"note: {note}")
 
     return export
+
+
+def export_left_out(exp) -> list[str]:
+    """What of the simulated experiment the written files do not carry (the step above used it; an ET
+    consumer will not): faults, a forced collective algorithm, an ASTRA-sim system file, the network model."""
+    from topologies.faults import faults_from_dict
+    left = []
+    f = faults_from_dict(exp.faults or None)
+    if f.stragglers or f.straggler_distribution or f.jitter:
+        left.append("stragglers / jitter (the ETs hold every rank's nominal compute times)")
+    if f.link_failures or f.link_degradation or f.device_failures:
+        left.append("failed or degraded links and failed devices (network.yml describes the healthy fabric)")
+    if exp.algorithm and exp.algorithm != "ring":
+        left.append(f"--algorithm {exp.algorithm} (system.json runs ring on every dimension)")
+    if exp.astra_system:
+        left.append(f"--astra-system {exp.astra_system} (system.json is the default; pass your file to ASTRA-sim)")
+    if exp.network != "analytical":
+        left.append(f"--network {exp.network} (communication in the ETs is timed by the consumer's own network model)")
+    return ["the written files leave out " + "; ".join(left)] if left else []
 
 
 def _price_kernel_ops(programs, cost) -> None:

@@ -767,6 +767,23 @@ def check_device_dtype(dtype: str, accelerator, fp8_recipe: str = "delayed") -> 
                         f"use --fp8-recipe delayed or current")
 
 
+def inert_option_notes(exp: Experiment, plan) -> list[str]:
+    """Notes for options the user gave that this plan leaves without effect (valid, but nothing to act on)."""
+    notes = []
+    if plan.dp * plan.cp == 1 and (exp.zero or exp.fsdp):
+        notes.append(f"{'--fsdp' if exp.fsdp else f'--zero {exp.zero}'} shards over the data-parallel group, which "
+                     f"holds one rank here (dp·cp = 1): nothing is sharded")
+    if plan.zero_stage >= 3 and (exp.bucket_mb != Experiment.bucket_mb or not exp.overlap_grad_reduce):
+        notes.append("FSDP / ZeRO-3 reduce-scatters each unit's gradients as its backward ends: --bucket-mb and "
+                     "--no-overlap-grad-reduce (DDP / ZeRO-1/2 gradient buckets) do not apply")
+    if plan.pp == 1 and (exp.schedule != Experiment.schedule or exp.stage_layers or exp.layer_split != "balanced"):
+        notes.append("pp 1: there is no pipeline, so the pipeline options (--schedule, --stage-layers, --layer-split) "
+                     "change nothing")
+    if exp.network == "ideal" and exp.algorithm:
+        notes.append(f"--network ideal makes every communication free: --algorithm {exp.algorithm} changes nothing")
+    return notes
+
+
 def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     """run_experiment's set-up: the cluster, model, plan, cost model and (class-refined) programs."""
     from schedules import build_programs
@@ -805,11 +822,14 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     if model.name in MEGATRON_GPT_2021_PRESETS and plan.attention == "flash":
         notes.append(f"{model.name} is a model of Megatron-LM's 2021 runs, which predate FlashAttention: "
                      f"--attention eager prices the attention core they ran (validation/megatron_lm_2021.csv)")
+    notes += inert_option_notes(exp, plan)
     failures = None
     fault_breaks = False
     if exp.faults:
         from topologies import faults as fault_mod
         spec = fault_mod.faults_from_dict(exp.faults)
+        if exp.network == "ideal" and (spec.link_failures or spec.link_degradation):
+            notes.append("--network ideal makes every communication free: failed and degraded links change nothing")
         cost, failures = fault_mod.apply_faults(cost, cluster, spec, world)
         fault_breaks = fault_mod.breaks_symmetry(spec)
     mode = exp.mode

@@ -242,6 +242,17 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
         cluster = topologies.load_cluster_file(preset, gpus=gpus)
     else:
         cluster = topologies.load_cluster(preset, gpus, **overrides)
+    if kind is None:
+        ctx = click.get_current_context()
+        given = [p.opts[0] for p in ctx.command.params
+                 if p.name in ("ranks", "network", "concurrent", "algorithm", "protocol", "nccl_version",
+                               "calibration", "min_bytes", "max_bytes", "factor")
+                 and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise ConfigError(f"{', '.join(given)} price(s) a collective: add --collective KIND (e.g. all_reduce)")
+    elif concurrent and network != "flow":
+        raise ConfigError("--concurrent shares links between copies of the group under --network flow; the "
+                          "analytical model prices one group alone: add --network flow")
     if draw_path:
         draw(cluster, Path(draw_path))
     if kind is None:

@@ -83,11 +83,14 @@ CLUSTERS = {"A100-40GB": "dgx-a100-40gb.yaml", "A100": "dgx-a100", "H100": "dgx-
 
 #: GB200 jobs of 64·k GPUs (not a multiple of the rack's 72) run on racks with 64 GPUs in use each (16 of 18
 #: compute trays): NVIDIA's Megatron-Bridge GB200 recipes, "64 GB200 GPUs in one NVLink domain"
-NVL72, NVL_IN_USE, GB200_SLICE = 72, 64, 8     # GB200_SLICE: 8 GPUs (two compute trays) of one rack
-#: NVL72 hardware -> (racks with 64 GPUs in use, 8 GPUs of one rack): cluster files; GB300's recipes place their
-#: jobs as GB200's do (Megatron-Bridge's gb300 performance recipes: 64 HybridEP ranks per NVLink domain, as gb200's)
-NVL72_SLICES = {"GB200": ("gb200-nvl72-64.yaml", "gb200-nvl72-8.yaml"),
-                "GB300": ("gb300-nvl72-64.yaml", "gb300-nvl72-8.yaml")}
+NVL72, NVL_IN_USE = 72, 64
+#: NVL72 hardware -> (racks with 64 GPUs in use, {GPUs of one rack: its cluster file}): jobs smaller than a rack
+#: run on compute trays of one rack, one NVLink domain (8 GPUs: two trays; 32: eight); GB300's recipes place
+#: their jobs as GB200's do (Megatron-Bridge's gb300 performance recipes: 64 HybridEP ranks per NVLink domain,
+#: as gb200's)
+NVL72_SLICES = {"GB200": ("gb200-nvl72-64.yaml", {8: "gb200-nvl72-8.yaml", 32: "gb200-nvl72-32.yaml"}),
+                "GB300": ("gb300-nvl72-64.yaml", {8: "gb300-nvl72-8.yaml", 32: "gb300-nvl72-32.yaml"})}
+TRAYS = {8: "two", 32: "eight"}             # compute trays (4 GPUs each) of those slices
 #: the H100 96GB HBM2e hosts of torchtitan's benchmarks (Grand Teton; validation/clusters)
 GRAND_TETON = "grand-teton-h100.yaml"
 
@@ -644,9 +647,10 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
                      f"set seq_len = {seq}; its table does not state it")
     if not gpus or not seq:
         raise NotExpressible("GPU count or sequence length not stated")
-    if hw in NVL72_SLICES and gpus == GB200_SLICE:
-        kw["cluster"] = str(CLUSTER_FILES / NVL72_SLICES[hw][1])
-        notes.append(f"8 {hw} GPUs as two compute trays of one NVL72 rack (one NVLink domain of 8)")
+    if hw in NVL72_SLICES and gpus in NVL72_SLICES[hw][1]:
+        kw["cluster"] = str(CLUSTER_FILES / NVL72_SLICES[hw][1][gpus])
+        notes.append(f"{gpus} {hw} GPUs as {TRAYS[gpus]} compute trays of one NVL72 rack (one NVLink domain of "
+                     f"{gpus})")
     elif hw in NVL72_SLICES and gpus % NVL72 and not gpus % NVL_IN_USE:
         kw["cluster"] = str(CLUSTER_FILES / NVL72_SLICES[hw][0])
         notes.append(f"{gpus} {hw} GPUs as {gpus // NVL_IN_USE} NVL72 rack(s) with 64 GPUs in use each "
@@ -1463,6 +1467,12 @@ def validate(ctx, runs_path, only, ids, group, network, plot_path, as_json, tp_o
     """Simulate published training runs and report the error per row and per group
     (hardware × precision × dense/MoE). Subcommands validate other parts of the model."""
     if ctx.invoked_subcommand is not None:
+        given = [p.opts[0] for p in ctx.command.params
+                 if ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: option(s) of the run of published rows, not of `validate "
+                              f"{ctx.invoked_subcommand}`: give the subcommand's own options after its name "
+                              f"(clustersim validate {ctx.invoked_subcommand} --help)")
         return
     if plot_path:
         from clustersim.calibrate import PLOT_SUFFIXES, _check_output

@@ -782,17 +782,24 @@ MOE_ONLY_FIELDS = ("top_k", "moe_ffn", "shared_experts", "first_dense_layers", "
                    "router_group_topk", "moe_layer_every")
 
 
+#: fields that only a model with Mamba-2 layers reads (``hybrid_pattern`` with M layers)
+MAMBA_ONLY_FIELDS = ("mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups", "mamba_conv", "mamba_chunk")
+
+
 def check_moe_fields(data: dict, model: "ModelSpec", where: str) -> "ModelSpec":
     """``model`` unless the user's mapping ``data`` sets an MoE-only field to other than its default on a model
-    without routed experts: then a ConfigError naming it (it would be silently ignored)."""
-    if model.experts:
-        return model
+    without routed experts, or a Mamba-2 field on a model without Mamba layers: then a ConfigError naming it
+    (it would be silently ignored)."""
     defaults = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
-    given = [k for k in MOE_ONLY_FIELDS if k in data and data[k] != defaults[k]]
-    if given:
-        flags = ", ".join(f"{k} (--{k.replace('_', '-')})" for k in given)
-        raise ConfigError(f"{where}: {flags} applies to MoE models, and {model.name} is dense (experts 0): "
-                          f"give experts (--experts N) or drop it")
+
+    def given(fields):
+        return ", ".join(f"{k} (--{k.replace('_', '-')})" for k in fields if k in data and data[k] != defaults[k])
+    if not model.experts and given(MOE_ONLY_FIELDS):
+        raise ConfigError(f"{where}: {given(MOE_ONLY_FIELDS)} applies to MoE models, and {model.name} is dense "
+                          f"(experts 0): give experts (--experts N) or drop it")
+    if "M" not in model.hybrid_pattern and given(MAMBA_ONLY_FIELDS):
+        raise ConfigError(f"{where}: {given(MAMBA_ONLY_FIELDS)} applies to Mamba-2 layers, and {model.name} has "
+                          f"none: give a --hybrid-pattern with M layers or drop it")
     return model
 
 

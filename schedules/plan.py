@@ -351,6 +351,13 @@ class ParallelPlan:
                             f"needs --recompute selective (recompute is {self.recompute})")
         if "moe" in mods and "moe_act" in mods:
             raise PlanError("recompute_modules: moe re-runs the whole MoE block, moe_act included; name one of them")
+        if self.zero_stage < 3:
+            for broken, what in ((self.fsdp_prefetch != 1, f"--fsdp-prefetch {self.fsdp_prefetch}"),
+                                 (self.fsdp_reshard_after_forward != "auto",
+                                  f"--fsdp-reshard-after-forward {self.fsdp_reshard_after_forward}")):
+                if broken:
+                    raise PlanError(f"{what} sets how FSDP / ZeRO-3 gathers each unit's parameters; this plan runs "
+                                    f"ZeRO stage {self.zero_stage}: add --fsdp (or --zero 3) or drop it")
         if self.recompute_every > 1 and self.recompute != "full":
             raise PlanError(f"recompute_every {self.recompute_every} checkpoints every N-th layer fully: it needs "
                             f"--recompute full (recompute is {self.recompute})")
@@ -524,6 +531,10 @@ class ParallelPlan:
             raise PlanError(f"{model.name} has {model.layers} layers, not divisible by pp×virtual_stages = "
                             f"{self.pp}×{self.virtual_stages} = {chunks}; choose a divisor of {model.layers} or "
                             f"use layer_split='balanced'")
+        if self.recompute == "full" and self.recompute_every > model.layers:
+            raise PlanError(f"recompute_every {self.recompute_every} checkpoints layers {self.recompute_every - 1}, "
+                            f"{2 * self.recompute_every - 1}, ...; {model.name} has {model.layers} layers, so none "
+                            f"would be: use --recompute-every {model.layers} or less")
         if self.lora_rank and (model.is_moe or model.is_mla or getattr(model, "is_hybrid", False)):
             what = "an MoE" if model.is_moe else "an MLA" if model.is_mla else "a hybrid Mamba"
             raise PlanError(f"LoRA (--lora-rank) is modelled for dense attention models; {model.name} is {what} model "

@@ -1355,6 +1355,7 @@ def test_options_that_would_be_silently_ignored_are_refused(tmp_path):
               "--global-batch", "8"], "moe_layer_every (--moe-layer-every) applies to MoE models"),
             (["plan", "-m", "llama3-8b", "--gpus", "8", "--top-k", "2"], "applies to MoE models"),
             (sim + ["--params", "1e9"], "do not combine it with --model"),                 # ran tiny instead
+            (sim + ["--mamba-state", "64"], "applies to Mamba-2 layers, and tiny has none"),
             (sim + ["--calibration-scope", "any"], "give --calibration too"),
             (["replay", ROOT / "traces" / "samples" / "cpu-gloo-ddp", "--network", "flow"], "give --cluster too"),
     ):
@@ -1407,3 +1408,56 @@ def test_calibration_fits_below_any_processor_are_refused(tmp_path):
     rc, _, err = run_cli(["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--calibration",
                           tmp_path / "c.json"])
     assert "peak_flops_per_s: must be >= 1e+06" in assert_one_line_error(rc, err)
+
+
+def test_plan_options_for_another_strategy_are_refused_and_inert_ones_noted(tmp_path):
+    """From a helper's hunt: each ran and printed a step that had ignored the option, without a word."""
+    import json
+    sim = ["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--json"]
+    for extra, needle in ((["--fsdp-prefetch", "3"], "add --fsdp (or --zero 3) or drop it"),
+                          (["--zero", "1", "--fsdp-reshard-after-forward", "false"], "this plan runs ZeRO stage 1"),
+                          (["--recompute", "full", "--recompute-every", "5"], "so none would be")):
+        rc, _, err = run_cli(sim + extra)
+        assert needle in assert_one_line_error(rc, err), extra
+    for extra, needle in ((["--tp", "8", "--zero", "1"], "nothing is sharded"),
+                          (["--fsdp", "--bucket-mb", "200"], "--bucket-mb and --no-overlap-grad-reduce"),
+                          (["--schedule", "zb"], "pp 1: there is no pipeline"),
+                          (["--network", "ideal", "--algorithm", "tree"], "--algorithm tree changes nothing"),
+                          (["--gpus", "16", "--global-batch", "16", "--network", "ideal", "--mode", "full",
+                            "--degrade-link", "0:leaf.0:0.1"], "failed and degraded links change nothing")):
+        rc, out, err = run_cli(sim + extra)
+        assert rc == 0, err
+        assert any(needle in n for n in json.loads(out)["notes"]), (extra, json.loads(out)["notes"])
+    rc, _, err = run_cli(["calibrate", ROOT / "traces" / "samples" / "cpu-gloo-bench", "-o", tmp_path / "c.json"])
+    assert rc == 0, err
+    rc, out, err = run_cli(sim + ["--network", "ideal", "--calibration", tmp_path / "c.json",
+                                  "--calibration-scope", "any"])
+    notes = json.loads(out)["notes"]
+    assert any("collective fits change nothing" in n for n in notes) and not any("replace" in n for n in notes)
+
+
+def test_options_of_another_command_are_refused():
+    """validate's own options before a subcommand, and topology's collective options without --collective, were
+    taken and ignored: `validate --ids 1 --json diff A B` printed text, `topology dgx-h100 --algorithm tree`
+    described the cluster."""
+    for args, needle in (
+            (["validate", "--ids", "1", "--json", "evidence"], "--ids, --json: option(s) of the run of published rows"),
+            (["topology", "dgx-h100", "--gpus", "16", "--algorithm", "tree"], "add --collective KIND"),
+            (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--concurrent"],
+             "add --network flow"),
+    ):
+        rc, _, err = run_cli(args)
+        assert needle in assert_one_line_error(rc, err), args
+    rc, out, err = run_cli(["validate", "evidence", "--json"])
+    assert rc == 0, err
+
+
+def test_chakra_export_says_what_its_files_leave_out(tmp_path):
+    """It printed the straggler's step time beside ETs that hold every rank's nominal times, without a word."""
+    rc, out, err = run_cli(["chakra", "export", "--cluster", "dgx-h100", "--gpus", "8", "--model", "tiny",
+                            "--global-batch", "8", "--out", tmp_path / "a", "--straggler", "3:2", "--algorithm", "tree"])
+    assert rc == 0, err
+    assert "note: the written files leave out stragglers / jitter" in out and "--algorithm tree" in out
+    rc, out, err = run_cli(["chakra", "export", "--cluster", "dgx-h100", "--gpus", "8", "--model", "tiny",
+                            "--global-batch", "8", "--out", tmp_path / "b"])
+    assert rc == 0 and "leave out" not in out

@@ -187,6 +187,11 @@ class ClusterCostModel:
             acc = cluster.accelerator
             self._cal, self.calibration_notes = calibration.for_target(
                 acc.name, lambda d: same_device(d, acc), self.backend, calibration_scope)
+            if network == "ideal" and self._cal is not None and self._cal.collectives:
+                # free communication: the collective fits price nothing (their note must not say they do)
+                self.calibration_notes = [n for n in self.calibration_notes if "collective fit" not in n] + [
+                    f"--network ideal makes every communication free: the calibration's "
+                    f"{len(self._cal.collectives)} collective fits change nothing"]
         self.algorithm = algorithm
         # collective kinds the forced algorithm priced, and kinds where it did not apply to some group (there
         # NCCL's own choice, or the fastest route-level algorithm, priced them): forced_algorithm_note

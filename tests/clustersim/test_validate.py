@@ -155,6 +155,10 @@ def test_fine_tuning_rows_run_their_recipes():
     assert "packed_doc_tokens" not in kw
     kw, notes = row_experiment(rows["669"], fields)
     assert "lora_rank" not in kw and "packed_doc_tokens" not in kw and any("SFT" in n for n in notes)
+    # 32 GB200 / GB300 GPUs: eight compute trays of one rack (the presets take whole racks of 72)
+    for row_id, file in (("763", "gb200-nvl72-32.yaml"), ("890", "gb300-nvl72-32.yaml")):
+        kw, notes = row_experiment(rows[row_id], fields)
+        assert kw["cluster"].endswith(file) and any("one NVLink domain of 32" in n for n in notes)
 
 
 def test_fp8_passes_dtype_when_the_build_has_it():
