@@ -767,9 +767,15 @@ def check_device_dtype(dtype: str, accelerator, fp8_recipe: str = "delayed") -> 
                         f"use --fp8-recipe delayed or current")
 
 
-def inert_option_notes(exp: Experiment, plan) -> list[str]:
+def inert_option_notes(exp: Experiment, plan, model=None) -> list[str]:
     """Notes for options the user gave that this plan leaves without effect (valid, but nothing to act on)."""
     notes = []
+    if plan.ep == 1 and exp.moe_dispatcher != "alltoall":
+        notes.append(f"--moe-dispatcher {exp.moe_dispatcher} deduplicates expert-parallel traffic, and ep 1 sends "
+                     f"none: it changes nothing")
+    if exp.expert_grid != "folded" and (plan.cp == 1 or not getattr(model, "experts", 0)):
+        notes.append(f"--expert-grid {exp.expert_grid} places experts beside context parallelism (an MoE model "
+                     f"with cp > 1): here it changes nothing")
     if plan.dp * plan.cp == 1 and (exp.zero or exp.fsdp):
         notes.append(f"{'--fsdp' if exp.fsdp else f'--zero {exp.zero}'} shards over the data-parallel group, which "
                      f"holds one rank here (dp·cp = 1): nothing is sharded")
@@ -822,7 +828,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     if model.name in MEGATRON_GPT_2021_PRESETS and plan.attention == "flash":
         notes.append(f"{model.name} is a model of Megatron-LM's 2021 runs, which predate FlashAttention: "
                      f"--attention eager prices the attention core they ran (validation/megatron_lm_2021.csv)")
-    notes += inert_option_notes(exp, plan)
+    notes += inert_option_notes(exp, plan, model)
     failures = None
     fault_breaks = False
     if exp.faults:

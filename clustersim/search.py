@@ -873,6 +873,12 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         if split_recompute(r)[0] not in ("none", "selective", "full", "op"):
             raise ConfigError(f"--recompute: unknown value {r!r}; choose from none, selective, full, op, "
                               f"selective:MODULE+MODULE (Megatron recompute modules)")
+    if cache_dir and no_cache:
+        raise ConfigError("--cache-dir names the result cache that --no-cache turns off: give one or the other")
+    if tp_comm_overlap and space.tp is not None and max(space.tp) == 1:
+        raise ConfigError("--tp-comm-overlap overlaps tensor-parallel collectives, and --tp 1 has none: drop one")
+    if not fold and not getattr(resolve_model(Experiment(model=model)), "experts", 0):
+        raise ConfigError(f"--no-fold turns off MoE parallel folding, and {model} is a dense model: drop it")
     if lora_rank < 0 or packed_doc_tokens < 0:
         raise ConfigError("--lora-rank and --packed-doc-tokens must be >= 0")
     if lora_targets is not None and not lora_rank:

@@ -10,6 +10,7 @@ import click
 
 from clustersim.experiment import experiment_from_options, run_experiment, simulate_options
 from clustersim.paths import NonEmptyPath
+from simulator.errors import ConfigError
 
 
 class DelayedProgress:
@@ -176,6 +177,8 @@ def write_report_folder(outcome, out: Path, force: bool = False, breakdown: bool
 @click.option("--force", is_flag=True, help="Write into a non-empty --out that no clustersim run wrote.")
 def simulate(out, as_json, breakdown, force, **options):
     """Simulate one training step of a model and parallel plan on a cluster."""
+    if force and not out:
+        raise ConfigError("--force lets --out write into a non-empty folder: give --out too")
     if out:
         from simulator.atomic import OutputFolder
         OutputFolder.check(out, force)          # before the simulation, not after it

@@ -1424,7 +1424,9 @@ def test_plan_options_for_another_strategy_are_refused_and_inert_ones_noted(tmp_
                           (["--schedule", "zb"], "pp 1: there is no pipeline"),
                           (["--network", "ideal", "--algorithm", "tree"], "--algorithm tree changes nothing"),
                           (["--gpus", "16", "--global-batch", "16", "--network", "ideal", "--mode", "full",
-                            "--degrade-link", "0:leaf.0:0.1"], "failed and degraded links change nothing")):
+                            "--degrade-link", "0:leaf.0:0.1"], "failed and degraded links change nothing"),
+                          (["-m", "tiny-moe", "--moe-dispatcher", "deepep"], "ep 1 sends none"),
+                          (["-m", "tiny-moe", "--ep", "2", "--expert-grid", "carved"], "here it changes nothing")):
         rc, out, err = run_cli(sim + extra)
         assert rc == 0, err
         assert any(needle in n for n in json.loads(out)["notes"]), (extra, json.loads(out)["notes"])
@@ -1445,6 +1447,13 @@ def test_options_of_another_command_are_refused():
             (["topology", "dgx-h100", "--gpus", "16", "--algorithm", "tree"], "add --collective KIND"),
             (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--concurrent"],
              "add --network flow"),
+            (["compare", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--pp", "2", "--schedule", "zb",
+              "--schedules", "1f1b,gpipe"], "give one or the other"),
+            (["compare", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--title", "T"], "give that option too"),
+            (["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--force"], "give --out too"),
+            (["search", "--gpus", "8", "-m", "tiny", "--global-batch", "8", "--no-fold"], "tiny is a dense model"),
+            (["search", "--gpus", "8", "-m", "tiny", "--global-batch", "8", "--tp", "1", "--tp-comm-overlap"],
+             "--tp 1 has none"),
     ):
         rc, _, err = run_cli(args)
         assert needle in assert_one_line_error(rc, err), args
