@@ -810,6 +810,12 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp
         notes.append(f"LoRA rank {plan.lora_rank} on {', '.join(plan.lora_targets)}: {trainable / 1e6:,.1f} M adapter "
                      f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")
+        costly = [t for t in plan.lora_targets if t in ("proj", "fc2") or not plan.sp]
+        if plan.tp > 1 and costly:
+            notes.append(f"the LoRA adapters' own TP collectives on {', '.join(costly)} (Megatron-Bridge gathers a "
+                         f"row-parallel target's adapter output, and without SP all-reduces a column-parallel "
+                         f"one's input gradient: as large as the layer's TP collectives) are not priced: the step "
+                         f"is optimistic")
     if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens:
         notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "
                      f"causally within its document (priced as chunked attention)")

@@ -262,7 +262,7 @@ def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = 
     }
     if not model.params_only:
         out["model_flops_per_step"] = model_flops_per_step(model, plan.seq, plan.effective_global_batch,
-                                                           plan.lora_rank, plan.lora_targets)
+                                                           plan.lora_rank, plan.lora_targets, plan.stack)
         out["stages"] = stage_table(model, plan, peak_flops)
     return out
 

@@ -176,7 +176,7 @@ def stage_chunk_flops(model, plan) -> list[list[float]]:
             if c == plan.virtual_stages - 1 and holds_head(model, plan, s):
                 f += (2.0 if frozen else 3.0) * model.head_flops(plan.seq, plan.micro_batch)
             if any(map(model.is_mtp_layer, layers)):      # the MTP modules' projections and head passes
-                f += 3.0 * model.mtp_extra_flops(plan.seq, plan.micro_batch)
+                f += (2.0 if frozen else 3.0) * model.mtp_extra_flops(plan.seq, plan.micro_batch)
             chunks.append(f / split)
         out.append(chunks)
     return out
@@ -187,9 +187,9 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
 
     - every rank executes its stage's FLOPs for m micro-batches: m·T_s for each stage s, plus the
       tensor- and expert-parallel collectives that serialise with them on the compute stream;
-    - under GPipe / 1F1B / interleaved a first stage also idles while micro-batch 0 travels the pipeline
-      and back: at least (p-1) times the smallest chunk's time (the ideal bubble, (p-1)/v of a stage);
-      zero-bubble schedules get no such term.
+    - under GPipe / 1F1B / interleaved stage s works only after micro-batch 0's forward has passed the first
+      chunk of every stage before it, and its last backward must pass them again: m·T_s + Σ_{q<s} c_{q,0}
+      (for a balanced pipeline the ideal bubble, (p-1)/v of a stage); zero-bubble schedules get no such term.
     With ``tp_comm_overlap`` the TP collectives are left out (they may hide behind the GEMMs; the GEMMs'
     chunking and SM margin only add time).
     Times use the cost model's FLOP/s for an op as large as three forward passes of the biggest chunk,
@@ -215,13 +215,15 @@ def lower_bound_s(exp: Experiment, model, plan, cost, world: int) -> float:
     stage_t = [sum(ch) for ch in chunk_t]
     bound = m * max(stage_t)
     if plan.pp > 1 and plan.schedule != "zb":
-        # the first stage idles while micro-batch 0 travels the pipeline and back, and again while the last
-        # one does, less the warm-up forwards and cool-down backwards it runs meanwhile: with every chunk c
-        # at least c_min and its own at most c_0, at least (p-1)·(2·c_min - c_0) in all; (p-1)·c_min for a
-        # balanced pipeline (a first stage heavier than the rest, as a frozen LoRA head can leave it, idles less)
-        smallest_chunk = min(min(ch) for ch in chunk_t)
-        idle = min(smallest_chunk, 2 * smallest_chunk - max(chunk_t[0]))
-        bound = max(bound, m * stage_t[0] + (plan.pp - 1) * max(0.0, idle))
+        # stage s starts nothing before micro-batch 0's forward has passed the first chunk of every earlier
+        # stage, and its last op (the last micro-batch's backward of its first chunk) leaves that backward to
+        # pass them again: m·T_s + Σ_{q<s} chunk_t[q][0] for every s ((p-1)·c more than m·T for a balanced
+        # pipeline, the ideal bubble; the first stage's own idle time is not bounded by (p-1)·c_min when it is
+        # the heaviest, as a frozen LoRA head can leave it, nor under interleaving)
+        before = 0.0
+        for s in range(plan.pp):
+            bound = max(bound, m * stage_t[s] + before)
+            before += chunk_t[s][0]
     return bound
 
 

@@ -118,7 +118,7 @@ class _StageBuilder:
     def _units(self) -> list[list[Unit]]:
         m, p = self.m, self.p
         div = p.tp * p.cp
-        lora = lora_layer_params(m, p.lora_rank, p.lora_targets) / p.tp if p.lora_rank else 0.0
+        lora = lora_layer_params(m, p.lora_rank, p.lora_targets, p.stack) / p.tp if p.lora_rank else 0.0
         out = []
         cache: dict[bool, Unit] = {}
         for c, layers in enumerate(mem.stage_chunks(m, p, self.s)):
@@ -493,7 +493,7 @@ class _StageBuilder:
             if u.kind != "layer":
                 pass                # recomputation applies to transformer layers only
             elif u.recompute == "full":
-                main, exp = main + u.f_main, exp + u.f_exp
+                main, exp = main + u.f_main + f_lora, exp + u.f_exp
             elif u.recompute == "selective":      # Megatron's recompute_modules (core_attn by default)
                 mods = p.recompute_modules
                 main += (u.f_core if "core_attn" in mods and u.block != "M" else 0.0) + u.f_rec
@@ -1137,7 +1137,7 @@ def build_programs(model: ModelSpec, plan: ParallelPlan, world_size: int | None 
                 progs.static_memory[r] = static[c["pp"]]
     progs.tokens_per_step = float(plan.tokens_per_step)
     progs.model_flops_per_step = model_flops_per_step(model, plan.seq, plan.effective_global_batch, plan.lora_rank,
-                                                      plan.lora_targets)
+                                                      plan.lora_targets, plan.stack)
     progs.meta = {"model": model.name, "plan": plan.to_dict(), "schedule": plan.schedule,
                   "stage_layers": [[l for c in mem.stage_chunks(model, plan, s) for l in c] for s in range(plan.pp)],
                   "generator": "schedules.build_programs"}

@@ -62,7 +62,8 @@ import dataclasses
 import math
 from functools import lru_cache
 
-from schedules.models import GLOBAL_ATTENTION, ModelSpec, causal_window_fraction, hybrid_blocks
+from schedules.models import (GLOBAL_ATTENTION, SEPARATE_QKV_STACKS, ModelSpec, causal_window_fraction,
+                              hybrid_blocks)
 from schedules.plan import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 from simulator.errors import PlanError
 from simulator.kernels import ATTENTION, ELEMENTWISE, GEMM, Kernel, KernelList
@@ -313,7 +314,7 @@ class _Writer:
         self.fused = stack == "megatron"
         self.eager_norm = stack in EAGER_POINTWISE
         self.compiled = stack in COMPILED_STACKS      # Inductor: one kernel per pointwise chain
-        self.separate_qkv = stack == "torchtitan" or stack in COMPILED_STACKS   # wq, wk, wv linears
+        self.separate_qkv = stack in SEPARATE_QKV_STACKS   # wq, wk, wv linears
         self.repeat_kv = stack in REPEAT_KV_STACKS
         self.torch_cp = stack in TORCH_CP_STACKS
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
@@ -492,9 +493,11 @@ def _lora_adapter(w: _Writer, name: str, phase: str, m: float, n: float, k: floa
     ``peft/lora_layers.py::LoRALinear``): linear_in A (k → r) and linear_out B (r → n) in BF16 whatever the base
     GEMMs' precision, the output scaled by alpha / r (one elementwise pass), then added to the base output.
     Backward: the scale's gradient, B's and A's input and weight gradients, and the adapter's input gradient
-    summed into the base linear's. Per rank the adapters are sharded like the base weight (A gathered over the
-    TP group for a column-parallel target: its r columns are few; the TP collectives of the adapters, a few
-    KiB to a few MB per layer, are not priced)."""
+    summed into the base linear's. Per rank the adapters are sharded like the base weight. Their TP collectives
+    are not priced: under SP a column-parallel target's adapter (qkv, fc1) reads the norm output its base
+    linear gathers and costs none; a row-parallel target's (proj, fc2) gathers its m×h output in forward
+    (and under SP scatters it back, an all-gather in backward), and without SP a column-parallel target's
+    input gradient is all-reduced: as large as the layer's own TP collectives (clustersim notes it)."""
     r = w.lora_rank
     if phase == FORWARD:
         w.gemm(f"{name} lora A", m, r, k, fp8_ok=False)
@@ -1142,7 +1145,9 @@ def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype, kind="
         if part == "experts":
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
         n_mb = max(1, plan.num_microbatches)
-        if getattr(plan, "fp8_param_gather", False):
+        if getattr(plan, "fp8_param_gather", False) and getattr(plan, "lora_rank", 0):
+            pass        # frozen FP8 parameters: cast once when loaded, their transposes cached ever after
+        elif getattr(plan, "fp8_param_gather", False):
             # Megatron-Core --fp8-param-gather: after the step the optimizer casts its shard of the fp32 (FP32
             # bytes) main weights to the FP8 parameter (TE cast_master_weights_to_fp8: read 4 bytes, write 1; current
             # scaling reads the shard's amax first); the gathered FP8 weight's column-wise copy is made by a

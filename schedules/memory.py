@@ -174,7 +174,7 @@ def lora_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     if not getattr(plan, "lora_rank", 0) or model.params_only:
         return 0.0
     layers = sum(len(c) for c in stage_chunks(model, plan, stage))
-    return layers * lora_layer_params(model, plan.lora_rank, plan.lora_targets) / plan.tp
+    return layers * lora_layer_params(model, plan.lora_rank, plan.lora_targets, plan.stack) / plan.tp
 
 
 def trainable_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
@@ -342,7 +342,10 @@ def _lora_saved(plan: ParallelPlan, out: list[Saved], bf16_per_saved: float = 1.
         if t.name == "attention output (projection input)":
             kept.append(t if target in plan.lora_targets else t._replace(reader="B"))
         elif target in plan.lora_targets:
-            kept.append(t._replace(nbytes=t.nbytes * bf16_per_saved))
+            # a column-parallel target's adapter (qkv, fc1) saves the norm output Megatron-Bridge hands it
+            # gathered over the sequence (return_layernorm_output_gathered under SP): whole on every rank
+            kept.append(t._replace(nbytes=t.nbytes * bf16_per_saved,
+                                   shard="none" if target in ("qkv", "fc1") else t.shard))
         elif t.reader != "W":
             kept.append(t)
     return kept
@@ -702,7 +705,13 @@ def fsdp_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float
         ahead = sum(size[uses[i][0]] for i in range(j + 1, min(len(uses), j + 1 + plan.fsdp_prefetch)) if res[i][0])
         peak = max(peak, held + ahead)
         held -= size[k] if release else 0.0
-    grads = sum(size.values()) if plan.pp > 1 else max(size.values(), default=0.0)
+    if getattr(plan, "lora_rank", 0):       # LoRA: only the layers' adapters take gradients
+        adapters = (lora_layer_params(model, plan.lora_rank, plan.lora_targets, plan.stack) / plan.tp
+                    if dd > 1 else 0.0)
+        trained = {k: (adapters if k[1] not in ("embedding", "lm_head") else 0.0) for k in size}
+    else:
+        trained = size
+    grads = sum(trained.values()) if plan.pp > 1 else max(trained.values(), default=0.0)
     return peak * model.dtype_bytes + grads * plan.grad_buffer_bytes_per_param
 
 
@@ -736,7 +745,7 @@ def _transient_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) ->
         return 0.0 if model.params_only else fsdp_buffer_bytes(model, plan, stage)
     if z == 2:
         dense, expert = trainable_rank_params(model, plan, stage)
-        layer = (lora_layer_params(model, plan.lora_rank, plan.lora_targets) / plan.tp if plan.lora_rank
+        layer = (lora_layer_params(model, plan.lora_rank, plan.lora_targets, plan.stack) / plan.tp if plan.lora_rank
                  else max_layer_params(model, plan, stage))
         unit = max(plan.bucket_bytes, plan.grad_buffer_bytes_per_param * layer)
         return min(2 * unit, plan.grad_buffer_bytes_per_param * (dense + expert))

@@ -534,16 +534,24 @@ def lora_target_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
             "fc1": (h, (2 if model.gated_mlp else 1) * model.ffn), "fc2": (model.ffn, h)}
 
 
-def lora_layer_params(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
-    """Parameters of one layer's LoRA adapters (A: k×r and B: r×n per target linear; whole, before TP)."""
+#: stacks whose attention runs separate wq, wk, wv linears (torchtitan's Attention; schedules.kernels)
+SEPARATE_QKV_STACKS = ("torchtitan", "torchtitan-compile", "torchtitan-compile-loss")
+
+
+def lora_layer_params(model: ModelSpec, rank: int, targets: tuple[str, ...], stack: str = "megatron") -> int:
+    """Parameters of one layer's LoRA adapters (A: k×r and B: r×n per target linear; whole, before TP). Where
+    the stack runs a target as several linears (wq, wk, wv; SwiGLU's w1 and w3 outside megatron's fused fc1)
+    each has an adapter of its own: one A per linear, the B's together as wide as the fused one."""
     if not rank:
         return 0
     shapes = lora_target_shapes(model)
-    return sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+    linears = {"qkv": 3 if stack in SEPARATE_QKV_STACKS else 1,
+               "fc1": 2 if model.gated_mlp and stack != "megatron" else 1}
+    return sum(rank * (shapes[t][0] * linears.get(t, 1) + shapes[t][1]) for t in targets)
 
 
 def model_flops_per_step(model: ModelSpec, seq: int, global_batch: int, lora_rank: int = 0,
-                         lora_targets: tuple[str, ...] = ()) -> float:
+                         lora_targets: tuple[str, ...] = (), stack: str = "megatron") -> float:
     """Model FLOPs of one training step (forward + backward, no recomputation): the MFU numerator.
 
     Equals 6·N_active·tokens plus attention's 12·L·s·(heads·head_dim)·tokens, less the embedding lookup; the MTP
@@ -554,7 +562,7 @@ def model_flops_per_step(model: ModelSpec, seq: int, global_batch: int, lora_ran
     if lora_rank:
         per_seq = sum(2 * lf.linear + 3 * lf.attn_core for lf in (model.layer_flops(i, seq, 1) for i in layers)) \
             + 2 * model.head_flops(seq, 1) + 2 * model.mtp_extra_flops(seq, 1) \
-            + 6.0 * seq * model.layers * lora_layer_params(model, lora_rank, lora_targets)
+            + 6.0 * seq * model.layers * lora_layer_params(model, lora_rank, lora_targets, stack)
         return per_seq * global_batch
     per_seq = sum(model.layer_flops(i, seq, 1).total for i in layers) + 3 * model.head_flops(seq, 1) \
         + 3 * model.mtp_extra_flops(seq, 1)

@@ -377,6 +377,9 @@ class ParallelPlan:
             raise PlanError(f"expert_grid must be one of {', '.join(EXPERT_GRIDS)}, got {self.expert_grid!r}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise PlanError(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
+        if self.tp_comm_overlap is True and self.lora_rank:
+            raise PlanError("--tp-comm-overlap with LoRA is not modelled: its overlaps pair the TP collectives with "
+                            "weight-gradient GEMMs a frozen model does not run")
         if self.tp_comm_overlap is True:
             why = ("it overlaps the TP collectives, so it needs --tp > 1" if self.tp <= 1 else
                    "Transformer Engine overlaps the sequence-parallel all-gathers and reduce-scatters, so it "

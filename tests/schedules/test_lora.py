@@ -163,3 +163,43 @@ def test_plan_and_search_take_the_lora_options(capsys):
                           "--top-k", "1", "--json")
     assert code == 0, err
     assert json.loads(out)["top"][0]["plan"]["lora_rank"] == 16
+
+
+def test_fsdp_gradient_buffers_hold_the_adapters_alone():
+    """ZeRO-3 / FSDP under PP holds a stage's unsharded gradients until the step's reduce-scatter: under LoRA
+    only the adapters' (the gathered-parameter part is the same)."""
+    from schedules.memory import fsdp_buffer_bytes, fsdp_units
+    full = dataclasses.replace(BASE, zero=0, fsdp=True, pp=2, dp=4, tp=2)
+    lora = dataclasses.replace(full, lora_rank=16, lora_targets=("qkv", "fc2"))
+    params = sum(d + e for units in fsdp_units(M, full, 0) for _, d, e in units)
+    layers = sum(1 for units in fsdp_units(M, full, 0) for n, _, _ in units if n not in ("embedding", "lm_head"))
+    adapters = layers * lora_layer_params(M, 16, ("qkv", "fc2")) / full.tp
+    assert fsdp_buffer_bytes(M, full, 0) - fsdp_buffer_bytes(M, lora, 0) == pytest.approx(
+        (params - adapters) * full.grad_buffer_bytes_per_param, rel=1e-9)
+
+
+def test_column_parallel_adapters_keep_the_gathered_norm_output_under_sp():
+    """Megatron-Bridge hands a qkv / fc1 adapter the norm output its base linear gathered over the sequence
+    (return_layernorm_output_gathered): whole on every TP rank, where the fused norm's own copy is sharded."""
+    saved = {t.name: t for t in saved_tensors(M, dataclasses.replace(LORA, lora_targets=("qkv", "proj")), 3)}
+    assert saved["norm1 output (QKV input)"].shard == "none"
+    assert saved["attention output (projection input)"].shard == "tp"
+
+
+def test_unfused_linears_take_an_adapter_each():
+    """torchtitan runs wq, wk, wv (and SwiGLU's w1, w3) as linears of their own: one A each, the B's as wide as
+    the fused one's."""
+    h = M.hidden
+    assert lora_layer_params(M, 8, ("qkv",), "torchtitan") - lora_layer_params(M, 8, ("qkv",)) == 8 * 2 * h
+    assert lora_layer_params(M, 8, ("fc1",), "torchtitan") - lora_layer_params(M, 8, ("fc1",)) == 8 * h
+    tt = dataclasses.replace(LORA, stack="torchtitan", lora_targets=("qkv",))
+    assert sum(1 for n in _names(tt, "forward") if n.endswith("lora A")) == 3
+
+
+def test_frozen_fp8_parameters_are_not_recast_every_step_and_tp_overlap_is_refused():
+    fp8 = dataclasses.replace(LORA, dtype="fp8", fp8_param_gather=True)
+    assert not any("fp8 param shard" in n or "fp8 weight transpose" in n for n in _names(fp8, "forward"))
+    full = dataclasses.replace(fp8, lora_rank=0)
+    assert any("fp8 param shard cast" in n for n in _names(full, "forward"))
+    with pytest.raises(PlanError, match="tp-comm-overlap with LoRA"):
+        dataclasses.replace(LORA, tp_comm_overlap=True).validate(M, 16)
