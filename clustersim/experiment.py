@@ -53,12 +53,13 @@ GRAD_REDUCE_DTYPES = ("auto", "bf16", "fp32")
 FP8_RECIPES = ("delayed", "current", "mxfp8")        # schedules.kernels.FP8_RECIPES
 EXPERT_GRIDS = ("folded", "carved")
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")     # schedules.plan.MOE_DISPATCHERS
+LORA_STYLES = ("megatron", "dtensor")                    # schedules.plan.LORA_STYLES
 #: option -> its allowed values (checked in one place; the error says "unknown <option> ...; choose one of")
 CHOICES = {"network": NETWORKS, "calibration_scope": CALIBRATION_SCOPES, "mode": MODES, "schedule": SCHEDULES,
            "dtype": DTYPES, "stack": STACKS, "recompute": RECOMPUTE, "attention": ATTENTION,
            "attention_kernel": ATTENTION_KERNELS,
            "grad_reduce_dtype": GRAD_REDUCE_DTYPES, "expert_grid": EXPERT_GRIDS, "fp8_recipe": FP8_RECIPES,
-           "moe_dispatcher": MOE_DISPATCHERS}
+           "moe_dispatcher": MOE_DISPATCHERS, "lora_style": LORA_STYLES}
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers",
                 "sliding_window", "attention_chunk", "global_attention_every", "moe_layer_every", "mamba_heads",
                 "mamba_head_dim", "mamba_state", "mamba_groups")
@@ -126,6 +127,7 @@ class Experiment:
     lora_rank: int = 0               # LoRA fine-tuning: adapters of this rank, the model frozen (0: train every weight)
     lora_targets: tuple[str, ...] | None = None   # linears with adapters (None: qkv, proj, fc1, fc2)
     packed_doc_tokens: int = 0       # sequences packed from documents of this many tokens (attention within each)
+    lora_style: str = "megatron"     # how LoRA adapters run under TP: megatron (Megatron-Bridge) | dtensor
     faults: dict = field(default_factory=dict)
     name: str | None = None
 
@@ -417,6 +419,10 @@ def simulate_options(f: Callable) -> Callable:
                      "and data-parallel reduction for the adapters only). 0 (default): every weight trains."),
         click.option("--lora-targets", help="With --lora-rank: comma-separated linears with adapters, of qkv, proj, "
                      "fc1, fc2 (default: all four, Megatron-Bridge's LoRA default)."),
+        click.option("--lora-style", type=click.Choice(LORA_STYLES),
+                     help="With --lora-rank under TP: megatron (default: Megatron-Bridge's adapters, whose own TP "
+                     "collectives are priced) or dtensor (PyTorch DTensor's LoRA-aware parallel styles, NeMo "
+                     "AutoModel: only rank-r intermediates cross the TP group)."),
         click.option("--packed-doc-tokens", type=int, help="Sequences packed from documents of N tokens "
                      "(fine-tuning data with per-document attention masks): attention within each document. "
                      "For documents of varying length N = Σ sᵢ² / seq."),
@@ -436,7 +442,7 @@ OPTION_KEYS = ("cluster", "gpus", "model", "params", "model_config", "gated_mlp"
                "astra_system", "stage_layers", "first_stage_layers", "last_stage_layers", "memory_limit",
                "attention", "attention_kernel", "fsdp_reshard_after_forward", "dtype", "stack",
                "calibration_scope", "gpu_variation", "grad_reduce_dtype", "fp8_recipe", "fp8_param_gather",
-               "lora_rank", "lora_targets", "packed_doc_tokens")
+               "lora_rank", "lora_targets", "packed_doc_tokens", "lora_style")
 
 
 def experiment_from_options(config: str | None = None, **options) -> Experiment:
@@ -639,7 +645,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               grad_reduce_dtype=exp.grad_reduce_dtype, tp_comm_overlap=exp.tp_comm_overlap,
               moe_dispatcher=exp.moe_dispatcher, lora_rank=exp.lora_rank,
-              lora_targets=exp.lora_targets or LORA_TARGETS,
+              lora_targets=exp.lora_targets or LORA_TARGETS, lora_style=exp.lora_style,
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
@@ -810,12 +816,8 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp
         notes.append(f"LoRA rank {plan.lora_rank} on {', '.join(plan.lora_targets)}: {trainable / 1e6:,.1f} M adapter "
                      f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")
-        costly = [t for t in plan.lora_targets if t in ("proj", "fc2") or not plan.sp]
-        if plan.tp > 1 and costly:
-            notes.append(f"the LoRA adapters' own TP collectives on {', '.join(costly)} (Megatron-Bridge gathers a "
-                         f"row-parallel target's adapter output, and without SP all-reduces a column-parallel "
-                         f"one's input gradient: as large as the layer's TP collectives) are not priced: the step "
-                         f"is optimistic")
+    if exp.lora_style != "megatron" and not plan.lora_rank:
+        raise ConfigError("--lora-style says how LoRA adapters run: give --lora-rank R (> 0) too")
     if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens:
         notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "
                      f"causally within its document (priced as chunked attention)")

@@ -822,10 +822,11 @@ def finetune_settings(row: dict) -> tuple[dict, str]:
                 f"{SQUAD_DOC_TOKENS} tokens, the Llama 3 tokenizer's packing statistic (none is published for "
                 f"Llama 2's, whose tokens are more per document: attention a little more than priced)")
     if "AutoModel" in fw and _commit_of(row.get("source", "")) == AUTOMODEL_COMMIT and task == "lora":
-        return ({"lora_rank": 16, "lora_targets": ("qkv", "proj", "fc1", "fc2")},
+        return ({"lora_rank": 16, "lora_targets": ("qkv", "proj", "fc1", "fc2"), "lora_style": "dtensor"},
                 "LoRA as NeMo AutoModel's configs at 36044ad set it: dim 16, alpha 32 on every *_proj linear "
                 "(q, k, v, o, gate, up, down: priced as one adapter beside each fused linear), mock data (one "
-                "unpacked 4,096-token sequence per sample)")
+                "unpacked 4,096-token sequence per sample); under TP its DTensor LoRA-aware styles "
+                "(ColwiseParallelLora / RowwiseParallelLora) move only the rank-16 intermediates")
     raise NotExpressible(f"task {task!r}: what the {fw} {release} fine-tuning recipe ran is not known here")
 
 

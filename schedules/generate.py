@@ -325,6 +325,28 @@ class _StageBuilder:
                 out += [(i, u) for u in reversed(units)]
         return out
 
+    def _lora_tp_items(self, u: Unit, back: bool) -> list[tuple]:
+        """The TP collectives of a layer's LoRA adapters, as Megatron-Bridge's ParallelLinearAdapter runs them
+        (``lora_style`` megatron; none without LoRA): a row-parallel target's adapter (proj, fc2) gathers its m×h output
+        over the TP group in forward (gather_output) and, under SP, scatters it back to the sequence shards,
+        whose backward is an all-gather; without SP a column-parallel target's adapter (qkv, fc1) copies its
+        input into the TP region, whose backward all-reduces the input gradient. Under SP a column-parallel
+        adapter reads the norm output its base linear gathered: nothing more. Each is as large as the layer's
+        own TP collectives and runs on the compute stream."""
+        p = self.p
+        if not p.lora_rank or p.lora_style != "megatron":      # dtensor: rank-r intermediates only, not priced
+            return []
+        mixer, mlp = hybrid_blocks(u.block)
+        targets = [t for t in p.lora_targets if (t in ("qkv", "proj") and mixer) or (t in ("fc1", "fc2") and mlp
+                                                                                    and not u.moe)]
+        items = []
+        for t in targets:
+            if t in ("proj", "fc2") and (not back or p.sp):
+                items.append(("tp", "all_gather"))
+            elif t in ("qkv", "fc1") and back and not p.sp:
+                items.append(("tp", "all_reduce"))
+        return items
+
     def _gather_sizes(self, u: Unit) -> list[tuple[str, float]]:
         """(role, parameters) of the unit that ZeRO-3 / FSDP gathers (every parameter, frozen or not)."""
         out = []
@@ -599,6 +621,8 @@ class _StageBuilder:
                     # Megatron's moe recompute module re-runs the MoE block's forward: its dispatch and
                     # combine all-to-alls (and expert-TP collectives) run again before its backward
                     seq = [x for x in fwd_comm if x[0] in ("ep", "etp")] + seq
+        if tp and u.kind == "layer" and a.phase != "W":
+            seq = seq + self._lora_tp_items(u, back)
         if any(map(_overlapped, seq)):
             return self._write_overlapped(u, a, seq, deps, lab, alloc, free)
         first = last = None

@@ -493,11 +493,8 @@ def _lora_adapter(w: _Writer, name: str, phase: str, m: float, n: float, k: floa
     ``peft/lora_layers.py::LoRALinear``): linear_in A (k → r) and linear_out B (r → n) in BF16 whatever the base
     GEMMs' precision, the output scaled by alpha / r (one elementwise pass), then added to the base output.
     Backward: the scale's gradient, B's and A's input and weight gradients, and the adapter's input gradient
-    summed into the base linear's. Per rank the adapters are sharded like the base weight. Their TP collectives
-    are not priced: under SP a column-parallel target's adapter (qkv, fc1) reads the norm output its base
-    linear gathers and costs none; a row-parallel target's (proj, fc2) gathers its m×h output in forward
-    (and under SP scatters it back, an all-gather in backward), and without SP a column-parallel target's
-    input gradient is all-reduced: as large as the layer's own TP collectives (clustersim notes it)."""
+    summed into the base linear's. Per rank the adapters are sharded like the base weight; their TP collectives
+    are the program's (schedules.generate ``_lora_tp_items``)."""
     r = w.lora_rank
     if phase == FORWARD:
         w.gemm(f"{name} lora A", m, r, k, fp8_ok=False)

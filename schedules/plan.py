@@ -61,6 +61,7 @@ EXPERT_GRIDS = ("folded", "carved")
 #: domain, once per destination domain across domains: RDMA to one GPU there, NVLink forwarding inside)
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")   # linears that can carry LoRA adapters (all four: the default)
+LORA_STYLES = ("megatron", "dtensor")           # how adapters run under TP (ParallelPlan.lora_style)
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
 
@@ -143,6 +144,10 @@ class ParallelPlan:
     lora_targets         the linears that carry adapters: any of qkv, proj (attention output), fc1, fc2
                          (Megatron-Bridge's LoRA default: all four; NeMo 1 and Megatron-Bridge's Llama 3 70B
                          performance configs: qkv only)
+    lora_style           how the adapters run under TP: megatron (Megatron-Bridge's ParallelLinearAdapter, with
+                         TP collectives of its own as large as the layer's: schedules.generate) | dtensor (PyTorch
+                         DTensor's LoRA-aware parallel styles, NeMo AutoModel: only the rank-r intermediate is
+                         gathered or reduced, a few KiB, not priced)
     """
 
     dp: int = 1
@@ -189,6 +194,7 @@ class ParallelPlan:
     moe_dispatcher: str = "alltoall"
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    lora_style: str = "megatron"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -499,6 +505,8 @@ class ParallelPlan:
             v = getattr(self, f)
             if not isinstance(v, str):
                 raise PlanError(f"{f} must be a string, got {v!r}")
+        if self.lora_style not in LORA_STYLES:
+            raise PlanError(f"lora_style must be one of {', '.join(LORA_STYLES)}, got {self.lora_style!r}")
         if not is_int(self.lora_rank) or self.lora_rank < 0:
             raise PlanError(f"lora_rank must be a non-negative integer (0: full training), got {self.lora_rank!r}")
         t = self.lora_targets

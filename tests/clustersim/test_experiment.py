@@ -70,6 +70,7 @@ def test_the_cli_offers_the_stacks_and_dtypes_the_kernel_model_knows():
     from schedules import plan
     assert experiment.EXPERT_GRIDS == plan.EXPERT_GRIDS
     assert experiment.MOE_DISPATCHERS == plan.MOE_DISPATCHERS
+    assert experiment.LORA_STYLES == plan.LORA_STYLES
     assert experiment.ATTENTION == plan.ATTENTION and experiment.ATTENTION_KERNELS == plan.ATTENTION_KERNELS
 
 

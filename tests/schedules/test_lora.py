@@ -203,3 +203,25 @@ def test_frozen_fp8_parameters_are_not_recast_every_step_and_tp_overlap_is_refus
     assert any("fp8 param shard cast" in n for n in _names(full, "forward"))
     with pytest.raises(PlanError, match="tp-comm-overlap with LoRA"):
         dataclasses.replace(LORA, tp_comm_overlap=True).validate(M, 16)
+
+
+def test_megatron_adapters_run_tp_collectives_of_their_own():
+    """Megatron-Bridge's ParallelLinearAdapter under TP (per layer and micro-batch, beside the layer's own 2 + 2
+    SP collectives each way): a row-parallel target (proj, fc2) gathers its m×h output in forward and, under
+    SP, all-gathers in backward; without SP a column-parallel target (qkv, fc1) all-reduces its input gradient
+    in backward; under SP a column-parallel adapter adds nothing; DTensor's LoRA styles add nothing priced."""
+    from collections import Counter
+
+    def tp(plan):
+        ops = build_programs(M, plan, plan.world_size, symmetric=True).ops[0]
+        return Counter((op.collective, op.phase) for op in ops if op.kind == "collective" and op.strategy == "tp"
+                       and op.layer == 3 and op.microbatch == 0)
+    sp = dataclasses.replace(BASE, dp=4, global_batch=8)
+    base = tp(sp)
+    assert tp(dataclasses.replace(sp, lora_rank=16, lora_targets=("qkv", "fc1"))) == base
+    rows = tp(dataclasses.replace(sp, lora_rank=16, lora_targets=("proj", "fc2")))
+    assert rows - base == Counter({("all_gather", "forward"): 2, ("all_gather", "backward"): 2})
+    no_sp = dataclasses.replace(sp, sp=False)
+    cols = tp(dataclasses.replace(no_sp, lora_rank=16, lora_targets=("qkv", "fc1")))
+    assert cols - tp(no_sp) == Counter({("all_reduce", "backward"): 2})
+    assert tp(dataclasses.replace(sp, lora_rank=16, lora_style="dtensor")) == base
