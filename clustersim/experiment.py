@@ -812,7 +812,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     cost_summary = priced_by.calibration_summary() if hasattr(priced_by, "calibration_summary") else "none"
     notes: list[str] = list(getattr(priced_by, "calibration_notes", ()))
     if plan.lora_rank:
-        from schedules.memory import lora_rank_params, rank_params
+        from schedules.memory import lora_rank_params
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp
         notes.append(f"LoRA rank {plan.lora_rank} on {', '.join(plan.lora_targets)}: {trainable / 1e6:,.1f} M adapter "
                      f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")

@@ -533,7 +533,7 @@ def _has_dropout(m: ModelSpec) -> bool:
 
 
 def _attention_block(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, phase: str) -> None:
-    T, h, tp = sh.T, sh.h, sh.tp
+    T, h = sh.T, sh.h
     dropout = _has_dropout(m)
     if phase == BACKWARD_WEIGHT:       # only the weight gradients
         _attention_linears(w, m, sh, phase)

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from simulator.atomic import atomic_open, write_text, write_with
-from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND
+from simulator.program import COLLECTIVE, COMPUTE
 
 _NCCL_NAMES = {
     "all_reduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "all_gather": "ncclDevKernel_AllGather_RING_LL",

@@ -307,7 +307,7 @@ def _cap(comm: Comm, table: str, i2: int) -> float:
 
 def _bandwidth(comm: Comm, kind: str, algo: str, proto: str, g: dict) -> float:
     """NCCL's algorithm bandwidth (GB/s) of (algo, proto) for ``kind`` (tuning.cc ncclTopoTuneModel)."""
-    arch, i2, pi = comm.arch, _idx2(comm), PROTO_INDEX[proto]
+    arch, i2 = comm.arch, _idx2(comm)
     graph = g["nvls" if algo in ("nvls", "nvls_tree") else "collnet" if algo == "collnet_direct"
               else "tree" if algo in ("tree", "collnet_chain") else "ring"]
     collnet = algo.startswith("collnet")
@@ -561,7 +561,7 @@ def moe_time_s(comm: Comm, tokens: int, token_bytes: float, topk: int, experts: 
     Intra-node: a token goes once to every other local GPU holding one of its experts, over the scale-up
     link. Across nodes: once to every other node holding one (RDMA, deduplicated per node, NVLink
     forwarding inside), over the GPU's NIC. Uniform routing gives the expected distinct destinations."""
-    n, ppn = comm.n_ranks, comm.ppn
+    ppn = comm.ppn
     def distinct(groups: int) -> float:       # expected groups that hold >= 1 of the token's experts
         per = experts / groups
         miss = math.comb(int(experts - per), topk) / math.comb(experts, topk)

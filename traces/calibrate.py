@@ -27,7 +27,6 @@ collectives  per (kind, backend, group size, scope), time = alpha + size · bus_
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from pathlib import Path
 
