@@ -344,15 +344,15 @@ def _compare_command():
         when no variants are given)."""
         from simulator.atomic import OutputFolder
         from simulator.inputs import json_safe
-        for given_opt, needs, what in ((trace_step is not None, trace_path, "--trace-step picks a step of --trace"),
-                                       (max_lanes is not None or title is not None, out or report,
-                                        "--max-lanes and --title shape the pictures of --out / --report"),
-                                       (force, out, "--force lets --out write into a non-empty folder"),
-                                       (schedules and options.get("schedule"), False,
-                                        "--schedules compares schedules; --schedule sets one")):
-            if given_opt and not needs:
-                raise ConfigError(f"{what}: " + ("give one or the other" if what.startswith("--schedules")
-                                                 else "give that option too"))
+        for misplaced, why in (
+                (trace_step is not None and not trace_path, "--trace-step picks a step of --trace: give that option too"),
+                ((max_lanes is not None or title is not None) and not (out or report),
+                 "--max-lanes and --title shape the pictures of --out / --report: give that option too"),
+                (force and not out, "--force lets --out write into a non-empty folder: give that option too"),
+                (schedules and options.get("schedule"),
+                 "--schedules compares schedules; --schedule sets one: give one or the other")):
+            if misplaced:
+                raise ConfigError(why)
         if out:
             OutputFolder.check(out, force)           # before any simulation
         trace = None

@@ -614,7 +614,7 @@ def virtual_stages(exp: Experiment, model) -> int:
 
 def resolve_plan(exp: Experiment, model, world_size: int):
     """The validated ParallelPlan of an experiment (dp defaults to GPUs / (tp·pp·cp))."""
-    from schedules.plan import (DEFAULT_RECOMPUTE_MODULES, LORA_TARGETS, ParallelPlan, parse_memory_limit,
+    from schedules.plan import (DEFAULT_RECOMPUTE_MODULES, ParallelPlan, lora_fields, parse_memory_limit,
                                 parse_stage_layers)
 
     from clustersim.guards import check_budget
@@ -630,8 +630,6 @@ def resolve_plan(exp: Experiment, model, world_size: int):
         dp = world_size // denom
         exp.dp = dp
     global_batch = exp.global_batch if exp.global_batch is not None else dp * exp.micro_batch * max(exp.pp, 1) * 2
-    if exp.lora_targets is not None and not exp.lora_rank:
-        raise ConfigError("--lora-targets names the linears of LoRA adapters: give --lora-rank R (> 0) too")
     kw = dict(dp=dp, tp=exp.tp, pp=exp.pp, ep=exp.ep, etp=exp.etp or 0, expert_grid=exp.expert_grid, cp=exp.cp, sp=exp.sp, zero=exp.zero, fsdp=exp.fsdp,
               micro_batch=exp.micro_batch, global_batch=global_batch, schedule=exp.schedule,
               virtual_stages=virtual_stages(exp, model), bucket_bytes=exp.bucket_mb * 1e6, recompute=exp.recompute,
@@ -644,8 +642,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               fp8_recipe=exp.fp8_recipe, fp8_param_gather=exp.fp8_param_gather,
               stack=exp.stack or "megatron", fsdp_reshard_after_forward=exp.fsdp_reshard_after_forward,
               grad_reduce_dtype=exp.grad_reduce_dtype, tp_comm_overlap=exp.tp_comm_overlap,
-              moe_dispatcher=exp.moe_dispatcher, lora_rank=exp.lora_rank,
-              lora_targets=exp.lora_targets or LORA_TARGETS, lora_style=exp.lora_style,
+              moe_dispatcher=exp.moe_dispatcher, **lora_fields(exp.lora_rank, exp.lora_targets, exp.lora_style),
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
@@ -816,8 +813,6 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp
         notes.append(f"LoRA rank {plan.lora_rank} on {', '.join(plan.lora_targets)}: {trainable / 1e6:,.1f} M adapter "
                      f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")
-    if exp.lora_style != "megatron" and not plan.lora_rank:
-        raise ConfigError("--lora-style says how LoRA adapters run: give --lora-rank R (> 0) too")
     if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens:
         notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "
                      f"causally within its document (priced as chunked attention)")

@@ -24,9 +24,9 @@ from schedules.memory import memory_per_rank
 from schedules.models import (ModelSpec, check_moe_fields, custom_model, get_model, load_model_file, model_flops_per_step,
                              model_from_params)
 from schedules.pipeline import SCHEDULES
-from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, LORA_TARGETS, MOE_DISPATCHERS,
-                            RECOMPUTE, RESHARD, ParallelPlan, parse_lora_targets, parse_memory_limit,
-                            parse_recompute_modules, parse_stage_layers)
+from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, MOE_DISPATCHERS, RECOMPUTE,
+                            RESHARD, ParallelPlan, lora_fields, parse_memory_limit, parse_recompute_modules,
+                            parse_stage_layers)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -338,11 +338,7 @@ def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, *
     """
     model = model_from_options(**kw)
     p = plan_from_options(**kw)
-    if lora_targets is not None and not lora_rank:
-        raise ConfigError("--lora-targets names the linears of LoRA adapters: give --lora-rank R (> 0) too")
-    if lora_rank:
-        p = dataclasses.replace(p, lora_rank=lora_rank, lora_targets=parse_lora_targets(lora_targets)
-                                if lora_targets is not None else LORA_TARGETS)
+    p = dataclasses.replace(p, **lora_fields(lora_rank, lora_targets))
     if packed_doc_tokens:
         from schedules.models import packed
         model = packed(model, packed_doc_tokens, p.seq)

@@ -883,14 +883,13 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         raise ConfigError(f"--no-fold turns off MoE parallel folding, and {model} is a dense model: drop it")
     if lora_rank < 0 or packed_doc_tokens < 0:
         raise ConfigError("--lora-rank and --packed-doc-tokens must be >= 0")
-    if lora_targets is not None and not lora_rank:
-        raise ConfigError("--lora-targets names the linears of LoRA adapters: give --lora-rank R (> 0) too")
-    from schedules.plan import parse_lora_targets
+    from schedules.plan import lora_fields
+    lora = lora_fields(lora_rank, lora_targets)
     base = Experiment(cluster=cluster, gpus=gpus, model=model, global_batch=global_batch, seq=seq,
                       network=network, calibration=calibration, mode="symmetric", dtype=dtype, stack=stack,
                       tp_comm_overlap=tp_comm_overlap, attention=attention, attention_kernel=attention_kernel,
                       lora_rank=lora_rank, packed_doc_tokens=packed_doc_tokens,
-                      lora_targets=None if lora_targets is None else parse_lora_targets(lora_targets))
+                      lora_targets=lora.get("lora_targets"))
     if space.ep is not None and max(space.ep) > 1 and not getattr(resolve_model(base), "experts", 0):
         raise ConfigError(f"--ep {','.join(map(str, space.ep))}: {base.model} is a dense model (no experts to "
                           f"place); leave --ep out, or search an MoE model")

@@ -39,7 +39,7 @@ import numpy as np
 from schedules import memory as mem
 from schedules.kernels import (FSDP1_STACKS, TORCH_CP_STACKS, attention_head_dims, attention_kv_heads,
                                optimizer_step_bytes, phase_kernels, ub_chunks, ub_segments)
-from schedules.models import ModelSpec, hybrid_blocks, lora_layer_params, model_flops_per_step
+from schedules.models import ModelSpec, hybrid_blocks, model_flops_per_step
 from schedules.pipeline import Action, layout, next_hop, overlapped_pairs, prev_hop
 from schedules.plan import ParallelPlan, recompute_flops, selective_extra_flops
 from simulator.calibration import bus_factor
@@ -118,7 +118,7 @@ class _StageBuilder:
     def _units(self) -> list[list[Unit]]:
         m, p = self.m, self.p
         div = p.tp * p.cp
-        lora = lora_layer_params(m, p.lora_rank, p.lora_targets, p.stack) / p.tp if p.lora_rank else 0.0
+        lora = mem.lora_layer_rank_params(m, p)
         out = []
         cache: dict[bool, Unit] = {}
         for c, layers in enumerate(mem.stage_chunks(m, p, self.s)):
@@ -327,8 +327,8 @@ class _StageBuilder:
 
     def _lora_tp_items(self, u: Unit, back: bool) -> list[tuple]:
         """The TP collectives of a layer's LoRA adapters, as Megatron-Bridge's ParallelLinearAdapter runs them
-        (``lora_style`` megatron; none without LoRA): a row-parallel target's adapter (proj, fc2) gathers its m×h output
-        over the TP group in forward (gather_output) and, under SP, scatters it back to the sequence shards,
+        (``lora_style`` megatron; none without LoRA): a row-parallel target's adapter (proj, fc2) gathers its m×h
+        output over the TP group in forward (gather_output) and, under SP, scatters it back to the sequence shards,
         whose backward is an all-gather; without SP a column-parallel target's adapter (qkv, fc1) copies its
         input into the TP region, whose backward all-reduces the input gradient. Under SP a column-parallel
         adapter reads the norm output its base linear gathered: nothing more. Each is as large as the layer's

@@ -1142,9 +1142,9 @@ def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype, kind="
         if part == "experts":
             params = model.experts // plan.ep * model.expert_params() / plan.expert_tp
         n_mb = max(1, plan.num_microbatches)
-        if getattr(plan, "fp8_param_gather", False) and getattr(plan, "lora_rank", 0):
-            pass        # frozen FP8 parameters: cast once when loaded, their transposes cached ever after
-        elif getattr(plan, "fp8_param_gather", False):
+        fp8_params = getattr(plan, "fp8_param_gather", False)
+        # (frozen FP8 parameters of a LoRA plan: cast once when loaded, their transposes cached ever after)
+        if fp8_params and not getattr(plan, "lora_rank", 0):
             # Megatron-Core --fp8-param-gather: after the step the optimizer casts its shard of the fp32 (FP32
             # bytes) main weights to the FP8 parameter (TE cast_master_weights_to_fp8: read 4 bytes, write 1; current
             # scaling reads the shard's amax first); the gathered FP8 weight's column-wise copy is made by a
@@ -1156,7 +1156,7 @@ def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype, kind="
                 w.ew("fp8 param shard amax (per step / micro-batches)", shard * FP32 / n_mb)
             w.ew("fp8 param shard cast (per step / micro-batches)", shard * (FP32 + 1) / n_mb)
             w.ew("fp8 weight transpose (per step / micro-batches)", params * 2 / n_mb)
-        else:
+        elif not fp8_params:
             if w.amax_read:
                 w.ew("fp8 weight amax (per step / micro-batches)", params * w.a / n_mb)
             w.ew("fp8 weight cast (per step / micro-batches)", params * w.cast_bytes / n_mb)

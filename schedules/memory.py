@@ -168,13 +168,20 @@ def fp8_param_gather_params(model: ModelSpec, plan: ParallelPlan, stage: int) ->
     return sum(stage_layer_params(model, plan, stage))
 
 
+def lora_layer_rank_params(model: ModelSpec, plan: ParallelPlan) -> float:
+    """LoRA adapter parameters of one transformer layer held by one rank (sharded over TP like the linears they
+    sit beside; 0 without LoRA)."""
+    if not getattr(plan, "lora_rank", 0):
+        return 0.0
+    return lora_layer_params(model, plan.lora_rank, plan.lora_targets, plan.stack) / plan.tp
+
+
 def lora_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """LoRA adapter parameters one rank of ``stage`` holds (``plan.lora_rank``; 0 without LoRA): those of its
-    transformer layers, sharded over TP like the linears they sit beside."""
+    transformer layers."""
     if not getattr(plan, "lora_rank", 0) or model.params_only:
         return 0.0
-    layers = sum(len(c) for c in stage_chunks(model, plan, stage))
-    return layers * lora_layer_params(model, plan.lora_rank, plan.lora_targets, plan.stack) / plan.tp
+    return sum(len(c) for c in stage_chunks(model, plan, stage)) * lora_layer_rank_params(model, plan)
 
 
 def trainable_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
@@ -199,7 +206,7 @@ def model_state_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[
     fp8_only = fp8_param_gather_params(model, plan, stage)        # zero 1 / 2 only (ParallelPlan checks)
     t_dense, t_expert = trainable_rank_params(model, plan, stage)
     t_sharded, t_full = t_dense / dd + t_expert / de, t_dense + t_expert
-    adapters = lora_rank_params(model, plan, stage)
+    adapters = t_dense if getattr(plan, "lora_rank", 0) else 0.0       # (the adapters are what trains)
     return {
         "parameters": model.dtype_bytes * ((sharded if z >= 3 else full) - fp8_only)
         + fp8_weight_copy_bytes(model, plan, stage) + model.dtype_bytes * adapters / (dd if z >= 3 else 1),
@@ -706,8 +713,7 @@ def fsdp_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float
         peak = max(peak, held + ahead)
         held -= size[k] if release else 0.0
     if getattr(plan, "lora_rank", 0):       # LoRA: only the layers' adapters take gradients
-        adapters = (lora_layer_params(model, plan.lora_rank, plan.lora_targets, plan.stack) / plan.tp
-                    if dd > 1 else 0.0)
+        adapters = lora_layer_rank_params(model, plan) if dd > 1 else 0.0
         trained = {k: (adapters if k[1] not in ("embedding", "lm_head") else 0.0) for k in size}
     else:
         trained = size
@@ -745,7 +751,7 @@ def _transient_buffer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) ->
         return 0.0 if model.params_only else fsdp_buffer_bytes(model, plan, stage)
     if z == 2:
         dense, expert = trainable_rank_params(model, plan, stage)
-        layer = (lora_layer_params(model, plan.lora_rank, plan.lora_targets, plan.stack) / plan.tp if plan.lora_rank
+        layer = (lora_layer_rank_params(model, plan) if plan.lora_rank
                  else max_layer_params(model, plan, stage))
         unit = max(plan.bucket_bytes, plan.grad_buffer_bytes_per_param * layer)
         return min(2 * unit, plan.grad_buffer_bytes_per_param * (dense + expert))

@@ -886,6 +886,20 @@ def parse_recompute_modules(value, where: str = "--recompute-modules") -> tuple[
     return tuple(_parse_names(value, where, RECOMPUTE_MODULES, "recompute module"))
 
 
+def lora_fields(rank: int, targets=None, style: str = "megatron") -> dict:
+    """ParallelPlan's LoRA fields from the options (``targets`` a list or a comma-separated string, None: all
+    four); {} without a rank, where targets or a style other than the default are a ConfigError (they would
+    be ignored)."""
+    if not rank:
+        if targets is not None:
+            raise ConfigError("--lora-targets names the linears of LoRA adapters: give --lora-rank R (> 0) too")
+        if style != "megatron":
+            raise ConfigError("--lora-style says how LoRA adapters run: give --lora-rank R (> 0) too")
+        return {}
+    return {"lora_rank": rank, "lora_targets": LORA_TARGETS if targets is None else parse_lora_targets(targets),
+            "lora_style": style}
+
+
 def parse_lora_targets(value, where: str = "--lora-targets") -> tuple[str, ...]:
     """LoRA target linears from a comma-separated string or a list (YAML), in LORA_TARGETS order."""
     items = _parse_names(value, where, LORA_TARGETS, "LoRA target")
