@@ -39,9 +39,22 @@ def group_for(accelerator: str, dtype: str, moe: bool) -> str | None:
     return None if hw is None else group_label(hw, dtype, moe)
 
 
-def _stats(errors: list[float], gpus: list[int]) -> dict:
+def _stats(errors: list[float], gpus: list[int], mfus: list[float]) -> dict:
+    """error_stats, the GPU range and, where known, ``published_mfu``: [lowest, highest] MFU the published
+    pre-training runs among them reached, on the simulator's FLOP count and peak (what a prediction prints)."""
     from clustersim.validate import error_stats
-    return {**error_stats(errors), "gpus": [min(gpus), max(gpus)]}
+    out = {**error_stats(errors), "gpus": [min(gpus), max(gpus)]}
+    if mfus:
+        out["published_mfu"] = [min(mfus), max(mfus)]
+    return out
+
+
+def published_pretraining_mfu(row: dict) -> float | None:
+    """A validate result row's published MFU (``published_mfu``) when it is a pre-training run; None for
+    fine-tuning rows (their MFU counts the FLOPs of a frozen model's step) and rows without it."""
+    if (row.get("task") or "pretrain") != "pretrain":
+        return None
+    return row.get("published_mfu") or None
 
 
 ALL_GROUPS = "(all)"          # by_model: a preset's runs on every hardware and precision
@@ -60,21 +73,24 @@ def summarize_evidence(results: list[dict]) -> dict:
     over the Megatron-Bridge rows by what their configs capture in CUDA graphs (kind "MoE" or "dense";
     capture "full iteration", "partial" or "none": ``validate.cuda_graph_bucket``)."""
     from clustersim.validate import cuda_graph_bucket
-    by_group: dict[str, tuple[list, list]] = {}
-    by_stack: dict[str, dict[str, tuple[list, list]]] = {}
-    by_model: dict[str, dict[str, tuple[list, list]]] = {}
-    by_graphs: dict[str, dict[str, tuple[list, list]]] = {}
+    by_group: dict[str, tuple[list, list, list]] = {}
+    by_stack: dict[str, dict[str, tuple[list, list, list]]] = {}
+    by_model: dict[str, dict[str, tuple[list, list, list]]] = {}
+    by_graphs: dict[str, dict[str, tuple[list, list, list]]] = {}
     for r in results:
         g, s, m = r["group"], r.get("stack") or "?", row_preset(r)
-        buckets = [by_group.setdefault(g, ([], [])), by_stack.setdefault(g, {}).setdefault(s, ([], []))]
+        buckets = [by_group.setdefault(g, ([], [], [])), by_stack.setdefault(g, {}).setdefault(s, ([], [], []))]
         if m:
-            buckets += [by_model.setdefault(m, {}).setdefault(k, ([], [])) for k in (g, ALL_GROUPS)]
+            buckets += [by_model.setdefault(m, {}).setdefault(k, ([], [], [])) for k in (g, ALL_GROUPS)]
         graphs = cuda_graph_bucket(r)
         if graphs:
-            buckets.append(by_graphs.setdefault(graphs[0], {}).setdefault(graphs[1], ([], [])))
+            buckets.append(by_graphs.setdefault(graphs[0], {}).setdefault(graphs[1], ([], [], [])))
+        mfu = published_pretraining_mfu(r)
         for bucket in buckets:
             bucket[0].append(r["error"])
             bucket[1].append(int(r["gpus"]))
+            if mfu is not None:
+                bucket[2].append(mfu)
     return {"groups": {g: _stats(*v) for g, v in sorted(by_group.items())},
             "by_stack": {g: {s: _stats(*v) for s, v in sorted(d.items())} for g, d in sorted(by_stack.items())},
             "by_model": {m: {k: _stats(*v) for k, v in sorted(d.items())} for m, d in sorted(by_model.items())},
@@ -152,6 +168,9 @@ def evidence_line(ev: dict) -> str:
     if ev.get("model_rows"):
         own = (f"; {ev['model']} itself: {ev['model_rows']} runs ({ev['model_scope']}), median |error| "
                f"{ev['model_median_abs_error']:.1%}, mean {ev['model_mean_signed_error']:+.1%}")
+        if ev.get("model_published_mfu"):
+            lo, hi = ev["model_published_mfu"]
+            own += f", published pre-training MFU {lo:.1%}-{hi:.1%}"
     if not ev.get("rows"):
         return ev.get("note", "none") + own
     lo, hi = ev["gpus"]
@@ -173,6 +192,26 @@ def evidence_line(ev: dict) -> str:
                  f"{none['rows']}, {none['median_abs_error']:.1%}, {none['mean_signed_error']:+.1%} (this "
                  f"prediction stands for a graph-captured run: host-side work is not modelled)")
     return line
+
+
+def mfu_against_published(ev: dict, mfu: float) -> str | None:
+    """Where a predicted ``mfu`` stands among the MFUs published pre-training runs reached (on the same FLOP
+    count and peak): those of the simulated model preset where the set has them, else those of its group;
+    None where neither has any. E.g. 'MFU 54.8% against 50.1-54.5% reached by published llama3-70b
+    pre-training runs (H100 BF16 dense): 0.3 points above the highest'."""
+    if ev.get("model_published_mfu"):
+        (lo, hi), who = ev["model_published_mfu"], f"published {ev['model']} pre-training runs ({ev['model_scope']})"
+    elif ev.get("published_mfu"):
+        (lo, hi), who = ev["published_mfu"], f"published {ev['group']} pre-training runs"
+    else:
+        return None
+    if mfu > hi:
+        where = f"{100 * (mfu - hi):.1f} points above the highest"
+    elif mfu < lo:
+        where = f"{100 * (lo - mfu):.1f} points below the lowest"
+    else:
+        where = "within their range"
+    return f"MFU {mfu:.1%} against {lo:.1%}-{hi:.1%} reached by {who}: {where}"
 
 
 # ---------------------------------------------------------------------------------------------- command

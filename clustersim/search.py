@@ -927,7 +927,10 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     click.echo(f"{st['candidates']} candidate plans: {st['pruned_memory']} do not fit in memory, "
                f"{st['pruned_bound']} pruned by the step-time bound, {st['simulated']} simulated, "
                f"{st['cached']} from cache, {st['failed']} failed; {st['wall_time_s']:.1f} s")
-    from clustersim.evidence import evidence_line
+    from clustersim.evidence import evidence_line, mfu_against_published
     click.echo(f"evidence (clustersim validate): {evidence_line(out['evidence'])}")
+    against = mfu_against_published(out["evidence"], out["top"][0]["mfu"])
+    if against:
+        click.echo(f"best plan: {against} (same FLOP count and peak)")
     if pareto:
         click.echo(f"wrote {pareto}")

@@ -1222,7 +1222,9 @@ def validate_row(row: dict, n: int, network: str = "analytical", tp_overlap: boo
         "published_step_time_s": _num(row, "step_time_s"), "predicted_step_time_s": m.step_time_s,
         "published_peak_memory_gib": mem_pub, "predicted_peak_memory_gib": m.peak_memory_bytes / GIB,
         "peak_memory_error": (m.peak_memory_bytes / GIB / mem_pub - 1.0) if mem_pub else None,
-        "mfu": m.mfu, "stack": out.plan.stack,
+        "mfu": m.mfu, "stack": out.plan.stack, "task": (row.get("task") or "").strip() or None,
+        # the published run's MFU on our FLOP count and peak (the MFU a simulation prints): mfu x published / predicted
+        "published_mfu": m.mfu * published / pred if m.mfu and pred else None,
         # where the predicted step goes, to read an error against: bubble and exposed communication
         # (fractions of the step), and the comm per parallel axis
         "cuda_graphs": cuda_graphs_of(row),

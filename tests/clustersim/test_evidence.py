@@ -86,6 +86,38 @@ def test_moe_evidence_splits_megatron_bridge_runs_by_cuda_graphs(tmp_path):
     ev.load_evidence.cache_clear()
 
 
+def test_published_mfu_range_of_pretraining_runs_and_where_a_plan_stands(tmp_path):
+    """The published MFU range (pre-training rows only: a fine-tuning row's MFU counts a frozen model's FLOPs)
+    per group and per model preset, and the search's sentence placing a predicted MFU against it."""
+    def row(model, mfu, task="pretrain", group="H100 BF16 dense"):
+        return {"group": group, "stack": "megatron", "error": 0.0, "gpus": 64, "task": task,
+                "experiment": {"model": model}, "published_mfu": mfu}
+    rows = [row("llama3-70b", 0.50), row("llama3-70b", 0.54), row("llama3-70b", 0.31, task="lora"),
+            row("llama3-8b", 0.62), row("llama3-8b", None), row("llama3-8b", 0.30, group="A100 BF16 dense")]
+    doc = ev.summarize_evidence(rows)
+    assert doc["by_model"]["llama3-70b"]["H100 BF16 dense"]["published_mfu"] == [0.50, 0.54]
+    assert doc["by_model"]["llama3-70b"]["H100 BF16 dense"]["rows"] == 3        # errors still count every row
+    assert doc["groups"]["H100 BF16 dense"]["published_mfu"] == [0.50, 0.62]
+    assert doc["by_model"]["llama3-8b"]["(all)"]["published_mfu"] == [0.30, 0.62]
+    assert "published_mfu" not in ev.summarize_evidence([row("x", None)])["groups"]["H100 BF16 dense"]
+    path = tmp_path / "evidence.json"
+    ev.write_evidence(rows, path)
+    ev.load_evidence.cache_clear()
+    got = ev.evidence_for("H100-SXM", "bf16", False, "megatron", path, model="llama3-70b")
+    assert got["model_published_mfu"] == [0.50, 0.54] and got["published_mfu"] == [0.50, 0.62]
+    assert "llama3-70b itself: 3 runs (H100 BF16 dense), median |error| 0.0%, mean +0.0%, published " \
+           "pre-training MFU 50.0%-54.0%" in ev.evidence_line(got)
+    assert ev.mfu_against_published(got, 0.548) == ("MFU 54.8% against 50.0%-54.0% reached by published llama3-70b "
+                                                    "pre-training runs (H100 BF16 dense): 0.8 points above the highest")
+    assert ev.mfu_against_published(got, 0.52).endswith("within their range")
+    assert ev.mfu_against_published(got, 0.45).endswith("5.0 points below the lowest")
+    other = ev.evidence_for("H100-SXM", "bf16", False, "megatron", path, model="gpt3-175b")     # no runs of it
+    assert ev.mfu_against_published(other, 0.6) == ("MFU 60.0% against 50.0%-62.0% reached by published H100 BF16 "
+                                                    "dense pre-training runs: within their range")
+    assert ev.mfu_against_published(ev.evidence_for("L40S", "bf16", False, "megatron", path), 0.5) is None
+    ev.load_evidence.cache_clear()
+
+
 def _md_summary() -> dict:
     """The group table of the committed benchmarks/results/validate.md: group -> (rows, median, p90, mean) in %."""
     out = {}
@@ -129,7 +161,11 @@ def test_simulate_and_search_print_and_return_the_evidence(capsys):
     assert main(["simulate", *base]) == 0
     assert "evidence (clustersim validate): vs " in capsys.readouterr().out
     assert main(["search", *base, "--no-cache", "--json", "--tp", "8"]) == 0
-    assert json.loads(capsys.readouterr().out)["evidence"]["group"] == "H100 BF16 dense"
+    got = json.loads(capsys.readouterr().out)["evidence"]
+    assert got["group"] == "H100 BF16 dense" and got["model_published_mfu"] == \
+        doc["by_model"]["llama3-8b"]["H100 BF16 dense"]["published_mfu"]
+    assert main(["search", *base, "--no-cache", "--tp", "8"]) == 0
+    assert "best plan: MFU " in capsys.readouterr().out
     assert main(["simulate", "--cluster", "pcie-ethernet-lab", "--gpus", "8", "--model", "tiny", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evidence"]["rows"] == 0
 
