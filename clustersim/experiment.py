@@ -779,15 +779,18 @@ def inert_option_notes(exp: Experiment, plan, model=None) -> list[str]:
     if exp.expert_grid != "folded" and (plan.cp == 1 or not getattr(model, "experts", 0)):
         notes.append(f"--expert-grid {exp.expert_grid} places experts beside context parallelism (an MoE model "
                      f"with cp > 1): here it changes nothing")
-    if plan.dp * plan.cp == 1 and (exp.zero or exp.fsdp):
-        notes.append(f"{'--fsdp' if exp.fsdp else f'--zero {exp.zero}'} shards over the data-parallel group, which "
-                     f"holds one rank here (dp·cp = 1): nothing is sharded")
     if plan.zero_stage >= 3 and (exp.bucket_mb != Experiment.bucket_mb or not exp.overlap_grad_reduce):
         notes.append("FSDP / ZeRO-3 reduce-scatters each unit's gradients as its backward ends: --bucket-mb and "
                      "--no-overlap-grad-reduce (DDP / ZeRO-1/2 gradient buckets) do not apply")
     if plan.pp == 1 and (exp.schedule != Experiment.schedule or exp.stage_layers or exp.layer_split != "balanced"):
         notes.append("pp 1: there is no pipeline, so the pipeline options (--schedule, --stage-layers, --layer-split) "
                      "change nothing")
+    local = (getattr(model, "sliding_window", 0) or getattr(model, "attention_chunk", 0)) if model is not None else 0
+    if plan.attention == "eager" and local and local < plan.seq // plan.cp:
+        kind = "sliding window" if model.sliding_window else "chunk (or packed document)"
+        notes.append(f"--attention eager computes every score and masks those outside each query's {kind} of "
+                     f"{local} tokens: local attention saves no time or memory there (FlashAttention skips those "
+                     f"tiles)")
     if exp.network == "ideal" and exp.algorithm:
         notes.append(f"--network ideal makes every communication free: --algorithm {exp.algorithm} changes nothing")
     return notes
@@ -816,12 +819,9 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens:
         notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "
                      f"causally within its document (priced as chunked attention)")
-    if plan.sp and plan.tp == 1:
-        notes.append("--sp does nothing at tp 1 (sequence parallelism splits the tensor-parallel group's activations; "
-                     "Megatron-LM turns it off there)")
-    if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
-        notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
-    elif plan.schedule == "interleaved" and exp.virtual_stages is None:
+    from schedules.plan import plan_notes
+    notes += plan_notes(plan)
+    if plan.schedule == "interleaved" and exp.virtual_stages is None and not (plan.virtual_stages == 1 and plan.pp > 1):
         notes.append(f"interleaved 1F1B with {plan.virtual_stages} virtual stages per pipeline rank (--virtual-stages)")
     if isinstance(exp.model, dict) and "base" not in exp.model and "gated_mlp" not in exp.model \
             and exp.model_config is None:

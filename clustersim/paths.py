@@ -1,5 +1,6 @@
-"""The click path type every command's file and folder options use: ``click.Path`` that refuses an empty
-string (``--out ''`` was taken as no ``--out`` at all, and the run wrote nothing without a word)."""
+"""Click types of the commands' options: the path type every file and folder option uses (``click.Path`` that
+refuses an empty string: ``--out ''`` was taken as no ``--out`` at all, and the run wrote nothing without a
+word) and the byte-size type of size options (``ByteSize``: 4GB, 1e6, 64KiB)."""
 from __future__ import annotations
 
 import click
@@ -12,3 +13,22 @@ class NonEmptyPath(click.Path):
         if isinstance(value, str) and not value.strip():
             self.fail("empty path: give a file or folder name", param, ctx)
         return super().convert(value, param, ctx)
+
+
+class ByteSize(click.ParamType):
+    """Bytes as a whole number: 1048576, 1e6 or a number with a unit (4GB, 512KB, 64KiB;
+    ``simulator.inputs.byte_size``: SI units, 1 GB = 1e9 B, and binary ones). A usage error names the option."""
+    name = "bytes"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        from simulator.errors import ConfigError
+        from simulator.inputs import byte_size
+        try:
+            b = byte_size(value, "bytes")
+        except ConfigError as e:
+            self.fail(str(e).removeprefix("bytes: "), param, ctx)
+        if b != int(b):
+            self.fail(f"expected a whole number of bytes, got {value!r} ({b:g} B)", param, ctx)
+        return int(b)

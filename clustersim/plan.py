@@ -26,7 +26,7 @@ from schedules.models import (ModelSpec, check_moe_fields, custom_model, get_mod
 from schedules.pipeline import SCHEDULES
 from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, MOE_DISPATCHERS, RECOMPUTE,
                             RESHARD, ParallelPlan, lora_fields, parse_memory_limit, parse_recompute_modules,
-                            parse_stage_layers)
+                            parse_stage_layers, plan_notes)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -353,6 +353,7 @@ def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, *
     hbm = _device_memory(device, hbm_gb)
     peak = float(device.peak_bf16_flops) if device is not None and p.pp > 1 else None     # dense bf16 peak
     rep = plan_report(model, p, hbm, gpus, peak, scale_up_domain=getattr(c, "domain_size", None))
+    rep["notes"] = plan_notes(p)
     if as_json:
         try:
             text = json.dumps(rep, indent=2, sort_keys=True, default=float, allow_nan=False)
@@ -386,6 +387,8 @@ def _print(rep: dict, model: ModelSpec, p: ParallelPlan) -> None:
               + (f"; {rep['model_flops_per_step']:.3e} model FLOPs" if "model_flops_per_step" in rep else ""))
     con.print(f"precision / stack: {p.dtype} / {p.stack}"
               + (f", gradients reduced in {p.grad_reduce_dtype}" if p.grad_reduce_dtype != "auto" else ""))
+    for note in rep.get("notes", ()):
+        con.print(f"note: {note}", highlight=False)
     t = Table(title="memory per rank (GB)", title_justify="left")
     for c in ("ranks", "params", "grads", "optim", "activ", "buffers", "total"):
         t.add_column(c, justify="right" if c != "ranks" else "left")

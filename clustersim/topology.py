@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from clustersim.paths import NonEmptyPath
+from clustersim.paths import ByteSize, NonEmptyPath
 from simulator.calibration import Calibration, bus_factor
 from simulator.costs import CommRequest
 from simulator.errors import ConfigError
@@ -206,8 +206,10 @@ def _describe_text(d: dict) -> str:
 @click.option("--nccl-version", default=None, metavar="X.Y.Z",
               help="NCCL release whose tuner picks algorithm and protocol (2.18 on; default: the newest model).")
 @click.option("--calibration", type=NonEmptyPath(dir_okay=False), default=None, help="Calibration JSON.")
-@click.option("--min-bytes", type=int, default=KIB, show_default=True)
-@click.option("--max-bytes", type=int, default=4 * GIB, show_default=True)
+@click.option("--min-bytes", type=ByteSize(), default=KIB, show_default=True,
+              help="Smallest size: bytes, or with a unit (1KB, 64KiB, 1e3).")
+@click.option("--max-bytes", type=ByteSize(), default=4 * GIB, show_default=True,
+              help="Largest size: bytes, or with a unit (4GiB, 1GB, 1e9).")
 @click.option("--factor", type=int, default=2, show_default=True, help="Size step factor.")
 @click.option("--draw", "draw_path", type=NonEmptyPath(dir_okay=False), default=None, help="Draw the graph to PNG.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
@@ -266,14 +268,21 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     group = parse_ranks(ranks, cluster.world_size) if ranks else tuple(range(cluster.world_size))
     if kind == "p2p" and len(group) != 2:
         raise ConfigError(f"--collective p2p needs exactly two --ranks (source,destination), got {len(group)}")
+    if kind == "p2p" and (algorithm or protocol):
+        raise ConfigError(f"{'--algorithm' if algorithm else '--protocol'} picks a collective's algorithm and "
+                          f"protocol; a point-to-point transfer has neither (it is priced as NCCL's send/recv, "
+                          f"Simple protocol): drop it or choose a collective")
     if len(group) < 2:
         raise ConfigError("a collective needs at least two ranks")
     cal = Calibration.load(calibration) if calibration else None
     model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm, protocol=protocol,
                              nccl_version=nccl_version)
     rows = bandwidth_table(model, kind, group, sizes(min_bytes, max_bytes, factor), network, concurrent)
+    forced = model.forced_algorithm_note()      # a forced algorithm that cannot run this group
     if as_json:
         click.echo(json.dumps(rows, indent=1))
+        if forced:
+            click.echo(f"note: {forced}", err=True)
         return
     click.echo(_describe_text(cluster.describe()))
     shown = ",".join(map(str, group[:16])) + (",..." if len(group) > 16 else "")
@@ -283,3 +292,5 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     for r in rows:
         click.echo(f"{r['size_bytes']:>12} {r['time_s'] * 1e6:>12.2f} {r['algbw_GBps']:>13.2f} "
                    f"{r['busbw_GBps']:>13.2f}  {r['algorithm']:<12} {r['protocol']}")
+    if forced:
+        click.echo(f"note: {forced}")

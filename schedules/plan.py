@@ -837,23 +837,37 @@ def parse_stage_layers(value) -> tuple[int, ...] | None:
     return out
 
 
+def plan_notes(plan: "ParallelPlan") -> list[str]:
+    """Notes for parts of a valid plan that do nothing as given: sequence parallelism at tp 1, the interleaved
+    schedule with one virtual stage, ZeRO / FSDP over a data-parallel group of one rank."""
+    notes = []
+    if plan.sp and plan.tp == 1:
+        notes.append("--sp does nothing at tp 1 (sequence parallelism splits the tensor-parallel group's activations; "
+                     "Megatron-LM turns it off there)")
+    if plan.schedule == "interleaved" and plan.virtual_stages == 1 and plan.pp > 1:
+        notes.append("interleaved with one virtual stage is plain 1F1B; give --virtual-stages V > 1 to interleave")
+    if plan.dp * plan.cp == 1 and (plan.zero or plan.fsdp):
+        notes.append(f"{'--fsdp' if plan.fsdp else f'--zero {plan.zero}'} shards over the data-parallel group, which "
+                     f"holds one rank here (dp·cp = 1): nothing is sharded")
+    return notes
+
+
 def parse_memory_limit(value, pp: int) -> dict:
     """zb-auto's ``--memory-limit``: micro-batches of a stage's activations ("16"), a multiple of pp ("2p" =
-    ZB-2p) or activation bytes per rank ("40GB", 1 GB = 1e9 B). Returns the ParallelPlan fields
-    ``memory_limit`` / ``memory_limit_bytes``."""
+    ZB-2p) or activation bytes per rank with a unit ("40GB", "500MB", "64GiB": ``simulator.inputs.byte_size``,
+    1 GB = 1e9 B). Returns the ParallelPlan fields ``memory_limit`` / ``memory_limit_bytes``."""
+    from simulator.inputs import byte_size
     if value is None or value == "":
         return {}
     text = str(value).strip().lower().replace(" ", "")
+    usage = (f"--memory-limit is micro-batches of activations per stage (e.g. 16), a multiple of pp (1p = ZB-1p, "
+             f"2p = ZB-2p) or bytes with a unit (40GB, 500MB, 64GiB), got {value!r}")
+    if text.endswith("b"):
+        return {"memory_limit_bytes": byte_size(text, usage, err=PlanError)}
     try:
-        if text.endswith("gb"):
-            b = float(text[:-2]) * 1e9
-            if not math.isfinite(b) or b <= 0:
-                raise ValueError
-            return {"memory_limit_bytes": b}
         lim = float(text[:-1]) * pp if text.endswith("p") else float(text)
     except ValueError:
-        raise PlanError(f"--memory-limit is micro-batches of activations per stage (e.g. 16), a multiple of pp "
-                        f"(1p = ZB-1p, 2p = ZB-2p) or bytes (40GB), got {value!r}") from None
+        raise PlanError(usage) from None
     if not math.isfinite(lim) or lim < 1:
         raise PlanError(f"--memory-limit must be at least one micro-batch of activations, got {value!r}")
     return {"memory_limit": lim}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,30 @@ def integer(value: Any, where: str, *, lo: int | None = None, hi: int | None = N
     if hi is not None and value > hi:
         raise err(f"{where}: must be <= {hi}, got {brief(value)}")
     return value
+
+
+#: byte units ``byte_size`` reads: SI (1 kB = 1e3 B ... 1 TB = 1e12 B, the project's convention) and binary
+#: (1 KiB = 1024 B ... 1 TiB = 1024**4 B), case-insensitive
+BYTE_UNITS = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+              "kib": 2.0 ** 10, "mib": 2.0 ** 20, "gib": 2.0 ** 30, "tib": 2.0 ** 40}
+_BYTE_SIZE = re.compile(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)")
+
+
+def byte_size(value: Any, where: str, *, err=ConfigError) -> float:
+    """``value`` as a positive, finite number of bytes: a number (1048576, 1e6) or a number with a unit of
+    ``BYTE_UNITS`` ("40GB", "100 MB", "1.5GiB", "512kB"); anything else is ``err`` naming ``where``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        b = float(value)
+    else:
+        m = _BYTE_SIZE.fullmatch(value.strip().lower()) if isinstance(value, str) else None
+        scale = BYTE_UNITS.get(m.group(2) or "b") if m else None
+        if scale is None:
+            raise err(f"{where}: expected bytes, a number with an optional unit (e.g. 40GB, 100MB, 1.5GiB, "
+                      f"1e6; units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB), got {brief(value)}")
+        b = float(m.group(1)) * scale
+    if not (math.isfinite(b) and b > 0):
+        raise err(f"{where}: bytes must be positive and finite, got {brief(value)}")
+    return b
 
 
 def text(value: Any, where: str, *, choices=None, err=ConfigError) -> str:

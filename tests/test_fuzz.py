@@ -1426,7 +1426,8 @@ def test_plan_options_for_another_strategy_are_refused_and_inert_ones_noted(tmp_
                           (["--gpus", "16", "--global-batch", "16", "--network", "ideal", "--mode", "full",
                             "--degrade-link", "0:leaf.0:0.1"], "failed and degraded links change nothing"),
                           (["-m", "tiny-moe", "--moe-dispatcher", "deepep"], "ep 1 sends none"),
-                          (["-m", "tiny-moe", "--ep", "2", "--expert-grid", "carved"], "here it changes nothing")):
+                          (["-m", "tiny-moe", "--ep", "2", "--expert-grid", "carved"], "here it changes nothing"),
+                          (["--attention", "eager", "--packed-doc-tokens", "32"], "local attention saves no time")):
         rc, out, err = run_cli(sim + extra)
         assert rc == 0, err
         assert any(needle in n for n in json.loads(out)["notes"]), (extra, json.loads(out)["notes"])

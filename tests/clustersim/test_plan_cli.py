@@ -47,6 +47,18 @@ def test_human_output(capsys):
     assert "stage1" in out and "does not fit" in out and "communication" in out
 
 
+def test_plan_notes_options_that_do_nothing(capsys):
+    """plan says what simulate says of a plan's inert parts: SP at tp 1, interleaving with one virtual stage,
+    ZeRO / FSDP over one data-parallel rank (``schedules.plan.plan_notes``; JSON ``notes``)."""
+    base = ["--layers", "8", "--hidden", "256", "--heads", "8", "--global-batch", "8", "--seq", "128"]
+    notes = _json(capsys, *base, "--sp", "--zero", "1", "--pp", "2", "--schedule", "interleaved")["notes"]
+    assert len(notes) == 3 and "--sp does nothing at tp 1" in notes[0] and "plain 1F1B" in notes[1]
+    assert "--zero 1 shards over the data-parallel group, which holds one rank" in notes[2]
+    assert _json(capsys, *base, "--sp", "--tp", "2", "--zero", "1", "--dp", "2")["notes"] == []
+    assert main(["plan", *base, "--fsdp"]) == 0
+    assert "note: --fsdp shards over the data-parallel group" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args, match", [
     (["-m", "llama3-8b", "--gpus", "16", "--tp", "16"], "kv heads"),
     (["-m", "llama3-8b", "--gpus", "10", "--tp", "4"], "cannot infer dp"),
@@ -87,16 +99,19 @@ def test_zb_auto_memory_limit_forms(capsys):
     base = ["--layers", "8", "--hidden", "256", "--heads", "8", "--pp", "4", "--schedule", "zb-auto",
             "--global-batch", "16", "--seq", "128"]
     act = {}
-    for lim in ("1p", "2p", "6", "0.05GB"):
+    for lim in ("1p", "2p", "6", "0.05GB", "50MB", "50 mb", "50000kB"):
         act[lim] = max(r["activations"] for r in _json(capsys, *base, "--memory-limit", lim)["memory_bytes"].values())
     assert act["1p"] <= act["6"] <= act["2p"]
     assert act["0.05GB"] <= 0.05e9          # the LM head's fp32 logits count too (~28 MB here)
+    assert act["50MB"] == act["50 mb"] == act["50000kB"] == act["0.05GB"]      # SI units, any case
 
 
 @pytest.mark.parametrize("args, match", [
     (["--memory-limit", "2p"], "zb-auto"),
     (["--schedule", "zb-auto", "--memory-limit", "lots"], "memory-limit"),
     (["--schedule", "zb-auto", "--memory-limit", "1e-9GB"], "less than one"),
+    (["--schedule", "zb-auto", "--memory-limit", "50XB"], "bytes with a unit"),
+    (["--schedule", "zb-auto", "--memory-limit", "-5MB"], "bytes with a unit"),
     (["--stage-layers", "1,2,3"], "one per pipeline stage"),
     (["--stage-layers", "3,3,3,3"], "add up"),
     (["--schedule", "dualpipe", "--global-batch", "6"], "dualpipe"),

@@ -46,6 +46,34 @@ def test_nccl_version_lets_that_release_pick(capsys):
     assert json.loads(newest)[0]["algorithm"] == "ring" and json.loads(old)[0]["algorithm"] == "nvls"
 
 
+def test_sizes_take_units_and_forced_algorithms_say_where_they_do_not_apply(capsys):
+    """--min-bytes / --max-bytes read 4KiB, 1MB, 1e6 (SI units: 1 MB = 1e6 B); a forced algorithm that cannot run
+    the group (NVLS across two nodes, a tree all-gather) is noted, not silently replaced; a point-to-point
+    transfer refuses --algorithm and --protocol."""
+    base = ["topology", "dgx-h100", "--gpus", "16", "--collective", "all_gather", "--json"]
+    _, out, _ = run(capsys, *base, "--min-bytes", "4KiB", "--max-bytes", "1e6")
+    sizes = [r["size_bytes"] for r in json.loads(out)]
+    assert sizes[0] == 4096 and sizes[-1] <= 1e6 and sizes[-1] * 2 > 1e6
+    _, out, _ = run(capsys, *base, "--min-bytes", "1MB", "--max-bytes", "1MB")
+    assert [r["size_bytes"] for r in json.loads(out)] == [10**6]
+    for bad in ("1.5B", "4XB", "-1KB", "0"):
+        code, _, err = run(capsys, *base, "--max-bytes", bad)
+        assert code == 2 and "--max-bytes" in err
+    code, out, err = run(capsys, *base, "--algorithm", "tree", "--max-bytes", "65536")
+    assert code == 0 and json.loads(out)[0]["algorithm"] == "ring"
+    assert "--algorithm tree applies to none of this run's collectives (all_gather)" in err
+    code, out, _ = run(capsys, "topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce",
+                       "--algorithm", "nvls", "--max-bytes", "65536")
+    assert code == 0 and "note: --algorithm nvls applies to none" in out
+    code, out, _ = run(capsys, "topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks",
+                       "0-7", "--algorithm", "nvls", "--max-bytes", "65536")
+    assert code == 0 and "note:" not in out and "nvls" in out
+    for forced in (["--algorithm", "ring"], ["--protocol", "ll"]):
+        code, _, err = run(capsys, "topology", "dgx-h100", "--gpus", "16", "--collective", "p2p", "--ranks", "0,8",
+                           *forced)
+        assert code == 2 and "point-to-point transfer has neither" in err
+
+
 def test_flow_concurrent_oversubscribed(capsys):
     args = ["topology", "dgx-h100", "--gpus", "64", "--collective", "all_reduce", "--ranks", "0-63:8", "--json",
             "--network", "flow", "--min-bytes", str(2**30), "--max-bytes", str(2**30), "--set", "tiers=2",

@@ -225,3 +225,10 @@ def test_megatron_adapters_run_tp_collectives_of_their_own():
     cols = tp(dataclasses.replace(no_sp, lora_rank=16, lora_targets=("qkv", "fc1")))
     assert cols - tp(no_sp) == Counter({("all_reduce", "backward"): 2})
     assert tp(dataclasses.replace(sp, lora_rank=16, lora_style="dtensor")) == base
+    # full recomputation re-runs the forward before backward, the adapters' output gathers included
+    full = dataclasses.replace(sp, recompute="full")
+    rows_full = tp(dataclasses.replace(full, lora_rank=16, lora_targets=("proj", "fc2")))
+    assert rows_full - tp(full) == Counter({("all_gather", "forward"): 2, ("all_gather", "backward"): 4})
+    full_no_sp = dataclasses.replace(no_sp, recompute="full")
+    cols_full = tp(dataclasses.replace(full_no_sp, lora_rank=16, lora_targets=("qkv", "fc1")))
+    assert cols_full - tp(full_no_sp) == Counter({("all_reduce", "backward"): 2})
