@@ -59,7 +59,7 @@ MODEL_PRESETS = {
     # NeMo AutoModel's "Qwen3 MoE 30B" is Qwen3-30B-A3B (its performance summary's model column)
     "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3 MoE 30B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
     "Kimi K2": "kimi-k2", "GPT-OSS 120B": "gpt-oss-120b", "GPT-OSS 20B": "gpt-oss-20b",
-    "Llama 4 Maverick 400B": "llama4-maverick",
+    "Llama 4 Maverick 400B": "llama4-maverick", "Qwen2.5 7B": "qwen2.5-7b", "Qwen2.5 32B": "qwen2.5-32b",
     # hybrid Mamba-2 models (ModelSpec.hybrid_pattern); NeMo AutoModel's "Nemotron V3 Nano 30B" is Nemotron 3 Nano
     "Nemotron-H 56B": "nemotron-h-56b", "Nemotron 3 Nano": "nemotron-3-nano", "Nemotron V3 Nano 30B": "nemotron-3-nano",
     **{f"MPT-{n}": f"mpt-{n}" for n in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")},
@@ -91,6 +91,8 @@ NVL72, NVL_IN_USE = 72, 64
 NVL72_SLICES = {"GB200": ("gb200-nvl72-64.yaml", {8: "gb200-nvl72-8.yaml", 32: "gb200-nvl72-32.yaml"}),
                 "GB300": ("gb300-nvl72-64.yaml", {8: "gb300-nvl72-8.yaml", 32: "gb300-nvl72-32.yaml"})}
 TRAYS = {8: "two", 32: "eight"}             # compute trays (4 GPUs each) of those slices
+#: single-GPU runs: one GPU of the hardware's node (validation/clusters): hardware class -> cluster file
+ONE_GPU_CLUSTERS = {"H100": "dgx-h100-1.yaml"}
 #: the H100 96GB HBM2e hosts of torchtitan's benchmarks (Grand Teton; validation/clusters)
 GRAND_TETON = "grand-teton-h100.yaml"
 
@@ -336,6 +338,31 @@ AUTOMODEL_CONFIGS = {
     "Nemotron V3 Nano 30B": ("nemotron_nano_v3_te_deepep.yaml", "bb0c0bf", True, ""),
     "Llama 3 70B": ("custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml", "2013a4d", True, ""),
 }
+#: NeMo AutoModel's LoRA benchmark configs behind the performance summary's fine-tuning rows
+#: (examples/llm_finetune/*/*peft_benchmark*.yaml), each read at the commit where its row's figures first appear:
+#: 2013a4d (2026-04-10; unchanged at 36044ad) for the TP2 runs, which also set FSDP2 with prefetch, torch.compile
+#: and LoRA dim 16 on '*_proj'; 507bfb7 (2025-12-16) for the 1-GPU runs (match_all_linear: every linear but the
+#: LM head; no activation_checkpointing key: FSDP2Manager's default, false).
+#: (model, GPUs) -> (config, revision, activation_checkpointing, sequence_parallel, enable_async_tensor_parallel,
+#: LoRA dropout).
+AUTOMODEL_PEFT_CONFIGS = {
+    ("Llama 3 70B", 8): ("custom_llama3_3_70b_instruct_peft_benchmark.yaml", "2013a4d", True, True, True, 0.0),
+    ("Llama 3 70B", 16): ("custom_llama3_3_70b_instruct_peft_benchmark_2nodes.yaml", "2013a4d", True, True, True, 0.0),
+    ("Qwen2.5 32B", 8): ("custom_qwen2_5_32b_peft_benchmark.yaml", "2013a4d", True, False, False, 0.0),
+    ("Qwen2.5 32B", 16): ("custom_qwen2_5_32b_peft_benchmark_2nodes.yaml", "2013a4d", True, False, False, 0.0),
+    ("Llama 3 8B", 1): ("llama3_1_8b_peft_benchmark.yaml", "507bfb7", False, False, False, 0.1),
+    ("Qwen2.5 7B", 1): ("qwen2_5_7b_peft_benchmark.yaml", "507bfb7", False, False, False, 0.0),
+}
+
+
+def automodel_peft_config(row: dict) -> tuple | None:
+    """``AUTOMODEL_PEFT_CONFIGS``' entry of a NeMo AutoModel LoRA row of the summary at ``AUTOMODEL_COMMIT``."""
+    if row.get("task") != "lora" or "AutoModel" not in row.get("framework", "") \
+            or _commit_of(row.get("source", "")) != AUTOMODEL_COMMIT:
+        return None
+    return AUTOMODEL_PEFT_CONFIGS.get((row.get("model"), _int(row, "gpus")))
+
+
 #: expert parallelism those configs set where the table's EP column is empty ("-") for a model whose kernel
 #: optimizations name DeepEP (an expert-parallel dispatcher): model -> ep_size
 AUTOMODEL_EP = {"GPT-OSS 20B": 8, "GPT-OSS 120B": 16}
@@ -475,6 +502,11 @@ def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
         hit = RECIPE_RECOMPUTE.get((hw, model, release, fsdp, precision_class(row.get("precision") or "")))
         if hit:
             return hit
+    peft = automodel_peft_config(row)
+    if peft:
+        return ("full" if peft[2] else "none",
+                f"NeMo AutoModel's {peft[0]} sets activation_checkpointing: {str(peft[2]).lower()} (read at "
+                f"{peft[1]}, where the row's figures first appear)")
     return _config_entry(CONFIG_RECOMPUTE, row)
 
 
@@ -651,6 +683,9 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
         kw["cluster"] = str(CLUSTER_FILES / NVL72_SLICES[hw][1][gpus])
         notes.append(f"{gpus} {hw} GPUs as {TRAYS[gpus]} compute trays of one NVL72 rack (one NVLink domain of "
                      f"{gpus})")
+    elif gpus == 1 and hw in ONE_GPU_CLUSTERS:
+        kw["cluster"] = str(CLUSTER_FILES / ONE_GPU_CLUSTERS[hw])
+        notes.append(f"one {hw} GPU ({ONE_GPU_CLUSTERS[hw]}): nothing to communicate")
     elif hw in NVL72_SLICES and gpus % NVL72 and not gpus % NVL_IN_USE:
         kw["cluster"] = str(CLUSTER_FILES / NVL72_SLICES[hw][0])
         notes.append(f"{gpus} {hw} GPUs as {gpus // NVL_IN_USE} NVL72 rack(s) with 64 GPUs in use each "
@@ -822,11 +857,18 @@ def finetune_settings(row: dict) -> tuple[dict, str]:
                 f"{SQUAD_DOC_TOKENS} tokens, the Llama 3 tokenizer's packing statistic (none is published for "
                 f"Llama 2's, whose tokens are more per document: attention a little more than priced)")
     if "AutoModel" in fw and _commit_of(row.get("source", "")) == AUTOMODEL_COMMIT and task == "lora":
-        return ({"lora_rank": 16, "lora_targets": ("qkv", "proj", "fc1", "fc2"), "lora_style": "dtensor"},
+        peft = automodel_peft_config(row)
+        sp = {"sp": False} if peft and not peft[3] and _int(row, "tp", 1) > 1 else {}
+        return ({"lora_rank": 16, "lora_targets": ("qkv", "proj", "fc1", "fc2"), "lora_style": "dtensor", **sp},
                 "LoRA as NeMo AutoModel's configs at 36044ad set it: dim 16, alpha 32 on every *_proj linear "
                 "(q, k, v, o, gate, up, down: priced as one adapter beside each fused linear), mock data (one "
                 "unpacked 4,096-token sequence per sample); under TP its DTensor LoRA-aware styles "
-                "(ColwiseParallelLora / RowwiseParallelLora) move only the rank-16 intermediates")
+                "(ColwiseParallelLora / RowwiseParallelLora) move only the rank-16 intermediates"
+                + (f"; {peft[0]} sets sequence_parallel: false (TP without SP)" if sp else "")
+                + (f"; {peft[0]} sets enable_async_tensor_parallel: true, not modelled (its TP collectives run "
+                   f"in line)" if peft and peft[4] else "")
+                + (f"; its LoRA dropout {peft[5]:g} (a dropout kernel on each adapter's input) is not priced"
+                   if peft and peft[5] else ""))
     raise NotExpressible(f"task {task!r}: what the {fw} {release} fine-tuning recipe ran is not known here")
 
 

@@ -668,6 +668,15 @@ _PRESETS: dict[str, ModelSpec] = {
                                vocab=151936, experts=128, top_k=8, moe_ffn=768, qk_norm=True),
     "qwen3-235b-a22b": ModelSpec("qwen3-235b-a22b", layers=94, hidden=4096, ffn=12288, heads=64, kv_heads=4,
                                  head_dim=128, vocab=151936, experts=128, top_k=8, moe_ffn=1536, qk_norm=True),
+    # Qwen2.5 dense (Qwen/Qwen2.5-{7B,14B,32B,72B} config.json, model_type qwen2; Qwen2.5 technical report, arXiv
+    # 2412.15115, table 1): SwiGLU, RMSNorm, RoPE, biases on Q, K and V, GQA with heads of 128, vocab 152,064 (the
+    # padded embedding), untied embeddings at these sizes, no sliding window (use_sliding_window false), no
+    # dropout. 7B: 28 layers, 3584 wide, ffn 18,944, 28 / 4 heads; 14B: 48, 5120, 13,824, 40 / 8; 32B: 64, 5120,
+    # 27,648, 40 / 8; 72B: 80, 8192, 29,568, 64 / 8 (7.62 / 14.77 / 32.76 / 72.71 B parameters).
+    **{f"qwen2.5-{n}": ModelSpec(f"qwen2.5-{n}", layers=L, hidden=d, ffn=f, heads=a, kv_heads=kv, vocab=152064,
+                                 attention_bias=True, dropout=False)
+       for n, L, d, f, a, kv in (("7b", 28, 3584, 18944, 28, 4), ("14b", 48, 5120, 13824, 40, 8),
+                                 ("32b", 64, 5120, 27648, 40, 8), ("72b", 80, 8192, 29568, 64, 8))},
     # Kimi K2 (moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture): 61 layers, 7168 wide, MLA
     # with 64 heads (q_lora 1536, kv_lora 512, no-RoPE 128 + RoPE 64 query/key dims, values 128), 384 routed experts
     # 2048 wide top-8 and 1 shared, the first layer dense (ffn 18432), no group-limited routing (n_group 1), no

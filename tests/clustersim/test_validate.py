@@ -155,6 +155,16 @@ def test_fine_tuning_rows_run_their_recipes():
     assert "packed_doc_tokens" not in kw
     kw, notes = row_experiment(rows["669"], fields)
     assert "lora_rank" not in kw and "packed_doc_tokens" not in kw and any("SFT" in n for n in notes)
+    # AutoModel's LoRA benchmark configs (AUTOMODEL_PEFT_CONFIGS): Llama 3 70B TP2 with SP, Qwen2.5 32B TP2
+    # without, both with activation checkpointing; the 1-GPU runs without it, on one GPU of a DGX H100
+    for row_id, model, sp, recompute in (("696", "llama3-70b", True, "full"), ("700", "qwen2.5-32b", False, "full"),
+                                         ("698", "llama3-8b", False, "none"), ("701", "qwen2.5-7b", False, "none")):
+        kw, notes = row_experiment(rows[row_id], fields)
+        assert (kw["model"], kw["sp"], kw["recompute"]) == (model, sp, recompute), row_id
+        assert any("peft_benchmark" in n and "activation_checkpointing" in n for n in notes), row_id
+    kw, notes = row_experiment(rows["701"], fields)
+    assert kw["cluster"].endswith("dgx-h100-1.yaml") and kw["gpus"] == 1
+    assert any("LoRA dropout 0.1" in n for n in row_experiment(rows["698"], fields)[1])
     # 32 GB200 / GB300 GPUs: eight compute trays of one rack (the presets take whole racks of 72)
     for row_id, file in (("763", "gb200-nvl72-32.yaml"), ("890", "gb300-nvl72-32.yaml")):
         kw, notes = row_experiment(rows[row_id], fields)

@@ -8,9 +8,10 @@ from simulator.errors import ConfigError, UnknownPresetError
 # Published totals: GPT-3 175B (Brown et al. 2020), Llama 3 (Llama Team 2024: 8.03B, 70.6B, 405.9B from the
 # released checkpoints), Mixtral 8x22B (141B total, 39B active, Mistral AI), DeepSeek-V3 (671B, 37B active
 # without the MTP module; DeepSeek-AI 2024), Qwen3 MoE (the model cards: 30.5B with 3.3B active, 235B with 22B
-# active).
+# active), Qwen2.5 (the model cards: 7.61B, 14.7B, 32.5B, 72.7B).
 PUBLISHED = {"gpt3-175b": 175e9, "llama3-8b": 8.03e9, "llama3-70b": 70.6e9, "llama3-405b": 405.9e9,
-             "mixtral-8x22b": 141e9, "deepseek-v3": 671e9, "qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9}
+             "mixtral-8x22b": 141e9, "deepseek-v3": 671e9, "qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9,
+             "qwen2.5-7b": 7.61e9, "qwen2.5-14b": 14.7e9, "qwen2.5-32b": 32.5e9, "qwen2.5-72b": 72.7e9}
 ACTIVE = {"mixtral-8x22b": 39e9, "deepseek-v3": 37e9, "qwen3-30b-a3b": 3.3e9, "qwen3-235b-a22b": 22e9}
 # Sizes published to one or two digits only (Kimi K2's card: 1 T total, 32 B active; NeMo's names: GPT 5B / 20B,
 # Nemotron-3 8B / 22B): totals within 8% (Nemotron-3 8B counts 8.5 B, 2.1 B of them its 256k-entry embedding and
@@ -131,3 +132,12 @@ def test_megatron_lm_2021_gpt_presets_follow_the_papers_parameter_formula(size):
     assert m.param_count() == pytest.approx(eq2, rel=5e-3)
     named = 1e12 if size == "1t" else float(size[:-1]) * 1e9
     assert eq2 == pytest.approx(named, abs=0.05e9 if size != "1t" else 0.01e12)
+
+
+def test_qwen2_5_layers_hold_their_checkpoints_tensors():
+    """Qwen2.5-7B's released tensors per decoder layer (config.json shapes): q 3584x3584, k and v 512x3584, o
+    3584x3584 (29,360,128 weights) and the q, k, v biases (3584 + 2 x 512); gate, up 18944x3584 and down:
+    203,685,888."""
+    m = get_model("qwen2.5-7b")
+    assert m.attention_params() == 29_360_128 + 4_608 and m.attention_bias and not m.tied_embeddings
+    assert m.layer_params(0) == 29_360_128 + 4_608 + 203_685_888 + 2 * 3584     # + the two RMSNorm weights
