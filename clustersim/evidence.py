@@ -51,7 +51,8 @@ def _stats(errors: list[float], gpus: list[int], mfus: list[float]) -> dict:
 
 def published_pretraining_mfu(row: dict) -> float | None:
     """A validate result row's published MFU (``published_mfu``) when it is a pre-training run; None for
-    fine-tuning rows (their MFU counts the FLOPs of a frozen model's step) and rows without it."""
+    fine-tuning rows (a LoRA step's MFU counts a frozen model's FLOPs; SFT runs on fine-tuning data, packed or
+    not) and rows without it."""
     if (row.get("task") or "pretrain") != "pretrain":
         return None
     return row.get("published_mfu") or None
@@ -168,7 +169,7 @@ def evidence_line(ev: dict) -> str:
     if ev.get("model_rows"):
         own = (f"; {ev['model']} itself: {ev['model_rows']} runs ({ev['model_scope']}), median |error| "
                f"{ev['model_median_abs_error']:.1%}, mean {ev['model_mean_signed_error']:+.1%}")
-        if ev.get("model_published_mfu"):
+        if ev.get("model_published_mfu") and ev.get("model_scope") == ev.get("group"):
             lo, hi = ev["model_published_mfu"]
             own += f", published pre-training MFU {lo:.1%}-{hi:.1%}"
     if not ev.get("rows"):
@@ -195,20 +196,23 @@ def evidence_line(ev: dict) -> str:
 
 
 def mfu_against_published(ev: dict, mfu: float) -> str | None:
-    """Where a predicted ``mfu`` stands among the MFUs published pre-training runs reached (on the same FLOP
-    count and peak): those of the simulated model preset where the set has them, else those of its group;
-    None where neither has any. E.g. 'MFU 54.8% against 50.1-54.5% reached by published llama3-70b
-    pre-training runs (H100 BF16 dense): 0.3 points above the highest'."""
-    if ev.get("model_published_mfu"):
-        (lo, hi), who = ev["model_published_mfu"], f"published {ev['model']} pre-training runs ({ev['model_scope']})"
+    """Where a predicted ``mfu`` stands among the MFUs published pre-training runs of its kind reached (on the
+    same FLOP count and peak): those of the simulated model preset in the prediction's group where the set has
+    some, else those of the group (a model's runs on other hardware or precisions are another kind: an FP8 run's
+    MFU on the BF16 peak can pass 100%); None where neither has any. E.g. 'MFU 54.8% against 42.2%-54.6%
+    reached by published llama3-70b pre-training runs (H100 BF16 dense): 0.2 points above the highest'.
+    Compared at the printed precision (tenths of a percent)."""
+    if ev.get("model_published_mfu") and ev.get("model_scope") == ev.get("group"):
+        (lo, hi), who = ev["model_published_mfu"], f"published {ev['model']} pre-training runs ({ev['group']})"
     elif ev.get("published_mfu"):
         (lo, hi), who = ev["published_mfu"], f"published {ev['group']} pre-training runs"
     else:
         return None
-    if mfu > hi:
-        where = f"{100 * (mfu - hi):.1f} points above the highest"
-    elif mfu < lo:
-        where = f"{100 * (lo - mfu):.1f} points below the lowest"
+    m, lo_, hi_ = (round(1000 * x) for x in (mfu, lo, hi))
+    if m > hi_:
+        where = f"{(m - hi_) / 10:.1f} points above the highest"
+    elif m < lo_:
+        where = f"{(lo_ - m) / 10:.1f} points below the lowest"
     else:
         where = "within their range"
     return f"MFU {mfu:.1%} against {lo:.1%}-{hi:.1%} reached by {who}: {where}"

@@ -372,7 +372,7 @@ def simulate_options(f: Callable) -> Callable:
         click.option("--stage-layers", help="Layers per pipeline stage (or per model piece), e.g. 7,8,8,7."),
         click.option("--first-stage-layers", type=int, help="Layers of the first pipeline stage (rest balanced)."),
         click.option("--last-stage-layers", type=int, help="Layers of the last pipeline stage (rest balanced)."),
-        click.option("--memory-limit", help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes (40GB)."),
+        click.option("--memory-limit", help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes per rank with a unit (40GB, 500MB, 64GiB)."),
         click.option("--network", type=click.Choice(NETWORKS),
                      help="ideal (free) | analytical | flow (contention) | astra (ASTRA-sim's analytical model)."),
         click.option("--astra-system", type=NonEmptyPath(dir_okay=False),
@@ -602,14 +602,11 @@ def _named_model(exp: Experiment):
 
 
 def virtual_stages(exp: Experiment, model) -> int:
-    """The experiment's virtual stages: as given, else 2 for interleaved 1F1B when every stage can hold two
-    chunks of layers (the first and last chunk may hold only the embedding / LM head; interleaving with one
-    chunk is plain 1F1B), else 1."""
+    """The experiment's virtual stages: as given, else ``schedules.plan.default_virtual_stages``."""
+    from schedules.plan import default_virtual_stages
     if exp.virtual_stages is not None:
         return exp.virtual_stages
-    if exp.schedule == "interleaved" and exp.pp > 1 and getattr(model, "layers", 0) >= 2 * exp.pp - 2:
-        return 2
-    return 1
+    return default_virtual_stages(exp.schedule, exp.pp, getattr(model, "layers", 0))
 
 
 def resolve_plan(exp: Experiment, model, world_size: int):

@@ -23,12 +23,16 @@ class ByteSize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.strip().isdigit():       # exact, however large
+            if int(value) > 0:
+                return int(value)
         from simulator.errors import ConfigError
         from simulator.inputs import byte_size
         try:
             b = byte_size(value, "bytes")
         except ConfigError as e:
             self.fail(str(e).removeprefix("bytes: "), param, ctx)
-        if b != int(b):
+        whole = round(b)
+        if whole < 1 or abs(b - whole) > 1e-9 * b:       # 4.1MB is 4,100,000 B, though 4.1 * 1e6 is not exact
             self.fail(f"expected a whole number of bytes, got {value!r} ({b:g} B)", param, ctx)
-        return int(b)
+        return whole

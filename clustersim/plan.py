@@ -25,8 +25,8 @@ from schedules.models import (ModelSpec, check_moe_fields, custom_model, get_mod
                              model_from_params)
 from schedules.pipeline import SCHEDULES
 from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, MOE_DISPATCHERS, RECOMPUTE,
-                            RESHARD, ParallelPlan, lora_fields, parse_memory_limit, parse_recompute_modules,
-                            parse_stage_layers, plan_notes)
+                            RESHARD, ParallelPlan, default_virtual_stages, lora_fields, parse_memory_limit,
+                            parse_recompute_modules, parse_stage_layers, plan_notes)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 
@@ -103,9 +103,11 @@ def plan_options(f):
         click.option("--first-stage-layers", type=int, default=None, help="Layers of the first stage (rest balanced)."),
         click.option("--last-stage-layers", type=int, default=None, help="Layers of the last stage (rest balanced)."),
         click.option("--memory-limit", default=None,
-                     help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes (40GB)."),
-        click.option("--virtual-stages", type=int, default=1, show_default=True,
-                     help="Model chunks per pipeline rank (interleaved)."),
+                     help="zb-auto: activation limit: micro-batches per stage, 1p/2p (ZB-1p/2p) or bytes per rank "
+                          "with a unit (40GB, 500MB, 64GiB)."),
+        click.option("--virtual-stages", type=int, default=None,
+                     help="Model chunks per pipeline rank (interleaved; default 2 where every stage holds two "
+                          "chunks, as simulate)."),
         click.option("--micro-batch", type=int, default=1, show_default=True, help="Sequences per micro-batch."),
         click.option("--global-batch", type=int, default=None, help="Sequences per step (default dp·mb·4·pp)."),
         click.option("--seq", type=int, default=2048, show_default=True, help="Sequence length (tokens)."),
@@ -170,7 +172,7 @@ def model_from_options(model: str | None = None, params: float | None = None, **
 
 def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1,
                       cp: int = 1, zero: int = 0, fsdp: bool = False, sp: bool = False, schedule: str = "1f1b",
-                      virtual_stages: int = 1, micro_batch: int = 1, global_batch: int | None = None,
+                      virtual_stages: int | None = None, micro_batch: int = 1, global_batch: int | None = None,
                       seq: int = 2048, recompute: str = "none", recompute_every: int = 1,
                       recompute_modules=None, bucket_mb: float = 25.0, fsdp_prefetch: int = 1,
                       axis_order: str = "tp-cp-ep-dp-pp", skew: float = 0.0, stage_layers=None,
@@ -179,7 +181,8 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       fsdp_reshard_after_forward: str = "auto", dtype: str = "bf16", stack: str | None = None,
                       grad_reduce_dtype: str = "auto", etp: int | None = None, expert_grid: str = "folded",
                       tp_comm_overlap: bool = False, moe_dispatcher: str = "alltoall", **_ignored) -> ParallelPlan:
-    """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp); stack None: megatron."""
+    """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp); stack None: megatron;
+    virtual_stages None: 1 (``plan`` passes the model's default, ``default_virtual_stages``)."""
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus), ("etp", etp)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ConfigError(f"--{name} must be a positive integer, got {v}")
@@ -193,7 +196,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
         else:
             dp = gpus // denom
     return ParallelPlan(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, fsdp=fsdp, micro_batch=micro_batch,
-                        global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
+                        global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages or 1,
                         bucket_bytes=bucket_mb * 1e6, recompute=recompute, recompute_every=recompute_every,
                         recompute_modules=(parse_recompute_modules(recompute_modules) if recompute_modules
                                            else DEFAULT_RECOMPUTE_MODULES), seq=seq, fsdp_prefetch=fsdp_prefetch,
@@ -337,6 +340,8 @@ def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, *
     clustersim plan --params 7.5e9 --dp 64 --zero 3 --hbm-gb 32 --json
     """
     model = model_from_options(**kw)
+    if kw.get("virtual_stages") is None:       # as simulate: 2 for interleaved where every stage holds two chunks
+        kw["virtual_stages"] = default_virtual_stages(kw.get("schedule", "1f1b"), kw.get("pp", 1), model.layers)
     p = plan_from_options(**kw)
     p = dataclasses.replace(p, **lora_fields(lora_rank, lora_targets))
     if packed_doc_tokens:

@@ -929,7 +929,8 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
                f"{st['cached']} from cache, {st['failed']} failed; {st['wall_time_s']:.1f} s")
     from clustersim.evidence import evidence_line, mfu_against_published
     click.echo(f"evidence (clustersim validate): {evidence_line(out['evidence'])}")
-    against = mfu_against_published(out["evidence"], out["top"][0]["mfu"])
+    # (LoRA's MFU counts a frozen model's step: published pre-training runs are not its measure)
+    against = None if lora_rank else mfu_against_published(out["evidence"], out["top"][0]["mfu"])
     if against:
         click.echo(f"best plan: {against} (same FLOP count and peak)")
     if pareto:

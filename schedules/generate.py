@@ -622,10 +622,9 @@ class _StageBuilder:
                     # combine all-to-alls (and expert-TP collectives) run again before its backward
                     seq = [x for x in fwd_comm if x[0] in ("ep", "etp")] + seq
         if tp and u.kind == "layer" and a.phase != "W":
-            lora = self._lora_tp_items(u, back)
+            seq = seq + self._lora_tp_items(u, back)
             if back and u.recompute == "full":     # the recomputed forward runs the adapters' collectives again
-                lora = self._lora_tp_items(u, False) + lora
-            seq = seq + lora
+                seq = self._lora_tp_items(u, False) + seq
         if any(map(_overlapped, seq)):
             return self._write_overlapped(u, a, seq, deps, lab, alloc, free)
         first = last = None

@@ -837,6 +837,13 @@ def parse_stage_layers(value) -> tuple[int, ...] | None:
     return out
 
 
+def default_virtual_stages(schedule: str, pp: int, layers: int) -> int:
+    """Virtual stages when none are given: 2 for interleaved 1F1B when every stage can hold two chunks of layers
+    (the first and last chunk may hold only the embedding / LM head; interleaving with one chunk is plain
+    1F1B), else 1."""
+    return 2 if schedule == "interleaved" and pp > 1 and layers >= 2 * pp - 2 else 1
+
+
 def plan_notes(plan: "ParallelPlan") -> list[str]:
     """Notes for parts of a valid plan that do nothing as given: sequence parallelism at tp 1, the interleaved
     schedule with one virtual stage, ZeRO / FSDP over a data-parallel group of one rank."""
@@ -863,7 +870,10 @@ def parse_memory_limit(value, pp: int) -> dict:
     usage = (f"--memory-limit is micro-batches of activations per stage (e.g. 16), a multiple of pp (1p = ZB-1p, "
              f"2p = ZB-2p) or bytes with a unit (40GB, 500MB, 64GiB), got {value!r}")
     if text.endswith("b"):
-        return {"memory_limit_bytes": byte_size(text, usage, err=PlanError)}
+        try:
+            return {"memory_limit_bytes": byte_size(text, "--memory-limit", err=PlanError)}
+        except PlanError:
+            raise PlanError(usage) from None
     try:
         lim = float(text[:-1]) * pp if text.endswith("p") else float(text)
     except ValueError:

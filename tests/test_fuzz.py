@@ -1471,3 +1471,17 @@ def test_chakra_export_says_what_its_files_leave_out(tmp_path):
     rc, out, err = run_cli(["chakra", "export", "--cluster", "dgx-h100", "--gpus", "8", "--model", "tiny",
                             "--global-batch", "8", "--out", tmp_path / "b"])
     assert rc == 0 and "leave out" not in out
+
+
+def test_byte_size_reads_numbers_and_units_and_refuses_the_rest():
+    """simulator.inputs.byte_size: SI units (1 MB = 1e6 B) and binary ones, any case and spacing, plain numbers;
+    booleans, text, zero, negatives and non-finite values are errors naming the option."""
+    from simulator.errors import ConfigError
+    from simulator.inputs import byte_size
+    good = {"40GB": 40e9, "100 MB": 1e8, "1.5GiB": 1.5 * 2**30, "512kB": 512e3, "512KB": 512e3, "1e6": 1e6,
+            " 4 tib ": 4 * 2**40, ".5GB": 5e8, "7": 7.0, "16b": 16.0, 1048576: 1048576.0, 2.5e9: 2.5e9}
+    for value, expected in good.items():
+        assert byte_size(value, "--x") == expected, value
+    for bad in ("40 GBs", "-1GB", "0", "0MB", "abc", "GB", "1e999GB", "nanGB", "inf", "1_000", "", True, None, [1]):
+        with pytest.raises(ConfigError, match="--x"):
+            byte_size(bad, "--x")

@@ -93,7 +93,8 @@ def test_published_mfu_range_of_pretraining_runs_and_where_a_plan_stands(tmp_pat
         return {"group": group, "stack": "megatron", "error": 0.0, "gpus": 64, "task": task,
                 "experiment": {"model": model}, "published_mfu": mfu}
     rows = [row("llama3-70b", 0.50), row("llama3-70b", 0.54), row("llama3-70b", 0.31, task="lora"),
-            row("llama3-8b", 0.62), row("llama3-8b", None), row("llama3-8b", 0.30, group="A100 BF16 dense")]
+            row("llama3-8b", 0.62), row("llama3-8b", None), row("llama3-8b", 0.30, group="A100 BF16 dense"),
+            row("llama3-405b", 1.05, group="A100 FP8 dense")]
     doc = ev.summarize_evidence(rows)
     assert doc["by_model"]["llama3-70b"]["H100 BF16 dense"]["published_mfu"] == [0.50, 0.54]
     assert doc["by_model"]["llama3-70b"]["H100 BF16 dense"]["rows"] == 3        # errors still count every row
@@ -111,6 +112,11 @@ def test_published_mfu_range_of_pretraining_runs_and_where_a_plan_stands(tmp_pat
                                                     "pre-training runs (H100 BF16 dense): 0.8 points above the highest")
     assert ev.mfu_against_published(got, 0.52).endswith("within their range")
     assert ev.mfu_against_published(got, 0.45).endswith("5.0 points below the lowest")
+    assert ev.mfu_against_published(got, 0.5404).endswith("within their range")     # 54.0% as printed
+    # a model's runs of another kind (here FP8 on A100, MFU on the BF16 peak) are not this prediction's measure
+    elsewhere = ev.evidence_for("H100-SXM", "bf16", False, "megatron", path, model="llama3-405b")
+    assert elsewhere["model_scope"] == "all hardware" and "published pre-training MFU" not in ev.evidence_line(elsewhere)
+    assert "reached by published H100 BF16 dense pre-training runs" in ev.mfu_against_published(elsewhere, 0.5)
     other = ev.evidence_for("H100-SXM", "bf16", False, "megatron", path, model="gpt3-175b")     # no runs of it
     assert ev.mfu_against_published(other, 0.6) == ("MFU 60.0% against 50.0%-62.0% reached by published H100 BF16 "
                                                     "dense pre-training runs: within their range")

@@ -47,11 +47,22 @@ def test_human_output(capsys):
     assert "stage1" in out and "does not fit" in out and "communication" in out
 
 
+def test_plan_takes_simulates_default_virtual_stages(capsys):
+    """Interleaved without --virtual-stages: 2 where every stage holds two chunks (schedules.plan.
+    default_virtual_stages, as simulate), else 1 with a note."""
+    base = ["--hidden", "256", "--heads", "8", "--pp", "4", "--schedule", "interleaved", "--global-batch", "16"]
+    assert _json(capsys, "--layers", "8", *base)["plan"]["virtual_stages"] == 2
+    assert _json(capsys, "--layers", "16", *base, "--virtual-stages", "4")["plan"]["virtual_stages"] == 4
+    few = _json(capsys, "--layers", "5", *base)
+    assert few["plan"]["virtual_stages"] == 1 and any("plain 1F1B" in n for n in few["notes"])
+
+
 def test_plan_notes_options_that_do_nothing(capsys):
     """plan says what simulate says of a plan's inert parts: SP at tp 1, interleaving with one virtual stage,
     ZeRO / FSDP over one data-parallel rank (``schedules.plan.plan_notes``; JSON ``notes``)."""
     base = ["--layers", "8", "--hidden", "256", "--heads", "8", "--global-batch", "8", "--seq", "128"]
-    notes = _json(capsys, *base, "--sp", "--zero", "1", "--pp", "2", "--schedule", "interleaved")["notes"]
+    notes = _json(capsys, *base, "--sp", "--zero", "1", "--pp", "2", "--schedule", "interleaved",
+                  "--virtual-stages", "1")["notes"]
     assert len(notes) == 3 and "--sp does nothing at tp 1" in notes[0] and "plain 1F1B" in notes[1]
     assert "--zero 1 shards over the data-parallel group, which holds one rank" in notes[2]
     assert _json(capsys, *base, "--sp", "--tp", "2", "--zero", "1", "--dp", "2")["notes"] == []
