@@ -192,10 +192,14 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     names = {f.name for f in dataclasses.fields(Experiment)}
     kw: dict[str, Any] = {}
     custom: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for raw_key, value in data.items():
         if not isinstance(raw_key, str):
             raise ConfigError(f"{where}: option names must be strings, got {brief(raw_key)}")
         key = raw_key.replace("-", "_")
+        if key in spelled:      # global-batch and global_batch are one option: the later one would win silently
+            raise ConfigError(f"{where}: {spelled[key]!r} and {raw_key!r} are the same option; give it once")
+        spelled[key] = raw_key
         if key in MODEL_FIELDS or key in MODEL_FLAGS or key in MODEL_TEXT:
             if value is not None:
                 custom[key] = value
@@ -782,6 +786,18 @@ def inert_option_notes(exp: Experiment, plan, model=None) -> list[str]:
     if plan.pp == 1 and (exp.schedule != Experiment.schedule or exp.stage_layers or exp.layer_split != "balanced"):
         notes.append("pp 1: there is no pipeline, so the pipeline options (--schedule, --stage-layers, --layer-split) "
                      "change nothing")
+    seq = plan.seq
+    if exp.packed_doc_tokens and exp.packed_doc_tokens >= seq:
+        notes.append(f"--packed-doc-tokens {exp.packed_doc_tokens} is no shorter than the sequence ({seq}): each "
+                     f"sequence is one document, attended as without packing")
+    for field, what in (("sliding_window", "sliding window"), ("attention_chunk", "attention chunk")):
+        n = getattr(model, field, 0) if model is not None else 0
+        if n and n >= seq:
+            notes.append(f"{model.name}'s {what} of {n} tokens spans the whole sequence ({seq}): its local layers "
+                         f"attend as global ones")
+    if plan.lora_rank and plan.tp == 1 and exp.lora_style != "megatron":
+        notes.append(f"--lora-style {exp.lora_style} says how adapters run under tensor parallelism; at tp 1 the "
+                     f"styles are the same")
     local = (getattr(model, "sliding_window", 0) or getattr(model, "attention_chunk", 0)) if model is not None else 0
     if plan.attention == "eager" and local and local < plan.seq // plan.cp:
         kind = "sliding window" if model.sliding_window else "chunk (or packed document)"

@@ -87,6 +87,10 @@ class GoodputConfig:
         _finite("restart_s", self.restart_s, strict=False)
         if self.interval_s is not None:
             _finite("interval_s", self.interval_s, strict=True)
+            if self.interval_s > self.horizon_s:
+                raise ConfigError(f"goodput: the checkpoint interval ({self.interval_s / 60:g} min) is longer than "
+                                  f"the run ({self.horizon_s / 86400:g} days): no checkpoint would be taken; lower "
+                                  f"--checkpoint-interval-min or raise --days")
         if self.step_time_s is not None:
             _finite("step_time_s", self.step_time_s, strict=True)
             if self.step_time_s > self.horizon_s:

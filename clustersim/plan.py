@@ -233,6 +233,28 @@ def _params_only_comm(model: ModelSpec, plan: ParallelPlan) -> dict:
     return {"by_kind": kinds, "by_family": {fam: dict(kinds)}}
 
 
+#: ``plan`` is a quick report: it builds one step's programs (one rank per stage) to count communication, and
+#: refuses a plan whose programs would take more than a few seconds to build (``simulate`` has its own budget)
+PLAN_MAX_OPS = 2_000_000
+PLAN_MAX_GPUS = 1 << 20
+
+
+def check_plan_size(model: ModelSpec, plan: ParallelPlan, world_size: int) -> None:
+    """ResourceLimitError for a plan too large for ``plan`` to report on quickly: more than ``PLAN_MAX_GPUS``
+    GPUs, or more than ``PLAN_MAX_OPS`` ops in its programs (a lower bound from the plan alone:
+    ``guards.minimum_ops``), checked before anything proportional to them is built."""
+    from clustersim.guards import minimum_ops
+    from simulator.errors import ResourceLimitError
+    if world_size > PLAN_MAX_GPUS:
+        raise ResourceLimitError(f"plan: {world_size:,} GPUs exceed the {PLAN_MAX_GPUS:,} it reports on")
+    ops = minimum_ops(model, plan, world_size, symmetric=True) if not model.params_only else 0
+    if ops > PLAN_MAX_OPS:
+        raise ResourceLimitError(
+            f"plan: this step has at least {ops:,} ops ({plan.num_microbatches:,} micro-batches x "
+            f"{model.layers:,} layers, forward and backward), over the {PLAN_MAX_OPS:,} plan builds to count "
+            f"communication; use fewer layers, micro-batches or pipeline stages (simulate has its own budget)")
+
+
 def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = None,
                 world_size: int | None = None, peak_flops: float | None = None,
                 scale_up_domain: int | None = None) -> dict:
@@ -243,6 +265,7 @@ def plan_report(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float | None = 
     from schedules.generate import build_programs, comm_volume
 
     world_size = world_size or plan.world_size
+    check_plan_size(model, plan, world_size)
     plan.validate(model, world_size)
     mem = memory_per_rank(model, plan, world_size=world_size)
     if model.params_only:
@@ -344,6 +367,10 @@ def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, *
         kw["virtual_stages"] = default_virtual_stages(kw.get("schedule", "1f1b"), kw.get("pp", 1), model.layers)
     p = plan_from_options(**kw)
     p = dataclasses.replace(p, **lora_fields(lora_rank, lora_targets))
+    if packed_doc_tokens and model.params_only:
+        raise ConfigError(f"--packed-doc-tokens prices attention within each document, which needs the model's "
+                          f"shape; {model.name} is given only by its parameter count (use --model PRESET or "
+                          f"--layers/--hidden/--heads)")
     if packed_doc_tokens:
         from schedules.models import packed
         model = packed(model, packed_doc_tokens, p.seq)

@@ -86,6 +86,9 @@ def tile_group(group: tuple[int, ...], world: int) -> tuple[tuple[int, ...], ...
     return tuple(images)
 
 
+MAX_TABLE_BYTES = 10 ** 15      # topology's largest table size (1 PB): beyond it a value is a typo
+
+
 def sizes(lo: int, hi: int, factor: int) -> list[int]:
     out, s = [], lo
     while s <= hi:
@@ -265,6 +268,16 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
         return
     if not (0 < min_bytes <= max_bytes) or factor < 2:
         raise ConfigError("--min-bytes must be positive and <= --max-bytes, --factor >= 2")
+    if max_bytes > MAX_TABLE_BYTES:
+        raise ConfigError(f"--max-bytes {max_bytes:.3g} is beyond any collective's size; at most "
+                          f"{MAX_TABLE_BYTES:.0e} (1 PB)")
+    size_list = sizes(min_bytes, max_bytes, factor)
+    if kind == "barrier":       # no payload: one row (NCCL runs it as a 1-byte all-reduce)
+        ctx = click.get_current_context()
+        if any(ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE
+               for n in ("min_bytes", "max_bytes", "factor")):
+            raise ConfigError("--collective barrier carries no payload: drop --min-bytes / --max-bytes / --factor")
+        size_list = [0]
     group = parse_ranks(ranks, cluster.world_size) if ranks else tuple(range(cluster.world_size))
     if kind == "p2p" and len(group) != 2:
         raise ConfigError(f"--collective p2p needs exactly two --ranks (source,destination), got {len(group)}")
@@ -277,7 +290,7 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     cal = Calibration.load(calibration) if calibration else None
     model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm, protocol=protocol,
                              nccl_version=nccl_version)
-    rows = bandwidth_table(model, kind, group, sizes(min_bytes, max_bytes, factor), network, concurrent)
+    rows = bandwidth_table(model, kind, group, size_list, network, concurrent)
     forced = model.forced_algorithm_note()      # a forced algorithm that cannot run this group
     if as_json:
         click.echo(json.dumps(rows, indent=1))

@@ -122,7 +122,14 @@ def load_runs(path: str | Path = PUBLISHED) -> list[dict]:
         p = ROOT / p            # the project's own sets by their repository path, from any directory
     if not p.is_file():
         raise ConfigError(f"published runs file {p} not found")
-    return load_csv(p, "published runs file", required=RUN_COLUMNS)
+    rows = load_csv(p, "published runs file", required=RUN_COLUMNS)
+    seen: set[str] = set()
+    for n, r in enumerate(rows):
+        rid = (r.get("id") or "").strip()
+        if rid and rid in seen:      # a row counted twice would weigh twice in every statistic
+            raise ConfigError(f"published runs file {p}: id {rid!r} appears twice (row {n + 1})")
+        seen.add(rid)
+    return rows
 
 
 def hardware_class(hardware: str) -> str | None:
@@ -575,12 +582,16 @@ def published_tokens_per_gpu(row: dict) -> float | None:
     """Tokens/s per GPU as published: per GPU, else job total / GPUs, else gbs·seq / step time / GPUs."""
     gpus = _num(row, "gpus")
     v = _num(row, "tokens_per_s_per_gpu")
+    tot = _num(row, "tokens_per_s_total")
+    gbs, seq, step = _num(row, "gbs"), _num(row, "seq_len"), _num(row, "step_time_s")
+    for name, x in (("tokens_per_s_per_gpu", v), ("tokens_per_s_total", tot), ("gpus", gpus), ("gbs", gbs),
+                    ("seq_len", seq), ("step_time_s", step)):
+        if x is not None and x < 0:
+            raise NotExpressible(f"{name} is negative ({x:g}): not a measurement")
     if v:
         return v
-    tot = _num(row, "tokens_per_s_total")
     if tot and gpus:
         return tot / gpus
-    gbs, seq, step = _num(row, "gbs"), _num(row, "seq_len"), _num(row, "step_time_s")
     if gbs and seq and step and gpus:
         return gbs * seq / step / gpus
     return None
@@ -1235,8 +1246,8 @@ def validate_row(row: dict, n: int, network: str = "analytical", tp_overlap: boo
     rid = row.get("id") or str(n + 1)
     ident = {"id": rid, "model": row["model"], "hardware": row["hardware"], "gpus": row["gpus"],
              "precision": row["precision"], "framework": row["framework"], "source": row.get("source", "")}
-    published = published_tokens_per_gpu(row)
     try:
+        published = published_tokens_per_gpu(row)
         if published is None:
             raise NotExpressible("no throughput figure")
         kw, notes = row_experiment(row, _experiment_fields(), tp_overlap)
@@ -1527,6 +1538,11 @@ def validate(ctx, runs_path, only, ids, group, network, plot_path, as_json, tp_o
         want = {x.strip() for x in ids.split(",") if x.strip()}
         if not want:
             raise ConfigError("--ids names no row id (give e.g. --ids 1,2)")
+        unknown = sorted(want - {r.get("id") for r in rows}, key=lambda x: (len(x), x))
+        if unknown:
+            raise ConfigError(f"--ids: no row with id {', '.join(unknown[:10])}"
+                              + (f" (and {len(unknown) - 10} more)" if len(unknown) > 10 else "")
+                              + f" in {Path(runs_path or PUBLISHED).name} (ids are the file's `id` column)")
         rows = [r for r in rows if r.get("id") in want]
     if only:
         o = only.lower()

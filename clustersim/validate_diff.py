@@ -91,13 +91,15 @@ def _stats_text(s: dict | None) -> str:
 @click.command("diff")
 @click.argument("before", type=NonEmptyPath(dir_okay=False))
 @click.argument("after", type=NonEmptyPath(dir_okay=False))
-@click.option("--tolerance", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+@click.option("--tolerance", type=click.FloatRange(min=0.0, max=1e6), default=0.0, show_default=True,
               help="A row moved when its prediction changed by more than this (relative; 0: any change).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def diff_command(before: str, after: str, tolerance: float, as_json: bool) -> None:
     """What moved between two validate runs (`clustersim validate --json` output or benchmarks/validate.py's
     validate.json): rows only in one, every row whose prediction changed, and the groups whose median /
     p90 absolute / mean signed error changed."""
+    if tolerance != tolerance:        # NaN passes click's range check and would call every change "unmoved"
+        raise ConfigError("--tolerance must be a number from 0 to 1e6 (a relative change), got nan")
     d = diff_runs(load_run(before), load_run(after), tolerance)
     if as_json:
         click.echo(json.dumps(d, indent=1))

@@ -516,8 +516,9 @@ class ParallelPlan:
 
     def _validate_model(self, model) -> None:
         if model.params_only:
-            if self.pp > 1 or self.ep > 1:
-                raise PlanError(f"model {model.name} is given only by its parameter count; pp and ep need its "
+            if self.pp > 1 or self.ep > 1 or self.lora_rank:
+                what = "LoRA adapters need" if self.lora_rank else "pp and ep need"
+                raise PlanError(f"model {model.name} is given only by its parameter count; {what} its "
                                 f"shape (use --model PRESET or --layers/--hidden/--heads)")
             return
         t = self.tp
@@ -546,6 +547,14 @@ class ParallelPlan:
             raise PlanError(f"recompute_every {self.recompute_every} checkpoints layers {self.recompute_every - 1}, "
                             f"{2 * self.recompute_every - 1}, ...; {model.name} has {model.layers} layers, so none "
                             f"would be: use --recompute-every {model.layers} or less")
+        if self.lora_rank and not (model.is_moe or model.is_mla or getattr(model, "is_hybrid", False)):
+            from schedules.models import lora_target_shapes
+            shapes = lora_target_shapes(model)
+            narrow = min(min(shapes[t]) for t in self.lora_targets)
+            if self.lora_rank > narrow:
+                raise PlanError(f"lora_rank {self.lora_rank} is wider than the narrowest width of {model.name}'s "
+                                f"target linears ({narrow}): a low-rank adapter's rank is below its linear's "
+                                f"(typically 8-64)")
         if self.lora_rank and (model.is_moe or model.is_mla or getattr(model, "is_hybrid", False)):
             what = "an MoE" if model.is_moe else "an MLA" if model.is_mla else "a hybrid Mamba"
             raise PlanError(f"LoRA (--lora-rank) is modelled for dense attention models; {model.name} is {what} model "

@@ -1485,3 +1485,48 @@ def test_byte_size_reads_numbers_and_units_and_refuses_the_rest():
     for bad in ("40 GBs", "-1GB", "0", "0MB", "abc", "GB", "1e999GB", "nanGB", "inf", "1_000", "", True, None, [1]):
         with pytest.raises(ConfigError, match="--x"):
             byte_size(bad, "--x")
+
+
+def test_second_hunt_refusals_are_quick_one_line_errors(tmp_path):
+    """From a second helper's hunt (thirty-fourth session): each hung, ate gigabytes, ran with a silently
+    ignored option or printed a nonsensical figure."""
+    import json
+    import time
+    row = {"id": "1", "group": "H100 BF16 dense", "published_tokens_per_s_per_gpu": 1.0,
+           "predicted_tokens_per_s_per_gpu": 1.0, "error": 0.0}
+    run_file = tmp_path / "v.json"
+    run_file.write_text(json.dumps({"rows": [row]}))
+    (tmp_path / "dup.yaml").write_text("cluster: dgx-h100\ngpus: 8\nmodel: tiny\nglobal-batch: 8\nglobal_batch: 16\n")
+    base = ["simulate", "-m", "llama3-8b", "--gpus", "8", "--global-batch", "8"]
+    for args, needle in (
+            (["plan", "--layers", "1000", "--hidden", "64", "--heads", "4", "--pp", "1000"], "plan builds"),  # > 60 s
+            (["plan", "--layers", "1000000000", "--hidden", "64", "--heads", "4", "--gpus", "8"], "plan builds"),
+            (["plan", "-m", "tiny", "--dp", "10000000"], "GPUs exceed"),                            # 42 s, 2.9 GB
+            (["validate", "--ids", "1,999999"], "no row with id 999999"),                           # dropped silently
+            (["validate", "diff", run_file, run_file, "--tolerance", "nan"], "--tolerance"),        # nothing "moved"
+            (["goodput", "--gpus", "1024", "--mtbf-hours", "50000", "--checkpoint-cost-s", "60", "--restart-s",
+              "600", "--checkpoint-interval-min", "1e9"], "no checkpoint would be taken"),          # negative goodput
+            (["plan", "--params", "7e9", "--dp", "8", "--lora-rank", "16"], "LoRA adapters need"),  # ignored
+            (["plan", "--params", "7e9", "--dp", "8", "--packed-doc-tokens", "100"], "needs the model's shape"),
+            (base + ["--tp", "2", "--lora-rank", "100000000"], "narrowest width"),                  # 1.8 PB peak
+            (["simulate", "--config", tmp_path / "dup.yaml"], "are the same option"),               # 16 won
+            (["topology", "dgx-h100", "--gpus", "16", "--collective", "barrier", "--max-bytes", "4096"], "no payload"),
+            (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--max-bytes", "1e300"], "1 PB"),
+    ):
+        t0 = time.perf_counter()
+        rc, out, err = run_cli(args)
+        assert needle in assert_one_line_error(rc, err), args
+        assert time.perf_counter() - t0 < 20, args
+    rc, out, err = run_cli(["topology", "dgx-h100", "--gpus", "16", "--collective", "barrier", "--json"])
+    assert rc == 0 and [r["size_bytes"] for r in json.loads(out)] == [0]     # one row: no payload
+
+
+def test_second_hunt_inert_options_are_noted():
+    import json
+    base = ["simulate", "-m", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--seq", "4096", "--json"]
+    for extra, needle in ((["--packed-doc-tokens", "4096"], "each sequence is one document"),
+                          (["--sliding-window", "99999"], "spans the whole sequence"),
+                          (["--lora-rank", "8", "--lora-style", "dtensor"], "at tp 1 the styles are the same")):
+        rc, out, err = run_cli(base + extra)
+        assert rc == 0, err
+        assert any(needle in n for n in json.loads(out)["notes"]), (extra, json.loads(out)["notes"])

@@ -128,12 +128,22 @@ def load_network(path: str | Path) -> AstraNetwork:
             raise ConfigError(f"{where}: dimension {i}: topology {topo!r} is not one of {', '.join(TOPOLOGY_KINDS)}")
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
             raise ConfigError(f"{where}: dimension {i}: npus_count must be an integer >= 2, got {n!r}")
-        if not _number(bw) or bw <= 0:
-            raise ConfigError(f"{where}: dimension {i}: bandwidth must be a positive number (GB/s), got {bw!r}")
-        if not _number(lat) or lat < 0:
-            raise ConfigError(f"{where}: dimension {i}: latency must be a non-negative number (ns), got {lat!r}")
+        if not _number(bw) or not MIN_BANDWIDTH_GBPS <= bw <= MAX_BANDWIDTH_GBPS:
+            raise ConfigError(f"{where}: dimension {i}: bandwidth must be a number of GB/s from "
+                              f"{MIN_BANDWIDTH_GBPS:g} to {MAX_BANDWIDTH_GBPS:g}, got {bw!r}")
+        if not _number(lat) or not 0 <= lat <= MAX_DELAY_NS:
+            raise ConfigError(f"{where}: dimension {i}: latency must be a number of ns from 0 to {MAX_DELAY_NS:g}, "
+                              f"got {lat!r}")
         dims.append(Dimension(topo, n, float(bw) * GIB, float(lat) * 1e-9))
     return AstraNetwork(tuple(dims))
+
+
+#: physical ranges of the configs' values (beyond them a file is a typo, and times overflow or splits never end):
+#: link bandwidth 1 MB/s to 1 PB/s, delays up to 1,000 s, splits and active chunks up to 4,096, local memory
+#: bandwidth and peak compute from 1 MB/s and 1 GFLOP/s (when given) to 1 PB/s and 1 EFLOP/s
+MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-3, 1e6
+MAX_DELAY_NS = 1e12
+MAX_SPLITS = 4096
 
 
 def _number(v) -> bool:
@@ -160,24 +170,25 @@ def load_system(path: str | Path | None) -> AstraSystem:
                 raise ConfigError(f"{where}: {key}: unknown algorithm {bad[0]!r}; known: {', '.join(ALGORITHMS)}")
             sysc.implementations[kind] = tuple(_ALGO_ALIASES[a] for a in impl)
 
-    def integer(key, minimum):
+    def integer(key, minimum, maximum):
         v = data[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-            raise ConfigError(f"{where}: {key} must be an integer >= {minimum}, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= maximum:
+            raise ConfigError(f"{where}: {key} must be an integer from {minimum} to {maximum}, got {v!r}")
         return v
 
-    def number(key):
+    def number(key, maximum, smallest_positive=0.0):
         v = data[key]
-        if not _number(v) or v < 0:
-            raise ConfigError(f"{where}: {key} must be a non-negative number, got {v!r}")
+        if not _number(v) or not 0 <= v <= maximum or 0 < v < smallest_positive:
+            low = f"0 or {smallest_positive:g}" if smallest_positive else "0"
+            raise ConfigError(f"{where}: {key} must be a number from {low} to {maximum:g}, got {v!r}")
         return float(v)
 
     if "preferred-dataset-splits" in data:
-        sysc.preferred_dataset_splits = integer("preferred-dataset-splits", 1)
+        sysc.preferred_dataset_splits = integer("preferred-dataset-splits", 1, MAX_SPLITS)
     if "active-chunks-per-dimension" in data:
-        sysc.active_chunks_per_dimension = integer("active-chunks-per-dimension", 1)
+        sysc.active_chunks_per_dimension = integer("active-chunks-per-dimension", 1, MAX_SPLITS)
     if "endpoint-delay" in data:
-        sysc.endpoint_delay_ns = int(number("endpoint-delay"))
+        sysc.endpoint_delay_ns = int(number("endpoint-delay", MAX_DELAY_NS))
     if "scheduling-policy" in data:
         if data["scheduling-policy"] not in ("LIFO", "FIFO"):
             raise ConfigError(f"{where}: scheduling-policy must be LIFO or FIFO, got {data['scheduling-policy']!r}")
@@ -187,9 +198,9 @@ def load_system(path: str | Path | None) -> AstraSystem:
             raise ConfigError(f"{where}: collective-optimization must be baseline or localBWAware")
         sysc.collective_optimization = data["collective-optimization"]
     if "local-mem-bw" in data:
-        sysc.local_mem_bw_Bps = number("local-mem-bw") * 1e9          # Sys.cc: GB/sec * 1e9
+        sysc.local_mem_bw_Bps = number("local-mem-bw", MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS) * 1e9   # GB/sec * 1e9
     if "peak-perf" in data:
-        sysc.peak_perf_flops = number("peak-perf") * 1e12             # Sys.cc: TFLOPS * 1e12
+        sysc.peak_perf_flops = number("peak-perf", 1e6, 1e-3) * 1e12          # Sys.cc: TFLOPS * 1e12
     if "roofline-enabled" in data:
         sysc.roofline_enabled = bool(data["roofline-enabled"])
         if sysc.roofline_enabled and (sysc.peak_perf_flops <= 0 or sysc.local_mem_bw_Bps <= 0):

@@ -212,8 +212,10 @@ def test_cli_reads_gpus_and_step_time_from_a_simulate_result(tmp_path, capsys):
     # the largest times accepted, with and without checkpoint cost
     dict(gpus=1, mtbf_device_s=1e12, checkpoint_s=0, restart_s=0, horizon_s=1),
     dict(gpus=1, mtbf_device_s=1e12, checkpoint_s=1e12, restart_s=1e12, horizon_s=1e12),
-    # an interval of 1e24 steps: rounding to whole steps used to raise OverflowError
-    dict(gpus=1, mtbf_device_s=1, checkpoint_s=0, restart_s=0, horizon_s=1, interval_s=1e12, step_time_s=1e-300),
+    # an interval of 1e24 steps: rounding to whole steps used to raise OverflowError (the run as long: an
+    # interval longer than the run is refused)
+    dict(gpus=1, mtbf_device_s=1e12, checkpoint_s=0, restart_s=0, horizon_s=1e12, interval_s=1e12,
+         step_time_s=1e-300),
 ])
 def test_extreme_inputs_give_finite_goodput(kw):
     """Found by the fuzz test (tests/test_fuzz.py) with random seeds."""

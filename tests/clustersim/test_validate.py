@@ -314,6 +314,20 @@ def test_hardware_and_throughput_fallbacks():
     assert published_tokens_per_gpu(_row(tokens_per_s_per_gpu="", tokens_per_s_total="6400")) == 100
     step = _row(tokens_per_s_per_gpu="", step_time_s="2", gbs="128", seq_len="1000")
     assert published_tokens_per_gpu(step) == pytest.approx(128 * 1000 / 2 / 64)
+    # a negative figure is not a measurement (it gave a 2,576,688% error and moved its group's statistics)
+    with pytest.raises(NotExpressible, match="tokens_per_s_total is negative"):
+        published_tokens_per_gpu(_row(tokens_per_s_per_gpu="", tokens_per_s_total="-5"))
+
+
+def test_a_runs_file_with_one_id_twice_is_refused(tmp_path):
+    from clustersim.validate import RUN_COLUMNS
+    from simulator.errors import ConfigError
+    cols = ("id",) + RUN_COLUMNS
+    header = ",".join(cols)
+    line = ",".join("7" if c == "id" else "x" for c in cols)
+    (tmp_path / "runs.csv").write_text(f"{header}\n{line}\n{line}\n")
+    with pytest.raises(ConfigError, match="id '7' appears twice"):
+        load_runs(tmp_path / "runs.csv")
 
 
 def test_summary_closed_form():

@@ -73,6 +73,8 @@ def test_cost_model_groups_and_p2p():
     ("topology: [ Ring ]\nnpus_count: [1]\nbandwidth: [1]\nlatency: [1]\n", "npus_count"),
     ("topology: [ Ring, Ring ]\nnpus_count: [4]\nbandwidth: [1]\nlatency: [1]\n", "one entry per dimension"),
     ("topology: [ Ring ]\nnpus_count: [4]\nbandwidth: [-1]\nlatency: [1]\n", "bandwidth"),
+    ("topology: [ Ring ]\nnpus_count: [4]\nbandwidth: [1e-320]\nlatency: [1]\n", "bandwidth"),
+    ("topology: [ Ring ]\nnpus_count: [4]\nbandwidth: [1]\nlatency: [1e308]\n", "latency"),
 ])
 def test_bad_network_files(tmp_path, text, match):
     p = tmp_path / "n.yml"
@@ -81,10 +83,17 @@ def test_bad_network_files(tmp_path, text, match):
         load_network(p)
 
 
-def test_bad_system_file(tmp_path):
+@pytest.mark.parametrize("text,match", [
+    ('{"all-reduce-implementation": ["bogus"]}', "bogus"),
+    ('{"preferred-dataset-splits": 1000000000}', "preferred-dataset-splits"),     # a split loop that never ends
+    ('{"endpoint-delay": 1e308}', "endpoint-delay"),                              # an int() overflow
+    ('{"peak-perf": 1e-320, "local-mem-bw": 1e-320, "roofline-enabled": 1}', "local-mem-bw"),
+])
+def test_bad_system_file(tmp_path, text, match):
+    """Values out of their physical range are the file's error, not a hang or an overflow deep inside."""
     p = tmp_path / "s.json"
-    p.write_text('{"all-reduce-implementation": ["bogus"]}')
-    with pytest.raises(ConfigError, match="bogus"):
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match):
         load_system(p)
 
 
