@@ -55,17 +55,37 @@ def _split_list(text: str, what: str) -> list[str]:
     return items
 
 
-def schedule_variants(schedules: str, virtual_stages: int | None = None) -> list[tuple[str, dict]]:
+def schedule_variants(schedules: str, virtual_stages: int | None = None,
+                      memory_limit=None) -> list[tuple[str, dict]]:
     """(name, overrides) per schedule of ``--schedules``. Interleaved gets ``virtual_stages`` (2 if not
-    given above 1); the other schedules run with one model chunk per stage, as they must."""
+    given above 1); the other schedules run with one model chunk per stage, as they must; zb-auto's
+    ``--memory-limit`` applies to zb-auto alone."""
     from clustersim.experiment import SCHEDULES
     out = []
     for s in _split_list(schedules, "schedules"):
         if s not in SCHEDULES:
             raise ConfigError(f"--schedules: unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
         v = (virtual_stages if virtual_stages and virtual_stages > 1 else 2) if s == "interleaved" else 1
-        out.append((s, {"schedule": s, "virtual_stages": v}))
+        drop = {"memory_limit": None} if memory_limit is not None and s != "zb-auto" else {}
+        out.append((s, {"schedule": s, "virtual_stages": v, **drop}))
     return out
+
+
+def _check_overridden(given: dict, variants: list[tuple[str, dict]]) -> None:
+    """A command-line option that every variant sets to another value would change nothing: a ConfigError
+    naming it (``compare -c FILE --tp 8`` where each variant sets its own tp ran without a word)."""
+    if not variants:
+        return
+    norm = [{k.replace("-", "_"): v for k, v in over.items()} for _, over in variants]
+    for key, value in given.items():
+        if key == "faults":
+            continue
+        if all(key in o and o[key] != value for o in norm):
+            names = ", ".join(n for n, _ in variants[:4]) + (", ..." if len(variants) > 4 else "")
+            why = {"virtual_stages": "; --schedules gives every schedule but interleaved one chunk per stage",
+                   "memory_limit": "; --schedules applies --memory-limit to zb-auto alone"}.get(key, "")
+            raise ConfigError(f"--{key.replace('_', '-')} {value} changes nothing: every variant ({names}) sets its "
+                              f"own {key}{why}; drop the option, or leave {key} out of the variants")
 
 
 def load_compare_file(path) -> tuple[dict, list[tuple[str, dict]], str | None]:
@@ -128,11 +148,12 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
     merged_base = {**base, **given}
     if schedules:
         vs = merged_base.get("virtual_stages", merged_base.get("virtual-stages"))
-        svars = schedule_variants(schedules, vs)
+        svars = schedule_variants(schedules, vs, merged_base.get("memory_limit", merged_base.get("memory-limit")))
         if variants:
             variants = [(f"{n}/{sn}", {**o, **so}) for n, o in variants for sn, so in svars]
         else:
             variants = svars
+    _check_overridden(given, variants)
     if not variants and single_ok:
         variants = [("simulated", {})]
     if not variants:

@@ -20,6 +20,8 @@ from simulator.inputs import json_safe
 @click.option("--calibration", type=NonEmptyPath(path_type=Path), default=None,
               help="calibration JSON: with --cluster, for its cost model; alone, time the trace's collectives "
                    "with its alpha-beta fits")
+@click.option("--calibration-scope", type=click.Choice(["matching", "any"]), default="matching", show_default=True,
+              help="with --calibration: 'any' applies fits measured on other hardware or another backend")
 @click.option("--scale-bandwidth", type=float, default=1.0, show_default=True,
               help="what-if: divide communication times by this factor")
 @click.option("--scale-compute", type=float, default=1.0, show_default=True,
@@ -27,14 +29,15 @@ from simulator.inputs import json_safe
 @click.option("--allow-mixed", is_flag=True,
               help="replay a folder whose files disagree on ranks, steps or manifest (files of different runs)")
 def replay(trace_dir: Path, as_json: bool, cluster: str | None, gpus: int | None, network: str,
-           calibration: Path | None, scale_bandwidth: float, scale_compute: float, allow_mixed: bool) -> None:
+           calibration: Path | None, calibration_scope: str, scale_bandwidth: float, scale_compute: float,
+           allow_mixed: bool) -> None:
     """Replay a trace (TRACE_DIR: a folder of per-rank Kineto files, or one file) through the simulator and
     compare the predicted step time with the measured one, per rank and overall."""
     from traces.replay import replay as run_replay
 
     res = run_replay(trace_dir, cluster=cluster, gpus=gpus, scale_bandwidth=scale_bandwidth,
                      scale_compute=scale_compute, network=network, calibration=calibration,
-                     allow_mixed=allow_mixed)
+                     allow_mixed=allow_mixed, calibration_scope=calibration_scope)
     if as_json:
         click.echo(json.dumps(json_safe(res), indent=1, default=float, allow_nan=False))
         return

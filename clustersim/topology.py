@@ -209,6 +209,8 @@ def _describe_text(d: dict) -> str:
 @click.option("--nccl-version", default=None, metavar="X.Y.Z",
               help="NCCL release whose tuner picks algorithm and protocol (2.18 on; default: the newest model).")
 @click.option("--calibration", type=NonEmptyPath(dir_okay=False), default=None, help="Calibration JSON.")
+@click.option("--calibration-scope", type=click.Choice(["matching", "any"]), default="matching", show_default=True,
+              help="with --calibration: 'any' applies fits measured on other hardware or another backend")
 @click.option("--min-bytes", type=ByteSize(), default=KIB, show_default=True,
               help="Smallest size: bytes, or with a unit (1KB, 64KiB, 1e3).")
 @click.option("--max-bytes", type=ByteSize(), default=4 * GIB, show_default=True,
@@ -219,6 +221,7 @@ def _describe_text(d: dict) -> str:
               help="Override a preset setting, e.g. --set oversubscription=2 --set rail_optimised=false.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorithm, protocol, nccl_version, calibration,
+             calibration_scope,
              min_bytes, max_bytes, factor, draw_path, settings, as_json):
     """Describe cluster PRESET (or a cluster YAML file); optionally draw it and tabulate a collective."""
     import topologies
@@ -251,7 +254,7 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
         ctx = click.get_current_context()
         given = [p.opts[0] for p in ctx.command.params
                  if p.name in ("ranks", "network", "concurrent", "algorithm", "protocol", "nccl_version",
-                               "calibration", "min_bytes", "max_bytes", "factor")
+                               "calibration", "calibration_scope", "min_bytes", "max_bytes", "factor")
                  and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise ConfigError(f"{', '.join(given)} price(s) a collective: add --collective KIND (e.g. all_reduce)")
@@ -287,8 +290,12 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
                           f"Simple protocol): drop it or choose a collective")
     if len(group) < 2:
         raise ConfigError("a collective needs at least two ranks")
+    if calibration_scope != "matching" and not calibration:
+        raise ConfigError(f"--calibration-scope {calibration_scope} says which fits of a --calibration file apply; "
+                          f"give --calibration too")
     cal = Calibration.load(calibration) if calibration else None
     model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm, protocol=protocol,
+                             calibration_scope=calibration_scope,
                              nccl_version=nccl_version)
     rows = bandwidth_table(model, kind, group, size_list, network, concurrent)
     forced = model.forced_algorithm_note()      # a forced algorithm that cannot run this group

@@ -1530,3 +1530,54 @@ def test_second_hunt_inert_options_are_noted():
         rc, out, err = run_cli(base + extra)
         assert rc == 0, err
         assert any(needle in n for n in json.loads(out)["notes"]), (extra, json.loads(out)["notes"])
+
+
+def test_calibration_of_another_backend_needs_its_scope_in_replay_and_topology():
+    """A replay of a gloo trace with an NCCL calibration applied the NCCL fits without a word (simulate refuses
+    fits of another backend); replay and topology now take --calibration-scope as simulate does."""
+    h100 = ROOT / "traces" / "data" / "h100.json"
+    ddp = ROOT / "traces" / "samples" / "cpu-gloo-ddp"
+    rc, _, err = run_cli(["replay", ddp, "--calibration", h100])
+    assert "fits are for nccl, the trace ran gloo" in assert_one_line_error(rc, err)
+    rc, out, err = run_cli(["replay", ddp, "--calibration", h100, "--calibration-scope", "any"])
+    assert rc == 0 and "--calibration-scope any" in out, err
+    rc, _, err = run_cli(["replay", ddp, "--calibration-scope", "any"])
+    assert "give --calibration too" in assert_one_line_error(rc, err)
+    top = ["topology", "dgx-a100", "--gpus", "8", "--collective", "all_reduce", "--max-bytes", "4096",
+           "--calibration", h100]
+    rc, _, err = run_cli(top)
+    assert "--calibration-scope any" in assert_one_line_error(rc, err)
+    rc, out, err = run_cli(top + ["--calibration-scope", "any"])
+    assert rc == 0 and "calibrated time" in out, err
+
+
+def test_physical_ranges_of_link_bandwidths_and_replay_factors():
+    """A 1e-300 B/s NIC made a 9e305 s step (inf in text, 1.25e308 in JSON); replay factors of 1e-300 printed
+    300-digit times and 1e-320 an internal message: both are one-line errors naming the value's range."""
+    ddp = ROOT / "traces" / "samples" / "cpu-gloo-ddp"
+    for args, needle in ((["topology", "dgx-h100", "--gpus", "16", "--set", "nic_bandwidth=1e-300"], "1 MB/s to 1 PB/s"),
+                         (["topology", "dgx-h100", "--gpus", "16", "--set", "nic_bandwidth=1e20"], "1 MB/s to 1 PB/s"),
+                         (["replay", ddp, "--scale-compute", "1e-300"], "from 1e-6 to 1e6"),
+                         (["replay", ddp, "--scale-bandwidth", "1e-320"], "from 1e-6 to 1e6")):
+        rc, _, err = run_cli(args)
+        assert needle in assert_one_line_error(rc, err), args
+
+
+def test_compare_refuses_a_command_line_option_every_variant_overrides(tmp_path):
+    """`compare -c FILE --tp 8` where each variant sets its own tp (and --virtual-stages beside --schedules
+    without interleaved) ran without the option and without a word; --memory-limit applies to zb-auto alone."""
+    import json
+    (tmp_path / "c.yaml").write_text("base: {cluster: dgx-h100, gpus: 8, model: tiny, global_batch: 8}\n"
+                                     "variants:\n  a: {tp: 2}\n  b: {tp: 4}\n")
+    base = ["compare", "-m", "tiny", "--gpus", "8", "--pp", "2"]
+    for args, needle in ((["compare", "-c", tmp_path / "c.yaml", "--tp", "8"], "every variant (a, b) sets its own tp"),
+                         (base + ["--global-batch", "8", "--schedules", "1f1b,gpipe", "--virtual-stages", "2"],
+                          "one chunk per stage")):
+        rc, _, err = run_cli(args)
+        assert needle in assert_one_line_error(rc, err), args
+    rc, out, err = run_cli(["compare", "-c", tmp_path / "c.yaml", "--tp", "2", "--json"])     # a's own value: fine
+    assert rc == 0, err
+    rc, out, err = run_cli(base + ["--global-batch", "16", "--schedules", "zb-auto,1f1b", "--memory-limit", "40GB",
+                                   "--json"])
+    assert rc == 0, err
+    assert [p["name"] for p in json.loads(out)["plans"]] == ["zb-auto", "1f1b"]

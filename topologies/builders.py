@@ -28,9 +28,17 @@ if TYPE_CHECKING:
 HOP_LATENCY_S = {"nvlink": 0.3e-6, "pcie": 0.5e-6, "ib": 0.3e-6, "ethernet": 1.0e-6, "ici": 0.5e-6, "ub": 0.3e-6}
 
 
+#: link bandwidths a cluster may have (bytes/s): 1 MB/s to 1 PB/s; outside them a value is a typo (1e-300 B/s
+#: made a 9e305 s step and printed inf), not a link
+MIN_LINK_BPS, MAX_LINK_BPS = 1e6, 1e15
+
+
 def _check_bw(what: str, bw: float) -> float:
-    if not (isinstance(bw, (int, float)) and bw > 0 and math.isfinite(bw)):
+    if not (isinstance(bw, (int, float)) and not isinstance(bw, bool) and bw > 0 and math.isfinite(bw)):
         raise TopologyError(f"{what}: bandwidth must be a positive number of bytes/s, got {bw!r}")
+    if not MIN_LINK_BPS <= bw <= MAX_LINK_BPS:
+        raise TopologyError(f"{what}: bandwidth {bw:g} B/s is outside {MIN_LINK_BPS:g}-{MAX_LINK_BPS:g} B/s "
+                            f"(1 MB/s to 1 PB/s; bandwidths are bytes per second, e.g. 50e9 for 400 Gb/s)")
     return float(bw)
 
 

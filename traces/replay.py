@@ -481,14 +481,22 @@ class CalibratedCommModel(SimpleCostModel):
     nearest group size of the kind); compute keeps its measured durations. For a replay that checks the
     fits against the trace they came from, or another trace of the same machine."""
 
-    def __init__(self, calibration, backend: str, scope: str = "intra"):
+    def __init__(self, calibration, backend: str, scope: str = "intra", any_backend: bool = False):
+        """``any_backend``: fall back on the fits of other backends (``--calibration-scope any``); else a
+        calibration without fits of the trace's backend is a ConfigError."""
         super().__init__()
         self.calibration, self.backend, self.scope = calibration, backend, scope
+        self.any_backend = any_backend
+        backends = sorted({c.backend for c in calibration.collectives})
+        if backends and backend not in backends and not any_backend:
+            raise ConfigError(f"the calibration's collective fits are for {', '.join(backends)}, the trace ran "
+                              f"{backend} (measure on this machine, or give --calibration-scope any to apply "
+                              f"them anyway)")
 
     def comm_time_s(self, request) -> float:
         n = len(request.ranks)
         fit = (self.calibration.collective_fit(request.kind, n, self.scope, self.backend)
-               or self.calibration.collective_fit(request.kind, n, self.scope))
+               or (self.calibration.collective_fit(request.kind, n, self.scope) if self.any_backend else None))
         if fit is None:
             have = sorted({f"{c.kind}/{c.backend}" for c in self.calibration.collectives})
             raise ConfigError(f"the calibration has no fit for {request.kind} ({self.backend}, {self.scope}); "
@@ -522,13 +530,23 @@ def _peer_notes(plan: ReplayPlan, trace: Trace, comm_what_if: bool) -> list[str]
 # --------------------------------------------------------------------------------------------- replay
 def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, scale_bandwidth: float = 1.0,
            scale_compute: float = 1.0, network: str = "analytical", calibration=None,
-           allow_mixed: bool = False) -> dict:
-    """Replay a trace (path or ``Trace``) and compare predicted with measured step times (see module doc)."""
+           allow_mixed: bool = False, calibration_scope: str = "matching") -> dict:
+    """Replay a trace (path or ``Trace``) and compare predicted with measured step times (see module doc).
+    ``calibration_scope`` "any" applies a calibration's fits measured on other hardware or another backend
+    (``simulator.calibration.CALIBRATION_SCOPES``)."""
+    from simulator.calibration import CALIBRATION_SCOPES
     from simulator.engine import run
 
+    if calibration_scope not in CALIBRATION_SCOPES:
+        raise ConfigError(f"--calibration-scope must be one of {', '.join(CALIBRATION_SCOPES)}, "
+                          f"got {calibration_scope!r}")
+    if calibration_scope != "matching" and calibration is None:
+        raise ConfigError(f"--calibration-scope {calibration_scope} says which fits of a --calibration file apply; "
+                          f"give --calibration too")
+
     for name, v in (("--scale-compute", scale_compute), ("--scale-bandwidth", scale_bandwidth)):
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ConfigError(f"{name} must be a positive number, got {v}")
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and 1e-6 <= v <= 1e6):
+            raise ConfigError(f"{name} must be a factor from 1e-6 to 1e6, got {v}")
     trace = trace_path if isinstance(trace_path, Trace) else check_one_run(load_trace(trace_path), allow_mixed)
     what_if = []
     cost = SimpleCostModel()
@@ -543,14 +561,16 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
         if n < trace.world_size:
             raise ConfigError(f"cluster {cluster!r} with {n} GPUs is smaller than the trace's world size "
                               f"{trace.world_size}; pass --gpus")
-        cost = ClusterCostModel(cl, network=network, calibration=cal)
+        cost = ClusterCostModel(cl, network=network, calibration=cal, calibration_scope=calibration_scope)
         what_if.append(f"collectives timed on {cluster} ({n} GPUs, {network} network"
                        f"{', calibrated' if cal is not None else ''}); trace ranks on its first GPUs")
     elif calibration is not None:
         from simulator.calibration import Calibration
         cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
-        cost = CalibratedCommModel(cal, trace.backend, "intra" if trace.shared_clock else "inter")
-        what_if.append(f"collectives timed by the calibration's alpha-beta fits ({trace.backend})")
+        forced = calibration_scope == "any"
+        cost = CalibratedCommModel(cal, trace.backend, "intra" if trace.shared_clock else "inter", any_backend=forced)
+        what_if.append(f"collectives timed by the calibration's alpha-beta fits ({trace.backend}"
+                       + (", other backends' where it has none: --calibration-scope any" if forced else "") + ")")
     if gpus is not None and cluster is None:
         raise ConfigError("--gpus applies to a what-if --cluster; give --cluster too")
     if network != "analytical" and cluster is None:
