@@ -780,12 +780,6 @@ def inert_option_notes(exp: Experiment, plan, model=None) -> list[str]:
     if exp.expert_grid != "folded" and (plan.cp == 1 or not getattr(model, "experts", 0)):
         notes.append(f"--expert-grid {exp.expert_grid} places experts beside context parallelism (an MoE model "
                      f"with cp > 1): here it changes nothing")
-    if plan.zero_stage >= 3 and (exp.bucket_mb != Experiment.bucket_mb or not exp.overlap_grad_reduce):
-        notes.append("FSDP / ZeRO-3 reduce-scatters each unit's gradients as its backward ends: --bucket-mb and "
-                     "--no-overlap-grad-reduce (DDP / ZeRO-1/2 gradient buckets) do not apply")
-    if plan.pp == 1 and (exp.schedule != Experiment.schedule or exp.stage_layers or exp.layer_split != "balanced"):
-        notes.append("pp 1: there is no pipeline, so the pipeline options (--schedule, --stage-layers, --layer-split) "
-                     "change nothing")
     seq = plan.seq
     if exp.packed_doc_tokens and exp.packed_doc_tokens >= seq:
         notes.append(f"--packed-doc-tokens {exp.packed_doc_tokens} is no shorter than the sequence ({seq}): each "

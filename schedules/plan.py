@@ -855,7 +855,8 @@ def default_virtual_stages(schedule: str, pp: int, layers: int) -> int:
 
 def plan_notes(plan: "ParallelPlan") -> list[str]:
     """Notes for parts of a valid plan that do nothing as given: sequence parallelism at tp 1, the interleaved
-    schedule with one virtual stage, ZeRO / FSDP over a data-parallel group of one rank."""
+    schedule with one virtual stage, ZeRO / FSDP over a data-parallel group of one rank, DDP bucket options
+    under FSDP / ZeRO-3, pipeline options without a pipeline."""
     notes = []
     if plan.sp and plan.tp == 1:
         notes.append("--sp does nothing at tp 1 (sequence parallelism splits the tensor-parallel group's activations; "
@@ -865,6 +866,13 @@ def plan_notes(plan: "ParallelPlan") -> list[str]:
     if plan.dp * plan.cp == 1 and (plan.zero or plan.fsdp):
         notes.append(f"{'--fsdp' if plan.fsdp else f'--zero {plan.zero}'} shards over the data-parallel group, which "
                      f"holds one rank here (dp·cp = 1): nothing is sharded")
+    if plan.zero_stage >= 3 and (plan.bucket_bytes != 25e6 or not plan.overlap_grad_reduce):
+        notes.append("FSDP / ZeRO-3 reduce-scatters each unit's gradients as its backward ends: --bucket-mb and "
+                     "--no-overlap-grad-reduce (DDP / ZeRO-1/2 gradient buckets) do not apply")
+    if plan.pp == 1 and (plan.schedule != "1f1b" or plan.stage_layers or plan.first_stage_layers
+                         or plan.last_stage_layers or plan.layer_split != "balanced"):
+        notes.append("pp 1: there is no pipeline, so the pipeline options (--schedule, --stage-layers, --layer-split) "
+                     "change nothing")
     return notes
 
 

@@ -68,6 +68,9 @@ def test_plan_notes_options_that_do_nothing(capsys):
     assert _json(capsys, *base, "--sp", "--tp", "2", "--zero", "1", "--dp", "2")["notes"] == []
     assert main(["plan", *base, "--fsdp"]) == 0
     assert "note: --fsdp shards over the data-parallel group" in capsys.readouterr().out
+    notes = _json(capsys, *base, "--dp", "2", "--fsdp", "--bucket-mb", "50", "--schedule", "zb")["notes"]
+    assert any("--bucket-mb and --no-overlap-grad-reduce" in n for n in notes)
+    assert any("pp 1: there is no pipeline" in n for n in notes)
 
 
 @pytest.mark.parametrize("args, match", [

@@ -48,3 +48,22 @@ def test_negative_durations_are_counted_in_the_notes(tmp_path):
     notes = replay(tmp_path)["notes"]
     assert any("3 event(s) with a negative duration read as 0 s (rank1.json.gz: 3)" in n for n in notes), notes
     assert not any("negative duration" in n for n in replay(DDP)["notes"])
+
+
+REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "real-gpu"
+
+
+def test_a_compute_what_if_that_cannot_move_a_host_bound_step_says_why():
+    """One rank of an 8-GPU recommendation job (HTA's test data): its kernels run far shorter than the CPU's
+    launch and framework time, so 100x faster kernels leave the step as it was; the replay says so."""
+    import pytest
+    trace = REAL / "a100_recsys_rank3_of8.json.gz"
+    if not trace.exists():
+        pytest.skip("../shared/traces/real-gpu is not beside this checkout")
+    fast = replay(trace, scale_compute=100.0)
+    assert abs(fast["error"]) < 0.005
+    assert any("yet the replayed step moved by less than 0.5%" in n for n in fast["notes"])
+    plain = replay(trace)
+    assert not any("GPU kernels took" in n for n in plain["notes"])
+    cpu = replay(DDP, scale_compute=2.0)            # a CPU trace's compute is the step: no such note
+    assert not any("GPU kernels took" in n for n in cpu["notes"])
