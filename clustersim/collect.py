@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from clustersim.paths import NonEmptyPath
+from clustersim.paths import ByteSize, NonEmptyPath
 from traces.launch import STRATEGIES, launch
 
 
@@ -34,7 +34,8 @@ from traces.launch import STRATEGIES, launch
 @click.option("--bench", type=click.Choice(("collectives", "layers")), default=None,
               help="instead of training: the collective benchmark, or one block's forward / backward times "
                    "at a grid of shapes (the model shape, its TP shards, micro-batches up to --batch)")
-@click.option("--max-bytes", type=int, default=0, help="benchmark: largest size in bytes (0: automatic)")
+@click.option("--max-bytes", type=ByteSize(allow_zero=True), default=0,
+              help="benchmark: largest size in bytes, or with a unit (1GB, 256MiB; 0: automatic)")
 @click.option("--size-factor", type=int, default=2, show_default=True, help="benchmark: ratio of successive sizes")
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True,
               help="seconds before the run is killed")

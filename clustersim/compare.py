@@ -179,6 +179,8 @@ def run_variants(variants: list[tuple[str, dict]], progress=None) -> list[PlanRu
             exp.name = name
             out = run_experiment(exp)
         except ClusterSimError as e:         # same error class, message naming the variant
+            if str(e).startswith(f"variant {name!r}"):
+                raise                        # it names it already (experiment_from_dict's `where`)
             try:
                 named = type(e)(f"variant {name!r}: {e}")
             except TypeError:

@@ -825,7 +825,8 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
                      f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")
     if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens:
         notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "
-                     f"causally within its document (priced as chunked attention)")
+                     f"causally within its document" + (" (priced as chunked attention)" if plan.attention != "eager"
+                                                         else ""))
     from schedules.plan import plan_notes
     notes += plan_notes(plan)
     if plan.schedule == "interleaved" and exp.virtual_stages is None and not (plan.virtual_stages == 1 and plan.pp > 1):

@@ -17,12 +17,18 @@ class NonEmptyPath(click.Path):
 
 class ByteSize(click.ParamType):
     """Bytes as a whole number: 1048576, 1e6 or a number with a unit (4GB, 512KB, 64KiB;
-    ``simulator.inputs.byte_size``: SI units, 1 GB = 1e9 B, and binary ones). A usage error names the option."""
+    ``simulator.inputs.byte_size``: SI units, 1 GB = 1e9 B, and binary ones). A usage error names the option.
+    ``allow_zero``: 0 is a value of its own (e.g. "automatic")."""
     name = "bytes"
+
+    def __init__(self, allow_zero: bool = False):
+        self.allow_zero = allow_zero
 
     def convert(self, value, param, ctx):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if self.allow_zero and isinstance(value, str) and value.strip() == "0":
+            return 0
         if isinstance(value, str) and value.strip().isdigit():       # exact, however large
             if int(value) > 0:
                 return int(value)

@@ -328,6 +328,8 @@ def _load_cluster(cluster: str | None, gpus: int):
     if cluster is None:
         return None
     import topologies
+    if cluster.endswith((".yaml", ".yml")):          # a cluster file, as simulate reads it
+        return topologies.load_cluster_file(cluster, gpus=gpus)
     return topologies.load_cluster(cluster, gpus)
 
 
@@ -347,7 +349,8 @@ def _gb(b: float) -> str:
 @click.command("plan")
 @model_options
 @plan_options
-@click.option("--cluster", default=None, help="Cluster preset whose device memory decides the fit (e.g. dgx-h100).")
+@click.option("--cluster", default=None,
+              help="Cluster preset or cluster YAML file whose device memory decides the fit (e.g. dgx-h100).")
 @click.option("--hbm-gb", type=float, default=None, help="Device memory in GB (instead of --cluster).")
 @click.option("--lora-rank", type=int, default=0, show_default=True,
               help="LoRA fine-tuning: rank-R adapters, the model frozen (as `simulate --lora-rank`).")

@@ -261,6 +261,7 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     elif concurrent and network != "flow":
         raise ConfigError("--concurrent shares links between copies of the group under --network flow; the "
                           "analytical model prices one group alone: add --network flow")
+
     if draw_path:
         draw(cluster, Path(draw_path))
     if kind is None:
@@ -290,6 +291,10 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
                           f"Simple protocol): drop it or choose a collective")
     if len(group) < 2:
         raise ConfigError("a collective needs at least two ranks")
+    if concurrent and not tile_group(group, cluster.world_size):
+        raise ConfigError(f"--concurrent runs copies of the --ranks group translated across the cluster; this group "
+                          f"({len(group)} of {cluster.world_size} ranks) leaves no room for a copy: give a smaller "
+                          f"--ranks group")
     if calibration_scope != "matching" and not calibration:
         raise ConfigError(f"--calibration-scope {calibration_scope} says which fits of a --calibration file apply; "
                           f"give --calibration too")

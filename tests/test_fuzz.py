@@ -1581,3 +1581,23 @@ def test_compare_refuses_a_command_line_option_every_variant_overrides(tmp_path)
                                    "--json"])
     assert rc == 0, err
     assert [p["name"] for p in json.loads(out)["plans"]] == ["zb-auto", "1f1b"]
+
+
+def test_second_hunt_messages_and_files(tmp_path):
+    """A compare variant's error names it once; plan reads a cluster file as simulate does; topology's
+    --concurrent with a group of every rank is refused (it ran "with 0 concurrent copies"); collect's
+    --max-bytes takes units and refuses nonsense before launching anything."""
+    import json
+    (tmp_path / "c.yaml").write_text("base: {cluster: dgx-h100, gpus: 8, model: tiny, global_batch: 8}\n"
+                                     "variants:\n  a: {tp: 2, no_such_option: 1}\n")
+    rc, _, err = run_cli(["compare", "-c", tmp_path / "c.yaml"])
+    line = assert_one_line_error(rc, err)
+    assert line.count("variant 'a'") == 1, line
+    rc, out, err = run_cli(["plan", "-m", "tiny", "--cluster", ROOT / "validation" / "clusters" / "dgx-h100-1.yaml",
+                            "--gpus", "1", "--json"])
+    assert rc == 0 and json.loads(out)["device_memory_bytes"] > 80e9, err
+    rc, _, err = run_cli(["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--network", "flow",
+                          "--concurrent"])
+    assert "leaves no room for a copy" in assert_one_line_error(rc, err)
+    rc, _, err = run_cli(["collect", "--bench", "collectives", "--max-bytes", "1XB", "--out", tmp_path / "b"])
+    assert rc == 2 and "--max-bytes" in err and not (tmp_path / "b").exists()
