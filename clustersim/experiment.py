@@ -771,6 +771,21 @@ def check_device_dtype(dtype: str, accelerator, fp8_recipe: str = "delayed") -> 
                         f"use --fp8-recipe delayed or current")
 
 
+def sequence_notes(packed_doc_tokens: int, model, seq: int) -> list[str]:
+    """Notes for attention options no shorter than the sequence (``seq`` tokens): packed documents of
+    ``packed_doc_tokens`` and a model's sliding window or attention chunk then change nothing."""
+    notes = []
+    if packed_doc_tokens and packed_doc_tokens >= seq:
+        notes.append(f"--packed-doc-tokens {packed_doc_tokens} is no shorter than the sequence ({seq}): each "
+                     f"sequence is one document, attended as without packing")
+    for field, what in (("sliding_window", "sliding window"), ("attention_chunk", "attention chunk")):
+        n = getattr(model, field, 0) if model is not None else 0
+        if n and n >= seq:
+            notes.append(f"{model.name}'s {what} of {n} tokens spans the whole sequence ({seq}): its local layers "
+                         f"attend as global ones")
+    return notes
+
+
 def inert_option_notes(exp: Experiment, plan, model=None) -> list[str]:
     """Notes for options the user gave that this plan leaves without effect (valid, but nothing to act on)."""
     notes = []
@@ -780,15 +795,7 @@ def inert_option_notes(exp: Experiment, plan, model=None) -> list[str]:
     if exp.expert_grid != "folded" and (plan.cp == 1 or not getattr(model, "experts", 0)):
         notes.append(f"--expert-grid {exp.expert_grid} places experts beside context parallelism (an MoE model "
                      f"with cp > 1): here it changes nothing")
-    seq = plan.seq
-    if exp.packed_doc_tokens and exp.packed_doc_tokens >= seq:
-        notes.append(f"--packed-doc-tokens {exp.packed_doc_tokens} is no shorter than the sequence ({seq}): each "
-                     f"sequence is one document, attended as without packing")
-    for field, what in (("sliding_window", "sliding window"), ("attention_chunk", "attention chunk")):
-        n = getattr(model, field, 0) if model is not None else 0
-        if n and n >= seq:
-            notes.append(f"{model.name}'s {what} of {n} tokens spans the whole sequence ({seq}): its local layers "
-                         f"attend as global ones")
+    notes += sequence_notes(exp.packed_doc_tokens, model, plan.seq)
     if plan.lora_rank and plan.tp == 1 and exp.lora_style != "megatron":
         notes.append(f"--lora-style {exp.lora_style} says how adapters run under tensor parallelism; at tp 1 the "
                      f"styles are the same")

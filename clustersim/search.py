@@ -902,12 +902,14 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
                          cache_path=cache_path, progress=bar, max_memory_fraction=max_memory_fraction)
     finally:
         bar.close()
+    from clustersim.experiment import sequence_notes
+    out["notes"] = sequence_notes(packed_doc_tokens, resolve_model(base), seq)
     if pareto and out["evaluated"]:
         pareto_plot(out["evaluated"], Path(pareto), f"{model} on {gpus} GPUs ({cluster})",
                     out["memory_capacity_bytes"], out["memory_limit_bytes"])
     if as_json:
-        click.echo(json.dumps({"top": out["top"], "stats": out["stats"], "evidence": out["evidence"]}, sort_keys=True,
-                              default=str))
+        click.echo(json.dumps({"top": out["top"], "stats": out["stats"], "evidence": out["evidence"],
+                               "notes": out["notes"]}, sort_keys=True, default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -933,5 +935,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     against = None if lora_rank else mfu_against_published(out["evidence"], out["top"][0]["mfu"])
     if against:
         click.echo(f"best plan: {against} (same FLOP count and peak)")
+    for note in out["notes"]:
+        click.echo(f"note: {note}")
     if pareto:
         click.echo(f"wrote {pareto}")

@@ -1523,6 +1523,10 @@ def test_second_hunt_refusals_are_quick_one_line_errors(tmp_path):
 
 def test_second_hunt_inert_options_are_noted():
     import json
+    rc, out, err = run_cli(["search", "--gpus", "8", "-m", "llama3-8b", "--global-batch", "16", "--seq", "2048",
+                            "--tp", "8", "--packed-doc-tokens", "99999", "--no-cache", "--json"])
+    assert rc == 0, err
+    assert any("each sequence is one document" in n for n in json.loads(out)["notes"])    # search had no notes
     base = ["simulate", "-m", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--seq", "4096", "--json"]
     for extra, needle in ((["--packed-doc-tokens", "4096"], "each sequence is one document"),
                           (["--sliding-window", "99999"], "spans the whole sequence"),
