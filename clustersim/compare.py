@@ -71,7 +71,7 @@ def schedule_variants(schedules: str, virtual_stages: int | None = None,
     return out
 
 
-def _check_overridden(given: dict, variants: list[tuple[str, dict]]) -> None:
+def _check_overridden(given: dict, variants: list[tuple[str, dict]], schedules: bool = False) -> None:
     """A command-line option that every variant sets to another value would change nothing: a ConfigError
     naming it (``compare -c FILE --tp 8`` where each variant sets its own tp ran without a word)."""
     if not variants:
@@ -82,10 +82,14 @@ def _check_overridden(given: dict, variants: list[tuple[str, dict]]) -> None:
             continue
         if all(key in o and o[key] != value for o in norm):
             names = ", ".join(n for n, _ in variants[:4]) + (", ..." if len(variants) > 4 else "")
-            why = {"virtual_stages": "; --schedules gives every schedule but interleaved one chunk per stage",
-                   "memory_limit": "; --schedules applies --memory-limit to zb-auto alone"}.get(key, "")
-            raise ConfigError(f"--{key.replace('_', '-')} {value} changes nothing: every variant ({names}) sets its "
-                              f"own {key}{why}; drop the option, or leave {key} out of the variants")
+            flag = f"--{key.replace('_', '-')} {value}"
+            if schedules and key == "virtual_stages":
+                raise ConfigError(f"{flag} changes nothing here: --schedules runs interleaved with more than one "
+                                  f"virtual stage (2 unless given above 1) and every other schedule with one")
+            if schedules and key == "memory_limit":
+                raise ConfigError(f"{flag} changes nothing here: --schedules applies it to zb-auto alone")
+            raise ConfigError(f"{flag} changes nothing: every variant ({names}) sets its own {key}; drop the "
+                              f"option, or leave {key} out of the variants")
 
 
 def load_compare_file(path) -> tuple[dict, list[tuple[str, dict]], str | None]:
@@ -95,8 +99,9 @@ def load_compare_file(path) -> tuple[dict, list[tuple[str, dict]], str | None]:
     data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with 'base' and 'variants'")
+    from clustersim.experiment import option_keys
     if "base" not in data and "variants" not in data:
-        return dict(data), [], None
+        return option_keys(data, str(path)), [], None
     unknown = set(data) - {"base", "variants", "title"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; a compare file has base, variants "
@@ -127,7 +132,8 @@ def load_compare_file(path) -> tuple[dict, list[tuple[str, dict]], str | None]:
     if dup:
         raise ConfigError(f"{path}: variant name(s) {dup} used twice; names label the plots, make them unique")
     title = data.get("title")
-    return dict(base), variants, (str(title) if title is not None else None)
+    return (option_keys(base, f"{path}: base"), [(n, option_keys(o, f"{path}: variant {n!r}")) for n, o in variants],
+            (str(title) if title is not None else None))
 
 
 def build_variants(config: str | None, schedules: str | None, options: dict,
@@ -153,7 +159,7 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
             variants = [(f"{n}/{sn}", {**o, **so}) for n, o in variants for sn, so in svars]
         else:
             variants = svars
-    _check_overridden(given, variants)
+    _check_overridden(given, variants, schedules=bool(schedules))
     if not variants and single_ok:
         variants = [("simulated", {})]
     if not variants:

@@ -185,6 +185,21 @@ def _as_float(value, key: str, positive: bool = True) -> float:
     return v
 
 
+def option_keys(mapping: dict, where: str) -> dict:
+    """One source's options (a YAML file's, a compare variant's) with their keys spelled with underscores
+    (``global-batch`` -> ``global_batch``), so that a later source overrides them whichever spelling each used;
+    an option spelled both ways in the one mapping is a ConfigError (the later would win silently)."""
+    out: dict = {}
+    spelled: dict = {}
+    for raw_key, value in mapping.items():
+        key = raw_key.replace("-", "_") if isinstance(raw_key, str) else raw_key
+        if key in spelled:
+            raise ConfigError(f"{where}: {spelled[key]!r} and {raw_key!r} are the same option; give it once")
+        spelled[key] = raw_key
+        out[key] = value
+    return out
+
+
 def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     """Build and type-check an Experiment from a mapping (YAML or CLI); raise ConfigError naming the key."""
     if not isinstance(data, dict):
@@ -456,7 +471,7 @@ def experiment_from_options(config: str | None = None, **options) -> Experiment:
         loaded = load_yaml(config)
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config}: expected a mapping of options at the top level")
-        data.update(loaded)
+        data.update(option_keys(loaded, config))      # the command line below overrides either spelling
     for k in OPTION_KEYS:
         v = options.get(k)
         if v is not None:
@@ -771,15 +786,17 @@ def check_device_dtype(dtype: str, accelerator, fp8_recipe: str = "delayed") -> 
                         f"use --fp8-recipe delayed or current")
 
 
-def sequence_notes(packed_doc_tokens: int, model, seq: int) -> list[str]:
+def sequence_notes(packed_doc_tokens: int, model, seq: int, given=()) -> list[str]:
     """Notes for attention options no shorter than the sequence (``seq`` tokens): packed documents of
-    ``packed_doc_tokens`` and a model's sliding window or attention chunk then change nothing."""
+    ``packed_doc_tokens`` and a sliding window or attention chunk the user gave (``given``: the model fields
+    set on top of a preset or in a custom model; a preset's own window is what its model card says) then
+    change nothing."""
     notes = []
     if packed_doc_tokens and packed_doc_tokens >= seq:
         notes.append(f"--packed-doc-tokens {packed_doc_tokens} is no shorter than the sequence ({seq}): each "
                      f"sequence is one document, attended as without packing")
     for field, what in (("sliding_window", "sliding window"), ("attention_chunk", "attention chunk")):
-        n = getattr(model, field, 0) if model is not None else 0
+        n = getattr(model, field, 0) if model is not None and field in given else 0
         if n and n >= seq:
             notes.append(f"{model.name}'s {what} of {n} tokens spans the whole sequence ({seq}): its local layers "
                          f"attend as global ones")
@@ -795,7 +812,8 @@ def inert_option_notes(exp: Experiment, plan, model=None) -> list[str]:
     if exp.expert_grid != "folded" and (plan.cp == 1 or not getattr(model, "experts", 0)):
         notes.append(f"--expert-grid {exp.expert_grid} places experts beside context parallelism (an MoE model "
                      f"with cp > 1): here it changes nothing")
-    notes += sequence_notes(exp.packed_doc_tokens, model, plan.seq)
+    notes += sequence_notes(exp.packed_doc_tokens, model, plan.seq,
+                            given=tuple(exp.model) if isinstance(exp.model, dict) else ())
     if plan.lora_rank and plan.tp == 1 and exp.lora_style != "megatron":
         notes.append(f"--lora-style {exp.lora_style} says how adapters run under tensor parallelism; at tp 1 the "
                      f"styles are the same")
@@ -830,7 +848,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp
         notes.append(f"LoRA rank {plan.lora_rank} on {', '.join(plan.lora_targets)}: {trainable / 1e6:,.1f} M adapter "
                      f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")
-    if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens:
+    if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens and exp.packed_doc_tokens < plan.seq:
         notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "
                      f"causally within its document" + (" (priced as chunked attention)" if plan.attention != "eager"
                                                          else ""))

@@ -235,7 +235,7 @@ def _params_only_comm(model: ModelSpec, plan: ParallelPlan) -> dict:
 
 #: ``plan`` is a quick report: it builds one step's programs (one rank per stage) to count communication, and
 #: refuses a plan whose programs would take more than a few seconds to build (``simulate`` has its own budget)
-PLAN_MAX_OPS = 2_000_000
+PLAN_MAX_OPS = 1_000_000         # ~15 s and 1.7 GB at the bound (DeepSeek-V3, PP16, 2 M ops: 31 s)
 PLAN_MAX_GPUS = 1 << 20
 
 

@@ -270,18 +270,17 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
         if draw_path and not as_json:
             click.echo(f"  drawn to      {draw_path}")
         return
-    if not (0 < min_bytes <= max_bytes) or factor < 2:
-        raise ConfigError("--min-bytes must be positive and <= --max-bytes, --factor >= 2")
-    if max_bytes > MAX_TABLE_BYTES:
-        raise ConfigError(f"--max-bytes {max_bytes:.3g} is beyond any collective's size; at most "
-                          f"{MAX_TABLE_BYTES:.0e} (1 PB)")
-    size_list = sizes(min_bytes, max_bytes, factor)
     if kind == "barrier":       # no payload: one row (NCCL runs it as a 1-byte all-reduce)
         ctx = click.get_current_context()
         if any(ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE
                for n in ("min_bytes", "max_bytes", "factor")):
             raise ConfigError("--collective barrier carries no payload: drop --min-bytes / --max-bytes / --factor")
-        size_list = [0]
+    if not (0 < min_bytes <= max_bytes) or factor < 2:
+        raise ConfigError("--min-bytes must be positive and <= --max-bytes, --factor >= 2")
+    if max_bytes > MAX_TABLE_BYTES:
+        raise ConfigError(f"--max-bytes {max_bytes:.3g} is beyond any collective's size; at most "
+                          f"{MAX_TABLE_BYTES:.0e} (1 PB)")
+    size_list = [0] if kind == "barrier" else sizes(min_bytes, max_bytes, factor)
     group = parse_ranks(ranks, cluster.world_size) if ranks else tuple(range(cluster.world_size))
     if kind == "p2p" and len(group) != 2:
         raise ConfigError(f"--collective p2p needs exactly two --ranks (source,destination), got {len(group)}")

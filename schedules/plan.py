@@ -548,9 +548,11 @@ class ParallelPlan:
                             f"{2 * self.recompute_every - 1}, ...; {model.name} has {model.layers} layers, so none "
                             f"would be: use --recompute-every {model.layers} or less")
         if self.lora_rank and not (model.is_moe or model.is_mla or getattr(model, "is_hybrid", False)):
-            from schedules.models import lora_target_shapes
+            from schedules.models import SEPARATE_QKV_STACKS, lora_target_shapes
             shapes = lora_target_shapes(model)
             narrow = min(min(shapes[t]) for t in self.lora_targets)
+            if "qkv" in self.lora_targets and self.stack in SEPARATE_QKV_STACKS:      # wk, wv: kv heads wide
+                narrow = min(narrow, model.kv_heads * model.d_head)
             if self.lora_rank > narrow:
                 raise PlanError(f"lora_rank {self.lora_rank} is wider than the narrowest width of {model.name}'s "
                                 f"target linears ({narrow}): a low-rank adapter's rank is below its linear's "
@@ -871,8 +873,8 @@ def plan_notes(plan: "ParallelPlan") -> list[str]:
                      "--no-overlap-grad-reduce (DDP / ZeRO-1/2 gradient buckets) do not apply")
     if plan.pp == 1 and (plan.schedule != "1f1b" or plan.stage_layers or plan.first_stage_layers
                          or plan.last_stage_layers or plan.layer_split != "balanced"):
-        notes.append("pp 1: there is no pipeline, so the pipeline options (--schedule, --stage-layers, --layer-split) "
-                     "change nothing")
+        notes.append("pp 1: there is no pipeline, so the pipeline options (--schedule, --stage-layers, "
+                     "--first-stage-layers, --last-stage-layers, --layer-split) change nothing")
     return notes
 
 

@@ -1482,6 +1482,10 @@ def test_byte_size_reads_numbers_and_units_and_refuses_the_rest():
             " 4 tib ": 4 * 2**40, ".5GB": 5e8, "7": 7.0, "16b": 16.0, 1048576: 1048576.0, 2.5e9: 2.5e9}
     for value, expected in good.items():
         assert byte_size(value, "--x") == expected, value
+    from clustersim.paths import ByteSize
+    assert ByteSize().convert("9007199254740993", None, None) == 9007199254740993     # digits stay exact past 2^53
+    assert ByteSize().convert("4.1MB", None, None) == 4_100_000
+    assert ByteSize(allow_zero=True).convert("0", None, None) == 0
     for bad in ("40 GBs", "-1GB", "0", "0MB", "abc", "GB", "1e999GB", "nanGB", "inf", "1_000", "", True, None, [1]):
         with pytest.raises(ConfigError, match="--x"):
             byte_size(bad, "--x")
@@ -1576,7 +1580,9 @@ def test_compare_refuses_a_command_line_option_every_variant_overrides(tmp_path)
     base = ["compare", "-m", "tiny", "--gpus", "8", "--pp", "2"]
     for args, needle in ((["compare", "-c", tmp_path / "c.yaml", "--tp", "8"], "every variant (a, b) sets its own tp"),
                          (base + ["--global-batch", "8", "--schedules", "1f1b,gpipe", "--virtual-stages", "2"],
-                          "one chunk per stage")):
+                          "every other schedule with one"),
+                         (base + ["--global-batch", "8", "--schedules", "interleaved", "--virtual-stages", "1"],
+                          "more than one virtual stage")):
         rc, _, err = run_cli(args)
         assert needle in assert_one_line_error(rc, err), args
     rc, out, err = run_cli(["compare", "-c", tmp_path / "c.yaml", "--tp", "2", "--json"])     # a's own value: fine
