@@ -44,6 +44,21 @@ def collect(strategy, nproc, steps, active, layers, hidden, heads, seq, batch, v
             microbatches, experts, top_k, capacity_factor, dtype, backend, bench, max_bytes, size_factor, timeout_s, out):
     """Train a small Llama-style model with STRATEGY under torch.profiler (or benchmark collectives or
     layers) on NPROC local ranks; write per-rank Kineto traces and manifest.json to OUT."""
+    from simulator.errors import ConfigError
+    ctx = click.get_current_context()
+    given = {p.name for p in ctx.command.params
+             if ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE}
+    # options of one strategy given to another (or to a benchmark) would be recorded and ignored
+    for names, applies, target in ((("experts", "top_k", "capacity_factor"), strategy == "ep" and not bench,
+                                    "training with --strategy ep"),
+                                   (("microbatches",), strategy == "pp" and not bench, "training with --strategy pp"),
+                                   (("max_bytes", "size_factor"), bench == "collectives", "--bench collectives")):
+        misplaced = sorted(n for n in names if n in given)
+        if misplaced and not applies:
+            flags = ", ".join("--" + n.replace("_", "-") for n in misplaced)
+            run = f"--bench {bench}" if bench else f"--strategy {strategy}"
+            raise ConfigError(f"{flags} {'apply' if len(misplaced) > 1 else 'applies'} to {target} only; this run "
+                              f"({run}) would ignore {'them' if len(misplaced) > 1 else 'it'}")
     args = ["--strategy", strategy, "--steps", str(steps), "--active", str(active), "--layers", str(layers),
             "--hidden", str(hidden), "--heads", str(heads), "--seq", str(seq), "--batch", str(batch),
             "--vocab", str(vocab), "--ffn", str(ffn), "--bucket-cap-mb", str(bucket_cap_mb),

@@ -743,10 +743,21 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
             gc.enable()
     metrics.wall_time_s = time.perf_counter() - t0
     for note in (headroom_note(metrics.peak_memory_bytes, metrics.memory_capacity_bytes),
-                 getattr(getattr(base_cost, "base", base_cost), "forced_algorithm_note", lambda: None)()):
+                 getattr(getattr(base_cost, "base", base_cost), "forced_algorithm_note", lambda: None)(),
+                 late_failure_note(failures, metrics.step_time_s)):
         if note:
             notes.append(note)
     return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)
+
+
+def late_failure_note(failures: dict | None, step_time_s: float) -> str | None:
+    """A note when every injected device failure (rank -> seconds) falls after the step has ended: the run is
+    the fault-free one."""
+    if not failures or not all(t >= step_time_s for t in failures.values()):
+        return None
+    first = min(failures.values())
+    return (f"every device failure comes after the step ends ({step_time_s:.4g} s; the first at {first:.4g} s): "
+            f"nothing fails in this step")
 
 
 #: fraction of device memory above which a plan that fits is flagged: the model counts tensors, not what the

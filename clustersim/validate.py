@@ -1560,6 +1560,9 @@ def validate(ctx, runs_path, only, ids, group, network, plot_path, as_json, tp_o
         bar.close()
     summary = summarize(results)
     frameworks = summarize(results, by_framework=True)
+    if tp_overlap and not any((r.get("experiment") or {}).get("tp_comm_overlap") for r in results):
+        click.echo("note: --tp-comm-overlap overlaps the TP communication of rows whose recipes do (Megatron "
+                   "stacks with tp > 1); none of the selected rows does: it changed nothing", err=True)
     if plot_path:
         plot(results, plot_path)
     if as_json:

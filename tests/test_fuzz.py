@@ -1532,7 +1532,8 @@ def test_second_hunt_inert_options_are_noted():
     assert rc == 0, err
     assert any("each sequence is one document" in n for n in json.loads(out)["notes"])    # search had no notes
     base = ["simulate", "-m", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--seq", "4096", "--json"]
-    for extra, needle in ((["--packed-doc-tokens", "4096"], "each sequence is one document"),
+    for extra, needle in ((["--fail-device", "0@1e308"], "nothing fails in this step"),
+                          (["--packed-doc-tokens", "4096"], "each sequence is one document"),
                           (["--sliding-window", "99999"], "spans the whole sequence"),
                           (["--lora-rank", "8", "--lora-style", "dtensor"], "at tp 1 the styles are the same")):
         rc, out, err = run_cli(base + extra)
@@ -1611,3 +1612,14 @@ def test_second_hunt_messages_and_files(tmp_path):
     assert "leaves no room for a copy" in assert_one_line_error(rc, err)
     rc, _, err = run_cli(["collect", "--bench", "collectives", "--max-bytes", "1XB", "--out", tmp_path / "b"])
     assert rc == 2 and "--max-bytes" in err and not (tmp_path / "b").exists()
+    for args, needle in ((["--strategy", "ddp", "--experts", "4", "--top-k", "2"], "--experts, --top-k apply to"),
+                         (["--strategy", "tp", "--microbatches", "3"], "--microbatches applies to"),
+                         (["--bench", "layers", "--max-bytes", "1GB"], "--max-bytes applies to --bench collectives")):
+        rc, _, err = run_cli(["collect", *args, "--out", tmp_path / "c"])     # the manifest recorded experts: 0
+        assert needle in assert_one_line_error(rc, err), args
+    assert not (tmp_path / "c").exists()
+
+
+def test_validate_notes_a_tp_overlap_no_selected_row_can_use():
+    rc, out, err = run_cli(["validate", "--ids", "1", "--tp-comm-overlap", "--json"])     # MaxText FSDP, tp 1
+    assert rc == 0 and "none of the selected rows does: it changed nothing" in err
