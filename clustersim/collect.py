@@ -48,6 +48,10 @@ def collect(strategy, nproc, steps, active, layers, hidden, heads, seq, batch, v
     ctx = click.get_current_context()
     given = {p.name for p in ctx.command.params
              if ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE}
+    if not 0 < timeout_s < float("inf"):
+        raise ConfigError(f"--timeout is the seconds before the run is killed: a positive number, got {timeout_s}")
+    if size_factor < 2:
+        raise ConfigError(f"--size-factor is the ratio of successive benchmark sizes: at least 2, got {size_factor}")
     # options of one strategy given to another (or to a benchmark) would be recorded and ignored
     for names, applies, target in ((("experts", "top_k", "capacity_factor"), strategy == "ep" and not bench,
                                     "training with --strategy ep"),

@@ -336,8 +336,8 @@ def _load_cluster(cluster: str | None, gpus: int):
 def _device_memory(device, hbm_gb: float | None) -> float | None:
     """Device memory in bytes: --hbm-gb where given, else the --cluster's device (None without either)."""
     if hbm_gb is not None:
-        if not (hbm_gb > 0 and hbm_gb < float("inf")):
-            raise ConfigError(f"--hbm-gb must be a positive number of GB, got {hbm_gb}")
+        if not 0 < hbm_gb <= 1e6:
+            raise ConfigError(f"--hbm-gb must be a number of GB from 0 to 1e6 (1 PB), got {hbm_gb}")
         return hbm_gb * 1e9
     return None if device is None else float(device.hbm_bytes)
 

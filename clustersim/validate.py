@@ -38,6 +38,10 @@ PUBLISHED = ROOT / "validation" / "published_runs.csv"
 #: read): ``cuda_graphs_of``, ``summarize_by_cuda_graphs``
 BRIDGE_CUDA_GRAPHS = ROOT / "validation" / "bridge_cuda_graphs.csv"
 RUN_COLUMNS = ("model", "hardware", "precision", "framework", "gpus")     # read without a default
+#: columns read as numbers (empty where the source does not state them)
+NUMERIC_COLUMNS = ("gpus", "seq_len", "gbs", "mbs", "tp", "pp", "cp", "vp", "ep", "etp", "fsdp", "dp", "ga",
+                   "num_layers", "tokens_per_s_per_gpu", "tokens_per_s_total", "model_tflops_per_gpu", "mfu_pct",
+                   "step_time_s", "peak_memory_gib")
 CLUSTER_FILES = ROOT / "validation" / "clusters"
 GIB = 2**30
 
@@ -129,6 +133,14 @@ def load_runs(path: str | Path = PUBLISHED) -> list[dict]:
         if rid and rid in seen:      # a row counted twice would weigh twice in every statistic
             raise ConfigError(f"published runs file {p}: id {rid!r} appears twice (row {n + 1})")
         seen.add(rid)
+        for col in NUMERIC_COLUMNS:  # text in a number's column was read as "not stated"
+            v = (r.get(col) or "").strip()
+            if v:
+                try:
+                    float(v)
+                except ValueError:
+                    raise ConfigError(f"published runs file {p}: row {rid or n + 1}: {col} {v!r} is not a number "
+                                      f"(leave it empty where the source does not state it)") from None
     return rows
 
 

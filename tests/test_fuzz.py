@@ -1614,10 +1614,14 @@ def test_second_hunt_messages_and_files(tmp_path):
     assert rc == 2 and "--max-bytes" in err and not (tmp_path / "b").exists()
     for args, needle in ((["--strategy", "ddp", "--experts", "4", "--top-k", "2"], "--experts, --top-k apply to"),
                          (["--strategy", "tp", "--microbatches", "3"], "--microbatches applies to"),
-                         (["--bench", "layers", "--max-bytes", "1GB"], "--max-bytes applies to --bench collectives")):
+                         (["--bench", "layers", "--max-bytes", "1GB"], "--max-bytes applies to --bench collectives"),
+                         (["--strategy", "ddp", "--timeout", "0"], "--timeout is the seconds"),         # "exit -9"
+                         (["--bench", "collectives", "--size-factor", "1"], "at least 2")):    # after 5 header lines
         rc, _, err = run_cli(["collect", *args, "--out", tmp_path / "c"])     # the manifest recorded experts: 0
         assert needle in assert_one_line_error(rc, err), args
     assert not (tmp_path / "c").exists()
+    rc, _, err = run_cli(["plan", "--params", "7e9", "--dp", "8", "--hbm-gb", "1e300"])     # blamed --params
+    assert "--hbm-gb must be a number of GB" in assert_one_line_error(rc, err)
 
 
 def test_validate_notes_a_tp_overlap_no_selected_row_can_use():

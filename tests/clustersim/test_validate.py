@@ -324,10 +324,16 @@ def test_a_runs_file_with_one_id_twice_is_refused(tmp_path):
     from simulator.errors import ConfigError
     cols = ("id",) + RUN_COLUMNS
     header = ",".join(cols)
-    line = ",".join("7" if c == "id" else "x" for c in cols)
+    line = ",".join("7" if c in ("id", "gpus") else "x" for c in cols)
     (tmp_path / "runs.csv").write_text(f"{header}\n{line}\n{line}\n")
     with pytest.raises(ConfigError, match="id '7' appears twice"):
         load_runs(tmp_path / "runs.csv")
+    cols = cols + ("gbs",)           # text in a number's column was read as "not stated"
+    (tmp_path / "runs.csv").write_text(",".join(cols) + "\n" + ",".join(
+        {"gbs": "abc", "gpus": "8"}.get(c, "x") for c in cols) + "\n")
+    with pytest.raises(ConfigError, match="gbs 'abc' is not a number"):
+        load_runs(tmp_path / "runs.csv")
+    assert load_runs()                # the project's own file passes
 
 
 def test_summary_closed_form():
