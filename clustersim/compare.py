@@ -76,11 +76,10 @@ def _check_overridden(given: dict, variants: list[tuple[str, dict]], schedules: 
     naming it (``compare -c FILE --tp 8`` where each variant sets its own tp ran without a word)."""
     if not variants:
         return
-    norm = [{k.replace("-", "_"): v for k, v in over.items()} for _, over in variants]
-    for key, value in given.items():
+    for key, value in given.items():       # (a file's variants are spelled with underscores: load_compare_file)
         if key == "faults":
             continue
-        if all(key in o and o[key] != value for o in norm):
+        if all(key in o and o[key] != value for _, o in variants):
             names = ", ".join(n for n, _ in variants[:4]) + (", ..." if len(variants) > 4 else "")
             flag = f"--{key.replace('_', '-')} {value}"
             if schedules and key == "virtual_stages":
@@ -153,8 +152,8 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
         given["faults"] = faults_from_options(yaml_faults, **fault_flags)
     merged_base = {**base, **given}
     if schedules:
-        vs = merged_base.get("virtual_stages", merged_base.get("virtual-stages"))
-        svars = schedule_variants(schedules, vs, merged_base.get("memory_limit", merged_base.get("memory-limit")))
+        vs = merged_base.get("virtual_stages")          # (base keys spelled with underscores)
+        svars = schedule_variants(schedules, vs, merged_base.get("memory_limit"))
         if variants:
             variants = [(f"{n}/{sn}", {**o, **so}) for n, o in variants for sn, so in svars]
         else:

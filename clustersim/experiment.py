@@ -192,7 +192,9 @@ def option_keys(mapping: dict, where: str) -> dict:
     out: dict = {}
     spelled: dict = {}
     for raw_key, value in mapping.items():
-        key = raw_key.replace("-", "_") if isinstance(raw_key, str) else raw_key
+        if not isinstance(raw_key, str):
+            raise ConfigError(f"{where}: option names must be strings, got {brief(raw_key)}")
+        key = raw_key.replace("-", "_")
         if key in spelled:
             raise ConfigError(f"{where}: {spelled[key]!r} and {raw_key!r} are the same option; give it once")
         spelled[key] = raw_key
@@ -207,14 +209,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     names = {f.name for f in dataclasses.fields(Experiment)}
     kw: dict[str, Any] = {}
     custom: dict[str, Any] = {}
-    spelled: dict[str, str] = {}
-    for raw_key, value in data.items():
-        if not isinstance(raw_key, str):
-            raise ConfigError(f"{where}: option names must be strings, got {brief(raw_key)}")
-        key = raw_key.replace("-", "_")
-        if key in spelled:      # global-batch and global_batch are one option: the later one would win silently
-            raise ConfigError(f"{where}: {spelled[key]!r} and {raw_key!r} are the same option; give it once")
-        spelled[key] = raw_key
+    for key, value in option_keys(data, where).items():       # global-batch and global_batch: one option
         if key in MODEL_FIELDS or key in MODEL_FLAGS or key in MODEL_TEXT:
             if value is not None:
                 custom[key] = value
@@ -222,7 +217,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         if key == "bucket_bytes":
             key, value = "bucket_mb", (None if value is None else _as_float(value, f"{where}: bucket_bytes") / 1e6)
         if key not in names:
-            raise ConfigError(f"{where}: unknown option {brief(raw_key)}; known: "
+            raise ConfigError(f"{where}: unknown option {brief(key)}; known: "
                               f"{', '.join(sorted(names | set(MODEL_FIELDS) | set(MODEL_FLAGS) | set(MODEL_TEXT)))}")
         if value is None:
             continue
@@ -667,11 +662,9 @@ def resolve_plan(exp: Experiment, model, world_size: int):
 
 
 def build_cost_model(exp: Experiment, cluster):
-    from simulator.calibration import Calibration
+    from simulator.calibration import Calibration, check_scope
     from topologies.cost import ClusterCostModel
-    if exp.calibration_scope != "matching" and not exp.calibration:
-        raise ConfigError(f"--calibration-scope {exp.calibration_scope} says which fits of a --calibration file "
-                          f"apply: give --calibration too")
+    check_scope(exp.calibration_scope, exp.calibration)
     if exp.astra_system is not None and exp.network != "astra":
         raise ConfigError(f"--astra-system configures --network astra's collectives (network is {exp.network}): "
                           f"add --network astra or drop --astra-system")
@@ -806,8 +799,8 @@ def sequence_notes(packed_doc_tokens: int, model, seq: int, given=()) -> list[st
     if packed_doc_tokens and packed_doc_tokens >= seq:
         notes.append(f"--packed-doc-tokens {packed_doc_tokens} is no shorter than the sequence ({seq}): each "
                      f"sequence is one document, attended as without packing")
-    for field, what in (("sliding_window", "sliding window"), ("attention_chunk", "attention chunk")):
-        n = getattr(model, field, 0) if model is not None and field in given else 0
+    for name, what in (("sliding_window", "sliding window"), ("attention_chunk", "attention chunk")):
+        n = getattr(model, name, 0) if model is not None and name in given else 0
         if n and n >= seq:
             notes.append(f"{model.name}'s {what} of {n} tokens spans the whole sequence ({seq}): its local layers "
                          f"attend as global ones")

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from clustersim.paths import NonEmptyPath
+from simulator.calibration import CALIBRATION_SCOPES
 from simulator.inputs import json_safe
 
 
@@ -20,7 +21,7 @@ from simulator.inputs import json_safe
 @click.option("--calibration", type=NonEmptyPath(path_type=Path), default=None,
               help="calibration JSON: with --cluster, for its cost model; alone, time the trace's collectives "
                    "with its alpha-beta fits")
-@click.option("--calibration-scope", type=click.Choice(["matching", "any"]), default="matching", show_default=True,
+@click.option("--calibration-scope", type=click.Choice(CALIBRATION_SCOPES), default="matching", show_default=True,
               help="with --calibration: 'any' applies fits measured on other hardware or another backend")
 @click.option("--scale-bandwidth", type=float, default=1.0, show_default=True,
               help="what-if: divide communication times by this factor")

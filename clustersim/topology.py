@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from clustersim.paths import ByteSize, NonEmptyPath
-from simulator.calibration import Calibration, bus_factor
+from simulator.calibration import CALIBRATION_SCOPES, Calibration, bus_factor, check_scope
 from simulator.costs import CommRequest
 from simulator.errors import ConfigError
 from simulator.program import COLLECTIVE_KINDS
@@ -209,7 +209,7 @@ def _describe_text(d: dict) -> str:
 @click.option("--nccl-version", default=None, metavar="X.Y.Z",
               help="NCCL release whose tuner picks algorithm and protocol (2.18 on; default: the newest model).")
 @click.option("--calibration", type=NonEmptyPath(dir_okay=False), default=None, help="Calibration JSON.")
-@click.option("--calibration-scope", type=click.Choice(["matching", "any"]), default="matching", show_default=True,
+@click.option("--calibration-scope", type=click.Choice(CALIBRATION_SCOPES), default="matching", show_default=True,
               help="with --calibration: 'any' applies fits measured on other hardware or another backend")
 @click.option("--min-bytes", type=ByteSize(), default=KIB, show_default=True,
               help="Smallest size: bytes, or with a unit (1KB, 64KiB, 1e3).")
@@ -294,9 +294,7 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
         raise ConfigError(f"--concurrent runs copies of the --ranks group translated across the cluster; this group "
                           f"({len(group)} of {cluster.world_size} ranks) leaves no room for a copy: give a smaller "
                           f"--ranks group")
-    if calibration_scope != "matching" and not calibration:
-        raise ConfigError(f"--calibration-scope {calibration_scope} says which fits of a --calibration file apply; "
-                          f"give --calibration too")
+    check_scope(calibration_scope, calibration)
     cal = Calibration.load(calibration) if calibration else None
     model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm, protocol=protocol,
                              calibration_scope=calibration_scope,

@@ -25,6 +25,7 @@ import re
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 
@@ -362,19 +363,30 @@ AUTOMODEL_CONFIGS = {
 #: 2013a4d (2026-04-10; unchanged at 36044ad) for the TP2 runs, which also set FSDP2 with prefetch, torch.compile
 #: and LoRA dim 16 on '*_proj'; 507bfb7 (2025-12-16) for the 1-GPU runs (match_all_linear: every linear but the
 #: LM head; no activation_checkpointing key: FSDP2Manager's default, false).
-#: (model, GPUs) -> (config, revision, activation_checkpointing, sequence_parallel, enable_async_tensor_parallel,
-#: LoRA dropout).
+class PeftConfig(NamedTuple):
+    """What one of NeMo AutoModel's LoRA benchmark configs sets (``AUTOMODEL_PEFT_CONFIGS``)."""
+    config: str                 # file name
+    revision: str               # NVIDIA-NeMo/Automodel commit read
+    checkpointing: bool         # activation_checkpointing
+    sequence_parallel: bool
+    async_tp: bool              # enable_async_tensor_parallel (not modelled)
+    lora_dropout: float         # on each adapter's input (not priced)
+
+
+#: (model, GPUs) -> PeftConfig
 AUTOMODEL_PEFT_CONFIGS = {
-    ("Llama 3 70B", 8): ("custom_llama3_3_70b_instruct_peft_benchmark.yaml", "2013a4d", True, True, True, 0.0),
-    ("Llama 3 70B", 16): ("custom_llama3_3_70b_instruct_peft_benchmark_2nodes.yaml", "2013a4d", True, True, True, 0.0),
-    ("Qwen2.5 32B", 8): ("custom_qwen2_5_32b_peft_benchmark.yaml", "2013a4d", True, False, False, 0.0),
-    ("Qwen2.5 32B", 16): ("custom_qwen2_5_32b_peft_benchmark_2nodes.yaml", "2013a4d", True, False, False, 0.0),
-    ("Llama 3 8B", 1): ("llama3_1_8b_peft_benchmark.yaml", "507bfb7", False, False, False, 0.1),
-    ("Qwen2.5 7B", 1): ("qwen2_5_7b_peft_benchmark.yaml", "507bfb7", False, False, False, 0.0),
+    ("Llama 3 70B", 8): PeftConfig("custom_llama3_3_70b_instruct_peft_benchmark.yaml", "2013a4d", True, True, True, 0.0),
+    ("Llama 3 70B", 16): PeftConfig("custom_llama3_3_70b_instruct_peft_benchmark_2nodes.yaml", "2013a4d", True, True,
+                                    True, 0.0),
+    ("Qwen2.5 32B", 8): PeftConfig("custom_qwen2_5_32b_peft_benchmark.yaml", "2013a4d", True, False, False, 0.0),
+    ("Qwen2.5 32B", 16): PeftConfig("custom_qwen2_5_32b_peft_benchmark_2nodes.yaml", "2013a4d", True, False, False,
+                                    0.0),
+    ("Llama 3 8B", 1): PeftConfig("llama3_1_8b_peft_benchmark.yaml", "507bfb7", False, False, False, 0.1),
+    ("Qwen2.5 7B", 1): PeftConfig("qwen2_5_7b_peft_benchmark.yaml", "507bfb7", False, False, False, 0.0),
 }
 
 
-def automodel_peft_config(row: dict) -> tuple | None:
+def automodel_peft_config(row: dict) -> PeftConfig | None:
     """``AUTOMODEL_PEFT_CONFIGS``' entry of a NeMo AutoModel LoRA row of the summary at ``AUTOMODEL_COMMIT``."""
     if row.get("task") != "lora" or "AutoModel" not in row.get("framework", "") \
             or _commit_of(row.get("source", "")) != AUTOMODEL_COMMIT:
@@ -523,9 +535,9 @@ def stated_recompute(row: dict, fsdp: bool) -> tuple[str, str] | None:
             return hit
     peft = automodel_peft_config(row)
     if peft:
-        return ("full" if peft[2] else "none",
-                f"NeMo AutoModel's {peft[0]} sets activation_checkpointing: {str(peft[2]).lower()} (read at "
-                f"{peft[1]}, where the row's figures first appear)")
+        return ("full" if peft.checkpointing else "none",
+                f"NeMo AutoModel's {peft.config} sets activation_checkpointing: {str(peft.checkpointing).lower()} "
+                f"(read at {peft.revision}, where the row's figures first appear)")
     return _config_entry(CONFIG_RECOMPUTE, row)
 
 
@@ -881,17 +893,17 @@ def finetune_settings(row: dict) -> tuple[dict, str]:
                 f"Llama 2's, whose tokens are more per document: attention a little more than priced)")
     if "AutoModel" in fw and _commit_of(row.get("source", "")) == AUTOMODEL_COMMIT and task == "lora":
         peft = automodel_peft_config(row)
-        sp = {"sp": False} if peft and not peft[3] and _int(row, "tp", 1) > 1 else {}
+        sp = {"sp": False} if peft and not peft.sequence_parallel and _int(row, "tp", 1) > 1 else {}
         return ({"lora_rank": 16, "lora_targets": ("qkv", "proj", "fc1", "fc2"), "lora_style": "dtensor", **sp},
                 "LoRA as NeMo AutoModel's configs at 36044ad set it: dim 16, alpha 32 on every *_proj linear "
                 "(q, k, v, o, gate, up, down: priced as one adapter beside each fused linear), mock data (one "
                 "unpacked 4,096-token sequence per sample); under TP its DTensor LoRA-aware styles "
                 "(ColwiseParallelLora / RowwiseParallelLora) move only the rank-16 intermediates"
-                + (f"; {peft[0]} sets sequence_parallel: false (TP without SP)" if sp else "")
-                + (f"; {peft[0]} sets enable_async_tensor_parallel: true, not modelled (its TP collectives run "
-                   f"in line)" if peft and peft[4] else "")
-                + (f"; its LoRA dropout {peft[5]:g} (a dropout kernel on each adapter's input) is not priced"
-                   if peft and peft[5] else ""))
+                + (f"; {peft.config} sets sequence_parallel: false (TP without SP)" if sp else "")
+                + (f"; {peft.config} sets enable_async_tensor_parallel: true, not modelled (its TP collectives run "
+                   f"in line)" if peft and peft.async_tp else "")
+                + (f"; its LoRA dropout {peft.lora_dropout:g} (a dropout kernel on each adapter's input) is not "
+                   f"priced" if peft and peft.lora_dropout else ""))
     raise NotExpressible(f"task {task!r}: what the {fw} {release} fine-tuning recipe ran is not known here")
 
 

@@ -547,7 +547,11 @@ class ParallelPlan:
             raise PlanError(f"recompute_every {self.recompute_every} checkpoints layers {self.recompute_every - 1}, "
                             f"{2 * self.recompute_every - 1}, ...; {model.name} has {model.layers} layers, so none "
                             f"would be: use --recompute-every {model.layers} or less")
-        if self.lora_rank and not (model.is_moe or model.is_mla or getattr(model, "is_hybrid", False)):
+        if self.lora_rank and (model.is_moe or model.is_mla or getattr(model, "is_hybrid", False)):
+            what = "an MoE" if model.is_moe else "an MLA" if model.is_mla else "a hybrid Mamba"
+            raise PlanError(f"LoRA (--lora-rank) is modelled for dense attention models; {model.name} is {what} model "
+                            f"(adapters beside experts, latent projections or Mamba mixers are not modelled)")
+        if self.lora_rank:
             from schedules.models import SEPARATE_QKV_STACKS, lora_target_shapes
             shapes = lora_target_shapes(model)
             narrow = min(min(shapes[t]) for t in self.lora_targets)
@@ -557,10 +561,6 @@ class ParallelPlan:
                 raise PlanError(f"lora_rank {self.lora_rank} is wider than the narrowest width of {model.name}'s "
                                 f"target linears ({narrow}): a low-rank adapter's rank is below its linear's "
                                 f"(typically 8-64)")
-        if self.lora_rank and (model.is_moe or model.is_mla or getattr(model, "is_hybrid", False)):
-            what = "an MoE" if model.is_moe else "an MLA" if model.is_mla else "a hybrid Mamba"
-            raise PlanError(f"LoRA (--lora-rank) is modelled for dense attention models; {model.name} is {what} model "
-                            f"(adapters beside experts, latent projections or Mamba mixers are not modelled)")
         if self.ep > 1 and not model.is_moe:
             raise PlanError(f"ep({self.ep}) > 1 but {model.name} is a dense model (no experts); use --ep 1")
         if self.moe_dispatcher != "alltoall" and not model.is_moe:
@@ -868,7 +868,7 @@ def plan_notes(plan: "ParallelPlan") -> list[str]:
     if plan.dp * plan.cp == 1 and (plan.zero or plan.fsdp):
         notes.append(f"{'--fsdp' if plan.fsdp else f'--zero {plan.zero}'} shards over the data-parallel group, which "
                      f"holds one rank here (dp·cp = 1): nothing is sharded")
-    if plan.zero_stage >= 3 and (plan.bucket_bytes != 25e6 or not plan.overlap_grad_reduce):
+    if plan.zero_stage >= 3 and (plan.bucket_bytes != ParallelPlan.bucket_bytes or not plan.overlap_grad_reduce):
         notes.append("FSDP / ZeRO-3 reduce-scatters each unit's gradients as its backward ends: --bucket-mb and "
                      "--no-overlap-grad-reduce (DDP / ZeRO-1/2 gradient buckets) do not apply")
     if plan.pp == 1 and (plan.schedule != "1f1b" or plan.stage_layers or plan.first_stage_layers

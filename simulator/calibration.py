@@ -56,6 +56,16 @@ VERSION = 1
 CALIBRATION_SCOPES = ("matching", "any")
 
 
+def check_scope(scope: str, calibration) -> None:
+    """ConfigError for an unknown ``--calibration-scope``, or one other than "matching" without a calibration
+    (it says which fits of a --calibration file apply: alone it would change nothing)."""
+    if scope not in CALIBRATION_SCOPES:
+        raise ConfigError(f"--calibration-scope must be one of {', '.join(CALIBRATION_SCOPES)}, got {scope!r}")
+    if scope != "matching" and not calibration:
+        raise ConfigError(f"--calibration-scope {scope} says which fits of a --calibration file apply: give "
+                          f"--calibration too")
+
+
 def bus_factor(kind: str, n: int) -> float:
     """nccl-tests' busbw / algbw factor for a collective on n ranks."""
     if n <= 1:

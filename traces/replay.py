@@ -534,15 +534,10 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
     """Replay a trace (path or ``Trace``) and compare predicted with measured step times (see module doc).
     ``calibration_scope`` "any" applies a calibration's fits measured on other hardware or another backend
     (``simulator.calibration.CALIBRATION_SCOPES``)."""
-    from simulator.calibration import CALIBRATION_SCOPES
+    from simulator.calibration import check_scope
     from simulator.engine import run
 
-    if calibration_scope not in CALIBRATION_SCOPES:
-        raise ConfigError(f"--calibration-scope must be one of {', '.join(CALIBRATION_SCOPES)}, "
-                          f"got {calibration_scope!r}")
-    if calibration_scope != "matching" and calibration is None:
-        raise ConfigError(f"--calibration-scope {calibration_scope} says which fits of a --calibration file apply; "
-                          f"give --calibration too")
+    check_scope(calibration_scope, calibration)
 
     for name, v in (("--scale-compute", scale_compute), ("--scale-bandwidth", scale_bandwidth)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and 1e-6 <= v <= 1e6):
