@@ -8,6 +8,8 @@ Stacks (``plan.stack``)
     megatron     Megatron-Core with Transformer Engine: norm fused into the following GEMM's input
                  (LayerNormLinear), QKV and gate/up as single GEMMs, fused RoPE, fused bias-SwiGLU /
                  bias-GeLU, fused bias-dropout-add, vocab-parallel fused cross-entropy, FP8 GEMMs via TE.
+                 Context parallelism is TE's P2P ring (``TE_CP_STACKS``): its output merges and gradient
+                 accumulators around the attention kernels (``_te_cp_passes``).
     torchtitan   PyTorch eager (torchtitan without torch.compile): RMSNorm as the chain of eager ops its
                  norms.py writes (x.float(), pow, mean, +eps, rsqrt, multiply, type_as, * weight; autograd
                  runs the chain backward), RoPE as cast + complex multiply + cast back, separate wq / wk /
@@ -105,6 +107,10 @@ TORCHAO_FP8_STACKS = ("torchtitan",) + COMPILED_STACKS
 #: (``_templated_ring_attention_backward``: accumulators in fp32, rotated by all-to-all permutes) and a last
 #: hop home (schedules.generate); the other stacks pass K, V blocks around a ring (Transformer Engine's P2P)
 TORCH_CP_STACKS = ("torchtitan",) + COMPILED_STACKS
+#: stacks whose context parallelism is Transformer Engine's P2P ring (``AttnFuncWithCPAndKVP2P``, Megatron-Core's
+#: default ``--cp-comm-type p2p``): its merges of the blocks' outputs and its gradient accumulators are kernels
+#: of their own around the attention kernels (``_te_cp_passes``)
+TE_CP_STACKS = ("megatron",)
 #: stacks whose FlashAttention-2 path unpads the tokens around flash-attn's varlen kernel (``_varlen_core``):
 #: llm-foundry's flash_attn_fn; its Triton path and the other stacks take the padded (b, s, h, d) layout
 VARLEN_UNPAD_STACKS = ("llm-foundry",)
@@ -317,6 +323,7 @@ class _Writer:
         self.separate_qkv = stack in SEPARATE_QKV_STACKS   # wq, wk, wv linears
         self.repeat_kv = stack in REPEAT_KV_STACKS
         self.torch_cp = stack in TORCH_CP_STACKS
+        self.te_cp = stack in TE_CP_STACKS
         # fused cross-entropy: Megatron's vocab-parallel one; llm-foundry's default loss_fn fused_crossentropy
         # (flash-attn's xentropy CUDA kernel, modeling_mpt.py) reads bf16 logits and writes their gradient
         self.fused_ce = stack in FUSED_CE_STACKS
@@ -374,12 +381,13 @@ class _Writer:
     def attention(self, name: str, pass_: str, b: float, sq: float, skv: float, heads: float, d_qk: float,
                   d_v: float, causal: bool, share: float = 1.0, window: int = 0) -> None:
         """A fused attention kernel; ``window``: a causal sliding window's keys per query (0: none), whose
-        FLOPs are the pairs it keeps (``causal_window_fraction``)."""
+        FLOPs are the pairs it keeps (``causal_window_fraction``); ``share``: the fraction of such kernels a
+        rank runs on average (its FLOPs and bytes; the rate stays the shape's)."""
         window = window if causal and 0 < window < sq else 0
         keep = causal_window_fraction(sq, window) if window else 1.0
         fwd = 2.0 * b * sq * skv * heads * (d_qk + d_v) * (0.5 if causal else 1.0) * share * keep
         flops = fwd if pass_ == "fwd" else 2.5 * fwd
-        io = self.a * b * heads * (sq * d_qk + skv * d_qk + skv * d_v + sq * d_v)   # Q, K, V, O
+        io = self.a * b * heads * (sq * d_qk + skv * d_qk + skv * d_v + sq * d_v) * share   # Q, K, V, O
         self.out.append(Kernel(name, ATTENTION, flops, io * (1 if pass_ == "fwd" else 2.5), 0, 0, 0, int(b), "bf16",
                                pass_, int(sq), int(skv), int(round((d_qk + d_v) / 2)), int(heads), causal,
                                self.attention_impl, window=int(window)))
@@ -596,8 +604,8 @@ def _core(w: _Writer, m: ModelSpec, p: ParallelPlan, sh: _Shape, pass_: str) -> 
     if repeat and pass_ == "fwd":
         w.ew("repeat_kv (k, v to the query heads)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
     _core_kernel(w, m, p, sh, pass_, d_qk, d_v)
-    if w.torch_cp and p.cp > 1:
-        _torch_cp_passes(w, sh, pass_, d_qk, d_v, attention_kv_heads(m, p), own_block=True)
+    if p.cp > 1:
+        _cp_passes(w, sh, pass_, d_qk, d_v, attention_kv_heads(m, p), own_block=True)
     if repeat and pass_ == "bwd":
         w.ew("repeat_kv bwd (sum of the repeats)", repeat_kv_bytes(sh.T, sh.heads, sh.kv, sh.d, w.a))
 
@@ -618,6 +626,54 @@ def attention_kv_heads(m: ModelSpec, p: ParallelPlan) -> float:
     if m.is_mla or p.stack in REPEAT_KV_STACKS:
         return m.heads / p.tp
     return max(m.kv_heads / p.tp, 1.0)
+
+
+def _cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, kv_heads: float,
+               own_block: bool) -> None:
+    """The elementwise kernels of the stack's context-parallel attention on the rank's own block or one other
+    block (torch's ``_torch_cp_passes``, Transformer Engine's ``_te_cp_passes``; none for other stacks)."""
+    if w.torch_cp:
+        _torch_cp_passes(w, sh, pass_, d_qk, d_v, kv_heads, own_block)
+    elif w.te_cp:
+        _te_cp_passes(w, sh, pass_, d_qk, d_v, kv_heads, own_block)
+
+
+def _te_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, kv_heads: float,
+                  own_block: bool) -> None:
+    """The elementwise kernels of Transformer Engine's P2P ring attention (``TE_CP_STACKS``; read in
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, ``AttnFuncWithCPAndKVP2P``,
+    BF16, causal, sbhd / bshd, TE >= 2.2), on this rank's own block (``own_block``: once per layer and pass) or
+    on one other block (per ring step, averaged over the CP ranks: with its load balancing half the other
+    blocks cover every query of the rank, half only the second half of them, so a merge or an accumulation
+    touches 0.75 of its tensor on average). Forward: K and V concatenated into the ring's send buffer
+    (``torch.cat``), the softmax statistics cloned from the first block and corrected after each other block
+    (fp32, read both, write one), the outputs merged after the ring: the first block's scaled into the output
+    (``flash_attn_fwd_out_correction_init``, read and write), each other block's scaled and added to it
+    (``flash_attn_fwd_out_correction``: read the output and the block's, write the output), each also reading
+    two fp32 statistics per row and head. Backward: K, V copied into the ring buffer, dQ and dK, dV of the
+    first block copied into their accumulators and each other block's added (``copy_`` / ``add_``, in BF16;
+    the dK, dV accumulator then travels the ring). TE before 2.2 (2025-03) zero-filled the output and added
+    the first block too (2a·q more per layer forward; not priced). Elements per rank: q = T·heads·d_v (the
+    output's), kv = T·kv_heads·(d_qk + d_v); rows = T·heads softmax statistics (4 bytes each)."""
+    a, f = w.a, FP32
+    q = sh.T * sh.heads * d_v
+    kv = sh.T * kv_heads * (d_qk + d_v)
+    rows = sh.T * sh.heads
+    part = 0.75                          # of a tensor a merge or accumulation of another block touches
+    if pass_ == "fwd" and own_block:
+        w.ew(TORCH_CP_PREFIX + "k, v cat into the ring buffer", 2 * a * kv)
+        w.ew(TORCH_CP_PREFIX + "softmax lse clone (fp32)", 2 * f * rows)
+        w.ew(TORCH_CP_PREFIX + "output correction, first block", 2 * a * q + 2 * f * rows)
+    elif pass_ == "fwd":
+        w.ew(TORCH_CP_PREFIX + "softmax lse correction (fp32)", part * 3 * f * rows)
+        w.ew(TORCH_CP_PREFIX + "output correction (scale and add)", part * (3 * a * q + 2 * f * rows))
+    elif own_block:
+        w.ew(TORCH_CP_PREFIX + "k, v copy into the ring buffer", 2 * a * kv)
+        w.ew(TORCH_CP_PREFIX + "dq copy (first block)", 2 * a * q)
+        w.ew(TORCH_CP_PREFIX + "dk, dv copy (first block)", 2 * a * kv)
+    else:
+        w.ew(TORCH_CP_PREFIX + "dq add", part * 3 * a * q)
+        w.ew(TORCH_CP_PREFIX + "dk, dv add", part * 3 * a * kv)
 
 
 #: the elementwise kernels of torch's ring attention (``_torch_cp_passes``) run inside the attention op: per-op
@@ -673,6 +729,20 @@ def _torch_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float
         w.ew(TORCH_CP_PREFIX + "k, v cat for the exchange", 2 * a * kv)
         w.ew(TORCH_CP_PREFIX + "accumulate dq, dk, dv (fp32)", add * part + 0.5 * 2 * f * (q + kv))
         w.ew(TORCH_CP_PREFIX + "dk, dv cat for the hop (fp32)", 2 * f * kv)
+
+
+def _ring_block_kernels(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float) -> None:
+    """The attention kernel of one other rank's KV block, averaged over the CP ranks. Causal load balancing
+    (Transformer Engine's P2P ring, ``cp_p2p_fwd_prepare_qkv``; torch's ``_templated_ring_attention``) gives
+    each rank chunks i and 2cp-1-i of the sequence; a block from an earlier rank is attended by all the rank's
+    s queries over its first chunk (s/2 keys, "lower-triangle"), one from a later rank by the rank's second
+    chunk (s/2 queries) over all its s keys ("upper-triangle"), each without a mask: over the ring half the
+    blocks are each, so each kernel counts half (``share``), and each runs at its own shape's rate."""
+    half = sh.s / 2
+    w.attention(f"ring attention {pass_} (all queries, first half of the keys)", pass_, sh.b, sh.s, half,
+                sh.heads, d_qk, d_v, False, share=0.5)
+    w.attention(f"ring attention {pass_} (second half of the queries, all keys)", pass_, sh.b, half, sh.s,
+                sh.heads, d_qk, d_v, False, share=0.5)
 
 
 def repeat_kv_bytes(tokens: float, heads: float, kv_heads: float, d_head: float, act_bytes: float) -> float:
@@ -1124,10 +1194,9 @@ def _cached(model, plan, moe, local, phase, part, load, rc, stack, dtype, kind="
         passes = ["fwd"] if phase == FORWARD else (
             ["fwd", "bwd"] if rc == "full" or (rc == "selective" and "core_attn" in plan.recompute_modules)
             else ["bwd"])
-        for ps in passes:   # an off-diagonal KV block; causal load balancing leaves half of it to compute
-            w.attention(f"ring attention {ps}", ps, sh.b, sh.s, sh.s, sh.heads, d_qk, d_v, False, share=0.5)
-            if w.torch_cp:
-                _torch_cp_passes(w, sh, ps, d_qk, d_v, attention_kv_heads(model, plan), own_block=False)
+        for ps in passes:   # an off-diagonal KV block: _ring_block_kernels
+            _ring_block_kernels(w, sh, ps, d_qk, d_v)
+            _cp_passes(w, sh, ps, d_qk, d_v, attention_kv_heads(model, plan), own_block=False)
         if phase == BACKWARD_WEIGHT:
             w.out.clear()
     elif part == "head":

@@ -442,11 +442,70 @@ def test_torch_context_parallel_attention_passes(stack):
         assert step_f == pytest.approx(add * 0.75 * q + 0.5 * f * q)
         assert step_b == pytest.approx(add * 0.75 * (q + kv) + 0.5 * f * (q + kv))
     assert cp_bytes(phase_kernels(m, ParallelPlan(seq=seq, stack=stack), 0, "forward")) == 0      # no CP
-    meg = ParallelPlan(cp=cp, seq=seq, stack="megatron")
-    assert cp_bytes(phase_kernels(m, meg, 0, "forward")) == cp_bytes(phase_kernels(m, meg, 0, "forward",
-                                                                                     part="ring")) == 0
     saved, recomputed = op_policy(m, phase_kernels(m, plan, 0, "forward"))
     assert cp_bytes(saved) == pytest.approx(own_f) and cp_bytes(recomputed) == 0
+
+
+def test_transformer_engine_context_parallel_attention_passes():
+    """Megatron-Core's context parallelism is Transformer Engine's P2P ring (AttnFuncWithCPAndKVP2P): on the
+    rank's own block, the K, V concatenation into the send buffer, the first block's output scaled into the
+    output and the softmax statistics cloned (forward), K, V copied into the ring buffer and the first block's
+    dQ, dK, dV copied into their accumulators (backward); on each other block (averaged over the ranks: 0.75
+    of a tensor) the statistics corrected, the output scaled and added, dQ, dK, dV added. GQA keeps K, V at
+    the kv heads (no repeat_kv). Closed forms per rank; llm-foundry (no CP of its own) has none."""
+    m = get_model("llama3-70b")
+    cp, seq, tp = 2, 8192, 4
+    plan = ParallelPlan(tp=tp, sp=True, cp=cp, seq=seq, stack="megatron")
+    a, f = 2, 4
+    T = seq / cp
+    heads, kv_heads = m.heads / tp, m.kv_heads / tp
+    q, kv, rows = T * heads * m.d_head, T * kv_heads * 2 * m.d_head, T * heads
+    cp_bytes = lambda kl: sum(k.bytes for k in kl if k.name.startswith("cp: "))
+    own_f = cp_bytes(phase_kernels(m, plan, 0, "forward"))
+    own_b = cp_bytes(phase_kernels(m, plan, 0, "backward", recompute=False))
+    step_f = cp_bytes(phase_kernels(m, plan, 0, "forward", part="ring"))
+    step_b = cp_bytes(phase_kernels(m, plan, 0, "backward", part="ring"))
+    assert own_f == pytest.approx(2 * a * kv + 2 * f * rows + 2 * a * q + 2 * f * rows)
+    assert step_f == pytest.approx(0.75 * (3 * f * rows + 3 * a * q + 2 * f * rows))
+    assert own_b == pytest.approx(2 * a * kv + 2 * a * q + 2 * a * kv)
+    assert step_b == pytest.approx(0.75 * 3 * a * (q + kv))
+    # over a layer the accumulators see each element copied once and added for every further block it is in
+    total_b = own_b + (cp - 1) * step_b
+    assert total_b == pytest.approx(2 * a * kv + 2 * a * (q + kv) + 3 * a * 0.75 * (cp - 1) * (q + kv))
+    # the weight-gradient phase has none; without CP, or on a stack without a CP of its own, none either
+    assert cp_bytes(phase_kernels(m, plan, 0, "backward_weight", part="ring")) == 0
+    assert cp_bytes(phase_kernels(m, ParallelPlan(tp=tp, sp=True, seq=seq, stack="megatron"), 0, "forward")) == 0
+    foundry = ParallelPlan(tp=tp, sp=True, cp=cp, seq=seq, stack="llm-foundry")
+    assert cp_bytes(phase_kernels(m, foundry, 0, "forward")) == cp_bytes(
+        phase_kernels(m, foundry, 0, "forward", part="ring")) == 0
+
+
+@pytest.mark.parametrize("stack", ["megatron", "torchtitan"])
+def test_ring_block_kernels_run_at_their_own_shapes(stack):
+    """An other rank's KV block is, with causal load balancing, either all the rank's s queries over the
+    block's first s/2 keys or the rank's last s/2 queries over all s keys, unmasked, half the ring steps each:
+    two kernels at half weight whose FLOPs together are half an s x s unmasked block, each priced at its own
+    key length (the shorter one at a rate read at s/2 keys)."""
+    from topologies.kernel_cost import KernelPricer
+    from topologies.specs import get_accelerator
+    m = get_model("llama3-8b")
+    cp, seq = 4, 16384
+    plan = ParallelPlan(cp=cp, seq=seq, stack=stack)
+    s = seq / cp
+    for phase, pass_ in (("forward", "fwd"), ("backward", "bwd")):
+        ks = [k for k in phase_kernels(m, plan, 0, phase, part="ring") if k.kind == ATTENTION]
+        assert [(k.seq_q, k.seq_kv, k.causal) for k in ks] == [(s, s / 2, False), (s / 2, s, False)]
+        fwd = 2.0 * s * s * m.heads * 2 * m.d_head * 0.5
+        assert sum(k.flops for k in ks) == pytest.approx(fwd if pass_ == "fwd" else 2.5 * fwd)
+        assert ks[0].flops == pytest.approx(ks[1].flops)
+    pricer = KernelPricer(get_accelerator("H100-SXM"))
+    for k in phase_kernels(m, plan, 0, "forward", part="ring"):
+        if k.kind == ATTENTION:      # half of a whole kernel of its own shape, at that shape's rate
+            whole = dataclasses.replace(k, flops=2 * k.flops)
+            assert pricer.kernel_time_s(k) == pytest.approx(pricer.kernel_time_s(whole) / 2)
+    lower, upper = [k for k in phase_kernels(m, plan, 0, "forward", part="ring") if k.kind == ATTENTION]
+    as_square = dataclasses.replace(lower, seq_kv=int(s))      # the rate read at s keys instead of s/2
+    assert pricer.kernel_time_s(lower) != pricer.kernel_time_s(as_square)
 
 
 @pytest.mark.parametrize("stack", ["megatron", "torchtitan"])
