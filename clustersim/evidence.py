@@ -98,13 +98,26 @@ def summarize_evidence(results: list[dict]) -> dict:
             "by_cuda_graphs": {k: {c: _stats(*v) for c, v in sorted(d.items())} for k, d in sorted(by_graphs.items())}}
 
 
-def _commit() -> str | None:
+#: what a whole validate run writes itself: changes there do not make the code it ran uncommitted
+RUN_OUTPUTS = ("validation/evidence.json", "benchmarks/results")
+UNCOMMITTED = " with uncommitted changes"
+
+
+def _commit(root: Path = ROOT) -> str | None:
+    """The checkout's commit, marked when tracked files other than the run's own outputs differ from it
+    (the evidence then comes from code that commit does not hold)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
+        out = git("rev-parse", "--short", "HEAD")
+        if out.returncode != 0 or not out.stdout.strip():
+            return None
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                      *(f":(top,exclude){p}" for p in RUN_OUTPUTS))
     except (OSError, subprocess.SubprocessError):
         return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
+    dirty = changed.returncode == 0 and bool(changed.stdout.strip())
+    return out.stdout.strip() + (UNCOMMITTED if dirty else "")
 
 
 def write_evidence(results: list[dict], path: Path = EVIDENCE, command: str = "python benchmarks/validate.py") -> Path:

@@ -157,6 +157,37 @@ def test_committed_evidence_is_the_committed_validate_run():
         assert s["rows"] == rows and round(100 * s["mean_signed_error"], 1) == pytest.approx(mean, abs=0.051)
 
 
+def test_evidence_names_a_commit_with_uncommitted_code_as_such(tmp_path):
+    """The evidence file names the commit whose code ran; changed tracked files other than the run's own
+    outputs (evidence.json, benchmarks/results) mark it, untracked files do not."""
+    import shutil
+    import subprocess
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+    (tmp_path / "validation").mkdir()
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    for f in ("model.py", "validation/evidence.json", "benchmarks/results/validate.md"):
+        (tmp_path / f).write_text("1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "x")
+    sha = ev._commit(tmp_path)
+    assert sha and ev.UNCOMMITTED not in sha
+    (tmp_path / "validation" / "evidence.json").write_text("2\n")
+    (tmp_path / "benchmarks" / "results" / "validate.md").write_text("2\n")
+    (tmp_path / "new.py").write_text("2\n")
+    assert ev._commit(tmp_path) == sha
+    assert ev._commit(tmp_path / "validation") == sha          # the whole checkout, from anywhere in it
+    (tmp_path / "model.py").write_text("2\n")
+    assert ev._commit(tmp_path) == sha + ev.UNCOMMITTED
+    assert ev._commit(tmp_path / "validation") == sha + ev.UNCOMMITTED
+    assert ev._commit(tmp_path.parent / "no-such-checkout") is None
+
+
 def test_simulate_and_search_print_and_return_the_evidence(capsys):
     base = ["--cluster", "dgx-h100", "--gpus", "16", "--model", "llama3-8b", "--tp", "8", "--global-batch", "8"]
     assert main(["simulate", *base, "--json"]) == 0
