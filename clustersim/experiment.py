@@ -572,8 +572,25 @@ def resolve_model(exp: Experiment):
     from schedules import models
     model = _named_model(exp)
     if exp.packed_doc_tokens:
+        _check_packed_local(exp, model)
         return models.packed(model, exp.packed_doc_tokens, exp.seq)
     return model
+
+
+def _check_packed_local(exp: Experiment, model) -> None:
+    """Packed documents within local attention are not modelled: say whose window or chunk it is (the
+    preset's own, or one given on top of it)."""
+    if exp.packed_doc_tokens >= exp.seq:
+        return
+    for name, what in (("sliding_window", "sliding window"), ("attention_chunk", "attention chunk")):
+        n = getattr(model, name, 0)
+        if n:
+            given = isinstance(exp.model, dict) and name in exp.model
+            whose = f"the {what} of {n} tokens given for {model.name}" if given else \
+                f"{model.name}'s own {what} of {n} tokens"
+            raise ConfigError(f"packed documents (--packed-doc-tokens {exp.packed_doc_tokens}) within local "
+                              f"attention ({whose}) are not modelled: drop "
+                              f"{'one of them' if given else '--packed-doc-tokens'}")
 
 
 def _named_model(exp: Experiment):
@@ -657,6 +674,12 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
+    if exp.cp > 1 and 0 < exp.packed_doc_tokens < exp.seq:
+        # (before the plan's own check, which sees the documents only as chunked attention)
+        raise PlanError(f"context parallelism (cp {exp.cp}) with sequences packed from documents of "
+                        f"{exp.packed_doc_tokens} tokens (--packed-doc-tokens) is not modelled: Transformer Engine "
+                        f"splits every document over the CP ranks (THD load balancing), the ring here splits "
+                        f"whole sequences; use --cp 1")
     plan.validate(model, world_size)
     return plan
 

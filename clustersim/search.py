@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -93,8 +94,10 @@ def split_recompute(value: str) -> tuple[str, tuple[str, ...] | None]:
     return mode, parse_recompute_modules(mods.replace("+", ","), f"--recompute {value}")
 
 
-def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace) -> list[Experiment]:
-    """Every plan in the space that passes ParallelPlan.validate (ZeRO stage 3 is expressed as FSDP)."""
+def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace,
+                         refusals: collections.Counter | None = None) -> list[Experiment]:
+    """Every plan in the space that passes ParallelPlan.validate (ZeRO stage 3 is expressed as FSDP);
+    ``refusals`` counts the validation errors of the others, by message."""
     cands = []
     gb = base.global_batch
     experts = getattr(model, "experts", 0) or 0
@@ -129,7 +132,9 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
                             recompute_modules=rc_mods, virtual_stages=v, name=None)
                         try:
                             resolve_plan(dataclasses.replace(exp), model, world)
-                        except ClusterSimError:
+                        except ClusterSimError as e:
+                            if refusals is not None:
+                                refusals[str(e)] += 1
                             continue
                         cands.append(exp)
     return cands
@@ -487,7 +492,13 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
         raise ConfigError(f"--max-memory-fraction must be in (0, 1], got {fraction}")
     capacity = cost.memory_capacity_bytes(0)
     limit = capacity * fraction
-    cands = enumerate_candidates(base, model, world, space)
+    refusals: collections.Counter = collections.Counter()
+    cands = enumerate_candidates(base, model, world, space, refusals)
+    if not cands and refusals:
+        # every plan of the space is invalid: the commonest reason, not advice about GPUs or batch sizes
+        why, n = refusals.most_common(1)[0]
+        raise ConfigError(f"no plan for {base.model} on {world} GPUs: every candidate plan of the search space is "
+                          f"invalid ({n} of {sum(refusals.values())}: {why})")
     stats = {"candidates": len(cands), "pruned_memory": 0, "pruned_bound": 0, "simulated": 0, "cached": 0,
              "failed": 0}
     scored = []

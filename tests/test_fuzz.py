@@ -1341,6 +1341,29 @@ def test_messages_say_what_to_do_not_which_class_refused():
         assert needle in assert_one_line_error(rc, err), args
 
 
+def test_refusals_name_the_packed_documents_and_whose_window():
+    """Packed documents under context parallelism were refused as "llama3-8b's chunked attention" (the model
+    was blameless), and search then advised more GPUs; a window given on the command line was called the
+    model's own."""
+    packed_cp = "with sequences packed from documents of 2048 tokens (--packed-doc-tokens) is not modelled"
+    for args, needles in (
+            (["simulate", "--gpus", "16", "-m", "llama3-8b", "--seq", "8192", "--cp", "2", "--tp", "8",
+              "--packed-doc-tokens", "2048"], (packed_cp, "use --cp 1")),
+            (["search", "--gpus", "16", "-m", "llama3-8b", "--global-batch", "16", "--seq", "8192", "--cp", "2",
+              "--packed-doc-tokens", "2048", "--no-cache"],
+             ("every candidate plan of the search space is invalid", packed_cp)),
+            (["simulate", "--gpus", "8", "-m", "llama3-8b", "--seq", "8192", "--sliding-window", "1024",
+              "--packed-doc-tokens", "2048"], ("the sliding window of 1024 tokens given for llama3-8b",
+                                               "drop one of them")),
+            (["simulate", "--gpus", "8", "-m", "gpt-oss-20b", "--seq", "8192", "--packed-doc-tokens", "2048"],
+             ("gpt-oss-20b's own sliding window of 128 tokens", "drop --packed-doc-tokens")),
+    ):
+        rc, _, err = run_cli(args)
+        line = assert_one_line_error(rc, err)
+        assert all(n in line for n in needles), (args, line)
+        assert "try more GPUs" not in line and "chunked attention" not in line
+
+
 def test_options_that_would_be_silently_ignored_are_refused(tmp_path):
     """Each of these ran and printed a result that had ignored the option (or, for --out '', wrote nothing)."""
     sim = ["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8"]
