@@ -113,8 +113,10 @@ def test_flash_activations_linear_in_sequence():
 
 def test_llama3_405b_tp8_pp16_fsdp_interleaved_activations_fit_80gb():
     """Issue 12 acceptance: Llama 3 405B at TP8 PP16, seq 8192, FSDP, SP, interleaved keeps its activations
-    within 80 GB with the batch Meta ran (Llama 3 paper, table 4: 16 sequences per DP group, i.e. m = 16
-    micro-batches of 1); eager attention's s×s scores would need ~11x more."""
+    within 80 GB with the batch per DP group of Meta's 16,384-GPU run (Llama 3 paper, table 4: 16M tokens over
+    DP 128, i.e. m = 16 micro-batches of 1; the activations per rank do not depend on dp); eager attention's
+    s×s scores would need ~11x more. (Meta's 8,192-GPU run, DP 64, had 32 per group: 96 GB under Megatron's
+    interleaved warm-up at v = 2, README.)"""
     plan = ParallelPlan(tp=8, pp=16, dp=64, seq=8192, fsdp=True, sp=True, schedule="interleaved", virtual_stages=2,
                         global_batch=64 * 16)
     mem = memory_per_rank(get_model("llama3-405b"), plan)
