@@ -628,6 +628,11 @@ def attention_kv_heads(m: ModelSpec, p: ParallelPlan) -> float:
     return max(m.kv_heads / p.tp, 1.0)
 
 
+#: the names of context-parallel attention's elementwise kernels (``_cp_passes``). They run inside the attention
+#: op: torchtitan's per-op checkpointing saves that op's outputs and re-runs none of them (``op_policy``)
+CP_PREFIX = "cp: "
+
+
 def _cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, kv_heads: float,
                own_block: bool) -> None:
     """The elementwise kernels of the stack's context-parallel attention on the rank's own block or one other
@@ -661,24 +666,20 @@ def _te_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, k
     rows = sh.T * sh.heads
     part = 0.75                          # of a tensor a merge or accumulation of another block touches
     if pass_ == "fwd" and own_block:
-        w.ew(TORCH_CP_PREFIX + "k, v cat into the ring buffer", 2 * a * kv)
-        w.ew(TORCH_CP_PREFIX + "softmax lse clone (fp32)", 2 * f * rows)
-        w.ew(TORCH_CP_PREFIX + "output correction, first block", 2 * a * q + 2 * f * rows)
+        w.ew(CP_PREFIX + "k, v cat into the ring buffer", 2 * a * kv)
+        w.ew(CP_PREFIX + "softmax lse clone (fp32)", 2 * f * rows)
+        w.ew(CP_PREFIX + "output correction, first block", 2 * a * q + 2 * f * rows)
     elif pass_ == "fwd":
-        w.ew(TORCH_CP_PREFIX + "softmax lse correction (fp32)", part * 3 * f * rows)
-        w.ew(TORCH_CP_PREFIX + "output correction (scale and add)", part * (3 * a * q + 2 * f * rows))
+        w.ew(CP_PREFIX + "softmax lse correction (fp32)", part * 3 * f * rows)
+        w.ew(CP_PREFIX + "output correction (scale and add)", part * (3 * a * q + 2 * f * rows))
     elif own_block:
-        w.ew(TORCH_CP_PREFIX + "k, v copy into the ring buffer", 2 * a * kv)
-        w.ew(TORCH_CP_PREFIX + "dq copy (first block)", 2 * a * q)
-        w.ew(TORCH_CP_PREFIX + "dk, dv copy (first block)", 2 * a * kv)
+        w.ew(CP_PREFIX + "k, v copy into the ring buffer", 2 * a * kv)
+        w.ew(CP_PREFIX + "dq copy (first block)", 2 * a * q)
+        w.ew(CP_PREFIX + "dk, dv copy (first block)", 2 * a * kv)
     else:
-        w.ew(TORCH_CP_PREFIX + "dq add", part * 3 * a * q)
-        w.ew(TORCH_CP_PREFIX + "dk, dv add", part * 3 * a * kv)
+        w.ew(CP_PREFIX + "dq add", part * 3 * a * q)
+        w.ew(CP_PREFIX + "dk, dv add", part * 3 * a * kv)
 
-
-#: the elementwise kernels of torch's ring attention (``_torch_cp_passes``) run inside the attention op: per-op
-#: checkpointing saves that op's outputs and re-runs none of them (``op_policy``)
-TORCH_CP_PREFIX = "cp: "
 
 
 def _torch_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, kv_heads: float,
@@ -707,28 +708,28 @@ def _torch_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float
     rewrite = 0.5 * f * q                 # fused: half the blocks rewrite the output's other half (read, write)
     if w.compiled:
         if own_block:
-            w.ew(TORCH_CP_PREFIX + "k, v copy for the all-gather", 2 * a * kv)
-            w.ew(TORCH_CP_PREFIX + "fp32 accumulators: casts in and out",
+            w.ew(CP_PREFIX + "k, v copy for the all-gather", 2 * a * kv)
+            w.ew(CP_PREFIX + "fp32 accumulators: casts in and out",
                  2 * (a + f) * (q if pass_ == "fwd" else q + kv))
         elif pass_ == "fwd":
-            w.ew(TORCH_CP_PREFIX + "merge block output (fp32, fused)", add * 0.75 * q + rewrite)
+            w.ew(CP_PREFIX + "merge block output (fp32, fused)", add * 0.75 * q + rewrite)
         else:
-            w.ew(TORCH_CP_PREFIX + "accumulate dq, dk, dv (fp32, fused)", add * part + 0.5 * f * (q + kv))
+            w.ew(CP_PREFIX + "accumulate dq, dk, dv (fp32, fused)", add * part + 0.5 * f * (q + kv))
         return
     if pass_ == "fwd" and own_block:
-        w.ew(TORCH_CP_PREFIX + "k, v contiguous", 2 * a * kv)
-        w.ew(TORCH_CP_PREFIX + "output to fp32, then back", 2 * (a + f) * q)
+        w.ew(CP_PREFIX + "k, v contiguous", 2 * a * kv)
+        w.ew(CP_PREFIX + "output to fp32, then back", 2 * (a + f) * q)
     elif pass_ == "fwd":
-        w.ew(TORCH_CP_PREFIX + "k, v cat for the exchange", 2 * a * kv)
-        w.ew(TORCH_CP_PREFIX + "merge block output (fp32)", (a + f + 8 * f) * 0.75 * q + 2 * rewrite)
+        w.ew(CP_PREFIX + "k, v cat for the exchange", 2 * a * kv)
+        w.ew(CP_PREFIX + "merge block output (fp32)", (a + f + 8 * f) * 0.75 * q + 2 * rewrite)
     elif own_block:
-        w.ew(TORCH_CP_PREFIX + "k, v contiguous", 2 * a * kv)
-        w.ew(TORCH_CP_PREFIX + "fp32 dq, dk, dv: zeros, add, casts back", (f + add + f + a) * (q + kv))
-        w.ew(TORCH_CP_PREFIX + "dk, dv cat for the hop (fp32)", 2 * f * kv)
+        w.ew(CP_PREFIX + "k, v contiguous", 2 * a * kv)
+        w.ew(CP_PREFIX + "fp32 dq, dk, dv: zeros, add, casts back", (f + add + f + a) * (q + kv))
+        w.ew(CP_PREFIX + "dk, dv cat for the hop (fp32)", 2 * f * kv)
     else:
-        w.ew(TORCH_CP_PREFIX + "k, v cat for the exchange", 2 * a * kv)
-        w.ew(TORCH_CP_PREFIX + "accumulate dq, dk, dv (fp32)", add * part + 0.5 * 2 * f * (q + kv))
-        w.ew(TORCH_CP_PREFIX + "dk, dv cat for the hop (fp32)", 2 * f * kv)
+        w.ew(CP_PREFIX + "k, v cat for the exchange", 2 * a * kv)
+        w.ew(CP_PREFIX + "accumulate dq, dk, dv (fp32)", add * part + 0.5 * 2 * f * (q + kv))
+        w.ew(CP_PREFIX + "dk, dv cat for the hop (fp32)", 2 * f * kv)
 
 
 def _ring_block_kernels(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float) -> None:
@@ -1086,7 +1087,7 @@ def op_policy(model: ModelSpec, kernels) -> tuple[list[Kernel], list[Kernel]]:
         if k.kind == GEMM:
             mm += 1
             (saved if mm % 2 else rec).append(k)
-        elif k.kind == ATTENTION or k.name.startswith(TORCH_CP_PREFIX):
+        elif k.kind == ATTENTION or k.name.startswith(CP_PREFIX):
             saved.append(k)
         else:
             rec.append(k)
