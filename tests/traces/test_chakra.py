@@ -180,6 +180,11 @@ def test_corrupt_and_truncated_files_name_file_and_node(tmp_path):
     (tmp_path / "w.2.et").write_bytes(good)
     with pytest.raises(TraceError, match="rank 1 is missing"):
         load_programs(tmp_path / "w")
+    # two files for one rank (w.2.et and w.02.et) were read as one, whichever the folder listed last
+    (tmp_path / "w.1.et").write_bytes(good)
+    (tmp_path / "w.02.et").write_bytes(good)
+    with pytest.raises(TraceError, match=r"w\.02\.et and w\.2\.et both name rank 2"):
+        load_programs(tmp_path / "w")
 
 
 def test_unknown_attribute_is_reported(tmp_path):

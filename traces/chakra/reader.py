@@ -93,10 +93,14 @@ def rank_files(prefix: str | Path) -> list[str]:
         raise TraceError(f"no Chakra ET files {prefix}.<rank>.et: folder {folder} does not exist")
     pat = re.compile(re.escape(prefix.name) + r"\.(\d+)\.et$")
     found = {}
-    for name in os.listdir(folder):
+    for name in sorted(os.listdir(folder)):
         m = pat.match(name)
         if m:
-            found[int(m.group(1))] = os.path.join(folder, name)
+            rank = int(m.group(1))
+            if rank in found:         # workload.7.et and workload.07.et: one rank, two files
+                raise TraceError(f"Chakra ET files {os.path.basename(found[rank])} and {name} both name rank "
+                                 f"{rank}; keep one")
+            found[rank] = os.path.join(folder, name)
     if not found:
         raise TraceError(f"no Chakra ET files {prefix}.<rank>.et found")
     missing = [r for r in range(len(found)) if r not in found]
