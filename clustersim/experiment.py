@@ -813,6 +813,27 @@ def check_device_dtype(dtype: str, accelerator, fp8_recipe: str = "delayed") -> 
                         f"use --fp8-recipe delayed or current")
 
 
+def device_stack_notes(accelerator, stack: str, given_stack: str | None, attention_kernel: str = "auto") -> list[str]:
+    """Notes for a device whose own software stack is not one of ours (a non-NVIDIA accelerator: TPU's XLA,
+    Ascend's CANN): the stack's kernels stand in for it, and the CUDA-only parts the user asked for (Transformer
+    Engine, a FlashAttention kernel) are priced as a stand-in too."""
+    vendor = getattr(accelerator, "vendor", "NVIDIA")
+    if vendor == "NVIDIA":
+        return []
+    name = getattr(accelerator, "name", "the device")
+    notes = [f"{name} ({vendor}) runs its own compiler's kernels, which no stack here models: the {stack} stack"
+             + ("" if given_stack else " (the default off NVIDIA)")
+             + f" stands in with its kernel list and fusions, priced at {name}'s datasheet peaks with efficiency "
+               f"curves borrowed from GPUs (the result's pricing.kernels says which)"]
+    if given_stack == "megatron":
+        notes.append(f"--stack megatron is Megatron-Core with Transformer Engine, whose fused kernels are CUDA "
+                     f"kernels: on {name} only their fusion pattern is priced")
+    if attention_kernel != "auto":
+        notes.append(f"--attention-kernel {attention_kernel} names a CUDA FlashAttention kernel: on {name} its "
+                     f"charted speed is scaled to the device's peak, a stand-in for the device's own attention")
+    return notes
+
+
 def sequence_notes(packed_doc_tokens: int, model, seq: int, given=()) -> list[str]:
     """Notes for attention options no shorter than the sequence (``seq`` tokens): packed documents of
     ``packed_doc_tokens`` and a sliding window or attention chunk the user gave (``given``: the model fields
@@ -862,6 +883,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     cluster = load_cluster_for(exp)
     world = cluster.world_size
     model = resolve_model(exp)
+    given_stack = exp.stack
     exp.stack = stack_for(exp, cluster)
     check_device_dtype(exp.dtype, cluster.accelerator, exp.fp8_recipe)
     plan = resolve_plan(exp, model, world)
@@ -870,6 +892,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     priced_by = getattr(cost, "base", cost)       # --network astra wraps the cluster's cost model
     cost_summary = priced_by.calibration_summary() if hasattr(priced_by, "calibration_summary") else "none"
     notes: list[str] = list(getattr(priced_by, "calibration_notes", ()))
+    notes += device_stack_notes(cluster.accelerator, exp.stack, given_stack, exp.attention_kernel)
     if plan.lora_rank:
         from schedules.memory import lora_rank_params
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp

@@ -96,3 +96,23 @@ def test_fp8_param_gather_flag_yaml_and_json(capsys, tmp_path):
     assert main(BASE + ["--fp8-param-gather"]) == 2          # BF16: nothing in FP8 to keep
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "--fp8-param-gather" in err and "Traceback" not in err
+
+
+def test_a_device_of_another_vendor_says_its_stack_stands_in(capsys):
+    """On a TPU or an Ascend NPU no stack here is the device's own: the result notes that the stack's kernels
+    stand in (and for --stack megatron and a named FlashAttention kernel, that those CUDA kernels do); an
+    NVIDIA device gets none of these notes."""
+    tpu = ["simulate", "--cluster", "tpu-v5p", "--gpus", "64", "--model", "llama3-8b", "--tp", "4", "--seq", "4096",
+           "--global-batch", "64", "--json"]
+    assert main(tpu) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("TPU-v5p (Google) runs its own compiler's kernels" in n and "the torchtitan stack (the default off "
+               "NVIDIA) stands in" in n for n in notes)
+    assert not any("--stack megatron" in n or "--attention-kernel" in n for n in notes)
+    assert main(tpu + ["--stack", "megatron", "--attention-kernel", "flash2"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("the megatron stack stands in" in n for n in notes)
+    assert any(n.startswith("--stack megatron is Megatron-Core with Transformer Engine") for n in notes)
+    assert any(n.startswith("--attention-kernel flash2 names a CUDA FlashAttention kernel") for n in notes)
+    nvidia = _run(capsys, "--stack", "megatron", "--attention-kernel", "flash2")
+    assert not any("compiler's kernels" in n or "CUDA" in n for n in nvidia.get("notes", []))
