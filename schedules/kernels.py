@@ -647,7 +647,7 @@ def _te_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, k
                   own_block: bool) -> None:
     """The elementwise kernels of Transformer Engine's P2P ring attention (``TE_CP_STACKS``; read in
     transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, ``AttnFuncWithCPAndKVP2P``,
-    BF16, causal, sbhd / bshd, TE >= 2.2), on this rank's own block (``own_block``: once per layer and pass) or
+    BF16, causal, Megatron's sbhd layout, as of TE 2.4), on this rank's own block (``own_block``: once per layer and pass) or
     on one other block (per ring step, averaged over the CP ranks: with its load balancing half the other
     blocks cover every query of the rank, half only the second half of them, so a merge or an accumulation
     touches 0.75 of its tensor on average). Forward: K and V concatenated into the ring's send buffer
@@ -655,31 +655,33 @@ def _te_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, k
     (fp32, read both, write one), the outputs merged after the ring: the first block's scaled into the output
     (``flash_attn_fwd_out_correction_init``, read and write), each other block's scaled and added to it
     (``flash_attn_fwd_out_correction``: read the output and the block's, write the output), each also reading
-    two fp32 statistics per row and head. Backward: K, V copied into the ring buffer, dQ and dK, dV of the
-    first block copied into their accumulators and each other block's added (``copy_`` / ``add_``, in BF16;
-    the dK, dV accumulator then travels the ring). TE before 2.2 (2025-03) zero-filled the output and added
-    the first block too (2a·q more per layer forward; not priced). Elements per rank: q = T·heads·d_v (the
-    output's), kv = T·kv_heads·(d_qk + d_v); rows = T·heads softmax statistics (4 bytes each)."""
+    two fp32 statistics per row and head. Backward: K, V copied into the ring buffer, dQ, dK and dV of the
+    first block copied into their accumulators and each other block's added (``copy_`` / ``add_``, one kernel
+    per tensor, in BF16; the dK, dV accumulator then travels the ring). Older releases add small passes, not
+    priced: statistics in fp64 before 2.4, the output zero-filled and the first block added before 2.2
+    (2a·o more per layer forward), a dK, dV concatenation per block in the fused backward up to 1.13.
+    Elements per rank: o = T·heads·d_v (the output), dq = T·heads·d_qk, k = T·kv_heads·d_qk, v =
+    T·kv_heads·d_v; rows = T·heads softmax statistics (4 bytes each)."""
     a, f = w.a, FP32
-    q = sh.T * sh.heads * d_v
-    kv = sh.T * kv_heads * (d_qk + d_v)
+    o = sh.T * sh.heads * d_v
+    dq = sh.T * sh.heads * d_qk
+    k, v = sh.T * kv_heads * d_qk, sh.T * kv_heads * d_v
     rows = sh.T * sh.heads
     part = 0.75                          # of a tensor a merge or accumulation of another block touches
     if pass_ == "fwd" and own_block:
-        w.ew(CP_PREFIX + "k, v cat into the ring buffer", 2 * a * kv)
+        w.ew(CP_PREFIX + "k, v cat into the ring buffer", 2 * a * (k + v))
         w.ew(CP_PREFIX + "softmax lse clone (fp32)", 2 * f * rows)
-        w.ew(CP_PREFIX + "output correction, first block", 2 * a * q + 2 * f * rows)
+        w.ew(CP_PREFIX + "output correction, first block", 2 * a * o + 2 * f * rows)
     elif pass_ == "fwd":
         w.ew(CP_PREFIX + "softmax lse correction (fp32)", part * 3 * f * rows)
-        w.ew(CP_PREFIX + "output correction (scale and add)", part * (3 * a * q + 2 * f * rows))
+        w.ew(CP_PREFIX + "output correction (scale and add)", part * (3 * a * o + 2 * f * rows))
     elif own_block:
-        w.ew(CP_PREFIX + "k, v copy into the ring buffer", 2 * a * kv)
-        w.ew(CP_PREFIX + "dq copy (first block)", 2 * a * q)
-        w.ew(CP_PREFIX + "dk, dv copy (first block)", 2 * a * kv)
+        w.ew(CP_PREFIX + "k, v copy into the ring buffer", 2 * a * (k + v))
+        for name, n in (("dq", dq), ("dk", k), ("dv", v)):
+            w.ew(CP_PREFIX + f"{name} copy (first block)", 2 * a * n)
     else:
-        w.ew(CP_PREFIX + "dq add", part * 3 * a * q)
-        w.ew(CP_PREFIX + "dk, dv add", part * 3 * a * kv)
-
+        for name, n in (("dq", dq), ("dk", k), ("dv", v)):
+            w.ew(CP_PREFIX + f"{name} add", part * 3 * a * n)
 
 
 def _torch_cp_passes(w: _Writer, sh: _Shape, pass_: str, d_qk: float, d_v: float, kv_heads: float,

@@ -469,9 +469,22 @@ def test_transformer_engine_context_parallel_attention_passes():
     assert step_f == pytest.approx(0.75 * (3 * f * rows + 3 * a * q + 2 * f * rows))
     assert own_b == pytest.approx(2 * a * kv + 2 * a * q + 2 * a * kv)
     assert step_b == pytest.approx(0.75 * 3 * a * (q + kv))
+    # one kernel per accumulator (dq, dk, dv), as TE's copy_ / add_ calls
+    assert [k.name for k in phase_kernels(m, plan, 0, "backward", part="ring") if k.name.startswith("cp: ")] == \
+        ["cp: dq add", "cp: dk add", "cp: dv add"]
     # over a layer the accumulators see each element copied once and added for every further block it is in
     total_b = own_b + (cp - 1) * step_b
     assert total_b == pytest.approx(2 * a * kv + 2 * a * (q + kv) + 3 * a * 0.75 * (cp - 1) * (q + kv))
+    # MLA: dQ is as wide as the query-key heads (d_qk), the merged output as the value heads (d_v)
+    ds = get_model("deepseek-v3")
+    mla = ParallelPlan(tp=8, sp=True, cp=cp, seq=seq, stack="megatron", ep=1)
+    d_qk, d_v = ds.d_head + ds.qk_rope_dim, ds.v_head_dim
+    hs = ds.heads / 8
+    adds = {k.name: k.bytes for k in phase_kernels(ds, mla, 0, "backward", part="ring") if k.name.startswith("cp: ")}
+    assert adds["cp: dq add"] == pytest.approx(0.75 * 3 * a * T * hs * d_qk)
+    assert adds["cp: dv add"] == pytest.approx(0.75 * 3 * a * T * hs * d_v)
+    merge = sum(k.bytes for k in phase_kernels(ds, mla, 0, "forward", part="ring") if "output correction" in k.name)
+    assert merge == pytest.approx(0.75 * (3 * a * T * hs * d_v + 2 * f * T * hs))
     # the weight-gradient phase has none; without CP, or on a stack without a CP of its own, none either
     assert cp_bytes(phase_kernels(m, plan, 0, "backward_weight", part="ring")) == 0
     assert cp_bytes(phase_kernels(m, ParallelPlan(tp=tp, sp=True, seq=seq, stack="megatron"), 0, "forward")) == 0
