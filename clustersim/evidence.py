@@ -101,23 +101,30 @@ def summarize_evidence(results: list[dict]) -> dict:
 #: what a whole validate run writes itself: changes there do not make the code it ran uncommitted
 RUN_OUTPUTS = ("validation/evidence.json", "benchmarks/results")
 UNCOMMITTED = " with uncommitted changes"
+UNKNOWN_TREE = " (uncommitted changes not checked)"
 
 
 def _commit(root: Path = ROOT) -> str | None:
     """The checkout's commit, marked when tracked files other than the run's own outputs differ from it
     (the evidence then comes from code that commit does not hold)."""
     def git(*args):
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True,
+                              text=True, timeout=10)
     try:
         out = git("rev-parse", "--short", "HEAD")
-        if out.returncode != 0 or not out.stdout.strip():
-            return None
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    if out.returncode != 0 or not sha:
+        return None
+    try:
         changed = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
                       *(f":(top,exclude){p}" for p in RUN_OUTPUTS))
     except (OSError, subprocess.SubprocessError):
-        return None
-    dirty = changed.returncode == 0 and bool(changed.stdout.strip())
-    return out.stdout.strip() + (UNCOMMITTED if dirty else "")
+        changed = None
+    if changed is None or changed.returncode != 0:
+        return sha + UNKNOWN_TREE
+    return sha + (UNCOMMITTED if changed.stdout.strip() else "")
 
 
 def write_evidence(results: list[dict], path: Path = EVIDENCE, command: str = "python benchmarks/validate.py") -> Path:

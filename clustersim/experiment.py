@@ -572,25 +572,41 @@ def resolve_model(exp: Experiment):
     from schedules import models
     model = _named_model(exp)
     if exp.packed_doc_tokens:
-        _check_packed_local(exp, model)
+        given = tuple(exp.model) if isinstance(exp.model, dict) else ()
+        model = packable_model(model, exp.packed_doc_tokens, exp.seq, given)
         return models.packed(model, exp.packed_doc_tokens, exp.seq)
     return model
 
 
-def _check_packed_local(exp: Experiment, model) -> None:
-    """Packed documents within local attention are not modelled: say whose window or chunk it is (the
-    preset's own, or one given on top of it)."""
-    if exp.packed_doc_tokens >= exp.seq:
-        return
-    for name, what in (("sliding_window", "sliding window"), ("attention_chunk", "attention chunk")):
-        n = getattr(model, name, 0)
+def packable_model(model, doc_tokens: int, seq: int, given=()):
+    """``model`` ready for packed documents of ``doc_tokens`` tokens: a sliding window no shorter than the
+    documents (or than the sequence) never applies within one and is dropped; a shorter one, or an attention
+    chunk shorter than the sequence, is refused (packing within local attention is not modelled), saying whose
+    it is: the preset's own, or one given on top of it (``given``: the model fields the user set)."""
+    if doc_tokens >= seq:
+        return model
+    window, chunk = getattr(model, "sliding_window", 0), getattr(model, "attention_chunk", 0)
+    if window and window >= doc_tokens:
+        return dataclasses.replace(model, sliding_window=0, global_attention_every=0)
+    if chunk and chunk >= seq:
+        return dataclasses.replace(model, attention_chunk=0, global_attention_every=0)
+    for name, what, n in (("sliding_window", "sliding window", window), ("attention_chunk", "attention chunk", chunk)):
         if n:
-            given = isinstance(exp.model, dict) and name in exp.model
-            whose = f"the {what} of {n} tokens given for {model.name}" if given else \
+            whose = f"the {what} of {n} tokens given for {model.name}" if name in given else \
                 f"{model.name}'s own {what} of {n} tokens"
-            raise ConfigError(f"packed documents (--packed-doc-tokens {exp.packed_doc_tokens}) within local "
-                              f"attention ({whose}) are not modelled: drop "
-                              f"{'one of them' if given else '--packed-doc-tokens'}")
+            raise ConfigError(f"packed documents (--packed-doc-tokens {doc_tokens}) within local attention "
+                              f"({whose}) are not modelled: drop {'one of them' if name in given else '--packed-doc-tokens'}")
+    return model
+
+
+def check_packed_context_parallel(cp: int, doc_tokens: int, seq: int) -> None:
+    """Packed documents under context parallelism are not modelled: refuse them with that reason (the plan's
+    own check would see the documents only as chunked attention and blame the model)."""
+    if cp > 1 and 0 < doc_tokens < seq:
+        raise PlanError(f"context parallelism (cp {cp}) with sequences packed from documents of {doc_tokens} tokens "
+                        f"(--packed-doc-tokens) is not modelled: each document would be split over the CP ranks "
+                        f"(as Transformer Engine's THD path does), while the ring here splits whole sequences; "
+                        f"use --cp 1")
 
 
 def _named_model(exp: Experiment):
@@ -674,12 +690,7 @@ def resolve_plan(exp: Experiment, model, world_size: int):
               **parse_memory_limit(exp.memory_limit, exp.pp))
     names = {f.name for f in dataclasses.fields(ParallelPlan)}
     plan = ParallelPlan(**{k: v for k, v in kw.items() if k in names})
-    if exp.cp > 1 and 0 < exp.packed_doc_tokens < exp.seq:
-        # (before the plan's own check, which sees the documents only as chunked attention)
-        raise PlanError(f"context parallelism (cp {exp.cp}) with sequences packed from documents of "
-                        f"{exp.packed_doc_tokens} tokens (--packed-doc-tokens) is not modelled: Transformer Engine "
-                        f"splits every document over the CP ranks (THD load balancing), the ring here splits "
-                        f"whole sequences; use --cp 1")
+    check_packed_context_parallel(exp.cp, exp.packed_doc_tokens, exp.seq)
     plan.validate(model, world_size)
     return plan
 
@@ -828,9 +839,12 @@ def device_stack_notes(accelerator, stack: str, given_stack: str | None, attenti
     if given_stack == "megatron":
         notes.append(f"--stack megatron is Megatron-Core with Transformer Engine, whose fused kernels are CUDA "
                      f"kernels: on {name} only their fusion pattern is priced")
-    if attention_kernel != "auto":
-        notes.append(f"--attention-kernel {attention_kernel} names a CUDA FlashAttention kernel: on {name} its "
-                     f"charted speed is scaled to the device's peak, a stand-in for the device's own attention")
+    from schedules.kernels import ATTENTION_IMPL
+    if attention_kernel not in ("auto", ATTENTION_IMPL.get(stack)):
+        what = "FlashAttention-2's CUDA kernel" if attention_kernel == "flash2" else \
+            "the Triton FlashAttention kernel (a GPU kernel)"
+        notes.append(f"--attention-kernel {attention_kernel} names {what}: on {name} its charted speed is "
+                     f"scaled to the device's peak, a stand-in for the device's own attention")
     return notes
 
 
@@ -899,9 +913,12 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
         notes.append(f"LoRA rank {plan.lora_rank} on {', '.join(plan.lora_targets)}: {trainable / 1e6:,.1f} M adapter "
                      f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")
     if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens and exp.packed_doc_tokens < plan.seq:
+        window = getattr(_named_model(exp), "sliding_window", 0)
         notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "
                      f"causally within its document" + (" (priced as chunked attention)" if plan.attention != "eager"
-                                                         else ""))
+                                                         else "")
+                     + (f"; {model.name}'s sliding window of {window} tokens is no shorter than a document: it "
+                        f"never applies" if window else ""))
     from schedules.plan import plan_notes
     notes += plan_notes(plan)
     if plan.schedule == "interleaved" and exp.virtual_stages is None and not (plan.virtual_stages == 1 and plan.pp > 1):

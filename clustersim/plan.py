@@ -375,8 +375,11 @@ def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, *
                           f"shape; {model.name} is given only by its parameter count (use --model PRESET or "
                           f"--layers/--hidden/--heads)")
     if packed_doc_tokens:
+        from clustersim.experiment import check_packed_context_parallel, packable_model
         from schedules.models import packed
-        model = packed(model, packed_doc_tokens, p.seq)
+        check_packed_context_parallel(p.cp, packed_doc_tokens, p.seq)
+        given = tuple(k for k in ("sliding_window", "attention_chunk") if kw.get(k) is not None)
+        model = packed(packable_model(model, packed_doc_tokens, p.seq, given), packed_doc_tokens, p.seq)
     gpus = kw.get("gpus") or p.world_size
     c = _load_cluster(cluster, gpus)
     device = None if c is None else c.device(0)

@@ -105,8 +105,11 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
     for tp in tps:
         for cp in space.cp:
             for pp in _divisors(world // tp):
-                if (space.pp is not None and pp not in space.pp) or (space.pp is None and pp > space.max_pp) \
-                        or (world // tp) % (pp * cp):
+                if (space.pp is not None and pp not in space.pp) or (space.pp is None and pp > space.max_pp):
+                    continue
+                if (world // tp) % (pp * cp):
+                    if refusals is not None:
+                        refusals[f"tp·pp·cp does not divide the {world} GPUs"] += 1
                     continue
                 dp = world // (tp * pp * cp)
                 # (ep, etp): carved out of dp with the dense TP, or folded over tp·cp·dp with etp 1
@@ -119,6 +122,8 @@ def enumerate_candidates(base: Experiment, model, world: int, space: SearchSpace
                                                                      space.recompute):
                     rc, rc_mods = split_recompute(rc_opt)
                     if gb is not None and gb % (dp * mb):
+                        if refusals is not None:
+                            refusals[f"global batch {gb} is not divisible by dp · micro-batch"] += 1
                         continue
                     if pp > 1 and zero >= 2:
                         continue        # ZeRO-2/3 re-shard gradients/params per micro-batch: not used with PP
@@ -495,10 +500,12 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
     refusals: collections.Counter = collections.Counter()
     cands = enumerate_candidates(base, model, world, space, refusals)
     if not cands and refusals:
-        # every plan of the space is invalid: the commonest reason, not advice about GPUs or batch sizes
-        why, n = refusals.most_common(1)[0]
+        # every plan of the space is invalid: say why, commonest reasons first
+        why = "; ".join(f"{n} × {reason}" for reason, n in refusals.most_common(3))
+        more = len(refusals) - 3
         raise ConfigError(f"no plan for {base.model} on {world} GPUs: every candidate plan of the search space is "
-                          f"invalid ({n} of {sum(refusals.values())}: {why})")
+                          f"invalid ({sum(refusals.values())} plans: {why}"
+                          + (f"; {more} other reason{'s' if more > 1 else ''}" if more > 0 else "") + ")")
     stats = {"candidates": len(cands), "pruned_memory": 0, "pruned_bound": 0, "simulated": 0, "cached": 0,
              "failed": 0}
     scored = []

@@ -1357,11 +1357,24 @@ def test_refusals_name_the_packed_documents_and_whose_window():
                                                "drop one of them")),
             (["simulate", "--gpus", "8", "-m", "gpt-oss-20b", "--seq", "8192", "--packed-doc-tokens", "2048"],
              ("gpt-oss-20b's own sliding window of 128 tokens", "drop --packed-doc-tokens")),
+            (["plan", "--gpus", "16", "-m", "llama3-8b", "--seq", "8192", "--cp", "2", "--tp", "8",
+              "--packed-doc-tokens", "2048"], (packed_cp,)),
+            # plans dropped for the batch are counted beside the invalid ones, commonest first
+            (["search", "--gpus", "64", "-m", "llama3-8b", "--global-batch", "1", "--seq", "4100", "--tp", "8",
+              "--pp", "1", "--cp", "1,8", "--no-cache"],
+             ("(72 plans: 60 × global batch 1 is not divisible by dp · micro-batch; 12 × seq 4100 must be "
+              "divisible by 2·cp = 16",)),
     ):
         rc, _, err = run_cli(args)
         line = assert_one_line_error(rc, err)
         assert all(n in line for n in needles), (args, line)
         assert "try more GPUs" not in line and "chunked attention" not in line
+    # a sliding window no shorter than the documents never applies within one: dropped, and said so
+    rc, out, err = run_cli(["simulate", "--gpus", "8", "-m", "gpt-oss-20b", "--seq", "8192", "--packed-doc-tokens",
+                            "64", "--json"])
+    assert rc == 0, err
+    assert any("sliding window of 128 tokens is no shorter than a document: it never applies" in n
+               for n in json.loads(out)["notes"])
 
 
 def test_options_that_would_be_silently_ignored_are_refused(tmp_path):

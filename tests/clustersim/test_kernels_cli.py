@@ -113,6 +113,9 @@ def test_a_device_of_another_vendor_says_its_stack_stands_in(capsys):
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert any("the megatron stack stands in" in n for n in notes)
     assert any(n.startswith("--stack megatron is Megatron-Core with Transformer Engine") for n in notes)
-    assert any(n.startswith("--attention-kernel flash2 names a CUDA FlashAttention kernel") for n in notes)
+    assert any(n.startswith("--attention-kernel flash2 names FlashAttention-2's CUDA kernel") for n in notes)
+    # the stack's own kernel named explicitly (torchtitan's is FlashAttention-2) changes nothing: no note
+    assert main(tpu + ["--attention-kernel", "flash2"]) == 0
+    assert not any("--attention-kernel" in n for n in json.loads(capsys.readouterr().out)["notes"])
     nvidia = _run(capsys, "--stack", "megatron", "--attention-kernel", "flash2")
     assert not any("compiler's kernels" in n or "CUDA" in n for n in nvidia.get("notes", []))
