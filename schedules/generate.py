@@ -810,14 +810,12 @@ class _StageBuilder:
         return kl
 
     def _kv_bytes(self) -> float:
-        """Bytes of this rank's K, V block that context parallelism passes on: MLA's compressed latent (and
-        rotary key) in Transformer Engine's ring; torch's (``TORCH_CP_STACKS``) rotates the attention kernel's
-        inputs, K and V at the query heads under repeat_kv and MLA, else at the kv heads."""
+        """Bytes of this rank's K, V block that context parallelism passes on: the attention kernel's K and V
+        inputs, at the query heads under repeat_kv and MLA, else at the kv heads. MLA too: Megatron-Core
+        up-projects K and V per head before Transformer Engine's attention (multi_latent_attention.py,
+        ``qkv_up_proj_and_rope_apply``), whose ring passes those; torch's rotates what its kernel reads."""
         m, p = self.m, self.p
-        if m.is_mla and p.stack not in TORCH_CP_STACKS:
-            width = m.kv_lora_rank + m.qk_rope_dim
-        else:
-            width = attention_kv_heads(m, p) * sum(attention_head_dims(m))
+        width = attention_kv_heads(m, p) * sum(attention_head_dims(m))
         return self.tokens_rank * width * self.dt
 
     # data parallel ---------------------------------------------------------------------------------

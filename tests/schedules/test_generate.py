@@ -758,13 +758,14 @@ def test_torch_context_parallel_buffers_are_live_while_a_layer_backward_runs(sta
         assert peak_memory(res, rep) == pytest.approx(mem[f"stage{plan.stage_of(rep)}"]["total"])
 
 
-def test_torch_context_parallelism_passes_mla_keys_and_values_at_full_width():
-    """MLA under context parallelism: Transformer Engine's ring passes the compressed latent and rotary key;
-    torch's all-gathers what its attention kernel reads, K (nope + rope) and V at every query head."""
+def test_context_parallelism_passes_mla_keys_and_values_at_full_width():
+    """MLA under context parallelism: Megatron-Core up-projects K and V per head before Transformer Engine's
+    attention, whose ring passes them (not the compressed latent); torch's all-gathers what its attention
+    kernel reads: K (nope + rope) and V at every query head, both."""
     m = dataclasses.replace(get_model("deepseek-v3"), layers=4)
     tokens = 4096 // 2
-    for stack, width in (("megatron", m.kv_lora_rank + m.qk_rope_dim),
-                         ("torchtitan", m.heads * (m.d_head + m.qk_rope_dim + m.v_head_dim))):
+    width = m.heads * (m.d_head + m.qk_rope_dim + m.v_head_dim)
+    for stack in ("megatron", "torchtitan"):
         progs = build_programs(m, ParallelPlan(cp=2, ep=1, seq=4096, stack=stack))
         block = tokens * width * m.dtype_bytes
         sends = {op.size_bytes for op in progs.ops[0] if op.kind == "send" and op.strategy == "cp"}
