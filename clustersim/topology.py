@@ -244,6 +244,9 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
                 click.echo(f"{r['name']:20s} {rule:26s} {r['description']}")
         return
     overrides = parse_settings(settings)
+    for key, instead in (("gpus", "--gpus N"), ("preset", "the preset as the argument (clustersim topology PRESET)")):
+        if key in overrides:
+            raise ConfigError(f"--set {key}=...: give {instead}")
     if preset.endswith((".yaml", ".yml")):
         if overrides:
             raise ConfigError("--set works with bundled presets; edit the YAML file instead")

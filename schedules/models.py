@@ -236,6 +236,11 @@ class ModelSpec:
         if not 0 <= self.first_dense_layers <= self.layers:
             raise ConfigError(f"model {self.name}: first_dense_layers must be in 0..{self.layers}")
         self._check_hybrid()
+        if self.is_moe and not self.hybrid_pattern and not any(
+                (i + 1) % self.moe_layer_every == 0 for i in range(self.first_dense_layers, self.layers)):
+            raise ConfigError(f"model {self.name}: no layer would have experts (moe_layer_every "
+                              f"{self.moe_layer_every}, first_dense_layers {self.first_dense_layers}, layers "
+                              f"{self.layers}): the model would run dense; lower moe_layer_every, or give experts 0")
 
     def _check_hybrid(self) -> None:
         pat = self.hybrid_pattern

@@ -883,9 +883,12 @@ def parse_memory_limit(value, pp: int) -> dict:
     ZB-2p) or activation bytes per rank with a unit ("40GB", "500MB", "64GiB": ``simulator.inputs.byte_size``,
     1 GB = 1e9 B). Returns the ParallelPlan fields ``memory_limit`` / ``memory_limit_bytes``."""
     from simulator.inputs import byte_size
-    if value is None or value == "":
+    if value is None:
         return {}
     text = str(value).strip().lower().replace(" ", "")
+    if not text:
+        raise PlanError("--memory-limit is empty: give micro-batches of activations per stage (e.g. 16), a "
+                        "multiple of pp (2p) or bytes with a unit (40GB), or leave the option out")
     usage = (f"--memory-limit is micro-batches of activations per stage (e.g. 16), a multiple of pp (1p = ZB-1p, "
              f"2p = ZB-2p) or bytes with a unit (40GB, 500MB, 64GiB), got {value!r}")
     if text.endswith("b"):

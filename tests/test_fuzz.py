@@ -1663,3 +1663,27 @@ def test_second_hunt_messages_and_files(tmp_path):
 def test_validate_notes_a_tp_overlap_no_selected_row_can_use():
     rc, out, err = run_cli(["validate", "--ids", "1", "--tp-comm-overlap", "--json"])     # MaxText FSDP, tp 1
     assert rc == 0 and "none of the selected rows does: it changed nothing" in err
+
+
+def test_third_hunt_cluster_settings_and_models_that_cannot_be(tmp_path):
+    """From a third CLI hunt: a cluster setting beyond a switch's ports ran past a minute at 4 GB (leaf_down
+    1e7); empty, non-numeric or misplaced settings and an accelerator given as a mapping crashed (exit 3); an
+    MoE model with no expert layer ran dense without a word; an empty --memory-limit was read as none."""
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("accelerator: {peak_bf16: 1.0e+15, hbm: 8.0e+10}\ngpus_per_node: 8\n"
+                         "domain: {kind: nvswitch}\n")
+    for args, needle in (
+            (["topology", "dgx-h100", "--gpus", "64", "--set", "leaf_down=1e7"], "leaf_down must be positive and at most 4096"),
+            (["topology", "dgx-h100", "--gpus", "64", "--set", "oversubscription="], "oversubscription must be a number, got nothing"),
+            (["topology", "dgx-h100", "--gpus", "64", "--set", "nics_per_node="], "nics_per_node must be an integer, got nothing"),
+            (["topology", "dgx-h100", "--gpus", "64", "--set", "placement=nan"], "placement must be a list of GPU indices"),
+            (["topology", "dgx-h100", "--gpus", "64", "--set", "accelerator=[1]"], "accelerator must be a device preset name"),
+            (["topology", "dgx-h100", "--gpus", "64", "--set", "gpus=16"], "--set gpus=...: give --gpus N"),
+            (["topology", "dgx-h100", "--gpus", "64", "--set", "preset=dgx-a100"], "give the preset as the argument"),
+            (["topology", str(yaml_file), "--gpus", "8"], "accelerator must be a device preset name"),
+            (["simulate", "-m", "tiny-moe", "--gpus", "8", "--ep", "2", "--moe-layer-every", "5"], "no layer would have experts"),
+            (["simulate", "-m", "tiny", "--gpus", "8", "--pp", "2", "--schedule", "zb-auto", "--memory-limit", ""],
+             "--memory-limit is empty"),
+    ):
+        rc, _, err = run_cli(args)
+        assert needle in assert_one_line_error(rc, err), args

@@ -16,6 +16,7 @@ one directed link per direction of every non-fabric edge plus the fat tree's tru
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -375,7 +376,14 @@ class Cluster:
         if placement is None:
             self.placement = tuple(range(self.n_gpus))
         else:
-            pl = tuple(int(x) for x in placement)
+            try:
+                pl = tuple(placement) if not isinstance(placement, (str, bytes, dict)) else None
+            except TypeError:
+                pl = None
+            if pl is None or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in pl):
+                raise TopologyError(f"cluster {self.name!r}: placement must be a list of GPU indices (rank i on "
+                                    f"GPU placement[i]), got {str(placement)[:80]}")
+            pl = tuple(int(x) for x in pl)
             bad = [g for g in pl if not 0 <= g < self.n_gpus]
             if bad:
                 raise TopologyError(f"cluster {self.name!r}: placement names GPU(s) {bad[:5]} outside 0..{self.n_gpus - 1}")

@@ -161,11 +161,16 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
     for k in ("accelerator", "gpus_per_node", "domain"):
         if cfg.get(k) is None:
             raise ConfigError(f"{where}: missing required key {k!r}")
+    if not isinstance(cfg["accelerator"], str):
+        raise ConfigError(f"{where}: accelerator must be a device preset name (e.g. H100-SXM), got "
+                          f"{cfg['accelerator']!r}")
     acc = get_accelerator(cfg["accelerator"])
     n = _gpus(cfg, gpus, where)
     gpn = cfg["gpus_per_node"]
     if not isinstance(gpn, int) or gpn < 1:
         raise ConfigError(f"{where}: gpus_per_node must be a positive integer, got {gpn!r}")
+    if not isinstance(cfg["domain"], dict) or not (cfg.get("fabric") is None or isinstance(cfg["fabric"], dict)):
+        raise ConfigError(f"{where}: domain and fabric must be mappings of their settings")
     dom = dict(cfg["domain"])
     bad = set(dom) - _DOMAIN_KEYS
     if bad:
@@ -183,13 +188,14 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
         bw = dom.get("bandwidth", acc.scale_up_bytes_per_s / (2 * len(dims)))
     else:
         dims = None
-        size = _num(dom, "size", gpn, int, where)
+        size = _num(dom, "size", gpn, int, where, hi=MAX_DEVICES)
         bw = dom.get("bandwidth", acc.scale_up_bytes_per_s)
     _positive(bw, f"{where}: domain bandwidth")
     domain = DomainSpec(kind=kind, size=min(size, n) if kind != "torus" else size, bandwidth=float(bw),
                         sharp=_flag(dom, "sharp", False, where), dims=dims, wrap=_flag(dom, "wrap", True, where),
-                        direct=_flag(dom, "direct", False, where), slice_size=_num(dom, "slice_size", None, int, where),
-                        latency=_num(dom, "latency", None, float, where))
+                        direct=_flag(dom, "direct", False, where),
+                        slice_size=_num(dom, "slice_size", None, int, where, hi=MAX_DEVICES),
+                        latency=_num(dom, "latency", None, float, where, lo=0.0, hi=MAX_LATENCY_S))
     fabric = None
     fab = cfg.get("fabric")
     if fab is not None:
@@ -201,23 +207,40 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
         link = str(fab.get("link", "ib"))
         if link not in ("ib", "ethernet"):
             raise ConfigError(f"{where}: fabric link must be ib or ethernet, got {link!r}")
-        fabric = FabricSpec(tiers=_num(fab, "tiers", 3, int, where), leaf_down=_num(fab, "leaf_down", 32, int, where),
-                            oversubscription=_num(fab, "oversubscription", 1.0, float, where),
+        fabric = FabricSpec(tiers=_num(fab, "tiers", 3, int, where),
+                            leaf_down=_num(fab, "leaf_down", 32, int, where, hi=MAX_SWITCH_PORTS),
+                            oversubscription=_num(fab, "oversubscription", 1.0, float, where, hi=MAX_SWITCH_PORTS),
                             rail_optimised=_flag(fab, "rail_optimised", True, where), bandwidth=float(fbw),
-                            nics_per_node=_num(fab, "nics_per_node", gpn, int, where), link=link,
-                            latency=_num(fab, "latency", None, float, where), pxn=_flag(fab, "pxn", True, where),
+                            nics_per_node=_num(fab, "nics_per_node", gpn, int, where, hi=MAX_SWITCH_PORTS), link=link,
+                            latency=_num(fab, "latency", None, float, where, lo=0.0, hi=MAX_LATENCY_S),
+                            pxn=_flag(fab, "pxn", True, where),
                             sharp=_flag(fab, "sharp", False, where))
     return Cluster(cfg.get("name", "custom"), acc, n, gpn, domain, fabric, placement=cfg.get("placement"),
                    description=cfg.get("description", ""))
 
 
-def _num(d: dict, key: str, default, typ, where: str):
-    """d[key] as int/float (default when missing); ConfigError naming the key otherwise."""
+#: physical bounds on cluster settings (a switch's ports, a scale-up domain's devices, a latency): beyond them a
+#: value is a typo, and building its graph would not end (leaf_down 1e7 ran past a minute at 4 GB)
+MAX_SWITCH_PORTS = 4096
+MAX_DEVICES = 1 << 20
+MAX_LATENCY_S = 1.0
+
+
+def _num(d: dict, key: str, default, typ, where: str, lo: float | None = None, hi: float | None = None):
+    """d[key] as int/float (default when missing; None where the setting is optional); ConfigError naming the
+    key when it is not a finite number (an empty value too, where the setting has a default), below ``lo``
+    (default: above 0) or above ``hi``."""
     v = d.get(key, default)
     if v is None:
+        if key in d and default is not None:
+            raise ConfigError(f"{where}: {key} must be {'an integer' if typ is int else 'a number'}, got nothing")
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and int(v) != v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (typ is int and int(v) != v):
         raise ConfigError(f"{where}: {key} must be {'an integer' if typ is int else 'a number'}, got {v!r}")
+    if (v < lo if lo is not None else v <= 0) or (hi is not None and v > hi):
+        bound = f"at least {lo:g}" if lo is not None else "positive"
+        raise ConfigError(f"{where}: {key} must be {bound}" + (f" and at most {hi:g}" if hi is not None else "")
+                          + f", got {v!r}")
     return typ(v)
 
 
