@@ -43,6 +43,11 @@ MAX_FAILURE_EVENTS = 20_000_000
 # Longest time any input may be (s): ~31,700 years, beyond any run or MTBF worth analysing; larger values
 # only overflow the closed forms (M·50, exp) and the sweep.
 MAX_TIME_S = 1e12
+#: the shortest training step taken as real (s): below it steps per run overflow into nonsense (1e-308 s gave inf)
+MIN_STEP_S = 1e-6
+#: the options each setting comes from, for messages
+FLAG = {"mtbf_device_s": "--mtbf-hours (in s)", "horizon_s": "--days (in s)", "checkpoint_s": "--checkpoint-cost-s",
+        "restart_s": "--restart-s", "interval_s": "--checkpoint-interval-min (in s)", "step_time_s": "--step-time-s"}
 # Most Monte-Carlo trajectories: each costs a few numpy calls per sweep point (100,000 take ~35 s on a
 # 2-core machine); the standard error at the default 64 is already printed beside the estimate.
 MAX_TRIALS = 100_000
@@ -91,8 +96,15 @@ class GoodputConfig:
                 raise ConfigError(f"goodput: the checkpoint interval ({self.interval_s / 60:g} min) is longer than "
                                   f"the run ({self.horizon_s / 86400:g} days): no checkpoint would be taken; lower "
                                   f"--checkpoint-interval-min or raise --days")
+            if self.interval_s <= self.checkpoint_s:
+                raise ConfigError(f"goodput: the checkpoint interval ({self.interval_s:g} s) is not longer than one "
+                                  f"checkpoint write ({self.checkpoint_s:g} s, --checkpoint-cost-s): the run would do "
+                                  f"nothing but checkpoint; raise --checkpoint-interval-min")
         if self.step_time_s is not None:
             _finite("step_time_s", self.step_time_s, strict=True)
+            if self.step_time_s < MIN_STEP_S:
+                raise ConfigError(f"goodput: --step-time-s {self.step_time_s:g} is shorter than any training step "
+                                  f"(at least {MIN_STEP_S:g} s)")
             if self.step_time_s > self.horizon_s:
                 raise ConfigError(f"goodput: one training step ({self.step_time_s:g} s) is longer than the run "
                                   f"({self.horizon_s:g} s = {self.horizon_s / 86400:g} days): no step would "
@@ -112,7 +124,8 @@ def _positive_int(name, v):
 def _finite(name, v, strict: bool):
     ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) and math.isfinite(v)
     if not ok or (v <= 0 if strict else v < 0) or v > MAX_TIME_S:
-        raise ConfigError(f"goodput: {name} must be a number {'> 0' if strict else '>= 0'} and at most "
+        flag = f" ({FLAG[name]})" if name in FLAG else ""
+        raise ConfigError(f"goodput: {name}{flag} must be a number {'> 0' if strict else '>= 0'} and at most "
                           f"{MAX_TIME_S:.0e} s, got {v!r}")
 
 
@@ -383,6 +396,9 @@ def read_simulate_result(path: str) -> tuple[int, float]:
 def goodput(gpus, result_path, mtbf_hours, checkpoint_interval_min, checkpoint_cost_s, restart_s, days, step_time_s,
             trials, seed, as_json):
     """Expected goodput of a long run under failures, and the optimal checkpoint interval vs Young/Daly."""
+    if result_path and gpus is not None and step_time_s is not None:
+        raise ConfigError("goodput: --result gives the GPUs and the step time, and --gpus and --step-time-s both "
+                          "override it: drop --result, or one of the two")
     if result_path:
         world, step = read_simulate_result(result_path)
         gpus = world if gpus is None else gpus

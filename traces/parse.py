@@ -69,6 +69,8 @@ _KIND_SUFFIXES = ("intotensorcoalesced", "tensorcoalesced", "intotensor", "coale
                   "base", "sparse")
 
 _STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+#: the longest profiled step taken as real (us): a day
+MAX_STEP_US = 86400e6
 _RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _BACKWARD_RE = re.compile(r"Backward\d*$")
 
@@ -317,7 +319,7 @@ class _RankParser:
         self.min_ts = math.inf
         self.intern: dict[str, str] = {}
         self.ids: dict = {}
-        self.negative_durations = 0         # CPU / GPU events whose negative duration was read as 0
+        self.negative_durations = 0         # CPU / GPU events whose negative or unreadable duration was read as 0
 
     def _id(self, v):
         """``_hid(v)``, one shared object per distinct id (millions of rows hold a few distinct ids)."""
@@ -336,8 +338,8 @@ class _RankParser:
             if ts is None:
                 return
             if dur is None or dur < 0:
-                if dur is not None and (cat in CPU_CATS or cat in GPU_CATS):
-                    self.negative_durations += 1
+                if (dur is not None or e.get("dur") is not None) and (cat in CPU_CATS or cat in GPU_CATS):
+                    self.negative_durations += 1         # negative, or not a plausible number
                 dur = 0.0
             args = e.get("args") or {}
             if not isinstance(args, dict):
@@ -433,7 +435,7 @@ def _rank_info(path: Path, meta: dict, rp: _RankParser, fallback_rank: int) -> R
                     "size": _int(pg.get("pg_size"), len(ranks) if ranks else -1)})
     base = meta.get("baseTimeNanoseconds")
     base = int(base) if isinstance(base, (int, float)) and not isinstance(base, bool) and math.isfinite(base) \
-        and abs(base) < 1e20 else None
+        and 0 < base < 1e20 else None
     host = meta.get("host_name")
     # the GPU device used by this rank: the device of its kernels, else deviceProperties[rank % n]
     if len(rp.gpu["device"]) and devices:
@@ -515,6 +517,18 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
         raise TraceError(f"{info.path}: step number of {steps['name'][huge].iloc[0][:40]!r}... is too large "
                          f"(ProfilerStep#N with N of more than 15 digits)")
     steps["step"] = digits.astype(np.int64)
+    dur = pd.to_numeric(steps["dur"], errors="coerce").to_numpy(float)
+    bad = ~(np.isfinite(dur) & (dur > 0) & (dur < MAX_STEP_US))
+    if bad.any():       # (a negative or unreadable "dur" was read as 0)
+        i = int(np.argmax(bad))
+        raise TraceError(f"{info.path}: step event {str(steps['name'].iloc[i])[:40]!r} has no usable duration "
+                         f"(read as {dur[i]:g} us): a profiled step lasts a positive time under "
+                         f"{MAX_STEP_US / 1e6:g} s")
+    numbered = steps["step"] >= 0
+    twice = steps.loc[numbered, "step"].duplicated()
+    if twice.any():
+        n = int(steps.loc[numbered, "step"][twice].iloc[0])
+        raise TraceError(f"{info.path}: two ProfilerStep#{n} events on one rank; a trace profiles each step once")
     steps = steps.sort_values("ts").drop_duplicates("step", keep="first")
     steps["cpu_row"] = steps.index
     steps = steps.reset_index(drop=True)
@@ -977,6 +991,9 @@ def one_run_problems(trace: Trace, manifest: dict | None) -> list[str]:
     if manifest is not None and manifest.get("format") == MANIFEST_FORMAT and manifest.get("mode") != "bench":
         ws = manifest.get("world_size")
         if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
+            if sizes and ws not in sizes:
+                problems.append(f"manifest.json says world_size {ws} but the traces' distributedInfo says "
+                                f"{', '.join(map(str, sorted(sizes)))}")
             extra = sorted(r for r in trace.ranks if r >= ws)
             if extra:
                 problems.append(f"manifest.json says world_size {ws} but {', '.join(names[r] for r in extra)} "
@@ -1033,7 +1050,12 @@ def load_trace(path: str | Path, *, progress=None) -> Trace:
             raise TraceError(f"{by_rank[info.rank][0].path} and {info.path} both hold rank {info.rank}; pass the "
                              f"folder of one run (one file per rank)")
         by_rank[info.rank] = (info, rp, meta)
-    # common clock: baseTimeNanoseconds + ts (us)
+    # common clock: baseTimeNanoseconds + ts (us); a base on some ranks only would offset those by decades
+    based = [info.rank for info, _, _ in by_rank.values() if info.base_time_ns is not None]
+    if based and len(based) != len(by_rank):
+        lacking = sorted(r for r in by_rank if r not in set(based))
+        raise TraceError(f"{by_rank[lacking[0]][0].path}: no valid baseTimeNanoseconds (a positive number of ns), "
+                         f"which the other ranks' traces have: the ranks cannot be put on one clock")
     for info, rp, _ in by_rank.values():
         info.start_abs_us = (info.base_time_ns or 0) / 1e3 + rp.min_ts
     origin = min(info.start_abs_us for info, _, _ in by_rank.values())

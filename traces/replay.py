@@ -520,7 +520,7 @@ def _peer_notes(plan: ReplayPlan, trace: Trace, comm_what_if: bool) -> list[str]
                      "peers in it (record every rank)")
     bad = {info.path.name: info.negative_durations for info in trace.ranks.values() if info.negative_durations}
     if bad:
-        notes.append(f"{sum(bad.values()):,} event(s) with a negative duration read as 0 s ("
+        notes.append(f"{sum(bad.values()):,} event(s) with a negative or unreadable duration read as 0 s ("
                      + ", ".join(f"{name}: {n:,}" for name, n in sorted(bad.items())[:4])
                      + (", ..." if len(bad) > 4 else "") + "): a profiler clock glitch or an edited file; "
                      "measured and replayed times that hold them are not to be trusted")

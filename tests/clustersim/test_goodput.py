@@ -212,10 +212,10 @@ def test_cli_reads_gpus_and_step_time_from_a_simulate_result(tmp_path, capsys):
     # the largest times accepted, with and without checkpoint cost
     dict(gpus=1, mtbf_device_s=1e12, checkpoint_s=0, restart_s=0, horizon_s=1),
     dict(gpus=1, mtbf_device_s=1e12, checkpoint_s=1e12, restart_s=1e12, horizon_s=1e12),
-    # an interval of 1e24 steps: rounding to whole steps used to raise OverflowError (the run as long: an
-    # interval longer than the run is refused)
+    # an interval of 1e18 steps of the shortest step taken (MIN_STEP_S): rounding to whole steps used to
+    # raise OverflowError (the run as long: an interval longer than the run is refused)
     dict(gpus=1, mtbf_device_s=1e12, checkpoint_s=0, restart_s=0, horizon_s=1e12, interval_s=1e12,
-         step_time_s=1e-300),
+         step_time_s=1e-6),
 ])
 def test_extreme_inputs_give_finite_goodput(kw):
     """Found by the fuzz test (tests/test_fuzz.py) with random seeds."""
@@ -232,5 +232,19 @@ def test_times_beyond_the_bound_are_a_clear_error(field):
     from clustersim.goodput import GoodputConfig
     kw = dict(gpus=8, mtbf_device_s=1e6, checkpoint_s=60, restart_s=600, horizon_s=86400)
     kw[field] = 1e308
-    with pytest.raises(ConfigError, match=f"{field} must be a number .* at most 1e\\+12 s"):
+    with pytest.raises(ConfigError, match=f"{field} .*must be a number .* at most 1e\\+12 s"):
         GoodputConfig(**kw)
+
+
+def test_steps_intervals_and_overrides_that_cannot_be_are_refused(capsys):
+    """A step shorter than a microsecond (1e-308 s made the steps per run infinite and crashed --json), a
+    checkpoint interval no longer than one checkpoint (the first-order goodput went negative), and --gpus with
+    --step-time-s beside --result (which then gave nothing) are one-line errors naming the option."""
+    base = ["goodput", "--mtbf-hours", "50000", "--checkpoint-cost-s", "30", "--restart-s", "600", "--gpus", "8"]
+    for extra, needle in ((["--step-time-s", "1e-308", "--json"], "--step-time-s 1e-308 is shorter than any"),
+                          (["--checkpoint-interval-min", "1e-9"], "is not longer than one checkpoint write"),
+                          (["--checkpoint-cost-s", "-1"], "checkpoint_s (--checkpoint-cost-s) must be")):
+        assert main(base + extra) == 2
+        assert needle in capsys.readouterr().err
+    assert main(base + ["--step-time-s", "5", "--result", "x.json"]) == 2
+    assert "drop --result, or one of the two" in capsys.readouterr().err

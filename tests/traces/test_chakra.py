@@ -230,3 +230,20 @@ def test_fuzzed_et_bytes_exit_2_with_one_line(tmp_path_factory, data):
     if rc == 2:
         assert msg.startswith("error: ") and msg.count("\n") == 1, msg
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("attr, value", [("cs_duration_s", 1e300), ("cs_flops", 1e308), ("num_ops", 1e30),
+                                         ("tensor_size", 1e308), ("duration_micros", 2 ** 62)])
+def test_node_figures_beyond_any_real_node_are_refused(tmp_path, attr, value):
+    """A node's duration, FLOPs or bytes beyond physical bounds is corrupt: refused naming the attribute (a
+    1e300 s duration printed an infinite step and crashed writing the trace)."""
+    node = {"id": 1, "name": "k", "type": 4}
+    if attr == "duration_micros":
+        node["duration_micros"] = int(value)
+    else:
+        node["attr"] = [S.make_attr(attr, value)]
+    body = delimited(encode({"version": "0.0.4"}, S.SCHEMA, "GlobalMetadata")) + \
+        delimited(encode(node, S.SCHEMA, "Node"))
+    (tmp_path / "w.0.et").write_bytes(body)
+    with pytest.raises(TraceError, match=f"{attr} is .*beyond any real node"):
+        load_programs(tmp_path / "w")

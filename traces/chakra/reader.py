@@ -196,12 +196,25 @@ def _attrs(node: dict, report: ChakraReport) -> dict:
     return out
 
 
+#: physical bounds on one node's figures: beyond them a value is corrupt, and the step it gives overflows (a
+#: 1e300 s duration printed inf and crashed writing the trace): a node's FLOPs, bytes and duration
+MAX_NODE_FLOPS = 1e21
+MAX_NODE_BYTES = 1e15
+MAX_NODE_SECONDS = 1e5
+_LIMITS = {"num_ops": MAX_NODE_FLOPS, "cs_flops": MAX_NODE_FLOPS, "cs_duration_s": MAX_NODE_SECONDS,
+           "duration_micros": MAX_NODE_SECONDS * 1e6}
+
+
 def _num(attrs: dict, key: str, where: str, default=0):
     v = attrs.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 or v == float("inf"):
         raise TraceError(f"{where}: attribute {key} must be a non-negative number, got {v!r}")
+    limit = _LIMITS.get(key, MAX_NODE_BYTES)
+    if v > limit:
+        raise TraceError(f"{where}: attribute {key} is {v:g}, beyond any real node (at most {limit:g}"
+                         f"{' s' if key == 'cs_duration_s' else ' us' if key == 'duration_micros' else ''})")
     return v
 
 
@@ -283,7 +296,7 @@ def _op(rank, node, where, programs, groups, report, roofline) -> Op:
     cpu = bool(attrs.get("is_cpu_op", False))
     stream = attrs.get("stream")
     stream = (f"gpu{stream}" if isinstance(stream, int) else str(stream)) if stream is not None else None
-    dur_us = node.get("duration_micros", 0)
+    dur_us = _num(node, "duration_micros", where)
     exact_s = _num(attrs, "cs_duration_s", where, None)
     labels = dict(phase=attrs.get("cs_phase") or None, microbatch=attrs.get("cs_microbatch"),
                   layer=attrs.get("cs_layer"), strategy=attrs.get("cs_strategy"))

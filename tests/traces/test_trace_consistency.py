@@ -1,0 +1,61 @@
+"""Traces whose metadata or step events cannot be one run's are refused naming the file (the replay of them
+printed predictions off by 10^13 %): a clock base on some ranks only, a step of infinite length, one step
+profiled twice, a manifest whose world size the traces contradict."""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.errors import TraceError
+from traces.replay import replay
+
+DDP = Path(__file__).resolve().parents[2] / "traces" / "samples" / "cpu-gloo-ddp"
+
+
+def _copy(tmp_path, edit_rank1=None, manifest=None):
+    for name in ("manifest.json", "rank0.json.gz", "rank1.json.gz"):
+        data = (DDP / name).read_bytes()
+        if name == "rank1.json.gz" and edit_rank1:
+            trace = json.loads(gzip.decompress(data))
+            edit_rank1(trace)
+            data = gzip.compress(json.dumps(trace).encode())
+        if name == "manifest.json" and manifest:
+            m = json.loads(data)
+            m.update(manifest)
+            data = json.dumps(m).encode()
+        (tmp_path / name).write_bytes(data)
+    return tmp_path
+
+
+def _steps(trace):
+    return [e for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep")
+            and e.get("ph") == "X"]
+
+
+def test_a_clock_base_on_some_ranks_only_is_refused(tmp_path):
+    def drop_base(t):
+        t.pop("baseTimeNanoseconds", None)
+    with pytest.raises(TraceError, match=r"rank1\.json\.gz: no valid baseTimeNanoseconds"):
+        replay(_copy(tmp_path, drop_base))
+
+
+def test_a_step_of_infinite_length_is_refused(tmp_path):
+    def endless(t):
+        _steps(t)[0]["dur"] = 1e308
+    with pytest.raises(TraceError, match=r"rank1\.json\.gz: step event 'ProfilerStep#\d+' has no usable duration"):
+        replay(_copy(tmp_path, endless))
+
+
+def test_one_step_profiled_twice_is_refused(tmp_path):
+    def twice(t):
+        s = _steps(t)
+        s[1]["name"] = s[0]["name"]
+    with pytest.raises(TraceError, match=r"two ProfilerStep#\d+ events on one rank"):
+        replay(_copy(tmp_path, twice))
+
+
+def test_a_manifest_the_traces_contradict_is_refused(tmp_path):
+    with pytest.raises(TraceError, match="manifest.json says world_size 3 but the traces' distributedInfo says 2"):
+        replay(_copy(tmp_path, manifest={"world_size": 3}))
+    assert replay(_copy(tmp_path))["measured_step_time_s"] > 0        # the untouched copy replays
