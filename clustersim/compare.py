@@ -151,7 +151,21 @@ def build_variants(config: str | None, schedules: str | None, options: dict,
             raise ConfigError(f"{config}: faults: expected a mapping (stragglers, jitter, seed, ...)")
         given["faults"] = faults_from_options(yaml_faults, **fault_flags)
     merged_base = {**base, **given}
+    flags_given = "faults" in given and any(v not in (None, (), []) for v in fault_flags.values())
+    if flags_given:
+        # a variant's own faults meet the command-line fault options as a file's do in `simulate` (they were
+        # replaced: `--straggler 1:3` gave a variant with `faults: {jitter: 0}` no straggler, without a word)
+        for name, over in variants:
+            if over.get("faults") is not None:
+                if not isinstance(over["faults"], dict):
+                    raise ConfigError(f"variant {name!r}: faults: expected a mapping (stragglers, jitter, seed, ...)")
+                over["faults"] = faults_from_options(over["faults"], **fault_flags)
     if schedules:
+        own = [n for n, o in variants if "schedule" in o]
+        if own:
+            raise ConfigError(f"--schedules runs every variant with each of its schedules, but variant(s) "
+                              f"{', '.join(own[:4])} set their own schedule, which it would replace: drop "
+                              f"--schedules or the variants' schedule")
         vs = merged_base.get("virtual_stages")          # (base keys spelled with underscores)
         svars = schedule_variants(schedules, vs, merged_base.get("memory_limit"))
         if variants:

@@ -40,3 +40,21 @@ def test_report_command_line_shows_only_given_options(tmp_path, capsys):
     assert "--straggler 5:1.5 --straggler 3:1.2" in html
     assert "()" not in html.split("clustersim compare", 1)[1].split("<", 1)[0]
     assert "params (B)" in html
+
+
+def test_a_variants_own_faults_meet_the_fault_options(tmp_path, capsys):
+    """A variant with its own faults (even a jitter of 0) lost the command line's --straggler without a word;
+    now they merge as simulate merges a file's faults with its flags."""
+    f = tmp_path / "cmp.yaml"
+    f.write_text("variants:\n  plain: {}\n  jit: {faults: {jitter: 0.0}}\n")
+    out = _json(capsys, ["compare", "-c", str(f), *BASE, "--straggler", "5:1.5"])
+    sim = _json(capsys, ["simulate", *BASE, "--straggler", "5:1.5"])
+    steps = {p["name"]: p["metrics"]["step_time_s"] for p in out["plans"]}
+    assert steps["plain"] == steps["jit"] == sim["step_time_s"]
+
+
+def test_schedules_do_not_silently_replace_a_variants_schedule(tmp_path, capsys):
+    f = tmp_path / "cmp.yaml"
+    f.write_text("variants:\n  a: {schedule: gpipe}\n  b: {schedule: 1f1b}\n")
+    assert main(["compare", "-c", str(f), *BASE, "--schedules", "zb-h1,zb-h2"]) == 2
+    assert "variant(s) a, b set their own schedule" in capsys.readouterr().err
