@@ -247,3 +247,11 @@ def test_node_figures_beyond_any_real_node_are_refused(tmp_path, attr, value):
     (tmp_path / "w.0.et").write_bytes(body)
     with pytest.raises(TraceError, match=f"{attr} is .*beyond any real node"):
         load_programs(tmp_path / "w")
+
+
+def test_files_of_headers_alone_are_refused(tmp_path):
+    """ETs holding only their GlobalMetadata gave "step time 0 ns" as a result."""
+    for r in range(2):
+        (tmp_path / f"w.{r}.et").write_bytes(delimited(encode({"version": "0.0.4"}, S.SCHEMA, "GlobalMetadata")))
+    with pytest.raises(TraceError, match="no rank file holds a node"):
+        load_programs(tmp_path / "w")

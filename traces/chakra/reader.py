@@ -387,6 +387,9 @@ def load_programs(prefix: str | Path, dims: tuple[int, ...] | None = None,
         report.version = report.version or meta.get("version", "") or \
             next((S.attr_value(a) for a in meta.get("attr", []) if a.get("name") == "schema"), "")
         parsed[key] = (meta, nodes)
+    if not any(nodes for _, nodes in parsed.values()):
+        raise TraceError(f"{prefix}: no rank file holds a node (only the GlobalMetadata header): nothing to "
+                         f"simulate")
     classes: dict[int, tuple[int, ...]] = {}
     for key, ranks in by_digest.items():
         p, _ = blobs[key]
