@@ -590,9 +590,9 @@ class ParallelPlan:
         local = model.sliding_window or model.attention_chunk          # (at most one is set)
         if self.cp > 1 and local and local < self.seq:
             what, span = ("sliding-window", "window") if model.sliding_window else ("chunked", "chunk")
-            raise PlanError(f"context parallelism (cp {self.cp}) with {model.name}'s {what} attention ({local} "
-                            f"tokens) is not modelled: its ring would skip the KV blocks outside the {span}; "
-                            f"use --cp 1")
+            raise PlanError(f"context parallelism (cp {self.cp}) with {what} attention of {local} tokens (as "
+                            f"{model.name} runs here) is not modelled: its ring would skip the KV blocks outside "
+                            f"the {span}; use --cp 1")
         if model.is_moe and model.experts % self.ep:
             raise PlanError(f"ep({self.ep}) must divide the {model.experts} experts of {model.name}")
         if model.is_moe and model.expert_ffn % self.expert_tp:
