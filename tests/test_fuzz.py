@@ -1672,6 +1672,9 @@ def test_third_hunt_cluster_settings_and_models_that_cannot_be(tmp_path):
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("accelerator: {peak_bf16: 1.0e+15, hbm: 8.0e+10}\ngpus_per_node: 8\n"
                          "domain: {kind: nvswitch}\n")
+    gpus_file = tmp_path / "g.yaml"
+    gpus_file.write_text("accelerator: H100-SXM\ngpus_per_node: 8\ngpus: {default: 16, bogus: 1}\n"
+                         "domain: {kind: nvswitch}\n")
     for args, needle in (
             (["topology", "dgx-h100", "--gpus", "64", "--set", "leaf_down=1e7"], "leaf_down must be positive and at most 4096"),
             (["topology", "dgx-h100", "--gpus", "64", "--set", "oversubscription="], "oversubscription must be a number, got nothing"),
@@ -1681,6 +1684,9 @@ def test_third_hunt_cluster_settings_and_models_that_cannot_be(tmp_path):
             (["topology", "dgx-h100", "--gpus", "64", "--set", "gpus=16"], "--set gpus=...: give --gpus N"),
             (["topology", "dgx-h100", "--gpus", "64", "--set", "preset=dgx-a100"], "give the preset as the argument"),
             (["topology", str(yaml_file), "--gpus", "8"], "accelerator must be a device preset name"),
+            (["topology", "dgx-h100", "--gpus", "64", "--set", "dims=[1]"], "domain dims applies to torus domains"),
+            (["topology", "pcie-ethernet-lab", "--set", "sharp=true"], "domain sharp applies to nvswitch and nvl72"),
+            (["topology", str(gpus_file)], "unknown gpus key(s) ['bogus']"),
             (["simulate", "-m", "tiny-moe", "--gpus", "8", "--ep", "2", "--moe-layer-every", "5"], "no layer would have experts"),
             (["simulate", "-m", "tiny", "--gpus", "8", "--pp", "2", "--schedule", "zb-auto", "--memory-limit", ""],
              "--memory-limit is empty"),

@@ -116,6 +116,9 @@ def _gpus(cfg: dict, gpus, where: str) -> int:
         rule = {"default": rule}
     if not isinstance(rule, dict):
         raise ConfigError(f"{where}: 'gpus' must be an int or a mapping (default, multiple_of, min, max)")
+    unknown = sorted(set(rule) - {"default", "multiple_of", "min", "max"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown gpus key(s) {unknown}; known: default, max, min, multiple_of")
     n = rule.get("default") if gpus is None else gpus
     if n is None:
         raise ConfigError(f"{where}: say how many GPUs (--gpus N)")
@@ -176,6 +179,15 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
     if bad:
         raise ConfigError(f"{where}: unknown domain key(s) {sorted(bad)}; known: {sorted(_DOMAIN_KEYS)}")
     kind = dom.get("kind")
+    # settings of another kind of domain would be ignored (a fat tree's "dims", a PCIe switch's "sharp")
+    for key, differs, kinds in (("dims", dom.get("dims") is not None, ("torus",)),
+                                ("wrap", dom.get("wrap") is False, ("torus",)),
+                                ("direct", dom.get("direct") is True, ("optical",)),
+                                ("slice_size", dom.get("slice_size") is not None, ("optical",)),
+                                ("sharp", dom.get("sharp") is True, ("nvswitch", "nvl72"))):
+        if differs and kind not in kinds:
+            raise ConfigError(f"{where}: domain {key} applies to {' and '.join(kinds)} domains; this domain is "
+                              f"{kind}: drop it")
     dims = dom.get("dims")
     if kind == "torus":
         if dims in (None, "auto"):
