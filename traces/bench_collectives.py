@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from traces import bench_format
+from traces.bench_format import BENCH_KINDS
 from traces.rank_io import UsageError, say, synchronize, write_bench_manifest
 
-BENCH_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 

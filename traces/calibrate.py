@@ -36,6 +36,7 @@ import pandas as pd
 from simulator.calibration import LAYER_PHASES, Calibration, CollectiveFit, ComputeFit, LayerFit, bus_factor
 from simulator.errors import ClusterSimError, TraceError
 from simulator.inputs import integer, number, text
+from traces.bench_format import BENCH_KINDS, MAX_BENCH_BYTES
 from traces.parse import Trace, check_one_run, folder_manifest, load_manifest, load_trace, trace_files
 
 BENCH_FORMAT = "clustersim-trace-manifest"
@@ -216,12 +217,14 @@ def bench_samples(manifest: dict, where: str) -> pd.DataFrame:
         w = f"{where}: results row {i}"
         if not isinstance(r, dict):
             raise TraceError(f"{w}: expected a mapping")
-        rows.append({"kind": text(r.get("kind"), f"{w}: kind", err=TraceError),
-                     "size_bytes": number(r.get("size_bytes"), f"{w}: size_bytes", lo=0, err=TraceError),
+        group = r.get("group_size") if "group_size" in r else manifest.get("world_size")
+        rows.append({"kind": text(r.get("kind"), f"{w}: kind", choices=BENCH_KINDS, err=TraceError),
+                     "size_bytes": number(r.get("size_bytes"), f"{w}: size_bytes", lo=0, lo_open=True,
+                                          hi=MAX_BENCH_BYTES, err=TraceError),
                      "transfer_s": number(r.get("time_s"), f"{w}: time_s", lo=0, lo_open=True, hi=1e6,
                                           err=TraceError),
-                     "group_size": integer(r.get("group_size") or manifest.get("world_size") or 0,
-                                           f"{w}: group_size", lo=1, hi=1 << 24, err=TraceError)})
+                     "group_size": integer(group, f"{w}: group_size (or the manifest's world_size)", lo=1,
+                                           hi=1 << 24, err=TraceError)})
     df = pd.DataFrame(rows)
     df["backend"] = text(manifest.get("backend") or "nccl", f"{where}: backend", err=TraceError)
     hosts = manifest.get("hostnames") or [1]

@@ -239,3 +239,20 @@ def test_committed_layer_benchmark_sample_fits_both_phases():
         pts = np.array(f.points)
         assert len(pts) >= 4 and f.half_saturation_flops > 0
         assert np.all(np.abs(np.array([f.achieved_flops_per_s(x) for x in pts[:, 0]]) / pts[:, 1] - 1) < 0.15)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"kind": "abc"}, r"results row 0: kind: unknown value 'abc'"),
+    ({"size_bytes": 1e308}, r"results row 0: size_bytes"),
+    ({"group_size": 0}, r"results row 0: group_size"),
+    ({"group_size": None}, r"results row 0: group_size"),
+])
+def test_a_bad_benchmark_row_is_named(tmp_path, edit, match):
+    """A benchmark row's unknown kind, 1e308-byte size or missing group size named the calibration file being
+    written (its fit went NaN, after a page of numpy warnings) or was accepted; now the row is named."""
+    path = _bench_manifest(tmp_path / "b")
+    m = json.loads((path / "manifest.json").read_text())
+    m["results"][0].update(edit)
+    (path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(TraceError, match=match):
+        calibrate(path)
