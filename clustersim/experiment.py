@@ -937,6 +937,7 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     if exp.faults:
         from topologies import faults as fault_mod
         spec = fault_mod.faults_from_dict(exp.faults)
+        notes += fault_mod.inert_fault_notes(spec)
         if exp.network == "ideal" and (spec.link_failures or spec.link_degradation):
             notes.append("--network ideal makes every communication free: failed and degraded links change nothing")
         cost, failures = fault_mod.apply_faults(cost, cluster, spec, world)

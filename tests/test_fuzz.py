@@ -1693,3 +1693,16 @@ def test_third_hunt_cluster_settings_and_models_that_cannot_be(tmp_path):
     ):
         rc, _, err = run_cli(args)
         assert needle in assert_one_line_error(rc, err), args
+
+
+def test_faults_that_change_nothing_are_noted():
+    """A seed with nothing random, a straggler factor of 1 and a distribution of factors of 1 ran without a word."""
+    for extra, needle in ((["--seed", "5"], "seed 5 draws nothing"),
+                          (["--straggler", "1:1"], "straggler factor 1 on rank(s) 1"),
+                          (["--straggler-dist", "lognormal:0"], "draws only factors of 1")):
+        rc, out, err = run_cli(["simulate", "-m", "tiny", "--gpus", "8", "--tp", "2", "--json", *extra])
+        assert rc == 0, err
+        assert any(needle in n for n in json.loads(out)["notes"]), extra
+    rc, out, _ = run_cli(["simulate", "-m", "tiny", "--gpus", "8", "--tp", "2", "--json", "--seed", "5", "--jitter", "0.1",
+                          "--mode", "full"])
+    assert rc == 0 and not any("draws nothing" in n for n in json.loads(out)["notes"])

@@ -307,6 +307,25 @@ FIELDS = ("stragglers", "straggler_distribution", "jitter", "link_failures", "li
           "device_failures", "seed")
 
 
+def inert_fault_notes(spec: FaultSpec) -> list[str]:
+    """Notes for faults that change nothing as given: a seed with nothing random to draw, a straggler factor of
+    1, a distribution that draws only factors of 1, a link left at full bandwidth."""
+    notes = []
+    dist = spec.straggler_distribution
+    flat = dist is not None and (dist[1] == 0 if dist[0] == "lognormal" else (dist[1] == 0 or dist[2] == 1))
+    if spec.seed and (dist is None or flat) and not spec.jitter:
+        notes.append(f"seed {spec.seed} draws nothing: no random fault (a straggler distribution or jitter) is set")
+    ones = sorted(r for r, f in spec.stragglers.items() if f == 1)
+    if ones:
+        notes.append(f"straggler factor 1 on rank(s) {', '.join(map(str, ones[:8]))}: they run as the others do")
+    if flat:
+        notes.append(f"straggler distribution {':'.join(map(str, dist))} draws only factors of 1: it changes nothing")
+    whole = [k for k, f in spec.link_degradation.items() if f == 1]
+    if whole:
+        notes.append(f"{len(whole)} link(s) degraded to a factor of 1 keep their full bandwidth")
+    return notes
+
+
 def faults_from_dict(d: Any, where: str = "faults") -> FaultSpec:
     """A FaultSpec from the YAML ``faults:`` mapping (keys with dashes or underscores)."""
     if d is None:
