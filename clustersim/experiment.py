@@ -910,8 +910,11 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     if plan.lora_rank:
         from schedules.memory import lora_rank_params
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp
+        share = trainable / model.param_count()
         notes.append(f"LoRA rank {plan.lora_rank} on {', '.join(plan.lora_targets)}: {trainable / 1e6:,.1f} M adapter "
-                     f"parameters train ({trainable / model.param_count():.3%} of the model), the model is frozen")
+                     f"parameters train ({share:.3%} of the model), the model is frozen"
+                     + ("; the adapters outnumber the model's own parameters: a rank this wide is no low-rank "
+                        "adaptation (full training of the targets would be cheaper)" if share >= 1 else ""))
     if exp.packed_doc_tokens and model.attention_chunk == exp.packed_doc_tokens and exp.packed_doc_tokens < plan.seq:
         window = getattr(_named_model(exp), "sliding_window", 0)
         notes.append(f"sequences packed from documents of {exp.packed_doc_tokens} tokens: each layer attends "

@@ -1706,3 +1706,10 @@ def test_faults_that_change_nothing_are_noted():
     rc, out, _ = run_cli(["simulate", "-m", "tiny", "--gpus", "8", "--tp", "2", "--json", "--seed", "5", "--jitter", "0.1",
                           "--mode", "full"])
     assert rc == 0 and not any("draws nothing" in n for n in json.loads(out)["notes"])
+
+
+def test_lora_adapters_wider_than_the_model_are_noted():
+    rc, out, err = run_cli(["simulate", "-m", "llama3-8b", "--gpus", "8", "--seq", "4096", "--global-batch", "16",
+                            "--lora-rank", "4096", "--lora-targets", "qkv,proj,fc1,fc2", "--json"])
+    assert rc == 0, err
+    assert any("the adapters outnumber the model's own parameters" in n for n in json.loads(out)["notes"])

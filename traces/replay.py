@@ -602,6 +602,10 @@ def replay(trace_path, *, cluster: str | None = None, gpus: int | None = None, s
                                    for s, m, p in zip(g["step"], g["measured"], g["predicted"])}})
     per_step = [{"step": int(s), "measured_s": float(g["measured"].max()), "predicted_s": float(g["predicted"].max())}
                 for s, g in df.groupby("step")]
+    unstepped = sorted(set(int(r) for r in trace.ranks) - set(int(r) for r in df["rank"]))
+    if unstepped:       # (they were replayed as the others' peers, but have no step of their own to compare)
+        notes.append(f"rank(s) {', '.join(map(str, unstepped[:8]))} have no complete profiled step "
+                     f"(ProfilerStep#N) shared with the replay: left out of the per-rank table and the error")
     # (without a cluster or calibration what-if the replay without the factor is the measured step itself)
     if scale_compute > 1.0 and trace.has_gpu and cluster is None and calibration is None \
             and abs(float(df["error"].median())) < 0.005:

@@ -59,3 +59,13 @@ def test_a_manifest_the_traces_contradict_is_refused(tmp_path):
     with pytest.raises(TraceError, match="manifest.json says world_size 3 but the traces' distributedInfo says 2"):
         replay(_copy(tmp_path, manifest={"world_size": 3}))
     assert replay(_copy(tmp_path))["measured_step_time_s"] > 0        # the untouched copy replays
+
+
+def test_a_rank_without_profiled_steps_is_noted(tmp_path):
+    """A rank whose trace has no ProfilerStep events vanished from the per-rank table while the header counted
+    it; the replay says so."""
+    def no_steps(t):
+        t["traceEvents"] = [e for e in t["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep")]
+    out = replay(_copy(tmp_path, no_steps))
+    assert [r["rank"] for r in out["per_rank"]] == [0]
+    assert any("rank(s) 1 have no complete profiled step" in n for n in out["notes"]), out["notes"]
