@@ -26,6 +26,8 @@ DRAW_LIMIT = 400   # nodes
 
 def parse_ranks(text: str, world: int) -> tuple[int, ...]:
     """'0-7', '0,8,16', '0-63:8' (range with stride), or 'all'."""
+    if not text.strip():
+        raise ConfigError("--ranks is empty: give ranks (0-7, 0,8,16, 0-63:8) or all, or leave the option out")
     if text.strip() == "all":
         return tuple(range(world))
     out = []
@@ -284,7 +286,7 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
         raise ConfigError(f"--max-bytes {max_bytes:.3g} is beyond any collective's size; at most "
                           f"{MAX_TABLE_BYTES:.0e} (1 PB)")
     size_list = [0] if kind == "barrier" else sizes(min_bytes, max_bytes, factor)
-    group = parse_ranks(ranks, cluster.world_size) if ranks else tuple(range(cluster.world_size))
+    group = parse_ranks(ranks, cluster.world_size) if ranks is not None else tuple(range(cluster.world_size))
     if kind == "p2p" and len(group) != 2:
         raise ConfigError(f"--collective p2p needs exactly two --ranks (source,destination), got {len(group)}")
     if kind == "p2p" and (algorithm or protocol):

@@ -1687,6 +1687,7 @@ def test_third_hunt_cluster_settings_and_models_that_cannot_be(tmp_path):
             (["topology", "dgx-h100", "--gpus", "64", "--set", "dims=[1]"], "domain dims applies to torus domains"),
             (["topology", "pcie-ethernet-lab", "--set", "sharp=true"], "domain sharp applies to nvswitch and nvl72"),
             (["topology", str(gpus_file)], "unknown gpus key(s) ['bogus']"),
+            (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", ""], "--ranks is empty"),
             (["simulate", "-m", "tiny-moe", "--gpus", "8", "--ep", "2", "--moe-layer-every", "5"], "no layer would have experts"),
             (["simulate", "-m", "tiny", "--gpus", "8", "--pp", "2", "--schedule", "zb-auto", "--memory-limit", ""],
              "--memory-limit is empty"),
