@@ -573,29 +573,7 @@ def resolve_model(exp: Experiment):
     model = _named_model(exp)
     if exp.packed_doc_tokens:
         given = tuple(exp.model) if isinstance(exp.model, dict) else ()
-        model = packable_model(model, exp.packed_doc_tokens, exp.seq, given)
-        return models.packed(model, exp.packed_doc_tokens, exp.seq)
-    return model
-
-
-def packable_model(model, doc_tokens: int, seq: int, given=()):
-    """``model`` ready for packed documents of ``doc_tokens`` tokens: a sliding window no shorter than the
-    documents (or than the sequence) never applies within one and is dropped; a shorter one, or an attention
-    chunk shorter than the sequence, is refused (packing within local attention is not modelled), saying whose
-    it is: the preset's own, or one given on top of it (``given``: the model fields the user set)."""
-    if doc_tokens >= seq:
-        return model
-    window, chunk = getattr(model, "sliding_window", 0), getattr(model, "attention_chunk", 0)
-    if window and window >= doc_tokens:
-        return dataclasses.replace(model, sliding_window=0, global_attention_every=0)
-    if chunk and chunk >= seq:
-        return dataclasses.replace(model, attention_chunk=0, global_attention_every=0)
-    for name, what, n in (("sliding_window", "sliding window", window), ("attention_chunk", "attention chunk", chunk)):
-        if n:
-            whose = f"the {what} of {n} tokens given for {model.name}" if name in given else \
-                f"{model.name}'s own {what} of {n} tokens"
-            raise ConfigError(f"packed documents (--packed-doc-tokens {doc_tokens}) within local attention "
-                              f"({whose}) are not modelled: drop {'one of them' if name in given else '--packed-doc-tokens'}")
+        return models.packed(model, exp.packed_doc_tokens, exp.seq, given)
     return model
 
 

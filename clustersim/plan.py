@@ -29,6 +29,7 @@ from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, 
                             parse_recompute_modules, parse_stage_layers, plan_notes)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
+from simulator.inputs import MAX_BYTES
 
 SHAPE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "mtp_layers",
                "sliding_window", "attention_chunk", "global_attention_every", "moe_layer_every", "hybrid_pattern",
@@ -336,8 +337,8 @@ def _load_cluster(cluster: str | None, gpus: int):
 def _device_memory(device, hbm_gb: float | None) -> float | None:
     """Device memory in bytes: --hbm-gb where given, else the --cluster's device (None without either)."""
     if hbm_gb is not None:
-        if not 0 < hbm_gb <= 1e6:
-            raise ConfigError(f"--hbm-gb must be a number of GB from 0 to 1e6 (1 PB), got {hbm_gb}")
+        if not 0 < hbm_gb <= MAX_BYTES / 1e9:
+            raise ConfigError(f"--hbm-gb must be a number of GB from 0 to {MAX_BYTES / 1e9:g} (1 PB), got {hbm_gb}")
         return hbm_gb * 1e9
     return None if device is None else float(device.hbm_bytes)
 
@@ -375,11 +376,11 @@ def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, *
                           f"shape; {model.name} is given only by its parameter count (use --model PRESET or "
                           f"--layers/--hidden/--heads)")
     if packed_doc_tokens:
-        from clustersim.experiment import check_packed_context_parallel, packable_model
+        from clustersim.experiment import check_packed_context_parallel
         from schedules.models import packed
         check_packed_context_parallel(p.cp, packed_doc_tokens, p.seq)
         given = tuple(k for k in ("sliding_window", "attention_chunk") if kw.get(k) is not None)
-        model = packed(packable_model(model, packed_doc_tokens, p.seq, given), packed_doc_tokens, p.seq)
+        model = packed(model, packed_doc_tokens, p.seq, given)
     gpus = kw.get("gpus") or p.world_size
     c = _load_cluster(cluster, gpus)
     device = None if c is None else c.device(0)

@@ -18,6 +18,7 @@ from clustersim.paths import ByteSize, NonEmptyPath
 from simulator.calibration import CALIBRATION_SCOPES, Calibration, bus_factor, check_scope
 from simulator.costs import CommRequest
 from simulator.errors import ConfigError
+from simulator.inputs import MAX_BYTES
 from simulator.program import COLLECTIVE_KINDS
 
 KIB, GIB = 1024, 1024**3
@@ -88,7 +89,6 @@ def tile_group(group: tuple[int, ...], world: int) -> tuple[tuple[int, ...], ...
     return tuple(images)
 
 
-MAX_TABLE_BYTES = 10 ** 15      # topology's largest table size (1 PB): beyond it a value is a typo
 
 
 def sizes(lo: int, hi: int, factor: int) -> list[int]:
@@ -282,9 +282,9 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
             raise ConfigError("--collective barrier carries no payload: drop --min-bytes / --max-bytes / --factor")
     if not (0 < min_bytes <= max_bytes) or factor < 2:
         raise ConfigError("--min-bytes must be positive and <= --max-bytes, --factor >= 2")
-    if max_bytes > MAX_TABLE_BYTES:
+    if max_bytes > MAX_BYTES:
         raise ConfigError(f"--max-bytes {max_bytes:.3g} is beyond any collective's size; at most "
-                          f"{MAX_TABLE_BYTES:.0e} (1 PB)")
+                          f"{MAX_BYTES:.0e} (1 PB)")
     size_list = [0] if kind == "barrier" else sizes(min_bytes, max_bytes, factor)
     group = parse_ranks(ranks, cluster.world_size) if ranks is not None else tuple(range(cluster.world_size))
     if kind == "p2p" and len(group) != 2:

@@ -515,21 +515,29 @@ def local_attention_fraction(seq: int, local: tuple[str, int]) -> float:
     return 1.0
 
 
-def packed(model: ModelSpec, doc_tokens: int, seq: int) -> ModelSpec:
+def packed(model: ModelSpec, doc_tokens: int, seq: int, given=()) -> ModelSpec:
     """``model`` trained on sequences of ``seq`` tokens packed from documents of ``doc_tokens`` tokens each
     (fine-tuning data such as SQuAD, packed with per-document attention masks: THD ``cu_seqlens``): every layer
     attends causally within its document, which is chunked attention of chunk ``doc_tokens`` (the FLOPs and the
     fused kernels over b·s/d documents, ``local_attention``). Real documents vary in length: for
-    Σ sᵢ² per sequence, ``doc_tokens`` = Σ sᵢ² / seq gives the same attention FLOPs. A model with its own
-    local attention is refused (packing within windows is not modelled)."""
+    Σ sᵢ² per sequence, ``doc_tokens`` = Σ sᵢ² / seq gives the same attention FLOPs. A sliding window no
+    shorter than the documents never applies within one (nor a chunk no shorter than the sequence) and is
+    dropped; shorter local attention is refused (packing within windows is not modelled), saying whose it is:
+    the preset's own, or one given on top of it (``given``: the model fields the user set)."""
     if not isinstance(doc_tokens, int) or isinstance(doc_tokens, bool) or doc_tokens < 1:
         raise ConfigError(f"packed_doc_tokens must be a positive number of tokens, got {doc_tokens!r}")
     if doc_tokens >= seq:
         return model
-    if model.sliding_window or model.attention_chunk:
-        raise ConfigError(f"{model.name} already attends locally (sliding window or chunks): packed documents "
-                          f"(--packed-doc-tokens) within local attention are not modelled")
-    return dataclasses.replace(model, attention_chunk=doc_tokens, global_attention_every=0)
+    window, chunk = model.sliding_window, model.attention_chunk
+    if (window and window < doc_tokens) or (chunk and chunk < seq):
+        name, what, n = ("sliding_window", "sliding window", window) if window else \
+            ("attention_chunk", "attention chunk", chunk)
+        whose = f"the {what} of {n} tokens given for {model.name}" if name in given else \
+            f"{model.name}'s own {what} of {n} tokens"
+        raise ConfigError(f"packed documents (--packed-doc-tokens {doc_tokens}) within local attention ({whose}) "
+                          f"are not modelled: {model.name} already attends locally; drop "
+                          f"{'one of them' if name in given else '--packed-doc-tokens'}")
+    return dataclasses.replace(model, attention_chunk=doc_tokens, sliding_window=0, global_attention_every=0)
 
 
 def lora_target_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:

@@ -30,6 +30,8 @@ JSON_LIMIT_BYTES = 16 * MiB        # calibration / manifest JSON (the shipped ca
 YAML_LIMIT_BYTES = 4 * MiB         # experiment, cluster and model files are a few kB
 CSV_LIMIT_BYTES = 64 * MiB         # published-data CSVs (validation/, shared/validation) are < 1 MB
 MAX_NODES = 1_000_000              # containers + scalars of one parsed document, aliases expanded
+#: the largest byte count taken as real (1 PB): a message, a tensor or a device memory beyond it is a typo
+MAX_BYTES = 1e15
 
 
 def brief(value: Any, limit: int = 80) -> str:

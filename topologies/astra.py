@@ -17,6 +17,7 @@ from pathlib import Path
 
 from simulator.errors import ConfigError
 from simulator.yamlio import load_yaml
+from topologies.builders import MAX_LINK_BPS, MIN_LINK_BPS
 
 GIB = float(1 << 30)           # ASTRA-sim's "GB" in bandwidths (bytes)
 TOPOLOGY_KINDS = ("Ring", "Switch", "FullyConnected")
@@ -141,7 +142,7 @@ def load_network(path: str | Path) -> AstraNetwork:
 #: physical ranges of the configs' values (beyond them a file is a typo, and times overflow or splits never end):
 #: link bandwidth 1 MB/s to 1 PB/s, delays up to 1,000 s, splits and active chunks up to 4,096, local memory
 #: bandwidth and peak compute from 1 MB/s and 1 GFLOP/s (when given) to 1 PB/s and 1 EFLOP/s
-MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-3, 1e6
+MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = MIN_LINK_BPS / 1e9, MAX_LINK_BPS / 1e9      # a cluster's link range
 MAX_DELAY_NS = 1e12
 MAX_SPLITS = 4096
 

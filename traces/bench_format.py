@@ -14,8 +14,6 @@ NCCL_TYPE = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 #: the kinds the collective benchmark times (traces.bench_collectives), the rows a calibration reads
 BENCH_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
-#: the largest message a benchmark row may name (bytes): 1 PB
-MAX_BENCH_BYTES = 1e15
 
 
 def header(kind: str, world: int, backend: str) -> list[str]:

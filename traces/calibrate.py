@@ -35,8 +35,8 @@ import pandas as pd
 
 from simulator.calibration import LAYER_PHASES, Calibration, CollectiveFit, ComputeFit, LayerFit, bus_factor
 from simulator.errors import ClusterSimError, TraceError
-from simulator.inputs import integer, number, text
-from traces.bench_format import BENCH_KINDS, MAX_BENCH_BYTES
+from simulator.inputs import MAX_BYTES, integer, number, text
+from traces.bench_format import BENCH_KINDS
 from traces.parse import Trace, check_one_run, folder_manifest, load_manifest, load_trace, trace_files
 
 BENCH_FORMAT = "clustersim-trace-manifest"
@@ -220,7 +220,7 @@ def bench_samples(manifest: dict, where: str) -> pd.DataFrame:
         group = r.get("group_size") if "group_size" in r else manifest.get("world_size")
         rows.append({"kind": text(r.get("kind"), f"{w}: kind", choices=BENCH_KINDS, err=TraceError),
                      "size_bytes": number(r.get("size_bytes"), f"{w}: size_bytes", lo=0, lo_open=True,
-                                          hi=MAX_BENCH_BYTES, err=TraceError),
+                                          hi=MAX_BYTES, err=TraceError),
                      "transfer_s": number(r.get("time_s"), f"{w}: time_s", lo=0, lo_open=True, hi=1e6,
                                           err=TraceError),
                      "group_size": integer(group, f"{w}: group_size (or the manifest's world_size)", lo=1,

@@ -517,7 +517,7 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
         raise TraceError(f"{info.path}: step number of {steps['name'][huge].iloc[0][:40]!r}... is too large "
                          f"(ProfilerStep#N with N of more than 15 digits)")
     steps["step"] = digits.astype(np.int64)
-    dur = pd.to_numeric(steps["dur"], errors="coerce").to_numpy(float)
+    dur = steps["dur"].to_numpy(float)
     bad = ~(np.isfinite(dur) & (dur > 0) & (dur < MAX_STEP_US))
     if bad.any():       # (a negative or unreadable "dur" was read as 0)
         i = int(np.argmax(bad))
@@ -1051,9 +1051,8 @@ def load_trace(path: str | Path, *, progress=None) -> Trace:
                              f"folder of one run (one file per rank)")
         by_rank[info.rank] = (info, rp, meta)
     # common clock: baseTimeNanoseconds + ts (us); a base on some ranks only would offset those by decades
-    based = [info.rank for info, _, _ in by_rank.values() if info.base_time_ns is not None]
-    if based and len(based) != len(by_rank):
-        lacking = sorted(r for r in by_rank if r not in set(based))
+    lacking = sorted(r for r, (info, _, _) in by_rank.items() if info.base_time_ns is None)
+    if lacking and len(lacking) != len(by_rank):
         raise TraceError(f"{by_rank[lacking[0]][0].path}: no valid baseTimeNanoseconds (a positive number of ns), "
                          f"which the other ranks' traces have: the ranks cannot be put on one clock")
     for info, rp, _ in by_rank.values():

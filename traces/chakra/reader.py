@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.errors import TraceError
-from simulator.inputs import read_bytes
+from simulator.inputs import MAX_BYTES, read_bytes
 from simulator.program import COLLECTIVE, COMPUTE, RECV, SEND, Op, Programs
 from traces.chakra import schema as S
 from traces.chakra.wire import WireError, decode, iter_delimited
@@ -199,7 +199,6 @@ def _attrs(node: dict, report: ChakraReport) -> dict:
 #: physical bounds on one node's figures: beyond them a value is corrupt, and the step it gives overflows (a
 #: 1e300 s duration printed inf and crashed writing the trace): a node's FLOPs, bytes and duration
 MAX_NODE_FLOPS = 1e21
-MAX_NODE_BYTES = 1e15
 MAX_NODE_SECONDS = 1e5
 _LIMITS = {"num_ops": MAX_NODE_FLOPS, "cs_flops": MAX_NODE_FLOPS, "cs_duration_s": MAX_NODE_SECONDS,
            "duration_micros": MAX_NODE_SECONDS * 1e6}
@@ -211,7 +210,7 @@ def _num(attrs: dict, key: str, where: str, default=0):
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 or v == float("inf"):
         raise TraceError(f"{where}: attribute {key} must be a non-negative number, got {v!r}")
-    limit = _LIMITS.get(key, MAX_NODE_BYTES)
+    limit = _LIMITS.get(key, MAX_BYTES)
     if v > limit:
         raise TraceError(f"{where}: attribute {key} is {v:g}, beyond any real node (at most {limit:g}"
                          f"{' s' if key == 'cs_duration_s' else ' us' if key == 'duration_micros' else ''})")
