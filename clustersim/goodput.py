@@ -281,6 +281,7 @@ class GoodputReport:
     daly_interval_s: float
     exact_optimal_interval_s: float  # maximises the closed-form expectation
     extra: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)   # what the figures do not mean for this configuration
 
     def to_dict(self) -> dict:
         def res(r: GoodputResult) -> dict:
@@ -294,6 +295,7 @@ class GoodputReport:
                 "monte_carlo": self.best_interval_s, "young": self.young_interval_s, "daly": self.daly_interval_s,
                 "exact_model": self.exact_optimal_interval_s},
             "sweep": [res(r) for r in self.sweep],
+            "notes": list(self.notes),
         }
 
 
@@ -321,7 +323,24 @@ def analyse(cfg: GoodputConfig, sweep_points: int = 25, sweep_span: float = 8.0)
                    for t in np.geomspace(centre / sweep_span, centre * sweep_span, sweep_points)})
     sweep = [monte_carlo(cfg, t, fails) for t in grid]
     best = max(sweep, key=lambda r: r.goodput).interval_s
-    return GoodputReport(cfg, monte_carlo(cfg, chosen, fails), sweep, best, young, daly, exact)
+    return GoodputReport(cfg, monte_carlo(cfg, chosen, fails), sweep, best, young, daly, exact,
+                         notes=short_run_notes(cfg, chosen, grid))
+
+
+def short_run_notes(cfg: GoodputConfig, interval_s: float, grid: list[float]) -> list[str]:
+    """Notes for a run too short for its checkpoint intervals (seconds): one that never reaches its first
+    checkpoint writes none, and the closed forms (a steady state of many intervals) do not describe it."""
+    notes = []
+    if interval_s >= cfg.horizon_s:
+        notes.append(f"the checkpoint interval ({_fmt_t(interval_s)}) is no shorter than the run "
+                     f"({_fmt_t(cfg.horizon_s)}): no checkpoint is written in it, a failure loses all work since "
+                     f"the start, and the closed forms (a steady state over many intervals) do not describe it; "
+                     f"give a longer --days or a shorter --checkpoint-interval-min")
+    longer = sum(t >= cfg.horizon_s for t in grid)
+    if longer > 1:
+        notes.append(f"{longer} of the sweep's {len(grid)} intervals are no shorter than the run: they tie, so its "
+                     f"Monte-Carlo optimum among them means nothing")
+    return notes
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -356,6 +375,7 @@ def format_report(rep: GoodputReport) -> str:
         "sweep (interval: goodput MC / closed form): " + "; ".join(
             f"{_fmt_t(s.interval_s)}: {s.goodput:.4f}/{s.expected_goodput:.4f}" for s in rep.sweep[::3]),
     ]
+    lines += [f"note: {n}" for n in rep.notes]
     return "\n".join(lines)
 
 

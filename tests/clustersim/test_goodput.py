@@ -176,6 +176,25 @@ def test_cli_text_and_json(capsys):
     assert d["at_interval"]["interval_s"] == 1800.0
     assert set(d["at_interval"]["lost_by_cause_s"]) == {"checkpoint_writes", "lost_work", "restarts"}
     assert set(d["optimal_interval_s"]) == {"monte_carlo", "young", "daly", "exact_model"}
+    assert d["notes"] == []          # five days of 30-minute intervals: nothing to warn about
+
+
+def test_a_run_shorter_than_its_checkpoint_interval_is_noted(capsys):
+    """86 s of training against Daly's 18.5-minute interval: no checkpoint is ever written, so the closed forms
+    (a steady state) and the sweep's optimum (every interval ties) say nothing about it."""
+    args = ["goodput", "--gpus", "16384", "--mtbf-hours", "50000", "--checkpoint-cost-s", "60",
+            "--restart-s", "600", "--days", "1e-3", "--trials", "8"]
+    assert main(args + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["at_interval"]["interval_s"] > d["config"]["horizon_s"]
+    assert len(d["notes"]) == 2
+    assert "no checkpoint is written" in d["notes"][0] and "18.5 min" in d["notes"][0]
+    assert d["notes"][1].startswith("25 of the sweep's 25 intervals")
+    assert main(args) == 0
+    assert "note: the checkpoint interval (18.5 min) is no shorter than the run (1.4 min)" in capsys.readouterr().out
+    # an interval given shorter than the run: the sweep's longest intervals may still tie, the chosen one is fine
+    assert main(args + ["--json", "--checkpoint-interval-min", "1.2"]) == 0
+    assert not any("no checkpoint is written" in n for n in json.loads(capsys.readouterr().out)["notes"])
 
 
 @pytest.mark.parametrize("bad", [["--gpus", "0"], ["--mtbf-hours", "nan"], ["--days", "inf"],
