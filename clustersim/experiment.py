@@ -885,6 +885,9 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     cost_summary = priced_by.calibration_summary() if hasattr(priced_by, "calibration_summary") else "none"
     notes: list[str] = list(getattr(priced_by, "calibration_notes", ()))
     notes += device_stack_notes(cluster.accelerator, exp.stack, given_stack, exp.attention_kernel)
+    from topologies.nccl import latency_setting_note
+    if exp.network in ("analytical", "flow") and (note := latency_setting_note(cluster, exp.algorithm)):
+        notes.append(note)
     if plan.lora_rank:
         from schedules.memory import lora_rank_params
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp

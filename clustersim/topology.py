@@ -306,10 +306,12 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
                              nccl_version=nccl_version)
     rows = bandwidth_table(model, kind, group, size_list, network, concurrent)
     forced = model.forced_algorithm_note()      # a forced algorithm that cannot run this group
+    from topologies.nccl import latency_setting_note
+    notes = [n for n in (forced, latency_setting_note(cluster, algorithm) if kind != "p2p" else None) if n]
     if as_json:
         click.echo(json.dumps(rows, indent=1))
-        if forced:
-            click.echo(f"note: {forced}", err=True)
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
         return
     click.echo(_describe_text(cluster.describe()))
     shown = ",".join(map(str, group[:16])) + (",..." if len(group) > 16 else "")
@@ -319,5 +321,5 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     for r in rows:
         click.echo(f"{r['size_bytes']:>12} {r['time_s'] * 1e6:>12.2f} {r['algbw_GBps']:>13.2f} "
                    f"{r['busbw_GBps']:>13.2f}  {r['algorithm']:<12} {r['protocol']}")
-    if forced:
-        click.echo(f"note: {forced}")
+    for note in notes:
+        click.echo(f"note: {note}")

@@ -614,7 +614,7 @@ class ClusterCostModel:
 
     def _nccl_pick(self, comm, kind: str, size: float):
         algo = self.algorithm
-        if algo in ("rings", "hierarchical", "direct", "torus"):      # route-level algorithms: links model
+        if algo in nccl.ROUTE_LEVEL_ALGORITHMS:      # route-level algorithms: links model
             return None
         c = nccl.choose(comm, kind, size, algo, self.protocol)
         if algo is not None:

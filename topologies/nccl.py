@@ -118,6 +118,26 @@ def supports(cluster) -> bool:
     return cluster.accelerator.name in ARCH and cluster.domain_spec.kind in ("nvswitch", "nvl72", "pcie")
 
 
+#: algorithms priced on the cluster's routes (its links and hop latencies) by topologies.cost, not by this model
+ROUTE_LEVEL_ALGORITHMS = ("rings", "hierarchical", "direct", "torus")
+
+
+def latency_setting_note(cluster, algorithm: str | None = None) -> str | None:
+    """A note when a cluster sets its own hop latency (``domain.latency``, ``fabric.latency``) where NCCL prices
+    the collectives (``algorithm``: the one forced, if any): NCCL's tuning model (tuning.cc) carries its own
+    measured latencies, so the setting reaches point-to-point transfers and route-level algorithms only."""
+    if not supports(cluster) or algorithm in ROUTE_LEVEL_ALGORITHMS:
+        return None
+    dom, fab = cluster.domain_spec, cluster.fabric_spec
+    given = [f"{name}.latency {lat:.3g} s" for name, lat in
+             (("domain", dom.latency), ("fabric", getattr(fab, "latency", None))) if lat is not None]
+    if not given:
+        return None
+    return (f"{' and '.join(given)} per hop price point-to-point transfers and the route-level collective "
+            f"algorithms (--algorithm hierarchical, rings, direct); NCCL-modelled collectives keep the latencies "
+            f"of NCCL's own tuning model (measured on clusters with the default hop latency)")
+
+
 def group_shape(cluster, gpus) -> tuple[int, int, int, int]:
     """(ranks, nodes, ranks on the fullest node, ranks on the sparsest node) of ``gpus``: all of a group
     NCCL's model depends on."""

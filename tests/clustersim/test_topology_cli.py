@@ -127,3 +127,29 @@ def test_list(capsys):
     assert [r["name"] for r in json.loads(out)][:2] == ["cloudmatrix-384", "dgx-a100"]
     code, _, err = run(capsys, "topology")
     assert code == 2 and "--list" in err
+
+
+def test_a_cluster_latency_that_nccl_priced_collectives_do_not_take_is_noted(capsys, tmp_path):
+    """fabric.latency of 1 ms per hop: a point-to-point transfer across nodes takes it (two hops, > 2 ms), NCCL's
+    all-reduce keeps its own tuned latency (microseconds) and says so; a forced route-level algorithm takes it."""
+    path = tmp_path / "slow.yaml"
+    path.write_text("name: slow\naccelerator: H100-SXM\ngpus: 16\ngpus_per_node: 8\ndomain: {kind: nvswitch}\n"
+                    "fabric: {tiers: 2, latency: 0.001}\n")
+    base = ["topology", str(path), "--ranks", "0,8", "--max-bytes", "1024", "--json"]
+    assert main(base + ["--collective", "p2p"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)[-1]["time_s"] > 2e-3 and "note:" not in captured.err
+    assert main(base + ["--collective", "all_reduce"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)[-1]["time_s"] < 1e-4
+    assert "note: fabric.latency 0.001 s per hop price point-to-point transfers" in captured.err
+    assert main(base + ["--collective", "all_reduce", "--algorithm", "hierarchical"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)[-1]["time_s"] > 2e-3 and "fabric.latency" not in captured.err
+    # simulate notes it too; a preset (no latency of its own) does not
+    assert main(["simulate", "--cluster", str(path), "--model", "llama3-8b", "--tp", "8", "--dp", "2", "--seq", "1024",
+                 "--global-batch", "2", "--json"]) == 0
+    assert any(n.startswith("fabric.latency 0.001 s") for n in json.loads(capsys.readouterr().out)["notes"])
+    assert main(["simulate", "--cluster", "dgx-h100", "--gpus", "16", "--model", "llama3-8b", "--tp", "8", "--dp", "2",
+                 "--seq", "1024", "--global-batch", "2", "--json"]) == 0
+    assert not any("latency" in n for n in json.loads(capsys.readouterr().out)["notes"])
