@@ -80,6 +80,28 @@ class ReplayPlan:
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+def check_shared_clock(trace: Trace, steps: pd.DataFrame) -> None:
+    """Refuse ranks whose clocks disagree: replay lines the ranks up by their timestamps, and ranks that
+    communicate run each profiled step together, so one step's starts on the ranks lie within that step's
+    longest duration of one another. Further apart (a clock shifted or based elsewhere on some rank), the
+    replay would start the late ranks that far after the others."""
+    numbered = steps[steps["step"] >= 0]
+    if numbered["rank"].nunique() < 2:
+        return
+    g = numbered.groupby("step")
+    spread = g["ts"].max() - g["ts"].min()
+    longest = g["dur"].max()
+    bad = spread > longest
+    if bad.any():
+        n = int(spread[bad].index[0])
+        one = numbered[numbered["step"] == n]
+        early, late = one.loc[one["ts"].idxmin()], one.loc[one["ts"].idxmax()]
+        raise TraceError(f"{trace.path}: the ranks' clocks disagree: ProfilerStep#{n} starts on rank {int(late['rank'])} "
+                         f"{(late['ts'] - early['ts']) * 1e3:.6g} ms after rank {int(early['rank'])}, longer than the "
+                         f"step lasts on any rank ({longest[n] * 1e3:.6g} ms); ranks that communicate run a step "
+                         f"together: were these traces taken in one run with one clock base?")
+
 def _merge(s: np.ndarray, e: np.ndarray) -> tuple[list[float], list[float]]:
     """Union of the intervals [s, e) (empty ones dropped): sorted, disjoint (starts, ends). Vectorised: the
     traces' millions of CPU ops would take ~100 bytes each as a list of [start, end] lists."""
@@ -229,6 +251,7 @@ def build_programs(trace: Trace, *, scale_compute: float = 1.0, scale_bandwidth:
     for r in trace.rank_ids:
         s = steps[steps["rank"] == r]
         windows[r] = (s["ts"].min(), s["end"].max()) if len(s) else (math.inf, -math.inf)
+    check_shared_clock(trace, steps)
     t0_all = min(windows[r][0] for r in ranks)
     info, p2p = _instances(trace, windows)
     issue = _issue_times(trace) if len(trace.collectives) else np.array([])

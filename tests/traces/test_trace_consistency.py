@@ -1,6 +1,6 @@
 """Traces whose metadata or step events cannot be one run's are refused naming the file (the replay of them
 printed predictions off by 10^13 %): a clock base on some ranks only, a step of infinite length, one step
-profiled twice, a manifest whose world size the traces contradict."""
+profiled twice, a manifest whose world size the traces contradict, ranks whose clocks disagree."""
 import gzip
 import json
 from pathlib import Path
@@ -69,3 +69,24 @@ def test_a_rank_without_profiled_steps_is_noted(tmp_path):
     out = replay(_copy(tmp_path, no_steps))
     assert [r["rank"] for r in out["per_rank"]] == [0]
     assert any("rank(s) 1 have no complete profiled step" in n for n in out["notes"]), out["notes"]
+
+
+@pytest.mark.parametrize("shift_us", [-5e12, 1e9])
+def test_ranks_whose_clocks_disagree_are_refused(tmp_path, shift_us):
+    """Rank 1's timestamps moved far from rank 0's (negative, or 1,000 s later) under one clock base: the replay
+    started one rank that far after the other (predictions off by 10^10 %). A skew within a step is fine."""
+    def shift(t):
+        for e in t["traceEvents"]:
+            if "ts" in e:
+                e["ts"] = e["ts"] + shift_us
+    (tmp_path / "far").mkdir()
+    with pytest.raises(TraceError, match=r"the ranks' clocks disagree: ProfilerStep#2 starts on rank [01] "
+                                         r"[\d.e+]+ ms after rank [01], longer than the step lasts on any rank"):
+        replay(_copy(tmp_path / "far", shift))
+
+    def skew(t):
+        for e in t["traceEvents"]:
+            if "ts" in e:
+                e["ts"] = e["ts"] + 1000.0          # 1 ms, within a 15-ms step
+    (tmp_path / "near").mkdir()
+    assert replay(_copy(tmp_path / "near", skew)) is not None
