@@ -243,6 +243,9 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
             _check(isinstance(value, bool), f"{w}: expected true or false, got {brief(value)}")
         elif key in ("bucket_mb", "params"):
             value = _as_float(value, w)
+            if key == "bucket_mb":
+                from schedules.plan import check_bucket_mb
+                check_bucket_mb(value, w)
         elif key in CHOICES:
             known = CHOICES[key]
             _check(value in known, f"{w}: unknown {key.replace('_', ' ')} {brief(value)}; choose one of "

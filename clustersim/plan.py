@@ -25,8 +25,8 @@ from schedules.models import (ModelSpec, check_moe_fields, custom_model, get_mod
                              model_from_params)
 from schedules.pipeline import SCHEDULES
 from schedules.plan import (ATTENTION, DEFAULT_RECOMPUTE_MODULES, EXPERT_GRIDS, MOE_DISPATCHERS, RECOMPUTE,
-                            RESHARD, ParallelPlan, default_virtual_stages, lora_fields, parse_memory_limit,
-                            parse_recompute_modules, parse_stage_layers, plan_notes)
+                            RESHARD, ParallelPlan, check_bucket_mb, default_virtual_stages, lora_fields,
+                            parse_memory_limit, parse_recompute_modules, parse_stage_layers, plan_notes)
 from simulator.calibration import bus_factor
 from simulator.errors import ConfigError
 from simulator.inputs import MAX_BYTES
@@ -187,6 +187,7 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus), ("etp", etp)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ConfigError(f"--{name} must be a positive integer, got {v}")
+    check_bucket_mb(bucket_mb)
     if dp is None:
         denom = tp * pp * cp
         if gpus is None:

@@ -40,7 +40,7 @@ import numpy as np
 
 from schedules import pipeline as pl
 from simulator.errors import ConfigError, PlanError
-from simulator.inputs import brief
+from simulator.inputs import MAX_BYTES, brief
 
 SCHEDULE_NAMES = tuple(pl.SCHEDULES)
 RECOMPUTE = ("none", "selective", "full", "op")
@@ -920,11 +920,21 @@ def _parse_names(value, where: str, known: tuple[str, ...], what: str) -> list[s
         items = [x.strip() for x in value]
     else:
         raise ConfigError(f"{where}: expected {what} names (a comma-separated string or a list), got {brief(value)}")
+    if not [x for x in items if x]:
+        raise ConfigError(f"{where}: no {what} named; give at least one of {', '.join(known)}")
     bad = [x for x in items if x not in known]
-    if not items or bad:
-        raise ConfigError(f"{where}: unknown {what}(s) {', '.join(map(repr, bad or items))}; choose from "
+    if bad:
+        raise ConfigError(f"{where}: unknown {what}(s) {', '.join(map(repr, bad))}; choose from "
                           f"{', '.join(known)}")
     return items
+
+
+def check_bucket_mb(mb: float, where: str = "--bucket-mb") -> None:
+    """Refuse a gradient bucket (megabytes) beyond 1 PB (``MAX_BYTES``): no model's gradients fill it, and in
+    bytes it may not even be finite."""
+    if mb * 1e6 > MAX_BYTES:
+        raise ConfigError(f"{where}: a gradient bucket of {mb:g} MB is beyond any model's gradients; at most "
+                          f"{MAX_BYTES / 1e6:.0e} MB (1 PB)")
 
 
 def parse_recompute_modules(value, where: str = "--recompute-modules") -> tuple[str, ...]:

@@ -27,6 +27,10 @@ def test_yaml_experiment_round_trip(tmp_path):
     ("zero: 4\n", "ZeRO stage must be 0, 1, 2 or 3"),
     ("sp: 3\n", "expected true or false"),
     ("bucket_mb: .inf\n", "finite positive"),
+    ("bucket_mb: 1e308\n", r"bucket_mb: a gradient bucket of 1e\+308 MB is beyond any model's gradients"),
+    ("bucket_bytes: 2e15\n", r"a gradient bucket of 2e\+09 MB is beyond"),
+    ("lora_rank: 8\nlora_targets: []\n", "lora_targets: no LoRA target named; give at least one of qkv"),
+    ("recompute_modules: ' , '\n", "recompute_modules: no recompute module named; give at least one of core_attn"),
     ("gpus: 100000000000\n", "unreasonably large"),
     ("!!python/object/apply:os.system ['true']\n", "invalid YAML"),
 ])

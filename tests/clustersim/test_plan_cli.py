@@ -176,3 +176,11 @@ def test_default_stack_follows_the_cluster(capsys):
     assert d["plan"]["stack"] == "torchtitan"
     assert _json(capsys, "-m", "tiny", "--gpus", "8", "--seq", "128")["plan"]["stack"] == "megatron"
     assert main(["plan", "-m", "tiny", "--gpus", "8", "--seq", "128", "--dtype", "fp4"]) == 2
+
+
+def test_a_bucket_beyond_any_gradients_is_refused_by_name(capsys):
+    """--bucket-mb 1e308 is finite, but in bytes it is not: the error had named the internal bucket_bytes (inf)."""
+    assert main(["plan", "--params", "7e9", "--gpus", "8", "--bucket-mb", "1e308"]) == 2
+    err = capsys.readouterr().err
+    assert "--bucket-mb: a gradient bucket of 1e+308 MB is beyond any model's gradients; at most 1e+09 MB" in err
+    assert main(["plan", "--params", "7e9", "--gpus", "8", "--bucket-mb", "1e9"]) == 0
