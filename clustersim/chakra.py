@@ -44,7 +44,7 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
     from simulator.metrics import compute_metrics
     from topologies.astra import load_network, load_system
     from topologies.multidim import MultiDimCostModel
-    from traces.chakra.reader import load_programs, replicate_programs
+    from traces.chakra.reader import load_programs, rank_files, replicate_programs
     from traces.chakra.writer import load_comm_groups
 
     t0 = time.perf_counter()
@@ -52,12 +52,14 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
     sysc = load_system(system_file)
     groups = load_comm_groups(comm_group_file) if comm_group_file else None
     dims = tuple(d.npus for d in net.dims)
-    programs, report = load_programs(et_prefix, dims=None if replicate else dims, comm_groups=groups,
-                                     roofline=sysc.roofline_enabled)
     if replicate:
-        if programs.world_size != 1:
-            raise TraceError(f"--replicate needs exactly one rank file, found {programs.world_size}")
+        # (read as the NPUs it stands for: a communicator group names their ranks, not the one file's)
+        found = len(rank_files(et_prefix))
+        if found != 1:
+            raise TraceError(f"--replicate needs exactly one rank file, found {found}")
         programs, report = replicate_programs(et_prefix, dims, groups, sysc.roofline_enabled)
+    else:
+        programs, report = load_programs(et_prefix, dims=dims, comm_groups=groups, roofline=sysc.roofline_enabled)
     cost = MultiDimCostModel(net, sysc, network_mode)
     if programs.symmetric and not replicate:
         from simulator.symmetry import symmetry_problem

@@ -255,3 +255,28 @@ def test_files_of_headers_alone_are_refused(tmp_path):
         (tmp_path / f"w.{r}.et").write_bytes(delimited(encode({"version": "0.0.4"}, S.SCHEMA, "GlobalMetadata")))
     with pytest.raises(TraceError, match="no rank file holds a node"):
         load_programs(tmp_path / "w")
+
+
+def test_replicate_reads_communicator_groups_as_the_npus_it_stands_for(tmp_path, capsys):
+    """One rank file of `chakra export` (collectives on named communicators) replicated over the network's NPUs:
+    the groups name those NPUs (they had been checked against the one file's rank count and refused), and the
+    run equals the run of every rank's file. A communicator that does not hold every NPU cannot be replicated
+    (each copy would name it): refused, naming it."""
+    def export(gpus, dp, out):
+        assert main(["chakra", "export", "--cluster", "dgx-h100", "--gpus", str(gpus), "--model", "llama3-8b",
+                     "--tp", "8", "--dp", str(dp), "--seq", "1024", "--global-batch", str(dp), "--layers", "2",
+                     "--out", str(out)]) == 0
+        capsys.readouterr()
+        (out / "one").mkdir()
+        shutil.copy(out / "workload.0.et", out / "one" / "w.0.et")
+        return ["--network", str(out / "network.yml"), "--system", str(out / "system.json"),
+                "--comm-group", str(out / "comm_groups.json")]
+
+    opts = export(8, 1, tmp_path / "tp8")
+    every = _cli_json(capsys, ["chakra", "run", str(tmp_path / "tp8" / "workload"), *opts])
+    one = _cli_json(capsys, ["chakra", "run", str(tmp_path / "tp8" / "one" / "w"), *opts, "--replicate"])
+    assert one["step_time_s"] == every["step_time_s"] and one["world_size"] == 8
+    opts = export(16, 2, tmp_path / "tp8dp2")
+    assert main(["chakra", "run", str(tmp_path / "tp8dp2" / "one" / "w"), *opts, "--replicate"]) == 2
+    assert "runs on communicator '1' [0, 1, 2, 3, 4, 5, 6, 7], which does not hold all 16 NPUs" in \
+        capsys.readouterr().err

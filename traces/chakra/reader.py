@@ -446,6 +446,12 @@ def replicate_programs(prefix: str | Path, dims: tuple[int, ...], comm_groups=No
     prog = build_program(0, nodes, programs, groups, report, str(files[0]), roofline)
     if any(op.kind in (SEND, RECV) for op in prog):
         raise TraceError(f"{files[0]}: --replicate cannot copy a trace with point-to-point nodes (absolute peers)")
+    for op in prog:
+        g = programs.groups[op.group] if op.kind == COLLECTIVE else None
+        if g is not None and g.family.startswith("pg:") and len(g.ranks) != world:
+            raise TraceError(f"{files[0]}: --replicate: {op.name!r} runs on communicator {g.family[3:]!r} "
+                             f"{list(g.ranks)[:16]}, which does not hold all {world} NPUs; every copy of the file "
+                             f"would name it (absolute ranks): give one rank file per NPU (chakra export writes them)")
     programs.ops[0] = prog
     programs.classes = {0: tuple(range(world))}
     _register_images(list(range(world)), prog, programs, groups)
