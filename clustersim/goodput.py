@@ -390,6 +390,9 @@ def read_simulate_result(path: str) -> tuple[int, float]:
     d = load_json(p, "--result", err=ConfigError)      # bounded read: a JSON result, not /dev/zero
     if not isinstance(d, dict):
         raise ConfigError(f"--result: {p} is not a simulate result (expected a JSON object)")
+    if "world_size" not in d and "step_time_s" not in d:
+        raise ConfigError(f"--result: {p} is not a simulate result: it has neither world_size nor step_time_s "
+                          f"(expected the output of `clustersim simulate --json` or a report folder)")
     world, step = d.get("world_size"), d.get("step_time_s")
     if isinstance(world, bool) or not isinstance(world, int) or world <= 0:
         raise ConfigError(f"--result: {p} has no valid world_size (got {world!r})")

@@ -223,6 +223,10 @@ def test_cli_reads_gpus_and_step_time_from_a_simulate_result(tmp_path, capsys):
         assert main(args) == 2
     res.write_text("{not json")
     assert main(args) == 2
+    res.write_text(json.dumps({"devices": {"H100-SXM": {}}, "collectives": {}}))     # e.g. a calibration file
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "is not a simulate result: it has neither world_size nor step_time_s" in capsys.readouterr().err
     assert main(args[:1] + args[3:]) == 2          # neither --gpus nor --result
     assert "--gpus N or --result" in capsys.readouterr().err
 
