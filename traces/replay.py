@@ -80,7 +80,6 @@ class ReplayPlan:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
 def check_shared_clock(trace: Trace, steps: pd.DataFrame) -> None:
     """Refuse ranks whose clocks disagree: replay lines the ranks up by their timestamps, and ranks that
     communicate run each profiled step together, so one step's starts on the ranks lie within that step's
@@ -95,12 +94,14 @@ def check_shared_clock(trace: Trace, steps: pd.DataFrame) -> None:
     bad = spread > longest
     if bad.any():
         n = int(spread[bad].index[0])
-        one = numbered[numbered["step"] == n]
-        early, late = one.loc[one["ts"].idxmin()], one.loc[one["ts"].idxmax()]
-        raise TraceError(f"{trace.path}: the ranks' clocks disagree: ProfilerStep#{n} starts on rank {int(late['rank'])} "
-                         f"{(late['ts'] - early['ts']) * 1e3:.6g} ms after rank {int(early['rank'])}, longer than the "
-                         f"step lasts on any rank ({longest[n] * 1e3:.6g} ms); ranks that communicate run a step "
-                         f"together: were these traces taken in one run with one clock base?")
+        one = numbered[numbered["step"] == n].sort_values("ts")
+        early, late = one.iloc[0], one.iloc[-1]
+        raise TraceError(f"{trace.path}: the ranks' clocks disagree: ProfilerStep#{n} starts on rank "
+                         f"{int(late['rank'])} {(late['ts'] - early['ts']) * 1e3:.6g} ms after rank "
+                         f"{int(early['rank'])}, longer than the step lasts on any rank ({longest[n] * 1e3:.6g} ms); "
+                         f"ranks that communicate run a step together: were these traces taken in one run with one "
+                         f"clock base?")
+
 
 def _merge(s: np.ndarray, e: np.ndarray) -> tuple[list[float], list[float]]:
     """Union of the intervals [s, e) (empty ones dropped): sorted, disjoint (starts, ends). Vectorised: the
