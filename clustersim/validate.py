@@ -597,9 +597,26 @@ def _num(row: dict, key: str) -> float | None:
     return x if math.isfinite(x) else None
 
 
+#: count columns of a runs file that may be 0 (Megatron-Bridge's fsdp: 0 = DDP); every other count is >= 1
+ZERO_COUNTS = ("fsdp",)
+
+
 def _int(row: dict, key: str, default: int | None = None) -> int | None:
+    """A count column as an integer (``default`` where empty); a fraction or a count below 1 (below 0 for
+    ``ZERO_COUNTS``) is no run's: NotExpressible naming the column (it had been rounded, or crashed the batch
+    arithmetic at 0)."""
     x = _num(row, key)
-    return default if x is None else int(round(x))
+    if x is None:
+        return default
+    least = 0 if key in ZERO_COUNTS else 1
+    if x != int(x) or x < least:
+        raise NotExpressible(f"{key} {row[key].strip()} is not a whole number >= {least}")
+    return int(x)
+
+
+#: a runs file's measured figures: none is negative
+MEASURED_COLUMNS = ("tokens_per_s_per_gpu", "tokens_per_s_total", "model_tflops_per_gpu", "mfu_pct", "step_time_s",
+                    "peak_memory_gib")
 
 
 def published_tokens_per_gpu(row: dict) -> float | None:
@@ -608,10 +625,12 @@ def published_tokens_per_gpu(row: dict) -> float | None:
     v = _num(row, "tokens_per_s_per_gpu")
     tot = _num(row, "tokens_per_s_total")
     gbs, seq, step = _num(row, "gbs"), _num(row, "seq_len"), _num(row, "step_time_s")
-    for name, x in (("tokens_per_s_per_gpu", v), ("tokens_per_s_total", tot), ("gpus", gpus), ("gbs", gbs),
-                    ("seq_len", seq), ("step_time_s", step)):
+    for name in MEASURED_COLUMNS:
+        x = _num(row, name)
         if x is not None and x < 0:
             raise NotExpressible(f"{name} is negative ({x:g}): not a measurement")
+    for name in ("gpus", "gbs", "seq_len"):
+        _int(row, name)             # whole and >= 1 where given
     if v:
         return v
     if tot and gpus:
@@ -760,7 +779,7 @@ def row_experiment(row: dict, experiment_fields: set[str] | None = None,
                      "parallelism without the distributed optimizer, gradients all-reduced " +
                      ("in buckets during the backward pass (PyTorch DDP)" if torch_ddp else "after the backward pass"))
     elif any(k in fw for k in MEGATRON):
-        fsdp = (_num(row, "fsdp") or 0) > 0
+        fsdp = (_int(row, "fsdp") or 0) > 0
         if fsdp:
             kw["fsdp"] = True
         else:

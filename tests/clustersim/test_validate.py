@@ -2,6 +2,7 @@
 subset simulated end to end (the whole set is benchmarks/validate.py)."""
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -317,6 +318,23 @@ def test_hardware_and_throughput_fallbacks():
     # a negative figure is not a measurement (it gave a 2,576,688% error and moved its group's statistics)
     with pytest.raises(NotExpressible, match="tokens_per_s_total is negative"):
         published_tokens_per_gpu(_row(tokens_per_s_per_gpu="", tokens_per_s_total="-5"))
+    for column in ("peak_memory_gib", "model_tflops_per_gpu"):         # every measured figure, not only throughput
+        with pytest.raises(NotExpressible, match=f"{column} is negative"):
+            published_tokens_per_gpu(_row(**{column: "-1"}))
+
+
+@pytest.mark.parametrize("column,value,least", [("mbs", "0", 1), ("mbs", "0.5", 1), ("gpus", "8.5", 1),
+                                                ("gpus", "0", 1), ("gpus", "1e-300", 1), ("tp", "1.5", 1),
+                                                ("cp", "0", 1), ("gbs", "128.5", 1), ("seq_len", "8192.5", 1),
+                                                ("fsdp", "-1", 0)])
+def test_a_count_that_is_no_whole_number_is_not_expressible(column, value, least):
+    """Counts in a runs file are whole (fsdp may be 0: DDP): a fraction had been rounded (gpus 8.5 divided the
+    published figure by 8.5 and simulated 8 GPUs), an mbs of 0 crashed the batch arithmetic (exit 3)."""
+    row = _row()
+    with pytest.raises(NotExpressible, match=rf"{column} {re.escape(value)} is not a whole number >= {least}"):
+        published_tokens_per_gpu({**row, column: value})
+        row_experiment({**row, column: value}, _experiment_fields())
+    assert row_experiment({**row, "fsdp": "0"}, _experiment_fields())       # Megatron-Bridge's 0: DDP
 
 
 def test_a_runs_file_with_one_id_twice_is_refused(tmp_path):
