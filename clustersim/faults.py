@@ -38,7 +38,11 @@ def parse_fault_options(stragglers: Iterable[str] = (), straggler_dist: str | No
         parts = str(s).split(":")
         if len(parts) != 3:
             raise ConfigError(f"--degrade-link {s!r}: expected NODE_A:NODE_B:FACTOR, e.g. leaf.0:spine.0.0:0.5")
-        deg[f"{parts[0]}:{parts[1]}"] = parts[2]
+        key = f"{parts[0]}:{parts[1]}"
+        if key in deg:
+            raise ConfigError(f"--degrade-link: link {key} is given twice (factors {deg[key]} and {parts[2]}); "
+                              f"give each link once")
+        deg[key] = parts[2]
     dev = _rank_value_pairs(fail_devices, "@", "--fail-device", "RANK@TIME_S, e.g. 17@0.25")
     if seed is None:
         seed_v = 0

@@ -101,7 +101,8 @@ def print_summary(outcome, console=None) -> None:
         ("MFU", f"{m.mfu:.1%}"),
         ("precision / stack", f"{getattr(p, 'dtype', 'bf16')} / {getattr(p, 'stack', '')}"),
         *([("GEMM rate", rate)] if (rate := _gemm_rate(outcome)) else []),
-        ("pipeline bubble", f"{m.bubble_fraction:.1%}"),
+        # (idle time: the pipeline's bubble where there is a pipeline, else waiting for slower peers)
+        ("pipeline bubble" if p.pp > 1 else "idle (waiting for peers)", f"{m.bubble_fraction:.1%}"),
         ("exposed communication", f"{m.exposed_comm_fraction:.1%}"),
         ("overlap (comm hidden by compute)", f"{m.overlap_fraction:.1%}"),
         *[(f"  {ax.upper()} comm total / exposed / hidden", f"{d['total_fraction']:.1%} / {d['exposed_fraction']:.1%}"

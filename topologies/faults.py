@@ -147,6 +147,17 @@ def _link(value: Any, where: str) -> tuple[Hashable, Hashable]:
     return (a, b)
 
 
+def _once(link: tuple, field: str, seen: dict) -> None:
+    """Refuse a link named a second time (A:B and B:A are one link) among a fault spec's failures and
+    degradations: one of the two would silently win."""
+    key = frozenset(link)
+    if key in seen:
+        name = f"{node_label(link[0])}:{node_label(link[1])}"
+        where = f"twice in {field}" if seen[key] == field else f"in both {seen[key]} and {field}"
+        raise ConfigError(f"faults: link {name} is named {where} (A:B and B:A are one link); name each link once")
+    seen[key] = field
+
+
 def parse_rank(value: Any, where: str) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
@@ -222,12 +233,16 @@ class FaultSpec:
         if isinstance(lf, (str, dict)) or not isinstance(lf, Iterable):
             raise ConfigError(f"{w}.link_failures: expected a list of links [A, B] or 'A:B'")
         links = tuple(_link(x, f"{w}.link_failures") for x in lf)
+        seen: dict[frozenset, str] = {}         # each link once, whichever way round and whatever befalls it
+        for link in links:
+            _once(link, "link_failures", seen)
         object.__setattr__(self, "link_failures", links)
         if not isinstance(self.link_degradation, dict):
             raise ConfigError(f"{w}.link_degradation: expected a mapping link -> bandwidth factor")
         deg = {}
         for k, f in self.link_degradation.items():
             link = _link(k, f"{w}.link_degradation")
+            _once(link, "link_degradation", seen)
             deg[link] = _number(f, f"{w}.link_degradation[{node_label(link[0])}:{node_label(link[1])}]", hi=1.0)
         object.__setattr__(self, "link_degradation", deg)
         object.__setattr__(self, "device_failures", _rank_map(self.device_failures, f"{w}.device_failures",
@@ -538,9 +553,14 @@ def faulted_cluster(cluster, faults: FaultSpec):
         if frozenset((a, b)) not in changes:
             changes[frozenset((a, b))] = (a, b, f)
     removed = []
+    from topologies.builders import MIN_LINK_BPS
     for a, b, f in changes.values():
         old = float(g.edges[a, b]["bandwidth"])
         new = old * f
+        if 0.0 < new < MIN_LINK_BPS:
+            raise ConfigError(f"faults: link {node_label(a)}:{node_label(b)} degraded by {f:g} keeps {new:g} B/s, "
+                              f"below the {MIN_LINK_BPS:g} B/s any link carries; to take it down, fail it "
+                              f"(--fail-link)")
         trunks = _trunk_keys(g, a, b)
         if trunks is None:
             for key in ((a, b), (b, a)):

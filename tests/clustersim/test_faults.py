@@ -167,6 +167,11 @@ def test_cli_strings_and_yaml_give_the_same_spec():
     (dict(fail_links=["leaf.0:leaf.0"]), "itself"),
     (dict(degrade_links=["a.0:b.0:1.5"]), "degradation"),
     (dict(degrade_links=["a.0:b.0"]), "FACTOR"),
+    # one link named twice: one of the two had silently won (the last --degrade-link, or the failure)
+    (dict(degrade_links=["0:leaf.0:0.1", "0:leaf.0:0.5"]), r"link 0:leaf.0 is given twice \(factors 0.1 and 0.5\)"),
+    (dict(degrade_links=["0:leaf.0:0.1", "leaf.0:0:0.5"]), "named twice in link_degradation"),
+    (dict(fail_links=["0:leaf.0", "0:leaf.0"]), "named twice in link_failures"),
+    (dict(fail_links=["0:leaf.0"], degrade_links=["leaf.0:0:0.5"]), "in both link_failures and link_degradation"),
     (dict(fail_devices=["3"]), "RANK@TIME_S"),
     (dict(fail_devices=["3@-1"]), "device_failures"),
     (dict(seed="abc"), "--seed"),
@@ -242,6 +247,12 @@ def test_degraded_link_scales_bandwidth(cluster):
     assert fc.link_capacity[cluster.link_id[(("leaf", 0), 0)]] == pytest.approx(0.25 * bw)
     assert fc.bottleneck_bytes_per_s(0, 1000) == pytest.approx(0.25 * bw)
     assert fc.link_capacity[cluster.link_id[("up", 1)]] == pytest.approx((cluster.fat_tree.uplinks - 0.5) * bw)
+
+
+def test_a_degradation_below_any_link_bandwidth_is_refused(cluster):
+    """A factor of 1e-300 had left 5e-290 B/s: a step of 1e296 s printed in full, 0 tokens/s."""
+    with pytest.raises(ConfigError, match=r"link 0:leaf.0 degraded by 1e-300 keeps 5e-290 B/s, below the 1e\+06 B/s"):
+        faulted_cluster(cluster, parse_fault_options(degrade_links=["0:leaf.0:1e-300"]))
 
 
 def test_failed_nic_link_reroutes_through_a_peer_gpu(cluster):
