@@ -243,6 +243,10 @@ class Calibration:
         source = data.get("source", {})
         if not isinstance(source, dict):
             raise ConfigError(f"{where}: source must be a mapping, got {brief(source)}")
+        _unique(compute, lambda c: (c.device.lower(),), "compute", "device", where)
+        _unique(layers, lambda f: (f.device.lower(), f.phase), "layer", "device and phase", where)
+        _unique(colls, lambda c: (c.kind, c.group_size, c.scope, c.backend), "collective",
+                "kind, group size, scope and backend", where)
         return cls(compute, colls, source, layers)
 
     @classmethod
@@ -263,6 +267,18 @@ MAX_SECONDS = 3600.0             # alpha / op overhead above an hour is not a la
 MAX_GROUP_SIZE = 1 << 24         # ranks in one collective
 KINDS = COLLECTIVE_KINDS + ("gather", "scatter", "p2p")
 SCOPES = ("intra", "inter")
+
+
+def _unique(fits: list, key: Callable, what: str, by: str, where: str) -> None:
+    """Refuse two fits of one key: lookups take the first, so the file's order would decide (a slow duplicate
+    listed first made a step 24x longer)."""
+    first: dict = {}
+    for i, f in enumerate(fits):
+        k = key(f)
+        if k in first:
+            raise ConfigError(f"{where}: {what} fits #{first[k]} and #{i} have the same {by} "
+                              f"({', '.join(map(str, k))}); keep one")
+        first[k] = i
 
 
 def _entries(data: dict, key: str, where: str) -> list:

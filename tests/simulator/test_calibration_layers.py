@@ -39,6 +39,25 @@ def test_bad_layer_fit_is_rejected(field, value):
         Calibration.from_dict(d)
 
 
+def test_two_fits_of_one_key_are_refused():
+    """Lookups take the first fit of a key, so a file listing two (a slow one first) let its order decide: a
+    24x longer step from a duplicated collective fit."""
+    from simulator.calibration import CollectiveFit
+    d = json.loads(json.dumps(_cal().to_dict()))
+    d["layers"].append(dict(d["layers"][0], peak_flops_per_s=1e12))
+    with pytest.raises(ConfigError, match=r"layer fits #0 and #2 have the same device and phase"):
+        Calibration.from_dict(d)
+    d = Calibration([ComputeFit("H100", 1e14), ComputeFit("h100", 5e14)]).to_dict()
+    with pytest.raises(ConfigError, match=r"compute fits #0 and #1 have the same device \(h100\)"):
+        Calibration.from_dict(d)
+    fit = CollectiveFit("all_reduce", 8, "intra", 1e-5, 1e11)
+    d = Calibration(collectives=[fit, CollectiveFit("all_reduce", 8, "intra", 1e-2, 1e11)]).to_dict()
+    with pytest.raises(ConfigError, match=r"collective fits #0 and #1 .* \(all_reduce, 8, intra, nccl\)"):
+        Calibration.from_dict(d)
+    other = Calibration(collectives=[fit, CollectiveFit("all_reduce", 16, "intra", 1e-5, 1e11)]).to_dict()
+    assert len(Calibration.from_dict(other).collectives) == 2      # another group size: another fit
+
+
 def test_layer_fit_prices_layer_ops_by_phase_and_the_gemm_fit_the_rest():
     import topologies
     from topologies.cost import ClusterCostModel
