@@ -516,6 +516,11 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     if huge.any():
         raise TraceError(f"{info.path}: step number of {steps['name'][huge].iloc[0][:40]!r}... is too large "
                          f"(ProfilerStep#N with N of more than 15 digits)")
+    unnumbered = digits == "-1"
+    if unnumbered.any():        # (they had all become one step -1, the others dropped without a word)
+        name = str(steps["name"][unnumbered].iloc[0])[:40]
+        raise TraceError(f"{info.path}: step event {name!r} has no step number (ProfilerStep#N with N a whole "
+                         f"number >= 0, as torch.profiler names its steps)")
     steps["step"] = digits.astype(np.int64)
     dur = steps["dur"].to_numpy(float)
     bad = ~(np.isfinite(dur) & (dur > 0) & (dur < MAX_STEP_US))
@@ -524,10 +529,9 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
         raise TraceError(f"{info.path}: step event {str(steps['name'].iloc[i])[:40]!r} has no usable duration "
                          f"(read as {dur[i]:g} us): a profiled step lasts a positive time under "
                          f"{MAX_STEP_US / 1e6:g} s")
-    numbered = steps["step"] >= 0
-    twice = steps.loc[numbered, "step"].duplicated()
+    twice = steps["step"].duplicated()
     if twice.any():
-        n = int(steps.loc[numbered, "step"][twice].iloc[0])
+        n = int(steps["step"][twice].iloc[0])
         raise TraceError(f"{info.path}: two ProfilerStep#{n} events on one rank; a trace profiles each step once")
     steps = steps.sort_values("ts").drop_duplicates("step", keep="first")
     steps["cpu_row"] = steps.index

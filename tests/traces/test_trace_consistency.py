@@ -3,6 +3,7 @@ printed predictions off by 10^13 %): a clock base on some ranks only, a step of 
 profiled twice, a manifest whose world size the traces contradict, ranks whose clocks disagree."""
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,13 @@ def test_ranks_whose_clocks_disagree_are_refused(tmp_path, shift_us):
                 e["ts"] = e["ts"] + 1000.0          # 1 ms, within a 15-ms step
     (tmp_path / "near").mkdir()
     assert replay(_copy(tmp_path / "near", skew)) is not None
+
+
+@pytest.mark.parametrize("name", ["ProfilerStep#abc", "ProfilerStep#-2", "ProfilerStep"])
+def test_a_step_event_without_a_number_is_refused(tmp_path, name):
+    """Unnumbered step events had all become one step -1 (two of them merged, one dropped without a word)."""
+    def unnumbered(t):
+        for s in _steps(t):
+            s["name"] = name
+    with pytest.raises(TraceError, match=rf"rank1\.json\.gz: step event '{re.escape(name)}' has no step number"):
+        replay(_copy(tmp_path, unnumbered))
