@@ -985,8 +985,8 @@ def folder_manifest(folder: Path) -> dict | None:
 
 def one_run_problems(trace: Trace, manifest: dict | None) -> list[str]:
     """Why the files of ``trace`` do not look like one run (empty when they do): ranks outside the
-    manifest's world or missing from its ``trace_files``, ranks that disagree on the world size, or that share
-    no ProfilerStep number."""
+    manifest's world or missing from its ``trace_files``, steps its ``profiler.profiled_steps`` does not name,
+    ranks that disagree on the world size, or that share no ProfilerStep number."""
     problems = []
     names = {r: i.path.name for r, i in trace.ranks.items()}
     sizes = {i.world_size for i in trace.ranks.values() if i.world_size}
@@ -1003,6 +1003,14 @@ def one_run_problems(trace: Trace, manifest: dict | None) -> list[str]:
                 problems.append(f"manifest.json says world_size {ws} but {', '.join(names[r] for r in extra)} "
                                 f"hold{'s' if len(extra) == 1 else ''} rank{'s' if len(extra) > 1 else ''} "
                                 f"{', '.join(map(str, extra))}")
+        prof = manifest.get("profiler")
+        said = prof.get("profiled_steps") if isinstance(prof, dict) else None
+        if isinstance(said, list) and said and all(isinstance(x, int) and not isinstance(x, bool) for x in said) \
+                and len(trace.steps):
+            held = sorted(set(trace.steps["step"].tolist()) - set(said))
+            if held:
+                problems.append(f"manifest.json says steps {_span(tuple(sorted(said)))} were profiled but the traces "
+                                f"hold step{'s' if len(held) > 1 else ''} {_span(tuple(held))}")
         listed = manifest.get("trace_files")
         if isinstance(listed, dict):
             known = {str(v) for v in listed.values()}

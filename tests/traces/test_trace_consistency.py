@@ -101,3 +101,10 @@ def test_a_step_event_without_a_number_is_refused(tmp_path, name):
             s["name"] = name
     with pytest.raises(TraceError, match=rf"rank1\.json\.gz: step event '{re.escape(name)}' has no step number"):
         replay(_copy(tmp_path, unnumbered))
+
+
+def test_a_manifest_naming_other_profiled_steps_is_refused(tmp_path):
+    """The traces hold steps 2 and 3; a manifest saying 7 and 8 were profiled is another run's (it was accepted)."""
+    with pytest.raises(TraceError, match="manifest.json says steps 7-8 were profiled but the traces hold steps 2-3"):
+        replay(_copy(tmp_path, manifest={"profiler": {"profiled_steps": [7, 8]}}))
+    assert replay(_copy(tmp_path, manifest={"profiler": {"profiled_steps": [1, 2, 3]}})) is not None
