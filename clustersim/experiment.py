@@ -888,6 +888,9 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     cost_summary = priced_by.calibration_summary() if hasattr(priced_by, "calibration_summary") else "none"
     notes: list[str] = list(getattr(priced_by, "calibration_notes", ()))
     notes += device_stack_notes(cluster.accelerator, exp.stack, given_stack, exp.attention_kernel)
+    if world < cluster.n_gpus:
+        notes.append(f"the cluster's placement lists {world} rank(s) on its {cluster.n_gpus} devices: {world} "
+                     f"rank(s) run, the other devices stay idle (--gpus sets the devices; the placement, the ranks)")
     from topologies.nccl import latency_setting_note
     if exp.network in ("analytical", "flow") and (note := latency_setting_note(cluster, exp.algorithm)):
         notes.append(note)

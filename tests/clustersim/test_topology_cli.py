@@ -153,3 +153,14 @@ def test_a_cluster_latency_that_nccl_priced_collectives_do_not_take_is_noted(cap
     assert main(["simulate", "--cluster", "dgx-h100", "--gpus", "16", "--model", "llama3-8b", "--tp", "8", "--dp", "2",
                  "--seq", "1024", "--global-batch", "2", "--json"]) == 0
     assert not any("latency" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+def test_a_placement_of_fewer_ranks_than_devices_is_noted(capsys, tmp_path):
+    """--gpus 16 with a placement of two ranks ran two ranks without a word (the header said x 2 GPUs)."""
+    path = tmp_path / "two.yaml"
+    path.write_text("preset: dgx-h100\ngpus: 16\nplacement: [0, 8]\n")
+    assert main(["simulate", "--cluster", str(path), "--gpus", "16", "--layers", "2", "--hidden", "256", "--heads",
+                 "4", "--global-batch", "16", "--seq", "512", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["world_size"] == 2
+    assert "the cluster's placement lists 2 rank(s) on its 16 devices: 2 rank(s) run" in d["notes"][0]
