@@ -184,7 +184,8 @@ def plan_from_options(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int
                       tp_comm_overlap: bool = False, moe_dispatcher: str = "alltoall", **_ignored) -> ParallelPlan:
     """The ParallelPlan the plan flags describe; dp defaults to gpus / (tp·pp·cp); stack None: megatron;
     virtual_stages None: 1 (``plan`` passes the model's default, ``default_virtual_stages``)."""
-    for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus), ("etp", etp)):
+    for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp", dp), ("gpus", gpus), ("etp", etp),
+                    ("virtual-stages", virtual_stages)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ConfigError(f"--{name} must be a positive integer, got {v}")
     check_bucket_mb(bucket_mb)

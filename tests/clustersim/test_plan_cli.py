@@ -184,3 +184,10 @@ def test_a_bucket_beyond_any_gradients_is_refused_by_name(capsys):
     err = capsys.readouterr().err
     assert "--bucket-mb: a gradient bucket of 1e+308 MB is beyond any model's gradients; at most 1e+09 MB" in err
     assert main(["plan", "--params", "7e9", "--gpus", "8", "--bucket-mb", "1e9"]) == 0
+
+
+def test_zero_virtual_stages_is_refused_as_simulate_refuses_it(capsys):
+    """plan read --virtual-stages 0 as 1 (simulate says 'must be >= 1')."""
+    assert main(["plan", "-m", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2", "--schedule", "interleaved",
+                 "--virtual-stages", "0"]) == 2
+    assert "--virtual-stages must be a positive integer, got 0" in capsys.readouterr().err
