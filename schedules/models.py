@@ -977,7 +977,8 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
 
     heads = key("num_attention_heads", required=True)
     kw = dict(name=name or mtype, layers=key("num_hidden_layers", required=True), hidden=key("hidden_size", required=True),
-              ffn=key("intermediate_size", required=True), heads=heads, kv_heads=key("num_key_value_heads") or heads,
+              ffn=key("intermediate_size", required=True), heads=heads,
+              kv_heads=heads if key("num_key_value_heads") is None else count("num_key_value_heads", lo=1),
               vocab=key("vocab_size", required=True), gated_mlp=True,
               tied_embeddings=flag("tie_word_embeddings"),
               attention_bias=mtype in ("qwen2", "qwen2_moe") or flag("attention_bias"),
@@ -1004,7 +1005,7 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
         nope = key("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n_layers)]
         if not isinstance(nope, list) or len(nope) != n_layers:
             raise ConfigError(f"{where}: no_rope_layers must give 0 or 1 for each of the {n_layers} layers")
-        kw.update(ffn=key("intermediate_size_mlp", required=True), experts=key("num_local_experts", required=True),
+        kw.update(ffn=key("intermediate_size_mlp", required=True), experts=count("num_local_experts", required=True, lo=1),
                   top_k=key("num_experts_per_tok", 1), moe_ffn=key("intermediate_size", required=True),
                   shared_experts=1, moe_layer_every=count("interleave_moe_layer_step", 1, lo=1))
         if key("moe_layers") is not None and key("moe_layers") != list(range(kw["moe_layer_every"] - 1, n_layers,
@@ -1016,10 +1017,10 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
                       global_attention_every=_global_attention_every(
                           ["full_attention" if not r else "sliding_attention" for r in nope], n_layers, where))
     if mtype == "gpt_oss":
-        kw.update(experts=key("num_local_experts", required=True),
+        kw.update(experts=count("num_local_experts", required=True, lo=1),
                   top_k=key("num_experts_per_tok") or key("experts_per_token", required=True), attention_sinks=True)
     if mtype == "mixtral":
-        kw.update(experts=key("num_local_experts", required=True), top_k=key("num_experts_per_tok", 2))
+        kw.update(experts=count("num_local_experts", required=True, lo=1), top_k=key("num_experts_per_tok", 2))
     elif mtype in ("qwen2_moe", "qwen3_moe"):
         if key("mlp_only_layers"):
             raise ConfigError(f"{where}: dense layers listed by mlp_only_layers are not modelled; only leading dense "
@@ -1032,14 +1033,14 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
                               f"moe_intermediate_size {moe}")
         # Qwen-MoE's one wide shared expert = shared / moe experts of the routed width (same parameters and
         # FLOPs; its 1-wide sigmoid gate, h parameters per layer, is left out)
-        kw.update(experts=key("num_experts", required=True), top_k=key("num_experts_per_tok", required=True),
+        kw.update(experts=count("num_experts", required=True, lo=1), top_k=key("num_experts_per_tok", required=True),
                   moe_ffn=moe, shared_experts=shared // moe)
     elif mtype in ("deepseek_v2", "deepseek_v3"):
         if key("moe_layer_freq", 1) != 1:
             raise ConfigError(f"{where}: moe_layer_freq != 1 is not modelled")
         n_group, topk_group = key("n_group") or 1, key("topk_group") or 1
         grouped = topk_group < n_group          # group-limited routing (DeepSeek-V3: 4 of 8 groups)
-        kw.update(experts=key("n_routed_experts", required=True), top_k=key("num_experts_per_tok", required=True),
+        kw.update(experts=count("n_routed_experts", required=True, lo=1), top_k=key("num_experts_per_tok", required=True),
                   moe_ffn=key("moe_intermediate_size", required=True), shared_experts=key("n_shared_experts", 0) or 0,
                   first_dense_layers=key("first_k_dense_replace", 0) or 0, head_dim=key("qk_nope_head_dim", required=True),
                   q_lora_rank=key("q_lora_rank") or 0, kv_lora_rank=key("kv_lora_rank", required=True),

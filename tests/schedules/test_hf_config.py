@@ -55,6 +55,11 @@ def test_hf_moe_shapes():
     ({**LLAMA31_8B, "hidden_size": None}, "missing 'hidden_size'"),
     ({**QWEN15_MOE, "mlp_only_layers": [5]}, "not modelled"),
     ({**QWEN15_MOE, "shared_expert_intermediate_size": 1000}, "not a multiple"),
+    # zeros had been read as unset: the query heads' count, or a dense model with no note
+    ({**LLAMA31_8B, "num_key_value_heads": 0}, "num_key_value_heads: must be >= 1, got 0"),
+    ({**MIXTRAL_8X7B, "num_local_experts": 0}, "num_local_experts: must be >= 1, got 0"),
+    ({**QWEN15_MOE, "num_experts": 0}, "num_experts: must be >= 1, got 0"),
+    ({**DEEPSEEK_V3, "n_routed_experts": 0}, "n_routed_experts: must be >= 1, got 0"),
 ])
 def test_hf_config_bad_input(cfg, match):
     with pytest.raises(ConfigError, match=match):
