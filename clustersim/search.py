@@ -872,13 +872,17 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         raise ConfigError("--gpus, --global-batch and --seq must be >= 1")
     if pareto:
         _check_plot_path(Path(pareto))          # before the search, not after it
+    def names(s, what):
+        v = tuple(x.strip() for x in s.split(",") if x.strip())
+        if not v:
+            raise ConfigError(f"--{what}: no value given (got {brief(s)}); name at least one")
+        return v
     space = SearchSpace(micro_batches=ints(micro_batches, "micro-batches", 1, 1 << 20),
-                        schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
-                        recompute=tuple(s.strip() for s in recompute_opts.split(",") if s.strip()),
+                        schedules=names(schedules, "schedules"), recompute=names(recompute_opts, "recompute"),
                         zero=ints(zero_opts, "zero", 0, 3), cp=ints(cp_opts, "cp", 1, 1 << 20),
-                        tp=ints(tp_opts, "tp", 1, 1 << 20) if tp_opts else None,
-                        pp=ints(pp_opts, "pp", 1, 1 << 20) if pp_opts else None,
-                        ep=ints(ep_opts, "ep", 1, 1 << 20) if ep_opts else None, fold=fold)
+                        tp=ints(tp_opts, "tp", 1, 1 << 20) if tp_opts is not None else None,
+                        pp=ints(pp_opts, "pp", 1, 1 << 20) if pp_opts is not None else None,
+                        ep=ints(ep_opts, "ep", 1, 1 << 20) if ep_opts is not None else None, fold=fold)
     for what, vals in (("tp", space.tp), ("pp", space.pp), ("ep", space.ep)):
         if vals is not None and (min(vals) < 1 or (gpus and any(gpus % v for v in vals))):
             raise ConfigError(f"--{what}: every degree must be >= 1 and divide the {gpus} GPUs, got "

@@ -21,3 +21,15 @@ def test_cli_rejects_fixed_degrees_that_do_not_divide(capsys):
                  "--tp", "7", "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --tp:") and "Traceback" not in err
+
+
+def test_cli_rejects_empty_lists(capsys):
+    """An empty --schedules or --recompute had searched nothing and blamed the cluster ("try more GPUs"); an
+    empty --tp / --pp / --ep had been read as unset while an empty --cp was an error."""
+    base = ["search", "--cluster", "dgx-h100", "--gpus", "16", "--model", "llama3-8b", "--global-batch", "16",
+            "--no-cache"]
+    for opt, value, said in (("--schedules", "", "--schedules: no value given"),
+                             ("--recompute", ",", "--recompute: no value given"),
+                             ("--tp", "", "--tp: expected integers"), ("--ep", " ", "--ep: expected integers")):
+        assert main(base + [opt, value]) == 2
+        assert said in capsys.readouterr().err
