@@ -170,7 +170,7 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
     acc = get_accelerator(cfg["accelerator"])
     n = _gpus(cfg, gpus, where)
     gpn = cfg["gpus_per_node"]
-    if not isinstance(gpn, int) or gpn < 1:
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:       # (true is an int 1 to Python)
         raise ConfigError(f"{where}: gpus_per_node must be a positive integer, got {gpn!r}")
     if not isinstance(cfg["domain"], dict) or not (cfg.get("fabric") is None or isinstance(cfg["fabric"], dict)):
         raise ConfigError(f"{where}: domain and fabric must be mappings of their settings")

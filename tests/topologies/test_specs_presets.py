@@ -153,6 +153,11 @@ def test_load_cluster_file(tmp_path):
         load_cluster_file(b)
     with pytest.raises(ConfigError, match="does not exist"):
         load_cluster_file(tmp_path / "missing.yaml")
+    # a YAML true is no GPU count (it ran 8 GPUs as 8 nodes of 1, or blamed a key the file never set)
+    t = tmp_path / "t.yaml"
+    t.write_text("accelerator: H100-SXM\ngpus: 8\ngpus_per_node: true\ndomain: {kind: nvswitch}\n")
+    with pytest.raises(ConfigError, match="gpus_per_node must be a positive integer, got True"):
+        load_cluster_file(t)
 
 
 def test_disconnected_cluster_rejected():
