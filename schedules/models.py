@@ -1042,11 +1042,14 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
         grouped = topk_group < n_group          # group-limited routing (DeepSeek-V3: 4 of 8 groups)
         kw.update(experts=count("n_routed_experts", required=True, lo=1), top_k=key("num_experts_per_tok", required=True),
                   moe_ffn=key("moe_intermediate_size", required=True), shared_experts=key("n_shared_experts", 0) or 0,
-                  first_dense_layers=key("first_k_dense_replace", 0) or 0, head_dim=key("qk_nope_head_dim", required=True),
+                  first_dense_layers=count("first_k_dense_replace", 0, lo=0), head_dim=key("qk_nope_head_dim", required=True),
                   q_lora_rank=key("q_lora_rank") or 0, kv_lora_rank=key("kv_lora_rank", required=True),
                   qk_rope_dim=key("qk_rope_head_dim", required=True), v_head_dim=key("v_head_dim", required=True),
                   mtp_layers=count("num_nextn_predict_layers", 0) if key("num_nextn_predict_layers") is not None else 0,
                   router_groups=n_group if grouped else 0, router_group_topk=topk_group if grouped else 0)
+        if kw["first_dense_layers"] >= n_layers:
+            raise ConfigError(f"{where}: first_k_dense_replace {kw['first_dense_layers']} leaves none of the "
+                              f"{n_layers} layers an MoE layer (at most {n_layers - 1})")
     try:
         return ModelSpec(**kw)
     except TypeError as e:

@@ -930,8 +930,10 @@ def _parse_names(value, where: str, known: tuple[str, ...], what: str) -> list[s
 
 
 def check_bucket_mb(mb: float, where: str = "--bucket-mb") -> None:
-    """Refuse a gradient bucket (megabytes) beyond 1 PB (``MAX_BYTES``): no model's gradients fill it, and in
-    bytes it may not even be finite."""
+    """Refuse a gradient bucket (megabytes) of none, or beyond 1 PB (``MAX_BYTES``): no model's gradients fill it,
+    and in bytes it may not even be finite."""
+    if not mb > 0:              # (NaN too)
+        raise ConfigError(f"{where}: a gradient bucket must hold a positive number of MB, got {mb:g}")
     if mb * 1e6 > MAX_BYTES:
         raise ConfigError(f"{where}: a gradient bucket of {mb:g} MB is beyond any model's gradients; at most "
                           f"{MAX_BYTES / 1e6:.0e} MB (1 PB)")

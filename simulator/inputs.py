@@ -141,7 +141,8 @@ def parse_json(text: str | bytes, where: str, err=ConfigError) -> Any:
     except RecursionError:
         raise err(f"{where}: JSON nested too deeply") from None
     except json.JSONDecodeError as e:
-        raise err(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        what = e.msg[:-3] if e.msg.endswith(" at") else e.msg      # ("Unterminated string starting at")
+        raise err(f"{where}: not valid JSON: {what} at line {e.lineno} column {e.colno}") from None
     except (ValueError, OverflowError) as e:        # 5,000-digit integers, bad UTF-8
         raise err(f"{where}: not valid JSON: {brief(str(e), 120)}") from None
 

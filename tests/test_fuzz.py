@@ -782,6 +782,16 @@ def test_goodput_result_errors_name_the_file(tmp_path):
         p.unlink(missing_ok=True)
 
 
+def test_a_truncated_json_file_is_reported_once_where_it_breaks(tmp_path):
+    """json's own message ends in 'at' ('Unterminated string starting at'): it read '... at at line 1'."""
+    from simulator.errors import ConfigError
+    from simulator.inputs import load_json
+    p = tmp_path / "cut.json"
+    p.write_text('{"format": "clustersim-manifest", "na')
+    with pytest.raises(ConfigError, match=r"not valid JSON: Unterminated string starting at line 1 column 35$"):
+        load_json(p, "manifest", err=ConfigError)
+
+
 def test_yaml_alias_bomb_is_rejected_without_expanding_it(tmp_path):
     """516 bytes of nested aliases reached 3 GB because error messages repr'ed the value."""
     lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']

@@ -973,7 +973,7 @@ def load_manifest(path: str | Path) -> dict:
             raise TraceError(f"manifest {path}: {key} must be a list of strings, got {brief(v)}")
     ws = data.get("world_size")
     if ws is not None and (isinstance(ws, bool) or not isinstance(ws, int) or not 0 < ws <= 1 << 24):
-        raise TraceError(f"manifest {path}: world_size must be a positive integer, got {brief(ws)}")
+        raise TraceError(f"manifest {path}: world_size must be an integer from 1 to {1 << 24:,}, got {brief(ws)}")
     return data
 
 

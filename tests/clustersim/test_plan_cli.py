@@ -184,6 +184,9 @@ def test_a_bucket_beyond_any_gradients_is_refused_by_name(capsys):
     err = capsys.readouterr().err
     assert "--bucket-mb: a gradient bucket of 1e+308 MB is beyond any model's gradients; at most 1e+09 MB" in err
     assert main(["plan", "--params", "7e9", "--gpus", "8", "--bucket-mb", "1e9"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--params", "7e9", "--gpus", "8", "--bucket-mb", "0"]) == 2     # it named bucket_bytes
+    assert "--bucket-mb: a gradient bucket must hold a positive number of MB, got 0" in capsys.readouterr().err
 
 
 def test_zero_virtual_stages_is_refused_as_simulate_refuses_it(capsys):

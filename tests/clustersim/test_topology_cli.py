@@ -164,3 +164,10 @@ def test_a_placement_of_fewer_ranks_than_devices_is_noted(capsys, tmp_path):
     d = json.loads(capsys.readouterr().out)
     assert d["world_size"] == 2
     assert "the cluster's placement lists 2 rank(s) on its 16 devices: 2 rank(s) run" in d["notes"][0]
+
+
+@pytest.mark.parametrize("value", ["", "[1,2]"])
+def test_a_cluster_name_that_is_no_text_is_refused(capsys, value):
+    """--set name= had printed the header 'None: DGX H100 nodes ...'."""
+    assert main(["topology", "dgx-h100", "--gpus", "16", "--set", f"name={value}"]) == 2
+    assert "name must be a non-empty string" in capsys.readouterr().err

@@ -60,6 +60,7 @@ def test_hf_moe_shapes():
     ({**MIXTRAL_8X7B, "num_local_experts": 0}, "num_local_experts: must be >= 1, got 0"),
     ({**QWEN15_MOE, "num_experts": 0}, "num_experts: must be >= 1, got 0"),
     ({**DEEPSEEK_V3, "n_routed_experts": 0}, "n_routed_experts: must be >= 1, got 0"),
+    ({**DEEPSEEK_V3, "first_k_dense_replace": 61}, "first_k_dense_replace 61 leaves none of the 61 layers an MoE"),
 ])
 def test_hf_config_bad_input(cfg, match):
     with pytest.raises(ConfigError, match=match):
