@@ -127,12 +127,20 @@ def load_compare_file(path) -> tuple[dict, list[tuple[str, dict]], str | None]:
     else:
         raise ConfigError(f"{path}: variants must be a list of mappings or a mapping name -> options")
     names = [n for n, _ in variants]
+    if any(not n.strip() for n in names):
+        raise ConfigError(f"{path}: a variant has an empty name; names label the plots, the table and the files")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{path}: variant name(s) {dup} used twice; names label the plots, make them unique")
+    keyed = [(n, option_keys(o, f"{path}: variant {n!r}")) for n, o in variants]
+    seen: dict = {}
+    for n, o in keyed:
+        same = seen.setdefault(repr(sorted(o.items(), key=lambda kv: kv[0])), n)
+        if same != n:
+            raise ConfigError(f"{path}: variants {same!r} and {n!r} set the same options: they would run one plan "
+                              f"twice; drop one or tell them apart")
     title = data.get("title")
-    return (option_keys(base, f"{path}: base"), [(n, option_keys(o, f"{path}: variant {n!r}")) for n, o in variants],
-            (str(title) if title is not None else None))
+    return option_keys(base, f"{path}: base"), keyed, (str(title) if title is not None else None)
 
 
 def build_variants(config: str | None, schedules: str | None, options: dict,

@@ -109,6 +109,11 @@ def test_schedules_flag_alone_and_plain_experiment_file_as_base(tmp_path):
 
 @pytest.mark.parametrize("text,schedules,match", [
     ("base: {pp: 4}\nvariants: [{name: a}, {name: a}]\n", None, "used twice"),
+    # an empty name had labelled a note "note ():" and a file "plan.perfetto.json"; two identical variants ran
+    # one plan twice without a word
+    ("base: {pp: 4}\nvariants: {'': {tp: 2}, b: {tp: 1}}\n", None, "a variant has an empty name"),
+    ("base: {pp: 4}\nvariants: {a: {tp: 2}, b: {tp: 2}}\n", None, "variants 'a' and 'b' set the same options"),
+    ("base: {pp: 4}\nvariants: {a: null, b: {}}\n", None, "variants 'a' and 'b' set the same options"),
     ("base: {pp: 4}\nvariants: [3]\n", None, "must be a mapping"),
     ("base: {pp: 4}\nvariants: [{name: a}]\nextra: 1\n", None, "unknown top-level"),
     ("base: [1, 2]\nvariants: [{name: a}]\n", None, "base must be a mapping"),
