@@ -1005,7 +1005,8 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
         nope = key("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n_layers)]
         if not isinstance(nope, list) or len(nope) != n_layers:
             raise ConfigError(f"{where}: no_rope_layers must give 0 or 1 for each of the {n_layers} layers")
-        kw.update(ffn=key("intermediate_size_mlp", required=True), experts=count("num_local_experts", required=True, lo=1),
+        kw.update(ffn=key("intermediate_size_mlp", required=True),
+                  experts=count("num_local_experts", required=True, lo=1),
                   top_k=key("num_experts_per_tok", 1), moe_ffn=key("intermediate_size", required=True),
                   shared_experts=1, moe_layer_every=count("interleave_moe_layer_step", 1, lo=1))
         if key("moe_layers") is not None and key("moe_layers") != list(range(kw["moe_layer_every"] - 1, n_layers,
@@ -1040,9 +1041,11 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
             raise ConfigError(f"{where}: moe_layer_freq != 1 is not modelled")
         n_group, topk_group = key("n_group") or 1, key("topk_group") or 1
         grouped = topk_group < n_group          # group-limited routing (DeepSeek-V3: 4 of 8 groups)
-        kw.update(experts=count("n_routed_experts", required=True, lo=1), top_k=key("num_experts_per_tok", required=True),
+        kw.update(experts=count("n_routed_experts", required=True, lo=1),
+                  top_k=key("num_experts_per_tok", required=True),
                   moe_ffn=key("moe_intermediate_size", required=True), shared_experts=key("n_shared_experts", 0) or 0,
-                  first_dense_layers=count("first_k_dense_replace", 0, lo=0), head_dim=key("qk_nope_head_dim", required=True),
+                  first_dense_layers=count("first_k_dense_replace", 0, lo=0),
+                  head_dim=key("qk_nope_head_dim", required=True),
                   q_lora_rank=key("q_lora_rank") or 0, kv_lora_rank=key("kv_lora_rank", required=True),
                   qk_rope_dim=key("qk_rope_head_dim", required=True), v_head_dim=key("v_head_dim", required=True),
                   mtp_layers=count("num_nextn_predict_layers", 0) if key("num_nextn_predict_layers") is not None else 0,
