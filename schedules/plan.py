@@ -835,9 +835,12 @@ class ParallelPlan:
 
 
 def parse_stage_layers(value) -> tuple[int, ...] | None:
-    """``--stage-layers 7,8,8,7`` (or a YAML list) -> (7, 8, 8, 7)."""
-    if value is None or value == "":
+    """``--stage-layers 7,8,8,7`` (or a YAML list) -> (7, 8, 8, 7); None where none is given (an empty value is
+    an error: it had crashed simulate and been ignored by plan)."""
+    if value is None:
         return None
+    if isinstance(value, str) and not value.strip():
+        raise PlanError("stage layers: none given; give comma-separated layer counts like 7,8,8,7")
     items = value.split(",") if isinstance(value, str) else value
     try:
         out = tuple(int(str(x).strip()) for x in items)

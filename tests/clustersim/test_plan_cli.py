@@ -194,3 +194,14 @@ def test_zero_virtual_stages_is_refused_as_simulate_refuses_it(capsys):
     assert main(["plan", "-m", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2", "--schedule", "interleaved",
                  "--virtual-stages", "0"]) == 2
     assert "--virtual-stages must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_empty_stage_layers_are_refused(capsys, tmp_path):
+    """--stage-layers '' crashed simulate (exit 3: None joined) and plan ignored it."""
+    for cmd in (["plan"], ["simulate"]):
+        assert main(cmd + ["-m", "llama3-8b", "--gpus", "8", "--pp", "4", "--stage-layers", ""]) == 2
+        assert "stage layers: none given" in capsys.readouterr().err
+    f = tmp_path / "e.yaml"
+    f.write_text('cluster: dgx-h100\ngpus: 8\nmodel: llama3-8b\npp: 4\nstage_layers: ""\n')
+    assert main(["simulate", "-c", str(f)]) == 2
+    assert "stage layers: none given" in capsys.readouterr().err
