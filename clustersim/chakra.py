@@ -38,8 +38,11 @@ def _jsonable(v):
               help="A single rank file stands for every NPU of the network (its copies are identical).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--out", type=NonEmptyPath(file_okay=False), help="Write result.json, timeline.csv, trace.json (Perfetto).")
-def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode, replicate, as_json, out):
+@click.option("--force", is_flag=True, help="Write into a non-empty --out that no clustersim run wrote.")
+def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode, replicate, as_json, out, force):
     """Simulate the Chakra ETs ET_PREFIX.<rank>.et (what ASTRA-sim's --workload-configuration takes)."""
+    if out:
+        atomic.OutputFolder.check(out, force)       # before the simulation, not after it
     from simulator.engine import run
     from simulator.metrics import compute_metrics
     from topologies.astra import load_network, load_system
@@ -84,12 +87,13 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
     }
     if out:
         from simulator.export import lane_ranks, write_perfetto, write_timeline
-        o = Path(out)
-        o.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(o / "result.json", json.dumps({k: _jsonable(v) for k, v in summary.items()}, indent=1) + "\n")
+        folder = atomic.OutputFolder(out, force=force, command="chakra run")   # an earlier run's files go first
+        atomic.write_text(folder.path("result.json"),
+                          json.dumps({k: _jsonable(v) for k, v in summary.items()}, indent=1) + "\n")
         lanes = lane_ranks(result)
-        write_timeline(result, o / "timeline.csv", ranks=lanes)
-        write_perfetto(result, o / "trace.json", ranks=lanes)
+        write_timeline(result, folder.path("timeline.csv"), ranks=lanes)
+        write_perfetto(result, folder.path("trace.json"), ranks=lanes)
+        folder.finish()
     if as_json:
         click.echo(json.dumps({k: _jsonable(v) for k, v in summary.items()}, sort_keys=True))
         return
@@ -111,7 +115,8 @@ def _make_export():
     @simulate_options
     @click.option("--out", required=True, type=NonEmptyPath(file_okay=False), help="Folder for the ETs and configurations.")
     @click.option("--prefix", default="workload", show_default=True, help="ET file prefix (<prefix>.<rank>.et).")
-    def export(out, prefix, **options):
+    @click.option("--force", is_flag=True, help="Write into a non-empty --out that no clustersim run wrote.")
+    def export(out, prefix, force, **options):
         """Write a simulated experiment's programs as one Chakra ET per rank, plus an ASTRA-sim network YAML,
         system JSON and communicator-group JSON approximating the cluster."""
         if not prefix or prefix.startswith(".") or any(c in prefix for c in "/\\") or prefix != prefix.strip():
@@ -120,12 +125,15 @@ def _make_export():
         from topologies.astra import AstraSystem, COLLECTIVE_KEYS
         from traces.chakra.writer import write_workload
         exp = experiment_from_options(**options)
+        atomic.OutputFolder.check(out, force)       # before the simulation, not after it
         from clustersim.startup import single_simulation
         single_simulation()
         outcome = run_experiment(exp)
         programs = outcome.result.programs
         _price_kernel_ops(programs, outcome.cost)
+        folder = atomic.OutputFolder(out, force=force, command="chakra export")   # an earlier run's files go first
         paths = write_workload(programs, out, prefix)
+        folder.record([p.name for p in paths] + ["network.yml", "system.json"])
         from topologies.multidim import network_of_cluster
         net = network_of_cluster(outcome.cluster)
         acc = outcome.cluster.accelerator
@@ -135,6 +143,7 @@ def _make_export():
         o = Path(out)
         atomic.write_text(o / "network.yml", net.to_yaml())
         atomic.write_text(o / "system.json", sysc.to_json(len(net.dims)))
+        folder.finish()
         click.echo(f"wrote {len(paths) - 1} Chakra ETs ({o}/{prefix}.<rank>.et), comm_groups.json, network.yml, "
                    f"system.json; simulated step time {outcome.metrics.step_time_s:.6g} s")
         click.echo(f"ASTRA-sim: --workload-configuration={o}/{prefix} --comm-group-configuration={o}/comm_groups.json "

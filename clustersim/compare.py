@@ -245,6 +245,31 @@ def figures(runs: list[PlanRun], title: str | None = None, max_lanes: int | None
     }
 
 
+def _check_report_paths(report: Path, files_dir: Path | None, force: bool) -> None:
+    """Before any simulation: refuse to write ``--report`` over a file no clustersim report wrote, or its
+    pictures into ``files_dir`` (the report's ``<stem>_files`` folder, without ``--out``) where that folder holds
+    what no clustersim run wrote; ``force`` allows both."""
+    from clustersim.report import REPORT_HEAD
+    from simulator.atomic import OutputFolder
+    if report.is_dir():
+        raise ConfigError(f"--report {report} is a folder; give the path of an HTML file")
+    if report.exists() and not force:
+        try:
+            with open(report, "rb") as f:
+                head = f.read(len(REPORT_HEAD)).decode("utf-8", "replace")
+        except OSError as e:
+            raise ConfigError(f"--report {report}: cannot read it ({e.strerror or e})") from None
+        if head != REPORT_HEAD:
+            raise ConfigError(f"--report {report} exists and is no clustersim report; choose another path or pass "
+                              f"--force")
+    if files_dir is not None:
+        try:
+            OutputFolder.check(files_dir, force)
+        except OutputError:
+            raise ConfigError(f"--report {report}: its picture folder {files_dir} is not empty and holds no earlier "
+                              f"clustersim run; choose another --report path, give --out, or pass --force") from None
+
+
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
                   title: str | None = None, svg: bool = True, trace=None, trace_step: int | None = None,
                   replay: bool = True, max_lanes: int | None = None, measured=None,
@@ -398,13 +423,17 @@ def _compare_command():
                 (trace_step is not None and not trace_path, "--trace-step picks a step of --trace: give that option too"),
                 ((max_lanes is not None or title is not None) and not (out or report),
                  "--max-lanes and --title shape the pictures of --out / --report: give that option too"),
-                (force and not out, "--force lets --out write into a non-empty folder: give that option too"),
+                (force and not (out or report),
+                 "--force lets --out / --report write over what no clustersim run wrote: give one of them too"),
                 (schedules and options.get("schedule"),
                  "--schedules compares schedules; --schedule sets one: give one or the other")):
             if misplaced:
                 raise ConfigError(why)
         if out:
             OutputFolder.check(out, force)           # before any simulation
+        if report:
+            _check_report_paths(Path(report), None if out else Path(report).with_name(Path(report).stem + "_files"),
+                                force)
         trace = None
         if trace_path:
             from traces.parse import load_trace

@@ -15,6 +15,9 @@ import yaml
 
 from clustersim.runs import formatted_table, metrics_table
 
+#: how every report begins (compare recognises its own reports by it before writing over one)
+REPORT_HEAD = "<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
+
 CAPTIONS = {
     "gantt": ("Timelines", "One panel per plan on a shared time axis; one lane per rank and stream. Compute is "
               "coloured by phase, communication by collective kind; numbers are micro-batches. On each compute "
@@ -75,7 +78,7 @@ def render_report(runs, figures: dict, title: str | None = None, perfetto_files:
     ``command``: the command line that made the report."""
     title = title or "clustersim comparison"
     perfetto_files = perfetto_files or {}
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+    parts = [f"{REPORT_HEAD}{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>",
              f"<p class='sub'>{len(runs)} plan(s): {html.escape(', '.join(r.name for r in runs))} · generated "

@@ -178,6 +178,15 @@ class OutputFolder:
             self._write_marker(False)
         return self.out / name
 
+    def record(self, names) -> None:
+        """Record many outputs ``names`` at once (one marker write: an export of 16k rank files)."""
+        new = [n for n in names if n not in set(self.files)]
+        bad = [n for n in new if not _plain_relative(n)]
+        if bad:
+            raise OutputError(f"bad output name {bad[0]!r}")
+        self.files.extend(new)
+        self._write_marker(False)
+
     def subfolder(self, name: str) -> Path:
         """A sub-folder ``name`` of this run (recorded like a file; a link planted there is removed, so
         writes never go through it)."""

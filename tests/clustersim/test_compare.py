@@ -306,3 +306,24 @@ def test_schedules_flag_takes_the_new_schedules():
     assert [n for n, _ in got] == ["1f1b", "interleaved", "zb-h1", "zb-v", "zb-auto", "dualpipe", "dualpipev", "zb-h2"]
     assert {n: o["virtual_stages"] for n, o in got}["interleaved"] == 2
     assert all(o["virtual_stages"] == 1 for n, o in got if n != "interleaved")
+
+
+def test_report_does_not_write_over_what_no_report_wrote(tmp_path, capsys):
+    """--report replaced any file with HTML, and a foreign file in its <stem>_files folder was blamed on an
+    --out never given; both are refused before simulating (--force allows them), a report is rewritten."""
+    from clustersim.cli import main
+    base = ["compare", "--layers", "2", "--hidden", "256", "--heads", "4", "--gpus", "8", "--pp", "2",
+            "--schedules", "1f1b,zb"]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    assert main(base + ["--report", str(notes)]) == 2
+    assert "exists and is no clustersim report" in capsys.readouterr().err and notes.read_text() == "precious"
+    (tmp_path / "r_files").mkdir()
+    (tmp_path / "r_files" / "mine.txt").write_text("mine")
+    assert main(base + ["--report", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "its picture folder" in err and "--out " not in err
+    report = tmp_path / "s.html"
+    assert main(base + ["--report", str(report)]) == 0 and main(base + ["--report", str(report)]) == 0
+    assert main(base + ["--report", str(notes), "--force"]) == 0
+    assert notes.read_text().startswith("<!DOCTYPE html>")

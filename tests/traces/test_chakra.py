@@ -280,3 +280,24 @@ def test_replicate_reads_communicator_groups_as_the_npus_it_stands_for(tmp_path,
     assert main(["chakra", "run", str(tmp_path / "tp8dp2" / "one" / "w"), *opts, "--replicate"]) == 2
     assert "runs on communicator '1' [0, 1, 2, 3, 4, 5, 6, 7], which does not hold all 16 NPUs" in \
         capsys.readouterr().err
+
+
+def test_chakra_outputs_do_not_write_over_a_folder_no_run_wrote(tmp_path, capsys):
+    """chakra export and chakra run --out replaced files of a folder no clustersim run wrote (simulate and
+    compare refuse it); they now refuse it too unless --force, and take back their own earlier outputs."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "network.yml").write_text("precious")
+    export = ["chakra", "export", "--layers", "2", "--hidden", "256", "--heads", "4", "--gpus", "8", "--tp", "2"]
+    assert main(export + ["--out", str(mine)]) == 2
+    assert "is not empty and holds no earlier clustersim run" in capsys.readouterr().err
+    assert (mine / "network.yml").read_text() == "precious"
+    ets = tmp_path / "ets"
+    assert main(export + ["--out", str(ets)]) == 0 and main(export + ["--out", str(ets), "--prefix", "w"]) == 0
+    assert not list(ets.glob("workload.*")) and len(list(ets.glob("w.*.et"))) == 8    # the first export's files went
+    run = ["chakra", "run", str(ets / "w"), "--network", str(ets / "network.yml"), "--comm-group",
+           str(ets / "comm_groups.json")]
+    assert main(run + ["--out", str(mine)]) == 2
+    capsys.readouterr()
+    assert main(run + ["--out", str(tmp_path / "res")]) == 0 and main(run + ["--out", str(tmp_path / "res")]) == 0
+    assert main(run + ["--out", str(mine), "--force"]) == 0 and (mine / "result.json").is_file()
