@@ -1576,6 +1576,9 @@ def validate(ctx, runs_path, only, ids, group, network, plot_path, as_json, tp_o
     if plot_path:
         from clustersim.calibrate import PLOT_SUFFIXES, _check_output
         _check_output(Path(plot_path), "--plot", PLOT_SUFFIXES)        # before minutes of simulation
+    for name, text in (("--only", only), ("--group", group)):
+        if text is not None and not text.strip():
+            raise ConfigError(f"{name} '{text}' is empty: it would match every row (leave it out to run them all)")
     rows = load_runs(runs_path or PUBLISHED)
     if ids is not None:
         want = {x.strip() for x in ids.split(",") if x.strip()}

@@ -39,8 +39,13 @@ def load_run(path: str) -> dict[str, dict]:
             v = r[k]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ConfigError(f"{path}: row {r['id']!r}: {k} must be a finite number, got {v!r}")
-        if r["published_tokens_per_s_per_gpu"] <= 0:
-            raise ConfigError(f"{path}: row {r['id']!r}: published_tokens_per_s_per_gpu must be > 0")
+        for k in ("published_tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu"):
+            if r[k] <= 0:
+                raise ConfigError(f"{path}: row {r['id']!r}: {k} must be > 0, got {r[k]!r}")
+        implied = r["predicted_tokens_per_s_per_gpu"] / r["published_tokens_per_s_per_gpu"] - 1
+        if abs(implied - r["error"]) > 1e-6 * max(1.0, abs(implied)):
+            raise ConfigError(f"{path}: row {r['id']!r}: error {r['error']!r} is not predicted / published - 1 "
+                              f"({implied:.6g}): the file was edited or is not a validate run")
         if str(r["id"]) in out:
             raise ConfigError(f"{path}: row id {r['id']!r} appears twice")
         out[str(r["id"])] = r

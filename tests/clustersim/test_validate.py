@@ -891,3 +891,10 @@ def test_group_keeps_the_rows_of_one_summary_group(capsys):
     assert out["rows"] and {r["group"] for r in out["rows"]} == {"H200 FP8 dense"}
     assert [s["group"] for s in out["summary"]] == ["H200 FP8 dense"]
     assert main(["validate", "--group", "no such group"]) == 2
+
+
+@pytest.mark.parametrize("option", ["--only", "--group"])
+def test_an_empty_selection_is_refused(option, capsys):
+    """--only '' matched every row (and ran them all for minutes), where --ids '' is refused."""
+    assert main(["validate", option, ""]) == 2
+    assert f"{option} '' is empty: it would match every row" in capsys.readouterr().err

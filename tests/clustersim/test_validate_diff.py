@@ -65,6 +65,12 @@ def test_tolerance_and_the_command(tmp_path, capsys):
                                         ({"rows": [{**_row("1", "g", 1.0, 1.0),
                                                     "published_tokens_per_s_per_gpu": 0.0}]}, "must be > 0"),
                                         ({"rows": [{**_row("1", "g", 1.0, 1.0), "error": "x"}]}, "finite number"),
+                                        # a prediction of -5 had been diffed with its row's old error beside it
+                                        ({"rows": [{**_row("1", "g", 1.0, 1.0),
+                                                    "predicted_tokens_per_s_per_gpu": -5.0}]},
+                                         "predicted_tokens_per_s_per_gpu must be > 0"),
+                                        ({"rows": [{**_row("1", "g", 1.0, 1.0), "error": 0.5}]},
+                                         "is not predicted / published - 1"),
                                         ({"rows": [{**_row("1", "g", 1.0, 1.0), "group": 3}]}, "group a string"),
                                         ({"rows": [_row("1", "g", 1.0, 1.0)] * 2}, "appears twice")])
 def test_files_that_are_not_validate_runs_are_clear_errors(tmp_path, doc, match, capsys):
