@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from clustersim.paths import ByteSize, NonEmptyPath
-from traces.launch import STRATEGIES, launch
+from traces.launch import STRATEGIES, launch, schedule_problem
 
 
 @click.command("collect")
@@ -50,6 +50,8 @@ def collect(strategy, nproc, steps, active, layers, hidden, heads, seq, batch, v
              if ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE}
     if not 0 < timeout_s < float("inf"):
         raise ConfigError(f"--timeout is the seconds before the run is killed: a positive number, got {timeout_s}")
+    if not bench and (problem := schedule_problem(steps, active)):       # before torchrun starts, not after
+        raise ConfigError(problem)
     if size_factor < 2:
         raise ConfigError(f"--size-factor is the ratio of successive benchmark sizes: at least 2, got {size_factor}")
     # options of one strategy given to another (or to a benchmark) would be recorded and ignored

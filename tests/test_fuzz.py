@@ -1667,7 +1667,10 @@ def test_second_hunt_messages_and_files(tmp_path):
                          (["--strategy", "tp", "--microbatches", "3"], "--microbatches applies to"),
                          (["--bench", "layers", "--max-bytes", "1GB"], "--max-bytes applies to --bench collectives"),
                          (["--strategy", "ddp", "--timeout", "0"], "--timeout is the seconds"),         # "exit -9"
-                         (["--bench", "collectives", "--size-factor", "1"], "at least 2")):    # after 5 header lines
+                         (["--bench", "collectives", "--size-factor", "1"], "at least 2"),     # after 5 header lines
+                         # refused after torchrun had started (3.8 s, --out and collect.log written)
+                         (["--strategy", "ddp", "--steps", "1"], "--steps must be >= 3"),
+                         (["--strategy", "ddp", "--steps", "5", "--active", "4"], "--active must be in 1..steps-2")):
         rc, _, err = run_cli(["collect", *args, "--out", tmp_path / "c"])     # the manifest recorded experts: 0
         assert needle in assert_one_line_error(rc, err), args
     assert not (tmp_path / "c").exists()

@@ -33,6 +33,7 @@ if __name__ == "__main__":     # a rank under torchrun: die with torchrun, from 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from traces.launch import schedule_problem  # noqa: E402
 from traces.models import ModelConfig  # noqa: E402
 from traces.rank_io import (TRACE_SUFFIX, UsageError, base_manifest, rank_info, say, synchronize,  # noqa: E402
                             write_json)
@@ -88,12 +89,10 @@ def select_backend(requested: str) -> tuple[str, torch.device]:
 # ---------------------------------------------------------------------------------------------- training
 def profiler_schedule(steps: int, active: int) -> dict:
     """wait / warmup / active so that the profiler records the last ``active`` steps."""
-    if steps < 3:
-        raise UsageError(f"--steps must be >= 3 (one to wait, one to warm up, one to record), "
-                         f"got {steps}")
+    problem = schedule_problem(steps, active)
+    if problem:
+        raise UsageError(problem)
     active = active or min(3, steps - 2)
-    if not 1 <= active <= steps - 2:
-        raise UsageError(f"--active must be in 1..steps-2 = {steps - 2}, got {active}")
     wait = steps - 1 - active
     return {"wait": wait, "warmup": 1, "active": active, "repeat": 1,
             "profiled_steps": list(range(steps - active, steps)), "record_shapes": True,

@@ -41,6 +41,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def schedule_problem(steps: int, active: int) -> str | None:
+    """Why ``--steps`` / ``--active`` cannot make a profiler schedule (None when they can): the collector
+    waits one step, warms up one and records ``active`` (0: min(3, steps - 2)). Torch-free, so that
+    ``clustersim collect`` refuses them before launching torchrun."""
+    if steps < 3:
+        return f"--steps must be >= 3 (one to wait, one to warm up, one to record), got {steps}"
+    active = active or min(3, steps - 2)
+    if not 1 <= active <= steps - 2:
+        return f"--active must be in 1..steps-2 = {steps - 2}, got {active}"
+    return None
+
+
 def torchrun_command(nproc: int, collect_args: list[str], port: int | None = None) -> list[str]:
     """The torchrun command line running ``traces.collect`` with ``collect_args`` on ``nproc`` local ranks."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
