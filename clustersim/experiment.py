@@ -750,12 +750,23 @@ def run_experiment(exp: Experiment, progress: Callable[[int, int], None] | None 
         if was and not (symmetric and not timeline and process_runs_one_simulation()):
             gc.enable()
     metrics.wall_time_s = time.perf_counter() - t0
+    priced_by = getattr(base_cost, "base", base_cost)       # --network astra wraps the cluster's cost model
     for note in (headroom_note(metrics.peak_memory_bytes, metrics.memory_capacity_bytes),
-                 getattr(getattr(base_cost, "base", base_cost), "forced_algorithm_note", lambda: None)(),
+                 getattr(priced_by, "forced_algorithm_note", lambda: None)(),
+                 cluster_latency_note(exp, cluster, priced_by),
                  late_failure_note(failures, metrics.step_time_s)):
         if note:
             notes.append(note)
     return Outcome(exp, result, metrics, model, plan, cluster, notes, base_cost, programs, cost_summary)
+
+
+def cluster_latency_note(exp: Experiment, cluster, priced_by) -> str | None:
+    """``topologies.nccl.latency_setting_note`` for a run that has priced its collectives: a forced route-level
+    algorithm that did not apply to some group left that group to NCCL's model (``forced_missed``)."""
+    if exp.network not in ("analytical", "flow"):
+        return None
+    from topologies.nccl import latency_setting_note
+    return latency_setting_note(cluster, None if getattr(priced_by, "forced_missed", None) else exp.algorithm)
 
 
 def late_failure_note(failures: dict | None, step_time_s: float) -> str | None:
@@ -891,9 +902,6 @@ def _setup(exp: Experiment, check_budget: bool, timeline: bool, announce):
     if world < cluster.n_gpus:
         notes.append(f"the cluster's placement lists {world} rank(s) on its {cluster.n_gpus} devices: {world} "
                      f"rank(s) run, the other devices stay idle (--gpus sets the devices; the placement, the ranks)")
-    from topologies.nccl import latency_setting_note
-    if exp.network in ("analytical", "flow") and (note := latency_setting_note(cluster, exp.algorithm)):
-        notes.append(note)
     if plan.lora_rank:
         from schedules.memory import lora_rank_params
         trainable = sum(lora_rank_params(model, plan, s) for s in range(plan.pp)) * plan.tp

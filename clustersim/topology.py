@@ -307,7 +307,9 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     rows = bandwidth_table(model, kind, group, size_list, network, concurrent)
     forced = model.forced_algorithm_note()      # a forced algorithm that cannot run this group
     from topologies.nccl import latency_setting_note
-    notes = [n for n in (forced, latency_setting_note(cluster, algorithm) if kind != "p2p" else None) if n]
+    # (a forced route-level algorithm that does not apply leaves the group to NCCL's model)
+    unforced = None if model.forced_missed else algorithm
+    notes = [n for n in (forced, latency_setting_note(cluster, unforced) if kind != "p2p" else None) if n]
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         for note in notes:

@@ -606,16 +606,20 @@ class ClusterCostModel:
         if key in self._nccl_choices:
             return self._nccl_choices[key]
         comm = self._nccl_comm(gpus)
-        c = None if comm is None else self._nccl_pick(comm, kind, size)
+        c = None if comm is None else self._nccl_pick(comm, kind, size, gpus)
         if len(self._nccl_choices) > 200_000:
             self._nccl_choices.clear()
         self._nccl_choices[key] = c
         return c
 
-    def _nccl_pick(self, comm, kind: str, size: float):
+    def _nccl_pick(self, comm, kind: str, size: float, gpus: tuple):
         algo = self.algorithm
-        if algo in nccl.ROUTE_LEVEL_ALGORITHMS:      # route-level algorithms: links model
-            return None
+        if algo in nccl.ROUTE_LEVEL_ALGORITHMS:
+            if self._algo_cost(kind, gpus, algo) is not None:
+                return None                 # the route-level algorithm prices this group (links model)
+            # it cannot run on this group: NCCL's own choice, as without --algorithm (not the fastest route)
+            self.forced_missed.add(kind)
+            return nccl.choose(comm, kind, size, None, self.protocol)
         c = nccl.choose(comm, kind, size, algo, self.protocol)
         if algo is not None:
             (self.forced_missed if c is None else self.forced_applied).add(kind)

@@ -143,9 +143,15 @@ def test_a_cluster_latency_that_nccl_priced_collectives_do_not_take_is_noted(cap
     captured = capsys.readouterr()
     assert json.loads(captured.out)[-1]["time_s"] < 1e-4
     assert "note: fabric.latency 0.001 s per hop price point-to-point transfers" in captured.err
-    assert main(base + ["--collective", "all_reduce", "--algorithm", "hierarchical"]) == 0
+    assert main(base[:2] + ["--ranks", "0-15"] + base[4:] + ["--collective", "all_reduce", "--algorithm",
+                                                            "hierarchical"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)[-1]["time_s"] > 2e-3 and "fabric.latency" not in captured.err
+    # where it cannot run (two ranks), NCCL's own choice prices the group, as without --algorithm, and the note
+    # about the latency returns (it had fallen to the fastest route-level algorithm: 4 ms)
+    assert main(base + ["--collective", "all_reduce", "--algorithm", "hierarchical"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)[-1]["time_s"] < 1e-4 and "note: fabric.latency" in captured.err
     # simulate notes it too; a preset (no latency of its own) does not
     assert main(["simulate", "--cluster", str(path), "--model", "llama3-8b", "--tp", "8", "--dp", "2", "--seq", "1024",
                  "--global-batch", "2", "--json"]) == 0
@@ -171,3 +177,16 @@ def test_a_cluster_name_that_is_no_text_is_refused(capsys, value):
     """--set name= had printed the header 'None: DGX H100 nodes ...'."""
     assert main(["topology", "dgx-h100", "--gpus", "16", "--set", f"name={value}"]) == 2
     assert "name must be a non-empty string" in capsys.readouterr().err
+
+
+def test_a_forced_algorithm_that_applies_nowhere_changes_nothing(capsys):
+    """--algorithm torus on an NVSwitch cluster runs nowhere; the groups had been priced by the fastest
+    route-level algorithm (a faster step than without the option) while the note said NCCL's choice priced them."""
+    base = ["simulate", "-m", "llama3-8b", "--gpus", "16", "--tp", "2", "--seq", "1024", "--global-batch", "16",
+            "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + ["--algorithm", "torus"]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert forced["step_time_s"] == plain["step_time_s"]
+    assert any("--algorithm torus applies to none" in n for n in forced["notes"])
