@@ -208,7 +208,8 @@ def evidence_line(ev: dict) -> str:
     graphs = ev.get("cuda_graphs") or {}
     if graphs.get("full iteration") and graphs.get("none"):
         full, none = graphs["full iteration"], graphs["none"]
-        line += (f"; Megatron-Bridge MoE runs capturing whole iterations in CUDA graphs: {full['rows']}, median "
+        line += (f"; Megatron-Bridge MoE runs on every GPU type, capturing whole iterations in CUDA graphs: "
+                 f"{full['rows']}, median "
                  f"|error| {full['median_abs_error']:.1%}, mean {full['mean_signed_error']:+.1%}; capturing none: "
                  f"{none['rows']}, {none['median_abs_error']:.1%}, {none['mean_signed_error']:+.1%} (this "
                  f"prediction stands for a graph-captured run: host-side work is not modelled)")
