@@ -32,6 +32,7 @@ def _check_output(path: Path, flag: str, suffixes: tuple[str, ...]) -> None:
 def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None, allow_mixed: bool) -> None:
     """Fit compute efficiency and collective alpha-beta from trace folders/files (TRACE_DIR ...) and
     collective benchmarks (a `clustersim collect --bench collectives` folder or its manifest.json)."""
+    from simulator.calibration import CollectiveFit
     from traces.calibrate import FIT_WARN_ERROR, fit_errors, plot
     from traces.calibrate import calibrate as fit
 
@@ -54,6 +55,10 @@ def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None, a
         med, worst = fit_errors(f)
         click.echo(f"{name}: {figures} ({len(f.points)} sizes; error vs its points median {med:.1%}, "
                    f"max {worst:.1%})")
+        if isinstance(f, CollectiveFit) and len(f.points) == 1:
+            click.echo(f"warning: the {name.split()[0]} fit {' '.join(name.split()[1:])} rests on one size: its "
+                       f"latency (alpha) cannot be told from its bandwidth, so the whole time is priced as bandwidth "
+                       f"(alpha 0); measure more sizes (clustersim collect --bench collectives)", err=True)
         if worst > FIT_WARN_ERROR:
             click.echo(f"warning: the {name.split()[0]} fit {' '.join(name.split()[1:])} misses one of its "
                        f"points by {worst:.0%} (> {FIT_WARN_ERROR:.0%}): the saturating / alpha-beta curve does "

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.calibration import LAYER_PHASES, Calibration, CollectiveFit, ComputeFit, LayerFit, bus_factor
+from simulator.calibration import (LAYER_PHASES, MAX_BUSBW_BYTES_PER_S, Calibration, CollectiveFit, ComputeFit,
+                                  LayerFit, bus_factor)
 from simulator.errors import ClusterSimError, TraceError
 from simulator.inputs import MAX_BYTES, integer, number, text
 from traces.bench_format import BENCH_KINDS
@@ -101,6 +102,12 @@ def fit_collective(kind: str, group_size: int, scope: str, backend: str, sizes, 
     if slope <= 0:            # latency-bound at every measured size: bandwidth from the largest one
         s_max = med["s"].max()
         slope, alpha = med["t"].max() / s_max, 0.0
+    if bf / slope > MAX_BUSBW_BYTES_PER_S:     # (med is sorted by size)
+        (s0, t0), (s1, t1) = med.iloc[0].tolist(), med.iloc[-1].tolist()
+        raise TraceError(f"{kind} ({backend}, {int(group_size)} ranks, {scope}-node): its times ({t0:.3g} s at "
+                         f"{s0:.3g} B ... {t1:.3g} s at {s1:.3g} B) give a bus bandwidth of {bf / slope:.3g} B/s, "
+                         f"beyond any network ({MAX_BUSBW_BYTES_PER_S:.0e} B/s): they hardly grow with the size, "
+                         f"and are no measurements of it")
     return CollectiveFit(kind=kind, group_size=int(group_size), scope=scope, alpha_s=alpha,
                          busbw_bytes_per_s=bf / slope, backend=backend,
                          points=[[float(s), float(t)] for s, t in zip(med["s"], med["t"])])

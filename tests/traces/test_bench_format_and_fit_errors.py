@@ -56,3 +56,20 @@ def test_calibrate_prints_errors_and_warns(tmp_path, capsys):
     worst = {line.split()[0]: float(line.rsplit("max ", 1)[1].rstrip("%)")) / 100 for line in fits}
     warned = {line.split()[2] for line in cap.err.splitlines() if line.startswith("warning: the ")}
     assert warned == {k for k, v in worst.items() if v > FIT_WARN_ERROR}
+
+
+def test_benchmark_rows_that_cannot_be_fitted_are_said_so(tmp_path, capsys):
+    """Times that do not grow with the size fitted a bus bandwidth of 1e25 B/s, refused only by the output file's
+    check (naming it and an internal field); a fit resting on one size wrote alpha 0 without a word."""
+    manifest = json.loads((SAMPLES / "cpu-gloo-bench" / "manifest.json").read_text())
+    flat = dict(manifest, results=[dict(r, time_s=0.001) for r in manifest["results"]])
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "manifest.json").write_text(json.dumps(flat))
+    assert main(["calibrate", str(tmp_path / "flat"), "-o", str(tmp_path / "f.json")]) == 2
+    err = capsys.readouterr().err
+    assert "give a bus bandwidth of" in err and "beyond any network" in err and "f.json" not in err
+    one = dict(manifest, results=[r for r in manifest["results"] if r["kind"] == "all_reduce"][:1])
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "manifest.json").write_text(json.dumps(one))
+    assert main(["calibrate", str(tmp_path / "one"), "-o", str(tmp_path / "o.json")]) == 0
+    assert "rests on one size: its latency (alpha) cannot be told from its bandwidth" in capsys.readouterr().err
