@@ -8,7 +8,7 @@ from typing import Iterable
 import click
 
 from simulator.errors import ConfigError
-from topologies.faults import FaultSpec, faults_from_dict, parse_rank
+from topologies.faults import CLI_OPTION, FaultSpec, faults_from_dict, parse_rank
 
 
 def _rank_value_pairs(items: Iterable[str], sep: str, flag: str, form: str) -> dict:
@@ -51,9 +51,18 @@ def parse_fault_options(stragglers: Iterable[str] = (), straggler_dist: str | No
             seed_v = int(seed)
         except (TypeError, ValueError):
             raise ConfigError(f"--seed: expected an integer, got {seed!r}") from None
-    return FaultSpec(stragglers=strag, straggler_distribution=straggler_dist,
-                     jitter=0.0 if jitter is None else jitter, link_failures=tuple(fail_links or ()),
-                     link_degradation=deg, device_failures=dev, seed=seed_v)
+    try:
+        return FaultSpec(stragglers=strag, straggler_distribution=straggler_dist,
+                         jitter=0.0 if jitter is None else jitter, link_failures=tuple(fail_links or ()),
+                         link_degradation=deg, device_failures=dev, seed=seed_v)
+    except ConfigError as e:        # named by the options given, not the YAML fields they fill
+        raise ConfigError(_as_options(str(e))) from None
+
+
+def _as_options(message: str) -> str:
+    """A FaultSpec message with its ``faults.<field>`` names spelled as the command-line options."""
+    import re
+    return re.sub(r"faults\.(\w+)", lambda m: CLI_OPTION.get(m.group(1), m.group(0)), message)
 
 
 # ---------------------------------------------------------------------------------------------- click options

@@ -318,6 +318,11 @@ def _check_distribution(dist) -> tuple | None:
     raise ConfigError(f"{w}: unknown distribution {dist[0]!r}; known: {', '.join(DISTRIBUTIONS)}")
 
 
+#: the command-line option of each field (clustersim.faults), for messages about either spelling
+CLI_OPTION = {"stragglers": "--straggler", "straggler_distribution": "--straggler-dist", "jitter": "--jitter",
+              "link_failures": "--fail-link", "link_degradation": "--degrade-link", "device_failures": "--fail-device",
+              "seed": "--seed"}
+
 FIELDS = ("stragglers", "straggler_distribution", "jitter", "link_failures", "link_degradation",
           "device_failures", "seed")
 
@@ -466,8 +471,8 @@ def apply_faults(cost_model: CostModel, cluster, faults: FaultSpec, world_size: 
     for what, ranks in (("stragglers", faults.stragglers), ("device_failures", faults.device_failures)):
         bad = [r for r in ranks if r >= world_size]
         if bad:
-            raise ConfigError(f"faults.{what}: rank(s) {bad[:8]} do not exist (world size {world_size}, "
-                              f"ranks 0..{world_size - 1})")
+            raise ConfigError(f"faults.{what} ({CLI_OPTION[what]}): rank(s) {bad[:8]} do not exist (world size "
+                              f"{world_size}, ranks 0..{world_size - 1})")
     cost = cost_model
     if faults.link_failures or faults.link_degradation:
         cost = apply_link_faults(cost_model, cluster, faults)
