@@ -212,3 +212,20 @@ def test_layer_activation_cache_is_exact(model_name, kw):
         for rc in ("none", "selective", "op"):
             assert memory._layer_split_bytes(model, plan, layer, rc) == \
                 memory._layer_split_bytes_of(model, plan, layer, rc), (layer, rc)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_eager_attention_keeps_an_eager_stacks_pointwise_tensors(sp):
+    """Under --attention eager the stack had been ignored: torchtitan's eager RMSNorms (fp32 input copy beyond
+    the input and unweighted output: 4 bytes per element, two norms) and SwiGLU (SiLU's output) keep
+    8·s·b·h + 2·s·b·ffn more bytes per layer than fused kernels (the norms split over TP with SP only);
+    per-op checkpointing recomputes them."""
+    m = get_model("llama3-8b")
+    t, s, b = 2, 2048, 1
+    plans = {st: ParallelPlan(tp=t, sp=sp, seq=s, micro_batch=b, attention="eager", stack=st)
+             for st in ("megatron", "torchtitan")}
+    extra = layer_activation_bytes(m, plans["torchtitan"], 0) - layer_activation_bytes(m, plans["megatron"], 0)
+    norms = 8 * s * b * m.hidden
+    assert extra == pytest.approx((norms / t if sp else norms) + 2 * s * b * m.ffn / t, rel=1e-12)
+    op = {st: dataclasses.replace(p, recompute="op") for st, p in plans.items()}
+    assert layer_activation_bytes(m, op["torchtitan"], 0) == layer_activation_bytes(m, op["megatron"], 0)
