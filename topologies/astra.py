@@ -203,7 +203,10 @@ def load_system(path: str | Path | None) -> AstraSystem:
     if "peak-perf" in data:
         sysc.peak_perf_flops = number("peak-perf", 1e6, 1e-3) * 1e12          # Sys.cc: TFLOPS * 1e12
     if "roofline-enabled" in data:
-        sysc.roofline_enabled = bool(data["roofline-enabled"])
+        flag = data["roofline-enabled"]
+        if flag not in (0, 1) or isinstance(flag, float):          # (true / false and 0 / 1, as ASTRA-sim reads it)
+            raise ConfigError(f"{where}: roofline-enabled must be 0 or 1 (or true / false), got {flag!r}")
+        sysc.roofline_enabled = bool(flag)
         if sysc.roofline_enabled and (sysc.peak_perf_flops <= 0 or sysc.local_mem_bw_Bps <= 0):
             raise ConfigError(f"{where}: roofline-enabled needs positive peak-perf and local-mem-bw")
     return sysc

@@ -88,6 +88,7 @@ def test_bad_network_files(tmp_path, text, match):
     ('{"preferred-dataset-splits": 1000000000}', "preferred-dataset-splits"),     # a split loop that never ends
     ('{"endpoint-delay": 1e308}', "endpoint-delay"),                              # an int() overflow
     ('{"peak-perf": 1e-320, "local-mem-bw": 1e-320, "roofline-enabled": 1}', "local-mem-bw"),
+    ('{"roofline-enabled": "yes"}', "roofline-enabled must be 0 or 1"),                # was read as true
 ])
 def test_bad_system_file(tmp_path, text, match):
     """Values out of their physical range are the file's error, not a hang or an overflow deep inside."""

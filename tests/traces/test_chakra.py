@@ -301,3 +301,13 @@ def test_chakra_outputs_do_not_write_over_a_folder_no_run_wrote(tmp_path, capsys
     capsys.readouterr()
     assert main(run + ["--out", str(tmp_path / "res")]) == 0 and main(run + ["--out", str(tmp_path / "res")]) == 0
     assert main(run + ["--out", str(mine), "--force"]) == 0 and (mine / "result.json").is_file()
+
+
+def test_an_empty_prefix_or_a_folder_is_said_so(tmp_path):
+    """'' and a folder had read "no Chakra ET files ..<rank>.et found"; a folder now names the prefix it holds."""
+    from traces.chakra.reader import rank_files
+    with pytest.raises(TraceError, match="the Chakra ET prefix is empty"):
+        rank_files("")
+    (tmp_path / "work.0.et").write_bytes(b"")
+    with pytest.raises(TraceError, match=rf"is a folder; give the path before .<rank>.et, e.g. .*work$"):
+        rank_files(tmp_path)

@@ -87,7 +87,13 @@ class ChakraReport:
 
 def rank_files(prefix: str | Path) -> list[str]:
     """Paths of ``<prefix>.<rank>.et`` for ranks 0..N-1 (TraceError if none or a rank is missing)."""
+    if not str(prefix).strip():
+        raise TraceError("the Chakra ET prefix is empty: give the path before .<rank>.et, e.g. out/workload")
     prefix = Path(prefix)
+    if prefix.is_dir():             # a folder: say which prefixes it holds
+        names = sorted({m.group(1) for n in os.listdir(prefix) if (m := re.match(r"(.+)\.\d+\.et$", n))})
+        raise TraceError(f"{prefix} is a folder; give the path before .<rank>.et"
+                         + (f", e.g. {prefix / names[0]}" if names else " (it holds no <prefix>.<rank>.et file)"))
     folder = prefix.parent if str(prefix.parent) else Path(".")
     if not folder.is_dir():
         raise TraceError(f"no Chakra ET files {prefix}.<rank>.et: folder {folder} does not exist")
