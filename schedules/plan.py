@@ -874,10 +874,11 @@ def plan_notes(plan: "ParallelPlan") -> list[str]:
     if plan.zero_stage >= 3 and (plan.bucket_bytes != ParallelPlan.bucket_bytes or not plan.overlap_grad_reduce):
         notes.append("FSDP / ZeRO-3 reduce-scatters each unit's gradients as its backward ends: --bucket-mb and "
                      "--no-overlap-grad-reduce (DDP / ZeRO-1/2 gradient buckets) do not apply")
+    limited = plan.memory_limit is not None or plan.memory_limit_bytes is not None
     if plan.pp == 1 and (plan.schedule != "1f1b" or plan.stage_layers or plan.first_stage_layers
-                         or plan.last_stage_layers or plan.layer_split != "balanced"):
+                         or plan.last_stage_layers or plan.layer_split != "balanced" or limited):
         notes.append("pp 1: there is no pipeline, so the pipeline options (--schedule, --stage-layers, "
-                     "--first-stage-layers, --last-stage-layers, --layer-split) change nothing")
+                     "--first-stage-layers, --last-stage-layers, --layer-split, --memory-limit) change nothing")
     return notes
 
 

@@ -205,3 +205,9 @@ def test_empty_stage_layers_are_refused(capsys, tmp_path):
     f.write_text('cluster: dgx-h100\ngpus: 8\nmodel: llama3-8b\npp: 4\nstage_layers: ""\n')
     assert main(["simulate", "-c", str(f)]) == 2
     assert "stage layers: none given" in capsys.readouterr().err
+
+
+def test_a_memory_limit_at_pp_1_is_named_among_the_inert_pipeline_options(capsys):
+    """zb-auto's --memory-limit at pp 1 was left out of the note that lists the pipeline options at pp 1."""
+    notes = _json(capsys, "-m", "llama3-8b", "--gpus", "8", "--schedule", "zb-auto", "--memory-limit", "1")["notes"]
+    assert any("pp 1: there is no pipeline" in n and "--memory-limit" in n for n in notes)
