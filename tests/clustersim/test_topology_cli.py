@@ -97,7 +97,11 @@ def test_draw(capsys, tmp_path):
 @pytest.mark.parametrize("args,msg", [
     (["topology", "nope"], "known: cloudmatrix-384"),
     (["topology", "dgx-h100", "--gpus", "12"], "multiple of 8"),
-    (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0-20"], "outside the world"),
+    (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0-20"], "leaves the world"),
+    # refused before it is listed (it took 36 s and 10 GB)
+    (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0-100000000"],
+     "range 0-100000000 leaves the world of 16 ranks"),
+    (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0,20"], "outside the world"),
     (["topology", "dgx-h100", "--gpus", "16", "--collective", "p2p", "--ranks", "0-3"], "exactly two"),
     (["topology", "dgx-h100", "--set", "nic_bandwidth=0"], "positive"),
     (["topology", "dgx-h100", "--set", "bogus=1"], "unknown override"),
