@@ -395,12 +395,17 @@ def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, *
     peak = float(device.peak_bf16_flops) if device is not None and p.pp > 1 else None     # dense bf16 peak
     rep = plan_report(model, p, hbm, gpus, peak, scale_up_domain=getattr(c, "domain_size", None))
     rep["notes"] = plan_notes(p)
+    if model.params_only:
+        rep["notes"].append("--params knows the model by its parameter count only: parameters, gradients and "
+                            "optimizer state are counted, activations are not (--seq, --cp, --recompute and the "
+                            "micro-batch change nothing here); give a model (-m, or --layers/--hidden/--heads) "
+                            "for them")
+    try:            # (the table too: it printed inf GB and "does not fit" where JSON refused)
+        text = json.dumps(rep, indent=2, sort_keys=True, default=float, allow_nan=False)
+    except ValueError:      # a figure overflowed (e.g. --params 1e308): no invalid JSON on stdout
+        raise ConfigError("plan: a memory or communication figure is not finite (is --params or a size "
+                          "beyond any real model?)") from None
     if as_json:
-        try:
-            text = json.dumps(rep, indent=2, sort_keys=True, default=float, allow_nan=False)
-        except ValueError:      # a figure overflowed (e.g. --params 1e308): no invalid JSON on stdout
-            raise ConfigError("plan: a memory or communication figure is not finite (is --params or a size "
-                              "beyond any real model?)") from None
         click.echo(text)
         return
     _print(rep, model, p)

@@ -211,3 +211,12 @@ def test_a_memory_limit_at_pp_1_is_named_among_the_inert_pipeline_options(capsys
     """zb-auto's --memory-limit at pp 1 was left out of the note that lists the pipeline options at pp 1."""
     notes = _json(capsys, "-m", "llama3-8b", "--gpus", "8", "--schedule", "zb-auto", "--memory-limit", "1")["notes"]
     assert any("pp 1: there is no pipeline" in n and "--memory-limit" in n for n in notes)
+
+
+def test_params_only_plans_say_what_they_count_and_refuse_overflow(capsys):
+    """--params 1e308 printed a table of inf (exit 0) where --json refused; --params counted no activations and
+    said nothing while --seq 100000 was given."""
+    assert main(["plan", "--gpus", "8", "--params", "1e308"]) == 2
+    assert "a memory or communication figure is not finite" in capsys.readouterr().err
+    notes = _json(capsys, "--gpus", "8", "--params", "8e9", "--zero", "3", "--seq", "100000")["notes"]
+    assert any("activations are not" in n for n in notes)
