@@ -243,6 +243,8 @@ class Calibration:
         source = data.get("source", {})
         if not isinstance(source, dict):
             raise ConfigError(f"{where}: source must be a mapping, got {brief(source)}")
+        if not (compute or colls or layers):
+            raise ConfigError(f"{where}: holds no fit (compute, layers or collectives): it would calibrate nothing")
         _unique(compute, lambda c: (c.device.lower(),), "compute", "device", where)
         _unique(layers, lambda f: (f.device.lower(), f.phase), "layer", "device and phase", where)
         _unique(colls, lambda c: (c.kind, c.group_size, c.scope, c.backend), "collective",

@@ -56,6 +56,9 @@ def test_two_fits_of_one_key_are_refused():
         Calibration.from_dict(d)
     other = Calibration(collectives=[fit, CollectiveFit("all_reduce", 16, "intra", 1e-5, 1e11)]).to_dict()
     assert len(Calibration.from_dict(other).collectives) == 2      # another group size: another fit
+    # a file without any fit calibrated nothing while simulate printed it and the evidence said "calibrated"
+    with pytest.raises(ConfigError, match="holds no fit"):
+        Calibration.from_dict(Calibration().to_dict())
 
 
 def test_layer_fit_prices_layer_ops_by_phase_and_the_gemm_fit_the_rest():
