@@ -860,7 +860,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
             raise ConfigError(f"--{what}: expected comma-separated integers, got {brief(s)}") from None
         if not v or min(v) < lo or max(v) > hi:
             raise ConfigError(f"--{what}: expected integers from {lo} to {hi}, got {brief(s)}")
-        return v
+        return tuple(dict.fromkeys(v))      # each once (a repeat had listed every plan of it twice)
     if top_k < 1:
         raise ConfigError("--top-k must be >= 1")
     if attention_kernel != "auto" and attention != "flash":
@@ -876,7 +876,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         v = tuple(x.strip() for x in s.split(",") if x.strip())
         if not v:
             raise ConfigError(f"--{what}: no value given (got {brief(s)}); name at least one")
-        return v
+        return tuple(dict.fromkeys(v))
     space = SearchSpace(micro_batches=ints(micro_batches, "micro-batches", 1, 1 << 20),
                         schedules=names(schedules, "schedules"), recompute=names(recompute_opts, "recompute"),
                         zero=ints(zero_opts, "zero", 0, 3), cp=ints(cp_opts, "cp", 1, 1 << 20),

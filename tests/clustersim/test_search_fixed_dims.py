@@ -33,3 +33,16 @@ def test_cli_rejects_empty_lists(capsys):
                              ("--tp", "", "--tp: expected integers"), ("--ep", " ", "--ep: expected integers")):
         assert main(base + [opt, value]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_repeated_list_values_count_once(capsys):
+    """--micro-batches 1,1 listed every plan twice (60 candidates, each twice in the top k)."""
+    base = ["search", "--cluster", "dgx-h100", "--gpus", "8", "--model", "llama3-8b", "--global-batch", "16",
+            "--seq", "1024", "--no-cache", "--workers", "1", "--cp", "1", "--zero", "1", "--json"]
+    import json
+    assert main(base + ["--micro-batches", "1", "--schedules", "1f1b"]) == 0
+    once = json.loads(capsys.readouterr().out)
+    assert main(base + ["--micro-batches", "1,1", "--schedules", "1f1b,1f1b", "--zero", "1,1"]) == 0
+    twice = json.loads(capsys.readouterr().out)
+    assert twice["stats"]["candidates"] == once["stats"]["candidates"] == 30 and twice["stats"]["cached"] == 0
+    assert [r["step_time_s"] for r in twice["top"]] == [r["step_time_s"] for r in once["top"]]
