@@ -10,6 +10,7 @@ all_gather, reduce_scatter and all_to_all, 1 otherwise; sizes 1 KiB to 4 GiB (x2
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import click
@@ -302,6 +303,8 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
         raise ConfigError(f"--concurrent runs copies of the --ranks group translated across the cluster; this group "
                           f"({len(group)} of {cluster.world_size} ranks) leaves no room for a copy: give a smaller "
                           f"--ranks group")
+    if nccl_version is not None and not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", nccl_version.strip()):
+        raise ConfigError(f"--nccl-version {nccl_version!r}: expected a release number X.Y or X.Y.Z (e.g. 2.27.7)")
     check_scope(calibration_scope, calibration)
     cal = Calibration.load(calibration) if calibration else None
     model = ClusterCostModel(cluster, network=network, calibration=cal, algorithm=algorithm, protocol=protocol,

@@ -170,8 +170,9 @@ class ClusterCostModel:
         self.nccl_version = nccl_version
         self._nccl_release = nccl.parse_version(nccl_version)
         if nccl_version is not None and not nccl.C.OLDEST_RELEASE <= self._nccl_release:
-            raise ConfigError(f"NCCL version {nccl_version!r}: the tuner tables are NCCL 2's from 2.18 on; give such a "
-                              f"release (e.g. 2.18.5 or 2.27.7), or leave the option out for the newest model")
+            raise ConfigError(f"NCCL version {nccl_version!r}: the tuning models here are NCCL 2 releases from 2.18 on "
+                              f"(2.18.x ... the newest 2.x); give such a release (e.g. 2.18.5 or 2.27.7), or leave the "
+                              f"option out for the newest model")
         self._nccl_comms: dict = {}
         self._nccl_choices: dict = {}
         if compute_efficiency is not None and not (0 < compute_efficiency <= 1):

@@ -110,7 +110,12 @@ def test_draw(capsys, tmp_path):
     (["topology", "tpu-v5p", "--set", "dims=[4, x]"], "torus dims"),
     (["topology", "dgx-h100", "--set", "tiers=4"], "tiers must be 2 or 3"),
     (["topology", "dgx-h100", "--collective", "all_reduce", "--nccl-version", "2.9.1"], "from 2.18 on"),
-    (["topology", "dgx-h100", "--collective", "all_reduce", "--nccl-version", "latest"], "from 2.18 on"),
+    (["topology", "dgx-h100", "--collective", "all_reduce", "--nccl-version", "latest"], "expected a release number"),
+    # read loosely before (the first digits found): 'banana2.19!!' ran as 2.19
+    (["topology", "dgx-h100", "--collective", "all_reduce", "--nccl-version", "banana2.19!!"],
+     "expected a release number X.Y or X.Y.Z"),
+    (["topology", "dgx-h100", "--collective", "all_reduce", "--nccl-version", "2.18.3.1"], "expected a release"),
+    (["topology", "dgx-h100", "--collective", "all_reduce", "--nccl-version", "99.99.99"], "NCCL 2 releases"),
 ])
 def test_errors(capsys, args, msg):
     code, _, err = run(capsys, *args)
