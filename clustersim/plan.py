@@ -340,7 +340,8 @@ def _device_memory(device, hbm_gb: float | None) -> float | None:
     """Device memory in bytes: --hbm-gb where given, else the --cluster's device (None without either)."""
     if hbm_gb is not None:
         if not 0 < hbm_gb <= MAX_BYTES / 1e9:
-            raise ConfigError(f"--hbm-gb must be a number of GB from 0 to {MAX_BYTES / 1e9:g} (1 PB), got {hbm_gb}")
+            raise ConfigError(f"--hbm-gb must be a number of GB above 0 and at most {MAX_BYTES / 1e9:g} (1 PB), "
+                              f"got {hbm_gb}")
         return hbm_gb * 1e9
     return None if device is None else float(device.hbm_bytes)
 
@@ -395,6 +396,9 @@ def plan(cluster, hbm_gb, lora_rank, lora_targets, packed_doc_tokens, as_json, *
     peak = float(device.peak_bf16_flops) if device is not None and p.pp > 1 else None     # dense bf16 peak
     rep = plan_report(model, p, hbm, gpus, peak, scale_up_domain=getattr(c, "domain_size", None))
     rep["notes"] = plan_notes(p)
+    if hbm_gb is not None and device is not None:
+        rep["notes"].append(f"--hbm-gb {hbm_gb:g} stands for the {c.accelerator.name}'s own "
+                            f"{device.hbm_bytes / 1e9:.1f} GB of the --cluster")
     if model.params_only:
         rep["notes"].append("--params knows the model by its parameter count only: parameters, gradients and "
                             "optimizer state are counted, activations are not (--seq, --cp, --recompute and the "

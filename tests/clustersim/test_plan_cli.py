@@ -220,3 +220,11 @@ def test_params_only_plans_say_what_they_count_and_refuse_overflow(capsys):
     assert "a memory or communication figure is not finite" in capsys.readouterr().err
     notes = _json(capsys, "--gpus", "8", "--params", "8e9", "--zero", "3", "--seq", "100000")["notes"]
     assert any("activations are not" in n for n in notes)
+
+
+def test_hbm_gb_beside_a_cluster_is_noted_and_zero_refused_plainly(capsys):
+    """--hbm-gb over a --cluster's device memory was silent; --hbm-gb 0 said 'from 0 to 1e+06' and refused 0."""
+    notes = _json(capsys, "--gpus", "8", "-m", "llama3-8b", "--hbm-gb", "10", "--cluster", "dgx-h100")["notes"]
+    assert any("--hbm-gb 10 stands for the H100-SXM's own 85.5 GB" in n for n in notes)
+    assert main(["plan", "--gpus", "8", "-m", "llama3-8b", "--hbm-gb", "0"]) == 2
+    assert "--hbm-gb must be a number of GB above 0 and at most" in capsys.readouterr().err
