@@ -208,6 +208,13 @@ class ModelSpec:
                                                                 "attention_sinks", "qk_norm")):
             raise ConfigError(f"model {self.name}: gated_mlp, tied_embeddings, attention_bias, attention_sinks and "
                               f"qk_norm must be true or false")
+        mla_only = [f for f in ("q_lora_rank", "qk_rope_dim", "v_head_dim") if getattr(self, f)]
+        if mla_only and not self.kv_lora_rank:      # (they were ignored without a word)
+            raise ConfigError(f"model {self.name}: {', '.join(mla_only)} shape multi-head latent attention, which "
+                              f"kv_lora_rank > 0 turns on: give kv_lora_rank, or drop them")
+        if self.kv_lora_rank and not (self.v_head_dim and self.qk_rope_dim):
+            raise ConfigError(f"model {self.name}: multi-head latent attention (kv_lora_rank {self.kv_lora_rank}) "
+                              f"needs v_head_dim and qk_rope_dim > 0 (DeepSeek-V3: 128 and 64)")
         if self.sliding_window and self.attention_chunk:
             raise ConfigError(f"model {self.name}: sliding_window and attention_chunk are two kinds of local "
                               f"attention; give one")

@@ -97,6 +97,11 @@ def test_bad_shapes_raise_config_error():
         model_from_params(-1)
     with pytest.raises(ConfigError, match="shape"):
         model_from_params(7.5e9).layer_flops(0, 128, 1)
+    # latent-attention fields without kv_lora_rank were ignored; with it, zero widths were accepted
+    with pytest.raises(ConfigError, match="shape multi-head latent attention, which kv_lora_rank > 0 turns on"):
+        custom_model(layers=2, hidden=256, heads=4, v_head_dim=7, q_lora_rank=99)
+    with pytest.raises(ConfigError, match="needs v_head_dim and qk_rope_dim > 0"):
+        custom_model(layers=2, hidden=256, heads=4, kv_lora_rank=64)
 
 
 def test_load_model_file(tmp_path):
