@@ -180,6 +180,8 @@ class ModelSpec:
     mamba_chunk: int = 128
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip():     # (it titles tables and reports)
+            raise ConfigError(f"model: name must be a non-empty string, got {self.name!r:.40}")
         if self.total_params is not None:
             tp = self.total_params
             if not isinstance(tp, (int, float)) or isinstance(tp, bool) or not math.isfinite(tp) or tp <= 0:

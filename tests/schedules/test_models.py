@@ -102,6 +102,8 @@ def test_bad_shapes_raise_config_error():
         custom_model(layers=2, hidden=256, heads=4, v_head_dim=7, q_lora_rank=99)
     with pytest.raises(ConfigError, match="needs v_head_dim and qk_rope_dim > 0"):
         custom_model(layers=2, hidden=256, heads=4, kv_lora_rank=64)
+    with pytest.raises(ConfigError, match="name must be a non-empty string"):     # a blank table title
+        custom_model(layers=2, hidden=256, heads=4, name=" ")
 
 
 def test_load_model_file(tmp_path):
