@@ -110,7 +110,8 @@ def plan_options(f):
                      help="Model chunks per pipeline rank (interleaved; default 2 where every stage holds two "
                           "chunks, as simulate)."),
         click.option("--micro-batch", type=int, default=1, show_default=True, help="Sequences per micro-batch."),
-        click.option("--global-batch", type=int, default=None, help="Sequences per step (default dp·mb·4·pp)."),
+        click.option("--global-batch", type=int, default=None,
+                     help="Sequences per step (default dp·mb·4·pp with a pipeline, dp·mb without)."),
         click.option("--seq", type=int, default=2048, show_default=True, help="Sequence length (tokens)."),
         click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True,
                      help="Activation recomputation: none | selective (Megatron: attention core) | full | op "
