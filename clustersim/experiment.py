@@ -202,6 +202,12 @@ def option_keys(mapping: dict, where: str) -> dict:
     return out
 
 
+def _named(where: str, key: str) -> str:
+    """How a message names option ``key``: as typed on the command line (``--kv-heads``) where the options came
+    from it (``where`` "options"), else ``<where>: key`` (a YAML file, a compare variant)."""
+    return f"--{key.replace('_', '-')}" if where == "options" else f"{where}: {key}"
+
+
 def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     """Build and type-check an Experiment from a mapping (YAML or CLI); raise ConfigError naming the key."""
     if not isinstance(data, dict):
@@ -224,7 +230,7 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
         kw[key] = value
     exp = Experiment()
     for key, value in kw.items():
-        w = f"{where}: {key}"
+        w = _named(where, key)
         if key in ("gpus", "tp", "pp", "dp", "ep", "etp", "cp", "virtual_stages", "micro_batch", "global_batch", "seq",
                    "first_stage_layers", "last_stage_layers", "recompute_every"):
             value = _as_int(value, w)
@@ -284,11 +290,12 @@ def experiment_from_dict(data: dict, where: str = "experiment") -> Experiment:
     if custom:
         for k, v in custom.items():
             if k in MODEL_FLAGS:
-                _check(isinstance(v, bool), f"{where}: {k}: expected true or false, got {v!r}")
+                _check(isinstance(v, bool), f"{_named(where, k)}: expected true or false, got {v!r}")
             elif k in MODEL_TEXT:
-                _check(isinstance(v, str) and v != "", f"{where}: {k}: expected a non-empty string, got {brief(v)}")
+                _check(isinstance(v, str) and v != "",
+                       f"{_named(where, k)}: expected a non-empty string, got {brief(v)}")
             else:
-                custom[k] = _as_int(v, f"{where}: {k}", minimum=0 if k in ZERO_OK_FIELDS else 1)
+                custom[k] = _as_int(v, _named(where, k), minimum=0 if k in ZERO_OK_FIELDS else 1)
         if isinstance(exp.model, dict):
             exp.model = {**exp.model, **custom}
         elif isinstance(exp.model, str):

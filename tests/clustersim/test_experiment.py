@@ -119,3 +119,13 @@ def test_expert_grid_reaches_the_plan_and_bad_values_are_named():
     assert resolve_plan(new, resolve_model(new), 64).folded
     with pytest.raises(ConfigError, match="unknown expert grid 'carvd'; choose one of folded, carved"):
         experiment_from_dict({**base, "expert_grid": "carvd"})
+
+
+@pytest.mark.parametrize("args,said", [(["--kv-heads", "0"], "--kv-heads: must be >= 1"),
+                                       (["--sliding-window", "-1"], "--sliding-window: must be >= 0"),
+                                       (["--tp", "0"], "--tp: must be >= 1")])
+def test_command_line_options_are_named_as_typed(args, said, capsys):
+    """Errors about command-line options named the experiment's fields ('options: kv_heads')."""
+    assert main(["simulate", "--gpus", "8", "--layers", "2", "--hidden", "256", "--heads", "4", *args]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "options:" not in err

@@ -146,7 +146,7 @@ def test_cli_runs_lora_and_says_so(capsys):
     code, out, err = _run(capsys, *base, "--lora-rank", "8", "--lora-targets", "qkv,gate")
     assert code == 2 and "unknown LoRA target(s) 'gate'; choose from qkv, proj, fc1, fc2" in err
     code, out, err = _run(capsys, *base, "--lora-rank", "8", "--lora-targets", "")
-    assert code == 2 and "lora_targets: no LoRA target named" in err
+    assert code == 2 and "--lora-targets: no LoRA target named" in err
 
 
 def test_plan_and_search_take_the_lora_options(capsys):
