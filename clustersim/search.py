@@ -590,7 +590,7 @@ def run_search(base: Experiment, *, top_k: int = 5, space: SearchSpace | None = 
         raise ConfigError(
             f"no plan for {base.model} on {world} GPUs with global batch {base.global_batch}: "
             f"{stats['candidates']} valid candidate plans, {stats['pruned_memory']} do not fit in "
-            f"{limit / 1e9:.0f} GB ({fraction:.0%} of the device's), {stats['simulated_not_fitting']} "
+            f"{limit / 1e9:.3g} GB ({fraction:.3g} of the device's memory), {stats['simulated_not_fitting']} "
             f"exceed it when simulated, {stats['failed']} failed; try more GPUs, a smaller model or sequence, "
             f"or a global batch divisible by more data-parallel sizes")
     stats["wall_time_s"] = time.perf_counter() - t0
@@ -937,7 +937,7 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     from rich.table import Table
     st = out["stats"]
     from clustersim.simulate import param_str
-    t = Table(title=f"top {top_k} plans · {model} ({param_str(resolve_model(base))} parameters) on {gpus} × {cluster} "
+    t = Table(title=f"top {min(top_k, len(out['top']))} plans · {model} ({param_str(resolve_model(base))} parameters) on {gpus} × {cluster} "
                     f"· global batch {global_batch} · seq {seq}")
     for c in ("#", "plan", "step s", "tokens/s", "MFU", "bubble", "exposed comm", "peak mem GB", "top kernels"):
         t.add_column(c, justify="right" if c not in ("plan", "top kernels") else "left")

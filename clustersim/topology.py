@@ -236,6 +236,8 @@ def topology(preset, list_only, gpus, kind, ranks, network, concurrent, algorith
     if list_only or preset is None:
         if preset is None and not list_only:
             raise ConfigError("say which cluster: clustersim topology PRESET (see --list)")
+        if draw_path:
+            raise ConfigError("--list lists the presets and draws nothing: give a PRESET with --draw, or drop it")
         rows = []
         for name in topologies.list_presets():
             from topologies.presets import preset_config

@@ -46,3 +46,17 @@ def test_repeated_list_values_count_once(capsys):
     twice = json.loads(capsys.readouterr().out)
     assert twice["stats"]["candidates"] == once["stats"]["candidates"] == 30 and twice["stats"]["cached"] == 0
     assert [r["step_time_s"] for r in twice["top"]] == [r["step_time_s"] for r in once["top"]]
+
+
+def test_small_things_search_and_topology_say(capsys):
+    """The top-k title said 'top 100000 plans' over 30; a tiny memory fraction read '0 GB (0% of the device's)';
+    topology --list --draw drew nothing without a word."""
+    base = ["search", "--cluster", "dgx-h100", "--gpus", "8", "--model", "llama3-8b", "--global-batch", "16",
+            "--seq", "1024", "--no-cache", "--workers", "1"]
+    assert main(base + ["--top-k", "100000", "--cp", "1", "--zero", "1", "--micro-batches", "1",
+                        "--schedules", "1f1b"]) == 0
+    assert "top 30 plans" in capsys.readouterr().out
+    assert main(base + ["--max-memory-fraction", "1e-9"]) == 2
+    assert "do not fit in 8.55e-08 GB (1e-09 of the device's memory)" in capsys.readouterr().err
+    assert main(["topology", "--list", "--draw", "x.png"]) == 2
+    assert "--list lists the presets and draws nothing" in capsys.readouterr().err
