@@ -43,6 +43,7 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
     """Simulate the Chakra ETs ET_PREFIX.<rank>.et (what ASTRA-sim's --workload-configuration takes)."""
     if out:
         atomic.OutputFolder.check(out, force)       # before the simulation, not after it
+        _check_out_holds_no_input(Path(out), et_prefix, (network_file, system_file, comm_group_file))
     from simulator.engine import run
     from simulator.metrics import compute_metrics
     from topologies.astra import load_network, load_system
@@ -108,6 +109,22 @@ def run_cmd(et_prefix, network_file, system_file, comm_group_file, network_mode,
         click.echo(f"wrote {out}/result.json, timeline.csv, trace.json")
 
 
+def _check_out_holds_no_input(out: Path, et_prefix: str, files) -> None:
+    """Refuse an ``--out`` folder that holds this run's inputs: a folder an earlier clustersim run wrote (e.g.
+    ``chakra export``'s) has its recorded files removed before the results go in, inputs included."""
+    from traces.chakra.reader import rank_files
+    try:
+        out = out.resolve()
+        inputs = [Path(f) for f in rank_files(et_prefix)] + [Path(f) for f in files if f]
+    except (OSError, TraceError):
+        return                      # (the run itself reports a missing input)
+    held = sorted({p.name for p in inputs if p.resolve().parent == out})
+    if held:
+        raise ConfigError(f"--out {out} holds this run's inputs ({', '.join(held[:4])}"
+                          f"{', ...' if len(held) > 4 else ''}): an earlier run's files there are removed before the "
+                          f"results are written; give another --out folder")
+
+
 def _make_export():
     from clustersim.experiment import experiment_from_options, run_experiment, simulate_options
 
@@ -132,8 +149,9 @@ def _make_export():
         programs = outcome.result.programs
         _price_kernel_ops(programs, outcome.cost)
         folder = atomic.OutputFolder(out, force=force, command="chakra export")   # an earlier run's files go first
+        folder.record([f"{prefix}.{r}.et" for r in range(programs.world_size)]
+                      + ["comm_groups.json", "network.yml", "system.json"])      # before they are written
         paths = write_workload(programs, out, prefix)
-        folder.record([p.name for p in paths] + ["network.yml", "system.json"])
         from topologies.multidim import network_of_cluster
         net = network_of_cluster(outcome.cluster)
         acc = outcome.cluster.accelerator

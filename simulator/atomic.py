@@ -180,7 +180,8 @@ class OutputFolder:
 
     def record(self, names) -> None:
         """Record many outputs ``names`` at once (one marker write: an export of 16k rank files)."""
-        new = [n for n in names if n not in set(self.files)]
+        known = set(self.files)
+        new = [n for n in dict.fromkeys(names) if n not in known]
         bad = [n for n in new if not _plain_relative(n)]
         if bad:
             raise OutputError(f"bad output name {bad[0]!r}")

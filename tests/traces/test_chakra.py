@@ -301,6 +301,9 @@ def test_chakra_outputs_do_not_write_over_a_folder_no_run_wrote(tmp_path, capsys
     capsys.readouterr()
     assert main(run + ["--out", str(tmp_path / "res")]) == 0 and main(run + ["--out", str(tmp_path / "res")]) == 0
     assert main(run + ["--out", str(mine), "--force"]) == 0 and (mine / "result.json").is_file()
+    # results written into the export's own folder would have removed the export (its recorded files)
+    assert main(run + ["--out", str(ets)]) == 2
+    assert "holds this run's inputs" in capsys.readouterr().err and len(list(ets.glob("w.*.et"))) == 8
 
 
 def test_an_empty_prefix_or_a_folder_is_said_so(tmp_path):
