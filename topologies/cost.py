@@ -620,7 +620,7 @@ class ClusterCostModel:
                 return None                 # the route-level algorithm prices this group (links model)
             # it cannot run on this group: NCCL's own choice, as without --algorithm (not the fastest route)
             self.forced_missed.add(kind)
-            return nccl.choose(comm, kind, size, None, self.protocol)
+            algo = None
         c = nccl.choose(comm, kind, size, algo, self.protocol)
         if algo is not None:
             (self.forced_missed if c is None else self.forced_applied).add(kind)

@@ -199,3 +199,14 @@ def test_a_forced_algorithm_that_applies_nowhere_changes_nothing(capsys):
     forced = json.loads(capsys.readouterr().out)
     assert forced["step_time_s"] == plain["step_time_s"]
     assert any("--algorithm torus applies to none" in n for n in forced["notes"])
+
+
+def test_a_forced_algorithm_and_protocol_that_cannot_run_fall_back_together(capsys):
+    """A route-level --algorithm that cannot run, beside a --protocol that cannot either, fell to the fastest
+    route-level algorithm (157 us) where no --algorithm falls back to NCCL's default (242 us)."""
+    base = ["topology", "pcie-ethernet-lab", "--gpus", "8", "--collective", "all_reduce", "--protocol", "ll128",
+            "--min-bytes", "1MB", "--max-bytes", "1MB", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + ["--algorithm", "torus"]) == 0
+    assert json.loads(capsys.readouterr().out) == plain
