@@ -265,7 +265,10 @@ def _check_report_paths(report: Path, files_dir: Path | None, force: bool) -> No
     if files_dir is not None:
         try:
             OutputFolder.check(files_dir, force)
-        except OutputError:
+        except OutputError as e:
+            if "is not empty" not in str(e):        # (a file there, an unreadable folder: said as it is)
+                raise ConfigError(f"--report {report}: its picture folder: {str(e).replace('--out ', '', 1)}") \
+                    from None
             raise ConfigError(f"--report {report}: its picture folder {files_dir} is not empty and holds no earlier "
                               f"clustersim run; choose another --report path, give --out, or pass --force") from None
 

@@ -8,7 +8,7 @@ from typing import Iterable
 import click
 
 from simulator.errors import ConfigError
-from topologies.faults import CLI_OPTION, FaultSpec, faults_from_dict, parse_rank
+from topologies.faults import CLI_OPTION, FaultSpec, faults_from_dict, node_label, parse_rank
 
 
 def _rank_value_pairs(items: Iterable[str], sep: str, flag: str, form: str) -> dict:
@@ -102,6 +102,16 @@ def faults_from_options(yaml_faults: dict | None = None, **options) -> dict:
                               given["fail_link"] or (), given["degrade_link"] or (), given["fail_device"] or (),
                               given["seed"])
     merged = base.to_dict()
+    # a link the command line names replaces what the file says of it, whichever way round either writes it
+    cli_links = {frozenset(link) for link in list(cli.link_failures) + list(cli.link_degradation)}
+    if cli_links:
+        file_links = {frozenset(link): f"{node_label(link[0])}:{node_label(link[1])}"
+                      for link in list(base.link_failures) + list(base.link_degradation)}
+        dropped = {name for key, name in file_links.items() if key in cli_links}
+        if "link_failures" in merged:
+            merged["link_failures"] = [x for x in merged["link_failures"] if x not in dropped]
+        if "link_degradation" in merged:
+            merged["link_degradation"] = {k: v for k, v in merged["link_degradation"].items() if k not in dropped}
     for key, value in cli.to_dict().items():
         if key == "seed" and given["seed"] is None:
             continue

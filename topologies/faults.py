@@ -235,14 +235,14 @@ class FaultSpec:
         links = tuple(_link(x, f"{w}.link_failures") for x in lf)
         seen: dict[frozenset, str] = {}         # each link once, whichever way round and whatever befalls it
         for link in links:
-            _once(link, "link_failures", seen)
+            _once(link, "faults.link_failures", seen)
         object.__setattr__(self, "link_failures", links)
         if not isinstance(self.link_degradation, dict):
             raise ConfigError(f"{w}.link_degradation: expected a mapping link -> bandwidth factor")
         deg = {}
         for k, f in self.link_degradation.items():
             link = _link(k, f"{w}.link_degradation")
-            _once(link, "link_degradation", seen)
+            _once(link, "faults.link_degradation", seen)
             deg[link] = _number(f, f"{w}.link_degradation[{node_label(link[0])}:{node_label(link[1])}]", hi=1.0)
         object.__setattr__(self, "link_degradation", deg)
         object.__setattr__(self, "device_failures", _rank_map(self.device_failures, f"{w}.device_failures",

@@ -327,3 +327,13 @@ def test_report_does_not_write_over_what_no_report_wrote(tmp_path, capsys):
     assert main(base + ["--report", str(report)]) == 0 and main(base + ["--report", str(report)]) == 0
     assert main(base + ["--report", str(notes), "--force"]) == 0
     assert notes.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_picture_folder_that_is_a_file_is_said_as_it_is(tmp_path, capsys):
+    """Every OutputError of the <stem>_files folder read 'is not empty ... or pass --force', a file there too."""
+    from clustersim.cli import main
+    (tmp_path / "r_files").write_text("a file")
+    assert main(["compare", "--layers", "2", "--hidden", "256", "--heads", "4", "--gpus", "8", "--pp", "2",
+                 "--schedules", "1f1b,zb", "--report", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "its picture folder:" in err and "exists and is not a folder" in err and "--force" not in err

@@ -170,9 +170,9 @@ def test_cli_strings_and_yaml_give_the_same_spec():
     (dict(degrade_links=["a.0:b.0"]), "FACTOR"),
     # one link named twice: one of the two had silently won (the last --degrade-link, or the failure)
     (dict(degrade_links=["0:leaf.0:0.1", "0:leaf.0:0.5"]), r"link 0:leaf.0 is given twice \(factors 0.1 and 0.5\)"),
-    (dict(degrade_links=["0:leaf.0:0.1", "leaf.0:0:0.5"]), "named twice in link_degradation"),
-    (dict(fail_links=["0:leaf.0", "0:leaf.0"]), "named twice in link_failures"),
-    (dict(fail_links=["0:leaf.0"], degrade_links=["leaf.0:0:0.5"]), "in both link_failures and link_degradation"),
+    (dict(degrade_links=["0:leaf.0:0.1", "leaf.0:0:0.5"]), "named twice in --degrade-link"),
+    (dict(fail_links=["0:leaf.0", "0:leaf.0"]), "named twice in --fail-link"),
+    (dict(fail_links=["0:leaf.0"], degrade_links=["leaf.0:0:0.5"]), "in both --fail-link and --degrade-link"),
     (dict(fail_devices=["3"]), "RANK@TIME_S"),
     (dict(fail_devices=["3@-1"]), r"^--fail-device\[3\]"),
     (dict(seed="abc"), "--seed"),
@@ -453,3 +453,17 @@ def test_failed_spine_link_on_a_trunk_bound_pattern_matches_closed_form():
     assert base == pytest.approx(32 * 1e9 / trunk, rel=1e-3)
     failed, _ = apply_faults(cm, c, parse_fault_options(fail_links=["leaf.0:spine.0.0"]), n)
     assert run(progs, failed).step_time_s == pytest.approx(base * 8 / 7, rel=1e-9)
+
+
+def test_a_link_the_command_line_names_replaces_the_files_either_way_round():
+    """A file's degraded leaf.0:spine.0.0 and --degrade-link spine.0.0:leaf.0:0.3 had been refused as one link
+    named twice (written the same way round, the command line won); a --fail-link of it had been refused too."""
+    from clustersim.faults import faults_from_options
+    yaml = {"link_degradation": {"leaf.0:spine.0.0": 0.5}}
+    for opts, want in (({"degrade_link": ["spine.0.0:leaf.0:0.3"]}, ({"spine.0.0:leaf.0": 0.3}, None)),
+                       ({"degrade_link": ["leaf.0:spine.0.0:0.3"]}, ({"leaf.0:spine.0.0": 0.3}, None)),
+                       ({"fail_link": ["leaf.0:spine.0.0"]}, (None, ["leaf.0:spine.0.0"]))):
+        d = faults_from_options(yaml, **opts)
+        assert (d.get("link_degradation"), d.get("link_failures")) == want
+    with pytest.raises(ConfigError, match="named twice in faults.link_degradation"):
+        faults_from_dict({"link_degradation": {"leaf.0:spine.0.0": 0.5, "spine.0.0:leaf.0": 0.3}})
