@@ -31,7 +31,7 @@ eager: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Tran
     that depend on the shape: K/V by kv_heads/heads (GQA), the MLP's 16·s·b·h by ffn/(4h) (x1.5 for SwiGLU,
     which stores gate, up and their product) and, in MoE layers, by top_k expert widths plus the permuted
     tokens. An eager-pointwise stack adds its norms' fp32 copies and unweighted outputs and SwiGLU's SiLU
-    output, as in the flash model above (``_eager_pointwise_extra``). The LM head's logits are not counted.
+    output, the flash model's own entries (``_eager_pointwise_extra``). The LM head's logits are not counted.
 Selective recompute drops the attention core's internals (eager: the 5·a·s²·b scores; flash: the
 log-sum-exp) and, with Megatron-Core's other ``recompute_modules``, what each module saved (``Saved.freed_by``:
 the norms' outputs, MLA's rotated q and k, v, a dense MLP's fc1 and activation outputs, the experts'
@@ -468,23 +468,12 @@ def _eager_terms(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[floa
     return replicated, attn_split + mlp_split, core, w_in
 
 
-def _eager_pointwise_extra(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float]:
-    """(replicated, tp-split) bytes an eager-pointwise stack (torchtitan without torch.compile) keeps beyond the
-    fused kernels Korthikanti's counts assume, one layer and micro-batch, before dividing by t: as
-    ``saved_tensors`` has them, each RMSNorm's fp32 input copy beyond its input and its unweighted output (4
-    bytes per element together) and SwiGLU's SiLU output (the multiply's input). (The q, k norms of a qk_norm
-    model are left out, as the formula leaves their inputs out.)"""
-    s = plan.seq / plan.cp
-    sbh = s * plan.micro_batch * model.hidden
-    e = model.dtype_bytes
-    norms = 2 * ((4 - e) + e) * sbh
-    if not model.gated_mlp:
-        return norms, 0.0
-    if model.is_moe_layer(layer):
-        width = model.top_k * model.expert_ffn * _load(model) + model.shared_experts * model.expert_ffn
-    else:
-        width = model.ffn
-    return norms, e * s * plan.micro_batch * width
+def _eager_pointwise_extra(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
+    """Bytes per rank an eager-pointwise stack (torchtitan without torch.compile) keeps beyond the fused kernels
+    Korthikanti's counts assume, one layer and micro-batch: ``saved_tensors``' own "(eager ...)" entries (each
+    RMSNorm's fp32 input copy beyond its input and its unweighted output, SwiGLU's SiLU output), so the eager
+    and flash models cannot drift apart."""
+    return sum(_per_rank(x, plan) for x in saved_tensors(model, plan, layer) if "(eager " in x.name)
 
 
 def _load(model: ModelSpec) -> float:
@@ -515,13 +504,13 @@ def _layer_split_bytes_of(model: ModelSpec, plan: ParallelPlan, layer: int, reco
     if plan.attention == "eager":
         rep, split, core, w_in = _eager_terms(model, plan, layer)
         core = 0.0 if recompute in ("selective", "op") else core
-        if plan.stack in EAGER_POINTWISE and recompute != "op":      # (per-op checkpointing recomputes them)
-            more_rep, more_split = _eager_pointwise_extra(model, plan, layer)
-            rep, split = rep + more_rep, split + more_split
         t = plan.tp
         total = (rep + split + core) / t if plan.sp else rep + (split + core) / t
         total_unsharded = rep + split + core
-        return total, total * min(1.0, w_in / total_unsharded)
+        w_pass = total * min(1.0, w_in / total_unsharded)
+        if plan.stack in EAGER_POINTWISE and recompute != "op":      # (per-op checkpointing recomputes them)
+            total += _eager_pointwise_extra(model, plan, layer)
+        return total, w_pass
     if recompute == "op":
         kept = op_saved_tensors(model, plan, layer)
     else:
