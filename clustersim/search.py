@@ -937,7 +937,8 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
     from rich.table import Table
     st = out["stats"]
     from clustersim.simulate import param_str
-    t = Table(title=f"top {min(top_k, len(out['top']))} plans · {model} ({param_str(resolve_model(base))} parameters) on {gpus} × {cluster} "
+    t = Table(title=f"top {min(top_k, len(out['top']))} plans · {model} ({param_str(resolve_model(base))} parameters) "
+                    f"on {gpus} × {cluster} "
                     f"· global batch {global_batch} · seq {seq}")
     for c in ("#", "plan", "step s", "tokens/s", "MFU", "bubble", "exposed comm", "peak mem GB", "top kernels"):
         t.add_column(c, justify="right" if c not in ("plan", "top kernels") else "left")

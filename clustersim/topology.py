@@ -46,7 +46,7 @@ def parse_ranks(text: str, world: int) -> tuple[int, ...]:
                 a, b = (int(x) for x in part.split("-"))
                 if b < a:
                     raise ConfigError(f"--ranks {text!r}: range {a}-{b} is reversed; write {b}-{a}")
-                if a < 0 or b >= world:      # before listing it (0-100000000 took 10 GB to be refused)
+                if a < 0 or a + (b - a) // step * step >= world:    # before listing it (0-100000000: 10 GB)
                     raise ConfigError(f"--ranks {text!r}: range {a}-{b} leaves the world of {world} ranks "
                                       f"(0..{world - 1})")
                 out.extend(range(a, b + 1, step))

@@ -1053,7 +1053,8 @@ def model_from_hf_config(source, name: str | None = None) -> ModelSpec:
         kw.update(experts=count("n_routed_experts", required=True, lo=1),
                   top_k=key("num_experts_per_tok", required=True),
                   moe_ffn=key("moe_intermediate_size", required=True), shared_experts=key("n_shared_experts", 0) or 0,
-                  first_dense_layers=count("first_k_dense_replace", 0, lo=0),
+                  first_dense_layers=count("first_k_dense_replace", lo=0) if key("first_k_dense_replace") is not None
+                  else 0,
                   head_dim=key("qk_nope_head_dim", required=True),
                   q_lora_rank=key("q_lora_rank") or 0, kv_lora_rank=key("kv_lora_rank", required=True),
                   qk_rope_dim=key("qk_rope_head_dim", required=True), v_head_dim=key("v_head_dim", required=True),

@@ -134,8 +134,8 @@ def latency_setting_note(cluster, algorithm: str | None = None) -> str | None:
     if not given:
         return None
     return (f"{' and '.join(given)} per hop price point-to-point transfers and the route-level collective "
-            f"algorithms (--algorithm hierarchical, rings, direct); NCCL-modelled collectives keep the latencies "
-            f"of NCCL's own tuning model (measured on clusters with the default hop latency)")
+            f"algorithms (--algorithm {', '.join(ROUTE_LEVEL_ALGORITHMS)}); NCCL-modelled collectives keep the "
+            f"latencies of NCCL's own tuning model (measured on clusters with the default hop latency)")
 
 
 def group_shape(cluster, gpus) -> tuple[int, int, int, int]:

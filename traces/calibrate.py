@@ -99,7 +99,9 @@ def fit_collective(kind: str, group_size: int, scope: str, backend: str, sizes, 
     med = df.groupby("s")["t"].mean().reset_index()
     slope, alpha = fit_linear_relative(med["s"].to_numpy(), med["t"].to_numpy())
     bf = bus_factor(kind, group_size)
-    if slope <= 0:            # latency-bound at every measured size: bandwidth from the largest one
+    if slope <= 0 or bf / slope > MAX_BUSBW_BYTES_PER_S:
+        # latency-bound at every measured size (times flat, whatever the sign of their noise): bandwidth from
+        # the largest one
         s_max = med["s"].max()
         slope, alpha = med["t"].max() / s_max, 0.0
     if bf / slope > MAX_BUSBW_BYTES_PER_S:     # (med is sorted by size)

@@ -102,6 +102,7 @@ def test_draw(capsys, tmp_path):
     (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0-100000000"],
      "range 0-100000000 leaves the world of 16 ranks"),
     (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0,20"], "outside the world"),
+    (["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0-16:8"], "leaves the world"),
     (["topology", "dgx-h100", "--gpus", "16", "--collective", "p2p", "--ranks", "0-3"], "exactly two"),
     (["topology", "dgx-h100", "--set", "nic_bandwidth=0"], "positive"),
     (["topology", "dgx-h100", "--set", "bogus=1"], "unknown override"),
@@ -210,3 +211,10 @@ def test_a_forced_algorithm_and_protocol_that_cannot_run_fall_back_together(caps
     plain = json.loads(capsys.readouterr().out)
     assert main(base + ["--algorithm", "torus"]) == 0
     assert json.loads(capsys.readouterr().out) == plain
+
+
+def test_a_strided_range_whose_members_all_lie_in_the_world_is_taken(capsys):
+    """0-16:15 on 16 ranks names 0 and 15 only: its end (16) is past the world, its members are not."""
+    assert main(["topology", "dgx-h100", "--gpus", "16", "--collective", "all_reduce", "--ranks", "0-16:15",
+                 "--max-bytes", "1024"]) == 0
+    assert "over 2 ranks [0,15]" in capsys.readouterr().out

@@ -50,6 +50,11 @@ def test_hf_moe_shapes():
     assert mx.active_param_count() == pytest.approx(12.9e9, rel=0.01)    # Mixtral paper: 12.9 B active
 
 
+def test_hf_config_null_dense_layers_read_as_none():
+    """first_k_dense_replace: null reads as 0 (as before the count became strict)."""
+    assert model_from_hf_config({**DEEPSEEK_V3, "first_k_dense_replace": None}).first_dense_layers == 0
+
+
 @pytest.mark.parametrize("cfg, match", [
     ({"model_type": "gpt_neox"}, "not supported"),
     ({**LLAMA31_8B, "hidden_size": None}, "missing 'hidden_size'"),

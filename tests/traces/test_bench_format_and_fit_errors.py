@@ -62,12 +62,19 @@ def test_benchmark_rows_that_cannot_be_fitted_are_said_so(tmp_path, capsys):
     """Times that do not grow with the size fitted a bus bandwidth of 1e25 B/s, refused only by the output file's
     check (naming it and an internal field); a fit resting on one size wrote alpha 0 without a word."""
     manifest = json.loads((SAMPLES / "cpu-gloo-bench" / "manifest.json").read_text())
+    # flat times are latency-bound: bandwidth from the largest size, with the fit's miss warned about
     flat = dict(manifest, results=[dict(r, time_s=0.001) for r in manifest["results"]])
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "manifest.json").write_text(json.dumps(flat))
-    assert main(["calibrate", str(tmp_path / "flat"), "-o", str(tmp_path / "f.json")]) == 2
+    assert main(["calibrate", str(tmp_path / "flat"), "-o", str(tmp_path / "f.json")]) == 0
+    capsys.readouterr()
+    # times no network could give (a MB in 0.1 ns) are refused naming the collective, not the output file
+    fast = dict(manifest, results=[dict(r, time_s=1e-10) for r in manifest["results"]])
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "fast" / "manifest.json").write_text(json.dumps(fast))
+    assert main(["calibrate", str(tmp_path / "fast"), "-o", str(tmp_path / "g.json")]) == 2
     err = capsys.readouterr().err
-    assert "give a bus bandwidth of" in err and "beyond any network" in err and "f.json" not in err
+    assert "give a bus bandwidth of" in err and "beyond any network" in err and "g.json" not in err
     one = dict(manifest, results=[r for r in manifest["results"] if r["kind"] == "all_reduce"][:1])
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "manifest.json").write_text(json.dumps(one))
