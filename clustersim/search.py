@@ -901,8 +901,10 @@ def search(cluster, gpus, model, global_batch, seq, network, calibration, dtype,
         raise ConfigError("--cache-dir names the result cache that --no-cache turns off: give one or the other")
     if tp_comm_overlap and space.tp is not None and max(space.tp) == 1:
         raise ConfigError("--tp-comm-overlap overlaps tensor-parallel collectives, and --tp 1 has none: drop one")
-    if not fold and not getattr(resolve_model(Experiment(model=model)), "experts", 0):
-        raise ConfigError(f"--no-fold turns off MoE parallel folding, and {model} is a dense model: drop it")
+    given_fold = click.get_current_context().get_parameter_source("fold") == click.core.ParameterSource.COMMANDLINE
+    if given_fold and not getattr(resolve_model(Experiment(model=model)), "experts", 0):     # either spelling
+        raise ConfigError(f"--{'' if fold else 'no-'}fold {'turns on' if fold else 'turns off'} MoE parallel folding, "
+                          f"and {model} is a dense model: drop it")
     if lora_rank < 0 or packed_doc_tokens < 0:
         raise ConfigError("--lora-rank and --packed-doc-tokens must be >= 0")
     from schedules.plan import lora_fields

@@ -896,10 +896,11 @@ def parse_memory_limit(value, pp: int) -> dict:
     usage = (f"--memory-limit is micro-batches of activations per stage (e.g. 16), a multiple of pp (1p = ZB-1p, "
              f"2p = ZB-2p) or bytes with a unit (40GB, 500MB, 64GiB), got {value!r}")
     if text.endswith("b"):
-        try:
-            return {"memory_limit_bytes": byte_size(text, "--memory-limit", err=PlanError)}
-        except PlanError:
-            raise PlanError(usage) from None
+        try:            # (as given: "40Gb" is gigabits)
+            return {"memory_limit_bytes": byte_size(str(value).strip().replace(" ", ""), "--memory-limit",
+                                                    err=PlanError)}
+        except PlanError as e:
+            raise PlanError(str(e) if "reads as bits" in str(e) else usage) from None
     try:
         lim = float(text[:-1]) * pp if text.endswith("p") else float(text)
     except ValueError:

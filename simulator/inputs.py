@@ -218,6 +218,9 @@ def byte_size(value: Any, where: str, *, err=ConfigError) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         b = float(value)
     else:
+        if isinstance(value, str) and re.search(r"[0-9\s][KMGT]b$", value.strip()):
+            raise err(f"{where}: {brief(value)} reads as bits (Gb: gigabits); give bytes, e.g. "
+                      f"{value.strip()[:-1]}B")
         m = _BYTE_SIZE.fullmatch(value.strip().lower()) if isinstance(value, str) else None
         scale = BYTE_UNITS.get(m.group(2) or "b") if m else None
         if scale is None:

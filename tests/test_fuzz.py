@@ -1504,6 +1504,7 @@ def test_options_of_another_command_are_refused():
             (["compare", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--title", "T"], "give that option too"),
             (["simulate", "-m", "tiny", "--gpus", "8", "--global-batch", "8", "--force"], "give --out too"),
             (["search", "--gpus", "8", "-m", "tiny", "--global-batch", "8", "--no-fold"], "tiny is a dense model"),
+            (["search", "--gpus", "8", "-m", "tiny", "--global-batch", "8", "--fold"], "--fold turns on MoE"),
             (["search", "--gpus", "8", "-m", "tiny", "--global-batch", "8", "--tp", "1", "--tp-comm-overlap"],
              "--tp 1 has none"),
     ):
@@ -1540,6 +1541,9 @@ def test_byte_size_reads_numbers_and_units_and_refuses_the_rest():
     for bad in ("40 GBs", "-1GB", "0", "0MB", "abc", "GB", "1e999GB", "nanGB", "inf", "1_000", "", True, None, [1]):
         with pytest.raises(ConfigError, match="--x"):
             byte_size(bad, "--x")
+    for bits in ("40Gb", "5 Mb", "1.5Tb"):       # an upper-case prefix before a lower-case b is bits: read as bytes
+        with pytest.raises(ConfigError, match="reads as bits"):
+            byte_size(bits, "--x")
 
 
 def test_second_hunt_refusals_are_quick_one_line_errors(tmp_path):
