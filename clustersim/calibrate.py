@@ -55,12 +55,13 @@ def calibrate(sources: tuple[Path, ...], output: Path, plot_path: Path | None, a
         med, worst = fit_errors(f)
         click.echo(f"{name}: {figures} ({len(f.points)} sizes; error vs its points median {med:.1%}, "
                    f"max {worst:.1%})")
+        fit = f"the {name.split()[0]} fit {' '.join(name.split()[1:])}"
         if isinstance(f, CollectiveFit) and len(f.points) == 1:
-            click.echo(f"warning: the {name.split()[0]} fit {' '.join(name.split()[1:])} rests on one size: its "
-                       f"latency (alpha) cannot be told from its bandwidth, so the whole time is priced as bandwidth "
-                       f"(alpha 0); measure more sizes (clustersim collect --bench collectives)", err=True)
+            click.echo(f"warning: {fit} rests on one size: its latency (alpha) cannot be told from its bandwidth, so "
+                       f"the whole time is priced as bandwidth (alpha 0); measure more sizes (clustersim collect "
+                       f"--bench collectives)", err=True)
         if worst > FIT_WARN_ERROR:
-            click.echo(f"warning: the {name.split()[0]} fit {' '.join(name.split()[1:])} misses one of its "
+            click.echo(f"warning: {fit} misses one of its "
                        f"points by {worst:.0%} (> {FIT_WARN_ERROR:.0%}): the saturating / alpha-beta curve does "
                        f"not describe these measurements well", err=True)
     click.echo(f"wrote {output}")

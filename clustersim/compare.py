@@ -245,6 +245,11 @@ def figures(runs: list[PlanRun], title: str | None = None, max_lanes: int | None
     }
 
 
+def report_files_dir(report: Path) -> Path:
+    """Where a report's pictures and traces go without ``--out``: ``<stem>_files`` beside it."""
+    return report.with_name(report.stem + "_files")
+
+
 def _check_report_paths(report: Path, files_dir: Path | None, force: bool) -> None:
     """Before any simulation: refuse to write ``--report`` over a file no clustersim report wrote, or its
     pictures into ``files_dir`` (the report's ``<stem>_files`` folder, without ``--out``) where that folder holds
@@ -263,14 +268,7 @@ def _check_report_paths(report: Path, files_dir: Path | None, force: bool) -> No
             raise ConfigError(f"--report {report} exists and is no clustersim report; choose another path or pass "
                               f"--force")
     if files_dir is not None:
-        try:
-            OutputFolder.check(files_dir, force)
-        except OutputError as e:
-            if "is not empty" not in str(e):        # (a file there, an unreadable folder: said as it is)
-                raise ConfigError(f"--report {report}: its picture folder: {str(e).replace('--out ', '', 1)}") \
-                    from None
-            raise ConfigError(f"--report {report}: its picture folder {files_dir} is not empty and holds no earlier "
-                              f"clustersim run; choose another --report path, give --out, or pass --force") from None
+        OutputFolder.check(files_dir, force, name=f"--report {report}: its picture folder:")
 
 
 def write_outputs(runs: list[PlanRun], out: Path | None = None, report: Path | None = None,
@@ -435,8 +433,7 @@ def _compare_command():
         if out:
             OutputFolder.check(out, force)           # before any simulation
         if report:
-            _check_report_paths(Path(report), None if out else Path(report).with_name(Path(report).stem + "_files"),
-                                force)
+            _check_report_paths(Path(report), None if out else report_files_dir(Path(report)), force)
         trace = None
         if trace_path:
             from traces.parse import load_trace
@@ -450,7 +447,7 @@ def _compare_command():
         runs = run_variants(variants)
         out_dir = Path(out) if out else None
         if report and out_dir is None:
-            out_dir = Path(report).with_name(Path(report).stem + "_files")
+            out_dir = report_files_dir(Path(report))
         measured = measured_panels(trace, runs, trace_step) if trace is not None else None
         try:
             files = write_outputs(runs, out_dir, Path(report) if report else None, title=title, trace=trace,

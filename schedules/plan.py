@@ -886,7 +886,7 @@ def parse_memory_limit(value, pp: int) -> dict:
     """zb-auto's ``--memory-limit``: micro-batches of a stage's activations ("16"), a multiple of pp ("2p" =
     ZB-2p) or activation bytes per rank with a unit ("40GB", "500MB", "64GiB": ``simulator.inputs.byte_size``,
     1 GB = 1e9 B). Returns the ParallelPlan fields ``memory_limit`` / ``memory_limit_bytes``."""
-    from simulator.inputs import byte_size
+    from simulator.inputs import byte_size, reads_as_bits
     if value is None:
         return {}
     text = str(value).strip().lower().replace(" ", "")
@@ -900,7 +900,7 @@ def parse_memory_limit(value, pp: int) -> dict:
             return {"memory_limit_bytes": byte_size(str(value).strip().replace(" ", ""), "--memory-limit",
                                                     err=PlanError)}
         except PlanError as e:
-            raise PlanError(str(e) if "reads as bits" in str(e) else usage) from None
+            raise PlanError(str(e) if reads_as_bits(str(value)) else usage) from None
     try:
         lim = float(text[:-1]) * pp if text.endswith("p") else float(text)
     except ValueError:

@@ -130,12 +130,13 @@ class OutputFolder:
         self._write_marker(False)
 
     @classmethod
-    def check(cls, out: str | Path, force: bool = False) -> list[str]:
+    def check(cls, out: str | Path, force: bool = False, name: str = "--out") -> list[str]:
         """Raise OutputError unless ``out`` can take a run (absent, empty, an earlier run's folder, or
-        ``force``); returns the earlier run's files. Cheap: commands call it before simulating."""
+        ``force``); returns the earlier run's files. Cheap: commands call it before simulating. ``name``: how
+        messages call the folder (the option that gave it)."""
         out = Path(out)
         if out.exists() and not out.is_dir():
-            raise OutputError(f"--out {out} exists and is not a folder")
+            raise OutputError(f"{name} {out} exists and is not a folder")
         try:
             entries = list(out.iterdir()) if out.is_dir() else []
         except OSError as e:
@@ -144,7 +145,7 @@ class OutputFolder:
             return []
         old = cls._previous_files(out)
         if old is None and not force:
-            raise OutputError(f"--out {out} is not empty and holds no earlier clustersim run; choose an empty "
+            raise OutputError(f"{name} {out} is not empty and holds no earlier clustersim run; choose an empty "
                               f"folder or pass --force")
         return old or []
 

@@ -212,13 +212,21 @@ BYTE_UNITS = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
 _BYTE_SIZE = re.compile(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)")
 
 
+_BITS = re.compile(r"[0-9\s][KMGT]b$")
+
+
+def reads_as_bits(value: Any) -> bool:
+    """Whether a size is written in bits: an upper-case prefix before a lower-case b ("40Gb": gigabits)."""
+    return isinstance(value, str) and _BITS.search(value.strip()) is not None
+
+
 def byte_size(value: Any, where: str, *, err=ConfigError) -> float:
     """``value`` as a positive, finite number of bytes: a number (1048576, 1e6) or a number with a unit of
     ``BYTE_UNITS`` ("40GB", "100 MB", "1.5GiB", "512kB"); anything else is ``err`` naming ``where``."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         b = float(value)
     else:
-        if isinstance(value, str) and re.search(r"[0-9\s][KMGT]b$", value.strip()):
+        if reads_as_bits(value):
             raise err(f"{where}: {brief(value)} reads as bits (Gb: gigabits); give bytes, e.g. "
                       f"{value.strip()[:-1]}B")
         m = _BYTE_SIZE.fullmatch(value.strip().lower()) if isinstance(value, str) else None

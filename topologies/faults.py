@@ -555,8 +555,7 @@ def faulted_cluster(cluster, faults: FaultSpec):
         changes[frozenset((a, b))] = (a, b, 0.0)
     for link, f in faults.link_degradation.items():
         a, b = _edge_of(g, link, "faults.link_degradation")
-        if frozenset((a, b)) not in changes:
-            changes[frozenset((a, b))] = (a, b, f)
+        changes[frozenset((a, b))] = (a, b, f)          # (FaultSpec names each link once)
     removed = []
     from topologies.builders import MIN_LINK_BPS
     for a, b, f in changes.values():

@@ -227,11 +227,10 @@ def build_from_config(cfg: dict, gpus: int | None, where: str) -> Cluster:
                             latency=_num(fab, "latency", None, float, where, lo=0.0, hi=MAX_LATENCY_S),
                             pxn=_flag(fab, "pxn", True, where),
                             sharp=_flag(fab, "sharp", False, where))
-    for label in ("name", "description"):
-        v = cfg.get(label, "")
-        if label in cfg and not (isinstance(v, str) and (v.strip() or label == "description")):
-            raise ConfigError(f"{where}: {label} must be {'a non-empty' if label == 'name' else 'a'} string, "
-                              f"got {v!r:.60}")
+    if "name" in cfg and not (isinstance(cfg["name"], str) and cfg["name"].strip()):
+        raise ConfigError(f"{where}: name must be a non-empty string, got {cfg['name']!r:.60}")
+    if not isinstance(cfg.get("description", ""), str):
+        raise ConfigError(f"{where}: description must be a string, got {cfg['description']!r:.60}")
     return Cluster(cfg.get("name", "custom"), acc, n, gpn, domain, fabric, placement=cfg.get("placement"),
                    description=cfg.get("description", ""))
 

@@ -533,7 +533,7 @@ def _frames(rp: _RankParser, info: RankInfo) -> dict:
     if twice.any():
         n = int(steps["step"][twice].iloc[0])
         raise TraceError(f"{info.path}: two ProfilerStep#{n} events on one rank; a trace profiles each step once")
-    steps = steps.sort_values("ts").drop_duplicates("step", keep="first")
+    steps = steps.sort_values("ts")
     steps["cpu_row"] = steps.index
     steps = steps.reset_index(drop=True)
     info.main_tid = steps["tid"].iloc[0] if len(steps) else _most_common(cpu["tid"])
