@@ -140,7 +140,7 @@ class Engine:
 
     calendar = True         # the event queue: one list per instant and a heap of instants (else SimPy's heap)
     inline_ends = True      # communications that end at a network wake-up run at once when nothing is queued before them
-    closed_ends = True      # a communication starting alone on its links ends by its own event (see _communicate)
+    closed_ends = True      # a communication whose rate is known at its start ends by its own event (_communicate)
     fixed_channels = True   # communications no other can ever meet on their links skip the network (_find_fixed)
     chain_comms = True      # collectives a stream meets alone at a known time follow the op before them (follow)
 
@@ -715,10 +715,11 @@ class Engine:
             rv.start_s = now
             self._net_events[key] = rv
             if self._closed:
-                # Alone on its links, it runs at its solo rate until it ends or a neighbour starts: the network
-                # gives its end now and keeps it off its heap (no wake-up, no re-scheduling), and it ends by an
-                # event queued now for that time (one per distinct end time). If a neighbour starts first, the
-                # network takes it back (re-solved from then) and that event passes it over (_on_closed_end).
+                # Alone on its links (or with room to spare on all of them), it runs at a rate known now until it
+                # ends or a neighbour changes it: the network gives its end now and keeps it off its heap (no
+                # wake-up, no re-scheduling), and it ends by an event queued now for that time (one per distinct
+                # end time). If its rate changes first, the network takes it back (re-solved from then) and that
+                # event passes it over (_on_closed_end).
                 t = self.net.start(now, key, request, True, self._spec(request))
                 if t is not None:
                     if t < math.inf:

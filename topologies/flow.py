@@ -11,6 +11,11 @@ bundles keep their rate and the rest go on. A bundle finishes when ``integral of
 recomputed when bundles start or end, only over the connected components of bundles sharing links with
 them (max-min allocations decompose over components). A bundle that starts while nothing else is active on
 any of its links is a component of its own: it gets its solo rate at once (no re-solve, nothing else changes).
+Max-min fair allocations are unique, so three more events change nothing but this bundle: a (narrow) bundle
+starting with room for its full-speed demand on every link beside the load of the active ones (it touches no
+saturated link: it runs at rate 1 and every other bundle keeps its bottleneck); an end whose neighbours all
+run at rate 1 (none can speed up, so none changes); and, in a re-solve, the bundles whose rate comes out the
+same keep their progress mark and scheduled end.
 Who shares links is indexed two ways, by the shape of the communication (its *spec*). A narrow spec (a
 transfer or a small collective: few links) is looked up on its links among the *active* specs (``_on_link``),
 so starting, ending or finding a component costs its few links and what is active on them, not the hundreds
@@ -40,6 +45,7 @@ from simulator.errors import TopologyError
 _EPS = 1e-12
 _PROVISIONAL_S = 1e-9     # how far past "now" a provisional next_completion answer lies
 _SMALL_EDGES = 400        # up to this many (bundle, link) pairs, _max_min_small (plain Python) beats numpy
+_ROOM = 1e-6              # share of a link's capacity that must stay free for FlowNetwork._room_for
 _MEMO_MAX = 50_000        # solved components remembered (by their bundles' spec ids, in order)
 
 
@@ -82,12 +88,13 @@ def _spec_id_of(b) -> int:
 
 class _Bundle:
     __slots__ = ("key", "T", "links", "link_list", "demand", "demand_list", "ref", "progress", "rate", "t_last",
-                 "version", "spec")
+                 "version", "spec", "counted")
 
     def __init__(self, key, spec: BundleSpec, now):
         self.key, self.T, self.links, self.demand, self.spec = key, spec.T, spec.links, spec.demand, None
         self.ref, self.link_list, self.demand_list = spec.ref, spec.link_list, spec.demand_list
         self.progress, self.rate, self.t_last, self.version = 0.0, 1.0, now, 0
+        self.counted = 0.0      # the rate its demand is counted at in FlowNetwork._load (0: not counted)
 
     def completion(self) -> float:
         if self.T <= 0:
@@ -106,6 +113,9 @@ class FlowNetwork:
     solo_shortcut = True      # a bundle starting alone on its links takes its solo rate without a re-solve
     memo_rates = True         # a component solved before (the same specs in the same order) reuses its rates
     canonical_order = True    # a component is solved with its bundles in the order of their spec ids
+    keep_unchanged = True     # a re-solve leaves the bundles whose rate it does not change as they are
+    skip_full = True          # an end re-solves none of its neighbours already at full speed (rate 1)
+    room_shortcut = True      # a narrow bundle with room on all its links starts at full speed, no re-solve
 
     def __init__(self, capacity, bundle_of, lazy: bool = True):
         self.capacity = np.asarray(capacity, dtype=float)
@@ -134,17 +144,19 @@ class FlowNetwork:
         self._rates_memo: dict[tuple, list] = {}   # spec ids of a component, in order -> its max-min rates
         self._dirty: set = set()          # bundles whose rates must be recomputed as of self.now
         self._asked = False               # last call was next_completion (with a provisional answer)
+        self._load = [0.0] * len(self._cap_list)    # link -> bytes/s the bundles put on it at their counted rates
 
     # ------------------------------------------------------------------ engine interface
     def start(self, now_s: float, key: Hashable, request, closed: bool = False, spec=None) -> float | None:
         """Start communication ``key`` at ``now_s`` (``spec``: what ``bundle_of(request)`` gives, when the caller
         kept it from an earlier start of the same request).
 
-        ``closed``: when the communication starts alone on its links (a component of its own, at its solo
-        rate), return its end time in closed form and keep it off ``next_completion``'s heap: the caller ends
-        it with ``finish_closed`` at that time. If another communication starts on its links before then,
-        the re-solve of their component takes it back (its progress brought to that instant, its new rate,
-        onto the heap: ``next_completion`` then answers for it and ``finish_closed`` returns False).
+        ``closed``: when the communication's rate is known at its start without a re-solve (alone on its
+        links: a component of its own at its solo rate; or with room on every link: rate 1, see the module
+        doc), return its end time in closed form and keep it off ``next_completion``'s heap: the caller ends
+        it with ``finish_closed`` at that time. If a later start or end changes its rate before then, the
+        re-solve of its component takes it back (its progress brought to that instant, its new rate, onto
+        the heap: ``next_completion`` then answers for it and ``finish_closed`` returns False).
         Otherwise (or without ``closed``) returns None."""
         active = self.active
         if key in active:
@@ -164,19 +176,27 @@ class FlowNetwork:
                 sid = self._register(spec, owned)
             b.spec = sid
             keys = self._spec_keys[sid]
-            if not keys:
-                if self._activate(sid) and self.solo_shortcut:
-                    # alone on all its links: a component of its own, whose max-min rate is its solo rate
-                    keys.add(key)
-                    y = self._solo[sid]
-                    b.rate = self._solo_rate(sid) if y is None else y
-                    if closed:
-                        b.version = -1                  # off the heap: _push (a re-solve) brings it back
-                        return now_s + b.T / b.rate if b.rate > 0 else math.inf     # b.completion()
-                    b.version = 1                       # self._push(b), inlined
-                    self._seq += 1
-                    heapq.heappush(self._heap, (b.completion(), self._seq, key, 1))
-                    return None
+            y = None
+            if not keys and self._activate(sid) and self.solo_shortcut:
+                # alone on all its links: a component of its own, whose max-min rate is its solo rate
+                y = self._solo[sid]
+                if y is None:
+                    y = self._solo_rate(sid)
+            elif self.room_shortcut and not self._wide[sid] and self._room_for(spec):
+                # room to spare on every link for it at full speed: nobody's rate changes, it runs at 1
+                y = 1.0
+            if y is not None:
+                keys.add(key)
+                b.rate = y
+                if self.room_shortcut:
+                    self._count(b, y)
+                if closed:
+                    b.version = -1                  # off the heap: _push (a re-solve) brings it back
+                    return now_s + b.T / b.rate if b.rate > 0 else math.inf     # b.completion()
+                b.version = 1                       # self._push(b), inlined
+                self._seq += 1
+                heapq.heappush(self._heap, (b.completion(), self._seq, key, 1))
+                return None
             keys.add(key)
             self._dirty.add(key)
             if not self.lazy:
@@ -253,6 +273,8 @@ class FlowNetwork:
         b = self.active.pop(key, None)
         if b is None:
             raise TopologyError(f"flow network: finish of unknown communication {key!r}")
+        if b.counted:
+            self._count(b, 0.0)
         dirty = self._dirty
         if dirty:
             dirty.discard(key)
@@ -261,21 +283,25 @@ class FlowNetwork:
             keys = self._spec_keys
             mine = keys[sid]
             mine.discard(key)
+            # The active bundles sharing its links may speed up: its own spec's others, narrow ones on its links
+            # (a narrow spec), the counted neighbours (a wide spec: all its active ones; a narrow one: its wide
+            # ones). Those running at full speed cannot (``skip_full``), and while none of them changes, no
+            # bundle of the component does: the allocation left stays max-min fair, and it is unique.
+            skip = self.skip_full
+            active = self.active
             if mine:
-                dirty.update(mine)
+                dirty.update([k for k in mine if active[k].rate < 1.0] if skip else mine)
             else:
                 self._deactivate(sid)
-            # the active bundles sharing its links speed up: narrow ones on its links (a narrow spec), the
-            # counted neighbours (a wide spec: all its active ones; a narrow one: its wide ones)
             if not self._wide[sid]:
                 on_link = self._on_link
                 for l in self._specs[sid].link_list:
                     for t in on_link[l]:
                         if t != sid:
-                            dirty.update(keys[t])
+                            dirty.update([k for k in keys[t] if active[k].rate < 1.0] if skip else keys[t])
             if self._busy[sid]:
                 for t in self._active_wide(sid, self._nbrs[sid]):
-                    dirty.update(keys[t])
+                    dirty.update([k for k in keys[t] if active[k].rate < 1.0] if skip else keys[t])
             if not mine and sid in self._owned:
                 self._forget(sid)
         if not self.lazy:
@@ -310,9 +336,30 @@ class FlowNetwork:
                 self._resolve(self._component(seeds), self.now)
 
     def _push(self, b: _Bundle) -> None:
-        b.version += 1
+        b.version = b.version + 1 if b.version >= 0 else 1       # (-1: closed, never on the heap)
         self._seq += 1
         heapq.heappush(self._heap, (b.completion(), self._seq, b.key, b.version))
+
+    def _count(self, b: _Bundle, y: float) -> None:
+        """Count bundle ``b``'s demand at rate ``y`` in the links' load (``_room_for``), instead of what it counted."""
+        delta = y - b.counted
+        if delta:
+            load = self._load
+            for l, d in zip(b.link_list, b.demand_list):
+                load[l] += delta * d
+            b.counted = y
+
+    def _room_for(self, spec: BundleSpec) -> bool:
+        """Whether every link of ``spec`` has room for its demand at full speed beside the counted load, with a
+        margin (``_ROOM`` of the capacity) far above the progressive filling's saturation test and the load's
+        rounding. Then the allocation with it at rate 1 and every other bundle unchanged is max-min fair (it
+        touches no saturated link, so every other bundle keeps its bottleneck), and max-min allocations are
+        unique: a re-solve would find the same rates."""
+        load, cap = self._load, self._cap_list
+        for l, d in zip(spec.link_list, spec.demand_list):
+            if load[l] + d > cap[l] * (1.0 - _ROOM):
+                return False
+        return True
 
     def _activate(self, sid: int) -> bool:
         """Spec ``sid`` gets its first active bundle: count it in its wide neighbours (a wide spec: in all its
@@ -461,13 +508,15 @@ class FlowNetwork:
         return list(seen)
 
     def _resolve(self, keys, now_s: float) -> None:
-        """Bring the component's progress to now, recompute its max-min rates, reschedule completions."""
+        """Recompute the component's max-min rates; bring the progress of the bundles whose rate changes to
+        now and reschedule their completions.
+
+        A bundle whose rate comes out unchanged (most of them: a transfer joining links with room to spare
+        changes no neighbour's rate) keeps its progress mark, its heap entry, or its closed-form end
+        (``keep_unchanged``): its progress is integrated at one rate from its mark whenever that rate changes,
+        and its completion stays the one computed when the rate was set."""
         self.recomputes += 1
         pushed = bundles = [self.active[k] for k in keys]
-        for b in bundles:
-            if b.T > 0:
-                b.progress = min(1.0, b.progress + b.rate * (now_s - b.t_last) / b.T)
-            b.t_last = now_s
         # The rates are a function of the bundles' specs in this order: the same component again (periodic
         # schedules repeat them) takes the rates solved the first time, bit for bit. Solved in the order of
         # their spec ids (canonical_order), a component meets its earlier solves whatever order its bundles
@@ -488,8 +537,22 @@ class FlowNetwork:
                 if len(memo) >= _MEMO_MAX:
                     memo.clear()
                 memo[sig] = rates
+        keep = self.keep_unchanged
+        count = self.room_shortcut
+        moved = []
         for b, y in zip(bundles, rates):
+            if keep and b.rate == y and b.version:      # version 0: a bundle never scheduled (just started)
+                continue
+            if b.T > 0:
+                b.progress = min(1.0, b.progress + b.rate * (now_s - b.t_last) / b.T)
+            b.t_last = now_s
             b.rate = y
+            if count:
+                self._count(b, y)
+            moved.append(b)
+        if len(moved) < len(pushed):
+            moved = set(moved)
+            pushed = [b for b in pushed if b in moved]
         for b in pushed:
             self._push(b)
         if len(self._heap) > 4 * len(self.active) + 1024:     # drop superseded entries now and then

@@ -364,3 +364,58 @@ def test_closed_form_ends_equal_the_network_s_own(data):
         assert other.keys() == general.keys()
         for k, t in general.items():
             assert other[k] == pytest.approx(t, rel=1e-12, abs=1e-15)
+
+
+def test_room_on_every_link_starts_at_full_speed_without_a_re_solve():
+    """A communication starting beside others with room for it at full speed on every link takes rate 1 and a
+    closed-form end without re-solving anything; one without room re-solves the component; an end whose
+    neighbours all run at full speed re-solves nothing (none can speed up); a re-solve that changes nobody's
+    rate leaves closed-form ends standing."""
+    from topologies.flow import BundleSpec, FlowNetwork
+    spec = BundleSpec(1.0, [0], [1.0])          # 1 B/s on link 0 at full speed
+    net = FlowNetwork(np.array([3.0]), lambda req: spec)
+    assert net.start(0.0, "a", None, True) == 1.0           # alone
+    assert net.start(0.25, "b", None, True) == 1.25         # room: 1 + 1 <= 3
+    assert net.recomputes == 0 and net.settled
+    assert net.start(0.5, "c", None, True) is None          # 1 + 1 + 1 leaves no margin: re-solved
+    net.settle()
+    assert net.recomputes == 1 and [b.rate for b in net.active.values()] == [1.0, 1.0, 1.0]
+    assert net.finish_closed(1.0, "a") is True              # its rate did not change: its closed end stands
+    assert net.settled                                      # b and c run at full speed: nothing to re-solve
+    assert net.finish_closed(1.25, "b") is True
+    assert net.next_completion() == (1.5, "c")
+    # no room: both share the link from 0.5 on, and a's closed-form end is taken back
+    net = FlowNetwork(np.array([1.5]), lambda req: spec)
+    assert net.start(0.0, "a", None, True) == 1.0
+    assert net.start(0.5, "b", None, True) is None
+    net.settle()
+    assert net.finish_closed(1.0, "a") is False
+    assert [b.rate for b in net.active.values()] == [0.75, 0.75]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_network_shortcuts_equal_re_solving_every_component(data):
+    """Starting with room at full speed, ends skipping neighbours at full speed and re-solves leaving unchanged
+    bundles alone give every communication the finish time of a network that re-solves and reschedules the
+    whole component at every start and end, to 1e-12 relative (the same max-min allocations: they are
+    unique), with closed-form ends or without."""
+    from topologies.flow import BundleSpec, FlowNetwork
+    n_links = data.draw(st.integers(1, 5))
+    cap = np.array(data.draw(st.lists(st.sampled_from([1.0, 2.0, 3.0, 4.5]), min_size=n_links, max_size=n_links)))
+    shapes = data.draw(st.lists(st.tuples(st.sampled_from([0.5, 1.0, 2.0, 4.0]),
+                                          st.lists(st.integers(0, n_links - 1), min_size=0, max_size=3, unique=True)),
+                                min_size=1, max_size=4))
+    specs = [BundleSpec(T, links, [1.0] * len(links)) for T, links in shapes]
+    starts = [(data.draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.75])), k, data.draw(st.integers(0, len(shapes) - 1)))
+              for k in range(data.draw(st.integers(1, 12)))]
+
+    class Resolving(FlowNetwork):
+        keep_unchanged = skip_full = room_shortcut = False
+
+    for closed in (False, True):
+        want = drive(Resolving(cap, lambda i: specs[i]), starts, closed=closed)
+        got = drive(FlowNetwork(cap, lambda i: specs[i]), starts, closed=closed)
+        assert got.keys() == want.keys()
+        for k, t in want.items():
+            assert got[k] == pytest.approx(t, rel=1e-12, abs=1e-15)
