@@ -61,6 +61,14 @@ from simulator.symmetry import rank_group_table, ranks_table
 _LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
 
 
+class _NoTimes:
+    """What ``follow`` reads for a rank without chain times (``Engine._chain_times``): NaN at every index."""
+    __slots__ = ()
+
+    def __getitem__(self, i: int) -> float:
+        return math.nan
+
+
 class SimResult:
     """What one simulated step produced. Times are seconds from the step's start.
 
@@ -212,6 +220,8 @@ class Engine:
         self._requests: dict = {}         # flow network: one CommRequest per distinct communication
         self.fixed: dict = {}             # (group, kind, size) -> (seconds, SM-hold seconds, SM share)
         self._fixed_req: dict = {}        # id(request) -> seconds, for the same communications met at a rendezvous
+        self._launch: dict = {}           # (id(request), stream) -> what starting it needs (_launch_info)
+        self._pair_reqs: dict = {}        # (p2p pair id, real peer, group, size) -> its request (_complete)
         self.failed: set[int] = set()
         # communication kernels holding SMs (see the module doc); None: the cost model has no such notion
         self.sm_share = getattr(cost_model, "comm_sm_fraction", None)
@@ -699,13 +709,13 @@ class Engine:
         elif not self.contention:
             dur = self.cost.comm_time_s(request)
         else:
+            op = rv.op
+            info = self._launch.get((id(request), op.stream))
+            if info is None:
+                info = self._launch_info(rv, request)
+            spec, dur, hold_s, share = info
             if self.sm_share is not None:       # the contention-free time stands in for the SMs' hold
-                op = rv.op
-                if op.kind == COLLECTIVE:       # both cached per (group, kind, size)
-                    self._comm_started(rv.hold, now, self._solo_time(op), self._share(op))
-                else:
-                    self._hold_sms(rv, now, self.cost.comm_time_s(request))
-            dur = self._fixed_req.get(id(request))
+                self._comm_started(rv.hold, now, hold_s, share)
             if dur is not None:                 # alone on its links whenever it runs (_find_fixed)
                 rv._ok = True
                 rv._value = now
@@ -720,7 +730,7 @@ class Engine:
                 # wake-up, no re-scheduling), and it ends by an event queued now for that time (one per distinct
                 # end time). If its rate changes first, the network takes it back (re-solved from then) and that
                 # event passes it over (_on_closed_end).
-                t = self.net.start(now, key, request, True, self._spec(request))
+                t = self.net.start(now, key, request, True, spec)
                 if t is not None:
                     if t < math.inf:
                         self._closed_end_at(t, key)
@@ -732,6 +742,21 @@ class Engine:
         if self.sm_share is not None:
             self._hold_sms(rv, now, dur)
         self._trigger_in(rv, dur if dur > 0 else 0, now)
+
+    def _launch_info(self, rv: _Rendezvous, request: CommRequest) -> tuple:
+        """What starting ``request`` (contention-aware) needs, kept per (request, stream of ``rv.op``): its bundle
+        spec, its fixed seconds (``_fixed_req``, or None), and the seconds and share of SMs it holds."""
+        op = rv.op
+        hold_s = share = 0.0
+        if self.sm_share is not None:
+            if op.kind == COLLECTIVE:           # both cached per (group, kind, size)
+                hold_s, share = self._solo_time(op), self._share(op)
+            else:
+                real = (rv.rank, op.peer) if op.kind == SEND else (op.peer, rv.rank)
+                hold_s, share = self.cost.comm_time_s(request), self._share(op, real)
+        spec = self._spec(request) if self._closed else None     # (a network with closed-form ends)
+        info = self._launch[(id(request), op.stream)] = (spec, self._fixed_req.get(id(request)), hold_s, share)
+        return info
 
     def _closed_end_at(self, t: float, item) -> None:
         """End ``item`` at ``t`` by a closed-form end event (_on_closed_end), one per distinct end time: the
@@ -887,6 +912,8 @@ class Engine:
         chains = self._chains
         alone = self._alone
         fixed_alone = alone and bool(fixed)
+        chain_times = self._chain_times() if chains else {}
+        no_times = _NoTimes()
 
         def for_rank(rank: int) -> Callable:
             prog = self.p.ops[rank]
@@ -894,6 +921,7 @@ class Engine:
             waiters = self.waiters[rank]
             rv_keys = self.rv_keys[rank]
             targeted = self.targeted[rank]
+            timed = chain_times.get(rank, no_times)
             is_finished = finished.__getitem__
             fail_t = self.fail_at.get(rank, math.inf)
             coalesce = fail_t == math.inf
@@ -922,21 +950,23 @@ class Engine:
                         j = idxs[pos]
                         if end[j] == end[j]:            # a compute op's duration (_durations)
                             break
-                        op = prog[j]
-                        if op.kind != COLLECTIVE or needed[rv_keys[j][0]] != 1:
-                            break
-                        nd = op.deps
-                        if nd and not all(map(is_finished, nd)):
-                            break
-                        if solo_ok:
-                            d = op.duration_s
-                            if d is None:
-                                d = solo_time(op)
-                        elif op.duration_s is None and (fx := fixed.get((op.group, op.collective, op.size_bytes))) \
-                                is not None:
-                            d = fx[0]
-                        else:
-                            break
+                        d = timed[j]                    # a collective without deps met alone (_chain_times)
+                        if d != d:
+                            op = prog[j]
+                            if op.kind != COLLECTIVE or needed[rv_keys[j][0]] != 1:
+                                break
+                            nd = op.deps
+                            if nd and not all(map(is_finished, nd)):
+                                break
+                            if solo_ok:
+                                d = op.duration_s
+                                if d is None:
+                                    d = solo_time(op)
+                            elif op.duration_s is None and (fx := fixed.get((op.group, op.collective, op.size_bytes))) \
+                                    is not None:
+                                d = fx[0]
+                            else:
+                                break
                         end[i] = t
                         finished[i] = 1
                         if progress is not None:
@@ -1102,6 +1132,67 @@ class Engine:
 
         return for_rank
 
+    def _chain_times(self) -> dict[int, array]:
+        """rank -> per op index, the seconds of each collective without deps that the rank meets alone (every
+        member of its group represented by it) at a time known before it runs: its own duration or the
+        analytical time (no contention), or its closed form (``fixed``: alone on its links); NaN elsewhere.
+        ``follow`` reads these instead of the ops. Ranks of one template (their rendezvous keys set up from
+        it, ``templated``) share its shape, found once: the ops of each (group, kind, size, duration); ranks of
+        one template with the same times share one array."""
+        templates = self.p.templates or {}
+        contention, fixed, needed, rv_keys = self.contention, self.fixed, self.needed, self.rv_keys
+        shapes: dict = {}
+        kept: list = []
+        made: dict = {}
+        out = {}
+        for rank, prog in self.p.ops.items():
+            tkey = templates.get(rank)
+            shape = shapes.get(tkey) if tkey is not None else None
+            if shape is None or shape[0] != len(prog) or (rank not in self.templated and shape[1] != rank):
+                shape = self._chain_shape(rank, prog)
+                kept.append(shape)          # (alive while ``made`` is keyed by its id)
+                if tkey is not None:
+                    shapes.setdefault(tkey, shape)
+            times = []
+            for f, idx in shape[2]:
+                op = prog[f]
+                if needed[rv_keys[rank][f][0]] != 1:
+                    continue
+                d = op.duration_s
+                if contention:
+                    fx = fixed.get((op.group, op.collective, op.size_bytes)) if d is None else None
+                    if fx is None:
+                        continue
+                    d = fx[0]
+                elif d is None:
+                    d = self._solo_time(op)
+                times.append((f, d))
+            key = (id(shape), tuple(times))
+            arr = made.get(key)
+            if arr is None:
+                a = np.full(shape[0], np.nan)
+                spots = dict(shape[2])
+                for f, d in times:
+                    a[spots[f]] = d
+                arr = made[key] = array("d", a.tobytes())
+            out[rank] = arr
+        return out
+
+    @staticmethod
+    def _chain_shape(rank: int, prog) -> tuple:
+        """(length, rank, [(first index, indices)]): ``prog``'s collectives without deps by (group, kind, size,
+        duration), each named by its first op's index (for ``_chain_times``)."""
+        by: dict = {}
+        for i, op in enumerate(prog):
+            if op.kind == COLLECTIVE and not op.deps:
+                k = (op.group, op.collective, op.size_bytes, op.duration_s)
+                at = by.get(k)
+                if at is None:
+                    by[k] = [i]
+                else:
+                    at.append(i)
+        return len(prog), rank, [(at[0], np.array(at, dtype=np.intp)) for at in by.values()]
+
     def _overlaps_compute(self, rank: int, stream: str) -> bool:
         """Whether communications on ``stream`` can overlap compute ops of ``rank``: a stream waits for each op
         to end, so a communication on the only stream with compute ops never runs beside one (its SM hold
@@ -1132,15 +1223,20 @@ class Engine:
                 req = self._collective_request(op)
         elif rv.duration is None:
             sop, srank = rv.op, rv.rank     # the send side (real ranks)
+            if self.contention:             # kept per (pair id, real peer, group, size): flat, quick to hash
+                pkey = (rv.key[0], sop.peer, sop.group, op.size_bytes)
+                req = self._pair_reqs.get(pkey)
+                if req is None:
+                    real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
+                    req = self._pair_reqs[pkey] = self._p2p_request(real, srank, sop, op.size_bytes)
+                self._communicate(rv, req)
+                return
             real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
-            if self.contention:
-                req = self._p2p_request(real, srank, sop, op.size_bytes)
-            else:                           # analytical: cached per (pair, size), as collectives are
-                pkey = (real, op.size_bytes)
-                t = self._comm_cache.get(pkey)
-                if t is None:
-                    t = self._comm_cache[pkey] = self.cost.comm_time_s(CommRequest("p2p", real, op.size_bytes))
-                rv.duration = t
+            pkey = (real, op.size_bytes)    # analytical: cached per (pair, size), as collectives are
+            t = self._comm_cache.get(pkey)
+            if t is None:
+                t = self._comm_cache[pkey] = self.cost.comm_time_s(CommRequest("p2p", real, op.size_bytes))
+            rv.duration = t
         self._communicate(rv, req)
 
     def run(self) -> SimResult:

@@ -327,6 +327,8 @@ def _validate(programs: Programs) -> None:
     # a program checked before (found by its last op or its length) passed already; no set of every op
     seen_last: dict[int, list] = {}
     seen_len: dict[int, list] = {}
+    seen_tpl: dict = {}          # template key -> the last program of it checked (shares the template's ops)
+    checked_pairs: set[int] = set()     # ids of alloc / free tuples checked (copies of an op share them)
     templates = programs.templates if isinstance(programs.templates, dict) else {}
     graph_of: dict = {}         # template key -> length of the program whose deps and streams passed
     for rank, prog in programs.ops.items():
@@ -338,20 +340,29 @@ def _validate(programs: Programs) -> None:
             if tkey is not None:
                 graph_of.setdefault(tkey, len(prog))
         n_ops = len(prog)
-        before = (seen_last.get(id(prog[-1])) or seen_len.get(n_ops)) if n_ops else None
+        before = seen_tpl.get(tkey) if tkey is not None else None
+        if before is None or len(before) != n_ops:
+            before = (seen_last.get(id(prog[-1])) or seen_len.get(n_ops)) if n_ops else None
         if before is not None and len(before) != n_ops:
             before = seen_len.get(n_ops)
         sid_of: dict[int, int] = {}             # this rank's groups (membership checked) -> sync id
         mine: dict[int, list] = {}               # sync id -> this rank's ops on it
         for i, op in enumerate(prog):
             if before is None or before[i] is not op:
-                # fast path for the usual op (plain numbers, no measured duration, no memory events)
-                if not (type(op) is Op and op.duration_s is None and not op.alloc and not op.free
+                # fast path for the usual op (plain numbers, no measured duration, no memory events but those
+                # of an op checked before: an op's copies share its alloc and free tuples)
+                if not (type(op) is Op and op.duration_s is None
+                        and (not op.alloc or id(op.alloc) in checked_pairs)
+                        and (not op.free or id(op.free) in checked_pairs)
                         and type(op.stream) is str
                         and type(op.flops) in _NUM and type(op.mem_bytes) in _NUM and type(op.size_bytes) in _NUM
                         and 0.0 <= op.flops < _INF and 0.0 <= op.mem_bytes < _INF and 0.0 <= op.size_bytes < _INF
                         and (op.kind in _SIMPLE_KINDS or (op.kind == COLLECTIVE and op.collective in _COLLECTIVE_SET))):
                     _check_op(rank, i, op)
+                    if op.alloc:
+                        checked_pairs.add(id(op.alloc))
+                    if op.free:
+                        checked_pairs.add(id(op.free))
             kind = op.kind
             if kind == COLLECTIVE:
                 gid = op.group
@@ -378,6 +389,8 @@ def _validate(programs: Programs) -> None:
                 p2p[(rank, rep[peer], SEND) if kind == SEND else (rep[peer], rank, RECV)].append(op)
         if n_ops:
             seen_last[id(prog[-1])] = seen_len[n_ops] = prog
+            if tkey is not None:
+                seen_tpl[tkey] = prog
         for sid, seq in mine.items():
             coll_seq[(sid, rank)] = seq
 

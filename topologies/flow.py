@@ -176,19 +176,23 @@ class FlowNetwork:
                 sid = self._register(spec, owned)
             b.spec = sid
             keys = self._spec_keys[sid]
+            if self.room_shortcut and not self._wide[sid]:
+                alone, room = self._enter(b, sid, not keys)
+            else:
+                alone, room = not keys and self._activate(sid), False
             y = None
-            if not keys and self._activate(sid) and self.solo_shortcut:
+            if alone and self.solo_shortcut:
                 # alone on all its links: a component of its own, whose max-min rate is its solo rate
                 y = self._solo[sid]
                 if y is None:
                     y = self._solo_rate(sid)
-            elif self.room_shortcut and not self._wide[sid] and self._room_for(spec):
+            elif room:
                 # room to spare on every link for it at full speed: nobody's rate changes, it runs at 1
                 y = 1.0
             if y is not None:
                 keys.add(key)
                 b.rate = y
-                if self.room_shortcut:
+                if self.room_shortcut and y != b.counted:
                     self._count(b, y)
                 if closed:
                     b.version = -1                  # off the heap: _push (a re-solve) brings it back
@@ -273,8 +277,6 @@ class FlowNetwork:
         b = self.active.pop(key, None)
         if b is None:
             raise TopologyError(f"flow network: finish of unknown communication {key!r}")
-        if b.counted:
-            self._count(b, 0.0)
         dirty = self._dirty
         if dirty:
             dirty.discard(key)
@@ -291,14 +293,31 @@ class FlowNetwork:
             active = self.active
             if mine:
                 dirty.update([k for k in mine if active[k].rate < 1.0] if skip else mine)
+            if self._wide[sid]:
+                if b.counted:
+                    self._count(b, 0.0)
+                if not mine:
+                    self._deactivate(sid)
             else:
-                self._deactivate(sid)
-            if not self._wide[sid]:
-                on_link = self._on_link
-                for l in self._specs[sid].link_list:
-                    for t in on_link[l]:
-                        if t != sid:
-                            dirty.update([k for k in keys[t] if active[k].rate < 1.0] if skip else keys[t])
+                # one pass over its links: its load off, its spec off them (its last bundle), its neighbours
+                load, c, on_link, last = self._load, b.counted, self._on_link, not mine
+                if last:
+                    busy = self._busy
+                    for t in self._nbrs[sid]:
+                        busy[t] -= 1
+                near = set()
+                for l, d in zip(b.link_list, b.demand_list):
+                    if c:
+                        load[l] -= c * d
+                    on = on_link[l]
+                    if last:
+                        on.discard(sid)
+                    if on:
+                        near.update(on)
+                near.discard(sid)
+                for t in near:
+                    dirty.update([k for k in keys[t] if active[k].rate < 1.0] if skip else keys[t])
+                b.counted = 0.0
             if self._busy[sid]:
                 for t in self._active_wide(sid, self._nbrs[sid]):
                     dirty.update([k for k in keys[t] if active[k].rate < 1.0] if skip else keys[t])
@@ -379,6 +398,35 @@ class FlowNetwork:
                         alone = False
                     on.add(sid)
         return alone
+
+    def _enter(self, b: _Bundle, sid: int, first: bool) -> tuple[bool, bool]:
+        """Narrow bundle ``b`` of spec ``sid`` starts (``first``: its spec's first active bundle; then the spec is
+        activated as ``_activate`` does), in one pass over its links: returns (whether it is alone on its
+        links, whether they have room for it at full speed: ``_room_for``), and counts it at rate 1 in the
+        load (its caller or a re-solve counts it at its rate)."""
+        alone = first
+        if first:
+            busy = self._busy
+            alone = not busy[sid]
+            for t in self._nbrs[sid]:
+                busy[t] += 1
+        on_link, load, cap = self._on_link, self._load, self._cap_list
+        room = True
+        for l, d in zip(b.link_list, b.demand_list):
+            if first:
+                on = on_link.get(l)
+                if on is None:
+                    on_link[l] = {sid}
+                else:
+                    if on:
+                        alone = False
+                    on.add(sid)
+            x = load[l] + d
+            if room and x > cap[l] * (1.0 - _ROOM):
+                room = False
+            load[l] = x
+        b.counted = 1.0
+        return alone, room
 
     def _deactivate(self, sid: int) -> None:
         """Spec ``sid`` lost its last active bundle: undo ``_activate``."""
