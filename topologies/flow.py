@@ -45,7 +45,7 @@ from simulator.errors import TopologyError
 _EPS = 1e-12
 _PROVISIONAL_S = 1e-9     # how far past "now" a provisional next_completion answer lies
 _SMALL_EDGES = 400        # up to this many (bundle, link) pairs, _max_min_small (plain Python) beats numpy
-_ROOM = 1e-6              # share of a link's capacity that must stay free for FlowNetwork._room_for
+_ROOM = 1e-6              # share of a link's capacity that must stay free for a start at full speed (_enter)
 _MEMO_MAX = 50_000        # solved components remembered (by their bundles' spec ids, in order)
 
 
@@ -177,7 +177,8 @@ class FlowNetwork:
             b.spec = sid
             keys = self._spec_keys[sid]
             if self.room_shortcut and not self._wide[sid]:
-                alone, room = self._enter(b, sid, not keys)
+                alone, room = self._enter(sid, spec, not keys, True)
+                b.counted = 1.0
             else:
                 alone, room = not keys and self._activate(sid), False
             y = None
@@ -360,7 +361,7 @@ class FlowNetwork:
         heapq.heappush(self._heap, (b.completion(), self._seq, b.key, b.version))
 
     def _count(self, b: _Bundle, y: float) -> None:
-        """Count bundle ``b``'s demand at rate ``y`` in the links' load (``_room_for``), instead of what it counted."""
+        """Count bundle ``b``'s demand at rate ``y`` in the links' load (``_enter``), instead of what it counted."""
         delta = y - b.counted
         if delta:
             load = self._load
@@ -368,42 +369,27 @@ class FlowNetwork:
                 load[l] += delta * d
             b.counted = y
 
-    def _room_for(self, spec: BundleSpec) -> bool:
-        """Whether every link of ``spec`` has room for its demand at full speed beside the counted load, with a
-        margin (``_ROOM`` of the capacity) far above the progressive filling's saturation test and the load's
-        rounding. Then the allocation with it at rate 1 and every other bundle unchanged is max-min fair (it
-        touches no saturated link, so every other bundle keeps its bottleneck), and max-min allocations are
-        unique: a re-solve would find the same rates."""
-        load, cap = self._load, self._cap_list
-        for l, d in zip(spec.link_list, spec.demand_list):
-            if load[l] + d > cap[l] * (1.0 - _ROOM):
-                return False
-        return True
-
     def _activate(self, sid: int) -> bool:
         """Spec ``sid`` gets its first active bundle: count it in its wide neighbours (a wide spec: in all its
         neighbours), enter it on its links (narrow). Returns whether it is alone on its links."""
-        busy = self._busy
-        alone = not busy[sid]
-        for t in self._nbrs[sid]:
-            busy[t] += 1
-        if not self._wide[sid]:
-            on_link = self._on_link
-            for l in self._specs[sid].link_list:
-                on = on_link.get(l)
-                if on is None:
-                    on_link[l] = {sid}
-                else:
-                    if on:
-                        alone = False
-                    on.add(sid)
-        return alone
+        if self._wide[sid]:
+            busy = self._busy
+            for t in self._nbrs[sid]:
+                busy[t] += 1
+            return not busy[sid]
+        return self._enter(sid, self._specs[sid], True, False)[0]
 
-    def _enter(self, b: _Bundle, sid: int, first: bool) -> tuple[bool, bool]:
-        """Narrow bundle ``b`` of spec ``sid`` starts (``first``: its spec's first active bundle; then the spec is
-        activated as ``_activate`` does), in one pass over its links: returns (whether it is alone on its
-        links, whether they have room for it at full speed: ``_room_for``), and counts it at rate 1 in the
-        load (its caller or a re-solve counts it at its rate)."""
+    def _enter(self, sid: int, spec: BundleSpec, first: bool, count: bool) -> tuple[bool, bool]:
+        """A bundle of narrow spec ``sid`` starts, in one pass over its links. ``first``: its spec's first active
+        bundle: count the spec in its wide neighbours and enter it on its links. ``count``: add the bundle's
+        demand at rate 1 to the links' load (its caller or a re-solve then counts it at its rate). Returns
+        (whether it is alone on its links, whether they have room for it at full speed).
+
+        Room: every link keeps a margin (``_ROOM`` of its capacity) beside the counted load and its full-speed
+        demand, far above the progressive filling's saturation test and the load's rounding. The allocation
+        with it at rate 1 and every other bundle unchanged is then max-min fair (it touches no saturated link,
+        so every other bundle keeps its bottleneck), and max-min allocations are unique: a re-solve would
+        find the same rates."""
         alone = first
         if first:
             busy = self._busy
@@ -411,8 +397,8 @@ class FlowNetwork:
             for t in self._nbrs[sid]:
                 busy[t] += 1
         on_link, load, cap = self._on_link, self._load, self._cap_list
-        room = True
-        for l, d in zip(b.link_list, b.demand_list):
+        room = count
+        for l, d in zip(spec.link_list, spec.demand_list):
             if first:
                 on = on_link.get(l)
                 if on is None:
@@ -421,11 +407,11 @@ class FlowNetwork:
                     if on:
                         alone = False
                     on.add(sid)
-            x = load[l] + d
-            if room and x > cap[l] * (1.0 - _ROOM):
-                room = False
-            load[l] = x
-        b.counted = 1.0
+            if count:
+                x = load[l] + d
+                if room and x > cap[l] * (1.0 - _ROOM):
+                    room = False
+                load[l] = x
         return alone, room
 
     def _deactivate(self, sid: int) -> None:
