@@ -151,6 +151,7 @@ class Engine:
     closed_ends = True      # a communication whose rate is known at its start ends by its own event (_communicate)
     fixed_channels = True   # communications no other can ever meet on their links skip the network (_find_fixed)
     chain_comms = True      # collectives a stream meets alone at a known time follow the op before them (follow)
+    progress_every_s = 0.25     # wall seconds between two calls of ``progress(ops done, ops)`` while it runs
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
@@ -179,7 +180,6 @@ class Engine:
         self.until_s = until_s
         self.rep = programs.representative_of()
         self.total_ops = programs.op_count
-        self.done_ops = 0
         n = {r: len(prog) for r, prog in programs.ops.items()}
         nan = array("d", [math.nan])
         self.start = {r: nan * k for r, k in n.items()}      # float64 arrays: lean at 16k ranks
@@ -906,7 +906,6 @@ class Engine:
         rendezvous = self.rendezvous
         new_rendezvous = self._new_rendezvous
         complete = self._complete
-        progress = self.progress
         solo_time = self._solo_time
         contention = self.contention
         chains = self._chains
@@ -969,8 +968,6 @@ class Engine:
                                 break
                         end[i] = t
                         finished[i] = 1
-                        if progress is not None:
-                            self.done_ops += 1
                         i = j
                         pos += 1
                         ready[i] = start[i] = t
@@ -991,10 +988,6 @@ class Engine:
                                 w = waiters.pop(i, None)
                                 if w is not None:
                                     push(env._now + 0, w)
-                            if progress is not None:
-                                self.done_ops += 1
-                                if self.done_ops % 20000 == 0:
-                                    progress(self.done_ops, self.total_ops)
                             cur = -1
                         if pos >= n:
                             return
@@ -1046,8 +1039,6 @@ class Engine:
                                         d2 = compute_time(rank, nxt)
                                 end[i] = t
                                 finished[i] = 1
-                                if progress is not None:
-                                    self.done_ops += 1
                                 i = j
                                 pos += 1
                                 ready[i] = start[i] = t
@@ -1272,7 +1263,7 @@ class Engine:
                 e = self.end[rank]
                 for i in np.flatnonzero(np.frombuffer(fin, dtype=np.uint8) == 0).tolist():
                     e[i] = math.nan
-        events = sum(sum(f) for f in self.finished.values())
+        events = self.ops_done()
         return SimResult(self.p, self.cost, self.start, self.end, self.ready, events,
                          time.perf_counter() - t_wall)
 
@@ -1290,6 +1281,8 @@ class Engine:
             raise ValueError(f"until ({until}) must be greater than the current simulation time")
         stop = math.inf if until is None else until
         cal, times, late = self._cal, self._times, self._late
+        progress = self.progress
+        tick, shown = 0, time.perf_counter()
         while True:
             if times and (not late or times[0] <= late[0][0]):
                 t = times[0]
@@ -1308,6 +1301,13 @@ class Engine:
                 self._bucket = None
                 del cal[t]
                 heappop(times)
+                if progress is not None:        # every progress_every_s (looked at every 1024 instants)
+                    tick += 1
+                    if tick >= 1024:
+                        tick = 0
+                        if time.perf_counter() - shown >= self.progress_every_s:
+                            progress(self.ops_done(), self.total_ops)
+                            shown = time.perf_counter()
             elif late and late[0][0] < stop:
                 env._now, _, event = heappop(late)
                 callbacks, event.callbacks = event.callbacks, None
@@ -1317,6 +1317,10 @@ class Engine:
                 break
         if until is not None:
             env._now = until
+
+    def ops_done(self) -> int:
+        """How many of the simulated ops have ended so far."""
+        return sum(f.count(1) for f in self.finished.values())
 
     def _blocked(self) -> list[tuple[tuple[int, str], tuple]]:
         """Each (rank, stream) with unfinished ops and what its first unfinished op waits for."""

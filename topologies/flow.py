@@ -341,12 +341,12 @@ class FlowNetwork:
 
     def _clock(self, now_s: float) -> None:
         self._asked = False
-        if now_s < self.now - 1e-12 * max(1.0, abs(self.now)):
-            raise TopologyError(f"flow network: time went backwards ({now_s} < {self.now})")
         if now_s > self.now:
             if self._dirty:
                 self._flush()               # rates changed at self.now: settle them before time moves
             self.now = now_s
+        elif now_s < self.now - 1e-12 * max(1.0, abs(self.now)):
+            raise TopologyError(f"flow network: time went backwards ({now_s} < {self.now})")
 
     def _flush(self) -> None:
         if self._dirty:

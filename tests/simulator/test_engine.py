@@ -235,3 +235,21 @@ def test_rendezvous_keys_are_small_integer_pairs_whatever_the_group_size():
     assert len({k for k in keys if k[0] >= 0}) == 1 and e.needed[0] == n      # one world rendezvous of 64
     assert len(e.p2p_pairs) == n
     assert e.run().step_time_s > 0
+
+
+def test_progress_counts_ended_ops_while_running_and_ends_at_the_total(monkeypatch):
+    """``progress(done, total)`` is called while the engine runs (here at every 1024th instant: no wall-time
+    gap asked for), with the ops ended so far, never decreasing, and once more at the end with the total."""
+    from simulator.engine import Engine
+    monkeypatch.setattr(Engine, "progress_every_s", 0.0)
+    progs = Programs(world_size=2, ops={})
+    # each op waited for by the next: one instant each (none coalesced)
+    progs.ops[0] = [compute(f"c{i}", 1e9 * (1 + i % 3), deps=(i - 1,) if i else ()) for i in range(3000)]
+    progs.ops[1] = [compute(f"d{i}", 1e9) for i in range(10)]
+    calls = []
+    res = run(progs, SimpleCostModel(flops_per_s=1e12), progress=lambda d, t: calls.append((d, t)))
+    assert res.events_simulated == 3010
+    assert len(calls) >= 3 and calls[-1] == (3010, 3010)
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and 0 < done[0] < 3010
+    assert all(t == 3010 for _, t in calls)
