@@ -59,6 +59,8 @@ from simulator.program import (COLLECTIVE, COMPUTE, KERNEL_PRICED_SM_STREAMS, RE
 from simulator.symmetry import rank_group_table, ranks_table
 
 _LAST = NORMAL + 1      # SimPy priority that runs after every other event of the same instant
+_KEY_BITS = 32          # a rendezvous key is id << _KEY_BITS | k (Engine._rendezvous_keys)
+_KEY_MASK = (1 << _KEY_BITS) - 1
 
 
 class _NoTimes:
@@ -273,20 +275,20 @@ class Engine:
                 self.end[rank] = array("d", durations)
 
     # ------------------------------------------------------------------ helpers
-    def _rendezvous_keys(self) -> dict[int, list]:
-        """rank -> per op the key of the rendezvous it joins (None for compute ops).
+    def _rendezvous_keys(self) -> dict[int, array]:
+        """rank -> per op the key of the rendezvous it joins (an int64 array; 0 at compute ops, never read).
 
         The k-th collective of a rank on a group is the k-th in *program order* (as the order in which a
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
-        recv at d from s. A key is (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
-        p2p pair ``p2p_pairs[-1 - id]``; small integer tuples, shared, so nothing per op hashes a group's
-        ranks and 16k-rank programs stay lean. It also fills ``targeted``, ``_streams`` and ``_compute_streams``.
+        recv at d from s. A key stands for (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
+        p2p pair ``p2p_pairs[-1 - id]``, packed in one integer ``id * 2**32 + k`` (``key_id``, ``key_count``,
+        ``rendezvous_key``): nothing per op hashes a group's ranks or holds an object, and 16k-rank programs
+        stay lean. It also fills ``targeted``, ``_streams`` and ``_compute_streams``.
 
         Ranks of one template (``Programs.templates``) share those three, and their keys follow the first such
         rank's: each of its rendezvous *slots* (the ops of one group or pair, found by the first op on it) holds
         the same op indices, k = 0, 1, ... in order, on every rank of the template; only the slot's id differs,
         read from the rank's own op at the slot's first index."""
-        self._made_of: dict[int, list] = {}     # id -> its keys (id, 0), (id, 1), ... made so far, shared by ranks
         self._pair_id: dict[tuple[int, int], int] = {}
         self._sid_of: dict[int, int] = {}
         templates = self.p.templates or {}
@@ -327,20 +329,18 @@ class Engine:
             self.p2p_pairs.append(pair)
         return sid, (sid if kind == SEND else (sid,))
 
-    def _made(self, sid: int, count: int) -> list:
-        """The keys (sid, 0) ... (sid, count - 1), made once and shared by every rank that meets there."""
-        made = self._made_of.get(sid)
-        if made is None:
-            made = self._made_of[sid] = []
-        while len(made) < count:
-            made.append((sid, len(made)))
-        return made
+    def rendezvous_key(self, rank: int, i: int) -> tuple[int, int] | None:
+        """(id, k) of the rendezvous op ``i`` of ``rank`` joins (see ``_rendezvous_keys``); None for a compute op."""
+        if self.p.ops[rank][i].kind == COMPUTE:
+            return None
+        key = self.rv_keys[rank][i]
+        return key >> _KEY_BITS, key & _KEY_MASK
 
-    def _rank_keys(self, rank: int, prog) -> tuple[list, tuple]:
+    def _rank_keys(self, rank: int, prog) -> tuple[array, tuple]:
         """Rank ``rank``'s keys, op by op; also its targeted ops, streams and compute streams, and what ranks of
         its template share: (targeted, streams, compute streams, slots (first index, op indices), channels)."""
         n = len(prog)
-        keys = [None] * n
+        keys = array("q", bytes(8 * n))
         # targeted: 1 at every index some op's deps name (one numpy store, not a Python loop per op)
         deps = list(chain.from_iterable([op.deps for op in prog]))
         if deps:
@@ -387,8 +387,7 @@ class Engine:
                 f = first[ck] = i
                 slots[f] = []
             at = slots[f]
-            made = self._made(sid, len(at) + 1)
-            keys[i] = made[len(at)]
+            keys[i] = (sid << _KEY_BITS) + len(at)
             at.append(i)
             if scan and kind != RECV:
                 # what _complete will ask the network for, and the stream that issues it (a send's request is
@@ -403,7 +402,8 @@ class Engine:
                         seen[0] = None
         for ch, (stream, i, last) in mine.items():
             self._add_channel(ch, stream, rank, prog[i], prog[last])
-        plan = (targeted, streams, compute, [(f, at) for f, at in slots.items()], list(mine.values()))
+        plan = (targeted, streams, compute, [(f, at, np.arange(len(at), dtype=np.int64), np.array(at, dtype=np.intp))
+                                             for f, at in slots.items()], list(mine.values()))
         return keys, plan
 
     @staticmethod
@@ -424,21 +424,20 @@ class Engine:
         elif stream is None or seen[0] != stream:
             self._channels[ch] = (None, rank, last)
 
-    def _template_keys(self, rank: int, prog, plan) -> list | None:
+    def _template_keys(self, rank: int, prog, plan) -> array | None:
         """Rank ``rank``'s keys from its template's ``plan`` (``_rank_keys``); None where its slots do not map to
         distinct groups and pairs as the template's did (then it takes the op-by-op path)."""
         targeted, streams, compute, slots, chans = plan
         if len(prog) != len(targeted):
             return None
-        keys = [None] * len(prog)
+        keys = np.zeros(len(prog), dtype=np.int64)
         cks = set()
-        for f, at in slots:
+        for f, at, ks, idx in slots:
             sid, ck = self._ck(rank, prog[f])
             if ck in cks or self._ck(rank, prog[at[-1]])[1] != ck:
                 return None
             cks.add(ck)
-            for i, key in zip(at, self._made(sid, len(at))):
-                keys[i] = key
+            keys[idx] = ks + (sid << _KEY_BITS)
         self.targeted[rank] = targeted
         self._streams[rank] = streams
         self._compute_streams[rank] = compute
@@ -446,7 +445,9 @@ class Engine:
             for stream, i, last in chans:
                 op = prog[i]
                 self._add_channel(self._channel(rank, op), stream, rank, op, prog[last])
-        return keys
+        out = array("q")
+        out.frombytes(keys.tobytes())
+        return out
 
     def _failures_by_representative(self, failures: dict[int, float]) -> dict[int, float]:
         """Device failures keyed by the simulated ranks. In symmetric mode a failing rank's class must fail with
@@ -952,7 +953,7 @@ class Engine:
                         d = timed[j]                    # a collective without deps met alone (_chain_times)
                         if d != d:
                             op = prog[j]
-                            if op.kind != COLLECTIVE or needed[rv_keys[j][0]] != 1:
+                            if op.kind != COLLECTIVE or needed[rv_keys[j] >> _KEY_BITS] != 1:
                                 break
                             nd = op.deps
                             if nd and not all(map(is_finished, nd)):
@@ -1062,7 +1063,7 @@ class Engine:
                                 cur = i
                                 push(now + (t - now), wake)
                                 return
-                        elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1:
+                        elif solo_ok and kind == COLLECTIVE and needed[rv_keys[i] >> _KEY_BITS] == 1:
                             # nobody to wait for (every member is represented by this rank): no rendezvous needed
                             dur = op.duration_s
                             if dur is None:
@@ -1078,7 +1079,7 @@ class Engine:
                                 cur = i
                                 push(t, wake)
                                 return
-                        elif fixed_alone and kind == COLLECTIVE and needed[rv_keys[i][0]] == 1 and op.duration_s is None \
+                        elif fixed_alone and kind == COLLECTIVE and needed[rv_keys[i] >> _KEY_BITS] == 1 and op.duration_s is None \
                                 and (fx := fixed.get((op.group, op.collective, op.size_bytes))) is not None:
                             # alone in its group and on its links whenever it runs: its closed-form end, no network
                             dur = fx[0]
@@ -1147,7 +1148,7 @@ class Engine:
             times = []
             for f, idx in shape[2]:
                 op = prog[f]
-                if needed[rv_keys[rank][f][0]] != 1:
+                if needed[rv_keys[rank][f] >> _KEY_BITS] != 1:
                     continue
                 d = op.duration_s
                 if contention:
@@ -1191,8 +1192,8 @@ class Engine:
         streams = self._compute_streams[rank]
         return bool(streams) and streams != {stream}
 
-    def _new_rendezvous(self, key) -> _Rendezvous:
-        sid = key[0]
+    def _new_rendezvous(self, key: int) -> _Rendezvous:
+        sid = key >> _KEY_BITS
         needed = self.needed[sid] if sid >= 0 else 2
         rv = _Rendezvous(needed, key)
         if needed > 1:          # (a rendezvous of one completes at once: never stored)
@@ -1215,7 +1216,7 @@ class Engine:
         elif rv.duration is None:
             sop, srank = rv.op, rv.rank     # the send side (real ranks)
             if self.contention:             # kept per (pair id, real peer, group, size): flat, quick to hash
-                pkey = (rv.key[0], sop.peer, sop.group, op.size_bytes)
+                pkey = (rv.key >> _KEY_BITS, sop.peer, sop.group, op.size_bytes)
                 req = self._pair_reqs.get(pkey)
                 if req is None:
                     real = (srank, sop.peer) if sop.kind == SEND else (sop.peer, srank)
@@ -1344,7 +1345,7 @@ class Engine:
                 elif op.kind == COLLECTIVE:
                     st = ("collective", i, rv)
                 else:
-                    src, dst = self.p2p_pairs[-1 - self.rv_keys[rank][i][0]]
+                    src, dst = self.p2p_pairs[-1 - (self.rv_keys[rank][i] >> _KEY_BITS)]
                     st = ("p2p", i, rv, src, dst)
             out.append(((rank, stream), st))
         return out
@@ -1370,17 +1371,17 @@ class Engine:
                 _, i, rv = st
                 op = self._member_op(rank, m, prog[i])
                 g = self.p.groups[op.group]
-                waiting = set(self.sync.members[rv.key[0]]) - set(rv.arrived)     # simulated ranks not there
+                waiting = set(self.sync.members[rv.key >> _KEY_BITS]) - set(rv.arrived)     # simulated ranks not there
                 missing = sorted(x for x in g.ranks if self.rep.get(x) in waiting)
                 info.update(op=i, op_repr=repr(op), waits_for=missing,
-                            reason=f"in collective #{rv.key[1]} on group {g.family}{list(g.ranks[:16])}, waiting "
+                            reason=f"in collective #{rv.key & _KEY_MASK} on group {g.family}{list(g.ranks[:16])}, waiting "
                                    f"for rank(s) {missing[:16]} to reach it")
             elif st[0] == "p2p":
                 _, i, rv, _, _ = st
                 op = self._member_op(rank, m, prog[i])
                 src, dst = (m, op.peer) if op.kind == SEND else (op.peer, m)
                 info.update(op=i, op_repr=repr(op), waits_for=[op.peer],
-                            reason=f"in {op.kind} #{rv.key[1]} {src}->{dst}, waiting for rank {op.peer} "
+                            reason=f"in {op.kind} #{rv.key & _KEY_MASK} {src}->{dst}, waiting for rank {op.peer} "
                                    f"to post the matching {'recv' if op.kind == SEND else 'send'}")
             elif st[0] == "failed":
                 _, i = st

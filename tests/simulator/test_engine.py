@@ -220,8 +220,9 @@ def test_device_failure_reports_hung_ranks_like_a_watchdog():
     assert ok.step_time_s < 1e6
 
 
-def test_rendezvous_keys_are_small_integer_pairs_whatever_the_group_size():
-    """Full mode keys rendezvous by integer sync ids: nothing per op hashes a group's rank tuple."""
+def test_rendezvous_keys_are_small_integers_whatever_the_group_size():
+    """Full mode keys rendezvous by integer sync ids packed with the count in one int64 per op: nothing per op
+    hashes a group's rank tuple."""
     from simulator.engine import Engine
     n = 64
     p = Programs(world_size=n, ops={})
@@ -230,8 +231,10 @@ def test_rendezvous_keys_are_small_integer_pairs_whatever_the_group_size():
         p.ops[r] = [compute("c", flops=1e9), collective("ar", "all_reduce", world, 1e6, deps=(0,)),
                     send("s", (r + 1) % n, 1e3, stream="tx", deps=(1,)), recv("r", (r - 1) % n, 1e3, stream="rx")]
     e = Engine(p, SimpleCostModel())
-    keys = [k for ks in e.rv_keys.values() for k in ks if k is not None]
-    assert all(type(a) is int and type(b) is int for a, b in keys)
+    assert all(ks.typecode == "q" for ks in e.rv_keys.values())
+    keys = [e.rendezvous_key(r, i) for r in range(n) for i in range(4)]
+    assert keys.count(None) == n and all(type(a) is int and type(b) is int for a, b in filter(None, keys))
+    keys = [k for k in keys if k is not None]
     assert len({k for k in keys if k[0] >= 0}) == 1 and e.needed[0] == n      # one world rendezvous of 64
     assert len(e.p2p_pairs) == n
     assert e.run().step_time_s > 0
