@@ -873,11 +873,15 @@ class Engine:
         now = env._now
         net = self.net
         ended = []
+        events = self._net_events
         for key in self._closed_at.pop(event._value):
             if key.__class__ is not int:        # a fixed communication's event: the network never saw it
                 ended.append(key)
             elif net.finish_closed(now, key):
-                ended.append(self._net_ended(key))
+                rv = events.pop(key)            # (_net_ended)
+                rv._ok = True
+                rv._value = rv.start_s
+                ended.append(rv)
         if not net.settled:         # a neighbour that started at this instant: settle as before
             self._network_changed()
         if ended:
@@ -905,7 +909,6 @@ class Engine:
         held = self.sm_share is not None
         slowdown = self._slowdown
         rendezvous = self.rendezvous
-        new_rendezvous = self._new_rendezvous
         complete = self._complete
         solo_time = self._solo_time
         contention = self.contention
@@ -1100,8 +1103,12 @@ class Engine:
                             # arrive at the rendezvous; the last to arrive starts the communication
                             key = rv_keys[i]
                             rv = rendezvous.get(key)
-                            if rv is None:
-                                rv = new_rendezvous(key)
+                            if rv is None:              # a new one (one of a single rank completes at once: not kept)
+                                sid = key >> _KEY_BITS
+                                k = needed[sid] if sid >= 0 else 2
+                                rv = _Rendezvous(k, key)
+                                if k > 1:
+                                    rendezvous[key] = rv
                             arrived = rv.arrived
                             arrived.append(rank)
                             if hold:
@@ -1191,14 +1198,6 @@ class Engine:
         would slow nothing) and is not registered; a rank without compute ops has nothing to slow down."""
         streams = self._compute_streams[rank]
         return bool(streams) and streams != {stream}
-
-    def _new_rendezvous(self, key: int) -> _Rendezvous:
-        sid = key >> _KEY_BITS
-        needed = self.needed[sid] if sid >= 0 else 2
-        rv = _Rendezvous(needed, key)
-        if needed > 1:          # (a rendezvous of one completes at once: never stored)
-            self.rendezvous[key] = rv
-        return rv
 
     def _complete(self, rv: _Rendezvous, op) -> None:
         """Every participant of ``rv`` arrived (``op``: the last one's): start the communication, unless a
