@@ -189,6 +189,7 @@ class Engine:
         self.ready = {r: nan * k for r, k in n.items()}
         self.finished = {r: bytearray(k) for r, k in n.items()}
         self.targeted: dict[int, bytearray] = {}   # rank -> 1 where another op depends on it (_rendezvous_keys)
+        self._plain: dict[int, bytearray] = {}     # rank -> 1 at a recv without deps or duration (_rendezvous_keys)
         self._streams: dict[int, dict[str, Sequence[int]]] = {}   # rank -> stream -> op indices (_rendezvous_keys)
         self.waiters: dict[int, dict[int, _Signal]] = {r: {} for r in programs.ops}
         self.stream_ops: dict[tuple[int, str], Sequence[int]] = {}
@@ -376,11 +377,14 @@ class Engine:
         slots: dict[int, list[int]] = {}
         scan = self._scan
         mine: dict = {}             # this rank's channel -> (stream or None, op index)
+        plain = self._plain[rank] = bytearray(n)    # 1: a recv without deps or a duration of its own
         for i in comm_idx:
             op = prog[i]
             kind = op.kind
             if kind != COLLECTIVE and kind != SEND and kind != RECV:
                 continue
+            if kind == RECV and not op.deps and op.duration_s is None:
+                plain[i] = 1
             sid, ck = self._ck(rank, op)
             f = first.get(ck)
             if f is None:
@@ -403,7 +407,7 @@ class Engine:
         for ch, (stream, i, last) in mine.items():
             self._add_channel(ch, stream, rank, prog[i], prog[last])
         plan = (targeted, streams, compute, [(f, at, np.arange(len(at), dtype=np.int64), np.array(at, dtype=np.intp))
-                                             for f, at in slots.items()], list(mine.values()))
+                                             for f, at in slots.items()], list(mine.values()), plain)
         return keys, plan
 
     @staticmethod
@@ -427,7 +431,7 @@ class Engine:
     def _template_keys(self, rank: int, prog, plan) -> array | None:
         """Rank ``rank``'s keys from its template's ``plan`` (``_rank_keys``); None where its slots do not map to
         distinct groups and pairs as the template's did (then it takes the op-by-op path)."""
-        targeted, streams, compute, slots, chans = plan
+        targeted, streams, compute, slots, chans, plain = plan
         if len(prog) != len(targeted):
             return None
         keys = np.zeros(len(prog), dtype=np.int64)
@@ -439,6 +443,7 @@ class Engine:
             cks.add(ck)
             keys[idx] = ks + (sid << _KEY_BITS)
         self.targeted[rank] = targeted
+        self._plain[rank] = plain
         self._streams[rank] = streams
         self._compute_streams[rank] = compute
         if self._scan:
@@ -924,6 +929,7 @@ class Engine:
             waiters = self.waiters[rank]
             rv_keys = self.rv_keys[rank]
             targeted = self.targeted[rank]
+            plain = self._plain[rank]
             timed = chain_times.get(rank, no_times)
             is_finished = finished.__getitem__
             fail_t = self.fail_at.get(rank, math.inf)
@@ -998,6 +1004,27 @@ class Engine:
                         i = idxs[pos]
                         dur = end[i]            # a compute op without deps: its duration until it ends (_durations)
                         if dur != dur:
+                            if plain[i] and env._now < fail_t:
+                                # a recv without deps or duration: it arrives at its rendezvous without the op
+                                # being read (the send's op stands for the transfer; a recv completing it is read)
+                                pos += 1
+                                ready[i] = env._now
+                                key = rv_keys[i]
+                                rv = rendezvous.get(key)
+                                if rv is None:
+                                    rv = _Rendezvous(2, key)
+                                    rendezvous[key] = rv
+                                arrived = rv.arrived
+                                arrived.append(rank)
+                                if hold:
+                                    rv.hold.append(rank)
+                                if rv.op is None:
+                                    rv.rank = rank
+                                if len(arrived) == 2:
+                                    complete(rv, prog[i])
+                                rv.callbacks.append(resume)
+                                cur, joined = i, True
+                                return
                             op = prog[i]
                             deps = op.deps
                             if deps:
