@@ -190,6 +190,9 @@ class Engine:
         self.finished = {r: bytearray(k) for r, k in n.items()}
         self.targeted: dict[int, bytearray] = {}   # rank -> 1 where another op depends on it (_rendezvous_keys)
         self._plain: dict[int, bytearray] = {}     # rank -> 1 at a recv without deps or duration (_rendezvous_keys)
+        self._kinds: dict[int, list] = {}          # rank -> each op's kind (shared per template; _rendezvous_keys)
+        self._deps_of: dict[int, list] = {}        # rank -> each op's deps (shared per template; _rendezvous_keys)
+        self._dep_durations: dict[int, array] = {}     # rank -> seconds of its compute ops with deps (_durations)
         self._streams: dict[int, dict[str, Sequence[int]]] = {}   # rank -> stream -> op indices (_rendezvous_keys)
         self.waiters: dict[int, dict[int, _Signal]] = {r: {} for r in programs.ops}
         self.stream_ops: dict[tuple[int, str], Sequence[int]] = {}
@@ -245,9 +248,11 @@ class Engine:
     def _durations(self) -> None:
         """Write the duration of each compute op without deps into its ``end`` slot, where the streams read it
         (an op's end is written only when it ends; ``_run`` puts NaN back in the slots of ops that never end),
-        in set-up, in program order: the run then reaches those ops without reading their objects or asking
-        the cost model. Ranks of one template (``Programs.templates``) on one kind of device
-        (``cost.device_key``: ranks that compute alike) copy one array of them, worked out once."""
+        and that of each compute op with deps into ``_dep_durations`` (NaN elsewhere), in set-up, in program
+        order: the run then reaches those ops without reading their objects (their deps and kinds are in the
+        template's ``_deps_of`` and ``_kinds``) or asking the cost model. Ranks of one template
+        (``Programs.templates``) on one kind of device (``cost.device_key``: ranks that compute alike) share one
+        array of them, worked out once."""
         compute_time = self.cost.compute_time_s
         templates = self.p.templates or {}
         device_key = getattr(self.cost, "device_key", None)
@@ -263,17 +268,25 @@ class Engine:
                 if first is None or id(first) in seen:
                     continue
                 seen.add(id(first))
-            durations = made.get(key)
-            if durations is None:
+            hit = made.get(key)
+            if hit is None:
                 durations = self.end[rank]
+                waited = array("d", [math.nan]) * len(prog)
                 for i, op in enumerate(prog):
-                    if op.kind == COMPUTE and not op.deps:
+                    if op.kind == COMPUTE:
                         d = op.duration_s
-                        durations[i] = compute_time(rank, op) if d is None else d
+                        if d is None:
+                            d = compute_time(rank, op)
+                        if op.deps:
+                            waited[i] = d
+                        else:
+                            durations[i] = d
+                self._dep_durations[rank] = waited
                 if key is not None:
-                    made[key] = array("d", durations)       # the template's own copy
+                    made[key] = (array("d", durations), waited)     # the template's own copy; shared
             else:
-                self.end[rank] = array("d", durations)
+                self.end[rank] = array("d", hit[0])
+                self._dep_durations[rank] = hit[1]
 
     # ------------------------------------------------------------------ helpers
     def _rendezvous_keys(self) -> dict[int, array]:
@@ -342,8 +355,10 @@ class Engine:
         its template share: (targeted, streams, compute streams, slots (first index, op indices), channels)."""
         n = len(prog)
         keys = array("q", bytes(8 * n))
+        kinds = self._kinds[rank] = [op.kind for op in prog]
+        deps_of = self._deps_of[rank] = [op.deps for op in prog]
         # targeted: 1 at every index some op's deps name (one numpy store, not a Python loop per op)
-        deps = list(chain.from_iterable([op.deps for op in prog]))
+        deps = list(chain.from_iterable(deps_of))
         if deps:
             mark = np.zeros(n, dtype=np.uint8)
             mark[np.array(deps, dtype=np.intp)] = 1
@@ -355,7 +370,7 @@ class Engine:
         # chase at run time; a rank with one stream gets a range)
         names = [op.stream for op in prog]
         streams = self._streams[rank] = dict.fromkeys(names)
-        comm_idx = [i for i, op in enumerate(prog) if op.kind != COMPUTE]
+        comm_idx = [i for i, k in enumerate(kinds) if k != COMPUTE]
         if len(streams) == 1:
             streams[names[0]] = range(n)
             compute = {names[0]} if len(comm_idx) < n else set()
@@ -407,7 +422,7 @@ class Engine:
         for ch, (stream, i, last) in mine.items():
             self._add_channel(ch, stream, rank, prog[i], prog[last])
         plan = (targeted, streams, compute, [(f, at, np.arange(len(at), dtype=np.int64), np.array(at, dtype=np.intp))
-                                             for f, at in slots.items()], list(mine.values()), plain)
+                                             for f, at in slots.items()], list(mine.values()), plain, kinds, deps_of)
         return keys, plan
 
     @staticmethod
@@ -431,7 +446,7 @@ class Engine:
     def _template_keys(self, rank: int, prog, plan) -> array | None:
         """Rank ``rank``'s keys from its template's ``plan`` (``_rank_keys``); None where its slots do not map to
         distinct groups and pairs as the template's did (then it takes the op-by-op path)."""
-        targeted, streams, compute, slots, chans, plain = plan
+        targeted, streams, compute, slots, chans, plain, kinds, deps_of = plan
         if len(prog) != len(targeted):
             return None
         keys = np.zeros(len(prog), dtype=np.int64)
@@ -444,6 +459,8 @@ class Engine:
             keys[idx] = ks + (sid << _KEY_BITS)
         self.targeted[rank] = targeted
         self._plain[rank] = plain
+        self._kinds[rank] = kinds
+        self._deps_of[rank] = deps_of
         self._streams[rank] = streams
         self._compute_streams[rank] = compute
         if self._scan:
@@ -930,6 +947,9 @@ class Engine:
             rv_keys = self.rv_keys[rank]
             targeted = self.targeted[rank]
             plain = self._plain[rank]
+            kinds = self._kinds[rank]
+            deps_of = self._deps_of[rank]
+            waited = self._dep_durations.get(rank, no_times)
             timed = chain_times.get(rank, no_times)
             is_finished = finished.__getitem__
             fail_t = self.fail_at.get(rank, math.inf)
@@ -1025,8 +1045,7 @@ class Engine:
                                 rv.callbacks.append(resume)
                                 cur, joined = i, True
                                 return
-                            op = prog[i]
-                            deps = op.deps
+                            deps = deps_of[i]
                             if deps:
                                 for d in deps:
                                     if not finished[d]:
@@ -1035,11 +1054,16 @@ class Engine:
                                             ev = waiters[d] = _Signal()
                                         ev.callbacks.append(resume)
                                         return
-                            kind = op.kind
+                            kind = kinds[i]
                             if kind == COMPUTE:
-                                dur = op.duration_s
-                                if dur is None:
-                                    dur = compute_time(rank, op)
+                                dur = waited[i]         # a compute op with deps (_durations)
+                                if dur != dur:
+                                    op = prog[i]
+                                    dur = op.duration_s
+                                    if dur is None:
+                                        dur = compute_time(rank, op)
+                            else:
+                                op = prog[i]
                         else:
                             kind = COMPUTE
                         pos += 1
@@ -1059,15 +1083,17 @@ class Engine:
                                 j = idxs[pos]
                                 d2 = end[j]
                                 if d2 != d2:
-                                    nxt = prog[j]
-                                    if nxt.kind != COMPUTE:
+                                    if kinds[j] != COMPUTE:
                                         break
-                                    nd = nxt.deps
+                                    nd = deps_of[j]
                                     if nd and not all(map(is_finished, nd)):
                                         break
-                                    d2 = nxt.duration_s
-                                    if d2 is None:
-                                        d2 = compute_time(rank, nxt)
+                                    d2 = waited[j]
+                                    if d2 != d2:
+                                        nxt = prog[j]
+                                        d2 = nxt.duration_s
+                                        if d2 is None:
+                                            d2 = compute_time(rank, nxt)
                                 end[i] = t
                                 finished[i] = 1
                                 i = j
