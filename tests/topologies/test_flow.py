@@ -338,21 +338,30 @@ def test_closed_form_end_is_taken_back_when_a_neighbour_starts():
     assert net.finish_closed(t, "a") is False        # taken back and finished already: nothing to do
 
 
+def _small_network(data, capacities, durations):
+    """A random network of 1-5 links (capacities drawn from ``capacities``), 1-4 communication shapes of 0-3 links
+    moving 1 B on each link in one of ``durations`` seconds, and 1-12 starts at times from a small set (many at one instant):
+    (capacity array, specs, starts for ``drive``)."""
+    from topologies.flow import BundleSpec
+    n_links = data.draw(st.integers(1, 5))
+    cap = np.array(data.draw(st.lists(st.sampled_from(capacities), min_size=n_links, max_size=n_links)))
+    shapes = data.draw(st.lists(st.tuples(st.sampled_from(durations),
+                                          st.lists(st.integers(0, n_links - 1), min_size=0, max_size=3, unique=True)),
+                                min_size=1, max_size=4))
+    specs = [BundleSpec(T, links, [1.0] * len(links)) for T, links in shapes]
+    starts = [(data.draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.75])), k, data.draw(st.integers(0, len(shapes) - 1)))
+              for k in range(data.draw(st.integers(1, 12)))]
+    return cap, specs, starts
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_closed_form_ends_equal_the_network_s_own(data):
     """Driving with closed-form ends for communications that start alone (taken back when a neighbour starts),
     and solving components in the order of their spec ids, give every communication the finish time of the
     general path to 1e-12 relative."""
-    from topologies.flow import BundleSpec, FlowNetwork
-    n_links = data.draw(st.integers(1, 5))
-    cap = np.array(data.draw(st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=n_links, max_size=n_links)))
-    shapes = data.draw(st.lists(st.tuples(st.sampled_from([0.25, 0.5, 1.0, 1.5]),
-                                          st.lists(st.integers(0, n_links - 1), min_size=0, max_size=3, unique=True)),
-                                min_size=1, max_size=4))
-    specs = [BundleSpec(T, links, [1.0] * len(links)) for T, links in shapes]
-    starts = [(data.draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.75])), k, data.draw(st.integers(0, len(shapes) - 1)))
-              for k in range(data.draw(st.integers(1, 12)))]
+    from topologies.flow import FlowNetwork
+    cap, specs, starts = _small_network(data, [1.0, 2.0, 3.0], [0.25, 0.5, 1.0, 1.5])
 
     class FoundOrder(FlowNetwork):
         canonical_order = False         # components solved in the order their bundles were found
@@ -400,15 +409,8 @@ def test_network_shortcuts_equal_re_solving_every_component(data):
     bundles alone give every communication the finish time of a network that re-solves and reschedules the
     whole component at every start and end, to 1e-12 relative (the same max-min allocations: they are
     unique), with closed-form ends or without."""
-    from topologies.flow import BundleSpec, FlowNetwork
-    n_links = data.draw(st.integers(1, 5))
-    cap = np.array(data.draw(st.lists(st.sampled_from([1.0, 2.0, 3.0, 4.5]), min_size=n_links, max_size=n_links)))
-    shapes = data.draw(st.lists(st.tuples(st.sampled_from([0.5, 1.0, 2.0, 4.0]),
-                                          st.lists(st.integers(0, n_links - 1), min_size=0, max_size=3, unique=True)),
-                                min_size=1, max_size=4))
-    specs = [BundleSpec(T, links, [1.0] * len(links)) for T, links in shapes]
-    starts = [(data.draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.75])), k, data.draw(st.integers(0, len(shapes) - 1)))
-              for k in range(data.draw(st.integers(1, 12)))]
+    from topologies.flow import FlowNetwork
+    cap, specs, starts = _small_network(data, [1.0, 2.0, 3.0, 4.5], [0.5, 1.0, 2.0, 4.0])
 
     class Resolving(FlowNetwork):
         keep_unchanged = skip_full = room_shortcut = False
