@@ -153,7 +153,8 @@ class Engine:
     closed_ends = True      # a communication whose rate is known at its start ends by its own event (_communicate)
     fixed_channels = True   # communications no other can ever meet on their links skip the network (_find_fixed)
     chain_comms = True      # collectives a stream meets alone at a known time follow the op before them (follow)
-    progress_every_s = 0.25     # wall seconds between two calls of ``progress(ops done, ops)`` while it runs
+    progress_every_s = 0.25     # wall seconds between two calls of ``progress(ops done, ops)`` while it runs (the
+    #                             calendar's loop; on SimPy's heap, calendar off, only the final call comes)
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
@@ -295,8 +296,8 @@ class Engine:
         The k-th collective of a rank on a group is the k-th in *program order* (as the order in which a
         framework issues them), whatever stream it sits on; likewise the k-th send s->d meets the k-th
         recv at d from s. A key stands for (id, k): id >= 0 a collective's sync id (``SyncTable``), id < 0 the
-        p2p pair ``p2p_pairs[-1 - id]``, packed in one integer ``id * 2**32 + k`` (``key_id``, ``key_count``,
-        ``rendezvous_key``): nothing per op hashes a group's ranks or holds an object, and 16k-rank programs
+        p2p pair ``p2p_pairs[-1 - id]``, packed in one integer ``id * 2**32 + k`` (``rendezvous_key``
+        decodes it): nothing per op hashes a group's ranks or holds an object, and 16k-rank programs
         stay lean. It also fills ``targeted``, ``_streams`` and ``_compute_streams``.
 
         Ranks of one template (``Programs.templates``) share those three, and their keys follow the first such
@@ -783,8 +784,8 @@ class Engine:
 
     def _closed_end_at(self, t: float, item) -> None:
         """End ``item`` at ``t`` by a closed-form end event (_on_closed_end), one per distinct end time: the
-        ends of one instant together. ``item``: the network key of a communication that started alone on its
-        links, or the event (a rendezvous, a stream's wake-up) of a fixed one (_find_fixed), its value set."""
+        ends of one instant together. ``item``: the network key of a communication whose rate was known at its
+        start (alone on its links, or with room on all of them: ``FlowNetwork.start(..., closed=True)``), or the event (a rendezvous, a stream's wake-up) of a fixed one (_find_fixed), its value set."""
         at = self._closed_at.get(t)
         if at is None:
             self._closed_at[t] = [item]
@@ -888,8 +889,9 @@ class Engine:
                 callback(rv)
 
     def _on_closed_end(self, event) -> None:
-        """The closed-form ends at this instant of communications that started alone on their links
-        (``_communicate``): those the network did not take back meanwhile end now, together, and their
+        """The closed-form ends at this instant of communications whose rate was known at their start
+        (``_communicate``): those the network did not take back meanwhile (a later start or end changed their
+        rate) end now, together, and their
         participants resume as at a wake-up (``_fire``: the engine learns of these ends only now)."""
         env = self.env
         now = env._now

@@ -643,7 +643,9 @@ def max_min_rates(links_list, demand_list, capacity, ref=None) -> np.ndarray:
         newly = done | hit
         if not newly.any():          # numerical corner: freeze everyone at the current level
             newly = live_b
-        x[newly] = np.minimum(level, ref[newly])
+        # a bundle that reached its ref (to the test's tolerance) runs at full speed, y = 1 exactly: as one that
+        # starts with room (FlowNetwork's room shortcut) or alone on links of room to spare
+        x[newly] = np.where(done[newly], ref[newly], level)
         frozen |= newly
         if frozen.all():
             break
@@ -700,7 +702,7 @@ def _max_min_small(links_list, demand_list, capacity, ref) -> list[float]:
         if not newly:              # numerical corner: freeze everyone at the current level
             newly = live
         for b in newly:
-            x[b] = level if level < ref[b] else ref[b]
+            x[b] = ref[b] if ref[b] <= lim else level
         if len(newly) == len(live):
             break
         gone = set(newly)
@@ -711,8 +713,9 @@ def _max_min_small(links_list, demand_list, capacity, ref) -> list[float]:
 def drive(net, starts, tol: float = 1e-15, closed: bool = False) -> dict:
     """Run a network the way simulator.engine does: ``starts`` = [(time, key, request)]; sleep until the
     next completion, ask again, finish what is due. Returns {key: finish time}. ``closed``: start with
-    ``closed=True`` and end communications that start alone at their closed-form ends (``finish_closed``),
-    after the starts of that instant."""
+    ``closed=True`` and end the communications it gives a closed-form end (alone on their links, or with room
+    on all of them) at that end (``finish_closed``; nothing when taken back since), after the starts of that
+    instant."""
     pending = sorted(starts, key=lambda s: s[0])
     done: dict = {}
     ends: list = []             # closed-form ends: (time, order, key)

@@ -316,3 +316,39 @@ def test_only_communications_alone_on_their_links_are_fixed():
     assert (tp, "all_reduce", 2.0**24) in fixed and (tp2, "all_reduce", 2.0**24) not in fixed
     assert not any(k[0] == (8, 1) for k in fixed) and any(k[0] == (8, 1) for k in engine._requests)
     assert engine.run().step_time_s == NetworkedEngine(progs, Costs(CLUSTER, network="flow")).run().step_time_s
+
+
+def test_a_request_s_start_record_is_kept_per_stream():
+    """The same all-reduce (group, kind, size) holds no SMs on a stream whose overlapped compute is priced
+    without them (``tp_overlap``) and holds them on another: what a start needs is kept per (request,
+    stream), so the second never takes the first's record. Slowest with both on ``comm``, fastest with both on
+    ``tp_overlap``, in between mixed."""
+    progs_of = {}
+    for first, second in (("tp_overlap", "tp_overlap"), ("tp_overlap", "comm"), ("comm", "comm")):
+        p = Programs(world_size=16, ops={r: [] for r in range(16)})
+        g = p.add_group([0, 8], "x")          # two nodes: the NICs carry it
+        for r in (0, 8):
+            p.ops[r] = [collective("a", "all_reduce", g, 2.0**27, stream=first),
+                        compute("c", 5e14, stream="compute"),
+                        collective("b", "all_reduce", g, 2.0**27, stream=second, deps=(0,)),
+                        compute("d", 5e14, stream="compute", deps=(1,))]
+        progs_of[(first, second)] = Engine(p, Costs(CLUSTER, network="flow")).run().step_time_s
+    none, mixed, both = progs_of.values()
+    assert none < mixed < both
+
+
+def test_a_transfer_s_request_is_its_real_pair():
+    """In class mode one simulated pair (0 -> the representative 8) stands for transfers to several real peers
+    (8 and 16, both represented by 8): each start asks the network for its own real pair."""
+    p = Programs(world_size=32, ops={r: [] for r in range(32)},
+                 classes={0: (0,), 8: (8, 16)} | {r: (r,) for r in range(32) if r not in (0, 8, 16)})
+    p.ops[0] = [send("s1", 8, 2.0**28, stream="a"), send("s2", 16, 2.0**28, stream="a")]
+    p.ops[8] = [recv("r1", 0, 2.0**28, stream="a"), recv("r2", 0, 2.0**28, stream="a")]
+    del p.ops[16]
+    cluster = load_cluster("dgx-h100", 32, tiers=2, leaf_down=4, oversubscription=2, rail_optimised=False)
+    e = Engine(p, ClusterCostModel(cluster, network="flow"))
+    started = []
+    communicate = e._communicate
+    e._communicate = lambda rv, req: (started.append(req.ranks), communicate(rv, req))[1]
+    e.run()
+    assert started == [(0, 8), (0, 16)]
