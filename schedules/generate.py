@@ -1185,7 +1185,7 @@ def _stage_classes(plan: ParallelPlan, world_size: int, skewed: bool) -> list:
 
 
 def _clone(op: Op, *, group=None, peer=None) -> Op:
-    return op.copy(group=op.group if group is None else group, peer=op.peer if peer is None else peer)
+    return op.regrouped(op.group if group is None else group, op.peer if peer is None else peer)
 
 
 # ---------------------------------------------------------------------------------------------- volume

@@ -138,6 +138,17 @@ class Op:
                 setattr(new, k, v)
         return new
 
+    def regrouped(self, group, peer) -> "Op":
+        """``copy(group=group, peer=peer)`` without its keyword handling: class refinement and program
+        instantiation make millions of these."""
+        new = _new_op(Op)
+        new.kind, new.name, new.stream, new.deps = self.kind, self.name, self.stream, self.deps
+        new.flops, new.mem_bytes, new.size_bytes = self.flops, self.mem_bytes, self.size_bytes
+        new.collective, new.duration_s, new.group, new.peer = self.collective, self.duration_s, group, peer
+        new.alloc, new.free, new.layer, new.microbatch = self.alloc, self.free, self.layer, self.microbatch
+        new.phase, new.strategy, new.kernels = self.phase, self.strategy, self.kernels
+        return new
+
     def signature(self) -> tuple:
         """Everything that determines this op's behaviour except the identities of other ranks."""
         return (self.kind, self.name, self.stream, self.deps, self.flops, self.mem_bytes, self.size_bytes,

@@ -413,13 +413,13 @@ class _Signatures:
             key = (gid, ng, id(src[0]))
             hit = clones.get(key)
             if hit is None or len(hit[0]) != len(src) or any(a is not b for a, b in zip(hit[0], src)):
-                hit = (src, [op.copy(group=ng) for op in src])
+                hit = (src, [op.regrouped(ng, op.peer) for op in src])
                 clones.setdefault(key, hit)
             for i, c in zip(idxs, hit[1]):
                 out[i] = c
         for i, op, gid, pos in p2p:
             ng = new_group[gid]
-            out[i] = op.copy(group=ng, peer=groups[ng].ranks[pos])
+            out[i] = op.regrouped(ng, groups[ng].ranks[pos])
         return out
 
     def _uses_of(self, old: int) -> tuple[dict[int, list[int]], list[tuple], bool]:

@@ -21,6 +21,9 @@ def test_copy_keeps_every_field_but_the_changed_ones():
     assert moved.kernels is kl
     assert all(getattr(moved, f) == getattr(op, f) for f in Op.__slots__ if f not in ("group", "peer", "name"))
     assert op.group == 4 and op.peer == 5          # the original is untouched
+    regrouped = op.regrouped(13, 14)                 # copy(group=, peer=) without keyword handling
+    assert regrouped is not op and (regrouped.group, regrouped.peer) == (13, 14)
+    assert all(getattr(regrouped, f) == getattr(op, f) for f in Op.__slots__ if f not in ("group", "peer"))
 
 
 def _shared_programs(n: int = 4) -> Programs:
