@@ -353,7 +353,8 @@ class Engine:
 
     def _rank_keys(self, rank: int, prog) -> tuple[array, tuple]:
         """Rank ``rank``'s keys, op by op; also its targeted ops, streams and compute streams, and what ranks of
-        its template share: (targeted, streams, compute streams, slots (first index, op indices), channels)."""
+        its template share: (targeted, streams, compute streams, slots (first index, op indices, counts, indices
+        as an array), channels, plain recvs, kinds, deps)."""
         n = len(prog)
         keys = array("q", bytes(8 * n))
         kinds = self._kinds[rank] = [op.kind for op in prog]
@@ -785,7 +786,8 @@ class Engine:
     def _closed_end_at(self, t: float, item) -> None:
         """End ``item`` at ``t`` by a closed-form end event (_on_closed_end), one per distinct end time: the
         ends of one instant together. ``item``: the network key of a communication whose rate was known at its
-        start (alone on its links, or with room on all of them: ``FlowNetwork.start(..., closed=True)``), or the event (a rendezvous, a stream's wake-up) of a fixed one (_find_fixed), its value set."""
+        start (alone on its links, or with room on all of them: ``FlowNetwork.start(..., closed=True)``), or the
+        event (a rendezvous, a stream's wake-up) of a fixed one (_find_fixed), its value set."""
         at = self._closed_at.get(t)
         if at is None:
             self._closed_at[t] = [item]
@@ -891,8 +893,8 @@ class Engine:
     def _on_closed_end(self, event) -> None:
         """The closed-form ends at this instant of communications whose rate was known at their start
         (``_communicate``): those the network did not take back meanwhile (a later start or end changed their
-        rate) end now, together, and their
-        participants resume as at a wake-up (``_fire``: the engine learns of these ends only now)."""
+        rate) end now, together, and their participants resume as at a wake-up (``_fire``: the engine learns of
+        these ends only now)."""
         env = self.env
         now = env._now
         net = self.net
