@@ -1049,7 +1049,12 @@ class Engine:
                                 rv.callbacks.append(resume)
                                 cur, joined = i, True
                                 return
-                            deps = deps_of[i]
+                            kind = kinds[i]
+                            if kind == COMPUTE:         # its deps from the template's table, the op not read
+                                deps = deps_of[i]
+                            else:
+                                op = prog[i]
+                                deps = op.deps
                             if deps:
                                 for d in deps:
                                     if not finished[d]:
@@ -1058,7 +1063,6 @@ class Engine:
                                             ev = waiters[d] = _Signal()
                                         ev.callbacks.append(resume)
                                         return
-                            kind = kinds[i]
                             if kind == COMPUTE:
                                 dur = waited[i]         # a compute op with deps (_durations)
                                 if dur != dur:
@@ -1066,8 +1070,6 @@ class Engine:
                                     dur = op.duration_s
                                     if dur is None:
                                         dur = compute_time(rank, op)
-                            else:
-                                op = prog[i]
                         else:
                             kind = COMPUTE
                         pos += 1
