@@ -153,8 +153,9 @@ class Engine:
     closed_ends = True      # a communication whose rate is known at its start ends by its own event (_communicate)
     fixed_channels = True   # communications no other can ever meet on their links skip the network (_find_fixed)
     chain_comms = True      # collectives a stream meets alone at a known time follow the op before them (follow)
-    progress_every_s = 0.25     # wall seconds between two calls of ``progress(ops done, ops)`` while it runs (the
-    #                             calendar's loop; on SimPy's heap, calendar off, only the final call comes)
+    # wall seconds between two calls of ``progress(ops done, ops)`` while it runs (the calendar's loop; on
+    # SimPy's heap, calendar off, only the final call comes)
+    progress_every_s = 0.25
 
     def __init__(self, programs: Programs, cost_model: CostModel, *, progress: Callable[[int, int], None] | None = None,
                  until_s: float | None = None, failures: dict[int, float] | None = None):
@@ -397,7 +398,7 @@ class Engine:
         plain = self._plain[rank] = bytearray(n)    # 1: a recv without deps or a duration of its own
         for i in comm_idx:
             op = prog[i]
-            kind = op.kind
+            kind = kinds[i]
             if kind != COLLECTIVE and kind != SEND and kind != RECV:
                 continue
             if kind == RECV and not op.deps and op.duration_s is None:
@@ -1141,7 +1142,8 @@ class Engine:
                                 cur = i
                                 push(t, wake)
                                 return
-                        elif fixed_alone and kind == COLLECTIVE and needed[rv_keys[i] >> _KEY_BITS] == 1 and op.duration_s is None \
+                        elif fixed_alone and kind == COLLECTIVE and needed[rv_keys[i] >> _KEY_BITS] == 1 \
+                                and op.duration_s is None \
                                 and (fx := fixed.get((op.group, op.collective, op.size_bytes))) is not None:
                             # alone in its group and on its links whenever it runs: its closed-form end, no network
                             dur = fx[0]

@@ -123,24 +123,15 @@ class Op:
         return f"<{self.kind} {self.name!r} stream={self.stream}{extra}>"
 
     def copy(self, group=_KEEP, peer=_KEEP, **changes) -> "Op":
-        """A new op with the same fields except ``changes`` (e.g. ``group=``, ``peer=``). Fields are copied
-        slot by slot, without ``__init__``: symmetry refinement copies millions of ops."""
-        new = _new_op(Op)
-        new.kind, new.name, new.stream, new.deps = self.kind, self.name, self.stream, self.deps
-        new.flops, new.mem_bytes, new.size_bytes = self.flops, self.mem_bytes, self.size_bytes
-        new.collective, new.duration_s = self.collective, self.duration_s
-        new.group = self.group if group is _KEEP else group
-        new.peer = self.peer if peer is _KEEP else peer
-        new.alloc, new.free, new.layer, new.microbatch = self.alloc, self.free, self.layer, self.microbatch
-        new.phase, new.strategy, new.kernels = self.phase, self.strategy, self.kernels
-        if changes:
-            for k, v in changes.items():
-                setattr(new, k, v)
+        """A new op with the same fields except ``changes`` (e.g. ``group=``, ``peer=``)."""
+        new = self.regrouped(self.group if group is _KEEP else group, self.peer if peer is _KEEP else peer)
+        for k, v in changes.items():
+            setattr(new, k, v)
         return new
 
     def regrouped(self, group, peer) -> "Op":
-        """``copy(group=group, peer=peer)`` without its keyword handling: class refinement and program
-        instantiation make millions of these."""
+        """A new op with the same fields but ``group`` and ``peer``. Fields are copied slot by slot, without
+        ``__init__`` or keyword handling: class refinement and program instantiation make millions of these."""
         new = _new_op(Op)
         new.kind, new.name, new.stream, new.deps = self.kind, self.name, self.stream, self.deps
         new.flops, new.mem_bytes, new.size_bytes = self.flops, self.mem_bytes, self.size_bytes

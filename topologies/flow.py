@@ -290,10 +290,8 @@ class FlowNetwork:
             # (a narrow spec), the counted neighbours (a wide spec: all its active ones; a narrow one: its wide
             # ones). Those running at full speed cannot (``skip_full``), and while none of them changes, no
             # bundle of the component does: the allocation left stays max-min fair, and it is unique.
-            skip = self.skip_full
-            active = self.active
             if mine:
-                dirty.update([k for k in mine if active[k].rate < 1.0] if skip else mine)
+                dirty.update(self._may_speed_up(mine))
             if self._wide[sid]:
                 if b.counted:
                     self._count(b, 0.0)
@@ -317,11 +315,11 @@ class FlowNetwork:
                         near.update(on)
                 near.discard(sid)
                 for t in near:
-                    dirty.update([k for k in keys[t] if active[k].rate < 1.0] if skip else keys[t])
+                    dirty.update(self._may_speed_up(keys[t]))
                 b.counted = 0.0
             if self._busy[sid]:
                 for t in self._active_wide(sid, self._nbrs[sid]):
-                    dirty.update([k for k in keys[t] if active[k].rate < 1.0] if skip else keys[t])
+                    dirty.update(self._may_speed_up(keys[t]))
             if not mine and sid in self._owned:
                 self._forget(sid)
         if not self.lazy:
@@ -359,6 +357,14 @@ class FlowNetwork:
         b.version = b.version + 1 if b.version >= 0 else 1       # (-1: closed, never on the heap)
         self._seq += 1
         heapq.heappush(self._heap, (b.completion(), self._seq, b.key, b.version))
+
+    def _may_speed_up(self, keys):
+        """Those of ``keys`` (active bundles beside one that ends) that may speed up: all, or (``skip_full``)
+        those below full speed."""
+        if not self.skip_full:
+            return keys
+        active = self.active
+        return [k for k in keys if active[k].rate < 1.0]
 
     def _count(self, b: _Bundle, y: float) -> None:
         """Count bundle ``b``'s demand at rate ``y`` in the links' load (``_enter``), instead of what it counted."""
